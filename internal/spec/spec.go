@@ -1,0 +1,283 @@
+// Package spec defines a registered function: its user-facing JSON form, its
+// defaults and validation, and its conversion to the wire form.
+package spec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+)
+
+// ErrInvalid marks a spec that failed validation; the message names the field.
+var ErrInvalid = errors.New("invalid function spec")
+
+// Builtins are the functions a worker can run without any artifact.
+var Builtins = []string{"trace"}
+
+// Function is a registered function as users see it in the admin API.
+type Function struct {
+	Name          string            `json:"name"`
+	Builtin       string            `json:"builtin,omitempty"`
+	Command       []string          `json:"command,omitempty"`
+	Image         string            `json:"image,omitempty"`
+	Port          int               `json:"port,omitempty"`
+	Env           map[string]string `json:"env,omitempty"`
+	Resources     Resources         `json:"resources"`
+	Concurrency   int               `json:"concurrency"`
+	Scaling       Scaling           `json:"scaling"`
+	Queue         Queue             `json:"queue"`
+	Timeout       Duration          `json:"timeout"`
+	LoadBalancing string            `json:"load_balancing,omitempty"`
+
+	// Set by the control plane.
+	Revision  uint64    `json:"revision,omitempty"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+	UpdatedAt time.Time `json:"updated_at,omitzero"`
+}
+
+// Resources are what one sandbox requests from its node.
+type Resources struct {
+	MilliCPU int64 `json:"cpu_milli"`
+	MemoryMB int64 `json:"memory_mb"`
+}
+
+// Scaling holds the per-function autoscaler overrides (Knative KPA names).
+// Zero values mean "the cluster default".
+type Scaling struct {
+	Min               int      `json:"min"`
+	Max               int      `json:"max"`
+	Target            float64  `json:"target,omitempty"`             // in-flight per sandbox before utilization
+	TargetUtilization float64  `json:"target_utilization,omitempty"` // (0,1]
+	StableWindow      Duration `json:"stable_window,omitzero"`
+	PanicWindowPct    float64  `json:"panic_window_percent,omitempty"`
+	PanicThreshold    float64  `json:"panic_threshold,omitempty"` // ratio, e.g. 2.0
+	ScaleToZeroGrace  Duration `json:"scale_to_zero_grace,omitzero"`
+	MaxScaleUpRate    float64  `json:"max_scale_up_rate,omitempty"`
+	MaxScaleDownRate  float64  `json:"max_scale_down_rate,omitempty"`
+}
+
+// Queue bounds the requests one data plane holds for a function while no
+// sandbox slot is free.
+type Queue struct {
+	Depth   int      `json:"depth"`
+	Timeout Duration `json:"timeout"`
+}
+
+// Defaults applied to fields left zero.
+const (
+	DefaultPort         = 8080
+	DefaultMilliCPU     = 250
+	DefaultMemoryMB     = 128
+	DefaultConcurrency  = 1
+	DefaultQueueDepth   = 1000
+	DefaultQueueTimeout = 30 * time.Second
+	DefaultTimeout      = 5 * time.Minute
+)
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// ApplyDefaults fills fields left zero with brisk's defaults.
+func (f *Function) ApplyDefaults() {
+	if f.Port == 0 {
+		f.Port = DefaultPort
+	}
+	if f.Resources.MilliCPU == 0 {
+		f.Resources.MilliCPU = DefaultMilliCPU
+	}
+	if f.Resources.MemoryMB == 0 {
+		f.Resources.MemoryMB = DefaultMemoryMB
+	}
+	if f.Concurrency == 0 {
+		f.Concurrency = DefaultConcurrency
+	}
+	if f.Queue.Depth == 0 {
+		f.Queue.Depth = DefaultQueueDepth
+	}
+	if f.Queue.Timeout == 0 {
+		f.Queue.Timeout = Duration(DefaultQueueTimeout)
+	}
+	if f.Timeout == 0 {
+		f.Timeout = Duration(DefaultTimeout)
+	}
+}
+
+// Validate checks a spec after ApplyDefaults. The error wraps ErrInvalid and
+// names the offending field.
+func (f *Function) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+	}
+	if f.Name == "" {
+		return bad("name", "required")
+	}
+	if len(f.Name) > 63 || !nameRE.MatchString(f.Name) {
+		return bad("name", "%q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", f.Name)
+	}
+	kinds := 0
+	for _, set := range []bool{f.Builtin != "", len(f.Command) > 0, f.Image != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return bad("builtin/command/image", "exactly one must be set (got %d)", kinds)
+	}
+	if f.Builtin != "" && !contains(Builtins, f.Builtin) {
+		return bad("builtin", "%q is not one of %s", f.Builtin, strings.Join(Builtins, ", "))
+	}
+	if len(f.Command) > 0 && strings.TrimSpace(f.Command[0]) == "" {
+		return bad("command", "first element (the program) is empty")
+	}
+	if f.Port < 1 || f.Port > 65535 {
+		return bad("port", "%d out of range [1, 65535]", f.Port)
+	}
+	for k := range f.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return bad("env", "invalid variable name %q", k)
+		}
+	}
+	if f.Resources.MilliCPU < 0 || f.Resources.MilliCPU > 1_000_000 {
+		return bad("resources.cpu_milli", "%d out of range [0, 1000000]", f.Resources.MilliCPU)
+	}
+	if f.Resources.MemoryMB < 0 || f.Resources.MemoryMB > 1<<20 {
+		return bad("resources.memory_mb", "%d out of range [0, 1048576]", f.Resources.MemoryMB)
+	}
+	if f.Concurrency < 0 || f.Concurrency > 10000 {
+		return bad("concurrency", "%d out of range [0, 10000] (0 = unlimited)", f.Concurrency)
+	}
+	if err := f.Scaling.validate(bad); err != nil {
+		return err
+	}
+	if f.Queue.Depth < 0 || f.Queue.Depth > 1_000_000 {
+		return bad("queue.depth", "%d out of range [0, 1000000]", f.Queue.Depth)
+	}
+	if f.Queue.Timeout < 0 {
+		return bad("queue.timeout", "%s must not be negative", f.Queue.Timeout)
+	}
+	if f.Timeout < 0 || time.Duration(f.Timeout) > time.Hour {
+		return bad("timeout", "%s out of range [0, 1h]", f.Timeout)
+	}
+	if f.LoadBalancing != "" && !contains(LoadBalancers, f.LoadBalancing) {
+		return bad("load_balancing", "%q is not one of %s", f.LoadBalancing, strings.Join(LoadBalancers, ", "))
+	}
+	return nil
+}
+
+// LoadBalancers are the data-plane policy names a spec may choose.
+var LoadBalancers = []string{"least-loaded", "knative", "round-robin", "first-available", "power-of-two", "random"}
+
+func (s *Scaling) validate(bad func(field, format string, args ...any) error) error {
+	switch {
+	case s.Min < 0:
+		return bad("scaling.min", "%d must not be negative", s.Min)
+	case s.Max < 0:
+		return bad("scaling.max", "%d must not be negative (0 = unbounded)", s.Max)
+	case s.Max > 0 && s.Min > s.Max:
+		return bad("scaling.min", "%d is above scaling.max %d", s.Min, s.Max)
+	case s.Target < 0:
+		return bad("scaling.target", "%g must not be negative", s.Target)
+	case s.TargetUtilization < 0 || s.TargetUtilization > 1:
+		return bad("scaling.target_utilization", "%g out of range (0, 1]", s.TargetUtilization)
+	case s.StableWindow != 0 && (s.StableWindow < Duration(time.Second) || s.StableWindow > Duration(time.Hour)):
+		return bad("scaling.stable_window", "%s out of range [1s, 1h]", s.StableWindow)
+	case s.PanicWindowPct != 0 && (s.PanicWindowPct < 1 || s.PanicWindowPct > 100):
+		return bad("scaling.panic_window_percent", "%g out of range [1, 100]", s.PanicWindowPct)
+	case s.PanicThreshold != 0 && s.PanicThreshold <= 1:
+		return bad("scaling.panic_threshold", "%g must be > 1", s.PanicThreshold)
+	case s.ScaleToZeroGrace < 0:
+		return bad("scaling.scale_to_zero_grace", "%s must not be negative", s.ScaleToZeroGrace)
+	case s.MaxScaleUpRate != 0 && s.MaxScaleUpRate <= 1:
+		return bad("scaling.max_scale_up_rate", "%g must be > 1", s.MaxScaleUpRate)
+	case s.MaxScaleDownRate != 0 && s.MaxScaleDownRate <= 1:
+		return bad("scaling.max_scale_down_rate", "%g must be > 1", s.MaxScaleDownRate)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Decode parses a JSON spec strictly: unknown fields and trailing data are
+// errors that wrap ErrInvalid.
+func Decode(data []byte) (*Function, error) {
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	var f Function
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w: malformed JSON: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: malformed JSON: trailing data after the object", ErrInvalid)
+	}
+	return &f, nil
+}
+
+// ToProto converts to the wire form sent to workers and data planes.
+func (f *Function) ToProto() *briskv1.FunctionSpec {
+	return &briskv1.FunctionSpec{
+		Name:           f.Name,
+		Revision:       f.Revision,
+		Builtin:        f.Builtin,
+		Command:        f.Command,
+		Image:          f.Image,
+		Port:           int32(f.Port),
+		Env:            f.Env,
+		Resources:      &briskv1.Resources{MilliCpu: f.Resources.MilliCPU, MemoryMb: f.Resources.MemoryMB},
+		Concurrency:    int32(f.Concurrency),
+		QueueDepth:     int32(f.Queue.Depth),
+		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
+		TimeoutMs:      time.Duration(f.Timeout).Milliseconds(),
+		LoadBalancing:  f.LoadBalancing,
+	}
+}
+
+// FromProto converts the wire form back. Scaling is not on the wire: only
+// the control plane needs it.
+func FromProto(p *briskv1.FunctionSpec) *Function {
+	f := &Function{
+		Name:          p.GetName(),
+		Revision:      p.GetRevision(),
+		Builtin:       p.GetBuiltin(),
+		Command:       p.GetCommand(),
+		Image:         p.GetImage(),
+		Port:          int(p.GetPort()),
+		Env:           p.GetEnv(),
+		Resources:     Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
+		Concurrency:   int(p.GetConcurrency()),
+		Queue:         Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
+		Timeout:       Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
+		LoadBalancing: p.GetLoadBalancing(),
+	}
+	return f
+}
+
+// Duration is a time.Duration that reads and writes JSON as "30s".
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %v", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}

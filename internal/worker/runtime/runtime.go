@@ -1,0 +1,56 @@
+// Package runtime defines the sandbox runtime interface every worker backend
+// (process, emulated, containerd) implements, and the readiness probe they share.
+package runtime
+
+import (
+	"context"
+	"errors"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// ErrNotFound is returned by Kill for an id the runtime does not know; callers
+// treat it as "already gone".
+var ErrNotFound = errors.New("sandbox not found")
+
+// Spec is everything a runtime needs to start one sandbox.
+type Spec struct {
+	ID       string         // sandbox id, unique for the life of the cluster
+	Function *spec.Function // resolved function spec at one revision
+}
+
+// Instance is a started sandbox.
+type Instance struct {
+	ID   string
+	Addr string // host:port serving the function's HTTP
+	// Exited is closed when the sandbox ends on its own (crash, OOM, exit);
+	// ExitErr then says why. Nil when the runtime cannot observe exits.
+	Exited  <-chan struct{}
+	ExitErr func() error
+}
+
+// Listed is one sandbox a runtime found, possibly started by an earlier
+// worker process.
+type Listed struct {
+	ID       string
+	Function string
+	Revision uint64
+	Addr     string
+	Running  bool
+}
+
+// Runtime starts and stops sandboxes. Implementations are safe for
+// concurrent use; every method honours ctx.
+type Runtime interface {
+	// Name is the runtime's flag value ("process", "emulated", ...).
+	Name() string
+	// Create starts a sandbox and returns once it is started; readiness is
+	// probed by the caller. A failed Create leaves nothing behind.
+	Create(ctx context.Context, s Spec) (*Instance, error)
+	// Kill stops a sandbox and releases everything it held. It is idempotent:
+	// an unknown id returns ErrNotFound.
+	Kill(ctx context.Context, id string) error
+	// List returns the sandboxes this runtime manages, including those left
+	// running by an earlier worker process when the runtime can find them.
+	List(ctx context.Context) ([]Listed, error)
+}
