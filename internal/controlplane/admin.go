@@ -1,0 +1,279 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"errors"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// maxSpecBytes bounds an admin request body.
+const maxSpecBytes = 1 << 20
+
+// FunctionView is a function as the admin API returns it: its spec and its
+// scaling status.
+type FunctionView struct {
+	*spec.Function
+	Status FunctionStatus `json:"status"`
+}
+
+// StatusView is the cluster overview of GET /v1/status.
+type StatusView struct {
+	ControlPlane string             `json:"control_plane"`
+	Nodes        []NodeStatus       `json:"nodes"`
+	DataPlanes   []*store.DataPlane `json:"data_planes"`
+	Functions    []FunctionSummary  `json:"functions"`
+}
+
+// FunctionSummary is one line of the status overview.
+type FunctionSummary struct {
+	Name     string `json:"name"`
+	Revision uint64 `json:"revision"`
+	Desired  int    `json:"desired"`
+	Ready    int    `json:"ready"`
+	Pending  int    `json:"pending"`
+}
+
+func (cp *ControlPlane) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/functions", cp.createFunction)
+	mux.HandleFunc("GET /v1/functions", cp.listFunctions)
+	mux.HandleFunc("GET /v1/functions/{name}", cp.getFunction)
+	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
+	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
+	mux.HandleFunc("GET /v1/status", cp.status)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// readSpec decodes and validates a spec body; on failure it has answered.
+func readSpec(w http.ResponseWriter, r *http.Request) (*spec.Function, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "function spec larger than 1 MiB")
+		} else {
+			writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		}
+		return nil, false
+	}
+	f, err := spec.Decode(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	f.ApplyDefaults()
+	if err := f.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	return f, true
+}
+
+// nameLock serialises admin writes to one function name, so the registry
+// and the in-memory state apply them in the same order; different names
+// proceed in parallel (and group-commit together).
+func (cp *ControlPlane) nameLock(name string) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return &cp.nameLocks[h.Sum32()%uint32(len(cp.nameLocks))]
+}
+
+// nextRevision returns a revision above every earlier one, even across
+// delete and re-create, so workers never confuse two specs.
+func (cp *ControlPlane) nextRevision() uint64 {
+	cp.revMu.Lock()
+	defer cp.revMu.Unlock()
+	cp.lastRev = max(cp.lastRev+1, uint64(time.Now().UnixNano()))
+	return cp.lastRev
+}
+
+func (cp *ControlPlane) noteRevision(rev uint64) {
+	cp.revMu.Lock()
+	cp.lastRev = max(cp.lastRev, rev)
+	cp.revMu.Unlock()
+}
+
+func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
+	f, ok := readSpec(w, r)
+	if !ok {
+		return
+	}
+	l := cp.nameLock(f.Name)
+	l.Lock()
+	defer l.Unlock()
+	now := time.Now().UTC()
+	f.Revision, f.CreatedAt, f.UpdatedAt = cp.nextRevision(), now, now
+	if err := cp.store.CreateFunction(f); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "storing function: "+err.Error())
+		return
+	}
+	cp.cluster.upsertFunction(f)
+	cp.metrics.functions.Inc()
+	w.Header().Set("Location", "/v1/functions/"+f.Name)
+	writeJSON(w, http.StatusCreated, f)
+}
+
+func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	f, ok := readSpecNamed(w, r, name)
+	if !ok {
+		return
+	}
+	l := cp.nameLock(name)
+	l.Lock()
+	defer l.Unlock()
+	old := cp.cluster.spec(name)
+	if old == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	f.CreatedAt, f.UpdatedAt, f.Revision = old.CreatedAt, time.Now().UTC(), cp.nextRevision()
+	if err := cp.store.UpdateFunction(f); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "storing function: "+err.Error())
+		return
+	}
+	cp.cluster.upsertFunction(f)
+	writeJSON(w, http.StatusOK, f)
+}
+
+// readSpecNamed reads a spec whose name may be omitted but must match the path.
+func readSpecNamed(w http.ResponseWriter, r *http.Request, name string) (*spec.Function, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "function spec larger than 1 MiB")
+		return nil, false
+	}
+	f, err := spec.Decode(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	if f.Name == "" {
+		f.Name = name
+	}
+	if f.Name != name {
+		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(name))
+		return nil, false
+	}
+	f.ApplyDefaults()
+	if err := f.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	return f, true
+}
+
+func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	l := cp.nameLock(name)
+	l.Lock()
+	defer l.Unlock()
+	if err := cp.store.DeleteFunction(name); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "deleting function: "+err.Error())
+		return
+	}
+	cp.cluster.removeFunction(name)
+	cp.metrics.functions.Dec()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	c := cp.cluster
+	c.mu.Lock()
+	fs := c.fns[name]
+	var v FunctionView
+	if fs != nil {
+		v = FunctionView{Function: fs.spec, Status: fs.statusLocked()}
+	}
+	c.mu.Unlock()
+	if fs == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
+	c := cp.cluster
+	c.mu.Lock()
+	out := make([]FunctionView, 0, len(c.fns))
+	for _, fs := range c.fns {
+		st := fs.statusLocked()
+		st.Sandboxes = nil
+		out = append(out, FunctionView{Function: fs.spec, Status: st})
+	}
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
+	v := StatusView{ControlPlane: cp.id, Nodes: cp.cluster.nodeStatus()}
+	dps, err := cp.store.DataPlanes()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	v.DataPlanes = dps
+	c := cp.cluster
+	c.mu.Lock()
+	for _, fs := range c.fns {
+		st := fs.statusLocked()
+		v.Functions = append(v.Functions, FunctionSummary{Name: fs.spec.Name, Revision: fs.spec.Revision,
+			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending})
+	}
+	c.mu.Unlock()
+	sort.Slice(v.Functions, func(i, j int) bool { return v.Functions[i].Name < v.Functions[j].Name })
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (c *Cluster) spec(name string) *spec.Function {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fs := c.fns[name]; fs != nil {
+		return fs.spec
+	}
+	return nil
+}
+
+func quote(s string) string { b, _ := json.Marshal(s); return string(b) }

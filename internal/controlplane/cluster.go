@@ -1,0 +1,698 @@
+package controlplane
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// sbState is the control plane's (cached) view of a sandbox; the worker's
+// record is the truth and overwrites it at every handshake.
+type sbState int
+
+const (
+	sbAssumed    sbState = iota // placed, Create sent, not yet acknowledged
+	sbPending                   // worker acknowledged: creating
+	sbReady                     // serving: routed by data planes
+	sbTombstoned                // chosen for termination: never counted or routed again
+)
+
+func (s sbState) String() string {
+	return [...]string{"assumed", "pending", "ready", "tombstoned"}[s]
+}
+
+type sandboxRec struct {
+	id      string
+	fn      *fnState
+	rev     uint64
+	node    *nodeState
+	state   sbState
+	version uint64
+	addr    string
+	created time.Time
+}
+
+type fnState struct {
+	spec    *spec.Function
+	kpa     *autoscale.KPA
+	desired int
+	// sandboxes holds every live record of the function, tombstoned included.
+	sandboxes map[string]*sandboxRec
+	deleted   bool
+
+	failures     int       // consecutive failed starts
+	backoffUntil time.Time // no new creates before this (crash-loop protection)
+	lastFailure  string
+	retryArmed   bool
+}
+
+type nodeState struct {
+	rec       *store.Worker
+	idx       int // index in cluster.place / cluster.nodeList
+	sess      *session
+	sandboxes map[string]*sandboxRec
+	// invalid holds ids the last handshake found missing at the worker, so
+	// that late updates for them are ignored.
+	invalid       map[string]struct{}
+	bootID        string
+	lastHeartbeat time.Time
+	heartbeat     *briskv1.Heartbeat
+	downSince     time.Time // zero while a session is live
+	managed       bool      // a link goroutine runs for it
+}
+
+// Cluster is the control plane's in-memory state: functions with their
+// autoscalers, nodes with their sessions, and the sandbox table. One mutex
+// guards it; nothing under it does I/O.
+type Cluster struct {
+	mu  sync.Mutex
+	clk clock.Clock
+	log *slog.Logger
+	cfg Config
+
+	fns      map[string]*fnState
+	nodes    map[string]*nodeState
+	nodeList []*nodeState
+	place    []placement.Node // parallel to nodeList, kept current in place
+	placer   placement.Policy
+
+	watchers map[*watcher]struct{}
+	store    *store.Store
+	// paused holds placement after a restart until workers have reported
+	// what they run.
+	paused bool
+
+	idPrefix string
+	idSeq    atomic.Uint64
+
+	metrics *cpMetrics
+}
+
+func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 0x9e3779b97f4a7c15))
+	p, err := placement.New(cfg.Placement, rng)
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{
+		clk: clock.Or(cfg.Clock), log: cfg.Logger, cfg: cfg,
+		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState),
+		placer: p, watchers: make(map[*watcher]struct{}),
+		idPrefix: hex.EncodeToString(seed[:6]), metrics: m,
+	}, nil
+}
+
+// newID returns a sandbox id that is never reused: a per-process random
+// prefix and a counter.
+func (c *Cluster) newID() string {
+	return c.idPrefix + "-" + strconv.FormatUint(c.idSeq.Add(1), 36)
+}
+
+// ---------------------------------------------------------------- functions
+
+func (c *Cluster) kpaConfig(f *spec.Function) autoscale.Config {
+	k := c.cfg.Autoscale
+	s := f.Scaling
+	util := c.cfg.TargetUtilization
+	if s.TargetUtilization > 0 {
+		util = s.TargetUtilization
+	}
+	if s.Target > 0 {
+		t := s.Target
+		if f.Concurrency > 0 {
+			t = min(t, float64(f.Concurrency))
+		}
+		k.TargetConcurrency = max(0.01, t*util)
+	} else {
+		k.TargetConcurrency = autoscale.TargetFor(f.Concurrency, util)
+	}
+	k.MinScale, k.MaxScale = s.Min, s.Max
+	if s.StableWindow > 0 {
+		k.StableWindow = time.Duration(s.StableWindow)
+	}
+	if s.PanicWindowPct > 0 {
+		k.PanicWindowPercent = s.PanicWindowPct
+	}
+	if s.PanicThreshold > 0 {
+		k.PanicThreshold = s.PanicThreshold
+	}
+	if s.ScaleToZeroGrace > 0 {
+		k.ScaleToZeroGrace = time.Duration(s.ScaleToZeroGrace)
+	}
+	if s.MaxScaleUpRate > 0 {
+		k.MaxScaleUpRate = s.MaxScaleUpRate
+	}
+	if s.MaxScaleDownRate > 0 {
+		k.MaxScaleDownRate = s.MaxScaleDownRate
+	}
+	return k
+}
+
+// upsertFunction installs a new or updated function (already durable).
+func (c *Cluster) upsertFunction(f *spec.Function) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	fs := c.fns[f.Name]
+	if fs == nil {
+		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.kpaConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
+		c.fns[f.Name] = fs
+		fs.desired = f.Scaling.Min
+	} else {
+		fs.spec = f
+		fs.kpa.SetConfig(c.kpaConfig(f))
+		fs.failures, fs.backoffUntil = 0, time.Time{}
+	}
+	pf := f.ToProto()
+	c.publishLocked(func(b *briskv1.EndpointBatch) {
+		b.DeletedFunctions = without(b.DeletedFunctions, f.Name)
+		b.Functions = append(withoutFn(b.Functions, f.Name), pf)
+	})
+	c.boundDesiredLocked(fs)
+	c.reconcileLocked(fs)
+}
+
+// removeFunction tombstones every sandbox of a deleted function.
+func (c *Cluster) removeFunction(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fs := c.fns[name]
+	if fs == nil {
+		return
+	}
+	fs.deleted, fs.desired = true, 0
+	delete(c.fns, name)
+	c.publishLocked(func(b *briskv1.EndpointBatch) {
+		b.Functions = withoutFn(b.Functions, name)
+		b.DeletedFunctions = append(without(b.DeletedFunctions, name), name)
+	})
+	c.reconcileLocked(fs)
+}
+
+func (c *Cluster) boundDesiredLocked(fs *fnState) {
+	s := fs.spec.Scaling
+	if fs.desired < s.Min {
+		fs.desired = s.Min
+	}
+	if s.Max > 0 && fs.desired > s.Max {
+		fs.desired = s.Max
+	}
+}
+
+// ---------------------------------------------------------------- scaling
+
+// recordMetrics feeds one data-plane report into the autoscalers. An urgent
+// report for a function at zero scales it up at once (Knative's Poke).
+func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	for _, m := range r.GetFunctions() {
+		fs := c.fns[m.GetFunction()]
+		if fs == nil {
+			continue
+		}
+		if !r.GetUrgent() {
+			fs.kpa.Record(now, m.GetAvgConcurrency())
+			continue
+		}
+		if !m.GetNoCapacity() {
+			continue
+		}
+		if fs.desired == 0 {
+			fs.kpa.Record(now, float64(max(1, m.GetQueued())))
+		}
+		c.decideLocked(fs, now)
+		if fs.desired == 0 && m.GetQueued() > 0 {
+			fs.desired = 1 // a waiting request always gets a sandbox
+			c.boundDesiredLocked(fs)
+		}
+		c.reconcileLocked(fs)
+	}
+}
+
+func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
+	ready := 0
+	for _, r := range fs.sandboxes {
+		if r.state == sbReady && r.rev == fs.spec.Revision {
+			ready++
+		}
+	}
+	d := fs.kpa.Decide(now, ready)
+	fs.desired = d.Desired
+	c.boundDesiredLocked(fs)
+	c.metrics.desired.WithLabelValues(fs.spec.Name).Set(float64(fs.desired))
+	c.metrics.panic.WithLabelValues(fs.spec.Name).Set(boolFloat(d.Panic))
+}
+
+// tick runs one autoscaling round over every function.
+func (c *Cluster) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	for _, fs := range c.fns {
+		c.decideLocked(fs, now)
+		c.reconcileLocked(fs)
+	}
+	c.checkNodesLocked(now)
+}
+
+// ---------------------------------------------------------------- reconcile
+
+// reconcileLocked moves a function's sandboxes toward its desired count:
+// place new ones, tombstone surplus ones, retire old revisions once the
+// current revision serves.
+func (c *Cluster) reconcileLocked(fs *fnState) {
+	if c.paused {
+		return
+	}
+	cur := fs.spec.Revision
+	want := fs.desired
+	if fs.deleted {
+		want = 0
+	}
+	var active, readyCur int
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned && r.rev == cur {
+			active++
+			if r.state == sbReady {
+				readyCur++
+			}
+		}
+	}
+	now := c.clk.Now()
+	switch {
+	case active < want && now.Before(fs.backoffUntil):
+		c.armRetryLocked(fs, fs.backoffUntil.Sub(now))
+	case active < want:
+		for ; active < want; active++ {
+			if err := c.placeLocked(fs); err != nil {
+				c.metrics.placementFailures.Inc()
+				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
+				c.armRetryLocked(fs, 500*time.Millisecond)
+				break
+			}
+		}
+	case active > want:
+		for _, r := range c.victimsLocked(fs, active-want) {
+			c.tombstoneLocked(r)
+		}
+	}
+	if readyCur >= want || fs.deleted {
+		for _, r := range fs.sandboxes {
+			if r.rev != cur && r.state != sbTombstoned {
+				c.tombstoneLocked(r)
+			}
+		}
+	}
+}
+
+// armRetryLocked reconciles the function again after d (placement found no
+// room, or a crash-loop backoff is running).
+func (c *Cluster) armRetryLocked(fs *fnState, d time.Duration) {
+	if fs.retryArmed {
+		return
+	}
+	fs.retryArmed = true
+	time.AfterFunc(d, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		fs.retryArmed = false
+		if !fs.deleted {
+			c.reconcileLocked(fs)
+		}
+	})
+}
+
+// victimsLocked picks n current-revision sandboxes to remove: ones not yet
+// serving first (no request is lost), then the newest ready ones.
+func (c *Cluster) victimsLocked(fs *fnState, n int) []*sandboxRec {
+	var cands []*sandboxRec
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned && r.rev == fs.spec.Revision {
+			cands = append(cands, r)
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if (cands[i].state == sbReady) != (cands[j].state == sbReady) {
+			return cands[j].state == sbReady
+		}
+		return cands[i].created.After(cands[j].created)
+	})
+	return cands[:min(n, len(cands))]
+}
+
+// placeLocked chooses a node for one new sandbox and sends the Create.
+func (c *Cluster) placeLocked(fs *fnState) error {
+	req := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
+	idx, err := c.placer.Place(c.place, req)
+	if err != nil {
+		return err
+	}
+	n := c.nodeList[idx]
+	if n.sess == nil {
+		return errors.New("placement chose a node without a session") // invariant: unschedulable
+	}
+	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: c.clk.Now()}
+	fs.sandboxes[r.id] = r
+	n.sandboxes[r.id] = r
+	c.place[idx].Requested.MilliCPU += req.MilliCPU
+	c.place[idx].Requested.MemoryMB += req.MemoryMB
+	c.place[idx].Sandboxes++
+	n.sess.create(fs.spec, r.id)
+	c.metrics.creations.Inc()
+	return nil
+}
+
+// tombstoneLocked withdraws a sandbox from data planes now and tells its
+// worker to terminate it after the drain delay, so requests already routed
+// to it can finish.
+func (c *Cluster) tombstoneLocked(r *sandboxRec) {
+	if r.state == sbTombstoned {
+		return
+	}
+	if r.state == sbReady {
+		c.publishRemoveLocked(r.id)
+	}
+	r.state = sbTombstoned
+	if s := r.node.sess; s != nil {
+		s.tombstone(r.id, c.cfg.DrainDelay)
+	}
+}
+
+// dropLocked forgets a sandbox that is gone (or invalid) and frees its
+// resources in the placement view.
+func (c *Cluster) dropLocked(r *sandboxRec) {
+	if r.state == sbReady {
+		c.publishRemoveLocked(r.id)
+	}
+	delete(r.fn.sandboxes, r.id)
+	delete(r.node.sandboxes, r.id)
+	p := &c.place[r.node.idx]
+	p.Requested.MilliCPU -= r.fn.spec.Resources.MilliCPU
+	p.Requested.MemoryMB -= r.fn.spec.Resources.MemoryMB
+	p.Sandboxes--
+}
+
+// ---------------------------------------------------------------- updates
+
+// applyUpdateLocked folds one worker record (a soft invalidation) into the
+// table. Records carry versions; stale ones are ignored.
+func (c *Cluster) applyUpdateLocked(n *nodeState, u *briskv1.SandboxRecord) {
+	if _, inv := n.invalid[u.GetId()]; inv {
+		return
+	}
+	r := n.sandboxes[u.GetId()]
+	if r == nil {
+		if !terminal(u.GetState()) {
+			c.adoptLocked(n, u)
+		}
+		return
+	}
+	if u.GetVersion() != 0 && u.GetVersion() <= r.version {
+		return
+	}
+	r.version = u.GetVersion()
+	switch u.GetState() {
+	case briskv1.SandboxState_SANDBOX_STATE_CREATING:
+		if r.state == sbAssumed {
+			r.state = sbPending
+		}
+	case briskv1.SandboxState_SANDBOX_STATE_READY:
+		r.addr = u.GetAddress()
+		if r.state == sbAssumed || r.state == sbPending {
+			r.state = sbReady
+			r.fn.failures = 0
+			c.publishAddLocked(r)
+			c.metrics.readyLatency.Observe(c.clk.Now().Sub(r.created).Seconds())
+		}
+	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+		if r.state != sbTombstoned { // the worker gave up on it on its own
+			if r.state == sbReady {
+				c.publishRemoveLocked(r.id)
+			}
+			r.state = sbTombstoned
+			c.reconcileLocked(r.fn)
+		}
+	default: // gone, failed, exited
+		failed := r.state != sbTombstoned
+		c.dropLocked(r)
+		if failed && !r.fn.deleted {
+			c.noteFailureLocked(r.fn, u)
+		}
+		c.reconcileLocked(r.fn)
+	}
+}
+
+// noteFailureLocked backs off creation for a function whose sandboxes keep
+// dying, so a crash-looping command cannot hammer a worker.
+func (c *Cluster) noteFailureLocked(fs *fnState, u *briskv1.SandboxRecord) {
+	fs.failures++
+	fs.lastFailure = u.GetMessage()
+	d := c.cfg.FailureBackoff << min(fs.failures-1, 10)
+	d = min(d, c.cfg.MaxFailureBackoff)
+	fs.backoffUntil = c.clk.Now().Add(d)
+	c.metrics.sandboxFailures.WithLabelValues(fs.spec.Name).Inc()
+	c.log.Warn("sandbox failed", "function", fs.spec.Name, "sandbox", u.GetId(), "state", u.GetState().String(),
+		"reason", u.GetMessage(), "backoff", d)
+}
+
+// adoptLocked takes a sandbox the worker reports but the control plane does
+// not know (recover mode, or created by an earlier leader).
+func (c *Cluster) adoptLocked(n *nodeState, u *briskv1.SandboxRecord) {
+	fs := c.fns[u.GetFunction()]
+	r := &sandboxRec{id: u.GetId(), rev: u.GetRevision(), node: n, version: u.GetVersion(), addr: u.GetAddress(), created: c.clk.Now()}
+	if fs == nil { // function deleted meanwhile: terminate it
+		if n.sess != nil {
+			n.sess.tombstone(r.id, 0)
+		}
+		return
+	}
+	r.fn = fs
+	fs.sandboxes[r.id] = r
+	n.sandboxes[r.id] = r
+	p := &c.place[n.idx]
+	p.Requested.MilliCPU += fs.spec.Resources.MilliCPU
+	p.Requested.MemoryMB += fs.spec.Resources.MemoryMB
+	p.Sandboxes++
+	switch u.GetState() {
+	case briskv1.SandboxState_SANDBOX_STATE_READY:
+		r.state = sbReady
+		c.publishAddLocked(r)
+	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+		r.state = sbTombstoned
+	default:
+		r.state = sbPending
+	}
+}
+
+func terminal(s briskv1.SandboxState) bool {
+	switch s {
+	case briskv1.SandboxState_SANDBOX_STATE_GONE, briskv1.SandboxState_SANDBOX_STATE_FAILED, briskv1.SandboxState_SANDBOX_STATE_EXITED:
+		return true
+	}
+	return false
+}
+
+// ---------------------------------------------------------------- nodes
+
+// registerNode creates or refreshes a node from its durable record.
+func (c *Cluster) registerNode(w *store.Worker) (n *nodeState, startLink bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n = c.nodes[w.ID]
+	if n == nil {
+		n = &nodeState{rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec), invalid: make(map[string]struct{})}
+		c.nodes[w.ID] = n
+		c.nodeList = append(c.nodeList, n)
+		c.place = append(c.place, placement.Node{ID: w.ID})
+	}
+	n.rec = w
+	p := &c.place[n.idx]
+	p.Allocatable = placement.Resources{MilliCPU: w.Capacity.MilliCPU, MemoryMB: w.Capacity.MemoryMB}
+	p.MaxSandboxes = w.MaxSandboxes
+	startLink = !n.managed
+	n.managed = true
+	return n, startLink
+}
+
+// checkNodesLocked fences nodes whose link has been down longer than the
+// grace period: their sandboxes are counted gone and replaced elsewhere, and
+// the node must drain before it takes work again (CHAIN.md §3.7).
+func (c *Cluster) checkNodesLocked(now time.Time) {
+	for _, n := range c.nodeList {
+		if n.sess != nil || n.downSince.IsZero() || now.Sub(n.downSince) < c.cfg.NodeGrace || len(n.sandboxes) == 0 {
+			continue
+		}
+		c.log.Warn("worker unreachable past the grace period: replacing its sandboxes", "node", n.rec.ID, "sandboxes", len(n.sandboxes))
+		n.rec.Drain = true
+		c.persistDrain(n.rec)
+		fns := map[*fnState]struct{}{}
+		for _, r := range n.sandboxes {
+			n.invalid[r.id] = struct{}{}
+			fns[r.fn] = struct{}{}
+			c.dropLocked(r)
+		}
+		for fs := range fns {
+			c.reconcileLocked(fs)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- status
+
+// FunctionStatus is a function's scaling state for the admin API.
+type FunctionStatus struct {
+	Desired     int             `json:"desired"`
+	Ready       int             `json:"ready"`
+	Pending     int             `json:"pending"`
+	Terminating int             `json:"terminating"`
+	LastFailure string          `json:"last_failure,omitempty"`
+	Sandboxes   []SandboxStatus `json:"sandboxes"`
+}
+
+// SandboxStatus is one sandbox as the control plane sees it.
+type SandboxStatus struct {
+	ID       string `json:"id"`
+	Node     string `json:"node"`
+	State    string `json:"state"`
+	Address  string `json:"address,omitempty"`
+	Revision uint64 `json:"revision"`
+}
+
+func (c *Cluster) functionStatus(name string) (FunctionStatus, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fs := c.fns[name]
+	if fs == nil {
+		return FunctionStatus{}, false
+	}
+	return fs.statusLocked(), true
+}
+
+func (fs *fnState) statusLocked() FunctionStatus {
+	st := FunctionStatus{Desired: fs.desired, LastFailure: fs.lastFailure, Sandboxes: []SandboxStatus{}}
+	for _, r := range fs.sandboxes {
+		switch r.state {
+		case sbReady:
+			st.Ready++
+		case sbTombstoned:
+			st.Terminating++
+		default:
+			st.Pending++
+		}
+		st.Sandboxes = append(st.Sandboxes, SandboxStatus{ID: r.id, Node: r.node.rec.ID, State: r.state.String(), Address: r.addr, Revision: r.rev})
+	}
+	sort.Slice(st.Sandboxes, func(i, j int) bool { return st.Sandboxes[i].ID < st.Sandboxes[j].ID })
+	return st
+}
+
+// NodeStatus is one worker node for the admin API.
+type NodeStatus struct {
+	ID          string         `json:"id"`
+	Address     string         `json:"address"`
+	Runtime     string         `json:"runtime"`
+	Connected   bool           `json:"connected"`
+	Drain       bool           `json:"drain"`
+	Sandboxes   int            `json:"sandboxes"`
+	Capacity    spec.Resources `json:"capacity"`
+	Requested   spec.Resources `json:"requested"`
+	HeartbeatMs int64          `json:"heartbeat_age_ms"`
+}
+
+func (c *Cluster) nodeStatus() []NodeStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	out := make([]NodeStatus, 0, len(c.nodeList))
+	for _, n := range c.nodeList {
+		p := c.place[n.idx]
+		ns := NodeStatus{ID: n.rec.ID, Address: n.rec.Address, Runtime: n.rec.Runtime, Connected: n.sess != nil,
+			Drain: n.rec.Drain, Sandboxes: len(n.sandboxes), Capacity: n.rec.Capacity,
+			Requested: spec.Resources{MilliCPU: p.Requested.MilliCPU, MemoryMB: p.Requested.MemoryMB}, HeartbeatMs: -1}
+		if !n.lastHeartbeat.IsZero() {
+			ns.HeartbeatMs = now.Sub(n.lastHeartbeat).Milliseconds()
+		}
+		out = append(out, ns)
+	}
+	return out
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func without(list []string, s string) []string {
+	out := list[:0]
+	for _, v := range list {
+		if v != s {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func withoutFn(list []*briskv1.FunctionSpec, name string) []*briskv1.FunctionSpec {
+	out := list[:0]
+	for _, v := range list {
+		if v.GetName() != name {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// maybeResumeLocked ends the startup pause once every known worker has
+// answered its handshake (or the grace period has passed, see Run): until
+// then placing sandboxes could duplicate ones not yet reported.
+func (c *Cluster) maybeResumeLocked() {
+	if !c.paused {
+		return
+	}
+	for _, n := range c.nodeList {
+		if n.sess == nil && !n.rec.Drain {
+			return
+		}
+	}
+	c.resumeLocked("every worker answered")
+}
+
+func (c *Cluster) resumeLocked(why string) {
+	if !c.paused {
+		return
+	}
+	c.paused = false
+	c.log.Info("scheduling resumed", "why", why)
+	for _, fs := range c.fns {
+		c.reconcileLocked(fs)
+	}
+}
+
+// persistDrain writes a node's drain mark durably, off the caller's lock.
+func (c *Cluster) persistDrain(w *store.Worker) {
+	rec := *w
+	go func() {
+		if err := c.store.PutWorker(&rec); err != nil {
+			c.log.Error("persisting drain mark", "node", rec.ID, "err", err)
+		}
+	}()
+}

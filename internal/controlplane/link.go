@@ -1,0 +1,334 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+type specKey struct {
+	name string
+	rev  uint64
+}
+
+// session is the control plane's end of one live link session with a worker:
+// an outbox of commands that a sender goroutine flushes in batches.
+type session struct {
+	epoch  uint64
+	mu     sync.Mutex
+	specs  []*briskv1.FunctionSpec
+	creates []*briskv1.CreateSandbox
+	tombs  []string
+	sent   map[specKey]struct{} // specs this worker has been sent in this session
+	notify chan struct{}
+}
+
+func newSession(epoch uint64) *session {
+	return &session{epoch: epoch, sent: make(map[specKey]struct{}), notify: make(chan struct{}, 1)}
+}
+
+func (s *session) signal() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// create queues a Create, preceded by the function spec the first time this
+// session needs it.
+func (s *session) create(f *spec.Function, id string) {
+	s.mu.Lock()
+	k := specKey{f.Name, f.Revision}
+	if _, ok := s.sent[k]; !ok {
+		s.sent[k] = struct{}{}
+		s.specs = append(s.specs, f.ToProto())
+	}
+	s.creates = append(s.creates, &briskv1.CreateSandbox{Id: id, Function: f.Name, Revision: f.Revision})
+	s.mu.Unlock()
+	s.signal()
+}
+
+// tombstone queues a Tombstone, after delay when one is given.
+func (s *session) tombstone(id string, delay time.Duration) {
+	if delay > 0 {
+		time.AfterFunc(delay, func() { s.tombstone(id, 0) })
+		return
+	}
+	s.mu.Lock()
+	s.tombs = append(s.tombs, id)
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *session) take() *briskv1.Commands {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.specs)+len(s.creates)+len(s.tombs) == 0 {
+		return nil
+	}
+	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs}
+	s.specs, s.creates, s.tombs = nil, nil, nil
+	return c
+}
+
+// runLink keeps a session open to one worker for as long as ctx lives,
+// redialling with backoff. The control plane dials: the downstream (worker)
+// is the source of truth and answers the handshake.
+func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan struct{}) {
+	var conn *grpc.ClientConn
+	var addr string
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	backoff := 20 * time.Millisecond
+	for ctx.Err() == nil {
+		cp.cluster.mu.Lock()
+		want := n.rec.Address
+		cp.cluster.mu.Unlock()
+		if conn == nil || want != addr {
+			if conn != nil {
+				conn.Close()
+			}
+			var err error
+			conn, err = grpc.NewClient(want, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}))
+			if err != nil {
+				cp.log.Warn("worker address", "node", n.rec.ID, "address", want, "err", err)
+			}
+			addr = want
+		}
+		start := time.Now()
+		if conn != nil {
+			err := cp.session(ctx, n, briskv1.NewWorkerClient(conn))
+			if ctx.Err() == nil {
+				cp.log.Debug("worker session ended", "node", n.rec.ID, "err", err)
+			}
+		}
+		if time.Since(start) > 5*time.Second {
+			backoff = 20 * time.Millisecond
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-kick:
+			t.Stop()
+			backoff = 20 * time.Millisecond
+		case <-t.C:
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}
+}
+
+// session runs one link session: the handshake, then live updates.
+func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv1.WorkerClient) error {
+	c := cp.cluster
+	sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "brisk-node", n.rec.ID))
+	defer cancel()
+	stream, err := client.Session(sctx)
+	if err != nil {
+		return err
+	}
+	epoch := randomUint64()
+	c.mu.Lock()
+	mode := briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER
+	if len(n.sandboxes) > 0 {
+		mode = briskv1.HandshakeMode_HANDSHAKE_MODE_RESET
+	}
+	drain := n.rec.Drain
+	c.mu.Unlock()
+
+	// Handshake, bounded so a hung worker cannot stall its link forever.
+	hsTimer := time.AfterFunc(cp.cfg.HandshakeTimeout, cancel)
+	start := time.Now()
+	err = stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Hello{Hello: &briskv1.Hello{
+		Epoch: epoch, Mode: mode, Drain: drain, ControlPlaneId: cp.id}}})
+	if err != nil {
+		return err
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	ack := m.GetHelloAck()
+	if ack == nil {
+		return errors.New("worker answered Hello without HelloAck")
+	}
+	records := ack.GetRecords()
+	if mode == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
+		// Round 2: fetch only what differs from our cache.
+		var ids []string
+		c.mu.Lock()
+		for _, v := range ack.GetVersions() {
+			if r := n.sandboxes[v.GetId()]; r == nil || r.version != v.GetVersion() {
+				ids = append(ids, v.GetId())
+			}
+		}
+		c.mu.Unlock()
+		if len(ids) > 0 {
+			if err := stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Fetch{Fetch: &briskv1.FetchRequest{Ids: ids}}}); err != nil {
+				return err
+			}
+			m, err := stream.Recv()
+			if err != nil {
+				return err
+			}
+			if m.GetFetch() == nil {
+				return errors.New("worker answered Fetch with something else")
+			}
+			records = m.GetFetch().GetRecords()
+		}
+	}
+	if !hsTimer.Stop() {
+		return fmt.Errorf("handshake with %s timed out", n.rec.ID)
+	}
+	sess := newSession(epoch)
+	c.mu.Lock()
+	c.handshakeLocked(n, ack, records, sess)
+	if drain {
+		n.rec.Drain = false
+		c.persistDrain(n.rec)
+	}
+	c.mu.Unlock()
+	cp.metrics.handshakes.WithLabelValues(modeName(mode)).Inc()
+	cp.metrics.handshakeSeconds.Observe(time.Since(start).Seconds())
+	cp.log.Info("worker session up", "node", n.rec.ID, "mode", modeName(mode), "sandboxes", len(ack.GetVersions()),
+		"took", time.Since(start).Round(time.Microsecond))
+
+	sendErr := make(chan error, 1)
+	go func() { sendErr <- sendLoop(sctx, stream, sess) }()
+	defer func() {
+		c.mu.Lock()
+		if n.sess == sess {
+			n.sess = nil
+			n.downSince = c.clk.Now()
+			c.place[n.idx].Schedulable = false
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		u := m.GetUpdates()
+		if u == nil || m.GetEpoch() != epoch {
+			continue
+		}
+		c.mu.Lock()
+		if n.sess == sess {
+			for _, r := range u.GetRecords() {
+				c.applyUpdateLocked(n, r)
+			}
+			if hb := u.GetHeartbeat(); hb != nil {
+				n.heartbeat = hb
+				n.lastHeartbeat = c.clk.Now()
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case err := <-sendErr:
+			return err
+		default:
+		}
+	}
+}
+
+func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *session) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.notify:
+		}
+		if cmds := s.take(); cmds != nil {
+			if err := stream.Send(&briskv1.ToWorker{Epoch: s.epoch, Msg: &briskv1.ToWorker_Commands{Commands: cmds}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handshakeLocked folds a worker's full state into the table (CHAIN.md §3.6):
+// ids only we hold become invalid (replaced under new ids, never re-sent),
+// ids only the worker holds are adopted, ids at both take the worker's
+// record, and Tombstones the worker still reports are sent again.
+func (c *Cluster) handshakeLocked(n *nodeState, ack *briskv1.HelloAck, records []*briskv1.SandboxRecord, sess *session) {
+	now := c.clk.Now()
+	reported := make(map[string]struct{}, len(ack.GetVersions()))
+	for _, v := range ack.GetVersions() {
+		reported[v.GetId()] = struct{}{}
+	}
+	n.invalid = make(map[string]struct{})
+	for id, r := range n.sandboxes {
+		if _, ok := reported[id]; !ok {
+			if r.state != sbTombstoned {
+				n.invalid[id] = struct{}{}
+			}
+			c.dropLocked(r)
+		}
+	}
+	n.sess = sess
+	adopted := map[*fnState]struct{}{}
+	for _, u := range records {
+		known := n.sandboxes[u.GetId()] != nil
+		c.applyUpdateLocked(n, u)
+		if r := n.sandboxes[u.GetId()]; r != nil && !known && r.fn != nil {
+			adopted[r.fn] = struct{}{}
+		}
+	}
+	for _, r := range n.sandboxes {
+		if r.state == sbTombstoned {
+			sess.tombstone(r.id, 0)
+		}
+	}
+	// Recovered sandboxes are not scaled down for one stable window: the
+	// autoscaler has no metrics for them yet.
+	for fs := range adopted {
+		live := 0
+		for _, r := range fs.sandboxes {
+			if r.state != sbTombstoned && r.rev == fs.spec.Revision {
+				live++
+			}
+		}
+		fs.kpa.Adopt(now, live)
+		fs.desired = max(fs.desired, live)
+		c.boundDesiredLocked(fs)
+	}
+	n.bootID = ack.GetBootId()
+	n.downSince = time.Time{}
+	n.lastHeartbeat = now
+	c.place[n.idx].Schedulable = !n.rec.Drain || len(ack.GetVersions()) == 0
+	c.maybeResumeLocked()
+	for _, fs := range c.fns {
+		c.reconcileLocked(fs)
+	}
+}
+
+func modeName(m briskv1.HandshakeMode) string {
+	if m == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
+		return "reset"
+	}
+	return "recover"
+}
+
+func randomUint64() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}

@@ -1,0 +1,90 @@
+package controlplane
+
+import (
+	"sync"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+)
+
+// watcher is one data plane's endpoint stream: deltas accumulate in pending
+// and a sender goroutine flushes them as one batch.
+type watcher struct {
+	mu      sync.Mutex
+	pending *briskv1.EndpointBatch
+	notify  chan struct{}
+}
+
+func (w *watcher) take() *briskv1.EndpointBatch {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.pending
+	w.pending = nil
+	return b
+}
+
+// subscribe registers a watcher whose first batch is a full snapshot,
+// consistent with every delta published after it.
+func (c *Cluster) subscribe() *watcher {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	snap := &briskv1.EndpointBatch{Snapshot: true}
+	for _, fs := range c.fns {
+		snap.Functions = append(snap.Functions, fs.spec.ToProto())
+		for _, r := range fs.sandboxes {
+			if r.state == sbReady {
+				snap.Added = append(snap.Added, endpointOf(r))
+			}
+		}
+	}
+	w := &watcher{pending: snap, notify: make(chan struct{}, 1)}
+	w.notify <- struct{}{}
+	c.watchers[w] = struct{}{}
+	c.metrics.dataPlanes.Set(float64(len(c.watchers)))
+	return w
+}
+
+func (c *Cluster) unsubscribe(w *watcher) {
+	c.mu.Lock()
+	delete(c.watchers, w)
+	c.metrics.dataPlanes.Set(float64(len(c.watchers)))
+	c.mu.Unlock()
+}
+
+func endpointOf(r *sandboxRec) *briskv1.Endpoint {
+	return &briskv1.Endpoint{SandboxId: r.id, Function: r.fn.spec.Name, Address: r.addr, NodeId: r.node.rec.ID}
+}
+
+// publishLocked applies edit to every watcher's pending batch.
+func (c *Cluster) publishLocked(edit func(b *briskv1.EndpointBatch)) {
+	for w := range c.watchers {
+		w.mu.Lock()
+		if w.pending == nil {
+			w.pending = &briskv1.EndpointBatch{}
+		}
+		edit(w.pending)
+		w.mu.Unlock()
+		select {
+		case w.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *Cluster) publishAddLocked(r *sandboxRec) {
+	ep := endpointOf(r)
+	c.publishLocked(func(b *briskv1.EndpointBatch) { b.Added = append(b.Added, ep) })
+}
+
+// publishRemoveLocked withdraws an endpoint. An add still pending in the same
+// batch is cancelled, so the batch's order of application does not matter.
+func (c *Cluster) publishRemoveLocked(id string) {
+	c.publishLocked(func(b *briskv1.EndpointBatch) {
+		for i, ep := range b.Added {
+			if ep.GetSandboxId() == id {
+				b.Added = append(b.Added[:i], b.Added[i+1:]...)
+				break
+			}
+		}
+		b.Removed = append(b.Removed, id)
+	})
+}

@@ -1,0 +1,315 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+)
+
+// NodeConfig describes one node hosted by a daemon.
+type NodeConfig struct {
+	ID           string
+	Runtime      runtime.Runtime
+	Capacity     spec.Resources
+	MaxSandboxes int // 0 = unlimited
+}
+
+// Config configures a worker daemon.
+type Config struct {
+	Listen       string // gRPC listen address; default 127.0.0.1:0
+	Advertise    string // address registered with the control plane; default the bound address
+	ControlPlane string // control plane gRPC address
+	Nodes        []NodeConfig
+	// HeartbeatInterval is how often each node reports load; default 1s.
+	HeartbeatInterval time.Duration
+	// CreateTimeout bounds one sandbox start, detached from any RPC; default 2m.
+	CreateTimeout time.Duration
+	// FlushInterval batches state updates; default 1ms.
+	FlushInterval time.Duration
+	Logger        *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.CreateTimeout == 0 {
+		c.CreateTimeout = 2 * time.Minute
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Daemon serves the Worker gRPC service for one or more nodes and keeps them
+// registered with the control plane.
+type Daemon struct {
+	briskv1.UnimplementedWorkerServer
+	cfg   Config
+	log   *slog.Logger
+	nodes map[string]*Node
+	first *Node
+	lis   net.Listener
+	ready chan struct{}
+}
+
+// New builds a daemon; it starts nothing.
+func New(cfg Config) (*Daemon, error) {
+	cfg.defaults()
+	if len(cfg.Nodes) == 0 {
+		return nil, errors.New("worker: no nodes configured")
+	}
+	if cfg.ControlPlane == "" {
+		return nil, errors.New("worker: control plane address is required")
+	}
+	boot := randomID()
+	d := &Daemon{cfg: cfg, log: cfg.Logger, nodes: make(map[string]*Node), ready: make(chan struct{})}
+	for _, nc := range cfg.Nodes {
+		if nc.ID == "" || nc.Runtime == nil {
+			return nil, errors.New("worker: every node needs an id and a runtime")
+		}
+		if _, dup := d.nodes[nc.ID]; dup {
+			return nil, fmt.Errorf("worker: duplicate node id %q", nc.ID)
+		}
+		n := newNode(nc.ID, boot, nc.Runtime, nc.Capacity, nc.MaxSandboxes, cfg.CreateTimeout, cfg.Logger)
+		d.nodes[nc.ID] = n
+		if d.first == nil {
+			d.first = n
+		}
+	}
+	return d, nil
+}
+
+// Node returns a hosted node by id (status and tests).
+func (d *Daemon) Node(id string) *Node { return d.nodes[id] }
+
+// Addr is the bound gRPC address, valid after Ready.
+func (d *Daemon) Addr() string { return d.lis.Addr().String() }
+
+// Ready is closed once the daemon listens.
+func (d *Daemon) Ready() <-chan struct{} { return d.ready }
+
+// Run serves until ctx ends.
+func (d *Daemon) Run(ctx context.Context) error {
+	lis, err := net.Listen("tcp", d.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("worker: listen %s: %w", d.cfg.Listen, err)
+	}
+	d.lis = lis
+	adv := d.cfg.Advertise
+	if adv == "" {
+		adv = lis.Addr().String()
+	}
+	for _, n := range d.nodes {
+		n.adopt(ctx)
+	}
+	srv := grpc.NewServer(
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(64<<20),
+	)
+	briskv1.RegisterWorkerServer(srv, d)
+	close(d.ready)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	var wg sync.WaitGroup
+	rctx, cancel := context.WithCancel(ctx)
+	wg.Add(1)
+	go func() { defer wg.Done(); d.registerLoop(rctx, adv) }()
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		srv.Stop()
+	}
+	wg.Wait()
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// registerLoop registers every node with the control plane, and registers
+// again whenever a node has had no session for a while (the control plane may
+// have lost or never seen the record).
+func (d *Daemon) registerLoop(ctx context.Context, adv string) {
+	conn, err := grpc.NewClient(d.cfg.ControlPlane, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		d.log.Error("worker: control plane address", "err", err)
+		return
+	}
+	defer conn.Close()
+	cp := briskv1.NewControlPlaneClient(conn)
+	registered := make(map[string]time.Time)
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for id, n := range d.nodes {
+			n.mu.Lock()
+			stale := !n.connected && time.Since(n.lastLive) > 3*time.Second
+			n.mu.Unlock()
+			last, done := registered[id]
+			if done && (!stale || time.Since(last) < 3*time.Second) {
+				continue
+			}
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := cp.RegisterWorker(rctx, &briskv1.RegisterWorkerRequest{
+				NodeId: id, Address: adv, BootId: n.bootID, MaxSandboxes: int32(n.max), Runtime: n.rt.Name(),
+				Capacity: &briskv1.Resources{MilliCpu: n.capacity.MilliCPU, MemoryMb: n.capacity.MemoryMB},
+			})
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					d.log.Debug("registering with control plane", "node", id, "err", err)
+				}
+				continue
+			}
+			registered[id] = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Session serves one control-plane link session (see the package doc and
+// docs/architecture.md for the handshake).
+func (d *Daemon) Session(stream briskv1.Worker_SessionServer) error {
+	n := d.first
+	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
+		if v := md.Get("brisk-node"); len(v) > 0 {
+			if n = d.nodes[v[0]]; n == nil {
+				return status.Errorf(codes.NotFound, "node %q is not hosted here", v[0])
+			}
+		}
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	h := first.GetHello()
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "first message of a session must be Hello")
+	}
+	ctx := stream.Context()
+	ack := n.install(ctx, h)
+	epoch := h.GetEpoch()
+	defer n.disconnected(epoch)
+	var sendMu sync.Mutex
+	send := func(m *briskv1.FromWorker) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		m.Epoch = epoch
+		return stream.Send(m)
+	}
+	if err := send(&briskv1.FromWorker{Msg: &briskv1.FromWorker_HelloAck{HelloAck: ack}}); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	senderDone := make(chan error, 1)
+	go func() { senderDone <- d.sendLoop(sctx, n, epoch, send) }()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if m.GetEpoch() != epoch || n.currentEpoch() != epoch {
+			// A newer session took over: this stream is stale.
+			return status.Error(codes.FailedPrecondition, "stale session epoch")
+		}
+		switch msg := m.Msg.(type) {
+		case *briskv1.ToWorker_Fetch:
+			if err := send(&briskv1.FromWorker{Msg: &briskv1.FromWorker_Fetch{Fetch: n.fetch(msg.Fetch.GetIds())}}); err != nil {
+				return err
+			}
+		case *briskv1.ToWorker_Commands:
+			n.apply(ctx, msg.Commands)
+		case *briskv1.ToWorker_Hello:
+			return status.Error(codes.InvalidArgument, "Hello inside a live session")
+		}
+		select {
+		case err := <-senderDone:
+			return err
+		default:
+		}
+	}
+}
+
+// sendLoop flushes state updates in small batches and sends heartbeats.
+func (d *Daemon) sendLoop(ctx context.Context, n *Node, epoch uint64, send func(*briskv1.FromWorker) error) error {
+	hb := time.NewTicker(d.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	// First heartbeat at once so the control plane knows the node's load.
+	if err := send(&briskv1.FromWorker{Msg: &briskv1.FromWorker_Updates{Updates: &briskv1.Updates{Heartbeat: n.heartbeat()}}}); err != nil {
+		return err
+	}
+	for {
+		var beat *briskv1.Heartbeat
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.notify:
+			// Let a burst of state changes gather into one batch.
+			if d.cfg.FlushInterval > 0 {
+				t := time.NewTimer(d.cfg.FlushInterval)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-t.C:
+				}
+			}
+		case <-hb.C:
+			beat = n.heartbeat()
+		}
+		recs, ok := n.takePending(epoch)
+		if !ok {
+			return status.Error(codes.FailedPrecondition, "session superseded")
+		}
+		if len(recs) == 0 && beat == nil {
+			continue
+		}
+		if err := send(&briskv1.FromWorker{Msg: &briskv1.FromWorker_Updates{Updates: &briskv1.Updates{Records: recs, Heartbeat: beat}}}); err != nil {
+			return err
+		}
+	}
+}
+
+func randomID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

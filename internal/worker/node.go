@@ -1,0 +1,411 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+)
+
+// terminatedTTL bounds how long a terminated id is remembered. It must exceed
+// the longest control-plane session that could still carry a Create for it.
+const terminatedTTL = 30 * time.Minute
+
+type specKey struct {
+	name string
+	rev  uint64
+}
+
+// sandbox is the worker's authoritative record of one sandbox.
+type sandbox struct {
+	rec      *briskv1.SandboxRecord // state, version, address; copied out on send
+	spec     *spec.Function
+	cancel   context.CancelFunc // stops a creation in progress
+	started  time.Time
+	inst     *runtime.Instance
+	killing  bool
+	resource spec.Resources
+}
+
+// Node is one worker node: a sandbox table, the current session epoch and a
+// runtime. Several Nodes can share one process (emulated scale tests).
+type Node struct {
+	id       string
+	bootID   string
+	rt       runtime.Runtime
+	capacity spec.Resources
+	max      int
+	log      *slog.Logger
+	createTO time.Duration
+
+	mu         sync.Mutex
+	epoch      uint64
+	sandboxes  map[string]*sandbox
+	terminated map[string]time.Time
+	specs      map[specKey]*spec.Function
+	pending    []*briskv1.SandboxRecord // updates not yet sent
+	notify     chan struct{}            // signalled when pending grows
+	used       spec.Resources
+	lastLive   time.Time // last time a session was connected
+	connected  bool
+}
+
+func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max int, createTimeout time.Duration, log *slog.Logger) *Node {
+	return &Node{
+		id: id, bootID: bootID, rt: rt, capacity: capacity, max: max, createTO: createTimeout,
+		log:        log.With("node", id),
+		sandboxes:  make(map[string]*sandbox),
+		terminated: make(map[string]time.Time),
+		specs:      make(map[specKey]*spec.Function),
+		notify:     make(chan struct{}, 1),
+	}
+}
+
+// adopt takes over sandboxes a runtime still runs from an earlier daemon
+// process, so a daemon restart does not lose them.
+func (n *Node) adopt(ctx context.Context) {
+	listed, err := n.rt.List(ctx)
+	if err != nil {
+		n.log.Warn("listing sandboxes left by an earlier worker", "err", err)
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, l := range listed {
+		if !l.Running {
+			continue
+		}
+		n.sandboxes[l.ID] = &sandbox{
+			rec: &briskv1.SandboxRecord{Id: l.ID, Function: l.Function, Revision: l.Revision,
+				State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: 1, Address: l.Addr},
+			started: time.Now(),
+		}
+		n.log.Info("adopted running sandbox", "sandbox", l.ID, "function", l.Function)
+	}
+}
+
+// emitLocked bumps the sandbox's version and queues its record for the
+// control plane.
+func (n *Node) emitLocked(sb *sandbox) {
+	sb.rec.Version++
+	n.pending = append(n.pending, cloneRecord(sb.rec))
+	select {
+	case n.notify <- struct{}{}:
+	default:
+	}
+}
+
+func cloneRecord(r *briskv1.SandboxRecord) *briskv1.SandboxRecord {
+	return &briskv1.SandboxRecord{Id: r.Id, Function: r.Function, Revision: r.Revision, State: r.State,
+		Version: r.Version, Address: r.Address, Message: r.Message, CreateUs: r.CreateUs}
+}
+
+// install starts a new session: later messages with another epoch are
+// ignored. It returns the handshake answer.
+func (n *Node) install(ctx context.Context, h *briskv1.Hello) *briskv1.HelloAck {
+	if h.GetDrain() {
+		n.drain(ctx)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.epoch = h.GetEpoch()
+	n.pending = nil // the handshake is a full sync
+	n.connected = true
+	n.lastLive = time.Now()
+	n.pruneTerminatedLocked()
+	ack := &briskv1.HelloAck{NodeId: n.id, BootId: n.bootID}
+	for id, sb := range n.sandboxes {
+		ack.Versions = append(ack.Versions, &briskv1.SandboxVersion{Id: id, Version: sb.rec.Version})
+		if h.GetMode() == briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER {
+			ack.Records = append(ack.Records, cloneRecord(sb.rec))
+		}
+	}
+	return ack
+}
+
+// drain kills every sandbox before the node takes new work: the control
+// plane fenced this node while it was unreachable and replaced them.
+func (n *Node) drain(ctx context.Context) {
+	n.mu.Lock()
+	ids := make([]string, 0, len(n.sandboxes))
+	for id := range n.sandboxes {
+		ids = append(ids, id)
+	}
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.terminate(ctx, id, "node drained") }()
+	}
+	wg.Wait()
+}
+
+func (n *Node) disconnected(epoch uint64) {
+	n.mu.Lock()
+	if n.epoch == epoch {
+		n.connected = false
+		n.lastLive = time.Now()
+	}
+	n.mu.Unlock()
+}
+
+func (n *Node) fetch(ids []string) *briskv1.FetchResponse {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	resp := &briskv1.FetchResponse{}
+	for _, id := range ids {
+		if sb, ok := n.sandboxes[id]; ok {
+			resp.Records = append(resp.Records, cloneRecord(sb.rec))
+		}
+	}
+	return resp
+}
+
+// apply executes one batch of commands from the current session.
+func (n *Node) apply(ctx context.Context, c *briskv1.Commands) {
+	n.mu.Lock()
+	for _, p := range c.GetSpecs() {
+		f := spec.FromProto(p)
+		n.specs[specKey{f.Name, f.Revision}] = f
+	}
+	var starts []*sandbox
+	for _, cr := range c.GetCreates() {
+		if sb := n.acceptLocked(cr); sb != nil {
+			starts = append(starts, sb)
+		}
+	}
+	n.mu.Unlock()
+	for _, sb := range starts {
+		go n.create(ctx, sb)
+	}
+	for _, id := range c.GetTombstones() {
+		go n.terminate(ctx, id, "tombstone")
+	}
+}
+
+// acceptLocked admits a Create idempotently. It returns the sandbox to start,
+// or nil when the create is a duplicate or refused (the answer is emitted).
+func (n *Node) acceptLocked(cr *briskv1.CreateSandbox) *sandbox {
+	id := cr.GetId()
+	if sb, ok := n.sandboxes[id]; ok { // duplicate delivery: re-announce
+		n.pending = append(n.pending, cloneRecord(sb.rec))
+		return nil
+	}
+	rec := &briskv1.SandboxRecord{Id: id, Function: cr.GetFunction(), Revision: cr.GetRevision()}
+	if _, dead := n.terminated[id]; dead { // never revive a terminated id
+		rec.State, rec.Message = briskv1.SandboxState_SANDBOX_STATE_GONE, "sandbox id was already terminated"
+		n.emitLocked(&sandbox{rec: rec})
+		return nil
+	}
+	f := n.specs[specKey{cr.GetFunction(), cr.GetRevision()}]
+	if f == nil {
+		rec.State, rec.Message = briskv1.SandboxState_SANDBOX_STATE_FAILED, fmt.Sprintf("function %s revision %d unknown to the worker", cr.GetFunction(), cr.GetRevision())
+		n.terminated[id] = time.Now()
+		n.emitLocked(&sandbox{rec: rec})
+		return nil
+	}
+	rec.State = briskv1.SandboxState_SANDBOX_STATE_CREATING
+	sb := &sandbox{rec: rec, spec: f, started: time.Now(), resource: f.Resources}
+	n.sandboxes[id] = sb
+	n.used.MilliCPU += f.Resources.MilliCPU
+	n.used.MemoryMB += f.Resources.MemoryMB
+	n.emitLocked(sb)
+	return sb
+}
+
+// create starts a sandbox detached from the RPC that asked for it, under its
+// own timeout, and reports Ready, Failed or Exited.
+func (n *Node) create(parent context.Context, sb *sandbox) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), n.createTO)
+	n.mu.Lock()
+	if sb.killing {
+		n.mu.Unlock()
+		cancel()
+		return
+	}
+	sb.cancel = cancel
+	n.mu.Unlock()
+	defer cancel()
+
+	inst, err := n.rt.Create(ctx, runtime.Spec{ID: sb.rec.Id, Function: sb.spec})
+	if err == nil {
+		n.mu.Lock()
+		sb.inst = inst
+		n.mu.Unlock()
+		err = runtime.WaitReady(ctx, inst.Addr, inst.Exited)
+		if err != nil && inst.Exited != nil && inst.ExitErr != nil {
+			select {
+			case <-inst.Exited:
+				err = fmt.Errorf("exited while starting: %v", inst.ExitErr())
+			default:
+			}
+		}
+	}
+	n.mu.Lock()
+	if sb.killing { // tombstoned while starting: terminate owns cleanup
+		n.mu.Unlock()
+		return
+	}
+	if err != nil {
+		sb.killing = true
+		sb.rec.State, sb.rec.Message = briskv1.SandboxState_SANDBOX_STATE_FAILED, err.Error()
+		n.finishLocked(sb)
+		n.mu.Unlock()
+		n.cleanup(sb.rec.Id)
+		n.log.Warn("sandbox failed to start", "sandbox", sb.rec.Id, "function", sb.rec.Function, "err", err)
+		return
+	}
+	sb.rec.State, sb.rec.Address = briskv1.SandboxState_SANDBOX_STATE_READY, inst.Addr
+	sb.rec.CreateUs = time.Since(sb.started).Microseconds()
+	n.emitLocked(sb)
+	n.mu.Unlock()
+	if inst.Exited != nil {
+		go n.watchExit(sb, inst)
+	}
+}
+
+// watchExit reports a sandbox that dies on its own (crash, OOM, exit).
+func (n *Node) watchExit(sb *sandbox, inst *runtime.Instance) {
+	<-inst.Exited
+	n.mu.Lock()
+	if sb.killing {
+		n.mu.Unlock()
+		return
+	}
+	sb.killing = true
+	msg := "exited"
+	if inst.ExitErr != nil && inst.ExitErr() != nil {
+		msg = inst.ExitErr().Error()
+	}
+	sb.rec.State, sb.rec.Message = briskv1.SandboxState_SANDBOX_STATE_EXITED, msg
+	n.finishLocked(sb)
+	n.mu.Unlock()
+	n.cleanup(sb.rec.Id)
+	n.log.Warn("sandbox exited", "sandbox", sb.rec.Id, "function", sb.rec.Function, "reason", msg)
+}
+
+// finishLocked removes a sandbox from the table for good and emits its
+// terminal record.
+func (n *Node) finishLocked(sb *sandbox) {
+	if _, ok := n.sandboxes[sb.rec.Id]; ok {
+		delete(n.sandboxes, sb.rec.Id)
+		n.used.MilliCPU -= sb.resource.MilliCPU
+		n.used.MemoryMB -= sb.resource.MemoryMB
+	}
+	n.terminated[sb.rec.Id] = time.Now()
+	n.emitLocked(sb)
+}
+
+// cleanup releases whatever the runtime still holds for a finished sandbox.
+func (n *Node) cleanup(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := n.rt.Kill(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		n.log.Warn("cleaning up sandbox", "sandbox", id, "err", err)
+	}
+}
+
+// terminate is the Tombstone path: irreversible, retried until the runtime
+// has released everything.
+func (n *Node) terminate(ctx context.Context, id, why string) {
+	n.mu.Lock()
+	sb, ok := n.sandboxes[id]
+	if !ok {
+		// Unknown: either long gone or the Tombstone overtook its Create.
+		// Remember the id so a late Create cannot start it.
+		_, known := n.terminated[id]
+		n.terminated[id] = time.Now()
+		if !known {
+			rec := &briskv1.SandboxRecord{Id: id, State: briskv1.SandboxState_SANDBOX_STATE_GONE, Message: why}
+			n.emitLocked(&sandbox{rec: rec})
+		}
+		n.mu.Unlock()
+		return
+	}
+	if sb.killing {
+		n.mu.Unlock()
+		return
+	}
+	sb.killing = true
+	sb.rec.State = briskv1.SandboxState_SANDBOX_STATE_TERMINATING
+	n.emitLocked(sb)
+	if sb.cancel != nil {
+		sb.cancel()
+	}
+	n.mu.Unlock()
+
+	backoff := 10 * time.Millisecond
+	for {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := n.rt.Kill(kctx, id)
+		cancel()
+		if err == nil || errors.Is(err, runtime.ErrNotFound) {
+			break
+		}
+		n.log.Warn("killing sandbox, will retry", "sandbox", id, "err", err)
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	n.mu.Lock()
+	sb.rec.State, sb.rec.Message = briskv1.SandboxState_SANDBOX_STATE_GONE, why
+	n.finishLocked(sb)
+	n.mu.Unlock()
+}
+
+func (n *Node) pruneTerminatedLocked() {
+	cut := time.Now().Add(-terminatedTTL)
+	for id, t := range n.terminated {
+		if t.Before(cut) {
+			delete(n.terminated, id)
+		}
+	}
+}
+
+// takePending returns queued updates for the session with this epoch.
+func (n *Node) takePending(epoch uint64) ([]*briskv1.SandboxRecord, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.epoch != epoch {
+		return nil, false
+	}
+	p := n.pending
+	n.pending = nil
+	return p, true
+}
+
+func (n *Node) heartbeat() *briskv1.Heartbeat {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return &briskv1.Heartbeat{
+		UnixMs:    time.Now().UnixMilli(),
+		Capacity:  &briskv1.Resources{MilliCpu: n.capacity.MilliCPU, MemoryMb: n.capacity.MemoryMB},
+		Used:      &briskv1.Resources{MilliCpu: n.used.MilliCPU, MemoryMb: n.used.MemoryMB},
+		Sandboxes: int32(len(n.sandboxes)),
+	}
+}
+
+func (n *Node) currentEpoch() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.epoch
+}
+
+// Snapshot lists the node's sandboxes (for status and tests).
+func (n *Node) Snapshot() []*briskv1.SandboxRecord {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*briskv1.SandboxRecord, 0, len(n.sandboxes))
+	for _, sb := range n.sandboxes {
+		out = append(out, cloneRecord(sb.rec))
+	}
+	return out
+}
+
+// Stop kills every sandbox (used when a worker shuts down with --cleanup).
+func (n *Node) Stop(ctx context.Context) { n.drain(ctx) }
