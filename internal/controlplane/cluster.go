@@ -267,6 +267,9 @@ func (c *Cluster) tick() {
 	defer c.mu.Unlock()
 	now := c.clk.Now()
 	for _, fs := range c.fns {
+		// A zero marks the bucket as observed: data planes stop reporting
+		// idle functions, and an unobserved window would hold the scale.
+		fs.kpa.Record(now, 0)
 		c.decideLocked(fs, now)
 		c.reconcileLocked(fs)
 	}

@@ -1,0 +1,393 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+func newFn(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "fn", Short: "Manage functions: deploy, list, get, delete", Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error { return c.Help() }}
+	c.AddCommand(newFnDeploy(g), newFnList(g), newFnGet(g), newFnDelete(g))
+	return c
+}
+
+type deployFlags struct {
+	builtin, command, image, file, lb, cpu string
+	port, min, max, concurrency, queue     int
+	memory                                 int64
+	env                                    []string
+	timeout, queueTimeout, window, grace   time.Duration
+	target, utilization                    float64
+}
+
+func newFnDeploy(g *globals) *cobra.Command {
+	f := &deployFlags{}
+	c := &cobra.Command{
+		Use:   "deploy NAME",
+		Short: "Register a function, or update it if it exists",
+		Long: `Register a function, or update it (a new revision) if it exists.
+Exactly one of --builtin, --command or --image says what runs. A --command is
+started with PORT set to the port it must serve HTTP on.`,
+		Example: `  brisk fn deploy hello --builtin trace
+  brisk fn deploy myfn --command "/path/to/server --flag" --port 8080 --min 0 --max 20 --concurrency 1
+  brisk fn deploy myfn -f spec.json`,
+		Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			fn, err := f.spec(c, args[0])
+			if err != nil {
+				return err
+			}
+			cl := g.client()
+			out, err := cl.Create(c.Context(), fn)
+			verb := "created"
+			if client.IsConflict(err) {
+				out, err = cl.Update(c.Context(), fn)
+				verb = "updated"
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Printf("function %s %s (revision %d)\n", out.Name, verb, out.Revision)
+			return nil
+		},
+	}
+	fl := c.Flags()
+	fl.StringVarP(&f.file, "file", "f", "", "read the spec from a JSON file (- for stdin); flags override it")
+	fl.StringVar(&f.builtin, "builtin", "", "built-in function to run: trace")
+	fl.StringVar(&f.command, "command", "", "local command to run (process runtime); quotes group words")
+	fl.StringVar(&f.image, "image", "", "OCI image to run (containerd runtime)")
+	fl.IntVar(&f.port, "port", 0, "port the function serves HTTP on (default 8080)")
+	fl.IntVar(&f.min, "min", 0, "minimum sandboxes (0 allows scale to zero)")
+	fl.IntVar(&f.max, "max", 0, "maximum sandboxes (0 = unbounded)")
+	fl.IntVar(&f.concurrency, "concurrency", 0, "concurrent requests per sandbox (default 1; 0 in a spec file means default)")
+	fl.StringVar(&f.cpu, "cpu", "", "CPU per sandbox, e.g. 250m or 0.5 (default 250m)")
+	fl.Int64Var(&f.memory, "memory", 0, "memory per sandbox in MiB (default 128)")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "request timeout (default 5m)")
+	fl.IntVar(&f.queue, "queue-depth", 0, "requests a data plane queues while no sandbox is free (default 1000)")
+	fl.DurationVar(&f.queueTimeout, "queue-timeout", 0, "how long a request may wait for a sandbox (default 30s)")
+	fl.Float64Var(&f.target, "target", 0, "autoscaler target in-flight requests per sandbox (default: --concurrency)")
+	fl.Float64Var(&f.utilization, "target-utilization", 0, "fraction of the target to aim for, (0,1] (default 1.0)")
+	fl.DurationVar(&f.window, "stable-window", 0, "autoscaler stable window (default 60s)")
+	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
+	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
+	return c
+}
+
+func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
+	fn := &spec.Function{}
+	if f.file != "" {
+		var data []byte
+		var err error
+		if f.file == "-" {
+			data, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+		} else {
+			data, err = os.ReadFile(f.file)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if fn, err = spec.Decode(data); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.file, err)
+		}
+	}
+	fn.Name = name
+	set := c.Flags().Changed
+	if set("builtin") || set("command") || set("image") {
+		fn.Builtin, fn.Command, fn.Image = f.builtin, nil, f.image
+		if f.command != "" {
+			argv, err := splitCommand(f.command)
+			if err != nil {
+				return nil, usageError{fmt.Errorf("--command: %w", err)}
+			}
+			fn.Command = argv
+		}
+	}
+	if set("port") {
+		fn.Port = f.port
+	}
+	if set("min") {
+		fn.Scaling.Min = f.min
+	}
+	if set("max") {
+		fn.Scaling.Max = f.max
+	}
+	if set("concurrency") {
+		fn.Concurrency = f.concurrency
+	}
+	if set("cpu") {
+		r, err := nodeCapacity(f.cpu, 1)
+		if err != nil {
+			return nil, err
+		}
+		fn.Resources.MilliCPU = r.MilliCPU
+	}
+	if set("memory") {
+		fn.Resources.MemoryMB = f.memory
+	}
+	for _, kv := range f.env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+		}
+		if fn.Env == nil {
+			fn.Env = map[string]string{}
+		}
+		fn.Env[k] = v
+	}
+	if set("timeout") {
+		fn.Timeout = spec.Duration(f.timeout)
+	}
+	if set("queue-depth") {
+		fn.Queue.Depth = f.queue
+	}
+	if set("queue-timeout") {
+		fn.Queue.Timeout = spec.Duration(f.queueTimeout)
+	}
+	if set("target") {
+		fn.Scaling.Target = f.target
+	}
+	if set("target-utilization") {
+		fn.Scaling.TargetUtilization = f.utilization
+	}
+	if set("stable-window") {
+		fn.Scaling.StableWindow = spec.Duration(f.window)
+	}
+	if set("scale-to-zero-grace") {
+		fn.Scaling.ScaleToZeroGrace = spec.Duration(f.grace)
+	}
+	if set("lb") {
+		fn.LoadBalancing = f.lb
+	}
+	// Validate here too, so a bad flag fails with a usage error before any
+	// network round trip; the server validates again.
+	check := *fn
+	check.ApplyDefaults()
+	if err := check.Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return fn, nil
+}
+
+// splitCommand splits a command line into words, honouring single and
+// double quotes and backslash escapes (no other shell features).
+func splitCommand(s string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	inWord := false
+	var quote rune
+	esc := false
+	for _, r := range s {
+		switch {
+		case esc:
+			cur.WriteRune(r)
+			esc = false
+		case r == '\\' && quote != '\'':
+			esc, inWord = true, true
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			} else {
+				cur.WriteRune(r)
+			}
+		case r == '"' || r == '\'':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t' || r == '\n':
+			if inWord {
+				out = append(out, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != 0 || esc {
+		return nil, fmt.Errorf("unterminated quote or escape in %q", s)
+	}
+	if inWord {
+		out = append(out, cur.String())
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty command")
+	}
+	return out, nil
+}
+
+func newFnList(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "list", Short: "List functions with their sandbox counts", Aliases: []string{"ls"}, Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			fns, err := g.client().List(c.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(fns)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION")
+			for _, f := range fns {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", f.Name, kind(f.Function), f.Status.Desired, f.Status.Ready,
+					f.Status.Pending, f.Concurrency, f.Revision)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func kind(f *spec.Function) string {
+	switch {
+	case f.Builtin != "":
+		return "builtin:" + f.Builtin
+	case f.Image != "":
+		return "image"
+	default:
+		return "command"
+	}
+}
+
+func newFnGet(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "get NAME", Short: "Show a function's spec and sandboxes (JSON)", Aliases: []string{"describe"}, Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			f, err := g.client().Get(c.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(f)
+		},
+	}
+}
+
+func newFnDelete(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "delete NAME", Short: "Delete a function and terminate its sandboxes", Aliases: []string{"rm"}, Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if err := g.client().Delete(c.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Printf("function %s deleted\n", args[0])
+			return nil
+		},
+	}
+}
+
+func newStatus(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "status", Short: "Show nodes, functions and their desired/ready sandboxes", Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			st, err := g.client().Status(c.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(st)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "NODE\tRUNTIME\tCONNECTED\tSANDBOXES\tCPU (req/cap)\tMEMORY MiB (req/cap)\n")
+			for _, n := range st.Nodes {
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%dm/%dm\t%d/%d\n", n.ID, n.Runtime, n.Connected, n.Sandboxes,
+					n.Requested.MilliCPU, n.Capacity.MilliCPU, n.Requested.MemoryMB, n.Capacity.MemoryMB)
+			}
+			fmt.Fprintln(tw)
+			fmt.Fprintf(tw, "FUNCTION\tDESIRED\tREADY\tPENDING\n")
+			for _, f := range st.Functions {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", f.Name, f.Desired, f.Ready, f.Pending)
+			}
+			fmt.Fprintf(tw, "\n%d data plane(s) registered\n", len(st.DataPlanes))
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newInvoke(g *globals) *cobra.Command {
+	var data, dataFile, method string
+	var headers []string
+	var verbose bool
+	c := &cobra.Command{
+		Use:   "invoke NAME",
+		Short: "Call a function synchronously and print its response",
+		Example: `  brisk invoke hello --data '{"ms": 50}'
+  brisk invoke hello -v --data '{"ms": 50}'`,
+		Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			body := []byte(data)
+			if dataFile != "" {
+				var err error
+				if dataFile == "-" {
+					body, err = io.ReadAll(os.Stdin)
+				} else {
+					body, err = os.ReadFile(dataFile)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			h := http.Header{}
+			for _, kv := range headers {
+				k, v, ok := strings.Cut(kv, ":")
+				if !ok {
+					return usageError{fmt.Errorf("--header %q: want Name: value", kv)}
+				}
+				h.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+			}
+			if len(body) > 0 && h.Get("Content-Type") == "" {
+				h.Set("Content-Type", "application/json")
+			}
+			res, err := g.client().InvokeFunction(c.Context(), args[0], method, body, h)
+			if err != nil {
+				return err
+			}
+			if verbose {
+				fmt.Fprintf(os.Stderr, "status: %d\ncall id: %s\nsandbox: %s\ntiming: %s\ntotal: %s\n", res.Status,
+					res.Header.Get("X-Call-Id"), res.Header.Get("X-Brisk-Sandbox"), res.Header.Get("X-Brisk-Timing"),
+					res.Duration.Round(time.Microsecond))
+				if strings.Contains(res.Header.Get("X-Brisk-Timing"), "cold=true") {
+					fmt.Fprintln(os.Stderr, "start: cold (waited for a new sandbox)")
+				} else {
+					fmt.Fprintln(os.Stderr, "start: warm")
+				}
+			}
+			os.Stdout.Write(res.Body)
+			if len(res.Body) > 0 && res.Body[len(res.Body)-1] != '\n' {
+				fmt.Println()
+			}
+			if res.Status/100 != 2 {
+				return fmt.Errorf("function %s answered HTTP %d", args[0], res.Status)
+			}
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&data, "data", "d", "", "request body")
+	c.Flags().StringVar(&dataFile, "data-file", "", "read the request body from a file (- for stdin)")
+	c.Flags().StringVarP(&method, "method", "X", http.MethodPost, "HTTP method")
+	c.Flags().StringArrayVarP(&headers, "header", "H", nil, "request header 'Name: value' (repeatable)")
+	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "print status, timing and cold/warm to stderr")
+	return c
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

@@ -1,0 +1,105 @@
+// Package cli wires brisk's cobra commands: flags become component configs,
+// components run under one errgroup; no logic lives here.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+// exitUsage is the exit code for invalid command-line usage.
+const exitUsage = 2
+
+type usageError struct{ error }
+
+// Main runs the brisk command line and returns the process exit code.
+func Main(args []string) int {
+	root := newRoot()
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) || isFlagError(err) {
+		fmt.Fprintf(os.Stderr, "brisk: %v\n", err)
+		return exitUsage
+	}
+	fmt.Fprintf(os.Stderr, "brisk: %v\n", err)
+	return 1
+}
+
+func isFlagError(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "unknown command") || strings.HasPrefix(s, "unknown flag") ||
+		strings.HasPrefix(s, "unknown shorthand flag") || strings.Contains(s, "flag needs an argument") ||
+		strings.HasPrefix(s, "invalid argument") || strings.Contains(s, "accepts ") || strings.HasPrefix(s, "required flag")
+}
+
+type globals struct {
+	admin, invoke string
+	logLevel      string
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "brisk",
+		Short: "brisk: a fast, dependable Function-as-a-Service cluster manager",
+		Long: `brisk runs functions on demand: it creates sandboxes from zero, routes and
+load-balances invocations, scales with traffic and keeps serving through failures.
+
+Start a local cluster with 'brisk up', deploy a function with 'brisk fn deploy',
+and call it with 'brisk invoke' or plain HTTP on the data plane.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w\nUsage: %s", err, c.UseLine())}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.admin, "admin-url", envOr("BRISK_ADMIN", "127.0.0.1:9090"), "control plane admin API address (env BRISK_ADMIN)")
+	pf.StringVar(&g.invoke, "invoke-url", envOr("BRISK_INVOKE", "127.0.0.1:8080"), "data plane invocation address (env BRISK_INVOKE)")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newTraceFn())
+	return root
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func (g *globals) client() *client.Client { return client.New(g.admin, g.invoke) }
+
+func (g *globals) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)}
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// exactArgs is cobra.ExactArgs with a usage line in the error.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s takes %d argument(s), got %d\nUsage: %s", c.CommandPath(), n, len(args), c.UseLine())}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,165 @@
+// Package client is the Go SDK for brisk's admin API (HTTP/JSON) and its
+// invocation endpoint.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// Error is a non-2xx answer from brisk, with the server's message.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+// IsNotFound reports whether err is a 404 from brisk.
+func IsNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// IsConflict reports whether err is a 409 from brisk.
+func IsConflict(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == http.StatusConflict
+}
+
+// Client talks to one cluster.
+type Client struct {
+	Admin  string // base URL of the admin API, e.g. http://127.0.0.1:9090
+	Invoke string // base URL of a data plane, e.g. http://127.0.0.1:8080
+	HTTP   *http.Client
+}
+
+// New returns a client; addresses may omit the scheme.
+func New(admin, invoke string) *Client {
+	return &Client{Admin: baseURL(admin), Invoke: baseURL(invoke), HTTP: &http.Client{Timeout: 10 * time.Minute}}
+}
+
+func baseURL(a string) string {
+	a = strings.TrimRight(a, "/")
+	if a != "" && !strings.Contains(a, "://") {
+		a = "http://" + a
+	}
+	return a
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Admin+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(data, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return &Error{Status: resp.StatusCode, Message: e.Error}
+	}
+	if out != nil && len(data) > 0 {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// Create registers a new function.
+func (c *Client) Create(ctx context.Context, f *spec.Function) (*spec.Function, error) {
+	var out spec.Function
+	return &out, c.do(ctx, http.MethodPost, "/v1/functions", f, &out)
+}
+
+// Update replaces a function's spec (a new revision).
+func (c *Client) Update(ctx context.Context, f *spec.Function) (*spec.Function, error) {
+	var out spec.Function
+	return &out, c.do(ctx, http.MethodPut, "/v1/functions/"+f.Name, f, &out)
+}
+
+// Get returns a function with its scaling status.
+func (c *Client) Get(ctx context.Context, name string) (*controlplane.FunctionView, error) {
+	var out controlplane.FunctionView
+	return &out, c.do(ctx, http.MethodGet, "/v1/functions/"+name, nil, &out)
+}
+
+// List returns every function.
+func (c *Client) List(ctx context.Context) ([]controlplane.FunctionView, error) {
+	var out []controlplane.FunctionView
+	return out, c.do(ctx, http.MethodGet, "/v1/functions", nil, &out)
+}
+
+// Delete removes a function and its sandboxes.
+func (c *Client) Delete(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/functions/"+name, nil, nil)
+}
+
+// Status returns the cluster overview.
+func (c *Client) Status(ctx context.Context) (*controlplane.StatusView, error) {
+	var out controlplane.StatusView
+	return &out, c.do(ctx, http.MethodGet, "/v1/status", nil, &out)
+}
+
+// Result is one invocation's outcome.
+type Result struct {
+	Status   int
+	Header   http.Header
+	Body     []byte
+	Duration time.Duration
+}
+
+// InvokeFunction calls a function synchronously through the data plane.
+func (c *Client) InvokeFunction(ctx context.Context, name, method string, body []byte, header http.Header) (*Result, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.Invoke+"/function/"+name, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	start := time.Now()
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the data plane at %s: %w", c.Invoke, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Status: resp.StatusCode, Header: resp.Header, Body: data, Duration: time.Since(start)}, nil
+}
