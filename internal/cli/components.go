@@ -71,6 +71,7 @@ type wkFlags struct {
 	createDelay                             time.Duration
 	cpu                                     string
 	memoryMB, maxSandboxes                  int64
+	stopOnExit                              bool
 }
 
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
@@ -87,6 +88,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 		fl.StringVar(&f.advertise, "advertise", "", "address the control plane dials (default: the bound listen address)")
 		fl.StringVar(&f.nodeID, "node-id", host, "node id (with --emulate N, a prefix)")
 		fl.StringVar(&f.stateDir, "state-dir", filepath.Join(defaultDataDir(), "worker"), "directory for sandbox state and logs")
+		fl.BoolVar(&f.stopOnExit, "stop-on-exit", false, "kill all sandboxes when the worker exits (default: keep them for a restarted worker to adopt)")
 	}
 }
 
@@ -101,7 +103,8 @@ func (f *wkFlags) build(g *globals, cpAddr string) (*worker.Daemon, *emulated.Ho
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := worker.Config{Listen: f.listen, Advertise: f.advertise, ControlPlane: cpAddr, Logger: log.With("component", "worker")}
+	cfg := worker.Config{Listen: f.listen, Advertise: f.advertise, ControlPlane: cpAddr, StopSandboxesOnExit: f.stopOnExit,
+		Logger: log.With("component", "worker")}
 	var host *emulated.Host
 	switch f.rt {
 	case "process":
@@ -273,7 +276,8 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 			}
 			log, _ := g.logger()
 			host, _ := os.Hostname()
-			wf.listen, wf.nodeID, wf.stateDir = "127.0.0.1:0", host, filepath.Join(cf.dataDir, "worker")
+			// A one-machine cluster stops its sandboxes with it.
+			wf.listen, wf.nodeID, wf.stateDir, wf.stopOnExit = "127.0.0.1:0", host, filepath.Join(cf.dataDir, "worker"), true
 			wk, emu, err := wf.build(g, cf.grpc)
 			if err != nil {
 				return err

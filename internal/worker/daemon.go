@@ -43,7 +43,10 @@ type Config struct {
 	CreateTimeout time.Duration
 	// FlushInterval batches state updates; default 1ms.
 	FlushInterval time.Duration
-	Logger        *slog.Logger
+	// StopSandboxesOnExit kills every sandbox when Run returns (brisk up);
+	// otherwise they keep running and a restarted daemon adopts them.
+	StopSandboxesOnExit bool
+	Logger              *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -153,6 +156,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		srv.Stop()
 	}
 	wg.Wait()
+	if d.cfg.StopSandboxesOnExit {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		var sw sync.WaitGroup
+		for _, n := range d.nodes {
+			sw.Add(1)
+			go func() { defer sw.Done(); n.Stop(sctx) }()
+		}
+		sw.Wait()
+		cancel()
+	}
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

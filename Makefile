@@ -1,0 +1,45 @@
+# brisk — make help lists the targets.
+GO        ?= go
+BIN       ?= bin/brisk
+PKGS      ?= ./...
+TEST_TIMEOUT ?= 20m
+
+.PHONY: help build demo up test test-short vet fmt bench proto setup clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/brisk
+	$(GO) build -o $(BIN) ./cmd/brisk
+
+demo: build ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
+	./scripts/demo.sh
+
+up: build ## run a local cluster (brisk up) in the foreground
+	./$(BIN) up
+
+test: vet ## run the whole test suite (unit, race, integration) — what CI runs
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+test-short: ## unit tests only, no race detector
+	$(GO) test -short -count=1 $(PKGS)
+
+vet: ## go vet and gofmt check
+	$(GO) vet $(PKGS)
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+bench: ## run the Go microbenchmarks with allocations
+	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+proto: ## regenerate api/brisk/v1 from brisk.proto (needs protoc: make setup)
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative api/brisk/v1/brisk.proto
+
+setup: ## install what building, testing and regenerating need (Debian; root)
+	./scripts/setup.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what brisk's build, tests and code generation need on Debian.
+# Idempotent; run as root (or with sudo available).
+set -euo pipefail
+need_go="1.26"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+have_go() {
+  command -v go >/dev/null 2>&1 || return 1
+  local v; v=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  [ "$(printf '%s\n%s\n' "$need_go" "$v" | sort -V | head -1)" = "$need_go" ]
+}
+
+pkgs=()
+command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
+command -v git >/dev/null 2>&1 || pkgs+=(git)
+command -v make >/dev/null 2>&1 || pkgs+=(make)
+command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+if ! command -v go >/dev/null 2>&1; then pkgs+=(golang-go); fi
+if [ ${#pkgs[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+if ! have_go; then
+  # An older Go (>= 1.21) fetches the toolchain go.mod asks for from the
+  # module proxy by itself.
+  export GOTOOLCHAIN=auto
+  if ! have_go; then
+    echo "setup: brisk needs Go >= $need_go (found: $(go version 2>/dev/null || echo none))" >&2
+    exit 1
+  fi
+fi
+go mod download
+echo "setup: ok ($(go version))"

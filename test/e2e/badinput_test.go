@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var fmtSscan = fmt.Sscan
+
+type answer struct {
+	status int
+	msg    string
+}
+
+func request(t *testing.T, method, url, body string, header ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var e struct {
+		Error string `json:"error"`
+	}
+	_ = json.Unmarshal(data, &e)
+	return answer{resp.StatusCode, e.Error}
+}
+
+// TestBadInput checks every bad-input case gets a clear error and the
+// cluster keeps serving.
+func TestBadInput(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	admin := "http://" + c.admin + "/v1/functions"
+	inv := "http://" + c.invokeAddr
+
+	cases := []struct {
+		name, method, url, body string
+		status                  int
+		mention                 string
+	}{
+		{"malformed JSON", "POST", admin, `{"name": "x",`, 400, "malformed JSON"},
+		{"unknown field", "POST", admin, `{"name": "x", "builtin": "trace", "colour": 1}`, 400, "colour"},
+		{"invalid name", "POST", admin, `{"name": "Bad_Name", "builtin": "trace"}`, 400, "name"},
+		{"port out of range", "POST", admin, `{"name": "p", "builtin": "trace", "port": 70000}`, 400, "port"},
+		{"no artifact", "POST", admin, `{"name": "p"}`, 400, "builtin/command/image"},
+		{"bad duration", "POST", admin, `{"name": "p", "builtin": "trace", "timeout": 5}`, 400, "duration"},
+		{"min above max", "POST", admin, `{"name": "p", "builtin": "trace", "scaling": {"min": 3, "max": 1}}`, 400, "scaling.min"},
+		{"unknown builtin", "POST", admin, `{"name": "p", "builtin": "nope"}`, 400, "builtin"},
+		{"get unknown", "GET", admin + "/nope", "", 404, "not found"},
+		{"delete unknown", "DELETE", admin + "/nope", "", 404, "not found"},
+		{"update unknown", "PUT", admin + "/nope", `{"builtin": "trace"}`, 404, "not found"},
+		{"update name mismatch", "PUT", admin + "/a", `{"name": "b", "builtin": "trace"}`, 400, "does not match"},
+		{"oversized spec", "POST", admin, `{"name": "big", "builtin": "trace", "env": {"A": "` + strings.Repeat("x", 2<<20) + `"}}`, 413, "1 MiB"},
+		{"unknown admin path", "GET", "http://" + c.admin + "/v2/things", "", 404, "no such endpoint"},
+		{"invoke unknown function", "POST", inv + "/function/nope", "{}", 404, "not found"},
+		{"invoke unknown host", "GET", inv + "/", "", 404, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a := request(t, tc.method, tc.url, tc.body)
+			if a.status != tc.status || !strings.Contains(a.msg, tc.mention) {
+				t.Fatalf("got %d %q, want %d mentioning %q", a.status, a.msg, tc.status, tc.mention)
+			}
+		})
+	}
+
+	good := `{"name": "dup", "builtin": "trace"}`
+	if a := request(t, "POST", admin, good); a.status != 201 {
+		t.Fatalf("create: %d %s", a.status, a.msg)
+	}
+	if a := request(t, "POST", admin, good); a.status != 409 || !strings.Contains(a.msg, "already exists") {
+		t.Fatalf("duplicate: got %d %q, want 409", a.status, a.msg)
+	}
+
+	// Oversized invocation body: rejected by the data plane with 413.
+	big := bytes.Repeat([]byte("x"), 7<<20)
+	resp, err := http.Post(inv+"/function/dup", "application/octet-stream", bytes.NewReader(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 {
+		t.Fatalf("oversized body: got %d, want 413", resp.StatusCode)
+	}
+
+	// Queue full (503) and queue timeout (504) on a one-sandbox function.
+	c.mustBrisk(t, "fn", "deploy", "narrow", "--builtin", "trace", "--min", "1", "--max", "1",
+		"--queue-depth", "1", "--queue-timeout", "20s")
+	eventually(t, 20*time.Second, "narrow ready", func() bool { return c.fn(t, "narrow").Status.Ready == 1 })
+	codes := parallelCalls(t, inv+"/function/narrow", `{"ms": 1500}`, 3)
+	if codes[200] != 2 || codes[503] != 1 {
+		t.Fatalf("3 calls on 1 slot + queue of 1: got %v, want 2×200 and 1×503", codes)
+	}
+	c.mustBrisk(t, "fn", "deploy", "narrow", "--queue-timeout", "300ms")
+	eventually(t, 20*time.Second, "narrow updated and ready", func() bool {
+		v := c.fn(t, "narrow")
+		return v.Status.Ready == 1 && time.Duration(v.Queue.Timeout) == 300*time.Millisecond && len(v.Status.Sandboxes) == 1
+	})
+	codes = parallelCalls(t, inv+"/function/narrow", `{"ms": 1500}`, 2)
+	if codes[200] != 1 || codes[504] != 1 {
+		t.Fatalf("2 calls on 1 slot with a 300ms queue timeout: got %v, want 1×200 and 1×504", codes)
+	}
+
+	// CLI usage errors exit 2 with a usage line; server errors exit 1.
+	out, code := c.brisk(t, "fn", "deploy")
+	if code != 2 || !strings.Contains(out, "Usage:") {
+		t.Fatalf("deploy without a name: exit %d, output %q", code, out)
+	}
+	out, code = c.brisk(t, "invoke", "dup", "--no-such-flag")
+	if code != 2 || !strings.Contains(out, "unknown flag") {
+		t.Fatalf("unknown flag: exit %d, output %q", code, out)
+	}
+	out, code = c.brisk(t, "fn", "deploy", "x", "--builtin", "trace", "--port", "0", "--command", "/bin/true")
+	if code != 2 || !strings.Contains(out, "exactly one") {
+		t.Fatalf("two artifacts: exit %d, output %q", code, out)
+	}
+	out, code = c.brisk(t, "fn", "get", "nope")
+	if code != 1 || !strings.Contains(out, "not found") {
+		t.Fatalf("get unknown: exit %d, output %q", code, out)
+	}
+
+	// The cluster still serves after all of that.
+	if r := c.invoke(t, "dup", `{"ms": 1}`); r.status != 200 {
+		t.Fatalf("cluster stopped serving after bad input: %d %s", r.status, r.body)
+	}
+}
+
+// parallelCalls fires n identical calls at once and counts status codes.
+func parallelCalls(t *testing.T, url, body string, n int) map[int]int {
+	t.Helper()
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(url, "application/json", strings.NewReader(body))
+			code := 0
+			if err == nil {
+				code = resp.StatusCode
+				resp.Body.Close()
+			}
+			mu.Lock()
+			codes[code]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return codes
+}
+
+// TestCrashLoopingFunction deploys a command that exits at once: the worker
+// must survive, report the failure, back off, and keep serving others.
+func TestCrashLoopingFunction(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "fn", "deploy", "crashy", "--command", "/bin/sh -c 'echo dying; exit 3'", "--min", "1")
+	c.mustBrisk(t, "fn", "deploy", "fine", "--builtin", "trace")
+	eventually(t, 20*time.Second, "the failure is reported", func() bool {
+		return c.fn(t, "crashy").Status.LastFailure != ""
+	})
+	if msg := c.fn(t, "crashy").Status.LastFailure; !strings.Contains(msg, "exit") {
+		t.Fatalf("failure message %q does not say the command exited", msg)
+	}
+	if r := c.invoke(t, "fine", `{"ms": 1}`); r.status != 200 {
+		t.Fatalf("another function failed while one crash-loops: %d %s", r.status, r.body)
+	}
+	// Backoff: creations stay few even though min=1 keeps asking.
+	start := metricValue(t, "http://"+c.admin+"/metrics", "brisk_controlplane_sandbox_creations_total")
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if r := c.invoke(t, "fine", `{"ms": 50}`); r.status != 200 {
+			t.Fatalf("fine: %d", r.status)
+		}
+	}
+	if n := metricValue(t, "http://"+c.admin+"/metrics", "brisk_controlplane_sandbox_creations_total") - start; n > 10 {
+		t.Fatalf("%v sandboxes created in 3s for a crash-looping function; backoff should keep it under 10", n)
+	}
+	st, err := c.cl.Status(t.Context())
+	if err != nil || !st.Nodes[0].Connected {
+		t.Fatalf("worker not connected after crash loop: %v %+v", err, st)
+	}
+}

@@ -1,0 +1,243 @@
+// Package e2e starts real brisk processes on loopback and checks the cluster
+// by its observable behaviour: HTTP answers, admin state, processes.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+var briskBin string
+
+func TestMain(m *testing.M) {
+	if testing.Short() {
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "brisk-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	briskBin = filepath.Join(dir, "brisk")
+	build := exec.Command("go", "build", "-o", briskBin, "../../cmd/brisk")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building brisk:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer collects a process's output for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+}
+
+// startBrisk runs the brisk binary with args until the test ends (or stop).
+func startBrisk(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(briskBin, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting brisk %v: %v", args, err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if t.Failed() {
+			t.Logf("output of brisk %s:\n%s", strings.Join(args, " "), tail(p.out.String(), 6000))
+		}
+	})
+	return p
+}
+
+// stop signals the process (by its PID) and waits for it.
+func (p *proc) stop(sig syscall.Signal) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// eventually polls cond until it holds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cluster is a brisk cluster under test.
+type cluster struct {
+	admin, invokeAddr, grpc string
+	dataDir             string
+	cl                  *client.Client
+}
+
+func newCluster(t *testing.T) *cluster {
+	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir()}
+	c.cl = client.New(c.admin, c.invokeAddr)
+	return c
+}
+
+// cpArgs are control-plane flags tuned so tests run in seconds.
+func (c *cluster) cpArgs() []string {
+	return []string{"--data-dir", c.dataDir, "--admin", c.admin, "--grpc", c.grpc,
+		"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s", "--log-level", "debug"}
+}
+
+// up starts a one-process cluster.
+func (c *cluster) up(t *testing.T, extra ...string) *proc {
+	p := startBrisk(t, append(append([]string{"up", "--invoke", c.invokeAddr}, c.cpArgs()...), extra...)...)
+	c.waitHealthy(t, p)
+	return p
+}
+
+func (c *cluster) waitHealthy(t *testing.T, p *proc) {
+	t.Helper()
+	eventually(t, 30*time.Second, "cluster healthy", func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("brisk exited early:\n%s", tail(p.out.String(), 4000))
+		default:
+		}
+		st, err := c.cl.Status(context.Background())
+		return err == nil && len(st.Nodes) > 0 && st.Nodes[0].Connected && httpOK("http://"+c.invokeAddr+"/healthz")
+	})
+}
+
+func httpOK(url string) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+// brisk runs a client command against the cluster and returns its output
+// and exit code.
+func (c *cluster) brisk(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(briskBin, args...)
+	cmd.Env = append(os.Environ(), "BRISK_ADMIN="+c.admin, "BRISK_INVOKE="+c.invokeAddr)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running brisk %v: %v", args, err)
+	}
+	return string(out), code
+}
+
+func (c *cluster) mustBrisk(t *testing.T, args ...string) string {
+	t.Helper()
+	out, code := c.brisk(t, args...)
+	if code != 0 {
+		t.Fatalf("brisk %s: exit %d:\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+func (c *cluster) fn(t *testing.T, name string) *controlplane.FunctionView {
+	t.Helper()
+	v, err := c.cl.Get(context.Background(), name)
+	if err != nil {
+		t.Fatalf("get %s: %v", name, err)
+	}
+	return v
+}
+
+type invocation struct {
+	status  int
+	body    []byte
+	sandbox string
+	cold    bool
+	reply   traceReply
+}
+
+type traceReply struct {
+	Sandbox string `json:"sandbox"`
+	ExecUs  int64  `json:"exec_us"`
+}
+
+// invoke posts body to /function/name.
+func (c *cluster) invoke(t *testing.T, name, body string) invocation {
+	t.Helper()
+	resp, err := http.Post("http://"+c.invokeAddr+"/function/"+name, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("invoke %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	inv := invocation{status: resp.StatusCode, body: data, sandbox: resp.Header.Get("X-Brisk-Sandbox"),
+		cold: strings.Contains(resp.Header.Get("X-Brisk-Timing"), "cold=true")}
+	_ = json.Unmarshal(data, &inv.reply)
+	return inv
+}
