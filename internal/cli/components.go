@@ -292,17 +292,20 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 			}
 			eg, ctx := errgroup.WithContext(c.Context())
 			eg.Go(func() error { return cp.Run(ctx) })
-			eg.Go(func() error { return dp.Run(ctx) })
-			eg.Go(func() error { return runWorker(ctx, wk, emu) })
+			// The others start once the control plane listens, so their
+			// first connection succeeds.
 			eg.Go(func() error {
 				select {
 				case <-ctx.Done():
+					return nil
 				case <-cp.Ready():
-					select {
-					case <-ctx.Done():
-					case <-dp.Ready():
-						fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cp.AdminAddr(), dp.Addr(), cf.dataDir)
-					}
+				}
+				eg.Go(func() error { return dp.Run(ctx) })
+				eg.Go(func() error { return runWorker(ctx, wk, emu) })
+				select {
+				case <-ctx.Done():
+				case <-dp.Ready():
+					fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cp.AdminAddr(), dp.Addr(), cf.dataDir)
 				}
 				return nil
 			})

@@ -19,7 +19,7 @@ import (
 func newFn(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "fn", Short: "Manage functions: deploy, list, get, delete", Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() }}
-	c.AddCommand(newFnDeploy(g), newFnList(g), newFnGet(g), newFnDelete(g))
+	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g))
 	return c
 }
 
@@ -30,6 +30,38 @@ type deployFlags struct {
 	env                                    []string
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
+}
+
+// newFnUpdate changes only the flags given, keeping the rest of the
+// function's current spec.
+func newFnUpdate(g *globals) *cobra.Command {
+	f := &deployFlags{}
+	c := &cobra.Command{
+		Use:     "update NAME",
+		Short:   "Change some settings of an existing function (a new revision)",
+		Example: `  brisk fn update hello --max 50 --queue-timeout 5s`,
+		Args:    exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl := g.client()
+			cur, err := cl.Get(c.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fn, err := f.apply(c, cur.Function)
+			if err != nil {
+				return err
+			}
+			fn.Revision, fn.CreatedAt, fn.UpdatedAt = 0, time.Time{}, time.Time{}
+			out, err := cl.Update(c.Context(), fn)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("function %s updated (revision %d)\n", out.Name, out.Revision)
+			return nil
+		},
+	}
+	f.register(c)
+	return c
 }
 
 func newFnDeploy(g *globals) *cobra.Command {
@@ -63,8 +95,13 @@ started with PORT set to the port it must serve HTTP on.`,
 			return nil
 		},
 	}
+	c.Flags().StringVarP(&f.file, "file", "f", "", "read the spec from a JSON file (- for stdin); flags override it")
+	f.register(c)
+	return c
+}
+
+func (f *deployFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.file, "file", "f", "", "read the spec from a JSON file (- for stdin); flags override it")
 	fl.StringVar(&f.builtin, "builtin", "", "built-in function to run: trace")
 	fl.StringVar(&f.command, "command", "", "local command to run (process runtime); quotes group words")
 	fl.StringVar(&f.image, "image", "", "OCI image to run (containerd runtime)")
@@ -83,7 +120,6 @@ started with PORT set to the port it must serve HTTP on.`,
 	fl.DurationVar(&f.window, "stable-window", 0, "autoscaler stable window (default 60s)")
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
-	return c
 }
 
 func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
@@ -104,6 +140,11 @@ func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error
 		}
 	}
 	fn.Name = name
+	return f.apply(c, fn)
+}
+
+// apply overrides fn with every flag the user set, then validates.
+func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function, error) {
 	set := c.Flags().Changed
 	if set("builtin") || set("command") || set("image") {
 		fn.Builtin, fn.Command, fn.Image = f.builtin, nil, f.image

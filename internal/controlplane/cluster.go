@@ -255,8 +255,13 @@ func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
 		}
 	}
 	d := fs.kpa.Decide(now, ready)
+	prev := fs.desired
 	fs.desired = d.Desired
 	c.boundDesiredLocked(fs)
+	if fs.desired != prev {
+		c.log.Debug("scale decision", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "ready", ready,
+			"stable_avg", d.StableAvg, "panic_avg", d.PanicAvg, "panic", d.Panic, "no_data", d.NoData)
+	}
 	c.metrics.desired.WithLabelValues(fs.spec.Name).Set(float64(fs.desired))
 	c.metrics.panic.WithLabelValues(fs.spec.Name).Set(boolFloat(d.Panic))
 }

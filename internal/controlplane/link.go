@@ -10,11 +10,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
@@ -26,13 +25,13 @@ type specKey struct {
 // session is the control plane's end of one live link session with a worker:
 // an outbox of commands that a sender goroutine flushes in batches.
 type session struct {
-	epoch  uint64
-	mu     sync.Mutex
-	specs  []*briskv1.FunctionSpec
+	epoch   uint64
+	mu      sync.Mutex
+	specs   []*briskv1.FunctionSpec
 	creates []*briskv1.CreateSandbox
-	tombs  []string
-	sent   map[specKey]struct{} // specs this worker has been sent in this session
-	notify chan struct{}
+	tombs   []string
+	sent    map[specKey]struct{} // specs this worker has been sent in this session
+	notify  chan struct{}
 }
 
 func newSession(epoch uint64) *session {
@@ -104,8 +103,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 				conn.Close()
 			}
 			var err error
-			conn, err = grpc.NewClient(want, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}))
+			conn, err = rpc.Dial(want)
 			if err != nil {
 				cp.log.Warn("worker address", "node", n.rec.ID, "address", want, "err", err)
 			}

@@ -13,13 +13,13 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
@@ -150,11 +150,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		cp.grpcLis.Close()
 		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.AdminAddr, err)
 	}
-	gs := grpc.NewServer(
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(16<<20),
-	)
+	gs := grpc.NewServer(rpc.ServerOptions()...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
 		Handler:           cp.adminHandler(),

@@ -13,12 +13,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 )
@@ -129,11 +128,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, n := range d.nodes {
 		n.adopt(ctx)
 	}
-	srv := grpc.NewServer(
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(64<<20),
-	)
+	srv := grpc.NewServer(rpc.ServerOptions()...)
 	briskv1.RegisterWorkerServer(srv, d)
 	close(d.ready)
 
@@ -176,7 +171,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // again whenever a node has had no session for a while (the control plane may
 // have lost or never seen the record).
 func (d *Daemon) registerLoop(ctx context.Context, adv string) {
-	conn, err := grpc.NewClient(d.cfg.ControlPlane, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := rpc.Dial(d.cfg.ControlPlane)
 	if err != nil {
 		d.log.Error("worker: control plane address", "err", err)
 		return

@@ -107,7 +107,7 @@ func TestBadInput(t *testing.T) {
 	if codes[200] != 2 || codes[503] != 1 {
 		t.Fatalf("3 calls on 1 slot + queue of 1: got %v, want 2×200 and 1×503", codes)
 	}
-	c.mustBrisk(t, "fn", "deploy", "narrow", "--queue-timeout", "300ms")
+	c.mustBrisk(t, "fn", "update", "narrow", "--queue-timeout", "300ms")
 	eventually(t, 20*time.Second, "narrow updated and ready", func() bool {
 		v := c.fn(t, "narrow")
 		return v.Status.Ready == 1 && time.Duration(v.Queue.Timeout) == 300*time.Millisecond && len(v.Status.Sandboxes) == 1

@@ -1,0 +1,94 @@
+package spec
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func valid() *Function {
+	f := &Function{Name: "hello", Builtin: "trace"}
+	f.ApplyDefaults()
+	return f
+}
+
+func TestDefaults(t *testing.T) {
+	f := valid()
+	if f.Port != DefaultPort || f.Concurrency != 1 || f.Queue.Depth != DefaultQueueDepth ||
+		time.Duration(f.Queue.Timeout) != DefaultQueueTimeout || time.Duration(f.Timeout) != DefaultTimeout ||
+		f.Resources.MilliCPU != DefaultMilliCPU || f.Resources.MemoryMB != DefaultMemoryMB {
+		t.Fatalf("defaults not applied: %+v", f)
+	}
+	if err := f.Validate(); err != nil {
+		t.Fatalf("default builtin spec invalid: %v", err)
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	tests := []struct {
+		label string
+		edit  func(f *Function)
+		field string
+	}{
+		{"empty name", func(f *Function) { f.Name = "" }, "name"},
+		{"uppercase name", func(f *Function) { f.Name = "Hello" }, "name"},
+		{"long name", func(f *Function) { f.Name = strings.Repeat("a", 64) }, "name"},
+		{"trailing dash", func(f *Function) { f.Name = "a-" }, "name"},
+		{"two artifacts", func(f *Function) { f.Command = []string{"/bin/true"} }, "builtin/command/image"},
+		{"no artifact", func(f *Function) { f.Builtin = "" }, "builtin/command/image"},
+		{"unknown builtin", func(f *Function) { f.Builtin = "x" }, "builtin"},
+		{"empty program", func(f *Function) { f.Builtin, f.Command = "", []string{" "} }, "command"},
+		{"port zero", func(f *Function) { f.Port = -1 }, "port"},
+		{"port high", func(f *Function) { f.Port = 65536 }, "port"},
+		{"env name", func(f *Function) { f.Env = map[string]string{"A=B": "x"} }, "env"},
+		{"negative cpu", func(f *Function) { f.Resources.MilliCPU = -1 }, "resources.cpu_milli"},
+		{"negative memory", func(f *Function) { f.Resources.MemoryMB = -5 }, "resources.memory_mb"},
+		{"negative concurrency", func(f *Function) { f.Concurrency = -1 }, "concurrency"},
+		{"min above max", func(f *Function) { f.Scaling.Min, f.Scaling.Max = 5, 2 }, "scaling.min"},
+		{"utilization", func(f *Function) { f.Scaling.TargetUtilization = 1.5 }, "scaling.target_utilization"},
+		{"window", func(f *Function) { f.Scaling.StableWindow = Duration(10 * time.Millisecond) }, "scaling.stable_window"},
+		{"panic threshold", func(f *Function) { f.Scaling.PanicThreshold = 1 }, "scaling.panic_threshold"},
+		{"queue depth", func(f *Function) { f.Queue.Depth = -1 }, "queue.depth"},
+		{"timeout", func(f *Function) { f.Timeout = Duration(2 * time.Hour) }, "timeout"},
+		{"lb", func(f *Function) { f.LoadBalancing = "fastest" }, "load_balancing"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.label, func(t *testing.T) {
+			f := valid()
+			tc.edit(f)
+			err := f.Validate()
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("want ErrInvalid, got %v", err)
+			}
+			if !strings.Contains(err.Error(), ": "+tc.field+": ") {
+				t.Fatalf("error %q does not name field %q", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestDecode(t *testing.T) {
+	f, err := Decode([]byte(`{"name":"a","command":["/bin/srv","-x"],"timeout":"90s","queue":{"depth":3,"timeout":"1s"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(f.Timeout) != 90*time.Second || f.Queue.Depth != 3 || f.Command[1] != "-x" {
+		t.Fatalf("decoded %+v", f)
+	}
+	for _, bad := range []string{`{"name":"a","extra":1}`, `{"name":`, `{"name":"a"} {}`, `{"timeout": 30}`, `{"timeout": "soon"}`} {
+		if _, err := Decode([]byte(bad)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Decode(%s) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+func TestProtoRoundTrip(t *testing.T) {
+	f := valid()
+	f.Revision, f.Env, f.LoadBalancing = 7, map[string]string{"K": "V"}, "knative"
+	g := FromProto(f.ToProto())
+	if g.Name != f.Name || g.Revision != 7 || g.Env["K"] != "V" || g.Concurrency != f.Concurrency ||
+		g.Queue != f.Queue || g.Timeout != f.Timeout || g.Resources != f.Resources || g.LoadBalancing != "knative" || g.Port != f.Port {
+		t.Fatalf("round trip lost data:\n%+v\n%+v", f, g)
+	}
+}

@@ -1,0 +1,83 @@
+package testutil
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// pollInterval is how often Eventually re-checks. Short enough that a test
+// never waits noticeably past the moment its condition holds, long enough
+// not to starve the code under test on a two-core machine.
+const pollInterval = 5 * time.Millisecond
+
+// Eventually polls cond until it returns true and fails the test if that has
+// not happened within timeout. It checks once immediately. msgAndArgs is an
+// optional format string and its arguments, printed on failure. Use it
+// instead of time.Sleep to wait for something asynchronous to happen; pick a
+// generous timeout, since it only bounds a failing test.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msgAndArgs ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v: %s", timeout, message(msgAndArgs))
+		}
+		<-tick.C
+	}
+}
+
+func message(msgAndArgs []any) string {
+	switch {
+	case len(msgAndArgs) == 0:
+		return "(no message)"
+	case len(msgAndArgs) == 1:
+		return fmt.Sprint(msgAndArgs[0])
+	}
+	if format, ok := msgAndArgs[0].(string); ok {
+		return fmt.Sprintf(format, msgAndArgs[1:]...)
+	}
+	return fmt.Sprint(msgAndArgs...)
+}
+
+// RequiresRoot skips a test that needs root when run by an ordinary user,
+// and fails it when the CI environment variable is set: brisk CI runs as
+// root, so a skip there would silently hide the test.
+func RequiresRoot(t testing.TB) {
+	t.Helper()
+	requiresRoot(t, os.Geteuid(), os.Getenv("CI"))
+}
+
+func requiresRoot(t testing.TB, euid int, ci string) {
+	t.Helper()
+	if euid == 0 {
+		return
+	}
+	if ci != "" {
+		t.Fatal("test needs root; CI runs as root")
+	}
+	t.Skip("test needs root")
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. Another
+// process may take it before the caller binds it, so prefer listening on
+// port 0 when the code under test allows it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("FreePort: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		t.Fatalf("FreePort: %v", err)
+	}
+	return port
+}

@@ -1,0 +1,349 @@
+package process
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// DefaultCgroupRoot is where cgroup file systems are mounted on every
+// mainstream distribution.
+const DefaultCgroupRoot = "/sys/fs/cgroup"
+
+// cgroupParent is the cgroup, relative to each hierarchy's root, under which
+// every sandbox gets brisk/<sandbox-id>. Sandboxes hang off the root rather
+// than the worker's own cgroup because on cgroup v2 a cgroup holding
+// processes (the worker's) cannot hand cpu and memory to children.
+const cgroupParent = "brisk"
+
+const cfsPeriod = 100_000 // µs; the kernel's default CFS period
+
+// cgroups creates, limits, watches and removes sandbox cgroups on either
+// cgroup v2 (one unified hierarchy) or v1 (one hierarchy per controller,
+// mounted at <root>/cpu and <root>/memory, possibly next to a controller-less
+// v2 mount as on hybrid systems).
+type cgroups struct {
+	v2 bool
+	// v2: the unified hierarchy's mount point.
+	root string
+	// v2: whether brisk/ could be given the controller; v1: the
+	// controller's hierarchy mount point, "" when absent.
+	cpuV2, memV2 bool
+	cpuV1, memV1 string
+}
+
+// detectCgroups inspects root and prepares brisk/ under it. It returns an
+// error when root holds no usable cgroup hierarchy; controllers it cannot
+// get are reported through warn and their limits are skipped.
+func detectCgroups(root string, warn func(msg string, args ...any)) (*cgroups, error) {
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return setupV2(root, warn)
+	}
+	cg := &cgroups{root: root}
+	for _, name := range []string{"cpu", "cpu,cpuacct", "cpuacct,cpu"} {
+		if exists(filepath.Join(root, name, "cpu.cfs_quota_us")) {
+			cg.cpuV1 = filepath.Join(root, name)
+			break
+		}
+	}
+	if exists(filepath.Join(root, "memory", "memory.limit_in_bytes")) {
+		cg.memV1 = filepath.Join(root, "memory")
+	}
+	if cg.cpuV1 == "" && cg.memV1 == "" {
+		return nil, fmt.Errorf("no cgroup v2 hierarchy and no v1 cpu or memory hierarchy under %s", root)
+	}
+	if cg.cpuV1 == "" {
+		warn("cgroup v1 cpu controller not mounted; sandboxes run without CPU limits", "root", root)
+	}
+	if cg.memV1 == "" {
+		warn("cgroup v1 memory controller not mounted; sandboxes run without memory limits", "root", root)
+	}
+	return cg, nil
+}
+
+func setupV2(root string, warn func(msg string, args ...any)) (*cgroups, error) {
+	cg := &cgroups{v2: true, root: root}
+	parent := filepath.Join(root, cgroupParent)
+	if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("cgroup v2: %w", err)
+	}
+	avail, _ := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	for _, c := range []struct {
+		name string
+		ok   *bool
+	}{{"cpu", &cg.cpuV2}, {"memory", &cg.memV2}} {
+		if !hasWord(avail, c.name) {
+			warn("cgroup v2 controller not available; sandboxes run without its limits", "controller", c.name, "root", root)
+			continue
+		}
+		// Delegate the controller from the root to brisk/ and from brisk/
+		// to each sandbox. Writing to the root fails with EBUSY inside a
+		// container whose cgroup namespace root holds processes.
+		err := writeFile(filepath.Join(root, "cgroup.subtree_control"), "+"+c.name)
+		if err == nil {
+			err = writeFile(filepath.Join(parent, "cgroup.subtree_control"), "+"+c.name)
+		}
+		if err != nil {
+			warn("cannot enable cgroup v2 controller; sandboxes run without its limits", "controller", c.name, "err", err)
+			continue
+		}
+		*c.ok = true
+	}
+	return cg, nil
+}
+
+// sandboxCgroup is one sandbox's cgroup: one directory on v2, one per
+// mounted controller on v1.
+type sandboxCgroup struct {
+	cg   *cgroups
+	rel  string   // brisk/<id>
+	dirs []string // absolute; dirs[0] is the memory one when there is one
+	mem  string   // the directory holding memory.* files, "" without memory
+}
+
+func (cg *cgroups) sandbox(rel string) *sandboxCgroup {
+	s := &sandboxCgroup{cg: cg, rel: rel}
+	if cg.v2 {
+		d := filepath.Join(cg.root, rel)
+		s.dirs = []string{d}
+		if cg.memV2 {
+			s.mem = d
+		}
+		return s
+	}
+	if cg.memV1 != "" {
+		s.mem = filepath.Join(cg.memV1, rel)
+		s.dirs = append(s.dirs, s.mem)
+	}
+	if cg.cpuV1 != "" {
+		s.dirs = append(s.dirs, filepath.Join(cg.cpuV1, rel))
+	}
+	return s
+}
+
+// create makes the sandbox's cgroup and applies its limits; zero resources
+// mean "no limit". On error nothing is left behind.
+func (cg *cgroups) create(id string, res spec.Resources) (s *sandboxCgroup, err error) {
+	s = cg.sandbox(cgroupParent + "/" + id)
+	for _, d := range s.dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			s.removeNow()
+			return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
+		}
+	}
+	if err := s.limit(res); err != nil {
+		s.removeNow()
+		return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
+	}
+	return s, nil
+}
+
+func (s *sandboxCgroup) limit(res spec.Resources) error {
+	quota := int64(-1)
+	if res.MilliCPU > 0 {
+		quota = max(res.MilliCPU*cfsPeriod/1000, 1000) // the kernel's minimum is 1 ms
+	}
+	mem := int64(-1)
+	if res.MemoryMB > 0 {
+		mem = res.MemoryMB << 20
+	}
+	cg := s.cg
+	if cg.v2 {
+		d := s.dirs[0]
+		if cg.cpuV2 && quota > 0 {
+			if err := writeFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%d %d", quota, cfsPeriod)); err != nil {
+				return err
+			}
+		}
+		if cg.memV2 && mem > 0 {
+			if err := writeFile(filepath.Join(d, "memory.max"), strconv.FormatInt(mem, 10)); err != nil {
+				return err
+			}
+			// A function over its limit should be OOM-killed, not swapped:
+			// swapping would show up as a mysteriously slow function.
+			_ = writeFile(filepath.Join(d, "memory.swap.max"), "0") // absent without swap accounting
+		}
+		return nil
+	}
+	if cg.cpuV1 != "" && quota > 0 {
+		d := filepath.Join(cg.cpuV1, s.rel)
+		if err := writeFile(filepath.Join(d, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriod)); err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(d, "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)); err != nil {
+			return err
+		}
+	}
+	if s.mem != "" && mem > 0 {
+		if err := writeFile(filepath.Join(s.mem, "memory.limit_in_bytes"), strconv.FormatInt(mem, 10)); err != nil {
+			return err
+		}
+		// memory+swap must not be below memory alone, so it is set second.
+		_ = writeFile(filepath.Join(s.mem, "memory.memsw.limit_in_bytes"), strconv.FormatInt(mem, 10)) // absent without swap accounting
+	}
+	return nil
+}
+
+// openDir opens the v2 cgroup directory for clone(CLONE_INTO_CGROUP).
+func (s *sandboxCgroup) openDir() (int, error) {
+	fd, err := syscall.Open(s.dirs[0], syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("cgroup %s: %w", s.rel, err)
+	}
+	return fd, nil
+}
+
+// addProc moves pid into the cgroup, the v1 way (and the v2 fallback when
+// clone3 is unavailable).
+func (s *sandboxCgroup) addProc(pid int) error {
+	for _, d := range s.dirs {
+		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return fmt.Errorf("cgroup %s: %w", s.rel, err)
+		}
+	}
+	return nil
+}
+
+// oomKills returns how many processes the kernel OOM killer killed in this
+// cgroup: v2 memory.events oom_kill, v1 memory.oom_control oom_kill (kernel
+// 4.13+). Older v1 kernels lack the counter; there it returns
+// memory.failcnt (how often the limit was hit) with exact false, which only
+// suggests an OOM kill when the process also died of SIGKILL.
+func (s *sandboxCgroup) oomKills() (n int64, exact bool) {
+	if s.mem == "" {
+		return 0, true
+	}
+	file := "memory.oom_control"
+	if s.cg.v2 {
+		file = "memory.events"
+	}
+	b, err := os.ReadFile(filepath.Join(s.mem, file))
+	if err != nil {
+		return 0, true
+	}
+	if n, ok := field(b, "oom_kill"); ok {
+		return n, true
+	}
+	if !s.cg.v2 {
+		if b, err := os.ReadFile(filepath.Join(s.mem, "memory.failcnt")); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return n, false
+		}
+	}
+	return 0, true
+}
+
+// procs lists the pids in the cgroup. Zombies have left it already.
+func (s *sandboxCgroup) procs() []int {
+	var pids []int
+	for _, d := range s.dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// kill SIGKILLs every process in the cgroup, including any that left the
+// sandbox's process group. v2 kernels from 5.14 do it atomically with
+// cgroup.kill; elsewhere a process forking in a loop could in principle
+// outrun one pass, which is why remove retries.
+func (s *sandboxCgroup) kill() {
+	if s.cg.v2 && writeFile(filepath.Join(s.dirs[0], "cgroup.kill"), "1") == nil {
+		return
+	}
+	for _, pid := range s.procs() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// remove deletes the cgroup, killing and waiting out any process still in
+// it. rmdir fails with EBUSY until the last member has exited.
+func (s *sandboxCgroup) remove(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := s.removeNow()
+		if err == nil {
+			return nil
+		}
+		s.kill()
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("cgroup %s: %w (last: %v)", s.rel, ctx.Err(), err)
+		}
+	}
+}
+
+// removeNow tries each directory once; missing ones count as removed.
+func (s *sandboxCgroup) removeNow() error {
+	var errs []error
+	for _, d := range s.dirs {
+		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func writeFile(path, v string) error {
+	// cgroup files are written in one write(2) with no O_CREAT or O_TRUNC.
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(v)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %q to %s: %w", v, path, err)
+	}
+	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func hasWord(b []byte, w string) bool {
+	for _, f := range strings.Fields(string(b)) {
+		if f == w {
+			return true
+		}
+	}
+	return false
+}
+
+// field finds "key value" lines, the format of memory.events and
+// memory.oom_control.
+func field(b []byte, key string) (int64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && k == key {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,43 @@
+package process
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// procStat reads a process's state letter and start time (field 22 of
+// /proc/<pid>/stat, in clock ticks after boot). The pair (pid, start time)
+// names one process for the life of the machine, which a pid alone does not
+// once pids wrap.
+func procStat(pid int) (state byte, start uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// Field 2, the command name, is in parentheses and may itself contain
+	// spaces and parentheses: the fields we want follow the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, b)
+	}
+	f := bytes.Fields(b[i+1:])
+	const stateField, startField = 3, 22 // 1-based, as in proc(5)
+	if len(f) <= startField-stateField {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: only %d fields after the name", pid, len(f))
+	}
+	start, err = strconv.ParseUint(string(f[startField-stateField]), 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
+	}
+	return f[0][0], start, nil
+}
+
+// alive reports whether the process started at start still runs as pid.
+// A zombie is not alive: its program has ended and only its parent's wait
+// is missing, which for an orphan may never come.
+func alive(pid int, start uint64) bool {
+	state, got, err := procStat(pid)
+	return err == nil && got == start && state != 'Z' && state != 'X'
+}

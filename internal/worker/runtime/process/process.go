@@ -1,0 +1,634 @@
+package process
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/tracefn"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+)
+
+// Config configures the process runtime. Only StateDir is required.
+type Config struct {
+	// StateDir holds the sandbox table (sandboxes.json) and the sandboxes'
+	// output in logs/<function>/<sandbox-id>.log. A worker restarted on
+	// the same StateDir finds the sandboxes its predecessor left running.
+	// Two live Runtimes must not share one.
+	StateDir string
+	// BriskBinary is run as "<BriskBinary> __trace" for the builtin trace
+	// function. Default: this executable.
+	BriskBinary string
+	// KillGrace is how long Kill waits after SIGTERM before SIGKILL.
+	// Default: DefaultKillGrace.
+	KillGrace time.Duration
+	// CgroupRoot is where the cgroup file systems are mounted. Empty means
+	// DefaultCgroupRoot when running as root and no cgroups otherwise. When
+	// set explicitly it must hold a usable hierarchy (v2, or v1 with a cpu
+	// or memory controller); New fails otherwise.
+	CgroupRoot string
+	// DisableCgroups runs sandboxes without cgroups even as root.
+	DisableCgroups bool
+	// Logger receives debug records of sandbox starts and exits and
+	// warnings about missing cgroup controllers. Default: discard.
+	Logger *slog.Logger
+}
+
+// DefaultKillGrace is the SIGTERM-to-SIGKILL grace when Config.KillGrace is 0.
+const DefaultKillGrace = time.Second
+
+// TraceSubcommand is the hidden brisk subcommand that serves the builtin
+// trace function (see tracefn.FromEnv for its environment).
+const TraceSubcommand = "__trace"
+
+// Errors wrapped by Instance.ExitErr.
+var (
+	// ErrOOMKilled means the sandbox's memory cgroup reports an OOM kill.
+	ErrOOMKilled = errors.New("killed by the kernel OOM killer")
+	// ErrKilled means the sandbox ended because Kill stopped it.
+	ErrKilled = errors.New("stopped by Kill")
+)
+
+const (
+	// sigkillTimeout bounds the wait after SIGKILL, so that a process stuck
+	// in the kernel (uninterruptible I/O) cannot block Kill forever when
+	// its ctx has no deadline. Kill then fails and can be retried.
+	sigkillTimeout = 5 * time.Second
+	// pollInterval paces waits on processes this Runtime cannot wait(2)
+	// for: those a previous worker started.
+	pollInterval = 5 * time.Millisecond
+)
+
+// Runtime runs sandboxes as host processes. It is safe for concurrent use.
+type Runtime struct {
+	cfg Config
+	log *slog.Logger
+	cg  *cgroups // nil: no cgroups
+	// noClone3 is set once clone3 turned out to be unavailable (seccomp
+	// filters in older container runtimes), after which v2 sandboxes join
+	// their cgroup the v1 way.
+	noClone3 atomic.Bool
+
+	// persistMu serialises table writes and is taken before mu, so each
+	// write snapshots a table at least as new as the previous write's.
+	persistMu sync.Mutex
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	creating  map[string]struct{} // ids reserved by a Create in progress
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+type sandbox struct {
+	rec   record
+	cg    *sandboxCgroup // nil without a cgroup
+	memMB int64          // the memory limit, for the OOM message
+
+	// exited is closed once this Runtime has reaped the process; exitErr
+	// is written before. Both are nil for a sandbox found in the table at
+	// startup, which is not this process's child and cannot be waited for.
+	exited   chan struct{}
+	exitErr  error
+	stopping atomic.Bool // Kill has begun; the exit is not a crash
+
+	// lock serialises Kill and List's cleanup of this sandbox. It is a
+	// channel so that waiting for it honours ctx.
+	lock chan struct{}
+}
+
+func (sb *sandbox) owned() bool { return sb.exited != nil }
+
+// running reports whether the sandbox's main process still runs.
+func (sb *sandbox) running() bool {
+	if sb.owned() {
+		select {
+		case <-sb.exited:
+			return false
+		default:
+			return true
+		}
+	}
+	return alive(sb.rec.PID, sb.rec.StartTime)
+}
+
+// New returns a process runtime and loads the sandbox table left in
+// StateDir by an earlier worker. It starts no processes or goroutines.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("process runtime: StateDir is required")
+	}
+	if cfg.KillGrace < 0 {
+		return nil, fmt.Errorf("process runtime: KillGrace %v must not be negative", cfg.KillGrace)
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = DefaultKillGrace
+	}
+	if cfg.BriskBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("process runtime: BriskBinary: %w", err)
+		}
+		cfg.BriskBinary = exe
+	}
+	r := &Runtime{
+		cfg:       cfg,
+		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		sandboxes: map[string]*sandbox{},
+		creating:  map[string]struct{}{},
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "logs"), 0o755); err != nil {
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	if !cfg.DisableCgroups {
+		root := cfg.CgroupRoot
+		if root == "" && os.Geteuid() == 0 {
+			root = DefaultCgroupRoot
+		}
+		if root != "" {
+			cg, err := detectCgroups(root, r.log.Warn)
+			switch {
+			case err != nil && cfg.CgroupRoot != "":
+				return nil, fmt.Errorf("process runtime: CgroupRoot %q: %w", root, err)
+			case err != nil:
+				r.log.Warn("no usable cgroups; sandboxes run without limits", "err", err)
+			default:
+				r.cg = cg
+			}
+		}
+	}
+	recs, err := readTable(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	// Entries whose process has gone stay until List has reported them,
+	// so that a restarted worker learns which sandboxes died meanwhile.
+	for _, rec := range recs {
+		sb := &sandbox{rec: rec, lock: make(chan struct{}, 1)}
+		if rec.Cgroup != "" && r.cg != nil {
+			sb.cg = r.cg.sandbox(rec.Cgroup)
+		}
+		r.sandboxes[rec.ID] = sb
+	}
+	return r, nil
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "process" }
+
+// Create starts the sandbox's process and returns once it runs; the caller
+// probes readiness (runtime.WaitReady with Instance.Exited). A command that
+// exits at once still yields an Instance, whose Exited then closes; only a
+// failure to start the process is an error, and it leaves nothing behind.
+func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	argv, err := r.argv(s)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	_, exists := r.sandboxes[s.ID]
+	_, starting := r.creating[s.ID]
+	if !exists && !starting {
+		r.creating[s.ID] = struct{}{}
+	}
+	r.mu.Unlock()
+	if exists || starting {
+		return nil, fmt.Errorf("sandbox %s: already exists", s.ID)
+	}
+	defer func() {
+		r.mu.Lock()
+		delete(r.creating, s.ID)
+		r.mu.Unlock()
+	}()
+
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
+	logf, err := openLog(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	defer logf.Close() // the child has its own copy once started
+	sb := &sandbox{
+		rec:    record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr},
+		memMB:  s.Function.Resources.MemoryMB,
+		exited: make(chan struct{}),
+		lock:   make(chan struct{}, 1),
+	}
+	if r.cg != nil {
+		if sb.cg, err = r.cg.create(s.ID, s.Function.Resources); err != nil {
+			_ = os.Remove(logPath)
+			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+		}
+		sb.rec.Cgroup = sb.cg.rel
+	}
+	cmd, err := r.start(argv, r.env(s, port), logf, sb.cg)
+	if err != nil {
+		if sb.cg != nil {
+			_ = sb.cg.removeNow() // empty: nothing ever ran in it
+		}
+		_ = os.Remove(logPath)
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	sb.rec.PID, sb.rec.PGID = cmd.Process.Pid, cmd.Process.Pid // Setpgid: the leader's pid names the group
+	// The process cannot have been reaped yet (only the goroutine below
+	// waits for it), so its /proc entry exists even if it already exited.
+	_, sb.rec.StartTime, err = procStat(sb.rec.PID)
+	go r.wait(sb, cmd)
+	if err == nil {
+		r.mu.Lock()
+		r.sandboxes[s.ID] = sb
+		r.mu.Unlock()
+		err = r.persist()
+	}
+	if err != nil {
+		// Without a table entry a restarted worker could not find this
+		// process again, so the sandbox must not outlive the failure.
+		sb.stopping.Store(true)
+		r.signal(sb, syscall.SIGKILL)
+		// Clean up even if the caller's ctx has ended meanwhile.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sigkillTimeout)
+		r.waitExit(cctx, sb, sigkillTimeout)
+		if sb.cg != nil {
+			_ = sb.cg.remove(cctx)
+		}
+		cancel()
+		r.mu.Lock()
+		delete(r.sandboxes, s.ID)
+		r.mu.Unlock()
+		_ = r.persist()
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	r.log.Debug("sandbox started", "sandbox", s.ID, "function", s.Function.Name, "pid", sb.rec.PID, "addr", addr)
+	return &runtime.Instance{
+		ID:     s.ID,
+		Addr:   addr,
+		Exited: sb.exited,
+		ExitErr: func() error {
+			select {
+			case <-sb.exited:
+				return sb.exitErr
+			default:
+				return nil
+			}
+		},
+	}, nil
+}
+
+// argv resolves what to execute for s.
+func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
+	f := s.Function
+	switch {
+	case !validName(s.ID):
+		return nil, fmt.Errorf("sandbox %q: id must be 1-128 letters, digits, '.', '_' or '-', not starting with '.'", s.ID)
+	case f == nil:
+		return nil, fmt.Errorf("sandbox %s: no function spec", s.ID)
+	case !validName(f.Name):
+		return nil, fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, f.Name)
+	case len(f.Command) > 0:
+		return f.Command, nil
+	case f.Builtin == "trace":
+		return []string{r.cfg.BriskBinary, TraceSubcommand}, nil
+	case f.Builtin != "":
+		return nil, fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
+	case f.Image != "":
+		return nil, fmt.Errorf("sandbox %s: the process runtime cannot run image %q: %w", s.ID, f.Image, errors.ErrUnsupported)
+	}
+	return nil, fmt.Errorf("sandbox %s: function %s has neither command nor builtin", s.ID, f.Name)
+}
+
+// env is the worker's environment, then the function's, then the
+// sandbox's own variables, later entries winning: a function cannot
+// override PORT.
+func (r *Runtime) env(s runtime.Spec, port int) []string {
+	env := os.Environ()
+	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
+		env = append(env, k+"="+s.Function.Env[k])
+	}
+	return append(env,
+		tracefn.EnvPort+"="+strconv.Itoa(port),
+		tracefn.EnvSandboxID+"="+s.ID,
+		tracefn.EnvFunction+"="+s.Function.Name,
+	)
+}
+
+// start starts argv in its own process group and, when cg is set, in its
+// cgroup. On v2 the child is cloned straight into the cgroup, so nothing it
+// does escapes the limits. On v1 (and v2 without clone3) it is moved there
+// right after fork: in that window of well under a millisecond it runs in
+// the worker's cgroup, and memory it touches then stays charged there.
+func (r *Runtime) start(argv, env []string, logf *os.File, cg *sandboxCgroup) (*exec.Cmd, error) {
+	newCmd := func(attr *syscall.SysProcAttr) *exec.Cmd {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = env
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = attr
+		return cmd
+	}
+	if cg != nil && cg.cg.v2 && !r.noClone3.Load() {
+		fd, err := cg.openDir()
+		if err != nil {
+			return nil, err
+		}
+		defer syscall.Close(fd)
+		cmd := newCmd(&syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: fd})
+		err = cmd.Start()
+		if !errors.Is(err, syscall.ENOSYS) {
+			return cmd, err
+		}
+		r.noClone3.Store(true)
+		r.log.Warn("clone3 unavailable; sandboxes join their cgroup just after start", "err", err)
+	}
+	cmd := newCmd(&syscall.SysProcAttr{Setpgid: true})
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	if cg == nil {
+		return cmd, nil
+	}
+	if err := cg.addProc(cmd.Process.Pid); err != nil {
+		// A process that already exited cannot be moved (ESRCH); it is a
+		// crash the caller sees through Exited, not a failed start.
+		if state, _, serr := procStat(cmd.Process.Pid); serr == nil && state == 'Z' {
+			return cmd, nil
+		}
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		return nil, err
+	}
+	return cmd, nil
+}
+
+// wait reaps the process, so that no sandbox ever lingers as a zombie, and
+// records why it ended.
+func (r *Runtime) wait(sb *sandbox, cmd *exec.Cmd) {
+	err := cmd.Wait()
+	sb.exitErr = r.describeExit(sb, err)
+	close(sb.exited)
+	if !sb.stopping.Load() {
+		r.log.Debug("sandbox exited", "sandbox", sb.rec.ID, "function", sb.rec.Function, "err", sb.exitErr)
+	}
+}
+
+func (r *Runtime) describeExit(sb *sandbox, waitErr error) error {
+	status, sigkill := "exited with status 0", false
+	var ee *exec.ExitError
+	switch {
+	case errors.As(waitErr, &ee):
+		ws, _ := ee.Sys().(syscall.WaitStatus)
+		if ws.Signaled() {
+			status = fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
+			sigkill = ws.Signal() == syscall.SIGKILL
+		} else {
+			status = fmt.Sprintf("exited with status %d", ws.ExitStatus())
+		}
+	case waitErr != nil:
+		status = waitErr.Error()
+	}
+	if sb.stopping.Load() {
+		return fmt.Errorf("%w (%s)", ErrKilled, status)
+	}
+	if sb.cg != nil {
+		if n, exact := sb.cg.oomKills(); n > 0 && (exact || sigkill) {
+			if sigkill {
+				return fmt.Errorf("%w (memory limit %d MiB)", ErrOOMKilled, sb.memMB)
+			}
+			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, ErrOOMKilled, sb.memMB)
+		}
+	}
+	return errors.New(status)
+}
+
+// Kill stops the sandbox: SIGTERM to its process group, SIGKILL to the group
+// (and to its cgroup) once KillGrace has passed or the process has exited,
+// then removes its cgroup and its table entry. It works on sandboxes an
+// earlier worker started too. If ctx ends first, the group is SIGKILLed and
+// Kill returns ctx's error with the entry kept, so a later Kill can finish.
+func (r *Runtime) Kill(ctx context.Context, id string) error {
+	r.mu.Lock()
+	sb := r.sandboxes[id]
+	r.mu.Unlock()
+	if sb == nil {
+		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	select {
+	case sb.lock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("kill sandbox %s: %w", id, ctx.Err())
+	}
+	defer func() { <-sb.lock }()
+	r.mu.Lock()
+	current := r.sandboxes[id] == sb
+	r.mu.Unlock()
+	if !current { // a concurrent Kill or List finished it
+		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	}
+	if err := r.stop(ctx, sb); err != nil {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	if sb.cg != nil {
+		if err := sb.cg.remove(ctx); err != nil {
+			return fmt.Errorf("kill sandbox %s: %w", id, err)
+		}
+	}
+	r.mu.Lock()
+	delete(r.sandboxes, id)
+	r.mu.Unlock()
+	r.log.Debug("sandbox killed", "sandbox", id)
+	return r.persist()
+}
+
+// stop ends the sandbox's processes.
+func (r *Runtime) stop(ctx context.Context, sb *sandbox) error {
+	sb.stopping.Store(true)
+	if !sb.owned() && !sb.running() {
+		// The pid (and so the group id) may name an unrelated process by
+		// now; only the cgroup still reliably holds what is left.
+		if sb.cg != nil {
+			sb.cg.kill()
+		}
+		return nil
+	}
+	r.signal(sb, syscall.SIGTERM)
+	if !r.waitExit(ctx, sb, r.cfg.KillGrace) && ctx.Err() != nil {
+		r.signal(sb, syscall.SIGKILL)
+		return ctx.Err()
+	}
+	// Even after a clean exit: children the leader left behind.
+	r.signal(sb, syscall.SIGKILL)
+	if !r.waitExit(ctx, sb, sigkillTimeout) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("process %d still runs %v after SIGKILL", sb.rec.PID, sigkillTimeout)
+	}
+	return nil
+}
+
+// signal sends sig to the sandbox's process group and, for SIGKILL, to
+// everything in its cgroup, which catches processes that left the group.
+func (r *Runtime) signal(sb *sandbox, sig syscall.Signal) {
+	_ = syscall.Kill(-sb.rec.PGID, sig) // ESRCH: the group is already empty
+	if sig == syscall.SIGKILL && sb.cg != nil {
+		sb.cg.kill()
+	}
+}
+
+// waitExit waits up to d for the sandbox's main process to end and reports
+// whether it did.
+func (r *Runtime) waitExit(ctx context.Context, sb *sandbox, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	if sb.owned() {
+		select {
+		case <-sb.exited:
+			return true
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return false
+	}
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for sb.running() {
+		select {
+		case <-tick.C:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// List returns every sandbox in the table, sorted by id, including those an
+// earlier worker started. A sandbox whose process has ended is reported
+// once with Running false and then dropped, after its cgroup is removed;
+// Kill on it later returns ErrNotFound.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Listed, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	sbs := slices.Collect(maps.Values(r.sandboxes))
+	r.mu.Unlock()
+	slices.SortFunc(sbs, func(a, b *sandbox) int { return cmp.Compare(a.rec.ID, b.rec.ID) })
+
+	out := make([]runtime.Listed, 0, len(sbs))
+	dropped := false
+	for _, sb := range sbs {
+		running := sb.running()
+		out = append(out, runtime.Listed{
+			ID: sb.rec.ID, Function: sb.rec.Function, Revision: sb.rec.Revision, Addr: sb.rec.Addr, Running: running,
+		})
+		if !running && r.maybeDrop(ctx, sb) {
+			dropped = true
+		}
+	}
+	if dropped {
+		if err := r.persist(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// maybeDrop removes an ended sandbox from the table unless a Kill is busy
+// with it, and reports whether it did. A cgroup that cannot be removed yet
+// keeps the entry, so a later List or Kill retries.
+func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
+	select {
+	case sb.lock <- struct{}{}:
+	default:
+		return false
+	}
+	defer func() { <-sb.lock }()
+	if sb.owned() {
+		// Only our own, just-reaped leader's group id is safe to signal.
+		_ = syscall.Kill(-sb.rec.PGID, syscall.SIGKILL)
+	}
+	if sb.cg != nil {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := sb.cg.remove(ctx)
+		cancel()
+		if err != nil {
+			r.log.Warn("cannot remove cgroup of ended sandbox yet", "sandbox", sb.rec.ID, "err", err)
+			return false
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sandboxes[sb.rec.ID] != sb {
+		return false
+	}
+	delete(r.sandboxes, sb.rec.ID)
+	return true
+}
+
+// persist writes the whole table; see persistMu.
+func (r *Runtime) persist() error {
+	r.persistMu.Lock()
+	defer r.persistMu.Unlock()
+	r.mu.Lock()
+	recs := make([]record, 0, len(r.sandboxes))
+	for _, sb := range r.sandboxes {
+		recs = append(recs, sb.rec)
+	}
+	r.mu.Unlock()
+	slices.SortFunc(recs, func(a, b record) int { return cmp.Compare(a.ID, b.ID) })
+	return writeTable(r.cfg.StateDir, recs)
+}
+
+// freePort asks the kernel for a free loopback port. The port is free only
+// until the sandbox binds it; another process could take it first, which
+// WaitReady cannot tell from the sandbox itself.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	return port, l.Close()
+}
+
+func openLog(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+}
+
+// validName accepts ids and function names that are safe as one path
+// element and one cgroup directory name.
+func validName(s string) bool {
+	if s == "" || len(s) > 128 || s[0] == '.' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
