@@ -137,8 +137,8 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 // cluster is a brisk cluster under test.
 type cluster struct {
 	admin, invokeAddr, grpc string
-	dataDir             string
-	cl                  *client.Client
+	dataDir                 string
+	cl                      *client.Client
 }
 
 func newCluster(t *testing.T) *cluster {
