@@ -28,6 +28,7 @@ type Function struct {
 	Port          int               `json:"port,omitempty"`
 	Env           map[string]string `json:"env,omitempty"`
 	Resources     Resources         `json:"resources"`
+	Limits        Resources         `json:"limits,omitzero"`
 	Concurrency   int               `json:"concurrency"`
 	Scaling       Scaling           `json:"scaling"`
 	Queue         Queue             `json:"queue"`
@@ -40,7 +41,8 @@ type Function struct {
 	UpdatedAt time.Time `json:"updated_at,omitzero"`
 }
 
-// Resources are what one sandbox requests from its node.
+// Resources are what one sandbox requests from its node (placement counts
+// them) or, as Limits, the most it may use.
 type Resources struct {
 	MilliCPU int64 `json:"cpu_milli"`
 	MemoryMB int64 `json:"memory_mb"`
@@ -147,6 +149,12 @@ func (f *Function) Validate() error {
 	if f.Resources.MemoryMB < 0 || f.Resources.MemoryMB > 1<<20 {
 		return bad("resources.memory_mb", "%d out of range [0, 1048576]", f.Resources.MemoryMB)
 	}
+	if f.Limits.MilliCPU < 0 || f.Limits.MilliCPU > 1_000_000 {
+		return bad("limits.cpu_milli", "%d out of range [0, 1000000] (0 = no CPU cap)", f.Limits.MilliCPU)
+	}
+	if f.Limits.MemoryMB < 0 || f.Limits.MemoryMB > 1<<20 {
+		return bad("limits.memory_mb", "%d out of range [0, 1048576] (0 = resources.memory_mb)", f.Limits.MemoryMB)
+	}
 	if f.Concurrency < 0 || f.Concurrency > 10000 {
 		return bad("concurrency", "%d out of range [0, 10000] (0 = unlimited)", f.Concurrency)
 	}
@@ -166,6 +174,19 @@ func (f *Function) Validate() error {
 		return bad("load_balancing", "%q is not one of %s", f.LoadBalancing, strings.Join(LoadBalancers, ", "))
 	}
 	return nil
+}
+
+// SandboxLimits are the hard limits a runtime enforces on one sandbox. Memory
+// defaults to the requested memory (as in Lambda, the memory size is the
+// limit). CPU is capped only when limits.cpu_milli is set: a quota equal to
+// a small request would throttle every call in 100 ms steps, so by default
+// the request only weighs the sandbox's share of a busy CPU.
+func (f *Function) SandboxLimits() Resources {
+	l := f.Limits
+	if l.MemoryMB == 0 {
+		l.MemoryMB = f.Resources.MemoryMB
+	}
+	return l
 }
 
 // LoadBalancers are the data-plane policy names a spec may choose.
@@ -234,6 +255,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		Port:           int32(f.Port),
 		Env:            f.Env,
 		Resources:      &briskv1.Resources{MilliCpu: f.Resources.MilliCPU, MemoryMb: f.Resources.MemoryMB},
+		Limits:         &briskv1.Resources{MilliCpu: f.Limits.MilliCPU, MemoryMb: f.Limits.MemoryMB},
 		Concurrency:    int32(f.Concurrency),
 		QueueDepth:     int32(f.Queue.Depth),
 		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
@@ -254,6 +276,7 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		Port:          int(p.GetPort()),
 		Env:           p.GetEnv(),
 		Resources:     Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
+		Limits:        Resources{MilliCPU: p.GetLimits().GetMilliCpu(), MemoryMB: p.GetLimits().GetMemoryMb()},
 		Concurrency:   int(p.GetConcurrency()),
 		Queue:         Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
 		Timeout:       Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),

@@ -202,6 +202,7 @@ type FunctionSpec struct {
 	QueueTimeoutMs int64                  `protobuf:"varint,11,opt,name=queue_timeout_ms,json=queueTimeoutMs,proto3" json:"queue_timeout_ms,omitempty"`
 	TimeoutMs      int64                  `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`            // whole-request timeout
 	LoadBalancing  string                 `protobuf:"bytes,13,opt,name=load_balancing,json=loadBalancing,proto3" json:"load_balancing,omitempty"` // data-plane policy name; "" = default
+	Limits         *Resources             `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`                                    // hard cgroup limits; zero = see spec.Function.Limits
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -325,6 +326,13 @@ func (x *FunctionSpec) GetLoadBalancing() string {
 		return x.LoadBalancing
 	}
 	return ""
+}
+
+func (x *FunctionSpec) GetLimits() *Resources {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
 }
 
 // SandboxRecord is the worker's (authoritative) view of one sandbox.
@@ -1775,7 +1783,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xed\x03\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x9a\x04\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -1792,7 +1800,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x10queue_timeout_ms\x18\v \x01(\x03R\x0equeueTimeoutMs\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x12%\n" +
-	"\x0eload_balancing\x18\r \x01(\tR\rloadBalancing\x1a6\n" +
+	"\x0eload_balancing\x18\r \x01(\tR\rloadBalancing\x12+\n" +
+	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -1964,42 +1973,43 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	26, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
-	0,  // 2: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	7,  // 3: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	10, // 4: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	13, // 5: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	9,  // 6: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	11, // 7: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	15, // 8: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 9: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	8,  // 10: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	4,  // 11: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	4,  // 12: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 13: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	12, // 14: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 15: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 16: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	4,  // 17: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	14, // 18: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 19: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 20: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	21, // 21: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	23, // 22: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	5,  // 23: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	16, // 24: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	18, // 25: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	20, // 26: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	24, // 27: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	6,  // 28: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	17, // 29: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	19, // 30: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	22, // 31: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	25, // 32: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	28, // [28:33] is the sub-list for method output_type
-	23, // [23:28] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
+	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
+	7,  // 4: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	10, // 5: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	13, // 6: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	9,  // 7: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	11, // 8: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	15, // 9: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 10: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	8,  // 11: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	4,  // 12: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	4,  // 13: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 14: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	12, // 15: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	2,  // 16: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 17: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	4,  // 18: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	14, // 19: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	21, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	23, // 23: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	5,  // 24: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	16, // 25: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	18, // 26: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	20, // 27: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	24, // 28: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	6,  // 29: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	17, // 30: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	19, // 31: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	22, // 32: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	25, // 33: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	29, // [29:34] is the sub-list for method output_type
+	24, // [24:29] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }

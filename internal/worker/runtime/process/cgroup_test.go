@@ -38,7 +38,8 @@ func TestCgroupLimits(t *testing.T) {
 		t.Fatalf("running as root but found no usable cgroups under %s", DefaultCgroupRoot)
 	}
 	f := echoFn("limited", nil)
-	f.Resources = spec.Resources{MilliCPU: 250, MemoryMB: 64}
+	f.Resources = spec.Resources{MilliCPU: 100, MemoryMB: 64}
+	f.Limits = spec.Resources{MilliCPU: 250} // memory limit defaults to the request
 	inst := createReady(t, r, "sb-limited", f)
 	pid := get(t, inst.Addr).PID
 	cg := r.cg.sandbox(cgroupParent + "/sb-limited")

@@ -234,7 +234,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		lock:   make(chan struct{}, 1),
 	}
 	if r.cg != nil {
-		if sb.cg, err = r.cg.create(s.ID, s.Function.Resources); err != nil {
+		if sb.cg, err = r.cg.create(s.ID, s.Function.SandboxLimits()); err != nil {
 			_ = os.Remove(logPath)
 			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 		}
