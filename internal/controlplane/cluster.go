@@ -61,6 +61,7 @@ type fnState struct {
 }
 
 type nodeState struct {
+	id        string // immutable; rec may be replaced under the lock
 	rec       *store.Worker
 	idx       int // index in cluster.place / cluster.nodeList
 	sess      *session
@@ -526,7 +527,7 @@ func (c *Cluster) registerNode(w *store.Worker) (n *nodeState, startLink bool) {
 	defer c.mu.Unlock()
 	n = c.nodes[w.ID]
 	if n == nil {
-		n = &nodeState{rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec), invalid: make(map[string]struct{})}
+		n = &nodeState{id: w.ID, rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec), invalid: make(map[string]struct{})}
 		c.nodes[w.ID] = n
 		c.nodeList = append(c.nodeList, n)
 		c.place = append(c.place, placement.Node{ID: w.ID})

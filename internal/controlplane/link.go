@@ -105,7 +105,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 			var err error
 			conn, err = rpc.Dial(want)
 			if err != nil {
-				cp.log.Warn("worker address", "node", n.rec.ID, "address", want, "err", err)
+				cp.log.Warn("worker address", "node", n.id, "address", want, "err", err)
 			}
 			addr = want
 		}
@@ -113,7 +113,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 		if conn != nil {
 			err := cp.session(ctx, n, briskv1.NewWorkerClient(conn))
 			if ctx.Err() == nil {
-				cp.log.Debug("worker session ended", "node", n.rec.ID, "err", err)
+				cp.log.Debug("worker session ended", "node", n.id, "err", err)
 			}
 		}
 		if time.Since(start) > 5*time.Second {
@@ -136,7 +136,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 // session runs one link session: the handshake, then live updates.
 func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv1.WorkerClient) error {
 	c := cp.cluster
-	sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "brisk-node", n.rec.ID))
+	sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "brisk-node", n.id))
 	defer cancel()
 	stream, err := client.Session(sctx)
 	if err != nil {
@@ -193,7 +193,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		}
 	}
 	if !hsTimer.Stop() {
-		return fmt.Errorf("handshake with %s timed out", n.rec.ID)
+		return fmt.Errorf("handshake with %s timed out", n.id)
 	}
 	sess := newSession(epoch)
 	c.mu.Lock()
@@ -205,7 +205,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	c.mu.Unlock()
 	cp.metrics.handshakes.WithLabelValues(modeName(mode)).Inc()
 	cp.metrics.handshakeSeconds.Observe(time.Since(start).Seconds())
-	cp.log.Info("worker session up", "node", n.rec.ID, "mode", modeName(mode), "sandboxes", len(ack.GetVersions()),
+	cp.log.Info("worker session up", "node", n.id, "mode", modeName(mode), "sandboxes", len(ack.GetVersions()),
 		"took", time.Since(start).Round(time.Microsecond))
 
 	sendErr := make(chan error, 1)

@@ -1,0 +1,5 @@
+package controlplane
+
+import dto "github.com/prometheus/client_model/go"
+
+type dtoCounter struct{ dto.Metric }

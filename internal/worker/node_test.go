@@ -1,0 +1,161 @@
+package worker
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// newTestNode returns a node backed by the emulated runtime (a product
+// runtime, served by a real HTTP host) and a session epoch installed.
+func newTestNode(t *testing.T, delay time.Duration) *Node {
+	t.Helper()
+	host, err := emulated.NewHost("127.0.0.1:0", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { host.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	n := newNode("n1", "boot-1", host.Runtime("n1", delay), spec.Resources{MilliCPU: 4000, MemoryMB: 4096}, 0, time.Minute, quiet)
+	n.install(ctx, &briskv1.Hello{Epoch: 1, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER})
+	return n
+}
+
+var fnSpec = &briskv1.FunctionSpec{Name: "f", Revision: 1, Builtin: "trace", Port: 8080, Concurrency: 1,
+	Resources: &briskv1.Resources{MilliCpu: 100, MemoryMb: 64}}
+
+func create(ids ...string) *briskv1.Commands {
+	c := &briskv1.Commands{Specs: []*briskv1.FunctionSpec{fnSpec}}
+	for _, id := range ids {
+		c.Creates = append(c.Creates, &briskv1.CreateSandbox{Id: id, Function: "f", Revision: 1})
+	}
+	return c
+}
+
+func state(n *Node, id string) briskv1.SandboxState {
+	for _, r := range n.Snapshot() {
+		if r.Id == id {
+			return r.State
+		}
+	}
+	return briskv1.SandboxState_SANDBOX_STATE_UNSPECIFIED
+}
+
+// pendingStates drains the node's queued updates for one id.
+func pendingStates(n *Node, id string) []briskv1.SandboxState {
+	recs, _ := n.takePending(n.currentEpoch())
+	var out []briskv1.SandboxState
+	for _, r := range recs {
+		if r.Id == id {
+			out = append(out, r.State)
+		}
+	}
+	return out
+}
+
+// CHAIN.md §3.10 case 3: a Create delivered twice makes one sandbox.
+func TestDuplicateCreateMakesOneSandbox(t *testing.T) {
+	n := newTestNode(t, 5*time.Millisecond)
+	n.apply(context.Background(), create("a"))
+	n.apply(context.Background(), create("a"))
+	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "a") == briskv1.SandboxState_SANDBOX_STATE_READY })
+	if got := len(n.Snapshot()); got != 1 {
+		t.Fatalf("%d sandboxes after a duplicate create, want 1", got)
+	}
+	listed, _ := n.rt.List(context.Background())
+	if len(listed) != 1 {
+		t.Fatalf("runtime runs %d sandboxes, want 1", len(listed))
+	}
+}
+
+// CHAIN.md §3.10 case 7: a Tombstone that overtakes its Create means the
+// sandbox never starts, and a later Create for the id is refused.
+func TestTombstoneBeforeCreateNeverStarts(t *testing.T) {
+	n := newTestNode(t, 0)
+	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"b"}})
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		_, ok := n.terminated["b"]
+		return ok
+	})
+	pendingStates(n, "b")
+	n.apply(context.Background(), create("b"))
+	if got := pendingStates(n, "b"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_GONE {
+		t.Fatalf("create after tombstone answered %v, want [GONE]", got)
+	}
+	if len(n.Snapshot()) != 0 {
+		t.Fatalf("a tombstoned id started: %v", n.Snapshot())
+	}
+	listed, _ := n.rt.List(context.Background())
+	if len(listed) != 0 {
+		t.Fatalf("runtime runs %d sandboxes, want 0", len(listed))
+	}
+}
+
+// A terminated sandbox never comes back (anomaly #1 at the tail).
+func TestTerminatedSandboxIsNeverRevived(t *testing.T) {
+	n := newTestNode(t, 0)
+	n.apply(context.Background(), create("c"))
+	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "c") == briskv1.SandboxState_SANDBOX_STATE_READY })
+	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"c"}})
+	testutil.Eventually(t, 5*time.Second, func() bool { return len(n.Snapshot()) == 0 })
+	pendingStates(n, "c")
+	n.apply(context.Background(), create("c"))
+	if got := pendingStates(n, "c"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_GONE {
+		t.Fatalf("re-create of a terminated id answered %v, want [GONE]", got)
+	}
+	if len(n.Snapshot()) != 0 {
+		t.Fatal("terminated sandbox revived")
+	}
+}
+
+// A tombstone during a slow start cancels it; nothing is left running.
+func TestTombstoneDuringCreation(t *testing.T) {
+	n := newTestNode(t, 300*time.Millisecond)
+	n.apply(context.Background(), create("d"))
+	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "d") == briskv1.SandboxState_SANDBOX_STATE_CREATING })
+	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"d"}})
+	testutil.Eventually(t, 5*time.Second, func() bool { return len(n.Snapshot()) == 0 })
+	listed, _ := n.rt.List(context.Background())
+	if len(listed) != 0 {
+		t.Fatalf("runtime still runs %v", listed)
+	}
+}
+
+// Unknown revisions fail cleanly instead of starting something stale.
+func TestCreateWithoutSpecFails(t *testing.T) {
+	n := newTestNode(t, 0)
+	n.apply(context.Background(), &briskv1.Commands{Creates: []*briskv1.CreateSandbox{{Id: "e", Function: "g", Revision: 9}}})
+	if got := pendingStates(n, "e"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_FAILED {
+		t.Fatalf("create for an unknown spec answered %v, want [FAILED]", got)
+	}
+}
+
+// A drain Hello kills every sandbox before the handshake answer.
+func TestDrainKillsEverythingBeforeAnswering(t *testing.T) {
+	n := newTestNode(t, 0)
+	n.apply(context.Background(), create("x", "y"))
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return state(n, "x") == briskv1.SandboxState_SANDBOX_STATE_READY && state(n, "y") == briskv1.SandboxState_SANDBOX_STATE_READY
+	})
+	ack := n.install(context.Background(), &briskv1.Hello{Epoch: 2, Drain: true, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RESET})
+	if len(ack.Versions) != 0 {
+		t.Fatalf("drained node still reports %d sandboxes", len(ack.Versions))
+	}
+	listed, _ := n.rt.List(context.Background())
+	if len(listed) != 0 {
+		t.Fatalf("runtime still runs %v after drain", listed)
+	}
+}
