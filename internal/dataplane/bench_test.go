@@ -1,0 +1,127 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+)
+
+// go test -run xxx -bench . -benchmem ./internal/dataplane/
+
+func benchClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, DisableCompression: true}}
+}
+
+func hello(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	_, _ = io.WriteString(w, "hello")
+}
+
+func benchGet(b *testing.B, c *http.Client, url string) {
+	resp, err := c.Get(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// BenchmarkHotPath is a warm invocation end to end over loopback: client ->
+// data plane (route, pick, proxy) -> sandbox. "direct" calls the sandbox
+// with no platform in between, the physical limit to compare against.
+func BenchmarkHotPath(b *testing.B) {
+	sandbox := newSandbox(b, hello)
+	d, srv := newTestDP(b, nil)
+	var eps []*briskv1.Endpoint
+	for i := range 4 {
+		eps = append(eps, ep("cc1", fmt.Sprintf("sb-%d", i), sandbox))
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{
+			fnSpec("unlimited", func(s *briskv1.FunctionSpec) { s.Concurrency = 0 }),
+			fnSpec("cc1"),
+		},
+		Added: append(eps, ep("unlimited", "sb-u", sandbox)),
+	})
+	targets := []struct{ name, url string }{
+		{"direct", "http://" + sandbox + "/"},
+		{"dataplane", srv.URL + "/function/unlimited/"},
+		{"dataplane-cc1x4", srv.URL + "/function/cc1/"},
+	}
+	for _, tc := range targets {
+		b.Run(tc.name+"/seq", func(b *testing.B) {
+			c := benchClient()
+			defer c.CloseIdleConnections()
+			b.ReportAllocs()
+			for b.Loop() {
+				benchGet(b, c, tc.url)
+			}
+		})
+		b.Run(tc.name+"/par", func(b *testing.B) {
+			c := benchClient()
+			defer c.CloseIdleConnections()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					benchGet(b, c, tc.url)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRouteAndPick is the data plane's own share of the hot path with
+// no network: resolve the function, reserve a sandbox slot, release it.
+func BenchmarkRouteAndPick(b *testing.B) {
+	for _, lb := range []string{"least-loaded", "knative", "power-of-two"} {
+		for _, n := range []int{1, 16, 128} {
+			d, err := New(Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var eps []*briskv1.Endpoint
+			for i := range n {
+				eps = append(eps, ep("hello", fmt.Sprintf("sb-%03d", i), "127.0.0.1:1"))
+			}
+			d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+				Functions: []*briskv1.FunctionSpec{fnSpec("hello", func(s *briskv1.FunctionSpec) {
+					s.LoadBalancing = lb
+					s.Concurrency = 0 // parallel goroutines never queue
+				})},
+				Added: eps})
+			req := httptest.NewRequest(http.MethodGet, "http://hello.brisk.local/function/hello/path?q=1", nil)
+			ctx := context.Background()
+			routeAndPick := func() {
+				rt := d.resolve(req)
+				ep, _, err := rt.fn.acquire(ctx, rt.fn.set.Load(), d.markUrgent)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rt.fn.release(ep)
+			}
+			name := fmt.Sprintf("%s/endpoints=%d", lb, n)
+			b.Run(name+"/seq", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					routeAndPick()
+				}
+			})
+			b.Run(name+"/par", func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						routeAndPick()
+					}
+				})
+			})
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package dataplane
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures one data plane. The zero value plus a ControlPlane address
+// is a working configuration; Default fills the rest.
+type Config struct {
+	// ID names this data plane to the control plane. Default: "dp-<hostname>-<port>".
+	ID string
+	// Listen is the invocation address. Default 127.0.0.1:8080.
+	Listen string
+	// ControlPlane is the gRPC target of the ControlPlane service. Empty runs
+	// the data plane without a control plane: state comes only from Apply.
+	ControlPlane string
+	// MetricsInterval is the period of ReportMetrics. Default 1s.
+	MetricsInterval time.Duration
+	// MaxBodyBytes limits request bodies. Default 6 MiB, Lambda's synchronous
+	// payload limit.
+	MaxBodyBytes int64
+
+	// HTTP server limits. WriteTimeout bounds a whole response, so by default
+	// it is above the default function timeout plus queue timeout; requests of
+	// functions with longer limits get their write deadline extended.
+	ReadHeaderTimeout time.Duration // default 10s
+	ReadTimeout       time.Duration // default 2m (a 6 MiB body over a slow link)
+	WriteTimeout      time.Duration // default 6m
+	IdleTimeout       time.Duration // default 2m
+	MaxHeaderBytes    int           // default 64 KiB
+	// ShutdownTimeout bounds the graceful drain when Run's ctx ends. Default 30s.
+	ShutdownTimeout time.Duration
+
+	// Logger receives operational logs. Default: discard.
+	Logger *slog.Logger
+	// Registerer receives the data plane's Prometheus metrics. Nil uses a
+	// private registry served at /metrics; a Registerer that is also a
+	// Gatherer (a *prometheus.Registry) is served at /metrics too.
+	Registerer prometheus.Registerer
+}
+
+// Defaults.
+const (
+	DefaultListen            = "127.0.0.1:8080"
+	DefaultMetricsInterval   = time.Second
+	DefaultMaxBodyBytes      = 6 << 20
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 2 * time.Minute
+	DefaultWriteTimeout      = 6 * time.Minute
+	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultShutdownTimeout   = 30 * time.Second
+)
+
+// Default returns c with zero fields set to their defaults.
+func (c Config) Default() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.MetricsInterval == 0 {
+		c.MetricsInterval = DefaultMetricsInterval
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate checks a defaulted config; errors name the field and the value.
+func (c Config) Validate() error {
+	positive := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"metrics_interval", c.MetricsInterval},
+		{"read_header_timeout", c.ReadHeaderTimeout},
+		{"read_timeout", c.ReadTimeout},
+		{"write_timeout", c.WriteTimeout},
+		{"idle_timeout", c.IdleTimeout},
+		{"shutdown_timeout", c.ShutdownTimeout},
+	}
+	for _, p := range positive {
+		if p.v < 0 {
+			return fmt.Errorf("dataplane config: %s %s must not be negative", p.name, p.v)
+		}
+	}
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("dataplane config: max_body_bytes %d must not be negative", c.MaxBodyBytes)
+	}
+	if c.MaxHeaderBytes < 0 {
+		return fmt.Errorf("dataplane config: max_header_bytes %d must not be negative", c.MaxHeaderBytes)
+	}
+	return nil
+}

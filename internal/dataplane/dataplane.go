@@ -1,0 +1,207 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
+	"github.com/brisk-faas/brisk/internal/rpc"
+)
+
+// DataPlane is one data plane: the invocation proxy plus its link to the
+// control plane. Create it with New and start it with Run.
+type DataPlane struct {
+	cfg          Config
+	log          *slog.Logger
+	epoch        time.Time // base of nanotime
+	rnd          func() uint64
+	prom         *promMetrics
+	transport    *http.Transport
+	proxy        *httputil.ReverseProxy
+	handler      http.Handler
+	bodyTooLarge string
+
+	// Routing table: name -> function, swapped whole by Apply so lookups
+	// take no lock.
+	fns   atomic.Pointer[map[string]*function]
+	epSeq atomic.Uint64 // endpoint add counter; see endpoint.seq
+
+	applyMu   sync.Mutex
+	sandboxes map[string]*function // sandbox id -> function; guarded by applyMu
+
+	// Urgent (no-capacity) reports: functions to include, and a 1-slot
+	// doorbell that coalesces triggers while one report is in flight.
+	urgentMu   sync.Mutex
+	urgentFns  []*function
+	urgentBell chan struct{}
+
+	started atomic.Bool
+	id      atomic.Pointer[string]
+	addr    atomic.Pointer[string]
+	ready   chan struct{}
+}
+
+// New validates cfg and builds a data plane. It starts nothing and binds
+// nothing.
+func New(cfg Config) (*DataPlane, error) {
+	cfg = cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	prom, err := newPromMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	d := &DataPlane{
+		cfg:          cfg,
+		log:          cfg.Logger,
+		epoch:        time.Now(),
+		rnd:          loadbalance.NewRand(rand.Uint64()),
+		prom:         prom,
+		transport:    newTransport(),
+		sandboxes:    make(map[string]*function),
+		urgentBell:   make(chan struct{}, 1),
+		ready:        make(chan struct{}),
+		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
+	}
+	empty := map[string]*function{}
+	d.fns.Store(&empty)
+	if cfg.ID != "" {
+		d.id.Store(&cfg.ID)
+	}
+	d.proxy = &httputil.ReverseProxy{
+		Rewrite:        d.rewrite,
+		Transport:      d.transport,
+		BufferPool:     &bufferPool{},
+		ModifyResponse: d.modifyResponse,
+		ErrorHandler:   d.proxyError,
+		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	d.handler = http.HandlerFunc(d.serveHTTP)
+	return d, nil
+}
+
+// Handler returns the invocation handler, the same one Run serves.
+func (d *DataPlane) Handler() http.Handler { return d.handler }
+
+// Ready is closed once Run has bound its listener.
+func (d *DataPlane) Ready() <-chan struct{} { return d.ready }
+
+// Addr returns the bound invocation address, or "" before Ready.
+func (d *DataPlane) Addr() string {
+	if a := d.addr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// ID returns the data plane's id; a defaulted id is known once Ready.
+func (d *DataPlane) ID() string {
+	if id := d.id.Load(); id != nil {
+		return *id
+	}
+	return ""
+}
+
+func (d *DataPlane) nanotime() int64 { return int64(time.Since(d.epoch)) }
+
+// Run binds Listen and serves HTTP/1.1 and h2c, and with a ControlPlane
+// address keeps the endpoint watch and the metric reports running. It
+// returns after ctx ends and a graceful Shutdown (bounded by
+// ShutdownTimeout), or when serving fails.
+func (d *DataPlane) Run(ctx context.Context) error {
+	if !d.started.CompareAndSwap(false, true) {
+		return errors.New("dataplane: Run called twice")
+	}
+	ln, err := net.Listen("tcp", d.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("dataplane: listen %s: %w", d.cfg.Listen, err)
+	}
+	addr := ln.Addr().String()
+	d.addr.Store(&addr)
+	if d.id.Load() == nil {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(addr)
+		id := fmt.Sprintf("dp-%s-%s", host, port)
+		d.id.Store(&id)
+	}
+	close(d.ready)
+
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           d.handler,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: d.cfg.ReadHeaderTimeout,
+		ReadTimeout:       d.cfg.ReadTimeout,
+		WriteTimeout:      d.cfg.WriteTimeout,
+		IdleTimeout:       d.cfg.IdleTimeout,
+		MaxHeaderBytes:    d.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	linkCtx, stopLink := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLink()
+	var wg sync.WaitGroup
+	if d.cfg.ControlPlane != "" {
+		// Shared brisk dial options: capped reconnect backoff, keepalives,
+		// a 64 MiB receive limit for large snapshots.
+		conn, err := rpc.Dial(d.cfg.ControlPlane)
+		if err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("dataplane: control plane %s: %w", d.cfg.ControlPlane, err)
+		}
+		defer conn.Close()
+		l := newLink(d, conn)
+		wg.Go(func() { l.watch(linkCtx) })
+		wg.Go(func() { l.reportPeriodic(linkCtx) })
+		wg.Go(func() { l.reportUrgent(linkCtx) })
+	}
+	d.log.Info("data plane serving", "id", d.ID(), "addr", addr, "control_plane", d.cfg.ControlPlane)
+
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-serveErr:
+		err = fmt.Errorf("dataplane: serve %s: %w", addr, err)
+	}
+	// Drain with the link still up, so queued requests can still get the
+	// sandboxes the control plane is starting for them.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ShutdownTimeout)
+	if serr := srv.Shutdown(sctx); serr != nil {
+		d.log.Warn("graceful shutdown incomplete; closing connections", "err", serr)
+		_ = srv.Close()
+	}
+	cancel()
+	stopLink()
+	wg.Wait()
+	d.transport.CloseIdleConnections()
+	return err
+}
+
+// markUrgent queues fn for an immediate no-capacity report and rings the
+// doorbell. Many triggers before the reporter wakes make one report.
+func (d *DataPlane) markUrgent(fn *function) {
+	if fn.urgent.CompareAndSwap(false, true) {
+		d.urgentMu.Lock()
+		d.urgentFns = append(d.urgentFns, fn)
+		d.urgentMu.Unlock()
+	}
+	select {
+	case d.urgentBell <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,5 @@
+// Package dataplane is brisk's invocation entry: an HTTP reverse proxy that
+// routes each request to a function by path or Host header, waits in a bounded
+// per-function queue until a sandbox has a free concurrency slot, and keeps its
+// endpoint view in sync with the control plane while reporting load back to it.
+package dataplane

@@ -1,0 +1,185 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+)
+
+// Reconnect backoff bounds and the per-RPC timeout of unary calls.
+const (
+	backoffMin = 100 * time.Millisecond
+	backoffMax = 2 * time.Second
+	rpcTimeout = 5 * time.Second
+)
+
+// link is the data plane's side of the control-plane connection: the
+// endpoint watch and the metric reports.
+type link struct {
+	d      *DataPlane
+	client briskv1.ControlPlaneClient
+}
+
+func newLink(d *DataPlane, conn grpc.ClientConnInterface) *link {
+	return &link{d: d, client: briskv1.NewControlPlaneClient(conn)}
+}
+
+// watch registers and follows WatchEndpoints until ctx ends, reconnecting
+// with capped exponential backoff and jitter. Every session starts with a
+// snapshot, which resynchronises whatever was missed while disconnected.
+func (l *link) watch(ctx context.Context) {
+	delay := backoffMin
+	for {
+		synced, err := l.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if synced {
+			delay = backoffMin
+		}
+		l.d.log.Warn("control-plane link down; reconnecting", "control_plane", l.d.cfg.ControlPlane, "err", err)
+		// Jitter in [delay/2, delay) spreads reconnecting data planes.
+		wait := delay/2 + time.Duration(l.d.rnd()%uint64(delay/2))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, backoffMax)
+	}
+}
+
+// session runs one registration and watch; synced reports whether a
+// snapshot was applied.
+func (l *link) session(ctx context.Context) (synced bool, err error) {
+	rctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	_, err = l.client.RegisterDataPlane(rctx, &briskv1.RegisterDataPlaneRequest{Id: l.d.ID(), Address: l.d.Addr()})
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("register data plane %q: %w", l.d.ID(), err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := l.client.WatchEndpoints(sctx, &briskv1.WatchEndpointsRequest{DataPlaneId: l.d.ID()})
+	if err != nil {
+		return false, fmt.Errorf("watch endpoints: %w", err)
+	}
+	for {
+		b, err := stream.Recv()
+		if err != nil {
+			return synced, fmt.Errorf("watch endpoints: %w", err)
+		}
+		if !synced && !b.GetSnapshot() {
+			// Applying a delta to state from an earlier session could keep
+			// sandboxes that are long gone; start over.
+			return false, errors.New("watch endpoints: first batch is not a snapshot")
+		}
+		l.d.Apply(b)
+		if !synced {
+			synced = true
+			l.d.log.Info("endpoints synchronised", "functions", len(b.GetFunctions()), "endpoints", len(b.GetAdded()))
+		}
+	}
+}
+
+// reportPeriodic sends one report every MetricsInterval.
+func (l *link) reportPeriodic(ctx context.Context) {
+	t := time.NewTicker(l.d.cfg.MetricsInterval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			rep := l.d.collect(now, now.Sub(last))
+			last = now
+			if len(rep.Functions) > 0 {
+				l.send(ctx, rep)
+			}
+		}
+	}
+}
+
+// reportUrgent sends a report whenever the doorbell rings; while one is in
+// flight further rings coalesce into the next.
+func (l *link) reportUrgent(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.d.urgentBell:
+		}
+		if rep := l.d.collectUrgent(time.Now()); len(rep.Functions) > 0 {
+			l.send(ctx, rep)
+		}
+	}
+}
+
+func (l *link) send(ctx context.Context, rep *briskv1.MetricsReport) {
+	rctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	if _, err := l.client.ReportMetrics(rctx, rep); err != nil && ctx.Err() == nil {
+		// The watch loop reports the link state; this is only detail.
+		l.d.log.Debug("report metrics", "urgent", rep.GetUrgent(), "err", err)
+	}
+}
+
+// collect closes every function's metric interval. A function is included
+// if it had activity, has requests now, or has not yet reported its first
+// idle interval.
+func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.MetricsReport {
+	rep := &briskv1.MetricsReport{
+		DataPlaneId: d.ID(),
+		UnixMs:      now.UnixMilli(),
+		IntervalMs:  interval.Milliseconds(),
+	}
+	t := d.nanotime()
+	for name, fn := range *d.fns.Load() {
+		avg, requests, report := fn.stats.cut(t)
+		if !report {
+			continue
+		}
+		queued := fn.nwait.Load()
+		rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{
+			Function:       name,
+			AvgConcurrency: avg,
+			Requests:       requests,
+			Queued:         queued,
+			NoCapacity:     queued > 0,
+		})
+	}
+	return rep
+}
+
+// collectUrgent reports the functions with requests waiting and no free
+// slot. avg_concurrency is the load now, and requests is 0: arrivals are
+// counted once, by the periodic report.
+func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
+	d.urgentMu.Lock()
+	fns := d.urgentFns
+	d.urgentFns = nil
+	d.urgentMu.Unlock()
+	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true}
+	for _, fn := range fns {
+		fn.urgent.Store(false) // before reading queued: a later trigger re-queues fn
+		queued := fn.nwait.Load()
+		if queued == 0 {
+			continue // served meanwhile
+		}
+		rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{
+			Function:       fn.name,
+			AvgConcurrency: float64(fn.stats.current()),
+			Queued:         queued,
+			NoCapacity:     true,
+		})
+	}
+	return rep
+}

@@ -1,0 +1,140 @@
+package dataplane
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// latencyBuckets span a sub-millisecond warm call to a function that runs for
+// minutes.
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+type promMetrics struct {
+	requests  *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	queueWait prometheus.Histogram
+	cold      *prometheus.CounterVec
+	queued    *prometheus.GaugeVec
+	endpoints *prometheus.GaugeVec
+	handler   http.Handler // /metrics; nil when the Registerer cannot be gathered
+}
+
+func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
+	var gatherer prometheus.Gatherer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg, gatherer = r, r
+	} else if g, ok := reg.(prometheus.Gatherer); ok {
+		gatherer = g
+	}
+	m := &promMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brisk_dataplane_requests_total",
+			Help: "Invocations by function and HTTP status code (499: the client went away).",
+		}, []string{"function", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "brisk_dataplane_request_duration_seconds",
+			Help:    "Invocation latency seen by the data plane, queueing included.",
+			Buckets: latencyBuckets,
+		}, []string{"function"}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "brisk_dataplane_queue_wait_seconds",
+			Help:    "Time requests that found no free sandbox slot spent queued.",
+			Buckets: latencyBuckets,
+		}),
+		cold: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brisk_dataplane_cold_starts_total",
+			Help: "Invocations served by a sandbox that became ready after they arrived.",
+		}, []string{"function"}),
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brisk_dataplane_queued",
+			Help: "Requests waiting for a sandbox slot.",
+		}, []string{"function"}),
+		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brisk_dataplane_endpoints",
+			Help: "Ready sandboxes known to the data plane.",
+		}, []string{"function"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.queueWait, m.cold, m.queued, m.endpoints} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, errors.New("dataplane: metrics already registered; give each data plane its own Registerer (prometheus.WrapRegistererWith)")
+			}
+			return nil, err
+		}
+	}
+	if gatherer != nil {
+		m.handler = promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})
+	}
+	return m, nil
+}
+
+// fnMetrics caches one function's metric children so the hot path never
+// hashes label values.
+type fnMetrics struct {
+	p         *promMetrics
+	name      string
+	duration  prometheus.Observer
+	cold      prometheus.Counter
+	queued    prometheus.Gauge
+	endpoints prometheus.Gauge
+
+	codesMu sync.Mutex
+	codes   atomic.Pointer[[]codeCounter] // copy-on-write; a function sees a handful of codes
+}
+
+type codeCounter struct {
+	code int
+	c    prometheus.Counter
+}
+
+func (m *fnMetrics) init(p *promMetrics, name string) {
+	m.p, m.name = p, name
+	m.duration = p.duration.WithLabelValues(name)
+	m.cold = p.cold.WithLabelValues(name)
+	m.queued = p.queued.WithLabelValues(name)
+	m.endpoints = p.endpoints.WithLabelValues(name)
+}
+
+func (m *fnMetrics) requests(code int) prometheus.Counter {
+	if cs := m.codes.Load(); cs != nil {
+		for _, cc := range *cs {
+			if cc.code == code {
+				return cc.c
+			}
+		}
+	}
+	m.codesMu.Lock()
+	defer m.codesMu.Unlock()
+	var cs []codeCounter
+	if old := m.codes.Load(); old != nil {
+		for _, cc := range *old {
+			if cc.code == code {
+				return cc.c
+			}
+		}
+		cs = append(cs, *old...)
+	}
+	c := m.p.requests.WithLabelValues(m.name, strconv.Itoa(code))
+	cs = append(cs, codeCounter{code, c})
+	m.codes.Store(&cs)
+	return c
+}
+
+func (p *promMetrics) deleteFunction(name string) {
+	l := prometheus.Labels{"function": name}
+	p.requests.DeletePartialMatch(l)
+	p.duration.DeletePartialMatch(l)
+	p.cold.DeletePartialMatch(l)
+	p.queued.DeletePartialMatch(l)
+	p.endpoints.DeletePartialMatch(l)
+}

@@ -1,0 +1,385 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+const functionPrefix = "/function/"
+
+// deadlineSlack is added to queue timeout + function timeout when a request
+// needs a write deadline beyond Config.WriteTimeout.
+const deadlineSlack = 10 * time.Second
+
+var errFunctionTimeout = errors.New("function timeout")
+
+// Shared header values; cap 1, so an Add by anyone copies instead of writing
+// through.
+var (
+	hdrJSON    = []string{"application/json"}
+	hdrNoSniff = []string{"nosniff"}
+	hdrText    = []string{"text/plain; charset=utf-8"}
+)
+
+// route is where a request goes: fn is nil when no function matched.
+type route struct {
+	fn      *function
+	name    string // the function named by the request, if any
+	byPath  bool   // named by /function/NAME (the Host is not consulted)
+	rest    string // path the sandbox sees
+	rawRest string // its escaped form when it differs from the default (url.URL.RawPath)
+}
+
+// resolve maps a request to a function without allocating: OpenFaaS-style
+// /function/NAME[/rest] first, then the first label of the Host (Knative:
+// NAME.namespace.example.com, NAME:8080).
+func (d *DataPlane) resolve(r *http.Request) route {
+	p := r.URL.Path
+	if strings.HasPrefix(p, functionPrefix) {
+		tail := p[len(functionPrefix):]
+		rt := route{name: tail, rest: "/", byPath: true}
+		if i := strings.IndexByte(tail, '/'); i >= 0 {
+			rt.name, rt.rest = tail[:i], tail[i:]
+		}
+		if raw := r.URL.RawPath; raw != "" {
+			if pre := len(functionPrefix) + len(rt.name); strings.HasPrefix(raw, functionPrefix+rt.name) {
+				// Allocates only for paths with unusual escaping.
+				rt.rawRest = raw[pre:]
+				if rt.rawRest == "" {
+					rt.rawRest = "/"
+				}
+			}
+		}
+		rt.fn = d.lookup(rt.name)
+		return rt
+	}
+	rt := route{name: hostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
+	rt.fn = d.lookup(rt.name)
+	return rt
+}
+
+// hostLabel returns the first DNS label of a Host header, lower-cased.
+func hostLabel(h string) string {
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; c == '.' || c == ':' {
+			h = h[:i]
+			break
+		}
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; 'A' <= c && c <= 'Z' {
+			return strings.ToLower(h)
+		}
+	}
+	return h
+}
+
+// namesFunction reports whether a Host label could be a function name, as
+// opposed to an IP address or localhost, to word the 404.
+func namesFunction(label string) bool {
+	if label == "" || label == "localhost" || strings.HasPrefix(label, "[") {
+		return false
+	}
+	_, err := strconv.Atoi(label)
+	return err != nil
+}
+
+func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	rt := d.resolve(r)
+	if rt.fn != nil {
+		d.invoke(w, r, rt)
+		return
+	}
+	callID := r.Header["X-Call-Id"] // echoed if given; none is generated for a call that never happens
+	if !rt.byPath {
+		switch r.URL.Path {
+		case "/healthz":
+			w.Header()["Content-Type"] = hdrText
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		case "/metrics":
+			if d.prom.handler != nil {
+				d.prom.handler.ServeHTTP(w, r)
+				return
+			}
+		}
+		if !namesFunction(rt.name) {
+			writeError(w, callID, http.StatusNotFound, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name")
+			return
+		}
+	}
+	writeError(w, callID, http.StatusNotFound, fmt.Sprintf("function %q not found", rt.name))
+}
+
+// reqState carries one invocation through httputil.ReverseProxy. It is the
+// request's context itself (embedding the timeout context), which saves the
+// context.WithValue allocation per request.
+type reqState struct {
+	context.Context
+	fn         *function
+	ep         *endpoint
+	conf       *fnConf
+	rest       string
+	rawRest    string
+	callID     []string // the X-Call-Id value, shared by request and response headers
+	arrival    int64
+	queueNs    int64
+	proxyStart int64
+	cold       bool
+	code       int
+}
+
+type stateKey struct{}
+
+func (s *reqState) Value(key any) any {
+	if key == (stateKey{}) {
+		return s
+	}
+	return s.Context.Value(key)
+}
+
+func stateOf(ctx context.Context) *reqState {
+	if s, ok := ctx.(*reqState); ok {
+		return s
+	}
+	s, _ := ctx.Value(stateKey{}).(*reqState)
+	return s
+}
+
+// invoke runs one request for rt.fn: limits, queue, proxy, accounting.
+func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
+	fn := rt.fn
+	arrival := d.nanotime()
+	seq := d.epSeq.Load() // endpoints added later than this are cold for us
+	set := fn.set.Load()
+	conf := set.conf
+	callID := r.Header["X-Call-Id"]
+	if len(callID) == 0 || callID[0] == "" {
+		callID = []string{newCallID()}
+	} else if len(callID) > 1 {
+		callID = callID[:1:1]
+	}
+
+	if r.ContentLength > d.cfg.MaxBodyBytes {
+		writeError(w, callID, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+		fn.m.requests(http.StatusRequestEntityTooLarge).Inc()
+		return
+	}
+	if conf.extendDeadline {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(conf.queueTimeout + conf.timeout + deadlineSlack))
+	}
+
+	fn.stats.arrive(arrival)
+	ep, waited, err := fn.acquire(r.Context(), set, d.markUrgent)
+	acquired := arrival
+	if waited {
+		acquired = d.nanotime()
+		d.prom.queueWait.Observe(seconds(acquired - arrival))
+	}
+	if err != nil {
+		fn.stats.depart(acquired)
+		code, msg := d.acquireError(err, fn, conf)
+		if code != statusClientGone {
+			writeError(w, callID, code, msg)
+		}
+		fn.m.requests(code).Inc()
+		fn.m.duration.Observe(seconds(acquired - arrival))
+		return
+	}
+
+	ctx, cancel := context.WithTimeoutCause(r.Context(), conf.timeout, errFunctionTimeout)
+	st := &reqState{
+		Context: ctx,
+		fn:      fn,
+		ep:      ep,
+		conf:    conf,
+		rest:    rt.rest,
+		rawRest: rt.rawRest,
+		callID:  callID,
+		arrival: arrival,
+		queueNs: acquired - arrival,
+		cold:    ep.seq > seq,
+	}
+	if st.cold {
+		fn.m.cold.Inc()
+	}
+	defer d.finish(st, cancel)
+	r2 := r.WithContext(st)
+	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+		r2.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
+	}
+	d.proxy.ServeHTTP(w, r2)
+}
+
+// finish runs when the proxy returns or panics (http.ErrAbortHandler after a
+// failed body copy): the slot must always come back.
+func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
+	cancel()
+	st.fn.release(st.ep)
+	end := d.nanotime()
+	st.fn.stats.depart(end)
+	code := st.code
+	if code == 0 {
+		code = http.StatusBadGateway
+	}
+	st.fn.m.requests(code).Inc()
+	st.fn.m.duration.Observe(seconds(end - st.arrival))
+}
+
+// statusClientGone counts requests whose client left before an answer
+// (nginx's convention); nothing is written for them.
+const statusClientGone = 499
+
+func (d *DataPlane) acquireError(err error, fn *function, conf *fnConf) (int, string) {
+	switch {
+	case errors.Is(err, errQueueFull):
+		return http.StatusServiceUnavailable, fmt.Sprintf("function %q: queue full (%d requests waiting for a sandbox)", fn.name, conf.queueDepth)
+	case errors.Is(err, errQueueTimeout):
+		return http.StatusGatewayTimeout, fmt.Sprintf("function %q: timed out after %s waiting for a sandbox", fn.name, conf.queueTimeout)
+	case errors.Is(err, errFunctionDeleted):
+		return http.StatusNotFound, fmt.Sprintf("function %q was deleted", fn.name)
+	default: // the client's context ended
+		return statusClientGone, err.Error()
+	}
+}
+
+func (d *DataPlane) rewrite(pr *httputil.ProxyRequest) {
+	st := stateOf(pr.In.Context())
+	u := pr.Out.URL
+	u.Scheme = "http"
+	u.Host = st.ep.addr
+	u.Path = st.rest
+	u.RawPath = st.rawRest
+	pr.Out.Host = ""
+	// Append to the front end's X-Forwarded-For rather than replace it.
+	if prior, ok := pr.In.Header["X-Forwarded-For"]; ok {
+		pr.Out.Header["X-Forwarded-For"] = prior
+	}
+	pr.SetXForwarded()
+	pr.Out.Header["X-Brisk-Sandbox"] = st.ep.idHdr
+	pr.Out.Header["X-Call-Id"] = st.callID
+	st.proxyStart = d.nanotime()
+}
+
+func (d *DataPlane) modifyResponse(resp *http.Response) error {
+	st := stateOf(resp.Request.Context())
+	now := d.nanotime()
+	st.code = resp.StatusCode
+	h := resp.Header
+	h["X-Call-Id"] = st.callID
+	h["X-Brisk-Sandbox"] = st.ep.idHdr
+	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (now-st.proxyStart)/1e3)}
+	return nil
+}
+
+func (d *DataPlane) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	st := stateOf(r.Context())
+	var mbe *http.MaxBytesError
+	var code int
+	var msg string
+	switch {
+	case errors.As(err, &mbe):
+		code, msg = http.StatusRequestEntityTooLarge, d.bodyTooLarge
+	case context.Cause(st.Context) == errFunctionTimeout:
+		code, msg = http.StatusGatewayTimeout, fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout)
+	case st.Context.Err() != nil:
+		st.code = statusClientGone
+		return
+	default:
+		code, msg = http.StatusBadGateway, fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err)
+		d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
+	}
+	st.code = code
+	writeError(w, st.callID, code, msg)
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// writeError writes every brisk-generated error: JSON with a clear message.
+func writeError(w http.ResponseWriter, callID []string, code int, msg string) {
+	h := w.Header()
+	h["Content-Type"] = hdrJSON
+	h["X-Content-Type-Options"] = hdrNoSniff
+	if callID != nil {
+		h["X-Call-Id"] = callID
+	}
+	b, _ := json.Marshal(errorBody{msg})
+	h["Content-Length"] = []string{strconv.Itoa(len(b) + 1)}
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// newCallID returns 16 random bytes in hex. Call ids need uniqueness, not
+// secrecy, so the runtime's per-thread generator is enough.
+func newCallID() string {
+	const digits = "0123456789abcdef"
+	var b [32]byte
+	for half := 0; half < 2; half++ {
+		v := rand.Uint64()
+		for i := 0; i < 16; i++ {
+			b[half*16+i] = digits[v&0xf]
+			v >>= 4
+		}
+	}
+	return string(b[:])
+}
+
+func timing(queueUs int64, cold bool, proxyUs int64) string {
+	var b [96]byte
+	buf := append(b[:0], "queue_us="...)
+	buf = strconv.AppendInt(buf, queueUs, 10)
+	buf = append(buf, ", cold="...)
+	buf = strconv.AppendBool(buf, cold)
+	buf = append(buf, ", proxy_us="...)
+	buf = strconv.AppendInt(buf, proxyUs, 10)
+	return string(buf)
+}
+
+func seconds(ns int64) float64 { return float64(ns) / 1e9 }
+
+// newTransport is the one upstream transport: pooled keep-alive connections
+// to sandboxes, no compression (bodies pass through untouched), fast dial
+// failure. Response-header timeouts are per function, so they come from the
+// request context instead of the shared transport.
+func newTransport() *http.Transport {
+	dialer := &net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 512,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		WriteBufferSize:     32 << 10,
+		ReadBufferSize:      32 << 10,
+	}
+}
+
+const copyBufSize = 32 << 10
+
+// bufferPool recycles proxy copy buffers. It pools array pointers, which
+// box without allocating, unlike []byte.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[copyBufSize]byte); ok {
+		return v[:]
+	}
+	return new([copyBufSize]byte)[:]
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) >= copyBufSize {
+		b.p.Put((*[copyBufSize]byte)(buf[:copyBufSize]))
+	}
+}

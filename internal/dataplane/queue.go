@@ -1,0 +1,180 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Reasons a request gets no sandbox; mapped to HTTP status codes in one place
+// (errorStatus).
+var (
+	errQueueFull       = errors.New("queue full")
+	errQueueTimeout    = errors.New("timed out waiting for a sandbox")
+	errFunctionDeleted = errors.New("function deleted")
+)
+
+// waiter is one queued request. Whoever dequeues it (a releaser, an Apply
+// that adds endpoints, a delete) fills ep or err and signals ready exactly
+// once; the owner then reads them. Ownership of a reserved slot therefore
+// passes hand to hand, so a freed slot goes to the oldest waiter and no
+// request can steal it in between.
+type waiter struct {
+	prev, next *waiter
+	queued     bool // guarded by function.mu
+	ready      chan struct{}
+	ep         *endpoint
+	err        error
+}
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ready: make(chan struct{}, 1)} }}
+
+func putWaiter(w *waiter) {
+	w.ep, w.err, w.prev, w.next = nil, nil, nil, nil
+	waiterPool.Put(w)
+}
+
+// acquire reserves a slot on one of fn's endpoints, queueing while none is
+// free. The fast path is one atomic load of the set plus the policy's Pick;
+// it is skipped while others wait so that arrivals cannot overtake the queue.
+// waited reports whether the request went through the queue; onQueued runs
+// once if it had to wait with no free slot anywhere.
+func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*function)) (ep *endpoint, waited bool, err error) {
+	if fn.nwait.Load() == 0 {
+		if i, ok := set.conf.policy.Pick(set.trackers); ok {
+			return set.eps[i], false, nil
+		}
+	}
+	ep, err = fn.wait(ctx, set.conf, onQueued)
+	return ep, true, err
+}
+
+func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*function)) (*endpoint, error) {
+	fn.mu.Lock()
+	if fn.deleted {
+		fn.mu.Unlock()
+		return nil, errFunctionDeleted
+	}
+	if int(fn.nwait.Load()) >= conf.queueDepth {
+		fn.mu.Unlock()
+		return nil, errQueueFull
+	}
+	w := waiterPool.Get().(*waiter)
+	fn.pushLocked(w)
+	// nwait was raised before this Pick, so a concurrent release either
+	// shows up here or sees nwait > 0 and dispatches: no lost wake-up.
+	fn.dispatchLocked()
+	stillQueued := w.queued
+	fn.mu.Unlock()
+
+	if stillQueued {
+		onQueued(fn)
+		timer := time.NewTimer(conf.queueTimeout)
+		var err error
+		select {
+		case <-w.ready:
+			timer.Stop()
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		case <-timer.C:
+			err = errQueueTimeout
+		}
+		if err != nil {
+			fn.mu.Lock()
+			if w.queued {
+				fn.removeLocked(w)
+				fn.mu.Unlock()
+				putWaiter(w)
+				return nil, err
+			}
+			fn.mu.Unlock()
+			<-w.ready // dequeued concurrently: the handoff is on its way
+			if w.err == nil && !errors.Is(err, errQueueTimeout) {
+				// The client is gone: pass the slot on.
+				fn.release(w.ep)
+				putWaiter(w)
+				return nil, err
+			}
+			// A slot that arrived together with the timeout is used.
+		}
+	} else {
+		<-w.ready
+	}
+	ep, err := w.ep, w.err
+	putWaiter(w)
+	return ep, err
+}
+
+// release returns ep's slot and hands it to the oldest waiter, if any. An
+// endpoint already removed from the set simply drops its tracker.
+func (fn *function) release(ep *endpoint) {
+	ep.tracker.Release()
+	fn.maybeDispatch()
+}
+
+func (fn *function) maybeDispatch() {
+	if fn.nwait.Load() > 0 {
+		fn.mu.Lock()
+		fn.dispatchLocked()
+		fn.mu.Unlock()
+	}
+}
+
+// dispatchLocked gives free slots to waiters in FIFO order.
+func (fn *function) dispatchLocked() {
+	for fn.head != nil {
+		set := fn.set.Load()
+		i, ok := set.conf.policy.Pick(set.trackers)
+		if !ok {
+			return
+		}
+		w := fn.head
+		fn.removeLocked(w)
+		w.ep = set.eps[i]
+		w.ready <- struct{}{}
+	}
+}
+
+// fail dequeues every waiter with err and refuses new ones: the function was
+// deleted.
+func (fn *function) fail(err error) {
+	fn.mu.Lock()
+	defer fn.mu.Unlock()
+	fn.deleted = true
+	for fn.head != nil {
+		w := fn.head
+		fn.removeLocked(w)
+		w.err = err
+		w.ready <- struct{}{}
+	}
+}
+
+func (fn *function) pushLocked(w *waiter) {
+	w.queued = true
+	w.prev, w.next = fn.tail, nil
+	if fn.tail != nil {
+		fn.tail.next = w
+	} else {
+		fn.head = w
+	}
+	fn.tail = w
+	n := fn.nwait.Add(1)
+	fn.m.queued.Set(float64(n))
+}
+
+func (fn *function) removeLocked(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		fn.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		fn.tail = w.prev
+	}
+	w.prev, w.next, w.queued = nil, nil, false
+	n := fn.nwait.Add(-1)
+	fn.m.queued.Set(float64(n))
+}

@@ -1,0 +1,333 @@
+package dataplane
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// endpoint is one Ready sandbox of a function. It is immutable; requests in
+// flight keep their *endpoint after it leaves the set and release its tracker.
+type endpoint struct {
+	id      string
+	addr    string
+	seq     uint64 // data-plane-wide add order: later than a request's arrival means cold
+	tracker *loadbalance.Tracker
+	idHdr   []string // []string{id}, shared as a header value (cap 1: an Add copies)
+}
+
+// fnConf is what the hot path needs from a spec, resolved once per revision.
+type fnConf struct {
+	revision     uint64
+	capacity     int // per-sandbox concurrency; 0 = unlimited
+	queueDepth   int
+	queueTimeout time.Duration
+	timeout      time.Duration
+	lbName       string
+	policy       loadbalance.Policy
+	// extendDeadline: queue timeout + function timeout exceed the server's
+	// WriteTimeout, so the request moves its own write deadline.
+	extendDeadline bool
+}
+
+// epSet is one immutable view of a function. Apply builds a new one and swaps
+// it in, so a request sees a consistent conf, policy and endpoint list with a
+// single atomic load.
+type epSet struct {
+	conf     *fnConf
+	eps      []*endpoint            // sorted by sandbox id (first-available order)
+	trackers []*loadbalance.Tracker // trackers[i] == eps[i].tracker: the policy's input
+}
+
+// function is the per-function state. Nothing here is guarded by a
+// data-plane-wide lock: the set is copy-on-write and the queue has its own
+// mutex, taken only when a request must wait or someone is waiting.
+type function struct {
+	name string
+	set  atomic.Pointer[epSet]
+
+	// nwait mirrors the queue length so the fast path and releasers can skip
+	// the mutex while nobody waits.
+	nwait      atomic.Int32
+	mu         sync.Mutex
+	head, tail *waiter
+	deleted    bool
+
+	stats  loadStats
+	urgent atomic.Bool // queued for the next urgent report
+	m      fnMetrics
+}
+
+func (d *DataPlane) newFunction(name string) *function {
+	fn := &function{name: name}
+	fn.m.init(d.prom, name)
+	fn.stats.reset(d.nanotime())
+	return fn
+}
+
+// lookup returns the function routed to by name, or nil.
+func (d *DataPlane) lookup(name string) *function {
+	return (*d.fns.Load())[name]
+}
+
+// newConf resolves a wire spec. Zero queue limits and timeouts on the wire
+// mean the spec defaults; zero concurrency means unlimited (brisk.proto).
+// prev's policy is kept when its name and capacity are unchanged so stateful
+// policies (round-robin) keep their position across revisions.
+func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
+	s := spec.FromProto(p)
+	c := &fnConf{
+		revision:     s.Revision,
+		capacity:     max(s.Concurrency, 0),
+		queueDepth:   s.Queue.Depth,
+		queueTimeout: time.Duration(s.Queue.Timeout),
+		timeout:      time.Duration(s.Timeout),
+		lbName:       s.LoadBalancing,
+	}
+	if c.queueDepth <= 0 {
+		c.queueDepth = spec.DefaultQueueDepth
+	}
+	if c.queueTimeout <= 0 {
+		c.queueTimeout = spec.DefaultQueueTimeout
+	}
+	if c.timeout <= 0 {
+		c.timeout = spec.DefaultTimeout
+	}
+	c.extendDeadline = c.queueTimeout+c.timeout+deadlineSlack > d.cfg.WriteTimeout
+	if prev != nil && prev.lbName == c.lbName && prev.capacity == c.capacity {
+		c.policy = prev.policy
+		return c
+	}
+	pol, err := loadbalance.New(c.lbName, c.capacity, d.rnd)
+	if err != nil {
+		d.log.Warn("unknown load-balancing policy; using the default", "function", s.Name, "policy", c.lbName, "err", err)
+		c.lbName = ""
+		pol, err = loadbalance.New("", c.capacity, d.rnd)
+		if err != nil {
+			panic("dataplane: default load-balancing policy: " + err.Error()) // broken invariant
+		}
+	}
+	c.policy = pol
+	return c
+}
+
+// pendingFn accumulates one function's changes within an Apply.
+type pendingFn struct {
+	conf *fnConf
+	eps  []*endpoint
+}
+
+// Apply applies one batch from the control plane: a snapshot replaces all
+// state, a delta adds or updates functions (newer revisions only), deletes
+// functions, and adds or removes endpoints by sandbox id. Functions and
+// endpoints that survive a snapshot keep their objects, so queued requests
+// stay queued and in-flight counts stay exact across a resync. Apply is
+// serialised; the hot path never waits for it.
+func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
+	if b == nil {
+		return
+	}
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+
+	cur := *d.fns.Load()
+	next := cur
+	cloned := false
+	mutate := func() {
+		if !cloned {
+			next = make(map[string]*function, len(cur)+len(b.GetFunctions()))
+			for k, v := range cur {
+				next[k] = v
+			}
+			cloned = true
+		}
+	}
+	pending := make(map[*function]*pendingFn)
+	touch := func(fn *function) *pendingFn {
+		p := pending[fn]
+		if p == nil {
+			set := fn.set.Load()
+			p = &pendingFn{conf: set.conf, eps: slices.Clone(set.eps)}
+			pending[fn] = p
+		}
+		return p
+	}
+
+	if b.GetSnapshot() {
+		next = make(map[string]*function, len(b.GetFunctions()))
+		cloned = true
+		for _, ps := range b.GetFunctions() {
+			if fn := next[ps.GetName()]; fn != nil { // listed twice: the newer revision wins
+				if p := pending[fn]; ps.GetRevision() >= p.conf.revision {
+					p.conf = d.newConf(ps, p.conf)
+				}
+				continue
+			}
+			fn := cur[ps.GetName()]
+			var prev *fnConf
+			if fn == nil {
+				fn = d.newFunction(ps.GetName())
+			} else {
+				prev = fn.set.Load().conf
+			}
+			next[fn.name] = fn
+			pending[fn] = &pendingFn{conf: d.newConf(ps, prev)}
+		}
+		for name, fn := range cur {
+			if next[name] != fn {
+				d.deleteFunction(fn)
+			}
+		}
+		bySandbox := make(map[string]*function, len(b.GetAdded()))
+		for _, e := range b.GetAdded() {
+			fn := next[e.GetFunction()]
+			if fn == nil {
+				d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
+				continue
+			}
+			if bySandbox[e.GetSandboxId()] != nil {
+				continue // listed twice
+			}
+			p := pending[fn]
+			var old *endpoint
+			if d.sandboxes[e.GetSandboxId()] == fn {
+				old = findEndpoint(fn.set.Load().eps, e.GetSandboxId())
+			}
+			if old != nil && old.addr == e.GetAddress() {
+				p.eps = append(p.eps, old)
+			} else {
+				p.eps = append(p.eps, d.newEndpoint(e, p.conf.capacity))
+			}
+			bySandbox[e.GetSandboxId()] = fn
+		}
+		d.sandboxes = bySandbox
+	} else {
+		for _, ps := range b.GetFunctions() {
+			fn := next[ps.GetName()]
+			if fn == nil {
+				mutate()
+				fn = d.newFunction(ps.GetName())
+				next[fn.name] = fn
+				pending[fn] = &pendingFn{conf: d.newConf(ps, nil)}
+				continue
+			}
+			p := touch(fn)
+			if ps.GetRevision() < p.conf.revision {
+				continue // stale: an older revision overtaken by a newer one
+			}
+			p.conf = d.newConf(ps, p.conf)
+		}
+		for _, name := range b.GetDeletedFunctions() {
+			fn := next[name]
+			if fn == nil {
+				continue
+			}
+			mutate()
+			delete(next, name)
+			if p := pending[fn]; p != nil {
+				d.forgetSandboxes(fn, p.eps) // added earlier in this batch
+				delete(pending, fn)
+			}
+			d.deleteFunction(fn)
+		}
+		for _, e := range b.GetAdded() {
+			fn := next[e.GetFunction()]
+			if fn == nil {
+				d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
+				continue
+			}
+			if other := d.sandboxes[e.GetSandboxId()]; other != nil && other != fn && next[other.name] == other {
+				d.removeSandbox(touch(other), e.GetSandboxId())
+			}
+			p := touch(fn)
+			i := slices.IndexFunc(p.eps, func(ep *endpoint) bool { return ep.id == e.GetSandboxId() })
+			switch {
+			case i < 0:
+				p.eps = append(p.eps, d.newEndpoint(e, p.conf.capacity))
+			case p.eps[i].addr != e.GetAddress():
+				p.eps[i] = d.newEndpoint(e, p.conf.capacity)
+			}
+			d.sandboxes[e.GetSandboxId()] = fn
+		}
+		for _, id := range b.GetRemoved() {
+			fn := d.sandboxes[id]
+			delete(d.sandboxes, id)
+			if fn == nil || next[fn.name] != fn {
+				continue
+			}
+			d.removeSandbox(touch(fn), id)
+		}
+	}
+
+	for fn, p := range pending {
+		fn.publish(p)
+	}
+	if cloned {
+		d.fns.Store(&next)
+	}
+}
+
+func (d *DataPlane) newEndpoint(e *briskv1.Endpoint, capacity int) *endpoint {
+	return &endpoint{
+		id:      e.GetSandboxId(),
+		addr:    e.GetAddress(),
+		seq:     d.epSeq.Add(1),
+		tracker: loadbalance.NewTracker(capacity),
+		idHdr:   []string{e.GetSandboxId()},
+	}
+}
+
+func (d *DataPlane) removeSandbox(p *pendingFn, id string) {
+	p.eps = slices.DeleteFunc(p.eps, func(ep *endpoint) bool { return ep.id == id })
+}
+
+func (d *DataPlane) deleteFunction(fn *function) {
+	if set := fn.set.Load(); set != nil { // nil: created earlier in this batch
+		d.forgetSandboxes(fn, set.eps)
+	}
+	fn.fail(errFunctionDeleted)
+	d.prom.deleteFunction(fn.name)
+}
+
+func (d *DataPlane) forgetSandboxes(fn *function, eps []*endpoint) {
+	for _, ep := range eps {
+		if d.sandboxes[ep.id] == fn {
+			delete(d.sandboxes, ep.id)
+		}
+	}
+}
+
+func findEndpoint(eps []*endpoint, id string) *endpoint {
+	for _, ep := range eps {
+		if ep.id == id {
+			return ep
+		}
+	}
+	return nil
+}
+
+// publish swaps in a new set and hands freed capacity to waiters. A
+// concurrency change needs new trackers; the old ones stay with the requests
+// in flight on them, so the limit can be exceeded briefly during the switch.
+func (fn *function) publish(p *pendingFn) {
+	eps := p.eps
+	for i, ep := range eps {
+		if ep.tracker.Capacity() != p.conf.capacity {
+			eps[i] = &endpoint{id: ep.id, addr: ep.addr, seq: ep.seq, tracker: loadbalance.NewTracker(p.conf.capacity), idHdr: ep.idHdr}
+		}
+	}
+	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.id, b.id) })
+	trackers := make([]*loadbalance.Tracker, len(eps))
+	for i, ep := range eps {
+		trackers[i] = ep.tracker
+	}
+	fn.set.Store(&epSet{conf: p.conf, eps: eps, trackers: trackers})
+	fn.m.endpoints.Set(float64(len(eps)))
+	fn.maybeDispatch()
+}
