@@ -195,7 +195,7 @@ func TestRapidRescaleConverges(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { return len(readyIDs(cp, "f")) == 10 })
 	setMin := func(n int) {
 		f := *cp.cluster.spec("f")
-		f.Scaling.Min, f.Revision = n, f.Revision // same revision: a scaling change only
+		f.Scaling.Min = n // same revision: a scaling change only
 		cp.cluster.upsertFunction(&f)
 	}
 	setMin(3)
