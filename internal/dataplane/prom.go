@@ -22,6 +22,7 @@ type promMetrics struct {
 	queueWait prometheus.Histogram
 	cold      *prometheus.CounterVec
 	queued    *prometheus.GaugeVec
+	inflight  *prometheus.GaugeVec
 	endpoints *prometheus.GaugeVec
 	handler   http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
@@ -58,12 +59,16 @@ func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
 			Name: "brisk_dataplane_queued",
 			Help: "Requests waiting for a sandbox slot.",
 		}, []string{"function"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "brisk_dataplane_inflight",
+			Help: "Requests holding a sandbox slot (being proxied).",
+		}, []string{"function"}),
 		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "brisk_dataplane_endpoints",
 			Help: "Ready sandboxes known to the data plane.",
 		}, []string{"function"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.queueWait, m.cold, m.queued, m.endpoints} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.queueWait, m.cold, m.queued, m.inflight, m.endpoints} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -86,6 +91,7 @@ type fnMetrics struct {
 	duration  prometheus.Observer
 	cold      prometheus.Counter
 	queued    prometheus.Gauge
+	inflight  prometheus.Gauge
 	endpoints prometheus.Gauge
 
 	codesMu sync.Mutex
@@ -102,6 +108,7 @@ func (m *fnMetrics) init(p *promMetrics, name string) {
 	m.duration = p.duration.WithLabelValues(name)
 	m.cold = p.cold.WithLabelValues(name)
 	m.queued = p.queued.WithLabelValues(name)
+	m.inflight = p.inflight.WithLabelValues(name)
 	m.endpoints = p.endpoints.WithLabelValues(name)
 }
 
@@ -136,5 +143,6 @@ func (p *promMetrics) deleteFunction(name string) {
 	p.duration.DeletePartialMatch(l)
 	p.cold.DeletePartialMatch(l)
 	p.queued.DeletePartialMatch(l)
+	p.inflight.DeletePartialMatch(l)
 	p.endpoints.DeletePartialMatch(l)
 }

@@ -213,6 +213,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	if st.cold {
 		fn.m.cold.Inc()
 	}
+	fn.m.inflight.Inc()
 	defer d.finish(st, cancel)
 	r2 := r.WithContext(st)
 	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
@@ -225,6 +226,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 // failed body copy): the slot must always come back.
 func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 	cancel()
+	st.fn.m.inflight.Dec()
 	st.fn.release(st.ep)
 	end := d.nanotime()
 	st.fn.stats.depart(end)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -103,18 +102,41 @@ func TestBadInput(t *testing.T) {
 	c.mustBrisk(t, "fn", "deploy", "narrow", "--builtin", "trace", "--min", "1", "--max", "1",
 		"--queue-depth", "1", "--queue-timeout", "20s")
 	eventually(t, 20*time.Second, "narrow ready", func() bool { return c.fn(t, "narrow").Status.Ready == 1 })
-	codes := parallelCalls(t, inv+"/function/narrow", `{"ms": 1500}`, 3)
-	if codes[200] != 2 || codes[503] != 1 {
-		t.Fatalf("3 calls on 1 slot + queue of 1: got %v, want 2×200 and 1×503", codes)
+	// One call holds the only slot, a second waits in the queue of one; a
+	// third is refused at once. Each step is awaited on the data plane's
+	// own gauges, so the order does not depend on scheduling.
+	url := inv + "/function/narrow"
+	holder := asyncCall(url, `{"ms": 3000}`)
+	eventually(t, 10*time.Second, "first call in flight", func() bool {
+		return sandboxBusy(t, c, inv)
+	})
+	queued := asyncCall(url, `{"ms": 1}`)
+	eventually(t, 10*time.Second, "second call queued", func() bool {
+		return metricValue(t, inv+"/metrics", `brisk_dataplane_queued{function="narrow"}`) == 1
+	})
+	if a := request(t, "POST", url, `{"ms": 1}`); a.status != 503 || !strings.Contains(a.msg, "queue full") {
+		t.Fatalf("call beyond the queue: got %d %q, want 503 queue full", a.status, a.msg)
 	}
+	if code := <-holder; code != 200 {
+		t.Fatalf("slot holder: %d", code)
+	}
+	if code := <-queued; code != 200 {
+		t.Fatalf("queued call: %d", code)
+	}
+
+	// With a 300ms queue timeout the waiting call gives up with 504.
 	c.mustBrisk(t, "fn", "update", "narrow", "--queue-timeout", "300ms")
 	eventually(t, 20*time.Second, "narrow updated and ready", func() bool {
 		v := c.fn(t, "narrow")
 		return v.Status.Ready == 1 && time.Duration(v.Queue.Timeout) == 300*time.Millisecond && len(v.Status.Sandboxes) == 1
 	})
-	codes = parallelCalls(t, inv+"/function/narrow", `{"ms": 1500}`, 2)
-	if codes[200] != 1 || codes[504] != 1 {
-		t.Fatalf("2 calls on 1 slot with a 300ms queue timeout: got %v, want 1×200 and 1×504", codes)
+	holder = asyncCall(url, `{"ms": 2000}`)
+	eventually(t, 10*time.Second, "call in flight on the new revision", func() bool { return sandboxBusy(t, c, inv) })
+	if a := request(t, "POST", url, `{"ms": 1}`); a.status != 504 || !strings.Contains(a.msg, "timed out") {
+		t.Fatalf("call waiting past the queue timeout: got %d %q, want 504", a.status, a.msg)
+	}
+	if code := <-holder; code != 200 {
+		t.Fatalf("slot holder: %d", code)
 	}
 
 	// CLI usage errors exit 2 with a usage line; server errors exit 1.
@@ -141,29 +163,25 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// parallelCalls fires n identical calls at once and counts status codes.
-func parallelCalls(t *testing.T, url, body string, n int) map[int]int {
-	t.Helper()
-	var mu sync.Mutex
-	codes := map[int]int{}
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.Post(url, "application/json", strings.NewReader(body))
-			code := 0
-			if err == nil {
-				code = resp.StatusCode
-				resp.Body.Close()
-			}
-			mu.Lock()
-			codes[code]++
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return codes
+// asyncCall posts in the background; the channel yields the status.
+func asyncCall(url, body string) <-chan int {
+	ch := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			ch <- 0
+			return
+		}
+		resp.Body.Close()
+		ch <- resp.StatusCode
+	}()
+	return ch
+}
+
+// sandboxBusy reports whether the data plane counts a request of "narrow"
+// as in flight (its time-weighted load gauge is the queue plus in-flight).
+func sandboxBusy(t *testing.T, c *cluster, inv string) bool {
+	return metricValue(t, inv+"/metrics", `brisk_dataplane_inflight{function="narrow"}`) == 1
 }
 
 // TestCrashLoopingFunction deploys a command that exits at once: the worker
