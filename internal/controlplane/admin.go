@@ -72,7 +72,9 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 }
 
 // readSpec decodes and validates a spec body; on failure it has answered.
-func readSpec(w http.ResponseWriter, r *http.Request) (*spec.Function, bool) {
+// For an update, pathName is the name in the URL: the body may omit the
+// name but must not contradict it.
+func readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -87,6 +89,15 @@ func readSpec(w http.ResponseWriter, r *http.Request) (*spec.Function, bool) {
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
+	}
+	if pathName != "" {
+		if f.Name == "" {
+			f.Name = pathName
+		}
+		if f.Name != pathName {
+			writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
+			return nil, false
+		}
 	}
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
@@ -121,7 +132,7 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 }
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
-	f, ok := readSpec(w, r)
+	f, ok := readSpec(w, r, "")
 	if !ok {
 		return
 	}
@@ -146,7 +157,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	f, ok := readSpecNamed(w, r, name)
+	f, ok := readSpec(w, r, name)
 	if !ok {
 		return
 	}
@@ -169,33 +180,6 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.cluster.upsertFunction(f)
 	writeJSON(w, http.StatusOK, f)
-}
-
-// readSpecNamed reads a spec whose name may be omitted but must match the path.
-func readSpecNamed(w http.ResponseWriter, r *http.Request, name string) (*spec.Function, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "function spec larger than 1 MiB")
-		return nil, false
-	}
-	f, err := spec.Decode(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return nil, false
-	}
-	if f.Name == "" {
-		f.Name = name
-	}
-	if f.Name != name {
-		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(name))
-		return nil, false
-	}
-	f.ApplyDefaults()
-	if err := f.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return nil, false
-	}
-	return f, true
 }
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
