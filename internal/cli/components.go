@@ -1,25 +1,20 @@
 package cli
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
+	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/spec"
-	"github.com/brisk-faas/brisk/internal/worker"
-	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
 )
 
 // cpFlags are the control plane's flags, shared by `up` and `controlplane`.
@@ -92,59 +87,22 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	}
 }
 
-// build makes the worker daemon and, for the emulated runtime, the shared
-// sandbox host it needs running beside it.
-func (f *wkFlags) build(g *globals, cpAddr string) (*worker.Daemon, *emulated.Host, error) {
-	log, err := g.logger()
-	if err != nil {
-		return nil, nil, err
-	}
+// options turns the flags into worker options.
+func (f *wkFlags) options() (local.Workers, error) {
 	capacity, err := nodeCapacity(f.cpu, f.memoryMB)
 	if err != nil {
-		return nil, nil, err
+		return local.Workers{}, err
 	}
-	cfg := worker.Config{Listen: f.listen, Advertise: f.advertise, ControlPlane: cpAddr, StopSandboxesOnExit: f.stopOnExit,
-		Logger: log.With("component", "worker")}
-	var host *emulated.Host
-	switch f.rt {
-	case "process":
-		if f.emulate != 1 {
-			return nil, nil, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
-		}
-		rt, err := process.New(process.Config{StateDir: f.stateDir, Logger: log.With("component", "runtime")})
-		if err != nil {
-			return nil, nil, err
-		}
-		cfg.Nodes = []worker.NodeConfig{{ID: f.nodeID, Runtime: rt, Capacity: capacity, MaxSandboxes: int(f.maxSandboxes)}}
-	case "emulated":
-		if f.emulate < 1 || f.emulate > 100000 {
-			return nil, nil, usageError{fmt.Errorf("--emulate %d out of range [1, 100000]", f.emulate)}
-		}
-		if f.createDelay < 0 {
-			return nil, nil, usageError{fmt.Errorf("--create-delay must not be negative")}
-		}
-		host, err = emulated.NewHost("127.0.0.1:0", log.With("component", "emulated"))
-		if err != nil {
-			return nil, nil, err
-		}
-		for i := 0; i < f.emulate; i++ {
-			id := f.nodeID
-			if f.emulate > 1 {
-				id = f.nodeID + "-" + strconv.Itoa(i)
-			}
-			var rt brt.Runtime = host.Runtime(id, f.createDelay)
-			cfg.Nodes = append(cfg.Nodes, worker.NodeConfig{ID: id, Runtime: rt, Capacity: capacity, MaxSandboxes: int(f.maxSandboxes)})
-		}
-	default:
-		return nil, nil, usageError{fmt.Errorf("--runtime %q: want process or emulated", f.rt)}
+	if f.rt == "process" && f.emulate != 1 {
+		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
-	d, err := worker.New(cfg)
-	return d, host, err
+	return local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
+		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit}, nil
 }
 
-// nodeCapacity parses --cpu/--memory, defaulting to the whole machine.
+// nodeCapacity parses --cpu/--memory; zero means the whole machine.
 func nodeCapacity(cpu string, memMB int64) (spec.Resources, error) {
-	r := spec.Resources{MilliCPU: int64(runtime.NumCPU()) * 1000, MemoryMB: memMB}
+	var r spec.Resources
 	if cpu != "" {
 		var err error
 		if strings.HasSuffix(cpu, "m") {
@@ -161,34 +119,15 @@ func nodeCapacity(cpu string, memMB int64) (spec.Resources, error) {
 	if memMB < 0 {
 		return r, usageError{fmt.Errorf("--memory %d must not be negative", memMB)}
 	}
-	if r.MemoryMB == 0 {
-		r.MemoryMB = totalMemoryMB()
-	}
+	r.MemoryMB = memMB
 	return r, nil
 }
 
-func totalMemoryMB() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-				if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-					return kb / 1024
-				}
-			}
-		}
+func usageOr(err error) error {
+	if errors.Is(err, local.ErrUsage) {
+		return usageError{err}
 	}
-	return 4096
-}
-
-// runWorker runs a daemon and, if present, its emulated sandbox host.
-func runWorker(ctx context.Context, d *worker.Daemon, host *emulated.Host) error {
-	g, ctx := errgroup.WithContext(ctx)
-	if host != nil {
-		g.Go(func() error { return host.Run(ctx) })
-	}
-	g.Go(func() error { return d.Run(ctx) })
-	return g.Wait()
+	return err
 }
 
 func newControlPlane(g *globals) *cobra.Command {
@@ -246,11 +185,19 @@ func newWorker(g *globals) *cobra.Command {
 		Short: "Run a worker daemon (sandbox runtime, readiness probes, heartbeats)",
 		Args:  exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			d, host, err := f.build(g, cpAddr)
+			log, err := g.logger()
 			if err != nil {
 				return err
 			}
-			return runWorker(c.Context(), d, host)
+			opts, err := f.options()
+			if err != nil {
+				return err
+			}
+			d, host, err := local.BuildWorker(opts, cpAddr, log)
+			if err != nil {
+				return usageOr(err)
+			}
+			return local.RunWorker(c.Context(), d, host)
 		},
 	}
 	f.register(c, true)
@@ -278,38 +225,23 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 			host, _ := os.Hostname()
 			// A one-machine cluster stops its sandboxes with it.
 			wf.listen, wf.nodeID, wf.stateDir, wf.stopOnExit = "127.0.0.1:0", host, filepath.Join(cf.dataDir, "worker"), true
-			wk, emu, err := wf.build(g, cf.grpc)
+			opts, err := wf.options()
 			if err != nil {
 				return err
 			}
-			cp, err := controlplane.New(cfg)
+			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log,
+				DataPlane: dataplane.Config{ID: host, Listen: invoke, Logger: log.With("component", "dataplane")}})
 			if err != nil {
 				return err
 			}
-			dp, err := dataplane.New(dataplane.Config{ID: host, Listen: invoke, ControlPlane: cf.grpc, Logger: log.With("component", "dataplane")})
-			if err != nil {
-				return err
-			}
-			eg, ctx := errgroup.WithContext(c.Context())
-			eg.Go(func() error { return cp.Run(ctx) })
-			// The others start once the control plane listens, so their
-			// first connection succeeds.
-			eg.Go(func() error {
+			go func() {
 				select {
-				case <-ctx.Done():
-					return nil
-				case <-cp.Ready():
+				case <-c.Context().Done():
+				case <-cl.Ready():
+					fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cl.AdminAddr(), cl.InvokeAddr(), cf.dataDir)
 				}
-				eg.Go(func() error { return dp.Run(ctx) })
-				eg.Go(func() error { return runWorker(ctx, wk, emu) })
-				select {
-				case <-ctx.Done():
-				case <-dp.Ready():
-					fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cp.AdminAddr(), dp.Addr(), cf.dataDir)
-				}
-				return nil
-			})
-			return eg.Wait()
+			}()
+			return usageOr(cl.Run(c.Context()))
 		},
 	}
 	cf.register(c)
