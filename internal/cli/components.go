@@ -72,7 +72,7 @@ type wkFlags struct {
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
-	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process or emulated")
+	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process or emulated (--emulate implies emulated)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
@@ -88,7 +88,11 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 }
 
 // options turns the flags into worker options.
-func (f *wkFlags) options() (local.Workers, error) {
+func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
+	// --emulate N alone means the emulated runtime.
+	if c.Flags().Changed("emulate") && !c.Flags().Changed("runtime") {
+		f.rt = "emulated"
+	}
 	capacity, err := nodeCapacity(f.cpu, f.memoryMB)
 	if err != nil {
 		return local.Workers{}, err
@@ -189,7 +193,7 @@ func newWorker(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			opts, err := f.options()
+			opts, err := f.options(c)
 			if err != nil {
 				return err
 			}
@@ -225,7 +229,7 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 			host, _ := os.Hostname()
 			// A one-machine cluster stops its sandboxes with it.
 			wf.listen, wf.nodeID, wf.stateDir, wf.stopOnExit = "127.0.0.1:0", host, filepath.Join(cf.dataDir, "worker"), true
-			opts, err := wf.options()
+			opts, err := wf.options(c)
 			if err != nil {
 				return err
 			}
