@@ -24,6 +24,7 @@ type usageError struct{ error }
 
 // Main runs the brisk command line and returns the process exit code.
 func Main(args []string) int {
+	maybeServePprof()
 	root := newRoot()
 	root.SetArgs(args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

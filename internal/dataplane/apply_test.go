@@ -109,7 +109,7 @@ func TestApplyMatchesModel(t *testing.T) {
 				t.Helper()
 				t.Fatalf("seed %d step %d (batch %v): %s", seed, step, b, fmt.Sprintf(format, args...))
 			}
-			fns := *d.fns.Load()
+			fns := maps.Collect(d.functions())
 			if got, want := slices.Sorted(maps.Keys(fns)), slices.Sorted(maps.Keys(m.rev)); !slices.Equal(got, want) {
 				fail("functions %v, want %v", got, want)
 			}

@@ -31,9 +31,10 @@ type DataPlane struct {
 	handler      http.Handler
 	bodyTooLarge string
 
-	// Routing table: name -> function, swapped whole by Apply so lookups
-	// take no lock.
-	fns   atomic.Pointer[map[string]*function]
+	// Routing table: name -> *function. Lookups take no lock; Apply writes
+	// entries one by one under applyMu, so a batch costs what it changes,
+	// not the size of the table.
+	fns   sync.Map
 	epSeq atomic.Uint64 // endpoint add counter; see endpoint.seq
 
 	applyMu   sync.Mutex
@@ -74,8 +75,6 @@ func New(cfg Config) (*DataPlane, error) {
 		ready:        make(chan struct{}),
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
 	}
-	empty := map[string]*function{}
-	d.fns.Store(&empty)
 	if cfg.ID != "" {
 		d.id.Store(&cfg.ID)
 	}

@@ -142,7 +142,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		IntervalMs:  interval.Milliseconds(),
 	}
 	t := d.nanotime()
-	for name, fn := range *d.fns.Load() {
+	for name, fn := range d.functions() {
 		avg, requests, report := fn.stats.cut(t)
 		if !report {
 			continue

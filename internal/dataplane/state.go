@@ -73,7 +73,17 @@ func (d *DataPlane) newFunction(name string) *function {
 
 // lookup returns the function routed to by name, or nil.
 func (d *DataPlane) lookup(name string) *function {
-	return (*d.fns.Load())[name]
+	if v, ok := d.fns.Load(name); ok {
+		return v.(*function)
+	}
+	return nil
+}
+
+// functions iterates over the routing table.
+func (d *DataPlane) functions() func(yield func(string, *function) bool) {
+	return func(yield func(string, *function) bool) {
+		d.fns.Range(func(k, v any) bool { return yield(k.(string), v.(*function)) })
+	}
 }
 
 // newConf resolves a wire spec. Zero queue limits and timeouts on the wire
@@ -136,17 +146,14 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
 
-	cur := *d.fns.Load()
-	next := cur
-	cloned := false
-	mutate := func() {
-		if !cloned {
-			next = make(map[string]*function, len(cur)+len(b.GetFunctions()))
-			for k, v := range cur {
-				next[k] = v
-			}
-			cloned = true
+	// next overlays the routing table with this batch's changes (nil:
+	// deleted); it is written to the table at the end.
+	next := make(map[string]*function, len(b.GetFunctions()))
+	get := func(name string) *function {
+		if fn, ok := next[name]; ok {
+			return fn
 		}
+		return d.lookup(name)
 	}
 	pending := make(map[*function]*pendingFn)
 	touch := func(fn *function) *pendingFn {
@@ -160,8 +167,6 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	}
 
 	if b.GetSnapshot() {
-		next = make(map[string]*function, len(b.GetFunctions()))
-		cloned = true
 		for _, ps := range b.GetFunctions() {
 			if fn := next[ps.GetName()]; fn != nil { // listed twice: the newer revision wins
 				if p := pending[fn]; ps.GetRevision() >= p.conf.revision {
@@ -169,7 +174,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 				}
 				continue
 			}
-			fn := cur[ps.GetName()]
+			fn := d.lookup(ps.GetName())
 			var prev *fnConf
 			if fn == nil {
 				fn = d.newFunction(ps.GetName())
@@ -179,9 +184,12 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 			next[fn.name] = fn
 			pending[fn] = &pendingFn{conf: d.newConf(ps, prev)}
 		}
-		for name, fn := range cur {
+		for name, fn := range d.functions() {
 			if next[name] != fn {
 				d.deleteFunction(fn)
+				if next[name] == nil {
+					next[name] = nil // absent from the snapshot: delete
+				}
 			}
 		}
 		bySandbox := make(map[string]*function, len(b.GetAdded()))
@@ -209,9 +217,8 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		d.sandboxes = bySandbox
 	} else {
 		for _, ps := range b.GetFunctions() {
-			fn := next[ps.GetName()]
+			fn := get(ps.GetName())
 			if fn == nil {
-				mutate()
 				fn = d.newFunction(ps.GetName())
 				next[fn.name] = fn
 				pending[fn] = &pendingFn{conf: d.newConf(ps, nil)}
@@ -224,12 +231,11 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 			p.conf = d.newConf(ps, p.conf)
 		}
 		for _, name := range b.GetDeletedFunctions() {
-			fn := next[name]
+			fn := get(name)
 			if fn == nil {
 				continue
 			}
-			mutate()
-			delete(next, name)
+			next[name] = nil
 			if p := pending[fn]; p != nil {
 				d.forgetSandboxes(fn, p.eps) // added earlier in this batch
 				delete(pending, fn)
@@ -237,12 +243,12 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 			d.deleteFunction(fn)
 		}
 		for _, e := range b.GetAdded() {
-			fn := next[e.GetFunction()]
+			fn := get(e.GetFunction())
 			if fn == nil {
 				d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
 				continue
 			}
-			if other := d.sandboxes[e.GetSandboxId()]; other != nil && other != fn && next[other.name] == other {
+			if other := d.sandboxes[e.GetSandboxId()]; other != nil && other != fn && get(other.name) == other {
 				d.removeSandbox(touch(other), e.GetSandboxId())
 			}
 			p := touch(fn)
@@ -258,7 +264,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		for _, id := range b.GetRemoved() {
 			fn := d.sandboxes[id]
 			delete(d.sandboxes, id)
-			if fn == nil || next[fn.name] != fn {
+			if fn == nil || get(fn.name) != fn {
 				continue
 			}
 			d.removeSandbox(touch(fn), id)
@@ -268,8 +274,12 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	for fn, p := range pending {
 		fn.publish(p)
 	}
-	if cloned {
-		d.fns.Store(&next)
+	for name, fn := range next {
+		if fn == nil {
+			d.fns.Delete(name)
+		} else {
+			d.fns.Store(name, fn)
+		}
 	}
 }
 
