@@ -70,7 +70,7 @@ func Open(dir string) (*Store, error) {
 	path := filepath.Join(dir, "registry.db")
 	// The freelist is rebuilt at open instead of written at every commit:
 	// less I/O on the registration path.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType, NoSync: os.Getenv("BRISK_NOSYNC") != ""})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w (is another control plane using this data dir?)", path, err)
 	}

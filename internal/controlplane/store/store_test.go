@@ -1,0 +1,125 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+func fn(name string) *spec.Function {
+	f := &spec.Function{Name: name, Builtin: "trace", Revision: 1}
+	f.ApplyDefaults()
+	return f
+}
+
+func TestFunctionsSurviveReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFunction(fn("a")); err != nil {
+		t.Fatal(err)
+	}
+	b := fn("b")
+	if err := s.CreateFunction(b); err != nil {
+		t.Fatal(err)
+	}
+	b.Revision, b.Concurrency = 2, 7
+	if err := s.UpdateFunction(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutWorker(&Worker{ID: "w1", Address: "127.0.0.1:1", Drain: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fns, err := s.Functions()
+	if err != nil || len(fns) != 2 {
+		t.Fatalf("after reopen: %d functions, %v", len(fns), err)
+	}
+	if fns[1].Name != "b" || fns[1].Revision != 2 || fns[1].Concurrency != 7 {
+		t.Fatalf("update lost: %+v", fns[1])
+	}
+	ws, err := s.Workers()
+	if err != nil || len(ws) != 1 || !ws[0].Drain {
+		t.Fatalf("workers after reopen: %+v, %v", ws, err)
+	}
+}
+
+func TestSentinelErrors(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateFunction(fn("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFunction(fn("a")); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate create: %v, want ErrExists", err)
+	}
+	if err := s.UpdateFunction(fn("nope")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("update missing: %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteFunction("nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("delete missing: %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteFunction("a"); err != nil {
+		t.Fatal(err)
+	}
+	if fns, _ := s.Functions(); len(fns) != 0 {
+		t.Fatalf("deleted function still stored: %v", fns)
+	}
+}
+
+// Writers sharing a group commit: a failing write (a duplicate) must not
+// take the others down with it, and every acknowledged write is stored.
+func TestGroupCommitIsolatesFailures(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	var wg sync.WaitGroup
+	errs := make([]error, 2*n)
+	for i := 0; i < 2*n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.CreateFunction(fn(fmt.Sprintf("f-%d", i%n))) // every name twice
+		}()
+	}
+	wg.Wait()
+	ok, dup := 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrExists):
+			dup++
+		default:
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if ok != n || dup != n {
+		t.Fatalf("%d created, %d duplicates; want %d and %d", ok, dup, n, n)
+	}
+	s.Close()
+	s, _ = Open(dir)
+	defer s.Close()
+	if fns, _ := s.Functions(); len(fns) != n {
+		t.Fatalf("%d functions durable, want %d", len(fns), n)
+	}
+}
