@@ -238,7 +238,9 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		n.mu.Lock()
 		sb.inst = inst
 		n.mu.Unlock()
-		err = runtime.WaitReady(ctx, inst.Addr, inst.Exited)
+		if !inst.Ready {
+			err = runtime.WaitReady(ctx, inst.Addr, inst.Exited)
+		}
 		if err != nil && inst.Exited != nil && inst.ExitErr != nil {
 			select {
 			case <-inst.Exited:

@@ -27,6 +27,10 @@ type Instance struct {
 	// ExitErr then says why. Nil when the runtime cannot observe exits.
 	Exited  <-chan struct{}
 	ExitErr func() error
+	// Ready says Create returned only once the sandbox serves, so the
+	// caller need not probe it (the emulated runtime: its sandboxes share
+	// one listener that is always up, and a probe would measure nothing).
+	Ready bool
 }
 
 // Listed is one sandbox a runtime found, possibly started by an earlier

@@ -201,7 +201,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	}
 	r.ids[s.ID] = sb
 	r.mu.Unlock()
-	return &runtime.Instance{ID: s.ID, Addr: r.h.addr, ExitErr: noExit}, nil
+	return &runtime.Instance{ID: s.ID, Addr: r.h.addr, ExitErr: noExit, Ready: true}, nil
 }
 
 // Kill unregisters the sandbox; requests for it then get 502. Requests
