@@ -353,7 +353,11 @@ func newStatus(g *globals) *cobra.Command {
 			for _, f := range st.Functions {
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", f.Name, f.Desired, f.Ready, f.Pending)
 			}
-			fmt.Fprintf(tw, "\n%d data plane(s) registered\n", len(st.DataPlanes))
+			fmt.Fprintln(tw)
+			fmt.Fprintf(tw, "DATA PLANE\tADDRESS\tCONNECTED\n")
+			for _, d := range st.DataPlanes {
+				fmt.Fprintf(tw, "%s\t%s\t%v\n", d.ID, d.Address, d.Connected)
+			}
 			return tw.Flush()
 		},
 	}

@@ -28,10 +28,18 @@ type FunctionView struct {
 
 // StatusView is the cluster overview of GET /v1/status.
 type StatusView struct {
-	ControlPlane string             `json:"control_plane"`
-	Nodes        []NodeStatus       `json:"nodes"`
-	DataPlanes   []*store.DataPlane `json:"data_planes"`
-	Functions    []FunctionSummary  `json:"functions"`
+	ControlPlane string            `json:"control_plane"`
+	Nodes        []NodeStatus      `json:"nodes"`
+	DataPlanes   []DataPlaneStatus `json:"data_planes"`
+	Functions    []FunctionSummary `json:"functions"`
+}
+
+// DataPlaneStatus is one registered data plane and whether it follows the
+// endpoint stream now.
+type DataPlaneStatus struct {
+	*store.DataPlane
+	Connected    bool  `json:"connected"`
+	LastReportMs int64 `json:"last_report_age_ms"` // -1: never reported
 }
 
 // FunctionSummary is one line of the status overview.
@@ -238,9 +246,19 @@ func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	v.DataPlanes = dps
 	c := cp.cluster
 	c.mu.Lock()
+	watching := map[string]bool{}
+	for w := range c.watchers {
+		watching[w.dpID] = true
+	}
+	for _, d := range dps {
+		ds := DataPlaneStatus{DataPlane: d, Connected: watching[d.ID], LastReportMs: -1}
+		if t, ok := cp.dpSeen.Load(d.ID); ok {
+			ds.LastReportMs = time.Since(t.(time.Time)).Milliseconds()
+		}
+		v.DataPlanes = append(v.DataPlanes, ds)
+	}
 	for _, fs := range c.fns {
 		st := fs.statusLocked()
 		v.Functions = append(v.Functions, FunctionSummary{Name: fs.spec.Name, Revision: fs.spec.Revision,

@@ -102,6 +102,7 @@ type ControlPlane struct {
 	adminLis, grpcLis net.Listener
 	ready             chan struct{}
 	nameLocks         [64]sync.Mutex
+	dpSeen            sync.Map // data plane id -> time.Time of its last metrics report
 	revMu             sync.Mutex
 	lastRev           uint64
 }
@@ -300,7 +301,7 @@ func (cp *ControlPlane) RegisterDataPlane(ctx context.Context, r *briskv1.Regist
 
 // WatchEndpoints streams a snapshot, then deltas, until the data plane leaves.
 func (cp *ControlPlane) WatchEndpoints(r *briskv1.WatchEndpointsRequest, stream briskv1.ControlPlane_WatchEndpointsServer) error {
-	w := cp.cluster.subscribe()
+	w := cp.cluster.subscribe(r.GetDataPlaneId())
 	defer cp.cluster.unsubscribe(w)
 	for {
 		select {
@@ -319,5 +320,6 @@ func (cp *ControlPlane) WatchEndpoints(r *briskv1.WatchEndpointsRequest, stream 
 // ReportMetrics feeds the autoscalers.
 func (cp *ControlPlane) ReportMetrics(ctx context.Context, r *briskv1.MetricsReport) (*briskv1.MetricsAck, error) {
 	cp.cluster.recordMetrics(r)
+	cp.dpSeen.Store(r.GetDataPlaneId(), time.Now())
 	return &briskv1.MetricsAck{}, nil
 }

@@ -9,6 +9,7 @@ import (
 // watcher is one data plane's endpoint stream: deltas accumulate in pending
 // and a sender goroutine flushes them as one batch.
 type watcher struct {
+	dpID    string
 	mu      sync.Mutex
 	pending *briskv1.EndpointBatch
 	notify  chan struct{}
@@ -24,7 +25,7 @@ func (w *watcher) take() *briskv1.EndpointBatch {
 
 // subscribe registers a watcher whose first batch is a full snapshot,
 // consistent with every delta published after it.
-func (c *Cluster) subscribe() *watcher {
+func (c *Cluster) subscribe(dpID string) *watcher {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	snap := &briskv1.EndpointBatch{Snapshot: true}
@@ -36,7 +37,7 @@ func (c *Cluster) subscribe() *watcher {
 			}
 		}
 	}
-	w := &watcher{pending: snap, notify: make(chan struct{}, 1)}
+	w := &watcher{dpID: dpID, pending: snap, notify: make(chan struct{}, 1)}
 	w.notify <- struct{}{}
 	c.watchers[w] = struct{}{}
 	c.metrics.dataPlanes.Set(float64(len(c.watchers)))
