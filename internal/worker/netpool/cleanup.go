@@ -1,0 +1,70 @@
+package netpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Cleanup removes every namespace and host link named <NamePrefix>-<n>, and
+// the bridge if a pool with this prefix created it, as left by a worker that
+// died without Close. A restarted worker calls it (Start does too) before
+// making new endpoints. It must not run while a live Pool uses the prefix.
+func Cleanup(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.withDefaults()
+	match := nameRE(cfg.NamePrefix)
+	var errs []error
+
+	links, err := retryDump(netlink.LinkList)
+	if err != nil {
+		return fmt.Errorf("netpool: cleanup: list links: %w", err)
+	}
+	// Links first: deleting a host veth takes its peer out of the namespace.
+	for _, l := range links {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if a := l.Attrs(); match.MatchString(a.Name) {
+			if err := deleteLink(a.Name); err != nil {
+				errs = append(errs, fmt.Errorf("netpool: cleanup: delete link %s: %w", a.Name, err))
+			}
+		}
+	}
+
+	entries, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("netpool: cleanup: %w", err))
+	}
+	for _, e := range entries {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !match.MatchString(e.Name()) {
+			continue
+		}
+		path := filepath.Join(netnsDir, e.Name())
+		if err := unmount(path); err != nil {
+			errs = append(errs, fmt.Errorf("netpool: cleanup: %w", err))
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("netpool: cleanup: %w", err))
+		}
+	}
+
+	// The alias says a pool with this prefix created the bridge; a bridge
+	// someone else made is left alone.
+	if br, err := netlink.LinkByName(cfg.Bridge); err == nil && br.Attrs().Alias == bridgeAlias(cfg.NamePrefix) {
+		if err := deleteLink(cfg.Bridge); err != nil {
+			errs = append(errs, fmt.Errorf("netpool: cleanup: delete bridge %s: %w", cfg.Bridge, err))
+		}
+	}
+	return errors.Join(errs...)
+}
