@@ -17,6 +17,9 @@ command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
 command -v git >/dev/null 2>&1 || pkgs+=(git)
 command -v make >/dev/null 2>&1 || pkgs+=(make)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+# The containerd runtime (--runtime containerd) and its tests.
+command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
+command -v runc >/dev/null 2>&1 || pkgs+=(runc)
 if ! command -v go >/dev/null 2>&1; then pkgs+=(golang-go); fi
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -33,4 +36,26 @@ if ! have_go; then
   fi
 fi
 go mod download
-echo "setup: ok ($(go version))"
+
+# containerd must answer on its socket. Where systemd runs, installing the
+# package started it; elsewhere (CI, containers) start it in the background,
+# log to a file and record its PID, so that only a containerd this script
+# started is ever stopped (.ci/run does, at its end).
+CONTAINERD_SOCK=/run/containerd/containerd.sock
+CONTAINERD_PIDFILE=/run/brisk-containerd.pid
+CONTAINERD_LOG=/var/log/brisk-containerd.log
+containerd_answers() { $SUDO ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
+if ! containerd_answers; then
+  echo "setup: starting containerd (log $CONTAINERD_LOG)"
+  $SUDO sh -c "setsid containerd </dev/null >>'$CONTAINERD_LOG' 2>&1 & echo \$! >'$CONTAINERD_PIDFILE'"
+  for _ in $(seq 150); do
+    containerd_answers && break
+    sleep 0.2
+  done
+  if ! containerd_answers; then
+    echo "setup: containerd did not answer on $CONTAINERD_SOCK; last log lines:" >&2
+    tail -20 "$CONTAINERD_LOG" >&2 || true
+    exit 1
+  fi
+fi
+echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3))"

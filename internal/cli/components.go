@@ -67,17 +67,19 @@ type wkFlags struct {
 	cpu                                     string
 	memoryMB, maxSandboxes                  int64
 	stopOnExit                              bool
+	ctr                                     ctrFlags // --runtime containerd
 }
 
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
-	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process or emulated (--emulate implies emulated)")
+	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated or containerd (--emulate implies emulated)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
+	f.ctr.register(c)
 	if standalone {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "gRPC listen address of the worker")
 		fl.StringVar(&f.advertise, "advertise", "", "address the control plane dials (default: the bound listen address)")
@@ -100,8 +102,9 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	if f.rt == "process" && f.emulate != 1 {
 		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
-	return local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
-		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit}, nil
+	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
+		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit}
+	return w, f.ctr.apply(&w)
 }
 
 // nodeCapacity parses --cpu/--memory; zero means the whole machine.

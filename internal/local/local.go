@@ -20,31 +20,52 @@ import (
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/worker"
+	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
+	ctrd "github.com/brisk-faas/brisk/internal/worker/runtime/containerd"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
 )
 
 // Workers describes the worker nodes a daemon hosts.
 type Workers struct {
-	Runtime      string        // "process" (default) or "emulated"
+	Runtime      string        // "process" (default), "emulated" or "containerd"
 	Nodes        int           // emulated only: nodes in this process; default 1
 	NodeID       string        // node id, or the prefix of emulated node ids; default hostname
 	CreateDelay  time.Duration // emulated only: sandbox creation delay
-	StateDir     string        // process only: sandbox table and logs
+	StateDir     string        // process and containerd: sandbox table or labels, and logs
 	Capacity     spec.Resources
 	MaxSandboxes int
 	Listen       string // gRPC listen address; default 127.0.0.1:0
 	Advertise    string
 	StopOnExit   bool
+
+	// containerd only (StateDir holds the sandboxes' logs):
+	ContainerdAddress   string         // socket; default /run/containerd/containerd.sock
+	ContainerdNamespace string         // default "brisk"
+	Snapshotter         string         // default "overlayfs"
+	NetPool             netpool.Config // the sandboxes' network namespaces; the zero value means netpool.Default()
+}
+
+// Sidecars are what BuildWorker makes beside a daemon that RunWorker runs
+// and stops with it: the emulated runtime's shared sandbox host, or the
+// containerd runtime and its network pool.
+type Sidecars struct {
+	Host *emulated.Host // emulated only
+
+	pool       *netpool.Pool
+	ctr        *ctrd.Runtime
+	stopOnExit bool
 }
 
 // ErrUsage marks a Workers value that cannot be built; the message says why.
 var ErrUsage = errors.New("invalid worker options")
 
-// BuildWorker makes a worker daemon for w and, for the emulated runtime, the
-// shared sandbox host that must run beside it (nil otherwise).
-func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daemon, *emulated.Host, error) {
+// BuildWorker makes a worker daemon for w and what must run beside it (nil
+// for the process runtime). For containerd it connects to containerd and
+// tears down the sandboxes a previous worker on the same StateDir left,
+// before RunWorker starts the network pool (which reaps their namespaces).
+func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daemon, *Sidecars, error) {
 	if w.NodeID == "" {
 		w.NodeID, _ = os.Hostname()
 	}
@@ -56,7 +77,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	}
 	cfg := worker.Config{Listen: w.Listen, Advertise: w.Advertise, ControlPlane: controlPlane,
 		StopSandboxesOnExit: w.StopOnExit, Logger: log.With("component", "worker")}
-	var host *emulated.Host
+	var side *Sidecars
 	switch w.Runtime {
 	case "", "process":
 		if w.Nodes > 1 {
@@ -75,10 +96,11 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.CreateDelay < 0 {
 			return nil, nil, fmt.Errorf("%w: creation delay must not be negative", ErrUsage)
 		}
-		var err error
-		if host, err = emulated.NewHost("127.0.0.1:0", log.With("component", "emulated")); err != nil {
+		host, err := emulated.NewHost("127.0.0.1:0", log.With("component", "emulated"))
+		if err != nil {
 			return nil, nil, err
 		}
+		side = &Sidecars{Host: host}
 		for i := 0; i < n; i++ {
 			id := w.NodeID
 			if n > 1 {
@@ -87,24 +109,91 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 			var rt brt.Runtime = host.Runtime(id, w.CreateDelay)
 			cfg.Nodes = append(cfg.Nodes, worker.NodeConfig{ID: id, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes})
 		}
+	case "containerd":
+		if w.Nodes > 1 {
+			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
+		}
+		var err error
+		if side, err = buildContainerd(w, log); err != nil {
+			return nil, nil, err
+		}
+		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
 	default:
-		return nil, nil, fmt.Errorf("%w: runtime %q: want process or emulated", ErrUsage, w.Runtime)
+		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated or containerd", ErrUsage, w.Runtime)
 	}
 	d, err := worker.New(cfg)
-	if err != nil && host != nil {
-		host.Close()
+	if err != nil && side != nil {
+		side.close()
 	}
-	return d, host, err
+	return d, side, err
 }
 
-// RunWorker runs a daemon and, if present, its emulated sandbox host.
-func RunWorker(ctx context.Context, d *worker.Daemon, host *emulated.Host) error {
-	g, ctx := errgroup.WithContext(ctx)
-	if host != nil {
-		g.Go(func() error { return host.Run(ctx) })
+func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
+	// Shims and their containers can end up re-parented to this process;
+	// it must reap them. Nothing else in a containerd worker waits for
+	// children (see BecomeSubreaper).
+	if err := ctrd.BecomeSubreaper(log.With("component", "reaper")); err != nil {
+		log.Warn("cannot become a child subreaper; orphaned shims are left to PID 1", "err", err)
 	}
-	g.Go(func() error { return d.Run(ctx) })
-	return g.Wait()
+	pcfg := w.NetPool
+	if pcfg == (netpool.Config{}) {
+		pcfg = netpool.Default()
+	}
+	pcfg.Logger = log // the pool adds its component
+	pool, err := netpool.New(pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt, err := ctrd.New(ctx, ctrd.Config{Address: w.ContainerdAddress, Namespace: w.ContainerdNamespace, StateDir: w.StateDir,
+		Pool: pool, Snapshotter: w.Snapshotter, Logger: log.With("component", "runtime")})
+	if err != nil {
+		return nil, err
+	}
+	return &Sidecars{pool: pool, ctr: rt, stopOnExit: w.StopOnExit}, nil
+}
+
+// close releases what BuildWorker made when the daemon will not run.
+func (s *Sidecars) close() {
+	if s.Host != nil {
+		s.Host.Close()
+	}
+	if s.ctr != nil {
+		s.ctr.Close()
+	}
+}
+
+// RunWorker runs a daemon and, if present, its sidecars. With containerd it
+// starts the network pool first; on the way out, once the daemon has killed
+// its sandboxes (StopOnExit), it closes the pool, which removes every
+// namespace, veth and the bridge. Without StopOnExit the sandboxes keep
+// running with their namespaces, and the next worker on the same StateDir
+// tears them down (the pool cannot hand a namespace to a new process yet).
+func RunWorker(ctx context.Context, d *worker.Daemon, s *Sidecars) error {
+	if s != nil && s.pool != nil {
+		if err := s.pool.Start(ctx); err != nil {
+			s.close()
+			return fmt.Errorf("worker: network pool: %w", err)
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if s != nil && s.Host != nil {
+		g.Go(func() error { return s.Host.Run(gctx) })
+	}
+	g.Go(func() error { return d.Run(gctx) })
+	err := g.Wait()
+	if s != nil && s.ctr != nil {
+		s.ctr.Close()
+		if s.stopOnExit {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			if perr := s.pool.Close(cctx); perr != nil {
+				err = errors.Join(err, fmt.Errorf("worker: network pool: %w", perr))
+			}
+			cancel()
+		}
+	}
+	return err
 }
 
 // TotalMemoryMB is the machine's memory, the default node capacity.

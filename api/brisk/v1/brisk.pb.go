@@ -436,6 +436,103 @@ func (x *SandboxRecord) GetCreateUs() int64 {
 	return 0
 }
 
+// ImageChunk is the next piece of an OCI archive, in order.
+type ImageChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageChunk) Reset() {
+	*x = ImageChunk{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageChunk) ProtoMessage() {}
+
+func (x *ImageChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
+func (*ImageChunk) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ImageChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ImportImageReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Refs          []string               `protobuf:"bytes,1,rep,name=refs,proto3" json:"refs,omitempty"`                   // image references the archive named
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"` // the node that imported them
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportImageReply) Reset() {
+	*x = ImportImageReply{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportImageReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportImageReply) ProtoMessage() {}
+
+func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
+func (*ImportImageReply) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ImportImageReply) GetRefs() []string {
+	if x != nil {
+		return x.Refs
+	}
+	return nil
+}
+
+func (x *ImportImageReply) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 type ToWorker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Epoch uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -451,7 +548,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +560,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +573,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -557,7 +654,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +666,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +679,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -661,7 +758,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +770,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +783,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -734,7 +831,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +843,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +856,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -789,7 +886,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +898,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +911,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -854,7 +951,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +963,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +976,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -898,7 +995,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1007,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1020,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -944,7 +1041,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1053,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1066,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1006,7 +1103,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1115,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1128,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1067,7 +1164,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1176,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1189,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1134,7 +1231,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1243,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1256,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -1190,7 +1287,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1299,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1312,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -1269,7 +1366,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1378,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1391,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -1314,7 +1411,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1423,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1436,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -1365,7 +1462,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1474,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1487,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -1409,7 +1506,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1518,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1531,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -1456,7 +1553,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1565,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1578,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -1525,7 +1622,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1634,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1647,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -1601,7 +1698,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1710,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1723,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -1677,7 +1774,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1786,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1799,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -1748,7 +1845,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1857,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1870,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -1813,7 +1910,13 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12\x18\n" +
 	"\aaddress\x18\x06 \x01(\tR\aaddress\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
-	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\"\xb2\x01\n" +
+	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\" \n" +
+	"\n" +
+	"ImageChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"?\n" +
+	"\x10ImportImageReply\x12\x12\n" +
+	"\x04refs\x18\x01 \x03(\tR\x04refs\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"\xb2\x01\n" +
 	"\bToWorker\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12'\n" +
 	"\x05hello\x18\x02 \x01(\v2\x0f.brisk.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -1918,9 +2021,10 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rHandshakeMode\x12\x1e\n" +
 	"\x1aHANDSHAKE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16HANDSHAKE_MODE_RECOVER\x10\x01\x12\x18\n" +
-	"\x14HANDSHAKE_MODE_RESET\x10\x022A\n" +
+	"\x14HANDSHAKE_MODE_RESET\x10\x022\x84\x01\n" +
 	"\x06Worker\x127\n" +
-	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x012\xcf\x02\n" +
+	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
+	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\xcf\x02\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
@@ -1940,73 +2044,77 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
 	(*Resources)(nil),                 // 2: brisk.v1.Resources
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
 	(*SandboxRecord)(nil),             // 4: brisk.v1.SandboxRecord
-	(*ToWorker)(nil),                  // 5: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 6: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 7: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 8: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 9: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 10: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 11: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 12: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 13: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 14: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 15: brisk.v1.Updates
-	(*RegisterWorkerRequest)(nil),     // 16: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 17: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 18: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 19: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 20: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 21: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 22: brisk.v1.EndpointBatch
-	(*FunctionMetric)(nil),            // 23: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 24: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 25: brisk.v1.MetricsAck
-	nil,                               // 26: brisk.v1.FunctionSpec.EnvEntry
+	(*ImageChunk)(nil),                // 5: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 6: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 7: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 8: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 9: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 10: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 11: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 12: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 13: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 14: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 15: brisk.v1.Commands
+	(*Heartbeat)(nil),                 // 16: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 17: brisk.v1.Updates
+	(*RegisterWorkerRequest)(nil),     // 18: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 19: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 20: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 21: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 22: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 23: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 24: brisk.v1.EndpointBatch
+	(*FunctionMetric)(nil),            // 25: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 26: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 27: brisk.v1.MetricsAck
+	nil,                               // 28: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	26, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	28, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	7,  // 4: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	10, // 5: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	13, // 6: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	9,  // 7: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	11, // 8: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	15, // 9: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	9,  // 4: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	12, // 5: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	15, // 6: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	11, // 7: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	13, // 8: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	17, // 9: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
 	1,  // 10: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	8,  // 11: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	10, // 11: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
 	4,  // 12: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
 	4,  // 13: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
 	3,  // 14: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	12, // 15: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	14, // 15: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
 	2,  // 16: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
 	2,  // 17: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
 	4,  // 18: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	14, // 19: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	16, // 19: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
 	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
 	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	21, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	23, // 23: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	5,  // 24: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	16, // 25: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	18, // 26: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	20, // 27: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	24, // 28: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	6,  // 29: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	17, // 30: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	19, // 31: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	22, // 32: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	25, // 33: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
+	23, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	25, // 23: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	7,  // 24: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	5,  // 25: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	18, // 26: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	20, // 27: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	22, // 28: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	26, // 29: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	8,  // 30: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	6,  // 31: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	19, // 32: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	21, // 33: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	24, // 34: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	27, // 35: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	30, // [30:36] is the sub-list for method output_type
+	24, // [24:30] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -2017,12 +2125,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[3].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[5].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[4].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[6].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -2033,7 +2141,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -21,7 +21,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Worker_Session_FullMethodName = "/brisk.v1.Worker/Session"
+	Worker_Session_FullMethodName     = "/brisk.v1.Worker/Session"
+	Worker_ImportImage_FullMethodName = "/brisk.v1.Worker/ImportImage"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -31,6 +32,11 @@ type WorkerClient interface {
 	// Session is one link session. The first ToWorker message must be Hello.
 	// gRPC metadata "brisk-node" names the node when one process hosts several.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ToWorker, FromWorker], error)
+	// ImportImage receives an OCI archive (a tar of an OCI image layout) in
+	// chunks and imports it into the worker's image store: `brisk image push
+	// --to-workers`. Only runtimes that run images (containerd) accept it;
+	// others answer FAILED_PRECONDITION.
+	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, ImportImageReply], error)
 }
 
 type workerClient struct {
@@ -54,6 +60,19 @@ func (c *workerClient) Session(ctx context.Context, opts ...grpc.CallOption) (gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_SessionClient = grpc.BidiStreamingClient[ToWorker, FromWorker]
 
+func (c *workerClient) ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, ImportImageReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Worker_ServiceDesc.Streams[1], Worker_ImportImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ImageChunk, ImportImageReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_ImportImageClient = grpc.ClientStreamingClient[ImageChunk, ImportImageReply]
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -61,6 +80,11 @@ type WorkerServer interface {
 	// Session is one link session. The first ToWorker message must be Hello.
 	// gRPC metadata "brisk-node" names the node when one process hosts several.
 	Session(grpc.BidiStreamingServer[ToWorker, FromWorker]) error
+	// ImportImage receives an OCI archive (a tar of an OCI image layout) in
+	// chunks and imports it into the worker's image store: `brisk image push
+	// --to-workers`. Only runtimes that run images (containerd) accept it;
+	// others answer FAILED_PRECONDITION.
+	ImportImage(grpc.ClientStreamingServer[ImageChunk, ImportImageReply]) error
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -73,6 +97,9 @@ type UnimplementedWorkerServer struct{}
 
 func (UnimplementedWorkerServer) Session(grpc.BidiStreamingServer[ToWorker, FromWorker]) error {
 	return status.Error(codes.Unimplemented, "method Session not implemented")
+}
+func (UnimplementedWorkerServer) ImportImage(grpc.ClientStreamingServer[ImageChunk, ImportImageReply]) error {
+	return status.Error(codes.Unimplemented, "method ImportImage not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -102,6 +129,13 @@ func _Worker_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_SessionServer = grpc.BidiStreamingServer[ToWorker, FromWorker]
 
+func _Worker_ImportImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(WorkerServer).ImportImage(&grpc.GenericServerStream[ImageChunk, ImportImageReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_ImportImageServer = grpc.ClientStreamingServer[ImageChunk, ImportImageReply]
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -114,6 +148,11 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Session",
 			Handler:       _Worker_Session_Handler,
 			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ImportImage",
+			Handler:       _Worker_ImportImage_Handler,
 			ClientStreams: true,
 		},
 	},

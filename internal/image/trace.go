@@ -1,0 +1,119 @@
+package image
+
+import (
+	"bufio"
+	"context"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+
+	"github.com/brisk-faas/brisk/internal/tracefn"
+)
+
+// Trace describes the built-in trace function's image.
+const (
+	TraceName = "trace"
+	// TraceSubcommand is the hidden brisk subcommand serving the function.
+	TraceSubcommand = "__trace"
+	briskModule     = "github.com/brisk-faas/brisk"
+)
+
+// TraceRef is the reference of the built-in trace function's image; the
+// containerd runtime runs `--builtin trace` functions from it.
+var TraceRef = Ref(TraceName)
+
+// TraceOptions are the build options of the trace function image around a
+// static brisk binary. Inside a container the function must listen on all
+// addresses, not on loopback.
+func TraceOptions(staticBrisk string) Options {
+	return Options{
+		Path:       staticBrisk,
+		Entrypoint: []string{"/" + filepath.Base(staticBrisk), TraceSubcommand},
+		Env:        []string{tracefn.EnvListenHost + "=0.0.0.0"},
+	}
+}
+
+// IsStatic reports whether the ELF executable at path needs no dynamic
+// loader, so it runs in an image that holds nothing else.
+func IsStatic(path string) (bool, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// StaticBrisk returns a static brisk binary: exe itself when it is static,
+// otherwise one built with CGO_ENABLED=0 into dir/brisk from the
+// brisk source tree (found above the working directory or where this
+// binary was compiled), which needs the go command.
+func StaticBrisk(ctx context.Context, exe, dir string) (string, error) {
+	static, err := IsStatic(exe)
+	if err != nil {
+		return "", fmt.Errorf("brisk binary %s: %w", exe, err)
+	}
+	if static {
+		return exe, nil
+	}
+	src := sourceTree()
+	if src == "" {
+		return "", fmt.Errorf("brisk binary %s is dynamically linked and no brisk source tree was found to build a static one: "+
+			"build brisk with CGO_ENABLED=0", exe)
+	}
+	out := filepath.Join(dir, "brisk")
+	cmd := exec.CommandContext(ctx, "go", "build", "-ldflags=-s -w", "-o", out, "./cmd/brisk")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building a static brisk in %s (brisk binary %s is dynamically linked): %w\n%s", src, exe, err, b)
+	}
+	return out, nil
+}
+
+// sourceTree finds the brisk module's root: above the working directory,
+// or where this file was compiled.
+func sourceTree() string {
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if _, file, _, ok := goruntime.Caller(0); ok && filepath.IsAbs(file) {
+		starts = append(starts, filepath.Dir(file))
+	}
+	for _, d := range starts {
+		for ; ; d = filepath.Dir(d) {
+			if isBriskModule(filepath.Join(d, "go.mod")) {
+				return d
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	return ""
+}
+
+func isBriskModule(gomod string) bool {
+	f, err := os.Open(gomod)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "module ") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "module ")) == briskModule
+		}
+	}
+	return false
+}

@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/snapshots"
+	"github.com/vishvananda/netlink"
+
+	"github.com/brisk-faas/brisk/internal/image"
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+// The containerd e2e test keeps to a containerd namespace and network names
+// of its own, so it runs beside a real worker or the runtime's tests.
+const (
+	e2eNamespace = "brisk-e2e"
+	e2eNetPrefix = "be"
+)
+
+// containerdArgs run the worker of `brisk up` on containerd, in the test's
+// namespace, with a small pool on a bridge and subnet of its own.
+var containerdArgs = []string{"--runtime", "containerd", "--containerd-namespace", e2eNamespace,
+	"--net-prefix", e2eNetPrefix, "--net-bridge", e2eNetPrefix + "br0", "--net-subnet", "10.214.0.0/24", "--net-pool", "4"}
+
+// TestContainerdFunctionLifecycle runs the trace function as an image on
+// real containerd: `brisk image build trace`, cold and warm calls, scale out
+// and back to zero, an image pushed to the worker over gRPC, and a leak check
+// after the cluster stops.
+func TestContainerdFunctionLifecycle(t *testing.T) {
+	testutil.RequiresRoot(t)
+	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("containerd at %s (CI starts it in .ci/run): %v", image.DefaultContainerdAddress, err)
+	}
+	defer ctr.Close()
+	c := newCluster(t)
+
+	// The trace image, built from this brisk and imported before the worker
+	// starts: a worker finds images already in its containerd.
+	out := c.mustBrisk(t, "image", "build", "trace", "--data-dir", c.dataDir, "--containerd-namespace", e2eNamespace)
+	t.Log(strings.TrimSpace(out))
+	// A second image, written only as an archive: the push brings it to
+	// the worker.
+	pushed := filepath.Join(c.dataDir, "pushed.tar")
+	c.mustBrisk(t, "image", "build", "trace", "--tag", "brisk.local/pushed:latest", "--out", pushed)
+
+	p := c.up(t, containerdArgs...)
+	c.mustBrisk(t, "fn", "deploy", "hello", "--image", image.TraceRef, "--memory", "64",
+		"--stable-window", "2s", "--scale-to-zero-grace", "1s")
+
+	first := c.invoke(t, "hello", `{"ms": 20}`)
+	if first.status != 200 || !first.cold || first.sandbox == "" || first.reply.Sandbox != first.sandbox {
+		t.Fatalf("first call: status %d cold=%v sandbox=%q body=%s", first.status, first.cold, first.sandbox, first.body)
+	}
+	for i := 0; i < 5; i++ {
+		w := c.invoke(t, "hello", `{"ms": 1}`)
+		if w.status != 200 || w.cold || w.sandbox != first.sandbox {
+			t.Fatalf("warm call %d: status %d cold=%v sandbox %q (want %q)", i, w.status, w.cold, w.sandbox, first.sandbox)
+		}
+	}
+	if n := containers(t, ctr); len(n) != 1 || n[0] != first.sandbox {
+		t.Fatalf("containers in %s = %v, want [%s]", e2eNamespace, n, first.sandbox)
+	}
+
+	// Three concurrent clients, concurrency 1 per sandbox: three sandboxes.
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 400 && !stop.Load(); i++ {
+				resp, err := http.Post("http://"+c.invokeAddr+"/function/hello", "application/json", strings.NewReader(`{"ms": 150}`))
+				if err != nil {
+					failures.Add(1)
+					continue
+				}
+				if resp.StatusCode != 200 {
+					failures.Add(1)
+				}
+				resp.Body.Close()
+			}
+		}()
+	}
+	eventually(t, 60*time.Second, "3 ready sandboxes under 3 concurrent clients", func() bool {
+		return c.fn(t, "hello").Status.Ready == 3
+	})
+	stop.Store(true)
+	wg.Wait()
+	if n := failures.Load(); n != 0 {
+		t.Fatalf("%d calls failed under load", n)
+	}
+	if n := containers(t, ctr); len(n) != 3 {
+		t.Fatalf("containers under load = %v, want 3", n)
+	}
+
+	// Idle: back to zero, containers gone.
+	eventually(t, 60*time.Second, "scale to zero", func() bool {
+		v := c.fn(t, "hello")
+		return v.Status.Desired == 0 && v.Status.Ready == 0 && len(containers(t, ctr)) == 0
+	})
+	cold := c.invoke(t, "hello", `{"ms": 1}`)
+	if cold.status != 200 || !cold.cold {
+		t.Fatalf("call after scale to zero: status %d cold=%v body=%s", cold.status, cold.cold, cold.body)
+	}
+
+	// An image the worker has never seen, pushed over its gRPC endpoint.
+	out = c.mustBrisk(t, "image", "push", pushed, "--to-workers")
+	if !strings.Contains(out, "brisk.local/pushed:latest") {
+		t.Fatalf("push output %q does not name the image", out)
+	}
+	c.mustBrisk(t, "fn", "deploy", "pushed", "--image", "brisk.local/pushed:latest")
+	if inv := c.invoke(t, "pushed", `{"ms": 1}`); inv.status != 200 || inv.reply.Sandbox == "" {
+		t.Fatalf("call to the pushed image: status %d body=%s", inv.status, inv.body)
+	}
+
+	// Stopping `brisk up` stops its sandboxes and its network pool: nothing
+	// of the test may be left.
+	p.stop(syscall.SIGTERM)
+	if leaks := containerdLeaks(ctr); len(leaks) > 0 {
+		t.Fatalf("left after the cluster stopped:\n  %s", strings.Join(leaks, "\n  "))
+	}
+}
+
+func nsCtx() context.Context { return namespaces.WithNamespace(context.Background(), e2eNamespace) }
+
+// containers lists the container ids in the test's namespace.
+func containers(t *testing.T, ctr *containerd.Client) []string {
+	t.Helper()
+	return containersTB(t, ctr)
+}
+
+func containersTB(tb testing.TB, ctr *containerd.Client) []string {
+	cs, err := ctr.Containers(nsCtx())
+	if err != nil {
+		tb.Fatalf("list containers: %v", err)
+	}
+	ids := make([]string, 0, len(cs))
+	for _, c := range cs {
+		ids = append(ids, c.ID())
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// containerdLeaks lists the test's containers, tasks, rootfs snapshots
+// (image layers stay cached), network namespaces and links.
+func containerdLeaks(ctr *containerd.Client) []string {
+	var out []string
+	cs, err := ctr.Containers(nsCtx())
+	if err != nil {
+		return []string{"list containers: " + err.Error()}
+	}
+	for _, c := range cs {
+		out = append(out, "container "+c.ID())
+	}
+	if ts, err := ctr.TaskService().List(nsCtx(), nil); err == nil {
+		for _, tk := range ts.Tasks {
+			out = append(out, "task "+tk.ID)
+		}
+	}
+	_ = ctr.SnapshotService(image.DefaultSnapshotter).Walk(nsCtx(), func(_ context.Context, i snapshots.Info) error {
+		if i.Kind != snapshots.KindCommitted {
+			out = append(out, "snapshot "+i.Name)
+		}
+		return nil
+	})
+	own := func(name string) bool { return strings.HasPrefix(name, e2eNetPrefix+"-") || name == e2eNetPrefix+"br0" }
+	if ents, err := os.ReadDir("/var/run/netns"); err == nil {
+		for _, e := range ents {
+			if own(e.Name()) {
+				out = append(out, "netns "+e.Name())
+			}
+		}
+	}
+	if links, err := netlink.LinkList(); err == nil {
+		for _, l := range links {
+			if own(l.Attrs().Name) {
+				out = append(out, "link "+l.Attrs().Name)
+			}
+		}
+	}
+	return out
+}
+
+// BenchmarkContainerdColdStart measures cold starts end to end on
+// containerd: request in → response out at the client, for a call to a
+// function that has no sandbox (deployed just before; deletion and teardown
+// of the previous one finish, untimed, before the next call).
+//
+//	go test -run '^$' -bench ContainerdColdStart -benchtime 20x ./test/e2e/
+func BenchmarkContainerdColdStart(b *testing.B) {
+	testutil.RequiresRoot(b)
+	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctr.Close()
+	dataDir := b.TempDir()
+	admin, invoke, grpcAddr := freePortTB(b), freePortTB(b), freePortTB(b)
+	run := func(args ...string) string {
+		cmd := exec.Command(briskBin, args...)
+		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("brisk %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run("image", "build", "trace", "--data-dir", dataDir, "--containerd-namespace", e2eNamespace)
+	up := exec.Command(briskBin, append([]string{"up", "--data-dir", dataDir, "--admin", admin, "--invoke", invoke, "--grpc", grpcAddr,
+		"--log-level", "warn"}, containerdArgs...)...)
+	var logs syncBuffer
+	up.Stdout, up.Stderr = &logs, &logs
+	if err := up.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = up.Process.Signal(syscall.SIGTERM)
+		_ = up.Wait()
+		if leaks := containerdLeaks(ctr); len(leaks) > 0 {
+			b.Errorf("left after the cluster stopped: %v", leaks)
+		}
+	}()
+	cl := client.New(admin, invoke)
+	testutil.Eventually(b, 60*time.Second, func() bool {
+		st, err := cl.Status(context.Background())
+		return err == nil && len(st.Nodes) > 0 && st.Nodes[0].Connected && httpOK("http://"+invoke+"/healthz")
+	}, "cluster healthy: %s", &logs)
+
+	var lat, queue []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		name := fmt.Sprintf("cold%d", i)
+		run("fn", "deploy", name, "--image", image.TraceRef)
+		b.StartTimer()
+		t0 := time.Now()
+		resp, err := http.Post("http://"+invoke+"/function/"+name, "application/json", strings.NewReader(`{"ms": 0}`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		d := time.Since(t0)
+		b.StopTimer()
+		timing := resp.Header.Get("X-Brisk-Timing")
+		if resp.StatusCode != 200 || !strings.Contains(timing, "cold=true") {
+			b.Fatalf("call %d: %s, timing %q", i, resp.Status, timing)
+		}
+		lat = append(lat, d)
+		if q, ok := timingField(timing, "queue_us"); ok {
+			queue = append(queue, time.Duration(q)*time.Microsecond)
+		}
+		run("fn", "delete", name)
+		testutil.Eventually(b, 60*time.Second, func() bool { return len(containersTB(b, ctr)) == 0 }, "sandbox of %s torn down", name)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	sort.Slice(queue, func(i, j int) bool { return queue[i] < queue[j] })
+	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+	if len(queue) > 0 {
+		b.ReportMetric(float64(queue[len(queue)/2])/1e6, "p50-queue-ms")
+	}
+}
+
+func timingField(h, key string) (int64, bool) {
+	for _, f := range strings.Split(h, ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(f), "="); ok && k == key {
+			n, err := strconv.ParseInt(v, 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+func freePortTB(tb testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
