@@ -1,0 +1,300 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+)
+
+// benchFlags are the flags every benchmark and replay share: which cluster,
+// where results go, and the load generator's limits.
+type benchFlags struct {
+	local            bool
+	runtime          string
+	workers          int
+	createDelay      time.Duration
+	nodeCPU          string
+	nodeMemoryMB     int64
+	out              string
+	h2c, force, keep bool
+	clients          int
+	maxLate          time.Duration
+	maxLateFraction  float64
+	grace            time.Duration
+	cpuProfile       string
+}
+
+func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Duration) {
+	fl := c.Flags()
+	fl.BoolVar(&f.local, "local", false, "start a one-process cluster for the run instead of using --admin-url/--invoke-url")
+	fl.StringVar(&f.runtime, "runtime", "emulated", "with --local: sandbox runtime, emulated or process")
+	fl.IntVar(&f.workers, "workers", workers, "with --local: emulated worker nodes")
+	fl.DurationVar(&f.createDelay, "create-delay", createDelay, "with --local --runtime emulated: sandbox creation delay")
+	fl.StringVar(&f.nodeCPU, "node-cpu", "", "with --local: CPU per node, e.g. 64 or 1500m (emulated default 1000 cores, process default all cores)")
+	fl.Int64Var(&f.nodeMemoryMB, "node-memory", 0, "with --local: memory per node in MiB (emulated default 4 TiB, process default all memory)")
+	fl.StringVar(&f.out, "out", "", "directory for the per-call CSV, summary.json and PNG plots")
+	fl.BoolVar(&f.h2c, "h2c", false, "send calls over HTTP/2 without TLS instead of HTTP/1.1")
+	fl.BoolVar(&f.force, "force", false, "report a run even if the load generator fell behind (summary.json still says \"valid\": false)")
+	fl.BoolVar(&f.keep, "keep", false, "on an existing cluster, keep the functions the run registered")
+	fl.IntVar(&f.clients, "clients", 16, "concurrent admin API clients (registration, updates)")
+	fl.DurationVar(&f.maxLate, "max-late", loadgen.DefaultLateness.Late, "a send later than this counts as late")
+	fl.Float64Var(&f.maxLateFraction, "max-late-fraction", loadgen.DefaultLateness.MaxFraction, "refuse a run with more late sends than this fraction")
+	fl.DurationVar(&f.grace, "grace", loadgen.DefaultGrace, "how long to wait for replies after the last send")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (with --local: the whole cluster too) to the file")
+}
+
+func (f *benchFlags) validate() error {
+	switch {
+	case f.runtime != "emulated" && f.runtime != "process":
+		return usageError{fmt.Errorf("--runtime %q: want emulated or process", f.runtime)}
+	case f.runtime == "process" && f.workers > 1:
+		return usageError{fmt.Errorf("--workers %d needs --runtime emulated (the process runtime runs one node)", f.workers)}
+	case f.workers < 1 || f.workers > 100_000:
+		return usageError{fmt.Errorf("--workers %d out of range [1, 100000]", f.workers)}
+	case f.createDelay < 0:
+		return usageError{fmt.Errorf("--create-delay %s must not be negative", f.createDelay)}
+	case f.clients < 1 || f.clients > 1024:
+		return usageError{fmt.Errorf("--clients %d out of range [1, 1024]", f.clients)}
+	case f.maxLate <= 0 || f.maxLateFraction < 0 || f.maxLateFraction > 1:
+		return usageError{fmt.Errorf("--max-late %s must be positive and --max-late-fraction %g in [0, 1]", f.maxLate, f.maxLateFraction)}
+	case f.grace <= 0:
+		return usageError{fmt.Errorf("--grace %s must be positive", f.grace)}
+	}
+	return nil
+}
+
+// run opens the cluster, runs body and closes the cluster; it prints the
+// summary text and profiles if asked.
+func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error)) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	capacity, err := nodeCapacity(f.nodeCPU, f.nodeMemoryMB)
+	if err != nil {
+		return err
+	}
+	log, err := f.clusterLogger(g)
+	if err != nil {
+		return err
+	}
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ctx := c.Context()
+	stderr := c.ErrOrStderr()
+	if f.local {
+		fmt.Fprintf(stderr, "starting a local cluster: %s runtime, %d worker node(s)\n", f.runtime, f.workers)
+	}
+	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Runtime: f.runtime,
+		Workers: f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log})
+	if err != nil {
+		return err
+	}
+	if f.local {
+		fmt.Fprintf(stderr, "local cluster up: admin http://%s  invoke http://%s\n", cl.Admin, cl.Invoke)
+	}
+	o := bench.Options{Out: f.out, Log: stderr, HTTP: loadgen.HTTPOptions{H2C: f.h2c},
+		Lateness: loadgen.Lateness{Late: f.maxLate, MaxFraction: f.maxLateFraction}, Force: f.force,
+		Clients: f.clients, Keep: f.keep, Grace: f.grace}
+	if file, ok := stderr.(*os.File); ok {
+		o.Progress = file
+	}
+	text, err := body(ctx, cl, o)
+	if cerr := cl.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("stopping the local cluster: %w", cerr)
+	}
+	if text != "" {
+		fmt.Fprintln(c.OutOrStdout(), text)
+	}
+	if err == nil && f.out != "" {
+		fmt.Fprintf(stderr, "results in %s\n", f.out)
+	}
+	return err
+}
+
+// clusterLogger sends a local cluster's logs to --out/cluster.log, or to
+// stderr at warning level and above.
+func (f *benchFlags) clusterLogger(g *globals) (*slog.Logger, error) {
+	if !f.local {
+		return nil, nil
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)}
+	}
+	if f.out == "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(lvl, slog.LevelWarn)})), nil
+	}
+	if err := os.MkdirAll(f.out, 0o755); err != nil {
+		return nil, err
+	}
+	// The file stays open for the process's life: the cluster logs until
+	// it has stopped, and the process ends soon after.
+	file, err := os.Create(filepath.Join(f.out, "cluster.log"))
+	if err != nil {
+		return nil, err
+	}
+	return slog.New(slog.NewTextHandler(file, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+func newBench(g *globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmark a cluster: warm calls, cold starts, registration, scale-up",
+		Long: `Benchmark a brisk cluster the way the Dirigent and KubeDirect papers do.
+
+Each benchmark targets the cluster at --admin-url/--invoke-url, or starts its
+own with --local (emulated workers by default). It prints a short summary and,
+with --out DIR, writes a per-call CSV, summary.json and PNG plots. A run whose
+load generator fell behind its schedule is refused (see --max-late). See
+docs/benchmarks.md.`,
+		Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
+	}
+	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g))
+	return c
+}
+
+func newBenchWarm(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.WarmConfig{}
+	var compare bool
+	c := &cobra.Command{
+		Use:   "warm --rate R --duration D",
+		Short: "Open-loop calls at a constant rate to pre-warmed sandboxes (optionally against --direct)",
+		Example: `  brisk bench warm --local --rate 2000 --duration 10s --compare-direct --out results/warm-2000
+  brisk bench warm --rate 500 --duration 30s --functions 4 --sandboxes 2`,
+		Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.Rate <= 0 || cfg.Duration <= 0 {
+				return usageError{fmt.Errorf("--rate and --duration must be positive\nUsage: %s", c.UseLine())}
+			}
+			if cfg.Direct && compare {
+				return usageError{errors.New("--direct and --compare-direct exclude each other")}
+			}
+			if cfg.Functions < 1 || cfg.Sandboxes < 1 || cfg.Concurrency < 0 || cfg.Concurrency > 10000 || cfg.ExecMs < 0 || cfg.Warmup < 0 {
+				return usageError{errors.New("--functions and --sandboxes must be positive, --concurrency-per-sandbox in [0, 10000], --exec-ms and --warmup not negative")}
+			}
+			cfg.CompareDirect = compare
+			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
+				_, text, err := bench.Warm(ctx, cl, o, cfg)
+				return text, err
+			})
+		},
+	}
+	f.register(c, 1, 40*time.Millisecond)
+	fl := c.Flags()
+	fl.Float64Var(&cfg.Rate, "rate", 0, "calls per second, over all functions (required)")
+	fl.DurationVar(&cfg.Duration, "duration", 0, "measured duration (required)")
+	fl.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured calls at the same rate before the measurement")
+	fl.IntVar(&cfg.Functions, "functions", 1, "functions the calls go to, round-robin")
+	fl.IntVar(&cfg.Sandboxes, "sandboxes", 2, "pre-warmed sandboxes per function (min = max)")
+	fl.IntVar(&cfg.Concurrency, "concurrency-per-sandbox", 0, "in-flight calls per sandbox (0: unlimited, so nothing queues)")
+	fl.IntVar(&cfg.ExecMs, "exec-ms", 0, "runtime each call asks the function for, in ms")
+	fl.BoolVar(&cfg.Direct, "direct", false, "send the load straight to the sandboxes, bypassing brisk (the physical limit)")
+	fl.BoolVar(&compare, "compare-direct", false, "run through brisk, then --direct, and report the added latency and throughput ratio")
+	return c
+}
+
+func newBenchCold(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.ColdConfig{}
+	c := &cobra.Command{
+		Use:   "cold --rate R --duration D",
+		Short: "Open-loop calls where every call is a cold start (a fresh function at zero per call)",
+		Example: `  brisk bench cold --local --rate 500 --duration 10s --out results/cold-500
+  brisk bench cold --local --rate 1000 --duration 10s --create-delay 40ms --workers 100`,
+		Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.Rate <= 0 || cfg.Duration <= 0 {
+				return usageError{fmt.Errorf("--rate and --duration must be positive\nUsage: %s", c.UseLine())}
+			}
+			if cfg.ExecMs < 0 || cfg.WarmupFraction < 0 || cfg.WarmupFraction >= 1 {
+				return usageError{errors.New("--exec-ms must not be negative and --warmup-fraction in [0, 1)")}
+			}
+			if cfg.WarmupFraction == 0 {
+				cfg.WarmupFraction = -1 // an explicit 0 measures every call
+			}
+			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
+				_, text, err := bench.Cold(ctx, cl, o, cfg)
+				return text, err
+			})
+		},
+	}
+	f.register(c, 50, 40*time.Millisecond)
+	fl := c.Flags()
+	fl.Float64Var(&cfg.Rate, "rate", 0, "cold starts per second (required)")
+	fl.DurationVar(&cfg.Duration, "duration", 0, "duration (required); rate × duration functions are registered first")
+	fl.IntVar(&cfg.ExecMs, "exec-ms", 0, "runtime each call asks the function for, in ms")
+	fl.Float64Var(&cfg.WarmupFraction, "warmup-fraction", 0.1, "leading share of the calls not measured (the loader discards the first 10% of cold starts)")
+	return c
+}
+
+func newBenchRegister(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.RegisterConfig{}
+	c := &cobra.Command{
+		Use:     "register --functions N",
+		Short:   "Registration throughput and latency; then how fast new functions become invocable",
+		Example: `  brisk bench register --local --functions 2000 --clients 16 --out results/register`,
+		Args:    exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.Functions < 1 || cfg.Functions > 1_000_000 {
+				return usageError{fmt.Errorf("--functions %d out of range [1, 1000000]\nUsage: %s", cfg.Functions, c.UseLine())}
+			}
+			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
+				_, text, err := bench.Register(ctx, cl, o, cfg)
+				return text, err
+			})
+		},
+	}
+	f.register(c, 1, 40*time.Millisecond)
+	c.Flags().IntVar(&cfg.Functions, "functions", 0, "functions to register (required)")
+	c.Flags().IntVar(&cfg.Invocable, "invocable", 0, "functions of the register-and-invoke phase (0: min(N, 1000); -1: skip it)")
+	return c
+}
+
+func newBenchScale(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.ScaleConfig{}
+	c := &cobra.Command{
+		Use:   "scale --functions K --sandboxes N --workers M",
+		Short: "KubeDirect's harness: K functions at zero all set to N/K sandboxes at once; time to ready",
+		Example: `  brisk bench scale --local --functions 1 --sandboxes 800 --workers 80
+  brisk bench scale --local --functions 400 --sandboxes 2000 --workers 400 --create-delay 200ms`,
+		Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.Functions < 1 || cfg.Sandboxes < cfg.Functions || cfg.Sandboxes > 1_000_000 {
+				return usageError{fmt.Errorf("--functions %d and --sandboxes %d: want 1 ≤ functions ≤ sandboxes ≤ 1000000\nUsage: %s", cfg.Functions, cfg.Sandboxes, c.UseLine())}
+			}
+			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
+				_, text, err := bench.Scale(ctx, cl, o, cfg)
+				return text, err
+			})
+		},
+	}
+	f.register(c, 1, 200*time.Millisecond)
+	c.Flags().IntVar(&cfg.Functions, "functions", 1, "functions K")
+	c.Flags().IntVar(&cfg.Sandboxes, "sandboxes", 0, "sandboxes N in all (required)")
+	c.Flags().DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up when not all are ready by then")
+	c.Flags().StringVar(&cfg.GRPC, "controlplane-grpc", "", "an existing cluster's control plane gRPC address: time sandboxes on its endpoint stream (default: poll the admin /metrics)")
+	return c
+}

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+)
+
+func newReplay(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.ReplayConfig{}
+	var dryRun bool
+	c := &cobra.Command{
+		Use:   "replay TRACE_DIR",
+		Short: "Replay an Azure Functions trace (InVitro loader format) against a cluster",
+		Long: `Replay an Azure Functions trace the way the InVitro loader does: per-minute
+invocation counts reproduced exactly, inter-arrival times drawn from the chosen
+distribution, runtime and memory drawn within each function's percentile
+brackets, all deterministic for --seed. TRACE_DIR holds invocations.csv,
+durations.csv and memory.csv.
+
+The trace's functions are registered as trace-func-<row> (built-in trace
+function, concurrency 1, the loader's resource recipe), the schedule is sent
+open-loop, and the papers' metrics are computed: slowdown (geometric mean of
+per-function p99, and the Dirigent and KubeDirect variants), scheduling
+latency, cold starts, sandboxes created and memory cost. --dry-run prints the
+schedule as CSV without any cluster. See docs/benchmarks.md.`,
+		Example: `  brisk replay ../shared/traces/azure_500 --minutes 30 --local --workers 20 --out results/azure500
+  brisk replay ../shared/traces/azure_100 --minutes 10 --time-scale 0.1 --local --out results/azure100
+  brisk replay ../shared/traces/azure_500 --minutes 30 --dry-run > schedule.csv`,
+		Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg.TraceDir = args[0]
+			if cfg.SkipMinutes == 0 {
+				cfg.SkipMinutes = -1 // an explicit 0: no exclusion
+			}
+			sched, err := cfg.Schedule()
+			if err != nil {
+				return usageError{err}
+			}
+			if dryRun {
+				return sched.WriteCSV(c.OutOrStdout(), cfg.TimeScale)
+			}
+			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
+				_, text, err := bench.Replay(ctx, cl, o, cfg)
+				return text, err
+			})
+		},
+	}
+	f.register(c, 10, 40*time.Millisecond)
+	fl := c.Flags()
+	fl.IntVar(&cfg.Minutes, "minutes", 30, "measured minutes of the trace")
+	fl.IntVar(&cfg.Warmup, "warmup", 0, "warm-up minutes before them (phase 1, not measured)")
+	fl.IntVar(&cfg.StartMinute, "start-minute", 0, "trace minutes to skip at the start")
+	fl.Float64Var(&cfg.TimeScale, "time-scale", 1, "multiply arrival times by this (0.1: a trace minute in 6 s); runtimes are not scaled")
+	fl.Uint64Var(&cfg.Seed, "seed", 42, "random seed of the schedule")
+	fl.StringVar(&cfg.IAT, "iat", "exponential", "inter-arrival times: exponential, uniform or equidistant, optionally with _shift")
+	fl.StringVar(&cfg.Granularity, "granularity", "minute", "what a trace column counts: minute or second")
+	fl.IntVar(&cfg.Functions, "functions", 0, "replay only the N busiest functions of the window (0: all)")
+	fl.IntVar(&cfg.SkipMinutes, "skip-minutes", 10, "first measured minutes the Dirigent and KubeDirect slowdown variants drop (0: none)")
+	fl.DurationVar(&cfg.MaxRuntime, "max-runtime", 60*time.Second, "clamp drawn runtimes to at most this")
+	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
+	return c
+}

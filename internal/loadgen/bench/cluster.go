@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/dataplane"
+	"github.com/brisk-faas/brisk/internal/local"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+// ClusterOptions say which cluster a benchmark runs against.
+type ClusterOptions struct {
+	// Local starts a one-process cluster; otherwise Admin and Invoke name
+	// an existing one.
+	Local         bool
+	Admin, Invoke string
+
+	// Local cluster only.
+	Runtime     string        // "emulated" or "process"
+	Workers     int           // emulated nodes (process: 1)
+	CreateDelay time.Duration // emulated sandbox creation delay
+	// NodeCapacity per node; zero fields: for the emulated runtime 1000
+	// cores and 4 TiB, so that a fake node's size never limits a benchmark
+	// (4000 default sandboxes of 250m fit one), for the process runtime the
+	// machine.
+	NodeCapacity spec.Resources
+	// Logger receives the local cluster's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Emulated nodes' default capacity.
+const (
+	emulatedNodeMilliCPU = 1_000_000
+	emulatedNodeMemoryMB = 4 << 20
+)
+
+// Cluster is the cluster under test.
+type Cluster struct {
+	Admin, Invoke string // host:port
+	// GRPC is the control plane's gRPC address when known (a local cluster).
+	GRPC   string
+	Client *client.Client
+	// HTTP is a pooled client for admin calls made concurrently.
+	HTTP  *http.Client
+	local *local.Cluster
+	stop  context.CancelFunc
+	done  chan error
+	dir   string
+}
+
+// Open connects to the cluster, starting it first with Local, and waits
+// until its admin API answers and, for a local one, every worker node is
+// connected.
+func Open(ctx context.Context, o ClusterOptions) (*Cluster, error) {
+	c := &Cluster{HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 256,
+		IdleConnTimeout: 90 * time.Second}, Timeout: 2 * time.Minute}}
+	if !o.Local {
+		c.Admin, c.Invoke = o.Admin, o.Invoke
+		c.Client = client.New(c.Admin, c.Invoke)
+		c.Client.HTTP = c.HTTP
+		if _, err := c.Client.Status(ctx); err != nil {
+			return nil, fmt.Errorf("cluster at %s: %w (start one, or pass --local)", o.Admin, err)
+		}
+		return c, nil
+	}
+	if err := c.startLocal(ctx, o); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
+	if o.Runtime == "" {
+		o.Runtime = "emulated"
+	}
+	nodes := max(o.Workers, 1)
+	capacity := o.NodeCapacity
+	if o.Runtime == "emulated" {
+		if capacity.MilliCPU == 0 {
+			capacity.MilliCPU = emulatedNodeMilliCPU
+		}
+		if capacity.MemoryMB == 0 {
+			capacity.MemoryMB = emulatedNodeMemoryMB
+		}
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir, err := os.MkdirTemp("", "brisk-bench-")
+	if err != nil {
+		return err
+	}
+	c.dir = dir
+	cl, err := local.New(local.Config{
+		ControlPlane: controlplane.Config{DataDir: filepath.Join(dir, "cp"), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+			Logger: log.With("component", "controlplane")},
+		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Logger: log.With("component", "dataplane")},
+		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
+			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.local, c.stop, c.done = cl, stop, make(chan error, 1)
+	go func() { c.done <- cl.Run(runCtx) }()
+	select {
+	case <-cl.Ready():
+	case err := <-c.done:
+		c.done <- err
+		return fmt.Errorf("local cluster: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.Admin, c.Invoke, c.GRPC = cl.AdminAddr(), cl.InvokeAddr(), cl.ControlPlane().GRPCAddr()
+	c.Client = client.New(c.Admin, c.Invoke)
+	c.Client.HTTP = c.HTTP
+	return c.waitNodes(ctx, nodes, time.Minute)
+}
+
+// waitNodes polls the status until n nodes are connected.
+func (c *Cluster) waitNodes(ctx context.Context, n int, timeout time.Duration) error {
+	return poll(ctx, timeout, 20*time.Millisecond, func() (bool, error) {
+		st, err := c.Client.Status(ctx)
+		if err != nil {
+			return false, err
+		}
+		up := 0
+		for _, nd := range st.Nodes {
+			if nd.Connected {
+				up++
+			}
+		}
+		return up >= n && len(st.DataPlanes) > 0, nil
+	}, func() string { return fmt.Sprintf("%d worker nodes and a data plane to connect", n) })
+}
+
+// Close stops a local cluster and removes its files.
+func (c *Cluster) Close() error {
+	var err error
+	if c.stop != nil {
+		c.stop()
+		select {
+		case err = <-c.done:
+		case <-time.After(30 * time.Second):
+			err = errors.New("local cluster did not stop within 30s")
+		}
+	}
+	if c.dir != "" {
+		os.RemoveAll(c.dir)
+	}
+	return err
+}
+
+// IsLocal reports whether the cluster runs in this process.
+func (c *Cluster) IsLocal() bool { return c.local != nil }
+
+// poll calls cond until it reports true, fails, ctx ends or timeout passes;
+// between calls it waits every. what describes the awaited state for the
+// timeout error.
+func poll(ctx context.Context, timeout, every time.Duration, cond func() (bool, error), what func() string) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// scrape fetches a Prometheus text endpoint.
+func (c *Cluster) scrape(ctx context.Context, base string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimPrefix(base, "http://")+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s/metrics: %w", base, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("scraping %s/metrics: %w", base, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scraping %s/metrics: HTTP %d", base, resp.StatusCode)
+	}
+	return body, nil
+}
+
+// metricValues returns the samples of metric name in Prometheus text
+// format, keyed by the value of label (the empty key for a sample without
+// it). Histograms' _bucket/_sum/_count are separate names.
+func metricValues(body []byte, name, label string) map[string]float64 {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		key := ""
+		if rest[0] == '{' {
+			end := strings.LastIndexByte(rest, '}')
+			if end < 0 {
+				continue
+			}
+			key = labelValue(rest[1:end], label)
+			rest = rest[end+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		out[key] += v
+	}
+	return out
+}
+
+func labelValue(labels, label string) string {
+	for labels != "" {
+		var kv string
+		// Label values of brisk's metrics (function names, codes) hold no
+		// commas or quotes.
+		kv, labels, _ = strings.Cut(labels, ",")
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.TrimSpace(k) == label {
+			return strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	return ""
+}
+
+// counter reads one unlabelled metric from the admin /metrics.
+func (c *Cluster) counter(ctx context.Context, name string) (float64, error) {
+	body, err := c.scrape(ctx, c.Admin)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := metricValues(body, name, "")[""]
+	if !ok {
+		return 0, fmt.Errorf("admin /metrics has no %s", name)
+	}
+	return v, nil
+}

@@ -1,0 +1,229 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// ReplayConfig is `brisk replay`: an Azure trace replayed the loader's way.
+type ReplayConfig struct {
+	TraceDir    string
+	Minutes     int // measured minutes (columns)
+	Warmup      int // warm-up minutes before them (phase 1)
+	StartMinute int // columns skipped at the start of the trace
+	// TimeScale multiplies every arrival offset (0.1: ten trace minutes in
+	// one); requested runtimes are not scaled.
+	TimeScale   float64
+	Seed        uint64
+	IAT         string // exponential|uniform|equidistant[_shift]
+	Granularity string // minute|second
+	// Functions keeps the N busiest functions of the window (0: all).
+	Functions int
+	// SkipMinutes is the papers' first-minutes exclusion for the Dirigent
+	// and KubeDirect slowdown variants; 0 means 10, negative none.
+	SkipMinutes int
+	MaxRuntime  time.Duration // runtime clamp; 0: 60 s
+}
+
+// Schedule loads the trace window and draws the schedule.
+func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
+	if cfg.Minutes <= 0 || cfg.Warmup < 0 || cfg.StartMinute < 0 {
+		return nil, fmt.Errorf("replay: --minutes %d must be positive, --warmup %d and --start-minute %d not negative", cfg.Minutes, cfg.Warmup, cfg.StartMinute)
+	}
+	if cfg.TimeScale <= 0 || cfg.TimeScale > 1000 {
+		return nil, fmt.Errorf("replay: --time-scale %g out of range (0, 1000]", cfg.TimeScale)
+	}
+	iat, shift, err := loadgen.ParseIAT(cfg.IAT)
+	if err != nil {
+		return nil, err
+	}
+	gran, err := loadgen.ParseGranularity(cfg.Granularity)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := loadgen.LoadTrace(cfg.TraceDir, loadgen.TraceOptions{StartColumn: cfg.StartMinute, Columns: cfg.Warmup + cfg.Minutes})
+	if err != nil {
+		return nil, err
+	}
+	tr = tr.Busiest(cfg.Functions)
+	return loadgen.BuildSchedule(tr, loadgen.ScheduleConfig{Seed: cfg.Seed, IAT: iat, Shift: shift, Granularity: gran,
+		WarmupColumns: cfg.Warmup, MaxRuntime: cfg.MaxRuntime})
+}
+
+// ReplaySummary is summary.json of brisk replay; the load fields cover the
+// measured phase.
+type ReplaySummary struct {
+	Command string `json:"command"`
+	Validity
+	loadgen.Summary
+	// Requested is the number of measured-phase invocations the trace asks
+	// for; issued must equal it.
+	Requested int `json:"requested"`
+	// Slowdown: see loadgen.Slowdown for each variant's exact definition.
+	Slowdown loadgen.Slowdown `json:"slowdown"`
+	// SchedulingLatencyMs is responseTime − actualDuration of completed
+	// measured calls.
+	SchedulingLatencyMs loadgen.Dist `json:"scheduling_latency_ms"`
+	// ColdStartsAll counts cold replies of both phases, to compare with
+	// SandboxesCreated (which covers the whole run).
+	ColdStartsAll    int                `json:"cold_starts_all_phases"`
+	SandboxesCreated int64              `json:"sandboxes_created"`
+	PeakSandboxes    int                `json:"peak_sandboxes"`
+	MemoryCost       loadgen.MemoryCost `json:"memory_cost"`
+	Config           ReplayConfigJSON   `json:"config"`
+	Host             HostInfo           `json:"host"`
+}
+
+// ReplayConfigJSON records the replay's parameters.
+type ReplayConfigJSON struct {
+	Trace           string  `json:"trace"`
+	Minutes         int     `json:"minutes"`
+	Warmup          int     `json:"warmup_minutes"`
+	StartMinute     int     `json:"start_minute"`
+	TimeScale       float64 `json:"time_scale"`
+	Seed            uint64  `json:"seed"`
+	IAT             string  `json:"iat"`
+	Granularity     string  `json:"granularity"`
+	Functions       int     `json:"functions"`
+	ActiveFunctions int     `json:"active_functions"`
+	H2C             bool    `json:"h2c"`
+}
+
+// Replay registers the trace's functions and replays the schedule.
+func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*ReplaySummary, string, error) {
+	s, err := cfg.Schedule()
+	if err != nil {
+		return nil, "", err
+	}
+	host := hostInfo()
+	skip := cfg.SkipMinutes
+	switch {
+	case skip == 0:
+		skip = loadgen.DefaultSkipMinutes
+	case skip < 0:
+		skip = 0
+	}
+	fns := make([]*spec.Function, len(s.Functions))
+	names := make([]string, len(s.Functions))
+	memMB := map[string]float64{}
+	active := 0
+	for i := range s.Functions {
+		f := &s.Functions[i]
+		cpu, mem := loadgen.ResourceRequest(f)
+		names[i] = f.Name()
+		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem}}
+		memMB[f.Name()] = float64(mem)
+		if f.Total() > 0 {
+			active++
+		}
+	}
+	defer cleanup(c, &o, names)
+	o.logf("registering %d trace functions (%d invoked in the window); %d invocations over %d minutes at time scale %g",
+		len(fns), active, len(s.Invocations), s.Columns, cfg.TimeScale)
+	if err := firstError(registerAll(ctx, c.Client, fns, o.clients(), true, nil), "registering trace functions"); err != nil {
+		return nil, "", err
+	}
+	calls := make([]loadgen.Call, len(s.Invocations))
+	requested := 0
+	for i := range s.Invocations {
+		inv := &s.Invocations[i]
+		calls[i] = loadgen.Call{Function: names[inv.Func], Offset: loadgen.ScaleOffset(inv.Offset, cfg.TimeScale),
+			RuntimeMs: int(inv.RuntimeMs), MemoryMB: int(inv.MemoryMB), Phase: s.Phase(inv), ID: s.InvocationID(inv)}
+		if calls[i].Phase == 2 {
+			requested++
+		}
+	}
+
+	created0, cerr0 := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
+	mon := &monitor{c: c, memMB: memMB, interval: time.Second}
+	monCtx, stopMon := context.WithCancel(ctx)
+	monDone := make(chan struct{})
+	go func() { mon.run(monCtx); close(monDone) }()
+	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke)}
+	recs, err := issue(ctx, &o, "replay", newIssuer(&o, inv), calls)
+	stopMon()
+	<-monDone
+	if err != nil {
+		return nil, "", err
+	}
+	created1, cerr1 := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
+
+	cpm := 1
+	if cfg.Granularity == "second" {
+		cpm = 60
+	}
+	out := &ReplaySummary{Command: "replay", Summary: loadgen.Summarize(recs), Requested: requested, SandboxesCreated: -1,
+		PeakSandboxes: mon.peak, MemoryCost: loadgen.ComputeMemoryCost(mon.samples),
+		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
+			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
+			ActiveFunctions: active, H2C: o.HTTP.H2C}}
+	out.MemoryCost.Method = "1 s samples of GET /v1/status (ready+pending sandboxes × requested MiB) and the data plane's brisk_dataplane_inflight gauges (busy = min(in flight, ready) × MiB)"
+	if mon.failures > 0 {
+		out.MemoryCost.Method += fmt.Sprintf("; %d samples failed, last: %v", mon.failures, mon.lastError)
+	}
+	if cerr0 == nil && cerr1 == nil {
+		out.SandboxesCreated = int64(created1 - created0)
+	}
+	var pf loadgen.PerFunction
+	out.Slowdown, pf = loadgen.Slowdowns(recs, loadgen.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
+	sched, schedPerFn := loadgen.SchedulingLatency(recs)
+	out.SchedulingLatencyMs = loadgen.NewDist(sched)
+	out.ColdStartsAll = out.ColdStarts
+	for i := range recs {
+		if recs[i].Phase == 1 && recs[i].OK() && recs[i].Cold {
+			out.ColdStartsAll++
+		}
+	}
+	var verr error
+	out.Validity, verr = validity(&o, recs)
+	out.Host = host()
+
+	var b strings.Builder
+	b.WriteString(formatLoad("replay", &out.Summary, out.Validity, o.Force))
+	if !out.Valid && !o.Force {
+		b.Reset()
+		b.WriteString(formatLoad("replay", &out.Summary, out.Validity, false))
+		return out, b.String(), errors.Join(verr, writeReplayOutputs(o.Out, out, recs, s, cfg.TimeScale, pf, sched, schedPerFn))
+	}
+	fmt.Fprintf(&b, "\n  requested %d measured invocations; scheduling latency ms p50 %.3f p99 %.3f max %.1f",
+		requested, out.SchedulingLatencyMs.P50, out.SchedulingLatencyMs.P99, out.SchedulingLatencyMs.Max)
+	fmt.Fprintf(&b, "\n  slowdown: geomean of per-function p99 %.3f over %d functions", out.Slowdown.GeomeanP99, out.Slowdown.Functions)
+	if out.Slowdown.DirigentGmeanMedian != nil {
+		fmt.Fprintf(&b, "; Dirigent median gmean %.3f, KubeDirect median mean %.3f (minutes ≥ %d, %d functions)",
+			*out.Slowdown.DirigentGmeanMedian, *out.Slowdown.KubeDirectMeanMedian, skip, out.Slowdown.FilteredFunctions)
+	} else {
+		fmt.Fprintf(&b, "; Dirigent/KubeDirect variants: no calls after the first %d minutes", skip)
+	}
+	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle",
+		out.ColdStarts, out.ColdStartsAll, out.SandboxesCreated, out.PeakSandboxes, out.MemoryCost.GBs, 100*out.MemoryCost.IdleShare)
+
+	b.WriteString("\n" + out.Host.String())
+	return out, b.String(), errors.Join(verr, writeReplayOutputs(o.Out, out, recs, s, cfg.TimeScale, pf, sched, schedPerFn))
+}
+
+func writeReplayOutputs(dir string, out *ReplaySummary, recs []loadgen.Record, s *loadgen.Schedule, timeScale float64,
+	pf loadgen.PerFunction, sched, schedPerFn []float64) error {
+	if dir == "" {
+		return nil
+	}
+	err := writeOutputs(dir, out, map[string][]loadgen.Record{"invocations.csv": recs}, []plotSpec{
+		{file: "latency_cdf.png", title: "response time per invocation", xLabel: "response time (ms)", logX: true,
+			series: []loadgen.Series{{Name: "invocations", Values: latencies(recs)}}},
+		{file: "slowdown_cdf.png", title: "per-function slowdown", xLabel: "slowdown (response / requested)", logX: true,
+			series: []loadgen.Series{{Name: "p99 per function", Values: pf.P99}, {Name: "Dirigent: gmean per function", Values: pf.DirigentGmean},
+				{Name: "KubeDirect: mean per function", Values: pf.KubeDirectMean}}},
+		{file: "scheduling_latency_cdf.png", title: "scheduling latency (response − execution)", xLabel: "scheduling latency (ms)", logX: true,
+			series: []loadgen.Series{{Name: "per invocation", Values: sched}, {Name: "mean per function", Values: schedPerFn}}},
+	})
+	if err != nil {
+		return err
+	}
+	return writeFile(dir+"/schedule.csv", func(w io.Writer) error { return s.WriteCSV(w, timeScale) })
+}

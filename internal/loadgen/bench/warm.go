@@ -1,0 +1,225 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// WarmConfig is `brisk bench warm`: open-loop calls at a constant rate to
+// functions whose sandboxes are already running.
+type WarmConfig struct {
+	Rate      float64       // calls per second over all functions
+	Duration  time.Duration // measured phase
+	Warmup    time.Duration // unmeasured calls at the same rate first; default 1s
+	Functions int           // default 1; calls go round-robin
+	Sandboxes int           // pre-warmed sandboxes per function (min = max); default 2
+	// Concurrency per sandbox (the spec's concurrency); 0 = unlimited, so
+	// the data plane never queues and the run measures the proxy path.
+	Concurrency int
+	ExecMs      int // runtime each call asks for; default 0 (an empty function)
+	// Direct sends only straight to the sandboxes; CompareDirect runs
+	// through brisk and then straight, and reports the difference.
+	Direct, CompareDirect bool
+}
+
+// WarmSummary is summary.json of bench warm: the top level is the brisk
+// run (or the direct run with Direct alone).
+type WarmSummary struct {
+	Command string `json:"command"`
+	Target  string `json:"target"` // "brisk" or "direct"
+	Validity
+	loadgen.Summary
+	Config  WarmConfigJSON `json:"config"`
+	Host    HostInfo       `json:"host"`
+	Direct  *DirectRun     `json:"direct,omitempty"`
+	Compare *Comparison    `json:"compare,omitempty"`
+}
+
+// WarmConfigJSON records the run's parameters.
+type WarmConfigJSON struct {
+	Rate        float64 `json:"rate"`
+	DurationS   float64 `json:"duration_s"`
+	WarmupS     float64 `json:"warmup_s"`
+	Functions   int     `json:"functions"`
+	Sandboxes   int     `json:"sandboxes_per_function"`
+	Concurrency int     `json:"concurrency_per_sandbox"`
+	ExecMs      int     `json:"exec_ms"`
+	H2C         bool    `json:"h2c"`
+}
+
+// DirectRun is the same load sent straight to the sandboxes.
+type DirectRun struct {
+	Validity
+	loadgen.Summary
+}
+
+// Comparison puts brisk against the direct baseline. Added latencies are
+// differences of percentiles (brisk p50 − direct p50), not percentiles of
+// per-call differences.
+type Comparison struct {
+	AddedP50Ms      float64 `json:"added_p50_ms"`
+	AddedP99Ms      float64 `json:"added_p99_ms"`
+	ThroughputRatio float64 `json:"throughput_ratio"` // brisk / direct
+}
+
+// Warm runs bench warm.
+func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSummary, string, error) {
+	if cfg.Rate <= 0 || cfg.Duration <= 0 {
+		return nil, "", fmt.Errorf("bench warm: rate %g and duration %s must be positive", cfg.Rate, cfg.Duration)
+	}
+	if cfg.Direct && cfg.CompareDirect {
+		return nil, "", errors.New("bench warm: --direct and --compare-direct exclude each other")
+	}
+	cfg.Functions, cfg.Sandboxes = max(cfg.Functions, 1), max(cfg.Sandboxes, 1)
+	if cfg.Warmup == 0 {
+		cfg.Warmup = time.Second
+	}
+	id := runID()
+	host := hostInfo()
+	names := make([]string, cfg.Functions)
+	fns := make([]*spec.Function, cfg.Functions)
+	for i := range names {
+		names[i] = "bench-warm-" + id + "-" + strconv.Itoa(i)
+		fns[i] = &spec.Function{Name: names[i], Builtin: "trace", Concurrency: cfg.Concurrency,
+			Scaling: spec.Scaling{Min: cfg.Sandboxes, Max: cfg.Sandboxes}}
+		if cfg.Concurrency == 0 {
+			// 0 means "default" (1) in a spec; unlimited is spelled as the
+			// largest value the spec allows.
+			fns[i].Concurrency = 10000
+		}
+	}
+	defer cleanup(c, &o, names)
+	o.logf("registering %d functions with %d sandboxes each", cfg.Functions, cfg.Sandboxes)
+	if err := firstError(registerAll(ctx, c.Client, fns, o.clients(), false, nil), "registering"); err != nil {
+		return nil, "", err
+	}
+	direct := map[string][]loadgen.Target{}
+	for _, n := range names {
+		v, err := c.waitReady(ctx, n, cfg.Sandboxes, 2*time.Minute)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, sb := range v.Status.Sandboxes {
+			if sb.State == "ready" && sb.Address != "" {
+				direct[n] = append(direct[n], loadgen.Target{URL: "http://" + sb.Address + "/", Sandbox: sb.ID})
+			}
+		}
+	}
+	httpc := loadgen.NewHTTPClient(o.HTTP)
+	brisk := &loadgen.HTTPInvoker{Client: httpc, Route: loadgen.DataPlane(c.Invoke)}
+	if err := primeDataPlane(ctx, brisk, names); err != nil {
+		return nil, "", err
+	}
+	calls := constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs)
+
+	out := &WarmSummary{Command: "bench warm", Target: "brisk", Config: WarmConfigJSON{Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
+		WarmupS: cfg.Warmup.Seconds(), Functions: cfg.Functions, Sandboxes: cfg.Sandboxes, Concurrency: cfg.Concurrency,
+		ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C}}
+	csvs := map[string][]loadgen.Record{}
+	var text []string
+	var series []loadgen.Series
+	var firstErr error
+	if !cfg.Direct {
+		recs, err := issue(ctx, &o, "brisk ", newIssuer(&o, brisk), calls)
+		if err != nil {
+			return nil, "", err
+		}
+		out.Summary = loadgen.Summarize(recs)
+		out.Validity, firstErr = validity(&o, recs)
+		csvs["invocations.csv"] = recs
+		series = append(series, loadgen.Series{Name: "brisk", Values: latencies(recs)})
+		text = append(text, formatLoad("brisk ", &out.Summary, out.Validity, o.Force))
+	}
+	if cfg.Direct || cfg.CompareDirect {
+		route, err := loadgen.Sandboxes(direct)
+		if err != nil {
+			return nil, "", err
+		}
+		// Sandboxes speak HTTP/1.1 (as the data plane does to them), even
+		// when the calls to brisk use h2c.
+		directc := httpc
+		if o.HTTP.H2C {
+			h1 := o.HTTP
+			h1.H2C = false
+			directc = loadgen.NewHTTPClient(h1)
+		}
+		recs, err := issue(ctx, &o, "direct", newIssuer(&o, &loadgen.HTTPInvoker{Client: directc, Route: route}), calls)
+		if err != nil {
+			return nil, "", err
+		}
+		d := &DirectRun{Summary: loadgen.Summarize(recs)}
+		var derr error
+		d.Validity, derr = validity(&o, recs)
+		if firstErr == nil {
+			firstErr = derr
+		}
+		series = append(series, loadgen.Series{Name: "direct", Values: latencies(recs)})
+		text = append(text, formatLoad("direct", &d.Summary, d.Validity, o.Force))
+		if cfg.Direct {
+			out.Target, out.Summary, out.Validity = "direct", d.Summary, d.Validity
+			csvs["invocations.csv"] = recs
+		} else {
+			out.Direct = d
+			csvs["direct.csv"] = recs
+			out.Compare = &Comparison{AddedP50Ms: out.LatencyMs.P50 - d.LatencyMs.P50, AddedP99Ms: out.LatencyMs.P99 - d.LatencyMs.P99}
+			if d.ThroughputRPS > 0 {
+				out.Compare.ThroughputRatio = out.ThroughputRPS / d.ThroughputRPS
+			}
+			if ((out.Valid && d.Valid) || o.Force) && out.Completed > 0 && d.Completed > 0 {
+				text = append(text, fmt.Sprintf("brisk over direct: added p50 %+.3f ms, added p99 %+.3f ms, throughput ratio %.3f",
+					out.Compare.AddedP50Ms, out.Compare.AddedP99Ms, out.Compare.ThroughputRatio))
+			}
+		}
+	}
+	out.Host = host()
+	err := writeOutputs(o.Out, out, csvs, []plotSpec{{file: "latency_cdf.png", title: fmt.Sprintf("warm calls at %g req/s", cfg.Rate),
+		xLabel: "response time (ms)", logX: true, series: series}})
+	text = append(text, out.Host.String())
+	return out, strings.Join(text, "\n"), errors.Join(firstErr, err)
+}
+
+// constantRate spreads calls evenly: call i at i/rate, to function i mod
+// len(names) — the loader's RPS warm construction. The first warmup's
+// worth are phase 1.
+func constantRate(names []string, rate float64, warmup, d time.Duration, execMs int) []loadgen.Call {
+	nw := int(math.Round(rate * warmup.Seconds()))
+	n := nw + int(math.Round(rate*d.Seconds()))
+	calls := make([]loadgen.Call, n)
+	for i := range calls {
+		phase, idx := 2, i-nw
+		if i < nw {
+			phase, idx = 1, i
+		}
+		sec := int(float64(i) / rate)
+		calls[i] = loadgen.Call{Function: names[i%len(names)], Offset: time.Duration(float64(i) / rate * float64(time.Second)),
+			RuntimeMs: execMs, Phase: phase, ID: "sec" + strconv.Itoa(sec) + ".inv" + strconv.Itoa(idx)}
+	}
+	return calls
+}
+
+// primeDataPlane calls each function until it answers 200: the control
+// plane reports sandboxes ready before the data plane's endpoint stream
+// may have delivered them.
+func primeDataPlane(ctx context.Context, inv loadgen.Invoker, names []string) error {
+	for _, n := range names {
+		var last loadgen.Reply
+		err := poll(ctx, 30*time.Second, 5*time.Millisecond, func() (bool, error) {
+			last = inv.Invoke(ctx, &loadgen.Call{Function: n})
+			return last.Status == 200 && !last.Cold, nil
+		}, func() string {
+			return fmt.Sprintf("function %s to answer warm (last: HTTP %d %v)", n, last.Status, last.Err)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package loadgen
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Series is one line of a CDF plot.
+type Series struct {
+	Name   string
+	Values []float64
+}
+
+// maxCDFPoints bounds a line: a 170k-point CDF draws the same as 2k.
+const maxCDFPoints = 2000
+
+// PlotCDF draws the empirical CDF of each series into a PNG (or any format
+// gonum/plot knows from path's extension). With logX the x axis is
+// logarithmic and values ≤ 0 are drawn at the smallest positive value.
+// Empty series are skipped; with none left it draws an empty plot.
+func PlotCDF(path, title, xLabel string, logX bool, series ...Series) (err error) {
+	// gonum/plot panics on some degenerate axes; a plot must never take a
+	// benchmark's results down with it.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("plotting %s: %v", path, r)
+		}
+	}()
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = "CDF"
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Add(plotter.NewGrid())
+	floor := math.Inf(1)
+	for _, s := range series {
+		for _, v := range s.Values {
+			if v > 0 && v < floor {
+				floor = v
+			}
+		}
+	}
+	drawn := 0
+	for i, s := range series {
+		if len(s.Values) == 0 {
+			continue
+		}
+		pts := cdfPoints(s.Values, logX, floor)
+		l, err := plotter.NewLine(pts)
+		if err != nil {
+			return fmt.Errorf("plotting %s: %w", path, err)
+		}
+		l.Color = plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i)
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		if s.Name != "" {
+			p.Legend.Add(s.Name, l)
+		}
+		drawn++
+	}
+	p.Legend.Top, p.Legend.Left = false, false
+	if logX && drawn > 0 && !math.IsInf(floor, 1) {
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// cdfPoints returns (value, fraction ≤ value) at up to maxCDFPoints ranks.
+func cdfPoints(values []float64, logX bool, floor float64) plotter.XYs {
+	v := slices.Clone(values)
+	slices.Sort(v)
+	n := len(v)
+	step := max(1, n/maxCDFPoints)
+	pts := make(plotter.XYs, 0, n/step+2)
+	for i := 0; i < n; i += step {
+		pts = append(pts, plotter.XY{X: clampLog(v[i], logX, floor), Y: float64(i+1) / float64(n)})
+	}
+	if last := pts[len(pts)-1]; last.Y < 1 {
+		pts = append(pts, plotter.XY{X: clampLog(v[n-1], logX, floor), Y: 1})
+	}
+	return pts
+}
+
+func clampLog(x float64, logX bool, floor float64) float64 {
+	if logX && x <= 0 {
+		return floor
+	}
+	return x
+}
