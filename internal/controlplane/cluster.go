@@ -54,6 +54,10 @@ type fnState struct {
 	sandboxes map[string]*sandboxRec
 	deleted   bool
 
+	// dpLoad is each data plane's latest reported load (a level, sampled
+	// into the autoscaler once a second by sampleLoad).
+	dpLoad map[string]dpSample
+
 	failures     int       // consecutive failed starts
 	backoffUntil time.Time // no new creates before this (crash-loop protection)
 	lastFailure  string
@@ -230,19 +234,26 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 			continue
 		}
 		if !r.GetUrgent() {
-			fs.kpa.Record(now, m.GetAvgConcurrency())
+			if fs.dpLoad == nil {
+				fs.dpLoad = make(map[string]dpSample)
+			}
+			fs.dpLoad[r.GetDataPlaneId()] = dpSample{m.GetAvgConcurrency(), now}
 			continue
 		}
 		if !m.GetNoCapacity() {
 			continue
 		}
-		if fs.desired == 0 {
-			fs.kpa.Record(now, float64(max(1, m.GetQueued())))
-		}
-		c.decideLocked(fs, now)
 		if fs.desired == 0 && m.GetQueued() > 0 {
-			fs.desired = 1 // a waiting request always gets a sandbox
+			// Activation: a waiting request always gets a sandbox, and the
+			// autoscaler keeps it for at least a stable window (Knative keeps
+			// a freshly active revision at 1 as long). Its load arrives with
+			// the next periodic report, so nothing is recorded here: that
+			// would count the same request twice in one bucket.
+			fs.kpa.Adopt(now, 1)
+			fs.desired = 1
 			c.boundDesiredLocked(fs)
+		} else {
+			c.decideLocked(fs, now) // all busy: let panic mode react now
 		}
 		c.reconcileLocked(fs)
 	}
@@ -265,6 +276,39 @@ func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
 	}
 	c.metrics.desired.WithLabelValues(fs.spec.Name).Set(float64(fs.desired))
 	c.metrics.panic.WithLabelValues(fs.spec.Name).Set(boolFloat(d.Panic))
+}
+
+type dpSample struct {
+	load float64
+	at   time.Time
+}
+
+// loadStaleAfter drops a data plane's report from the sum: data planes stop
+// reporting a function once it is idle, and a data plane may be gone.
+const loadStaleAfter = 2500 * time.Millisecond
+
+// sampleLoad records each function's load, summed over data planes, into its
+// autoscaler: exactly one observation per second. Recording reports as they
+// arrive would put two reports of one data plane into one 1-second bucket
+// whenever its ticker jitters across a second boundary, doubling the load.
+func (c *Cluster) sampleLoad() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	for _, fs := range c.fns {
+		if len(fs.dpLoad) == 0 {
+			continue
+		}
+		sum := 0.0
+		for dp, s := range fs.dpLoad {
+			if now.Sub(s.at) > loadStaleAfter {
+				delete(fs.dpLoad, dp)
+				continue
+			}
+			sum += s.load
+		}
+		fs.kpa.Record(now, sum)
+	}
 }
 
 // tick runs one autoscaling round over every function.

@@ -178,6 +178,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { cp.tickLoop(gctx); return nil })
+	g.Go(func() error { cp.sampleLoop(gctx); return nil })
 	g.Go(func() error {
 		t := time.NewTimer(cp.cfg.StartupGrace)
 		defer t.Stop()
@@ -260,6 +261,21 @@ func (cp *ControlPlane) tickLoop(ctx context.Context) {
 			return
 		case <-t.C():
 			cp.cluster.tick()
+		}
+	}
+}
+
+// sampleLoop feeds data-plane load into the autoscalers once a second
+// (Knative's scrape interval).
+func (cp *ControlPlane) sampleLoop(ctx context.Context) {
+	t := cp.cluster.clk.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+			cp.cluster.sampleLoad()
 		}
 	}
 }
