@@ -359,11 +359,19 @@ func newTransport() *http.Transport {
 	dialer := &net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
 		DialContext:         dialer.DialContext,
-		MaxIdleConnsPerHost: 512,
+		// Keep every connection a burst opened: closing the excess after a
+		// burst and dialling again at the next one turned a load spike into
+		// thousands of dials and TIME_WAIT sockets, a feedback loop that
+		// stalled the proxy (docs/benchmarks.md, warm calls). Many sandboxes
+		// can share one host:port (the emulated runtime), so the limit is
+		// per data plane rather than per sandbox; small buffers keep an idle
+		// connection cheap.
+		MaxIdleConns:        8192,
+		MaxIdleConnsPerHost: 8192,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
-		WriteBufferSize:     32 << 10,
-		ReadBufferSize:      32 << 10,
+		WriteBufferSize:     8 << 10,
+		ReadBufferSize:      8 << 10,
 	}
 }
 
