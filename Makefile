@@ -4,7 +4,7 @@ BIN       ?= bin/brisk
 PKGS      ?= ./...
 TEST_TIMEOUT ?= 20m
 
-.PHONY: help build demo up test test-short vet fmt bench proto setup clean
+.PHONY: help build demo up test test-short vet fmt bench microbench proto setup clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,7 +29,10 @@ vet: ## go vet and gofmt check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-bench: ## run the Go microbenchmarks with allocations
+bench: build ## run the standard benchmark set on local clusters; writes bench-results/<time>/report.md
+	./scripts/bench.sh
+
+microbench: ## run the Go microbenchmarks with allocations
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 proto: ## regenerate api/brisk/v1 from brisk.proto (needs protoc: make setup)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The standard benchmark set (docs/benchmarks.md): each run on its own local
+# cluster, results under bench-results/<timestamp>/<run>/ and one report.md
+# with every run's summary. BENCH_SCALE=small makes it a quick smoke run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BRISK=${BRISK:-./bin/brisk}
+out=${BENCH_OUT:-bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+report="$out/report.md"
+dur=10s; reg=2000; scale_n=20000; scale_m=4000; scale_k=1000; replay_min=5
+if [ "${BENCH_SCALE:-}" = small ]; then dur=2s; reg=200; scale_n=400; scale_m=80; scale_k=40; replay_min=1; fi
+
+run() { # name, then the brisk arguments
+  local name=$1; shift
+  printf '\n## %s\n\n```\n$ brisk %s\n' "$name" "$*" >> "$report"
+  "$BRISK" "$@" --out "$out/$name" >> "$report" 2>&1
+  echo "(exit $?)" >> "$report"
+  printf '```\n' >> "$report"
+}
+
+printf '# brisk benchmark report\n\n%s, %s CPUs, %s\n' "$(date -u)" "$(nproc)" "$("$BRISK" --help >/dev/null 2>&1 && git rev-parse --short HEAD 2>/dev/null)" > "$report"
+for rate in 500 2000 4000; do
+  run "warm-$rate" bench warm --local --rate "$rate" --duration "$dur" --compare-direct
+done
+for rate in 500 1000 2500; do
+  run "cold-$rate" bench cold --local --rate "$rate" --duration "$dur" --workers 100
+done
+run register bench register --local --functions "$reg" --clients 16
+run scale-one bench scale --local --functions 1 --sandboxes 800 --workers 80 --create-delay 200ms
+run scale-many bench scale --local --functions "$scale_k" --sandboxes "$scale_n" --workers "$scale_m" --create-delay 200ms
+traces=${TRACES:-../shared/traces}
+if [ -d "$traces/azure_500" ]; then
+  run replay-azure500 replay "$traces/azure_500" --minutes "$replay_min" --local
+fi
+echo "report: $report"
