@@ -70,9 +70,14 @@ type nodeState struct {
 	idx       int // index in cluster.place / cluster.nodeList
 	sess      *session
 	sandboxes map[string]*sandboxRec
-	// invalid holds ids the last handshake found missing at the worker, so
-	// that late updates for them are ignored.
-	invalid       map[string]struct{}
+	// invalid holds ids a handshake found missing at the worker (or that a
+	// fence gave up), so that late updates for them are ignored, with the
+	// session generation (gen) that last marked or ignored one. A mark lives
+	// until a whole session has passed without traffic for its id
+	// (CHAIN.md §3.5): clearing every mark at the next handshake would let
+	// a late record for the id, arriving in that next session, adopt it.
+	invalid       map[string]uint64
+	gen           uint64 // handshakes completed with this node
 	bootID        string
 	lastHeartbeat time.Time
 	heartbeat     *briskv1.Heartbeat
@@ -469,6 +474,7 @@ func (c *Cluster) dropLocked(r *sandboxRec) {
 // table. Records carry versions; stale ones are ignored.
 func (c *Cluster) applyUpdateLocked(n *nodeState, u *briskv1.SandboxRecord) {
 	if _, inv := n.invalid[u.GetId()]; inv {
+		n.invalid[u.GetId()] = n.gen // traffic for the id: keep the mark a session longer
 		return
 	}
 	r := n.sandboxes[u.GetId()]
@@ -571,7 +577,7 @@ func (c *Cluster) registerNode(w *store.Worker) (n *nodeState, startLink bool) {
 	defer c.mu.Unlock()
 	n = c.nodes[w.ID]
 	if n == nil {
-		n = &nodeState{id: w.ID, rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec), invalid: make(map[string]struct{})}
+		n = &nodeState{id: w.ID, rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec), invalid: make(map[string]uint64)}
 		c.nodes[w.ID] = n
 		c.nodeList = append(c.nodeList, n)
 		c.place = append(c.place, placement.Node{ID: w.ID})
@@ -598,7 +604,7 @@ func (c *Cluster) checkNodesLocked(now time.Time) {
 		c.persistDrain(n.rec)
 		fns := map[*fnState]struct{}{}
 		for _, r := range n.sandboxes {
-			n.invalid[r.id] = struct{}{}
+			n.invalid[r.id] = n.gen
 			fns[r.fn] = struct{}{}
 			c.dropLocked(r)
 		}

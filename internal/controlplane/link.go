@@ -111,7 +111,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 		}
 		start := time.Now()
 		if conn != nil {
-			err := cp.session(ctx, n, briskv1.NewWorkerClient(conn))
+			err := cp.session(ctx, n, briskv1.NewWorkerClient(cp.linkConn(conn)))
 			if ctx.Err() == nil {
 				cp.log.Debug("worker session ended", "node", n.id, "err", err)
 			}
@@ -133,6 +133,27 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 	}
 }
 
+// linkConn is conn, its streams wrapped by Config.WorkerLinkInterceptor when
+// one is set.
+func (cp *ControlPlane) linkConn(conn *grpc.ClientConn) grpc.ClientConnInterface {
+	if cp.cfg.WorkerLinkInterceptor == nil {
+		return conn
+	}
+	return interceptedConn{conn, cp.cfg.WorkerLinkInterceptor}
+}
+
+type interceptedConn struct {
+	*grpc.ClientConn
+	icpt grpc.StreamClientInterceptor
+}
+
+func (c interceptedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	streamer := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		return cc.NewStream(ctx, desc, method, opts...)
+	}
+	return c.icpt(ctx, desc, c.ClientConn, method, streamer, opts...)
+}
+
 // session runs one link session: the handshake, then live updates.
 func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv1.WorkerClient) error {
 	c := cp.cluster
@@ -149,6 +170,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		mode = briskv1.HandshakeMode_HANDSHAKE_MODE_RESET
 	}
 	drain := n.rec.Drain
+	prevBoot := n.bootID
 	c.mu.Unlock()
 
 	// Handshake, bounded so a hung worker cannot stall its link forever.
@@ -168,12 +190,23 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		return errors.New("worker answered Hello without HelloAck")
 	}
 	records := ack.GetRecords()
+	// A worker daemon that restarted (new boot id) numbers versions afresh:
+	// ours are not comparable with its own, so round 2 fetches every record
+	// and the worker's record wins even where its version is not newer.
+	rebooted := prevBoot != "" && ack.GetBootId() != prevBoot
+	// The worker's sender goes live as soon as it has answered round 1, so a
+	// heartbeat or state change can come before the answer to round 2. They
+	// are kept, in order, and applied right after the handshake (the worker
+	// sent them before its Fetch answer, versions sort out which is newer).
+	// Failing the handshake on them instead made every reset handshake with
+	// a round 2 fail and retry forever.
+	var early []*briskv1.Updates
 	if mode == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
 		// Round 2: fetch only what differs from our cache.
 		var ids []string
 		c.mu.Lock()
 		for _, v := range ack.GetVersions() {
-			if r := n.sandboxes[v.GetId()]; r == nil || r.version != v.GetVersion() {
+			if r := n.sandboxes[v.GetId()]; rebooted || r == nil || r.version != v.GetVersion() {
 				ids = append(ids, v.GetId())
 			}
 		}
@@ -182,14 +215,20 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 			if err := stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Fetch{Fetch: &briskv1.FetchRequest{Ids: ids}}}); err != nil {
 				return err
 			}
-			m, err := stream.Recv()
-			if err != nil {
-				return err
+			for fetched := false; !fetched; {
+				m, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				switch {
+				case m.GetFetch() != nil:
+					records, fetched = m.GetFetch().GetRecords(), true
+				case m.GetUpdates() != nil && m.GetEpoch() == epoch:
+					early = append(early, m.GetUpdates())
+				default:
+					return errors.New("worker answered Fetch with something else")
+				}
 			}
-			if m.GetFetch() == nil {
-				return errors.New("worker answered Fetch with something else")
-			}
-			records = m.GetFetch().GetRecords()
 		}
 	}
 	if !hsTimer.Stop() {
@@ -197,7 +236,10 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	}
 	sess := newSession(epoch)
 	c.mu.Lock()
-	c.handshakeLocked(n, ack, records, sess)
+	c.handshakeLocked(n, ack, records, sess, rebooted)
+	for _, u := range early {
+		c.applyUpdatesLocked(n, u)
+	}
 	if drain {
 		n.rec.Drain = false
 		c.persistDrain(n.rec)
@@ -230,13 +272,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		}
 		c.mu.Lock()
 		if n.sess == sess {
-			for _, r := range u.GetRecords() {
-				c.applyUpdateLocked(n, r)
-			}
-			if hb := u.GetHeartbeat(); hb != nil {
-				n.heartbeat = hb
-				n.lastHeartbeat = c.clk.Now()
-			}
+			c.applyUpdatesLocked(n, u)
 		}
 		c.mu.Unlock()
 		select {
@@ -244,6 +280,18 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 			return err
 		default:
 		}
+	}
+}
+
+// applyUpdatesLocked folds one batch of soft invalidations and the
+// heartbeat it carries into the table.
+func (c *Cluster) applyUpdatesLocked(n *nodeState, u *briskv1.Updates) {
+	for _, r := range u.GetRecords() {
+		c.applyUpdateLocked(n, r)
+	}
+	if hb := u.GetHeartbeat(); hb != nil {
+		n.heartbeat = hb
+		n.lastHeartbeat = c.clk.Now()
 	}
 }
 
@@ -266,22 +314,32 @@ func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *sessi
 // ids only we hold become invalid (replaced under new ids, never re-sent),
 // ids only the worker holds are adopted, ids at both take the worker's
 // record, and Tombstones the worker still reports are sent again.
-func (c *Cluster) handshakeLocked(n *nodeState, ack *briskv1.HelloAck, records []*briskv1.SandboxRecord, sess *session) {
+func (c *Cluster) handshakeLocked(n *nodeState, ack *briskv1.HelloAck, records []*briskv1.SandboxRecord, sess *session, rebooted bool) {
 	now := c.clk.Now()
 	reported := make(map[string]struct{}, len(ack.GetVersions()))
 	for _, v := range ack.GetVersions() {
 		reported[v.GetId()] = struct{}{}
 	}
-	n.invalid = make(map[string]struct{})
+	n.gen++
+	for id, g := range n.invalid {
+		if g+1 < n.gen { // a whole session without traffic for it
+			delete(n.invalid, id)
+		}
+	}
 	for id, r := range n.sandboxes {
 		if _, ok := reported[id]; !ok {
 			if r.state != sbTombstoned {
-				n.invalid[id] = struct{}{}
+				n.invalid[id] = n.gen
 			}
 			c.dropLocked(r)
 		}
 	}
 	n.sess = sess
+	if rebooted {
+		for _, r := range n.sandboxes {
+			r.version = 0 // take the new boot's record as it is (fetched above)
+		}
+	}
 	adopted := map[*fnState]struct{}{}
 	for _, u := range records {
 		known := n.sandboxes[u.GetId()] != nil

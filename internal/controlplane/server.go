@@ -43,6 +43,13 @@ type Config struct {
 	MaxFailureBackoff time.Duration // default 30s
 	Clock             clock.Clock
 	Logger            *slog.Logger
+	// WorkerLinkInterceptor, when set, wraps the control plane's end of every
+	// link session it opens to a worker (the client stream of
+	// Worker.Session). It is an extension point, like
+	// httputil.ReverseProxy's hooks: the reliability tests use it to refuse
+	// and cut sessions (internal/controlplane/faultnet_test.go). Nil, the
+	// default, leaves the stream as gRPC made it.
+	WorkerLinkInterceptor grpc.StreamClientInterceptor
 }
 
 func (c *Config) defaults() {
@@ -231,8 +238,18 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 		c.upsertFunction(f)
 	}
 	cp.metrics.functions.Set(float64(len(fns)))
-	for _, w := range workers {
-		cp.startNode(w)
+	// Every known worker is registered before any link starts. The startup
+	// pause ends once every registered worker has answered; registering and
+	// linking them one by one let the first worker's handshake end it while
+	// the others were not registered yet, and the control plane then placed
+	// duplicates of the sandboxes they were about to report.
+	nodes := make([]*nodeState, len(workers))
+	starts := make([]bool, len(workers))
+	for i, w := range workers {
+		nodes[i], starts[i] = c.registerNode(w)
+	}
+	for i, w := range workers {
+		cp.linkNode(w.ID, nodes[i], starts[i])
 	}
 	cp.log.Info("registry loaded", "functions", len(fns), "workers", len(workers))
 	return nil
@@ -240,7 +257,12 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 
 func (cp *ControlPlane) startNode(w *store.Worker) {
 	n, start := cp.cluster.registerNode(w)
-	kick, _ := cp.kicks.LoadOrStore(w.ID, make(chan struct{}, 1))
+	cp.linkNode(w.ID, n, start)
+}
+
+// linkNode starts node n's link (start) or makes the running one redial now.
+func (cp *ControlPlane) linkNode(id string, n *nodeState, start bool) {
+	kick, _ := cp.kicks.LoadOrStore(id, make(chan struct{}, 1))
 	if start {
 		cp.linkWG.Add(1)
 		go func() { defer cp.linkWG.Done(); cp.runLink(cp.linkCtx, n, kick.(chan struct{})) }()

@@ -358,7 +358,7 @@ func seconds(ns int64) float64 { return float64(ns) / 1e9 }
 func newTransport() *http.Transport {
 	dialer := &net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		DialContext:         dialer.DialContext,
+		DialContext: dialer.DialContext,
 		// Keep every connection a burst opened: closing the excess after a
 		// burst and dialling again at the next one turned a load spike into
 		// thousands of dials and TIME_WAIT sockets, a feedback loop that

@@ -135,8 +135,8 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 	body = strconv.AppendInt(body, int64(c.MemoryMB), 10)
 	body = append(body, '}')
 
-	var rep Reply
 	start := time.Now()
+	rep := Reply{Sent: start}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, tg.URL, bytes.NewReader(body))
 	if err != nil {
 		rep.Err = err

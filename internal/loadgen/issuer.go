@@ -23,6 +23,11 @@ type Call struct {
 
 // Reply is what an Invoker observed for one call.
 type Reply struct {
+	// Sent is when the invoker began sending, on the Issuer's clock (time.Now
+	// for RealClock); zero if it did not say. Response runs from Sent, as
+	// the loader measures it, and the Issuer counts the time from the
+	// scheduled send to Sent as lateness.
+	Sent     time.Time
 	Status   int   // HTTP status; 0 when no reply came
 	Err      error // transport error, or a reply that could not be read
 	Conn     time.Duration
@@ -164,13 +169,14 @@ func (is *Issuer) Run(ctx context.Context, calls []Call) ([]Record, error) {
 					continue
 				}
 				calling.Add(1)
-				dispatched := time.Now()
 				go func() {
 					defer calling.Done()
 					rep := is.Invoker.Invoke(callCtx, c)
-					// The response time runs from the dispatch, so the wait
-					// for this goroutine to be scheduled counts too.
-					rep.Response = max(rep.Response, time.Since(dispatched))
+					if !rep.Sent.IsZero() {
+						// The send really began when the invoker started it:
+						// the wait for this goroutine to run is lateness too.
+						r.StartTime, r.LatenessUs = rep.Sent.UnixMicro(), rep.Sent.Sub(at).Microseconds()
+					}
 					fill(r, &rep)
 					inflight.Add(-1)
 					is.done.Add(1)

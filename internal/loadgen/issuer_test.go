@@ -279,3 +279,26 @@ func TestParseTiming(t *testing.T) {
 		t.Fatal("empty timing header parsed as non-zero")
 	}
 }
+
+func TestLatenessCountsTheInvokersOwnStartDelay(t *testing.T) {
+	// The driver dispatches on time, but each call's goroutine only starts
+	// sending 20 ms later (a starved generator): that is lateness too.
+	start := time.Unix(1e6, 0)
+	inv := invokerFunc(func(_ context.Context, c *Call) Reply {
+		return Reply{Status: 200, Sent: start.Add(c.Offset + 20*time.Millisecond), Response: time.Millisecond}
+	})
+	is := &Issuer{Invoker: inv, Clock: &fakeClock{now: start}}
+	cs := calls(1, 10, time.Second)
+	recs, err := is.Run(context.Background(), cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range recs {
+		if r.LatenessUs != 20_000 || r.StartTime != start.Add(cs[i].Offset+20*time.Millisecond).UnixMicro() {
+			t.Fatalf("call %d: lateness %d µs, start %d", i, r.LatenessUs, r.StartTime)
+		}
+	}
+	if err := DefaultLateness.Check(recs); !errors.Is(err, ErrBehind) {
+		t.Fatalf("20 ms late sends accepted: %v", err)
+	}
+}

@@ -46,6 +46,13 @@ type Config struct {
 	// otherwise they keep running and a restarted daemon adopts them.
 	StopSandboxesOnExit bool
 	Logger              *slog.Logger
+	// SessionInterceptor, when set, wraps the worker's end of every
+	// control-plane link session (Worker.Session; no other RPC). It is an
+	// extension point, like httputil.ReverseProxy's hooks: the reliability
+	// tests use it to drop, delay, duplicate, reorder and cut the messages of
+	// a session (internal/controlplane/faultnet_test.go). Nil, the default,
+	// serves sessions unwrapped.
+	SessionInterceptor grpc.StreamServerInterceptor
 }
 
 func (c *Config) defaults() {
@@ -128,7 +135,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, n := range d.nodes {
 		n.adopt(ctx)
 	}
-	srv := grpc.NewServer(rpc.ServerOptions()...)
+	opts := rpc.ServerOptions()
+	if ic := d.cfg.SessionInterceptor; ic != nil {
+		opts = append(opts, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if info.FullMethod != briskv1.Worker_Session_FullMethodName {
+				return h(srv, ss)
+			}
+			return ic(srv, ss, info, h)
+		}))
+	}
+	srv := grpc.NewServer(opts...)
 	briskv1.RegisterWorkerServer(srv, d)
 	close(d.ready)
 
@@ -264,7 +280,9 @@ func (d *Daemon) Session(stream briskv1.Worker_SessionServer) error {
 				return err
 			}
 		case *briskv1.ToWorker_Commands:
-			n.apply(ctx, msg.Commands)
+			if !n.apply(ctx, epoch, msg.Commands) {
+				return status.Error(codes.FailedPrecondition, "stale session epoch")
+			}
 		case *briskv1.ToWorker_Hello:
 			return status.Error(codes.InvalidArgument, "Hello inside a live session")
 		}

@@ -95,6 +95,11 @@ func (n *Node) adopt(ctx context.Context) {
 func (n *Node) emitLocked(sb *sandbox) {
 	sb.rec.Version++
 	n.pending = append(n.pending, cloneRecord(sb.rec))
+	n.signalLocked()
+}
+
+// signalLocked wakes the sender: pending has grown.
+func (n *Node) signalLocked() {
 	select {
 	case n.notify <- struct{}{}:
 	default:
@@ -167,9 +172,17 @@ func (n *Node) fetch(ids []string) *briskv1.FetchResponse {
 	return resp
 }
 
-// apply executes one batch of commands from the current session.
-func (n *Node) apply(ctx context.Context, c *briskv1.Commands) {
+// apply executes one batch of commands if it belongs to the current session
+// and reports whether it did. The epoch is checked under the lock that
+// install takes: a check made before the call (as the session loop does)
+// can be overtaken by a newer handshake, and a Create of the old session
+// would then start a sandbox the new session's handshake never reported.
+func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) bool {
 	n.mu.Lock()
+	if n.epoch != epoch {
+		n.mu.Unlock()
+		return false
+	}
 	for _, p := range c.GetSpecs() {
 		f := spec.FromProto(p)
 		n.specs[specKey{f.Name, f.Revision}] = f
@@ -187,6 +200,7 @@ func (n *Node) apply(ctx context.Context, c *briskv1.Commands) {
 	for _, id := range c.GetTombstones() {
 		go n.terminate(ctx, id, "tombstone")
 	}
+	return true
 }
 
 // acceptLocked admits a Create idempotently. It returns the sandbox to start,
@@ -195,6 +209,7 @@ func (n *Node) acceptLocked(cr *briskv1.CreateSandbox) *sandbox {
 	id := cr.GetId()
 	if sb, ok := n.sandboxes[id]; ok { // duplicate delivery: re-announce
 		n.pending = append(n.pending, cloneRecord(sb.rec))
+		n.signalLocked() // now, not with the next heartbeat
 		return nil
 	}
 	rec := &briskv1.SandboxRecord{Id: id, Function: cr.GetFunction(), Revision: cr.GetRevision()}

@@ -67,8 +67,8 @@ func pendingStates(n *Node, id string) []briskv1.SandboxState {
 // CHAIN.md §3.10 case 3: a Create delivered twice makes one sandbox.
 func TestDuplicateCreateMakesOneSandbox(t *testing.T) {
 	n := newTestNode(t, 5*time.Millisecond)
-	n.apply(context.Background(), create("a"))
-	n.apply(context.Background(), create("a"))
+	n.apply(context.Background(), n.currentEpoch(), create("a"))
+	n.apply(context.Background(), n.currentEpoch(), create("a"))
 	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "a") == briskv1.SandboxState_SANDBOX_STATE_READY })
 	if got := len(n.Snapshot()); got != 1 {
 		t.Fatalf("%d sandboxes after a duplicate create, want 1", got)
@@ -83,7 +83,7 @@ func TestDuplicateCreateMakesOneSandbox(t *testing.T) {
 // sandbox never starts, and a later Create for the id is refused.
 func TestTombstoneBeforeCreateNeverStarts(t *testing.T) {
 	n := newTestNode(t, 0)
-	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"b"}})
+	n.apply(context.Background(), n.currentEpoch(), &briskv1.Commands{Tombstones: []string{"b"}})
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		n.mu.Lock()
 		defer n.mu.Unlock()
@@ -91,7 +91,7 @@ func TestTombstoneBeforeCreateNeverStarts(t *testing.T) {
 		return ok
 	})
 	pendingStates(n, "b")
-	n.apply(context.Background(), create("b"))
+	n.apply(context.Background(), n.currentEpoch(), create("b"))
 	if got := pendingStates(n, "b"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_GONE {
 		t.Fatalf("create after tombstone answered %v, want [GONE]", got)
 	}
@@ -107,12 +107,12 @@ func TestTombstoneBeforeCreateNeverStarts(t *testing.T) {
 // A terminated sandbox never comes back (anomaly #1 at the tail).
 func TestTerminatedSandboxIsNeverRevived(t *testing.T) {
 	n := newTestNode(t, 0)
-	n.apply(context.Background(), create("c"))
+	n.apply(context.Background(), n.currentEpoch(), create("c"))
 	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "c") == briskv1.SandboxState_SANDBOX_STATE_READY })
-	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"c"}})
+	n.apply(context.Background(), n.currentEpoch(), &briskv1.Commands{Tombstones: []string{"c"}})
 	testutil.Eventually(t, 5*time.Second, func() bool { return len(n.Snapshot()) == 0 })
 	pendingStates(n, "c")
-	n.apply(context.Background(), create("c"))
+	n.apply(context.Background(), n.currentEpoch(), create("c"))
 	if got := pendingStates(n, "c"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_GONE {
 		t.Fatalf("re-create of a terminated id answered %v, want [GONE]", got)
 	}
@@ -124,9 +124,9 @@ func TestTerminatedSandboxIsNeverRevived(t *testing.T) {
 // A tombstone during a slow start cancels it; nothing is left running.
 func TestTombstoneDuringCreation(t *testing.T) {
 	n := newTestNode(t, 300*time.Millisecond)
-	n.apply(context.Background(), create("d"))
+	n.apply(context.Background(), n.currentEpoch(), create("d"))
 	testutil.Eventually(t, 5*time.Second, func() bool { return state(n, "d") == briskv1.SandboxState_SANDBOX_STATE_CREATING })
-	n.apply(context.Background(), &briskv1.Commands{Tombstones: []string{"d"}})
+	n.apply(context.Background(), n.currentEpoch(), &briskv1.Commands{Tombstones: []string{"d"}})
 	testutil.Eventually(t, 5*time.Second, func() bool { return len(n.Snapshot()) == 0 })
 	listed, _ := n.rt.List(context.Background())
 	if len(listed) != 0 {
@@ -137,7 +137,7 @@ func TestTombstoneDuringCreation(t *testing.T) {
 // Unknown revisions fail cleanly instead of starting something stale.
 func TestCreateWithoutSpecFails(t *testing.T) {
 	n := newTestNode(t, 0)
-	n.apply(context.Background(), &briskv1.Commands{Creates: []*briskv1.CreateSandbox{{Id: "e", Function: "g", Revision: 9}}})
+	n.apply(context.Background(), n.currentEpoch(), &briskv1.Commands{Creates: []*briskv1.CreateSandbox{{Id: "e", Function: "g", Revision: 9}}})
 	if got := pendingStates(n, "e"); len(got) != 1 || got[0] != briskv1.SandboxState_SANDBOX_STATE_FAILED {
 		t.Fatalf("create for an unknown spec answered %v, want [FAILED]", got)
 	}
@@ -146,7 +146,7 @@ func TestCreateWithoutSpecFails(t *testing.T) {
 // A drain Hello kills every sandbox before the handshake answer.
 func TestDrainKillsEverythingBeforeAnswering(t *testing.T) {
 	n := newTestNode(t, 0)
-	n.apply(context.Background(), create("x", "y"))
+	n.apply(context.Background(), n.currentEpoch(), create("x", "y"))
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		return state(n, "x") == briskv1.SandboxState_SANDBOX_STATE_READY && state(n, "y") == briskv1.SandboxState_SANDBOX_STATE_READY
 	})
@@ -157,5 +157,23 @@ func TestDrainKillsEverythingBeforeAnswering(t *testing.T) {
 	listed, _ := n.rt.List(context.Background())
 	if len(listed) != 0 {
 		t.Fatalf("runtime still runs %v after drain", listed)
+	}
+}
+
+// Commands of a session that a newer handshake has superseded are refused
+// even when they reach apply (the session loop's own check can be overtaken
+// by the newer handshake).
+func TestApplyRefusesAnOldEpoch(t *testing.T) {
+	n := newTestNode(t, 0)
+	old := n.currentEpoch()
+	n.install(context.Background(), &briskv1.Hello{Epoch: old + 1, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RESET})
+	if n.apply(context.Background(), old, create("z")) {
+		t.Fatal("commands of the old session applied")
+	}
+	if len(n.Snapshot()) != 0 {
+		t.Fatalf("old session's create started %v", n.Snapshot())
+	}
+	if !n.apply(context.Background(), old+1, create("z")) || state(n, "z") == briskv1.SandboxState_SANDBOX_STATE_UNSPECIFIED {
+		t.Fatal("commands of the current session refused")
 	}
 }
