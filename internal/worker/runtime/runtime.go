@@ -13,6 +13,15 @@ import (
 // treat it as "already gone".
 var ErrNotFound = errors.New("sandbox not found")
 
+// Errors wrapped by Instance.ExitErr, the same for every runtime.
+var (
+	// ErrOOMKilled means the kernel OOM killer killed a process of the
+	// sandbox because it reached its memory limit.
+	ErrOOMKilled = errors.New("OOM-killed")
+	// ErrKilled means the sandbox ended because Kill stopped it.
+	ErrKilled = errors.New("stopped by Kill")
+)
+
 // Spec is everything a runtime needs to start one sandbox.
 type Spec struct {
 	ID       string         // sandbox id, unique for the life of the cluster

@@ -59,13 +59,11 @@ type Config struct {
 // DefaultKillGrace is the SIGTERM-to-SIGKILL grace when Config.KillGrace is 0.
 const DefaultKillGrace = time.Second
 
-// Errors wrapped by Instance.ExitErr.
+// Errors wrapped by Instance.ExitErr: the runtime package's, shared by
+// every runtime.
 var (
-	// ErrOOMKilled means the kernel OOM killer killed a process of the
-	// sandbox because it reached its memory limit.
-	ErrOOMKilled = errors.New("OOM-killed")
-	// ErrKilled means the sandbox ended because Kill stopped it.
-	ErrKilled = errors.New("stopped by Kill")
+	ErrOOMKilled = runtime.ErrOOMKilled
+	ErrKilled    = runtime.ErrKilled
 )
 
 const (
@@ -73,6 +71,9 @@ const (
 	sigkillTimeout = 10 * time.Second
 	// dialTimeout bounds connecting to containerd in New.
 	dialTimeout = 10 * time.Second
+	// containerCreateTimeout bounds creating a container record and its
+	// snapshot, which runs to the end even when the caller gives up.
+	containerCreateTimeout = 30 * time.Second
 )
 
 // Runtime runs sandboxes as containerd containers. It is safe for concurrent
@@ -302,7 +303,12 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 		LabelState: r.cfg.StateDir, labelPort: strconv.Itoa(s.Function.Port),
 	}
 	endpointLabels(sb.ep, labels)
-	c, err := r.client.NewContainer(ctx, sb.id,
+	// Not cut short by the caller's deadline: containerd may finish
+	// preparing the snapshot after a cancelled request, after teardown
+	// looked for it, and leak it. The caller's ctx is checked right after.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), containerCreateTimeout)
+	defer cancel()
+	c, err := r.client.NewContainer(cctx, sb.id,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
 		containerd.WithNewSnapshot(sb.id, img, snapshots.WithLabels(map[string]string{LabelState: r.cfg.StateDir})),
@@ -322,6 +328,9 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 		return fmt.Errorf("container from %s: %w", img.Name(), err)
 	}
 	sb.container = c
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("container from %s: %w", img.Name(), err)
+	}
 	task, err := c.NewTask(ctx, cio.LogFile(logPath))
 	if err != nil {
 		return fmt.Errorf("task: %w", err)

@@ -54,12 +54,11 @@ const DefaultKillGrace = time.Second
 // trace function (see tracefn.FromEnv for its environment).
 const TraceSubcommand = "__trace"
 
-// Errors wrapped by Instance.ExitErr.
+// Errors wrapped by Instance.ExitErr: the runtime package's, shared by
+// every runtime.
 var (
-	// ErrOOMKilled means the sandbox's memory cgroup reports an OOM kill.
-	ErrOOMKilled = errors.New("killed by the kernel OOM killer")
-	// ErrKilled means the sandbox ended because Kill stopped it.
-	ErrKilled = errors.New("stopped by Kill")
+	ErrOOMKilled = runtime.ErrOOMKilled
+	ErrKilled    = runtime.ErrKilled
 )
 
 const (
