@@ -246,6 +246,9 @@ func nodeOf(md metadata.MD) string {
 // clientInterceptor is the control plane's end: it refuses sessions to
 // partitioned nodes and makes each session cuttable.
 func (f *faultNet) clientInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if method != briskv1.Worker_Session_FullMethodName {
+		return streamer(ctx, desc, cc, method, opts...)
+	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	node := nodeOf(md)
 	if f.partitioned(node) {
@@ -331,7 +334,8 @@ func (s *wstream) Epoch() uint64 {
 	return s.epoch
 }
 
-// ended reports whether the worker's handler for this session has returned.
+// finished reports whether the worker's handler for this session has
+// returned.
 func (s *wstream) finished() bool {
 	select {
 	case <-s.done:

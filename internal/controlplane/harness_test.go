@@ -479,7 +479,6 @@ type routeWatch struct {
 	mu     sync.Mutex
 	routes map[string]map[string]bool // function -> sandbox ids
 	added  []string                   // every announced sandbox id, in order
-	synced int                        // snapshots applied
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -528,7 +527,6 @@ func (w *routeWatch) apply(b *briskv1.EndpointBatch) {
 	defer w.mu.Unlock()
 	if b.GetSnapshot() {
 		w.routes = map[string]map[string]bool{}
-		w.synced++
 	}
 	for _, f := range b.GetFunctions() {
 		if w.routes[f.GetName()] == nil {
@@ -576,13 +574,6 @@ func (w *routeWatch) announcedSince(mark int, id string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Contains(w.added[mark:], id)
-}
-
-// snapshots counts the snapshots applied (one per (re)connection).
-func (w *routeWatch) snapshots() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.synced
 }
 
 // ---------------------------------------------------------------- helpers
