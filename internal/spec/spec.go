@@ -156,7 +156,7 @@ func (f *Function) Validate() error {
 		return bad("limits.memory_mb", "%d out of range [0, 1048576] (0 = resources.memory_mb)", f.Limits.MemoryMB)
 	}
 	if f.Concurrency < 0 || f.Concurrency > 10000 {
-		return bad("concurrency", "%d out of range [0, 10000] (0 = unlimited)", f.Concurrency)
+		return bad("concurrency", "%d out of range [0, 10000] (0 = the default, 1)", f.Concurrency)
 	}
 	if err := f.Scaling.validate(bad); err != nil {
 		return err
