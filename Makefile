@@ -9,8 +9,9 @@ TEST_TIMEOUT ?= 20m
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/brisk
+build: ## build bin/brisk and bin/brisk-trace (the lean trace function)
 	$(GO) build -o $(BIN) ./cmd/brisk
+	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
 
 demo: build ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
 	./scripts/demo.sh

@@ -119,9 +119,11 @@ binary must be static (build Go with CGO_ENABLED=0): the image holds nothing
 else. Without --entrypoint, a file is its own entrypoint.
 
 'brisk image build trace' with no PATH builds the built-in trace function
-(entrypoint "/brisk __trace") from this brisk binary, rebuilding brisk with
-CGO_ENABLED=0 from its source tree when this binary is not static; the
-containerd runtime runs '--builtin trace' functions from that image.
+from the lean brisk-trace binary beside this brisk (make build puts it
+there), else from one built with the go command from brisk's source tree,
+else from this brisk binary itself (entrypoint "/brisk __trace", rebuilt with
+CGO_ENABLED=0 when it is not static); the containerd runtime runs
+'--builtin trace' functions from that image.
 
 The archive goes to --out, or to <data-dir>/images/NAME.tar. Without --out
 the image is also imported into the local containerd, so a worker on this
@@ -154,11 +156,9 @@ machine can run it at once; with --out only the archive is written unless
 					return err
 				}
 				defer os.RemoveAll(tmp)
-				static, err := image.StaticBrisk(ctx, exe, tmp)
-				if err != nil {
+				if opts, err = image.TraceBuildOptions(ctx, exe, tmp); err != nil {
 					return err
 				}
-				opts = image.TraceOptions(static)
 			default:
 				return usageError{fmt.Errorf("brisk image build %s: PATH is required (only 'trace' is built in)", name)}
 			}

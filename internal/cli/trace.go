@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -9,8 +8,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/tracefn"
 )
 
-// newTraceFn is the hidden command the process runtime starts for the
-// built-in trace function: the brisk binary itself is the artifact.
+// newTraceFn is the hidden command serving the built-in trace function
+// where the lean brisk-trace binary is not installed beside brisk.
 func newTraceFn() *cobra.Command {
 	return &cobra.Command{
 		Use:    "__trace",
@@ -18,16 +17,11 @@ func newTraceFn() *cobra.Command {
 		Hidden: true,
 		Args:   exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			port := os.Getenv("PORT")
-			if port == "" {
-				return usageError{fmt.Errorf("PORT is not set")}
+			addr, cfg, err := tracefn.FromEnv(os.Getenv)
+			if err != nil {
+				return usageError{err}
 			}
-			host := os.Getenv("BRISK_LISTEN_HOST")
-			if host == "" {
-				host = "127.0.0.1"
-			}
-			return tracefn.Serve(c.Context(), host+":"+port, tracefn.Config{
-				SandboxID: os.Getenv("BRISK_SANDBOX_ID"), Function: os.Getenv("BRISK_FUNCTION")})
+			return tracefn.Serve(c.Context(), addr, cfg)
 		},
 	}
 }

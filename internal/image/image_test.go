@@ -239,3 +239,41 @@ func TestImportIntoContainerd(t *testing.T) {
 		t.Errorf("IsUnpacked = %v, %v", ok, err)
 	}
 }
+
+// The trace image is built around the lean brisk-trace binary found beside
+// the brisk executable, with its own entrypoint; without one (and with the
+// source tree at hand) brisk-trace is built from source, never the whole brisk.
+func TestTraceBuildOptionsPrefersTheLeanBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds brisk-trace with the go command")
+	}
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "brisk")
+	lean := filepath.Join(dir, "brisk-trace")
+	if err := goBuild(context.Background(), sourceTree(), "./cmd/brisk-trace", lean); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := TraceBuildOptions(context.Background(), exe, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Path != lean || !slices.Equal(opts.Entrypoint, []string{"/brisk-trace"}) {
+		t.Fatalf("options %+v: want %s with entrypoint /brisk-trace", opts, lean)
+	}
+
+	os.Remove(lean)
+	out := t.TempDir()
+	opts, err = TraceBuildOptions(context.Background(), exe, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Path != filepath.Join(out, "brisk-trace") || !slices.Equal(opts.Entrypoint, []string{"/brisk-trace"}) {
+		t.Fatalf("without a lean binary beside brisk: options %+v, want one built into %s", opts, out)
+	}
+	if ok, err := IsStatic(opts.Path); err != nil || !ok {
+		t.Fatalf("built brisk-trace static=%v err=%v", ok, err)
+	}
+}

@@ -81,3 +81,23 @@ func FreePort(t testing.TB) int {
 	}
 	return port
 }
+
+// FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a
+// moment ago: each is held until all are chosen, so that the kernel cannot
+// hand one out twice (FreePort called n times can).
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	ls := make([]net.Listener, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("FreePorts: %v", err)
+		}
+		ls[i], ports[i] = l, l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	return ports
+}

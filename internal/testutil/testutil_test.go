@@ -97,3 +97,14 @@ func TestFreePortIsBindable(t *testing.T) {
 	}
 	l.Close()
 }
+
+func TestFreePortsAreDistinct(t *testing.T) {
+	ports := FreePorts(t, 50)
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p <= 0 || seen[p] {
+			t.Fatalf("ports %v: %d repeated or invalid", ports, p)
+		}
+		seen[p] = true
+	}
+}

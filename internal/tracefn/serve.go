@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 )
@@ -88,4 +90,22 @@ func FromEnv(getenv func(string) string) (addr string, cfg Config, err error) {
 	}
 	cfg = Config{SandboxID: getenv(EnvSandboxID), Function: getenv(EnvFunction)}
 	return net.JoinHostPort(host, p), cfg, nil
+}
+
+// BinaryName is the lean binary serving the trace function (cmd/brisk-trace),
+// which `make build` puts next to brisk.
+const BinaryName = "brisk-trace"
+
+// Subcommand is the hidden brisk subcommand serving the trace function.
+const Subcommand = "__trace"
+
+// Command returns the argv that serves the trace function for the brisk
+// executable exe: BinaryName beside exe when it is there, because it starts
+// several times faster, otherwise exe's hidden subcommand.
+func Command(exe string) []string {
+	lean := filepath.Join(filepath.Dir(exe), BinaryName)
+	if st, err := os.Stat(lean); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		return []string{lean}
+	}
+	return []string{exe, Subcommand}
 }

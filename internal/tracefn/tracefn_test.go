@@ -7,6 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -331,4 +334,25 @@ func BenchmarkServerEmpty(b *testing.B) {
 			}
 		})
 	})
+}
+
+func TestCommandPrefersTheLeanBinaryBesideBrisk(t *testing.T) {
+	dir := t.TempDir()
+	exe := filepath.Join(dir, "brisk")
+	if got := Command(exe); !slices.Equal(got, []string{exe, "__trace"}) {
+		t.Fatalf("without brisk-trace: %q", got)
+	}
+	lean := filepath.Join(dir, BinaryName)
+	if err := os.WriteFile(lean, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := Command(exe); !slices.Equal(got, []string{exe, "__trace"}) {
+		t.Fatalf("with a brisk-trace that is not executable: %q", got)
+	}
+	if err := os.Chmod(lean, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := Command(exe); !slices.Equal(got, []string{lean}) {
+		t.Fatalf("with brisk-trace beside brisk: %q", got)
+	}
 }

@@ -42,6 +42,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building brisk:", err)
 		os.Exit(1)
 	}
+	// The lean trace function beside brisk, as make build installs it.
+	build = exec.Command("go", "build", "-o", filepath.Join(dir, "brisk-trace"), "../../cmd/brisk-trace")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building brisk-trace:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -308,6 +308,7 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 	// looked for it, and leak it. The caller's ctx is checked right after.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), containerCreateTimeout)
 	defer cancel()
+	t0 := time.Now()
 	c, err := r.client.NewContainer(cctx, sb.id,
 		containerd.WithImage(img),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
@@ -331,11 +332,13 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("container from %s: %w", img.Name(), err)
 	}
+	t1 := time.Now()
 	task, err := c.NewTask(ctx, cio.LogFile(logPath))
 	if err != nil {
 		return fmt.Errorf("task: %w", err)
 	}
 	sb.task = task
+	t2 := time.Now()
 	// Wait before Start, so that an immediate exit is not missed, and under
 	// bg: the wait outlives this call.
 	statusC, err := task.Wait(r.bg)
@@ -353,6 +356,7 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 		r.mu.Unlock()
 		return fmt.Errorf("task start: %w", err)
 	}
+	r.log.Debug("sandbox phases", "sandbox", sb.id, "container", t1.Sub(t0), "task_create", t2.Sub(t1), "task_start", time.Since(t2))
 	return nil
 }
 

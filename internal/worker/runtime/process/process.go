@@ -30,7 +30,8 @@ type Config struct {
 	// Two live Runtimes must not share one.
 	StateDir string
 	// BriskBinary is run as "<BriskBinary> __trace" for the builtin trace
-	// function. Default: this executable.
+	// function. Default: brisk-trace beside this executable when it is
+	// there (it starts faster), otherwise this executable.
 	BriskBinary string
 	// KillGrace is how long Kill waits after SIGTERM before SIGKILL.
 	// Default: DefaultKillGrace.
@@ -52,7 +53,7 @@ const DefaultKillGrace = time.Second
 
 // TraceSubcommand is the hidden brisk subcommand that serves the builtin
 // trace function (see tracefn.FromEnv for its environment).
-const TraceSubcommand = "__trace"
+const TraceSubcommand = tracefn.Subcommand
 
 // Errors wrapped by Instance.ExitErr: the runtime package's, shared by
 // every runtime.
@@ -73,9 +74,10 @@ const (
 
 // Runtime runs sandboxes as host processes. It is safe for concurrent use.
 type Runtime struct {
-	cfg Config
-	log *slog.Logger
-	cg  *cgroups // nil: no cgroups
+	cfg       Config
+	traceArgv []string // how the builtin trace function is run
+	log       *slog.Logger
+	cg        *cgroups // nil: no cgroups
 	// noClone3 is set once clone3 turned out to be unavailable (seccomp
 	// filters in older container runtimes), after which v2 sandboxes join
 	// their cgroup the v1 way.
@@ -135,15 +137,17 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
+	traceArgv := []string{cfg.BriskBinary, TraceSubcommand}
 	if cfg.BriskBinary == "" {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("process runtime: BriskBinary: %w", err)
 		}
-		cfg.BriskBinary = exe
+		traceArgv = tracefn.Command(exe)
 	}
 	r := &Runtime{
 		cfg:       cfg,
+		traceArgv: traceArgv,
 		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		sandboxes: map[string]*sandbox{},
 		creating:  map[string]struct{}{},
@@ -305,7 +309,7 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 	case len(f.Command) > 0:
 		return f.Command, nil
 	case f.Builtin == "trace":
-		return []string{r.cfg.BriskBinary, TraceSubcommand}, nil
+		return r.traceArgv, nil
 	case f.Builtin != "":
 		return nil, fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
 	case f.Image != "":
