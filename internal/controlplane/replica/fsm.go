@@ -1,0 +1,184 @@
+package replica
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+)
+
+// op names one registry mutation in the raft log. The values are persisted:
+// never renumber them, only add.
+type op uint8
+
+const (
+	opCreateFunction op = iota + 1
+	opUpdateFunction
+	opDeleteFunction
+	opPutWorker
+	opPutDataPlane
+)
+
+// command is one raft log entry. Value is the record's JSON as the writer
+// encoded it; the FSM keeps those bytes as they are, so every replica holds
+// the same bytes and a read decodes a private copy for its caller.
+type command struct {
+	Op    op              `json:"op"`
+	Key   string          `json:"key"`
+	Value json.RawMessage `json:"value,omitempty"`
+}
+
+// fsm is the replicated state: the three registry tables as JSON records
+// keyed by function name, worker id and data-plane id. raft applies entries
+// from one goroutine; readers take the read lock.
+type fsm struct {
+	mu         sync.RWMutex
+	functions  map[string]json.RawMessage
+	workers    map[string]json.RawMessage
+	dataplanes map[string]json.RawMessage
+}
+
+var _ raft.BatchingFSM = (*fsm)(nil)
+
+func newFSM() *fsm {
+	return &fsm{
+		functions:  map[string]json.RawMessage{},
+		workers:    map[string]json.RawMessage{},
+		dataplanes: map[string]json.RawMessage{},
+	}
+}
+
+// Apply applies one committed entry (raft uses ApplyBatch; this is the
+// plain raft.FSM path).
+func (f *fsm) Apply(l *raft.Log) any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applyLocked(l)
+}
+
+// ApplyBatch applies committed entries under one lock acquisition. The
+// response for each entry is nil or an error; it depends only on the state
+// and the entry, so every replica reaches the same result.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, l := range logs {
+		out[i] = f.applyLocked(l)
+	}
+	return out
+}
+
+func (f *fsm) applyLocked(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil // configuration changes and no-ops carry no registry state
+	}
+	var c command
+	if err := json.Unmarshal(l.Data, &c); err != nil {
+		return fmt.Errorf("replica: corrupt log entry %d: %w", l.Index, err)
+	}
+	switch c.Op {
+	case opCreateFunction:
+		if _, ok := f.functions[c.Key]; ok {
+			return fmt.Errorf("function %q: %w", c.Key, store.ErrExists)
+		}
+		f.functions[c.Key] = c.Value
+	case opUpdateFunction:
+		if _, ok := f.functions[c.Key]; !ok {
+			return fmt.Errorf("function %q: %w", c.Key, store.ErrNotFound)
+		}
+		f.functions[c.Key] = c.Value
+	case opDeleteFunction:
+		if _, ok := f.functions[c.Key]; !ok {
+			return fmt.Errorf("function %q: %w", c.Key, store.ErrNotFound)
+		}
+		delete(f.functions, c.Key)
+	case opPutWorker:
+		f.workers[c.Key] = c.Value
+	case opPutDataPlane:
+		f.dataplanes[c.Key] = c.Value
+	default:
+		// A newer replica wrote an op this binary does not know. Every
+		// replica of this version skips it the same way.
+		return fmt.Errorf("replica: log entry %d: unknown op %d", l.Index, c.Op)
+	}
+	return nil
+}
+
+// records returns the table's values sorted by key. The byte slices are
+// never modified after they are stored, so they can be decoded unlocked.
+func (f *fsm) records(table func(*fsm) map[string]json.RawMessage) []json.RawMessage {
+	f.mu.RLock()
+	m := table(f)
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]json.RawMessage, len(keys))
+	for i, k := range keys {
+		out[i] = m[k]
+	}
+	f.mu.RUnlock()
+	return out
+}
+
+// snapshotData is the snapshot format: the three tables as JSON objects.
+type snapshotData struct {
+	Functions  map[string]json.RawMessage `json:"functions"`
+	Workers    map[string]json.RawMessage `json:"workers"`
+	DataPlanes map[string]json.RawMessage `json:"dataplanes"`
+}
+
+// Snapshot copies the maps (not the immutable records) so Persist can write
+// them while Apply goes on.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &fsmSnapshot{data: snapshotData{
+		Functions:  maps.Clone(f.functions),
+		Workers:    maps.Clone(f.workers),
+		DataPlanes: maps.Clone(f.dataplanes),
+	}}, nil
+}
+
+// Restore replaces the whole state with a snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var d snapshotData
+	if err := json.NewDecoder(rc).Decode(&d); err != nil {
+		return fmt.Errorf("replica: restore snapshot: %w", err)
+	}
+	if d.Functions == nil {
+		d.Functions = map[string]json.RawMessage{}
+	}
+	if d.Workers == nil {
+		d.Workers = map[string]json.RawMessage{}
+	}
+	if d.DataPlanes == nil {
+		d.DataPlanes = map[string]json.RawMessage{}
+	}
+	f.mu.Lock()
+	f.functions, f.workers, f.dataplanes = d.Functions, d.Workers, d.DataPlanes
+	f.mu.Unlock()
+	return nil
+}
+
+type fsmSnapshot struct{ data snapshotData }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	// encoding/json sorts map keys: equal states give equal snapshots.
+	if err := json.NewEncoder(sink).Encode(&s.data); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("replica: persist snapshot: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() {}

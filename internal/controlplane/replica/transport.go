@@ -1,0 +1,75 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// streamLayer is raft's TCP stream layer over a listener we bind ourselves
+// (raft.NewTCPTransport binds inside and cannot take a pre-bound socket,
+// which tests need to avoid racing for free ports). It advertises the raft
+// address exactly as the peer list spells it, so the address raft reports
+// for the leader matches the configuration.
+type streamLayer struct {
+	net.Listener
+	advertise string
+}
+
+func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	return d.Dial("tcp", string(addr))
+}
+
+func (s *streamLayer) Addr() net.Addr { return textAddr(s.advertise) }
+
+type textAddr string
+
+func (a textAddr) Network() string { return "tcp" }
+func (a textAddr) String() string  { return string(a) }
+
+// newRaftLogger routes raft's hclog output to slog at Warn and above: raft
+// is chatty at Info (every election step), and leader changes are logged
+// by the Registry itself.
+func newRaftLogger(l *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:        "raft",
+		Level:       hclog.Warn,
+		Output:      &slogWriter{l: l},
+		DisableTime: true,
+	})
+}
+
+// slogWriter receives one formatted hclog line per LevelWrite.
+type slogWriter struct{ l *slog.Logger }
+
+var _ hclog.LevelWriter = (*slogWriter)(nil)
+
+func (w *slogWriter) Write(p []byte) (int, error) { return w.LevelWrite(hclog.Info, p) }
+
+func (w *slogWriter) LevelWrite(level hclog.Level, p []byte) (int, error) {
+	n := len(p)
+	// Drop hclog's "[WARN]  " header: slog has its own level.
+	line := bytes.TrimSpace(p)
+	if len(line) > 0 && line[0] == '[' {
+		if i := bytes.IndexByte(line, ']'); i > 0 {
+			line = bytes.TrimSpace(line[i+1:])
+		}
+	}
+	lvl := slog.LevelInfo
+	switch {
+	case level >= hclog.Error:
+		lvl = slog.LevelError
+	case level == hclog.Warn:
+		lvl = slog.LevelWarn
+	case level <= hclog.Debug:
+		lvl = slog.LevelDebug
+	}
+	w.l.Log(context.Background(), lvl, string(line), "component", "raft")
+	return n, nil
+}
