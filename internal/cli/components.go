@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/spec"
@@ -139,23 +140,71 @@ func usageOr(err error) error {
 
 func newControlPlane(g *globals) *cobra.Command {
 	f := &cpFlags{}
+	var id, peers string
 	c := &cobra.Command{
 		Use:   "controlplane",
-		Short: "Run a control plane (registry, autoscaler, placer, admin API)",
-		Args:  exactArgs(0),
+		Short: "Run a control plane (registry, autoscaler, placer, admin API), alone or as one of 3 or 5 replicas",
+		Long: `Run a control plane: the durable function registry, the autoscaler, the placer,
+the worker links and the admin API.
+
+Alone (the default) it keeps its registry in a bbolt file in --data-dir.
+
+With --peers it is one replica of a highly available control plane: the
+registry is replicated with raft (hashicorp/raft, log in bbolt under
+--data-dir), one replica leads and serves, the others proxy admin calls to it
+and point workers and data planes at it. When the leader dies another replica
+takes over within about a second and rebuilds the sandbox state from the
+workers. --peers lists every replica as id=raft|admin|grpc, e.g.
+
+  brisk controlplane --id cp1 --data-dir /var/lib/brisk/cp1 \
+    --peers 'cp1=10.0.0.1:7100|10.0.0.1:9090|10.0.0.1:9091,cp2=10.0.0.2:7100|10.0.0.2:9090|10.0.0.2:9091,cp3=...'
+
+--admin and --grpc are then taken from this replica's entry. Workers and data
+planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
+		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
 			if err != nil {
 				return err
 			}
-			cp, err := controlplane.New(cfg)
+			if peers == "" {
+				if id != "" {
+					return usageError{errors.New("--id needs --peers")}
+				}
+				cp, err := controlplane.New(cfg)
+				if err != nil {
+					return err
+				}
+				return cp.Run(c.Context())
+			}
+			list, err := replica.ParsePeers(peers)
+			if err != nil {
+				return usageError{fmt.Errorf("--peers: %w", err)}
+			}
+			var self *replica.Peer
+			for i := range list {
+				if list[i].ID == id {
+					self = &list[i]
+				}
+			}
+			if self == nil {
+				return usageError{fmt.Errorf("--id %q is not one of --peers", id)}
+			}
+			if c.Flags().Changed("admin") || c.Flags().Changed("grpc") {
+				return usageError{errors.New("with --peers, the admin and gRPC addresses come from this replica's --peers entry: drop --admin and --grpc")}
+			}
+			cfg.AdminAddr, cfg.GRPCAddr = self.AdminAddr, self.GRPCAddr
+			reg, err := replica.Open(replica.Config{ID: id, Peers: list, Dir: filepath.Join(f.dataDir, "raft"), Logger: cfg.Logger})
 			if err != nil {
 				return err
 			}
-			return cp.Run(c.Context())
+			defer reg.Close()
+			return controlplane.RunReplica(c.Context(), cfg, reg, list)
 		},
 	}
 	f.register(c)
+	c.Flags().StringVar(&id, "id", "", "this replica's id in --peers")
+	c.Flags().StringVar(&peers, "peers", "", "every replica of an HA control plane: id=raft|admin|grpc,... (empty: run alone)")
 	return c
 }
 
@@ -180,7 +229,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	host, _ := os.Hostname()
 	c.Flags().StringVar(&id, "id", host, "data plane id")
 	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c)")
-	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address")
+	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
 	return c
 }
 
@@ -208,7 +257,7 @@ func newWorker(g *globals) *cobra.Command {
 		},
 	}
 	f.register(c, true)
-	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address")
+	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
 	return c
 }
 

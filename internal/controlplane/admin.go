@@ -61,10 +61,25 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/status", cp.status)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{}))
+	if cp.cfg.Replica != nil {
+		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, cp.cfg.Replica()) })
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	return mux
+}
+
+// writeStoreError answers a failed registry write: 503 when this replica
+// lost leadership meanwhile (the client retries and reaches the new leader),
+// 500 otherwise.
+func writeStoreError(w http.ResponseWriter, what string, err error) {
+	if errNotLeader(err) {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, what+err.Error()+"; retry")
+		return
+	}
+	writeError(w, http.StatusInternalServerError, what+err.Error())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -154,7 +169,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "storing function: "+err.Error())
+		writeStoreError(w, "storing function: ", err)
 		return
 	}
 	cp.cluster.upsertFunction(f)
@@ -183,7 +198,7 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "storing function: "+err.Error())
+		writeStoreError(w, "storing function: ", err)
 		return
 	}
 	cp.cluster.upsertFunction(f)
@@ -200,7 +215,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "deleting function: "+err.Error())
+		writeStoreError(w, "deleting function: ", err)
 		return
 	}
 	cp.cluster.removeFunction(name)

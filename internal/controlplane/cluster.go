@@ -101,7 +101,7 @@ type Cluster struct {
 	placer   placement.Policy
 
 	watchers map[*watcher]struct{}
-	store    *store.Store
+	store    store.Registry
 	// paused holds placement after a restart until workers have reported
 	// what they run.
 	paused bool

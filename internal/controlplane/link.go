@@ -177,7 +177,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	hsTimer := time.AfterFunc(cp.cfg.HandshakeTimeout, cancel)
 	start := time.Now()
 	err = stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Hello{Hello: &briskv1.Hello{
-		Epoch: epoch, Mode: mode, Drain: drain, ControlPlaneId: cp.id}}})
+		Epoch: epoch, Mode: mode, Drain: drain, ControlPlaneId: cp.id, Term: cp.cfg.Term}}})
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,15 @@ type Config struct {
 	// and cut sessions (internal/controlplane/faultnet_test.go). Nil, the
 	// default, leaves the stream as gRPC made it.
 	WorkerLinkInterceptor grpc.StreamClientInterceptor
+	// Registry, when set, is the registry to use instead of a bbolt store in
+	// DataDir (a raft replica: see RunReplica). Run leaves it open.
+	Registry store.Registry
+	// Term is the leadership term stamped on worker sessions; workers refuse
+	// sessions of a lower term than one they have seen. 0 outside HA.
+	Term uint64
+	// Replica, when set, describes this control plane's replica set on
+	// GET /v1/replica.
+	Replica func() ReplicaView
 }
 
 func (c *Config) defaults() {
@@ -100,7 +109,7 @@ type ControlPlane struct {
 	log     *slog.Logger
 	metrics *cpMetrics
 	cluster *Cluster
-	store   *store.Store
+	store   store.Registry
 
 	linkCtx context.Context
 	linkWG  sync.WaitGroup
@@ -117,7 +126,7 @@ type ControlPlane struct {
 // New validates the config; it opens and starts nothing.
 func New(cfg Config) (*ControlPlane, error) {
 	cfg.defaults()
-	if cfg.DataDir == "" {
+	if cfg.DataDir == "" && cfg.Registry == nil {
 		return nil, errors.New("controlplane: data dir is required")
 	}
 	if err := cfg.Autoscale.Validate(); err != nil {
@@ -142,12 +151,17 @@ func (cp *ControlPlane) GRPCAddr() string { return cp.grpcLis.Addr().String() }
 
 // Run opens the registry, rebuilds state, serves, and returns when ctx ends.
 func (cp *ControlPlane) Run(ctx context.Context) error {
-	st, err := store.Open(cp.cfg.DataDir)
-	if err != nil {
-		return err
+	st := cp.cfg.Registry
+	if st == nil {
+		bolt, err := store.Open(cp.cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		defer bolt.Close()
+		st = bolt
 	}
-	defer st.Close()
 	cp.store, cp.cluster.store = st, st
+	var err error
 	if err := cp.load(ctx); err != nil {
 		return err
 	}

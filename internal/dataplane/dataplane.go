@@ -158,7 +158,9 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	if d.cfg.ControlPlane != "" {
 		// Shared brisk dial options: capped reconnect backoff, keepalives,
 		// a 64 MiB receive limit for large snapshots.
-		conn, err := rpc.Dial(d.cfg.ControlPlane)
+		// Several addresses (comma-separated) are the replicas of an HA
+		// control plane: the connection follows their leader.
+		conn, err := rpc.DialLeader(d.cfg.ControlPlane)
 		if err != nil {
 			_ = srv.Close()
 			return fmt.Errorf("dataplane: control plane %s: %w", d.cfg.ControlPlane, err)

@@ -13,8 +13,8 @@ import (
 
 // Reconnect backoff bounds and the per-RPC timeout of unary calls.
 const (
-	backoffMin = 100 * time.Millisecond
-	backoffMax = 2 * time.Second
+	backoffMin = 50 * time.Millisecond
+	backoffMax = 500 * time.Millisecond // an HA control plane fails over in well under a second
 	rpcTimeout = 5 * time.Second
 )
 

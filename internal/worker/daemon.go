@@ -34,7 +34,7 @@ type NodeConfig struct {
 type Config struct {
 	Listen       string // gRPC listen address; default 127.0.0.1:0
 	Advertise    string // address registered with the control plane; default the bound address
-	ControlPlane string // control plane gRPC address
+	ControlPlane string // control plane gRPC address; comma-separated replicas of an HA control plane
 	Nodes        []NodeConfig
 	// HeartbeatInterval is how often each node reports load; default 1s.
 	HeartbeatInterval time.Duration
@@ -187,7 +187,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 // again whenever a node has had no session for a while (the control plane may
 // have lost or never seen the record).
 func (d *Daemon) registerLoop(ctx context.Context, adv string) {
-	conn, err := rpc.Dial(d.cfg.ControlPlane)
+	conn, err := rpc.DialLeader(d.cfg.ControlPlane)
 	if err != nil {
 		d.log.Error("worker: control plane address", "err", err)
 		return
@@ -246,6 +246,9 @@ func (d *Daemon) Session(stream briskv1.Worker_SessionServer) error {
 	h := first.GetHello()
 	if h == nil {
 		return status.Error(codes.InvalidArgument, "first message of a session must be Hello")
+	}
+	if ok, seen := n.admit(h.GetTerm()); !ok {
+		return status.Errorf(codes.FailedPrecondition, "control-plane term %d is older than term %d seen: a newer leader took over", h.GetTerm(), seen)
 	}
 	ctx := stream.Context()
 	ack := n.install(ctx, h)

@@ -46,6 +46,7 @@ type Node struct {
 
 	mu         sync.Mutex
 	epoch      uint64
+	term       uint64 // highest control-plane leadership term seen
 	sandboxes  map[string]*sandbox
 	terminated map[string]time.Time
 	specs      map[specKey]*spec.Function
@@ -113,6 +114,19 @@ func cloneRecord(r *briskv1.SandboxRecord) *briskv1.SandboxRecord {
 
 // install starts a new session: later messages with another epoch are
 // ignored. It returns the handshake answer.
+// admit reports whether a session of leadership term may take over: a
+// deposed leader (lower term than one already seen) that has not noticed yet
+// must not command the node, nor drain it.
+func (n *Node) admit(term uint64) (bool, uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if term < n.term {
+		return false, n.term
+	}
+	n.term = term
+	return true, term
+}
+
 func (n *Node) install(ctx context.Context, h *briskv1.Hello) *briskv1.HelloAck {
 	if h.GetDrain() {
 		n.drain(ctx)

@@ -526,3 +526,7 @@ func decodeAll[T any](raw []json.RawMessage, kind string) ([]*T, error) {
 	}
 	return out, nil
 }
+
+// Term is raft's current term. A leader stamps it on its worker sessions,
+// so that workers refuse a deposed leader that has not noticed yet.
+func (r *Registry) Term() uint64 { return r.raft.CurrentTerm() }

@@ -1,0 +1,266 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/replica"
+	"github.com/brisk-faas/brisk/internal/rpc"
+)
+
+// ReplicaView is GET /v1/replica: this replica's role in its replica set.
+type ReplicaView struct {
+	ID     string         `json:"id"`
+	Role   string         `json:"role"` // "leader" or "follower"
+	Term   uint64         `json:"term"`
+	Leader *replica.Peer  `json:"leader,omitempty"`
+	Peers  []replica.Peer `json:"peers"`
+}
+
+func replicaView(reg *replica.Registry, peers []replica.Peer) ReplicaView {
+	v := ReplicaView{ID: reg.Self().ID, Role: "follower", Term: reg.Term(), Peers: peers}
+	if reg.IsLeader() {
+		v.Role = "leader"
+	}
+	if l, ok := reg.Leader(); ok {
+		v.Leader = &l
+	}
+	return v
+}
+
+// RunReplica runs one replica of a replicated control plane until ctx ends.
+// While reg's replica is the raft leader it runs a whole ControlPlane on
+// cfg's addresses over reg: registry loaded, every known worker recovered
+// with the recover handshake, endpoints streamed to the data planes that
+// reconnect. When leadership ends, that ControlPlane stops (its worker
+// sessions end, and the workers refuse its term from then on) and the replica
+// serves as a follower on the same addresses: admin calls are proxied to
+// the leader, gRPC calls answered with the leader's address (rpc.LeaderConn
+// follows it). Each term gets a fresh ControlPlane, so nothing of a former
+// term's sandbox view survives: the workers are the source of truth.
+func RunReplica(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
+	cfg.defaults()
+	log := cfg.Logger.With("replica", reg.Self().ID)
+	for ctx.Err() == nil {
+		if reg.IsLeader() {
+			if err := runTerm(ctx, cfg, reg, peers); err != nil && ctx.Err() == nil {
+				log.Error("leader term ended with an error", "err", err)
+				// The follower server below binds the addresses again; a
+				// short pause keeps a persistent failure from spinning.
+				sleepCtx(ctx, 100*time.Millisecond)
+			}
+			continue
+		}
+		if err := runFollower(ctx, cfg, reg, peers); err != nil && ctx.Err() == nil {
+			log.Error("follower server", "err", err)
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// runTerm serves as leader until leadership or ctx ends.
+func runTerm(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// Leadership lost ends the term. The poll backs up the channel,
+		// which keeps only the latest value.
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case v := <-reg.LeaderCh():
+				if !v {
+					cancel()
+					return
+				}
+			case <-t.C:
+				if !reg.IsLeader() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	wctx, wcancel := context.WithTimeout(tctx, 10*time.Second)
+	err := reg.WaitLeader(wctx)
+	wcancel()
+	if err != nil {
+		return nil // not leader after all: the loop serves as follower
+	}
+	start := time.Now()
+	cfg.Registry, cfg.Term = reg, reg.Term()
+	cfg.Replica = func() ReplicaView { return replicaView(reg, peers) }
+	cp, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-cp.Ready():
+			cfg.Logger.Info("leading the control plane", "replica", reg.Self().ID, "term", cfg.Term, "ready_in", time.Since(start))
+		case <-tctx.Done():
+		}
+	}()
+	err = cp.Run(tctx)
+	cfg.Logger.Info("leader term over", "replica", reg.Self().ID, "term", cfg.Term)
+	return err
+}
+
+// runFollower serves the follower's admin and gRPC listeners until this
+// replica becomes leader or ctx ends.
+func runFollower(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	grpcLis, err := listenRetry(fctx, cfg.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	adminLis, err := listenRetry(fctx, cfg.AdminAddr)
+	if err != nil {
+		grpcLis.Close()
+		return err
+	}
+	gs := grpc.NewServer(rpc.ServerOptions()...)
+	briskv1.RegisterControlPlaneServer(gs, &follower{reg: reg})
+	hs := &http.Server{
+		Handler:           followerAdmin(reg, peers),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	go func() { _ = gs.Serve(grpcLis) }()
+	go func() { _ = hs.Serve(adminLis) }()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+wait:
+	for {
+		select {
+		case <-fctx.Done():
+			break wait
+		case v := <-reg.LeaderCh():
+			if v {
+				break wait
+			}
+		case <-t.C:
+			if reg.IsLeader() {
+				break wait
+			}
+		}
+	}
+	// Quickly: the leader's servers take these addresses next.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	_ = hs.Close()
+	gs.Stop()
+	return nil
+}
+
+// listenRetry binds addr, retrying briefly: the server of the previous role
+// may still be letting go of it.
+func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
+	var err error
+	for range 50 {
+		var l net.Listener
+		if l, err = net.Listen("tcp", addr); err == nil {
+			return l, nil
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, fmt.Errorf("listen %s: %w", addr, err)
+}
+
+// followerAdmin proxies the admin API to the leader, so clients may use any
+// replica; /healthz and /v1/replica answer locally.
+func followerAdmin(reg *replica.Registry, peers []replica.Peer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok (follower)\n"))
+	})
+	mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, replicaView(reg, peers))
+	})
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			l, _ := reg.Leader()
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", l.AdminAddr
+			pr.SetXForwarded()
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeError(w, http.StatusServiceUnavailable, "control-plane leader unreachable: "+err.Error()+"; retry")
+		},
+	}
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l, ok := reg.Leader(); !ok || l.ID == reg.Self().ID {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "no control-plane leader elected yet; retry")
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	return mux
+}
+
+// follower answers the control-plane gRPC service on a replica that is not
+// the leader: every call is refused with the leader's address.
+type follower struct {
+	briskv1.UnimplementedControlPlaneServer
+	reg *replica.Registry
+}
+
+func (f *follower) refuse(ctx context.Context) error {
+	l, ok := f.reg.Leader()
+	if !ok || l.ID == f.reg.Self().ID {
+		return rpc.NotLeader("")
+	}
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(rpc.LeaderHintKey, l.GRPCAddr))
+	return rpc.NotLeader(l.GRPCAddr)
+}
+
+func (f *follower) RegisterWorker(ctx context.Context, _ *briskv1.RegisterWorkerRequest) (*briskv1.RegisterWorkerResponse, error) {
+	return nil, f.refuse(ctx)
+}
+
+func (f *follower) RegisterDataPlane(ctx context.Context, _ *briskv1.RegisterDataPlaneRequest) (*briskv1.RegisterDataPlaneResponse, error) {
+	return nil, f.refuse(ctx)
+}
+
+func (f *follower) ReportMetrics(ctx context.Context, _ *briskv1.MetricsReport) (*briskv1.MetricsAck, error) {
+	return nil, f.refuse(ctx)
+}
+
+func (f *follower) WatchEndpoints(_ *briskv1.WatchEndpointsRequest, stream briskv1.ControlPlane_WatchEndpointsServer) error {
+	return f.refuse(stream.Context())
+}
+
+// errNotLeader reports whether err is a registry write refused because this
+// replica is no longer the leader.
+func errNotLeader(err error) bool { return errors.Is(err, replica.ErrNotLeader) }
