@@ -44,6 +44,11 @@ type sandboxRec struct {
 	version uint64
 	addr    string
 	created time.Time
+	// withdrawn: its node's link is down, so data planes do not route to it
+	// (and the autoscaler does not count it as ready). It is replaced only
+	// once the node is fenced (NodeGrace): a short blip must not churn
+	// sandboxes (CHAIN.md §3.10 case 16). The next handshake restores it.
+	withdrawn bool
 }
 
 type fnState struct {
@@ -267,7 +272,7 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
 	ready := 0
 	for _, r := range fs.sandboxes {
-		if r.state == sbReady && r.rev == fs.spec.Revision {
+		if r.state == sbReady && r.rev == fs.spec.Revision && !r.withdrawn {
 			ready++
 		}
 	}
@@ -445,7 +450,7 @@ func (c *Cluster) tombstoneLocked(r *sandboxRec) {
 	if r.state == sbTombstoned {
 		return
 	}
-	if r.state == sbReady {
+	if r.state == sbReady && !r.withdrawn {
 		c.publishRemoveLocked(r.id)
 	}
 	r.state = sbTombstoned
@@ -457,7 +462,7 @@ func (c *Cluster) tombstoneLocked(r *sandboxRec) {
 // dropLocked forgets a sandbox that is gone (or invalid) and frees its
 // resources in the placement view.
 func (c *Cluster) dropLocked(r *sandboxRec) {
-	if r.state == sbReady {
+	if r.state == sbReady && !r.withdrawn {
 		c.publishRemoveLocked(r.id)
 	}
 	delete(r.fn.sandboxes, r.id)
@@ -594,6 +599,41 @@ func (c *Cluster) registerNode(w *store.Worker) (n *nodeState, startLink bool) {
 // checkNodesLocked fences nodes whose link has been down longer than the
 // grace period: their sandboxes are counted gone and replaced elsewhere, and
 // the node must drain before it takes work again (CHAIN.md §3.7).
+// withdrawNodeLocked takes a node whose link just went down out of load
+// balancing at once: data planes stop routing to its sandboxes. The records
+// stay until the node's next handshake restores what still runs, or until
+// NodeGrace passes and checkNodesLocked fences the node and replaces them.
+func (c *Cluster) withdrawNodeLocked(n *nodeState) {
+	withdrawn := 0
+	for _, r := range n.sandboxes {
+		if r.withdrawn || r.state == sbTombstoned {
+			continue
+		}
+		if r.state == sbReady {
+			c.publishRemoveLocked(r.id)
+			withdrawn++
+		}
+		r.withdrawn = true
+	}
+	if withdrawn > 0 {
+		c.log.Warn("worker link down: its sandboxes are out of load balancing", "node", n.rec.ID, "sandboxes", withdrawn)
+	}
+}
+
+// restoreNodeLocked undoes withdrawNodeLocked for the sandboxes the node
+// still reports (called by the handshake, after dropping the others).
+func (c *Cluster) restoreNodeLocked(n *nodeState) {
+	for _, r := range n.sandboxes {
+		if !r.withdrawn {
+			continue
+		}
+		r.withdrawn = false
+		if r.state == sbReady {
+			c.publishAddLocked(r)
+		}
+	}
+}
+
 func (c *Cluster) checkNodesLocked(now time.Time) {
 	for _, n := range c.nodeList {
 		if n.sess != nil || n.downSince.IsZero() || now.Sub(n.downSince) < c.cfg.NodeGrace || len(n.sandboxes) == 0 {

@@ -977,3 +977,52 @@ func (e *env) releaseFetchAfterAnUpdate() {
 func (e *env) hellos() int {
 	return len(e.net.seenWhere(func(m seenMsg) bool { return m.dir == toWorker && m.msg.(*briskv1.ToWorker).GetHello() != nil }))
 }
+
+// Issue 5: a worker that stops heartbeating (hung or silently partitioned:
+// no connection error) is taken out of load balancing at once, long before
+// the node grace period, without churning its sandboxes; when it answers
+// again the same sandboxes are routed again, and nothing was created.
+func TestSilentWorkerIsWithdrawnAtOnceAndRestored(t *testing.T) {
+	e := newEnv(t, envOpts{nodes: 2, dataPlane: true, hbTimeout: 300 * time.Millisecond})
+	e.deploy("f", 4)
+	all := e.awaitConverged("f", 4)
+	onW0 := e.onNode("f", "w0")
+	if len(onW0) == 0 || len(onW0) == 4 {
+		t.Fatalf("placement %v: want sandboxes on both nodes", all)
+	}
+	if got, ok := e.dpRoutes("f", 4); !ok || !slices.Equal(got, all) {
+		t.Fatalf("data plane routes to %v (ok %v), want %v", got, ok, all)
+	}
+	creations := e.creations()
+
+	// w0 goes silent: its messages are lost, its connection stays up.
+	e.net.setRule(func(node string, d msgDir, _ proto.Message) verdict {
+		if node == "w0" && d == fromWorker {
+			return drop
+		}
+		return pass
+	})
+	testutil.Eventually(t, wait, func() bool { return !e.nodeConnected("w0") }, "w0's session ended for missed heartbeats")
+	testutil.Eventually(t, wait, func() bool {
+		got, ok := e.dpRoutes("f", 4)
+		return ok && slices.Equal(got, e.onNode("f", "w1"))
+	}, "data plane routes only to w1's sandboxes")
+	if got := e.cpIDs("f", "ready"); !slices.Equal(got, all) {
+		t.Fatalf("within the grace period the control plane holds %v, want the same %v (no replacement yet)", got, all)
+	}
+
+	// w0 answers again: the same sandboxes come back, none was made.
+	e.net.setRule(nil)
+	e.kick("w0")
+	testutil.Eventually(t, wait, func() bool { return e.nodeConnected("w0") }, "w0 back")
+	testutil.Eventually(t, wait, func() bool {
+		got, ok := e.dpRoutes("f", 4)
+		return ok && slices.Equal(got, all)
+	}, "data plane routes to all four again")
+	if n := e.creations() - creations; n != 0 {
+		t.Fatalf("%d sandboxes created for a worker that came back within the grace period", n)
+	}
+	if got := e.running("w0"); !slices.Equal(got, onW0) {
+		t.Fatalf("w0 runs %v, want %v", got, onW0)
+	}
+}

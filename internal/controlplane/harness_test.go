@@ -59,7 +59,8 @@ type envOpts struct {
 	nodes        int
 	nodeGrace    time.Duration // default 1h: no fencing unless the test wants it
 	maxSandboxes int
-	dataPlane    bool // run a real data plane (through a cuttable TCP proxy)
+	dataPlane    bool          // run a real data plane (through a cuttable TCP proxy)
+	hbTimeout    time.Duration // Config.HeartbeatTimeout; 0: the default
 }
 
 type testWorker struct {
@@ -142,7 +143,7 @@ func (e *env) shutdown() {
 func (e *env) cpConfig(addr string) Config {
 	return Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
 		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, NodeGrace: e.opts.nodeGrace,
-		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor}
+		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor, HeartbeatTimeout: e.opts.hbTimeout}
 }
 
 // startCP runs a control plane on addr over the env's data directory.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -258,14 +259,37 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 			n.sess = nil
 			n.downSince = c.clk.Now()
 			c.place[n.idx].Schedulable = false
+			c.withdrawNodeLocked(n)
 		}
 		c.mu.Unlock()
+	}()
+	// A worker that stops heartbeating (hung, partitioned) ends its session
+	// here, long before TCP or gRPC keepalives would notice; the session's
+	// end takes its sandboxes out of load balancing.
+	var lastRecv atomic.Int64
+	lastRecv.Store(time.Now().UnixNano())
+	go func() {
+		t := time.NewTicker(cp.cfg.HeartbeatTimeout / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, lastRecv.Load())) > cp.cfg.HeartbeatTimeout {
+					cp.log.Warn("worker missed its heartbeats: ending the session", "node", n.id, "timeout", cp.cfg.HeartbeatTimeout)
+					cancel()
+					return
+				}
+			}
+		}
 	}()
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			return err
 		}
+		lastRecv.Store(time.Now().UnixNano())
 		u := m.GetUpdates()
 		if u == nil || m.GetEpoch() != epoch {
 			continue
@@ -335,6 +359,7 @@ func (c *Cluster) handshakeLocked(n *nodeState, ack *briskv1.HelloAck, records [
 		}
 	}
 	n.sess = sess
+	c.restoreNodeLocked(n)
 	if rebooted {
 		for _, r := range n.sandboxes {
 			r.version = 0 // take the new boot's record as it is (fetched above)

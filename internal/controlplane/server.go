@@ -36,9 +36,12 @@ type Config struct {
 	TargetUtilization float64
 	TickInterval      time.Duration // autoscaler period; default 2s (Knative)
 	DrainDelay        time.Duration // endpoint withdrawn -> Tombstone sent; default 500ms
-	NodeGrace         time.Duration // unreachable worker -> its sandboxes replaced; default 10s
+	NodeGrace         time.Duration // unreachable worker -> its sandboxes replaced, node fenced; default 10s
 	StartupGrace      time.Duration // restart: wait this long for workers before placing; default 5s
 	HandshakeTimeout  time.Duration // default 10s
+	// HeartbeatTimeout ends a worker session that has sent nothing (workers
+	// heartbeat every second) for this long; default 5s.
+	HeartbeatTimeout  time.Duration
 	FailureBackoff    time.Duration // first crash-loop backoff; default 200ms, doubling
 	MaxFailureBackoff time.Duration // default 30s
 	Clock             clock.Clock
@@ -88,6 +91,9 @@ func (c *Config) defaults() {
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 5 * time.Second
 	}
 	if c.FailureBackoff == 0 {
 		c.FailureBackoff = 200 * time.Millisecond

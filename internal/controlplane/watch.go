@@ -32,7 +32,7 @@ func (c *Cluster) subscribe(dpID string) *watcher {
 	for _, fs := range c.fns {
 		snap.Functions = append(snap.Functions, fs.spec.ToProto())
 		for _, r := range fs.sandboxes {
-			if r.state == sbReady {
+			if r.state == sbReady && !r.withdrawn {
 				snap.Added = append(snap.Added, endpointOf(r))
 			}
 		}
