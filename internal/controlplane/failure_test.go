@@ -1026,3 +1026,51 @@ func TestSilentWorkerIsWithdrawnAtOnceAndRestored(t *testing.T) {
 		t.Fatalf("w0 runs %v, want %v", got, onW0)
 	}
 }
+
+// CHAIN.md §3.10 case 2, anomaly #2 (double placement): S runs on W; the
+// control plane restarts (a new leader) and reaches every worker but W.
+// Expect W fenced (a durable drain mark) before anything is placed, exactly
+// one replacement for S, S killed when W returns and before W takes work,
+// and never two routable sandboxes for one slot.
+func TestAnomaly2DoublePlacementIsPrevented(t *testing.T) {
+	e := newEnv(t, envOpts{nodes: 2, dataPlane: true})
+	e.deploy("f", 2)
+	before := e.awaitConverged("f", 2)
+	onW0 := e.onNode("f", "w0")
+	if len(onW0) != 1 {
+		t.Fatalf("placement %v: want one sandbox per node", before)
+	}
+	s := onW0[0]
+
+	e.net.partition("w0")
+	testutil.Eventually(t, wait, func() bool { return !e.nodeConnected("w0") }, "w0 cut off")
+	e.restartCP() // the new leader knows nothing of S; w0 does not answer
+	mark := e.watch.mark()
+	testutil.Eventually(t, 3*wait, func() bool { return e.drainMarked("w0") }, "w0 fenced after the startup grace")
+	testutil.Eventually(t, wait, func() bool {
+		ready := e.cpIDs("f", "ready")
+		return len(ready) == 2 && len(e.cpView("f")) == 2 && sameSet(e.watch.ids("f"), ready)
+	}, "one replacement placed on w1")
+	if n := e.creations(); n != 1 {
+		t.Fatalf("new control plane created %d sandboxes, want exactly 1 replacement", n)
+	}
+	if slices.Contains(e.watch.ids("f"), s) {
+		t.Fatalf("S %s routed while its worker is fenced", s)
+	}
+
+	// W returns: it drains S before answering; S is never announced again
+	// and never counted with its replacement.
+	e.heal("w0")
+	e.kick("w0")
+	testutil.Eventually(t, wait, func() bool { return e.nodeConnected("w0") && !e.drainMarked("w0") }, "w0 drained and unmarked")
+	if got := e.running("w0"); len(got) != 0 {
+		t.Fatalf("w0 still runs %v after the drain", got)
+	}
+	if e.watch.announcedSince(mark, s) {
+		t.Fatalf("S %s announced again after the new leader took over", s)
+	}
+	after := e.awaitConverged("f", 2)
+	if slices.Contains(after, s) || e.creations() != 1 {
+		t.Fatalf("after W returned: sandboxes %v, %d creations; want S gone and still 1 creation", after, e.creations())
+	}
+}

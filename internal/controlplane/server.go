@@ -212,6 +212,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		select {
 		case <-gctx.Done():
 		case <-t.C:
+			cp.fenceSilentNodes()
 			cp.cluster.mu.Lock()
 			cp.cluster.resumeLocked("startup grace period over")
 			cp.cluster.mu.Unlock()
@@ -273,6 +274,37 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 	}
 	cp.log.Info("registry loaded", "functions", len(fns), "workers", len(workers))
 	return nil
+}
+
+// fenceSilentNodes handles anomaly #2 (CHAIN.md §3.10 case 2): a worker
+// that has not answered since this control plane (a restart, or a new
+// leader) started may run sandboxes nobody here knows of. Placement is about
+// to resume and replace them, so the worker is fenced first: its drain mark
+// is made durable before anything is placed, and when it returns it kills
+// everything before it answers. Written synchronously, outside the cluster
+// lock: a crash right after must not forget the fence.
+func (cp *ControlPlane) fenceSilentNodes() {
+	c := cp.cluster
+	var fenced []store.Worker
+	c.mu.Lock()
+	now := c.clk.Now()
+	for _, n := range c.nodeList {
+		if n.sess == nil && n.gen == 0 && !n.rec.Drain {
+			n.rec.Drain = true
+			c.place[n.idx].Schedulable = false
+			if n.downSince.IsZero() {
+				n.downSince = now
+			}
+			fenced = append(fenced, *n.rec)
+		}
+	}
+	c.mu.Unlock()
+	for i := range fenced {
+		cp.log.Warn("worker silent since the control plane started: fencing it before placing", "node", fenced[i].ID)
+		if err := cp.store.PutWorker(&fenced[i]); err != nil {
+			cp.log.Error("persisting drain mark", "node", fenced[i].ID, "err", err)
+		}
+	}
 }
 
 func (cp *ControlPlane) startNode(w *store.Worker) {

@@ -21,6 +21,10 @@ import (
 // DataPlane is one data plane: the invocation proxy plus its link to the
 // control plane. Create it with New and start it with Run.
 type DataPlane struct {
+	// synced is set once the first endpoint snapshot is applied; until
+	// then /healthz answers 503, so a front door does not send calls to a
+	// data plane that knows no function yet.
+	synced       atomic.Bool
 	cfg          Config
 	log          *slog.Logger
 	epoch        time.Time // base of nanotime

@@ -105,6 +105,11 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
 			w.Header()["Content-Type"] = hdrText
+			if d.cfg.ControlPlane != "" && !d.synced.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte("waiting for the control plane's first endpoint snapshot\n"))
+				return
+			}
 			_, _ = w.Write([]byte("ok\n"))
 			return
 		case "/metrics":

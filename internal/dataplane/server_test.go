@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -42,5 +43,31 @@ func TestLongFunctionExtendsWriteDeadline(t *testing.T) {
 	g.release <- struct{}{}
 	if r := recv(t, res, "response"); r.err != nil || r.code != http.StatusOK {
 		t.Fatalf("function longer than WriteTimeout: %v %d %s", r.err, r.code, r.body)
+	}
+}
+
+// A data plane that follows a control plane is not healthy before its first
+// endpoint snapshot: a front door (brisk gateway) must not send it calls
+// for functions it does not know yet.
+func TestHealthzWaitsForTheFirstSnapshot(t *testing.T) {
+	d, err := New(Config{ControlPlane: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := func() int {
+		rec := httptest.NewRecorder()
+		d.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/healthz", nil))
+		return rec.Code
+	}
+	if got := health(); got != http.StatusServiceUnavailable {
+		t.Fatalf("healthz before any snapshot: %d, want 503", got)
+	}
+	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{{Name: "f", Revision: 1, Concurrency: 1}}})
+	if got := health(); got != http.StatusServiceUnavailable {
+		t.Fatalf("healthz after a delta only: %d, want 503", got)
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true})
+	if got := health(); got != http.StatusOK {
+		t.Fatalf("healthz after the snapshot: %d, want 200", got)
 	}
 }

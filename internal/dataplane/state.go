@@ -167,6 +167,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	}
 
 	if b.GetSnapshot() {
+		defer d.synced.Store(true)
 		for _, ps := range b.GetFunctions() {
 			if fn := next[ps.GetName()]; fn != nil { // listed twice: the newer revision wins
 				if p := pending[fn]; ps.GetRevision() >= p.conf.revision {

@@ -80,7 +80,7 @@ type proc struct {
 }
 
 // startBrisk runs the brisk binary with args until the test ends (or stop).
-func startBrisk(t *testing.T, args ...string) *proc {
+func startBrisk(t testing.TB, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(briskBin, args...), out: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -120,7 +120,7 @@ func tail(s string, n int) string {
 	return s
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -131,7 +131,7 @@ func freePort(t *testing.T) string {
 }
 
 // eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

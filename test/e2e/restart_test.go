@@ -72,7 +72,7 @@ func sandboxIDs(t *testing.T, c *cluster, name string) []string {
 }
 
 // metricValue reads one unlabelled sample from a Prometheus text endpoint.
-func metricValue(t *testing.T, url, name string) float64 {
+func metricValue(t testing.TB, url, name string) float64 {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {

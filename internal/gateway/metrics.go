@@ -1,0 +1,122 @@
+package gateway
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// noDataPlane is the dataplane label of requests no data plane could take.
+const noDataPlane = "none"
+
+type promMetrics struct {
+	reg       prometheus.Registerer
+	requests  *prometheus.CounterVec
+	failovers *prometheus.CounterVec
+	handler   http.Handler // /metrics; nil when the Registerer cannot be gathered
+}
+
+func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
+	var gatherer prometheus.Gatherer
+	if reg == nil {
+		r := prometheus.NewRegistry()
+		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg, gatherer = r, r
+	} else if g, ok := reg.(prometheus.Gatherer); ok {
+		gatherer = g
+	}
+	m := &promMetrics{
+		reg: reg,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brisk_gateway_requests_total",
+			Help: "Requests proxied, by data plane and HTTP status code (dataplane=\"none\": 503, no data plane available; 499: the client went away).",
+		}, []string{"dataplane", "code"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brisk_gateway_connect_failures_total",
+			Help: "Connections to a data plane that failed; each marks it down and moves the request to the next data plane.",
+		}, []string{"dataplane"}),
+	}
+	if err := m.register(m.requests); err != nil {
+		return nil, err
+	}
+	if err := m.register(m.failovers); err != nil {
+		return nil, err
+	}
+	if gatherer != nil {
+		m.handler = promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})
+	}
+	return m, nil
+}
+
+func (m *promMetrics) register(c prometheus.Collector) error {
+	if err := m.reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			return errors.New("gateway: metrics already registered; give each gateway its own Registerer (prometheus.WrapRegistererWith)")
+		}
+		return err
+	}
+	return nil
+}
+
+// upGauge exports b.up as brisk_gateway_dataplane_up{dataplane}. Reading the
+// flag at scrape time keeps the gauge equal to it however health checks and
+// failed connections race to flip it.
+func (m *promMetrics) upGauge(b *backend) error {
+	return m.register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "brisk_gateway_dataplane_up",
+		Help:        "1 when the data plane is healthy and receives functions, else 0.",
+		ConstLabels: prometheus.Labels{"dataplane": b.addr},
+	}, func() float64 {
+		if b.up.Load() {
+			return 1
+		}
+		return 0
+	}))
+}
+
+// codeCounters caches one data plane's request counters by status code so
+// the hot path never hashes label values. Copy-on-write: a data plane sees a
+// handful of codes.
+type codeCounters struct {
+	vec   *prometheus.CounterVec
+	label string
+	mu    sync.Mutex
+	cs    atomic.Pointer[[]codeCounter]
+}
+
+type codeCounter struct {
+	code int
+	c    prometheus.Counter
+}
+
+func (m *codeCounters) get(code int) prometheus.Counter {
+	if cs := m.cs.Load(); cs != nil {
+		for _, cc := range *cs {
+			if cc.code == code {
+				return cc.c
+			}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var cs []codeCounter
+	if old := m.cs.Load(); old != nil {
+		for _, cc := range *old {
+			if cc.code == code {
+				return cc.c
+			}
+		}
+		cs = append(cs, *old...)
+	}
+	c := m.vec.WithLabelValues(m.label, strconv.Itoa(code))
+	cs = append(cs, codeCounter{code, c})
+	m.cs.Store(&cs)
+	return c
+}
