@@ -8,6 +8,7 @@ package controlplane
 // docs/reliability.md maps every case to its test.
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync/atomic"
@@ -1072,5 +1073,74 @@ func TestAnomaly2DoublePlacementIsPrevented(t *testing.T) {
 	after := e.awaitConverged("f", 2)
 	if slices.Contains(after, s) || e.creations() != 1 {
 		t.Fatalf("after W returned: sandboxes %v, %d creations; want S gone and still 1 creation", after, e.creations())
+	}
+}
+
+// CHAIN.md §3.10 case 12, split brain: a new leader (term 2) takes the
+// worker over while the deposed leader (term 1) still runs and keeps trying.
+// The worker refuses every session of term 1 from then on, so the deposed
+// leader's scale-up never reaches it; the new leader adopts what runs and
+// its decisions win.
+func TestCase12SplitBrainDeposedLeaderIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{term: 1})
+	e.deploy("f", 2)
+	old := e.awaitConverged("f", 2)
+	created := e.creations()
+
+	// The new leader, with its own copy of the registry (as a raft replica
+	// has), learns of the worker and recovers it.
+	cfg := e.cpConfig("127.0.0.1:0")
+	cfg.DataDir, cfg.Term, cfg.Clock, cfg.WorkerLinkInterceptor = t.TempDir(), 2, nil, nil
+	cp2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { cp2.Run(ctx); close(done) }()
+	e.onStop(func() { cancel(); <-done })
+	<-cp2.Ready()
+	f := *e.cp.cluster.spec("f")
+	if err := cp2.store.CreateFunction(&f); err != nil {
+		t.Fatal(err)
+	}
+	cp2.cluster.upsertFunction(&f)
+	if _, err := cp2.RegisterWorker(ctx, &briskv1.RegisterWorkerRequest{NodeId: "w0", Address: e.workers["w0"].d.Addr(),
+		Capacity: &briskv1.Resources{MilliCpu: 2000, MemoryMb: 2048}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, wait, func() bool {
+		st, _ := cp2.cluster.functionStatus("f")
+		return connected(cp2, 1) && st.Ready == 2
+	}, "the new leader recovers both sandboxes")
+	if n := testutilCounter(cp2); n != 0 {
+		t.Fatalf("the new leader created %d sandboxes while recovering, want 0", n)
+	}
+
+	// The deposed leader keeps redialling and deciding: refused by term.
+	testutil.Eventually(t, wait, func() bool { return !e.nodeConnected("w0") }, "the deposed leader's session superseded")
+	e.kick("w0")
+	e.scale("f", 4)
+	// The new leader's decision wins.
+	f3 := f // a new value: cp2 holds &f
+	f3.Scaling.Min, f3.Scaling.Max = 3, 3
+	if err := cp2.store.UpdateFunction(&f3); err != nil {
+		t.Fatal(err)
+	}
+	cp2.cluster.upsertFunction(&f3)
+	testutil.Eventually(t, wait, func() bool { return len(e.running("w0")) == 3 }, "worker runs the new leader's 3")
+	for _, id := range old {
+		if !slices.Contains(e.running("w0"), id) {
+			t.Fatalf("adopted %s no longer runs: %v", id, e.running("w0"))
+		}
+	}
+	if e.nodeConnected("w0") {
+		t.Fatal("the deposed leader got a session back")
+	}
+	if got := e.running("w0"); len(got) != 3 {
+		t.Fatalf("worker runs %v, want the new leader's 3 (the deposed leader wanted 4)", got)
+	}
+	if n := e.creations() - created; n != 0 {
+		t.Fatalf("the deposed leader created %d sandboxes after it was superseded", n)
 	}
 }

@@ -61,6 +61,7 @@ type envOpts struct {
 	maxSandboxes int
 	dataPlane    bool          // run a real data plane (through a cuttable TCP proxy)
 	hbTimeout    time.Duration // Config.HeartbeatTimeout; 0: the default
+	term         uint64        // Config.Term (leadership term)
 }
 
 type testWorker struct {
@@ -143,7 +144,8 @@ func (e *env) shutdown() {
 func (e *env) cpConfig(addr string) Config {
 	return Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
 		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, NodeGrace: e.opts.nodeGrace,
-		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor, HeartbeatTimeout: e.opts.hbTimeout}
+		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor, HeartbeatTimeout: e.opts.hbTimeout,
+		Term: e.opts.term}
 }
 
 // startCP runs a control plane on addr over the env's data directory.
