@@ -14,7 +14,11 @@ import (
 // the bridge if a pool with this prefix created it, as left by a worker that
 // died without Close. A restarted worker calls it (Start does too) before
 // making new endpoints. It must not run while a live Pool uses the prefix.
-func Cleanup(ctx context.Context, cfg Config) error {
+func Cleanup(ctx context.Context, cfg Config) error { return cleanup(ctx, cfg, nil) }
+
+// cleanup is Cleanup sparing the endpoints named in keep (adopted ones)
+// and, when there are any, the bridge their host links are attached to.
+func cleanup(ctx context.Context, cfg Config, keep map[string]bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -31,7 +35,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if a := l.Attrs(); match.MatchString(a.Name) {
+		if a := l.Attrs(); match.MatchString(a.Name) && !keep[a.Name] {
 			if err := deleteLink(a.Name); err != nil {
 				errs = append(errs, fmt.Errorf("netpool: cleanup: delete link %s: %w", a.Name, err))
 			}
@@ -46,7 +50,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if !match.MatchString(e.Name()) {
+		if !match.MatchString(e.Name()) || keep[e.Name()] {
 			continue
 		}
 		path := filepath.Join(netnsDir, e.Name())
@@ -61,7 +65,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 
 	// The alias says a pool with this prefix created the bridge; a bridge
 	// someone else made is left alone.
-	if br, err := netlink.LinkByName(cfg.Bridge); err == nil && br.Attrs().Alias == bridgeAlias(cfg.NamePrefix) {
+	if br, err := netlink.LinkByName(cfg.Bridge); err == nil && br.Attrs().Alias == bridgeAlias(cfg.NamePrefix) && len(keep) == 0 {
 		if err := deleteLink(cfg.Bridge); err != nil {
 			errs = append(errs, fmt.Errorf("netpool: cleanup: delete bridge %s: %w", cfg.Bridge, err))
 		}

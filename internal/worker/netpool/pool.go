@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -65,9 +68,10 @@ type Pool struct {
 	cancel    context.CancelFunc
 	ready     []*record // LIFO: the most recently recycled is warmest
 	all       map[*record]struct{}
-	doomed    []*record // teardowns that failed, retried by the refiller and Close
-	freeIdx   []int     // indices (addresses) of destroyed endpoints
-	nextIdx   int       // lowest never-used index
+	doomed    []*record    // teardowns that failed, retried by the refiller and Close
+	freeIdx   []int        // indices (addresses) of destroyed endpoints
+	nextIdx   int          // lowest never-used index
+	adopted   map[int]bool // indices of adopted endpoints: never handed out by nextIdx
 	inUse     int
 	creating  int // refiller creations in flight
 	recycling int // releases being reset for reuse
@@ -94,7 +98,41 @@ func New(cfg Config) (*Pool, error) {
 		autoFill: true,
 		all:      make(map[*record]struct{}),
 		nextIdx:  firstIndex,
+		adopted:  make(map[int]bool),
 	}, nil
+}
+
+// Adopt takes over the endpoint named name, which an earlier worker process
+// with this configuration left in use: a sandbox of its still runs in it.
+// Start's cleanup then leaves it (and the bridge) alone, its address is not
+// handed out while it is leased, and Release treats it as any endpoint Take
+// returned. Adopt must come before Start; it fails for a name this pool
+// would not make or whose namespace or host link is gone, and the caller
+// then tears the sandbox down instead.
+func (p *Pool) Adopt(name string) (*Endpoint, error) {
+	idxStr, ok := strings.CutPrefix(name, p.cfg.NamePrefix+"-")
+	idx, err := strconv.Atoi(idxStr)
+	if !ok || err != nil || !nameRE(p.cfg.NamePrefix).MatchString(name) || idx < firstIndex || idx > lastIndex(p.cfg.Subnet) {
+		return nil, fmt.Errorf("netpool: adopt %q: not an endpoint of pool %s in %v", name, p.cfg.NamePrefix, p.cfg.Subnet)
+	}
+	r := p.newRecord(idx)
+	if _, err := os.Stat(r.path); err != nil {
+		return nil, fmt.Errorf("netpool: adopt %s: %w", name, err)
+	}
+	if _, err := netlink.LinkByName(r.name); err != nil {
+		return nil, fmt.Errorf("netpool: adopt %s: host link: %w", name, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.started || p.closed {
+		return nil, fmt.Errorf("netpool: adopt %s: the pool has started", name)
+	}
+	if p.adopted[idx] {
+		return nil, fmt.Errorf("netpool: adopt %s: adopted twice", name)
+	}
+	p.adopted[idx] = true
+	p.all[r] = struct{}{}
+	return p.handOutLocked(r), nil
 }
 
 // Start ensures the bridge (up, with the gateway address), reaps leftovers of
@@ -126,7 +164,13 @@ func (p *Pool) Start(ctx context.Context) error {
 }
 
 func (p *Pool) start(ctx context.Context) error {
-	if err := Cleanup(ctx, p.cfg); err != nil {
+	keep := map[string]bool{}
+	p.mu.Lock()
+	for r := range p.all { // only adopted ones exist before Start
+		keep[r.name] = true
+	}
+	p.mu.Unlock()
+	if err := cleanup(ctx, p.cfg, keep); err != nil {
 		return err
 	}
 	if err := ensureNetnsDir(); err != nil {
@@ -187,6 +231,8 @@ func (p *Pool) ensureBridge() error {
 		}
 	} else if br.Type() != "bridge" {
 		return fmt.Errorf("netpool: Bridge %s exists and is a %s, not a bridge", name, br.Type())
+	} else if br.Attrs().Alias == bridgeAlias(p.cfg.NamePrefix) {
+		p.ownBridge = true // kept by cleanup for adopted endpoints: still ours
 	}
 	p.bridgeIndex = br.Attrs().Index
 	if err := netlink.LinkSetUp(br); err != nil {
@@ -276,7 +322,9 @@ func (p *Pool) Release(ep *Endpoint) {
 		return
 	}
 	p.inUse--
-	recycle := len(p.ready)+p.recycling < p.cfg.MaxReady
+	// An adopted endpoint has no netlink socket in its namespace to reset
+	// it with: it is destroyed, and the refiller makes a fresh one.
+	recycle := len(p.ready)+p.recycling < p.cfg.MaxReady && r.nsh != nil
 	if recycle {
 		r.state = stateCleaning
 		p.recycling++
@@ -349,6 +397,9 @@ func (p *Pool) allocIndexLocked() (int, bool) {
 		p.freeIdx = p.freeIdx[:n-1]
 		return idx, true
 	}
+	for p.adopted[p.nextIdx] {
+		p.nextIdx++
+	}
 	if p.nextIdx > lastIndex(p.cfg.Subnet) {
 		return 0, false
 	}
@@ -374,6 +425,7 @@ func (p *Pool) destroy(r *record) bool {
 
 func (p *Pool) forgetLocked(r *record) {
 	delete(p.all, r)
+	delete(p.adopted, r.idx)
 	p.freeIdx = append(p.freeIdx, r.idx)
 	p.destroyed++
 }

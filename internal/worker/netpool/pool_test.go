@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -455,4 +456,80 @@ func TestCloseRetriesUntilTeardownSucceeds(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	assertNoLeaks(t, cfg)
+}
+
+// A restarted worker adopts the endpoint of a sandbox that still runs: the
+// new pool's Start reaps every other leftover but keeps it (the sandbox
+// stays reachable at its address), never hands its address out again while
+// it is leased, and destroys it on Release; Adopt refuses what it cannot
+// take over.
+func TestAdoptKeepsARunningSandboxsEndpoint(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(17, 2)
+	old := startPool(t, cfg, false)
+	a, b := take(t, old), take(t, old)
+	lnA := listenIn(t, a) // the sandbox still running in a
+	old.closeHandlesForTest()
+
+	p := newPool(t, cfg)
+	p.autoFill = false
+	ad, err := p.Adopt(a.Name)
+	if err != nil {
+		t.Fatalf("Adopt(%s): %v", a.Name, err)
+	}
+	if ad.Name != a.Name || ad.IP != a.IP || ad.NetNS != a.NetNS || ad.HostVeth != a.HostVeth || ad.Gateway != a.Gateway {
+		t.Fatalf("adopted %+v, was %+v", ad, a)
+	}
+	for _, bad := range []string{a.Name, "bt17-200", "bt170-2", "other-3", "bt17-x"} {
+		if _, err := p.Adopt(bad); err == nil {
+			t.Errorf("Adopt(%q) succeeded", bad)
+		}
+	}
+	if err := p.Start(t.Context()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if _, err := p.Adopt(b.Name); err == nil {
+		t.Error("Adopt after Start succeeded")
+	}
+	// Start reaped every other leftover (b among them) and made Size fresh
+	// endpoints: the namespaces on the host are a's and those two.
+	fresh := []*Endpoint{take(t, p), take(t, p)}
+	want := []string{"netns file " + a.Name}
+	for _, ep := range fresh {
+		want = append(want, "netns file "+ep.Name)
+	}
+	var files []string
+	for _, l := range leftovers(t, cfg) {
+		if strings.HasPrefix(l, "netns file ") {
+			files = append(files, l)
+		}
+	}
+	slices.Sort(files)
+	slices.Sort(want)
+	if !slices.Equal(files, want) {
+		t.Fatalf("namespaces after Start: %v, want %v", files, want)
+	}
+	if st := p.Stats(); st.Created != 2 || st.InUse != 3 {
+		t.Fatalf("stats %+v: want 2 created, 3 in use (adopted + 2 taken)", st)
+	}
+	c, err := net.DialTimeout("tcp", lnA.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the adopted sandbox is unreachable: %v", err)
+	}
+	got, _ := io.ReadAll(c)
+	c.Close()
+	if string(got) != "hello from "+a.Name {
+		t.Fatalf("adopted sandbox said %q", got)
+	}
+	for _, ep := range append(fresh, take(t, p), take(t, p)) {
+		if ep.IP == a.IP || ep.Name == a.Name {
+			t.Fatalf("took %s (%v), the adopted endpoint's address", ep.Name, ep.IP)
+		}
+		checkEndpoint(t, p, ep)
+	}
+	st := p.Stats()
+	p.Release(ad)
+	waitStats(t, p, "adopted endpoint destroyed on release", func(s Stats) bool {
+		return s.InUse == st.InUse-1 && s.Destroyed == st.Destroyed+1
+	})
 }

@@ -13,10 +13,9 @@ import (
 )
 
 // held records, per pool, the endpoints this process took for sandboxes and
-// has not released, by name. A pool's leases live in this process only and
-// cannot be looked up by name (netpool has no "adopt"), so a Runtime can take
-// over a container left by an earlier Runtime only when that Runtime ran in
-// this process on the same Pool; a restarted worker process cannot (see
+// has not released, by name: a Runtime restarted in this process on the
+// same Pool finds its predecessor's leases here. A restarted worker process
+// has a new Pool, which adopts the endpoints by name before it starts (see
 // adoptOrKill).
 var held sync.Map // *netpool.Pool → *sync.Map (endpoint name → *netpool.Endpoint)
 
@@ -47,12 +46,14 @@ func (r *Runtime) heldEndpoint(name string) *netpool.Endpoint {
 }
 
 // adoptOrKill takes over the containers an earlier Runtime on this StateDir
-// left. A running one whose endpoint this process's Pool still leases is
-// adopted: it keeps its address and is watched for exit like one Create
-// made. Every other one is torn down: its task, container and snapshot are
-// deleted, and its network namespace is left to the Pool, whose Start reaps
-// namespaces of an earlier worker process — so a worker must build its
-// Runtime (this) before it starts its Pool.
+// left. A running one is adopted when its network endpoint is still leased
+// by this process's Pool (a Runtime restarted in this process) or can be
+// adopted by a Pool that has not started yet (a restarted worker process):
+// it keeps its address and is watched for exit like one Create made. Every
+// other one is torn down: its task, container and snapshot are deleted, and
+// its network namespace is left to the Pool, whose Start reaps namespaces of
+// an earlier worker process — so a worker must build its Runtime (this)
+// before it starts its Pool.
 func (r *Runtime) adoptOrKill(ctx context.Context) error {
 	ctx = r.ns(ctx)
 	cs, err := r.client.Containers(ctx, ownedFilter(r.cfg.StateDir))
@@ -95,6 +96,19 @@ func (r *Runtime) adoptOrKill(ctx context.Context) error {
 		if sb.task != nil {
 			st, err := sb.task.Status(ctx)
 			running = err == nil && st.Status == containerd.Running
+		}
+		if running && sb.ep == nil {
+			// Left by an earlier worker process: its pool's endpoint is
+			// taken over, unless this pool has started (and reaped it).
+			if ep, err := r.cfg.Pool.Adopt(l[LabelNetNS]); err == nil && ep.IP.String() == l[labelIP] {
+				sb.ep, sb.released = ep, false
+				m, _ := held.LoadOrStore(r.cfg.Pool, &sync.Map{})
+				m.(*sync.Map).Store(ep.Name, ep)
+			} else if err == nil {
+				r.cfg.Pool.Release(ep) // another address: the subnet changed; torn down below
+			} else {
+				r.log.Debug("cannot adopt the network of a sandbox left by an earlier worker", "sandbox", sb.id, "err", err)
+			}
 		}
 		if running && sb.ep != nil {
 			r.mu.Lock()

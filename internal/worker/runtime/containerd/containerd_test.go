@@ -131,12 +131,20 @@ func poolConfig(size int) netpool.Config {
 // newPool starts a network pool that is closed when the test ends.
 func newPool(t testing.TB, size int) *netpool.Pool {
 	t.Helper()
-	p, err := netpool.New(poolConfig(size))
+	return newPoolFrom(t, poolConfig(size), true)
+}
+
+// newPoolFrom makes a pool of cfg, started or not, closed when the test ends.
+func newPoolFrom(t testing.TB, cfg netpool.Config, start bool) *netpool.Pool {
+	t.Helper()
+	p, err := netpool.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
+	if start {
+		if err := p.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
@@ -435,9 +443,49 @@ func TestRestartAdoptsRunningSandboxes(t *testing.T) {
 	testutil.Eventually(t, waitLong, func() bool { return pool.Stats().InUse == 0 }, "adopted endpoint not released")
 }
 
+// TestRestartInANewProcessAdopts stands for a restarted worker process: a
+// new Pool, built but not started, adopts the running sandbox's network
+// endpoint by name, so the new Runtime takes the sandbox over with its
+// address; the Pool's Start then reaps only the other leftovers.
+func TestRestartInANewProcessAdopts(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := t.TempDir()
+	cfg := poolConfig(1)
+	old := newPoolFrom(t, cfg, true)
+	r1 := newRuntime(t, old, dir)
+	id := newID()
+	inst := createReady(t, r1, id, echoFn("adopted", nil))
+	testutil.Eventually(t, waitLong, func() bool { return old.Stats().Ready == 1 }, "old pool refilled")
+	r1.Close()
+
+	pool := newPoolFrom(t, cfg, false) // the same configuration, not started yet
+	r2 := newRuntime(t, pool, dir)
+	if err := pool.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	list, err := r2.List(context.Background())
+	if err != nil || len(list) != 1 || list[0] != (runtime.Listed{ID: id, Function: "adopted", Revision: 3, Addr: inst.Addr, Running: true}) {
+		t.Fatalf("List after restart = %+v, %v", list, err)
+	}
+	if rep := get(t, inst.Addr); rep.Sandbox != id {
+		t.Errorf("adopted sandbox answers as %q", rep.Sandbox)
+	}
+	if st := pool.Stats(); st.InUse != 1 {
+		t.Errorf("new pool stats %+v: want the adopted endpoint in use", st)
+	}
+	if err := r2.Kill(context.Background(), id); err != nil {
+		t.Fatalf("Kill adopted: %v", err)
+	}
+	if l := leftovers(t, id); len(l) > 0 {
+		t.Errorf("left after Kill: %v", l)
+	}
+	testutil.Eventually(t, waitLong, func() bool { return pool.Stats().InUse == 0 }, "adopted endpoint not released")
+}
+
 // TestRestartKillsLeftoversItCannotAdopt stands for a restarted worker
-// process: its new pool does not lease the old sandbox's namespace, so the
-// sandbox cannot keep its network and is torn down rather than leaked.
+// process whose new pool started before the runtime was built: the old
+// sandbox's namespace is reaped, so the sandbox cannot keep its network and
+// is torn down rather than leaked.
 func TestRestartKillsLeftoversItCannotAdopt(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir := t.TempDir()
