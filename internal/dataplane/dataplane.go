@@ -24,7 +24,11 @@ type DataPlane struct {
 	// synced is set once the first endpoint snapshot is applied; until
 	// then /healthz answers 503, so a front door does not send calls to a
 	// data plane that knows no function yet.
-	synced       atomic.Bool
+	synced atomic.Bool
+	// applied is closed and replaced after every applied batch: a call for
+	// a function not known yet waits on it (see awaitFunction).
+	applied      atomic.Pointer[chan struct{}]
+	awaiting     atomic.Int64 // calls waiting in awaitFunction now
 	cfg          Config
 	log          *slog.Logger
 	epoch        time.Time // base of nanotime
@@ -82,6 +86,8 @@ func New(cfg Config) (*DataPlane, error) {
 	if cfg.ID != "" {
 		d.id.Store(&cfg.ID)
 	}
+	ch := make(chan struct{})
+	d.applied.Store(&ch)
 	d.proxy = &httputil.ReverseProxy{
 		Rewrite:        d.rewrite,
 		Transport:      d.transport,

@@ -123,7 +123,44 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if fn := d.awaitFunction(r.Context(), rt.name); fn != nil {
+		rt.fn = fn
+		d.invoke(w, r, rt)
+		return
+	}
 	writeError(w, callID, http.StatusNotFound, fmt.Sprintf("function %q not found", rt.name))
+}
+
+// unknownFunctionGrace is how long a call for a function this data plane
+// does not know waits for the control plane to send it: a function
+// registered a moment ago reaches the data planes a few milliseconds after
+// the registration is acknowledged, and a client that deploys and then calls
+// at once must not get a 404 for that.
+const unknownFunctionGrace = time.Second
+
+// awaitFunction waits up to unknownFunctionGrace for the function name to
+// appear in the routing table (data planes following a control plane only).
+func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
+	if d.cfg.ControlPlane == "" || name == "" {
+		return nil
+	}
+	t := time.NewTimer(unknownFunctionGrace)
+	defer t.Stop()
+	d.awaiting.Add(1)
+	defer d.awaiting.Add(-1)
+	for {
+		ch := d.applied.Load()
+		if fn := d.lookup(name); fn != nil {
+			return fn
+		}
+		select {
+		case <-*ch:
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // reqState carries one invocation through httputil.ReverseProxy. It is the

@@ -71,3 +71,34 @@ func TestHealthzWaitsForTheFirstSnapshot(t *testing.T) {
 		t.Fatalf("healthz after the snapshot: %d, want 200", got)
 	}
 }
+
+// A call for a function the data plane does not know yet waits briefly for
+// the control plane to send it (a client deploys and calls at once), and is
+// served when it arrives; a function that never arrives is a 404.
+func TestCallWaitsBrieflyForAFunctionJustRegistered(t *testing.T) {
+	d, err := New(Config{ControlPlane: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true})
+	sandbox := newSandbox(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("hi")) })
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		d.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/function/late", nil))
+		done <- rec
+	}()
+	waitFor(t, "the call to wait for its function", func() bool { return d.awaiting.Load() == 1 })
+	// An unrelated batch first: the call keeps waiting.
+	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("other")}})
+	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("late")},
+		Added: []*briskv1.Endpoint{ep("late", "sb-1", sandbox)}})
+	if rec := recv(t, done, "the call"); rec.Code != http.StatusOK || rec.Body.String() != "hi" {
+		t.Fatalf("call for a function registered a moment later: %d %q", rec.Code, rec.Body.String())
+	}
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/function/never", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("call for an unknown function: %d, want 404", rec.Code)
+	}
+}

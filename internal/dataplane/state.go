@@ -145,6 +145,10 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	}
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
+	defer func() { // after the table is written: wake calls waiting for a function
+		ch := make(chan struct{})
+		close(*d.applied.Swap(&ch))
+	}()
 
 	// next overlays the routing table with this batch's changes (nil:
 	// deleted); it is written to the table at the end.
