@@ -30,6 +30,7 @@ type deployFlags struct {
 	env                                    []string
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
+	writableRoot                           bool
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -120,6 +121,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.window, "stable-window", 0, "autoscaler stable window (default 60s)")
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
+	fl.BoolVar(&f.writableRoot, "writable-root", false, "containerd: give the container a writable root file system (default: read-only, writable /tmp)")
 }
 
 func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
@@ -177,6 +179,9 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("memory") {
 		fn.Resources.MemoryMB = f.memory
+	}
+	if set("writable-root") {
+		fn.WritableRoot = f.writableRoot
 	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")

@@ -34,6 +34,10 @@ type Function struct {
 	Queue         Queue             `json:"queue"`
 	Timeout       Duration          `json:"timeout"`
 	LoadBalancing string            `json:"load_balancing,omitempty"`
+	// WritableRoot gives a container a writable root file system (its own
+	// copy-on-write layer); by default the root is read-only and only /tmp
+	// is writable. Process and emulated sandboxes ignore it.
+	WritableRoot bool `json:"writable_root,omitempty"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -261,6 +265,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
 		TimeoutMs:      time.Duration(f.Timeout).Milliseconds(),
 		LoadBalancing:  f.LoadBalancing,
+		WritableRoot:   f.WritableRoot,
 	}
 }
 
@@ -281,6 +286,7 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		Queue:         Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
 		Timeout:       Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
 		LoadBalancing: p.GetLoadBalancing(),
+		WritableRoot:  p.GetWritableRoot(),
 	}
 	return f
 }

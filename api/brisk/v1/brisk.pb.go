@@ -203,6 +203,7 @@ type FunctionSpec struct {
 	TimeoutMs      int64                  `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`            // whole-request timeout
 	LoadBalancing  string                 `protobuf:"bytes,13,opt,name=load_balancing,json=loadBalancing,proto3" json:"load_balancing,omitempty"` // data-plane policy name; "" = default
 	Limits         *Resources             `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`                                    // hard cgroup limits; zero = see spec.Function.Limits
+	WritableRoot   bool                   `protobuf:"varint,15,opt,name=writable_root,json=writableRoot,proto3" json:"writable_root,omitempty"`   // containerd: a writable root file system (read-only by default)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -333,6 +334,13 @@ func (x *FunctionSpec) GetLimits() *Resources {
 		return x.Limits
 	}
 	return nil
+}
+
+func (x *FunctionSpec) GetWritableRoot() bool {
+	if x != nil {
+		return x.WritableRoot
+	}
+	return false
 }
 
 // SandboxRecord is the worker's (authoritative) view of one sandbox.
@@ -1880,7 +1888,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x9a\x04\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xbf\x04\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -1898,7 +1906,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x12%\n" +
 	"\x0eload_balancing\x18\r \x01(\tR\rloadBalancing\x12+\n" +
-	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x1a6\n" +
+	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x12#\n" +
+	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +

@@ -649,3 +649,26 @@ func TestCreateCutShortLeavesNothing(t *testing.T) {
 		testutil.Eventually(t, waitLong, func() bool { return pool.Stats().InUse == 0 }, "endpoint of %s not released", id)
 	}
 }
+
+// A function that asks for a writable root gets one (its own copy-on-write
+// layer); everything else about the sandbox is unchanged.
+func TestWritableRootOnRequest(t *testing.T) {
+	testutil.RequiresRoot(t)
+	r := newRuntime(t, newPool(t, 1), "")
+	id := newID()
+	f := echoFn("rw", nil)
+	f.WritableRoot = true
+	inst := createReady(t, r, id, f)
+	rep := get(t, inst.Addr)
+	if !rep.RootWritable || !rep.TmpWritable || rep.Sandbox != id {
+		t.Fatalf("sandbox with writable_root reports %+v: want a writable root and /tmp", rep)
+	}
+	c, err := client.LoadContainer(nsCtx(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Spec(nsCtx())
+	if err != nil || s.Root.Readonly || s.Linux.Seccomp == nil {
+		t.Fatalf("spec %v, %v: want a writable root and the default seccomp profile", s.Root, err)
+	}
+}

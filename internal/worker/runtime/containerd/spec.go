@@ -29,8 +29,8 @@ const (
 // the image's entrypoint, env and working directory; the function's env
 // and the sandbox's own variables, which a function cannot override; the
 // pooled network namespace; the function's limits as cgroup limits; the
-// default seccomp profile; and a read-only root file system with a tmpfs on
-// /tmp (the spec has no field to ask for a writable root yet).
+// default seccomp profile; and a read-only root file system (unless the
+// spec asks for a writable one) with a tmpfs on /tmp.
 func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []oci.SpecOpts {
 	f := s.Function
 	env := make([]string, 0, len(f.Env)+3)
@@ -53,12 +53,14 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 		oci.WithHostname(s.ID),
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.ep.NetNS}),
 		oci.WithCgroup(sb.cgroup),
-		oci.WithRootFSReadonly(),
 		oci.WithMounts([]specs.Mount{{
 			Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpMB, 10) + "m"},
 		}}),
 		seccomp.WithDefaultProfile(), // after the capabilities, which it reads
+	}
+	if !f.WritableRoot {
+		opts = append(opts, oci.WithRootFSReadonly())
 	}
 	if lim.MemoryMB > 0 {
 		limit := lim.MemoryMB << 20
