@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/rpc"
 )
@@ -91,7 +92,7 @@ func New(cfg Config) (*DataPlane, error) {
 	d.proxy = &httputil.ReverseProxy{
 		Rewrite:        d.rewrite,
 		Transport:      d.transport,
-		BufferPool:     &bufferPool{},
+		BufferPool:     &httpx.BufferPool{},
 		ModifyResponse: d.modifyResponse,
 		ErrorHandler:   d.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),

@@ -11,11 +11,12 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
-const functionPrefix = "/function/"
+const functionPrefix = httpx.FunctionPrefix
 
 // deadlineSlack is added to queue timeout + function timeout when a request
 // needs a write deadline beyond Config.WriteTimeout.
@@ -63,35 +64,9 @@ func (d *DataPlane) resolve(r *http.Request) route {
 		rt.fn = d.lookup(rt.name)
 		return rt
 	}
-	rt := route{name: hostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
+	rt := route{name: httpx.HostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
 	rt.fn = d.lookup(rt.name)
 	return rt
-}
-
-// hostLabel returns the first DNS label of a Host header, lower-cased.
-func hostLabel(h string) string {
-	for i := 0; i < len(h); i++ {
-		if c := h[i]; c == '.' || c == ':' {
-			h = h[:i]
-			break
-		}
-	}
-	for i := 0; i < len(h); i++ {
-		if c := h[i]; 'A' <= c && c <= 'Z' {
-			return strings.ToLower(h)
-		}
-	}
-	return h
-}
-
-// namesFunction reports whether a Host label could be a function name, as
-// opposed to an IP address or localhost, to word the 404.
-func namesFunction(label string) bool {
-	if label == "" || label == "localhost" || strings.HasPrefix(label, "[") {
-		return false
-	}
-	_, err := strconv.Atoi(label)
-	return err != nil
 }
 
 func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +93,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		if !namesFunction(rt.name) {
+		if !httpx.NamesFunction(rt.name) {
 			writeError(w, callID, http.StatusNotFound, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name")
 			return
 		}
@@ -414,24 +389,5 @@ func newTransport() *http.Transport {
 		DisableCompression:  true,
 		WriteBufferSize:     8 << 10,
 		ReadBufferSize:      8 << 10,
-	}
-}
-
-const copyBufSize = 32 << 10
-
-// bufferPool recycles proxy copy buffers. It pools array pointers, which
-// box without allocating, unlike []byte.
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[copyBufSize]byte); ok {
-		return v[:]
-	}
-	return new([copyBufSize]byte)[:]
-}
-
-func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) >= copyBufSize {
-		b.p.Put((*[copyBufSize]byte)(buf[:copyBufSize]))
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
 // Gateway proxies invocations to data planes, each function to the one its
@@ -91,7 +93,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:        g.rewrite,
 		Transport:      retryTransport{g},
-		BufferPool:     &bufferPool{},
+		BufferPool:     &httpx.BufferPool{},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
@@ -178,7 +180,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	name, byPath := functionOf(r)
-	if byPath && name != "" || !byPath && namesFunction(name) {
+	if byPath && name != "" || !byPath && httpx.NamesFunction(name) {
 		g.forward(w, r, name)
 		return
 	}

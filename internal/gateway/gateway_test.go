@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brisk-faas/brisk/internal/dataplane"
+	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -211,7 +212,7 @@ func TestRoutingAgreesWithDataPlane(t *testing.T) {
 		}
 
 		name, byPath := functionOf(r)
-		routed := byPath && name != "" || !byPath && namesFunction(name)
+		routed := byPath && name != "" || !byPath && httpx.NamesFunction(name)
 		gwName := ""
 		if routed {
 			gwName = name

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -246,24 +245,5 @@ func newTransport() *http.Transport {
 		DisableCompression:  true,
 		WriteBufferSize:     8 << 10,
 		ReadBufferSize:      8 << 10,
-	}
-}
-
-const copyBufSize = 32 << 10
-
-// bufferPool recycles proxy copy buffers. It pools array pointers, which
-// box without allocating, unlike []byte.
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[copyBufSize]byte); ok {
-		return v[:]
-	}
-	return new([copyBufSize]byte)[:]
-}
-
-func (b *bufferPool) Put(buf []byte) {
-	if cap(buf) >= copyBufSize {
-		b.p.Put((*[copyBufSize]byte)(buf[:copyBufSize]))
 	}
 }

@@ -1,0 +1,63 @@
+// Package httpx holds what the data plane and the gateway share on the
+// invocation path: the rules that name a request's function (so the gateway
+// hashes on exactly the name the data plane routes by) and the proxies'
+// copy-buffer pool.
+package httpx
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// FunctionPrefix starts an OpenFaaS-style path: /function/NAME[/rest].
+const FunctionPrefix = "/function/"
+
+// HostLabel returns the first DNS label of a Host header, lower-cased
+// (Knative style: NAME.namespace.example.com, NAME:8080). It allocates only
+// for a Host with upper-case letters.
+func HostLabel(h string) string {
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; c == '.' || c == ':' {
+			h = h[:i]
+			break
+		}
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; 'A' <= c && c <= 'Z' {
+			return strings.ToLower(h)
+		}
+	}
+	return h
+}
+
+// NamesFunction reports whether a Host label could be a function name, as
+// opposed to an IP address or localhost.
+func NamesFunction(label string) bool {
+	if label == "" || label == "localhost" || strings.HasPrefix(label, "[") {
+		return false
+	}
+	_, err := strconv.Atoi(label)
+	return err != nil
+}
+
+const copyBufSize = 32 << 10
+
+// BufferPool recycles httputil.ReverseProxy copy buffers. It pools array
+// pointers, which box without allocating, unlike []byte.
+type BufferPool struct{ p sync.Pool }
+
+// Get returns a 32 KiB buffer.
+func (b *BufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[copyBufSize]byte); ok {
+		return v[:]
+	}
+	return new([copyBufSize]byte)[:]
+}
+
+// Put returns a buffer Get gave out.
+func (b *BufferPool) Put(buf []byte) {
+	if cap(buf) >= copyBufSize {
+		b.p.Put((*[copyBufSize]byte)(buf[:copyBufSize]))
+	}
+}
