@@ -1180,3 +1180,17 @@ func TestQueuedRequestsGetSandboxesAtOnce(t *testing.T) {
 		t.Fatalf("desired %d after a report with nothing queued, want 4", st.Desired)
 	}
 }
+
+// A control plane that stops (shut down, or a leader deposed) must not tell
+// the data planes to withdraw every endpoint on its way out: its worker
+// sessions end because it stops, not because the workers are gone, and data
+// planes keep routing on what they have until the next leader's snapshot.
+func TestStoppingControlPlaneKeepsEndpointsRouted(t *testing.T) {
+	e := newEnv(t, envOpts{nodes: 2})
+	e.deploy("f", 3)
+	all := e.awaitConverged("f", 3)
+	e.stopCP()
+	if got := e.watch.ids("f"); !sameSet(got, all) {
+		t.Fatalf("after the control plane stopped, the endpoint stream left %v routed, want %v", got, all)
+	}
+}

@@ -259,7 +259,12 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 			n.sess = nil
 			n.downSince = c.clk.Now()
 			c.place[n.idx].Schedulable = false
-			c.withdrawNodeLocked(n)
+			// Not when the control plane itself is stopping (a deposed
+			// leader, a shutdown): data planes keep routing on what they
+			// have until the next leader's snapshot.
+			if ctx.Err() == nil {
+				c.withdrawNodeLocked(n)
+			}
 		}
 		c.mu.Unlock()
 	}()
