@@ -287,6 +287,10 @@ func (cp *ControlPlane) fenceSilentNodes() {
 	c := cp.cluster
 	var fenced []store.Worker
 	c.mu.Lock()
+	if !c.paused { // every worker known at the start has answered
+		c.mu.Unlock()
+		return
+	}
 	now := c.clk.Now()
 	for _, n := range c.nodeList {
 		if n.sess == nil && n.gen == 0 && !n.rec.Drain {
