@@ -285,8 +285,13 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 // later, plus a cold start, for every queued request: the tail of trace
 // replays). Every busy ready sandbox stays, and each queued request beyond
 // the slots already being created gets one; the scale is held for a stable
-// window (Adopt), as the autoscaler would hold a scale it reached itself,
-// so that the next tick does not remove the sandboxes before they serve.
+// window after the demand reaches the autoscaler's samples (Adopt), as the
+// autoscaler would hold a scale it reached itself, so that a tick deciding
+// on samples from before the burst does not remove the sandboxes.
+// loadSampleLag bounds how long load takes to reach an autoscaler window:
+// a data plane's periodic report (every second) and the once-a-second sample.
+const loadSampleLag = 2 * time.Second
+
 func (c *Cluster) coverQueuedLocked(fs *fnState, now time.Time, queued int) {
 	if queued <= 0 || fs.deleted {
 		return
@@ -306,7 +311,9 @@ func (c *Cluster) coverQueuedLocked(fs *fnState, now time.Time, queued int) {
 	fs.desired = need
 	c.boundDesiredLocked(fs)
 	if fs.desired > prev {
-		fs.kpa.Adopt(now, fs.desired)
+		// The demand reaches the autoscaler's window only with the next
+		// report and sample: the hold starts when it does.
+		fs.kpa.Adopt(now.Add(loadSampleLag), fs.desired)
 		fs.desiredGauge.Set(float64(fs.desired))
 		c.log.Debug("scale up for queued requests", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "queued", queued, "ready", ready)
 	}
