@@ -204,8 +204,8 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	g.Go(func() error { cp.tickLoop(gctx); return nil })
-	g.Go(func() error { cp.sampleLoop(gctx); return nil })
+	g.Go(func() error { cp.every(gctx, cp.cfg.TickInterval, cp.cluster.tick); return nil })
+	g.Go(func() error { cp.every(gctx, time.Second, cp.cluster.sampleLoad); return nil })
 	g.Go(func() error {
 		t := time.NewTimer(cp.cfg.StartupGrace)
 		defer t.Stop()
@@ -330,30 +330,18 @@ func (cp *ControlPlane) linkNode(id string, n *nodeState, start bool) {
 	}
 }
 
-func (cp *ControlPlane) tickLoop(ctx context.Context) {
-	t := cp.cluster.clk.NewTicker(cp.cfg.TickInterval)
+// every runs f every d on the cluster's clock until ctx ends: the
+// autoscaler ticks (TickInterval) and the load samples (once a second,
+// Knative's scrape interval).
+func (cp *ControlPlane) every(ctx context.Context, d time.Duration, f func()) {
+	t := cp.cluster.clk.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C():
-			cp.cluster.tick()
-		}
-	}
-}
-
-// sampleLoop feeds data-plane load into the autoscalers once a second
-// (Knative's scrape interval).
-func (cp *ControlPlane) sampleLoop(ctx context.Context) {
-	t := cp.cluster.clk.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-			cp.cluster.sampleLoad()
+			f()
 		}
 	}
 }

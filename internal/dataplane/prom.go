@@ -3,13 +3,12 @@ package dataplane
 import (
 	"errors"
 	"net/http"
-	"strconv"
-	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
 // latencyBuckets span a sub-millisecond warm call to a function that runs for
@@ -94,13 +93,7 @@ type fnMetrics struct {
 	inflight  prometheus.Gauge
 	endpoints prometheus.Gauge
 
-	codesMu sync.Mutex
-	codes   atomic.Pointer[[]codeCounter] // copy-on-write; a function sees a handful of codes
-}
-
-type codeCounter struct {
-	code int
-	c    prometheus.Counter
+	codes httpx.CodeCounters
 }
 
 func (m *fnMetrics) init(p *promMetrics, name string) {
@@ -110,32 +103,10 @@ func (m *fnMetrics) init(p *promMetrics, name string) {
 	m.queued = p.queued.WithLabelValues(name)
 	m.inflight = p.inflight.WithLabelValues(name)
 	m.endpoints = p.endpoints.WithLabelValues(name)
+	m.codes.Vec, m.codes.Label = p.requests, name
 }
 
-func (m *fnMetrics) requests(code int) prometheus.Counter {
-	if cs := m.codes.Load(); cs != nil {
-		for _, cc := range *cs {
-			if cc.code == code {
-				return cc.c
-			}
-		}
-	}
-	m.codesMu.Lock()
-	defer m.codesMu.Unlock()
-	var cs []codeCounter
-	if old := m.codes.Load(); old != nil {
-		for _, cc := range *old {
-			if cc.code == code {
-				return cc.c
-			}
-		}
-		cs = append(cs, *old...)
-	}
-	c := m.p.requests.WithLabelValues(m.name, strconv.Itoa(code))
-	cs = append(cs, codeCounter{code, c})
-	m.codes.Store(&cs)
-	return c
-}
+func (m *fnMetrics) requests(code int) prometheus.Counter { return m.codes.Get(code) }
 
 func (p *promMetrics) deleteFunction(name string) {
 	l := prometheus.Labels{"function": name}

@@ -25,7 +25,7 @@ type Gateway struct {
 	log       *slog.Logger
 	dps       []*backend
 	prom      *promMetrics
-	none      *codeCounters // requests no data plane could take
+	none      *httpx.CodeCounters // requests no data plane could take
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 	health    *http.Client
@@ -44,7 +44,7 @@ type backend struct {
 	hdr      []string // X-Brisk-Dataplane value, shared by every response
 	up       atomic.Bool
 	fails    int // consecutive failed probes; touched only by the prober
-	requests *codeCounters
+	requests *httpx.CodeCounters
 	connFail prometheus.Counter
 }
 
@@ -63,13 +63,13 @@ func New(cfg Config) (*Gateway, error) {
 		cfg:       cfg,
 		log:       cfg.Logger,
 		prom:      prom,
-		none:      &codeCounters{vec: prom.requests, label: noDataPlane},
+		none:      &httpx.CodeCounters{Vec: prom.requests, Label: noDataPlane},
 		transport: newTransport(),
 		ready:     make(chan struct{}),
 	}
 	for i, a := range cfg.DataPlanes {
 		b := &backend{idx: i, addr: a, hash: hashString(a), hdr: []string{a},
-			requests: &codeCounters{vec: prom.requests, label: a},
+			requests: &httpx.CodeCounters{Vec: prom.requests, Label: a},
 			connFail: prom.failovers.WithLabelValues(a)}
 		// Up until shown otherwise: a data plane that is down at start is
 		// found by the first probes, or sooner by the first request that

@@ -3,9 +3,6 @@ package gateway
 import (
 	"errors"
 	"net/http"
-	"strconv"
-	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -79,44 +76,4 @@ func (m *promMetrics) upGauge(b *backend) error {
 		}
 		return 0
 	}))
-}
-
-// codeCounters caches one data plane's request counters by status code so
-// the hot path never hashes label values. Copy-on-write: a data plane sees a
-// handful of codes.
-type codeCounters struct {
-	vec   *prometheus.CounterVec
-	label string
-	mu    sync.Mutex
-	cs    atomic.Pointer[[]codeCounter]
-}
-
-type codeCounter struct {
-	code int
-	c    prometheus.Counter
-}
-
-func (m *codeCounters) get(code int) prometheus.Counter {
-	if cs := m.cs.Load(); cs != nil {
-		for _, cc := range *cs {
-			if cc.code == code {
-				return cc.c
-			}
-		}
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var cs []codeCounter
-	if old := m.cs.Load(); old != nil {
-		for _, cc := range *old {
-			if cc.code == code {
-				return cc.c
-			}
-		}
-		cs = append(cs, *old...)
-	}
-	c := m.vec.WithLabelValues(m.label, strconv.Itoa(code))
-	cs = append(cs, codeCounter{code, c})
-	m.cs.Store(&cs)
-	return c
 }

@@ -60,7 +60,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, name string) {
 	dp := g.pick(name, nil)
 	if dp == nil {
 		writeError(w, r.Header["X-Call-Id"], nil, http.StatusServiceUnavailable, errNoDataPlane.Error())
-		g.none.get(http.StatusServiceUnavailable).Inc()
+		g.none.Get(http.StatusServiceUnavailable).Inc()
 		return
 	}
 	st := &reqState{Context: r.Context(), name: name, dp: dp}
@@ -76,10 +76,10 @@ func (g *Gateway) finish(st *reqState) {
 		code = http.StatusBadGateway
 	}
 	if st.dp == nil {
-		g.none.get(code).Inc()
+		g.none.Get(code).Inc()
 		return
 	}
-	st.dp.requests.get(code).Inc()
+	st.dp.requests.Get(code).Inc()
 }
 
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
