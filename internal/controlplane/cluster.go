@@ -273,8 +273,49 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 			c.boundDesiredLocked(fs)
 		} else {
 			c.decideLocked(fs, now) // all busy: let panic mode react now
+			c.coverQueuedLocked(fs, now, int(m.GetQueued()))
 		}
 		c.reconcileLocked(fs)
+	}
+}
+
+// coverQueuedLocked makes room for requests a data plane holds with every
+// slot busy. That demand is here now, while the autoscaler sees it only in
+// its next one-second sample and acts on it at the next tick (up to ~3 s
+// later, plus a cold start, for every queued request: the tail of trace
+// replays). Every busy ready sandbox stays, and each queued request beyond
+// the slots already being created gets one; the scale is held for a stable
+// window after the demand reaches the autoscaler's samples (Adopt), as the
+// autoscaler would hold a scale it reached itself, so that a tick deciding
+// on samples from before the burst does not remove the sandboxes.
+// loadSampleLag bounds how long load takes to reach an autoscaler window:
+// a data plane's periodic report (every second) and the once-a-second sample.
+const loadSampleLag = 2 * time.Second
+
+func (c *Cluster) coverQueuedLocked(fs *fnState, now time.Time, queued int) {
+	if queued <= 0 || fs.deleted {
+		return
+	}
+	ready := 0
+	for _, r := range fs.sandboxes {
+		if r.state == sbReady && r.rev == fs.spec.Revision && !r.withdrawn {
+			ready++
+		}
+	}
+	cc := max(fs.spec.Concurrency, 1)
+	need := ready + (queued+cc-1)/cc
+	if need <= fs.desired {
+		return
+	}
+	prev := fs.desired
+	fs.desired = need
+	c.boundDesiredLocked(fs)
+	if fs.desired > prev {
+		// The demand reaches the autoscaler's window only with the next
+		// report and sample: the hold starts when it does.
+		fs.kpa.Adopt(now.Add(loadSampleLag), fs.desired)
+		fs.desiredGauge.Set(float64(fs.desired))
+		c.log.Debug("scale up for queued requests", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "queued", queued, "ready", ready)
 	}
 }
 

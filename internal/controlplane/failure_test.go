@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -1142,6 +1143,41 @@ func TestCase12SplitBrainDeposedLeaderIsRefused(t *testing.T) {
 	}
 	if n := e.creations() - created; n != 0 {
 		t.Fatalf("the deposed leader created %d sandboxes after it was superseded", n)
+	}
+}
+
+// Requests queued with every slot busy get sandboxes at once: an urgent
+// report saying 3 are waiting for a function at 1 busy sandbox (concurrency
+// 1) scales it to 4 right away, and the next autoscaler ticks, which have no
+// load samples for it, keep the 4 (held for a stable window).
+func TestQueuedRequestsGetSandboxesAtOnce(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	f := &spec.Function{Name: "q", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 10},
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
+	f.ApplyDefaults()
+	f.Revision = e.cp.nextRevision()
+	if err := e.cp.store.CreateFunction(f); err != nil {
+		t.Fatal(err)
+	}
+	e.cp.cluster.upsertFunction(f)
+	e.awaitConverged("q", 1)
+	if _, err := e.cp.ReportMetrics(context.Background(), &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "q", Queued: 3, NoCapacity: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.awaitConverged("q", 4)
+	e.advance(5 * time.Second) // ticks without load
+	if got := e.awaitConverged("q", 4); len(got) != 4 {
+		t.Fatalf("after ticks without load: %v, want the 4 kept", got)
+	}
+	// The same report again (the same requests still waiting, now with
+	// sandboxes being made for them) asks for nothing more.
+	if _, err := e.cp.ReportMetrics(context.Background(), &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "q", Queued: 0, NoCapacity: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.cp.cluster.functionStatus("q"); st.Desired != 4 {
+		t.Fatalf("desired %d after a report with nothing queued, want 4", st.Desired)
 	}
 }
 

@@ -235,6 +235,11 @@ func (p *Pool) ensureBridge() error {
 		p.ownBridge = true // kept by cleanup for adopted endpoints: still ours
 	}
 	p.bridgeIndex = br.Attrs().Index
+	if p.ownBridge {
+		if err := pinBridgeMAC(name); err != nil {
+			return err
+		}
+	}
 	if err := netlink.LinkSetUp(br); err != nil {
 		return fmt.Errorf("netpool: set bridge %s up: %w", name, err)
 	}
@@ -252,6 +257,23 @@ func (p *Pool) ensureBridge() error {
 		return fmt.Errorf("netpool: bridge %s: add gateway %v: %w", name, gw, err)
 	}
 	p.addedGateway = !p.ownBridge
+	return nil
+}
+
+// pinBridgeMAC sets the bridge's address to the one it has. A bridge whose
+// address was never set takes the lowest MAC of its ports, so it changes as
+// endpoints join and leave; sandboxes keep the gateway's old MAC in their
+// neighbour cache, and their replies vanish until the entry expires (a call
+// in flight stalled for 13 s when a scale-up added endpoints). A set
+// address stays.
+func pinBridgeMAC(name string) error {
+	br, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("netpool: bridge %s: %w", name, err)
+	}
+	if err := netlink.LinkSetHardwareAddr(br, br.Attrs().HardwareAddr); err != nil {
+		return fmt.Errorf("netpool: bridge %s: pin MAC address: %w", name, err)
+	}
 	return nil
 }
 

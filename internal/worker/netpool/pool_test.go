@@ -187,6 +187,44 @@ func TestReleaseIsIdempotentPerLease(t *testing.T) {
 	}
 }
 
+// The bridge keeps one MAC address while endpoints join and leave: the
+// sandboxes' neighbour caches hold it, and a change drops their replies.
+func TestBridgeMACStaysAsEndpointsComeAndGo(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(18, 2)
+	cfg.MaxReady = 2
+	p := startPool(t, cfg, true)
+	mac := func() string {
+		br, err := netlink.LinkByName(cfg.Bridge)
+		if err != nil {
+			t.Fatalf("bridge: %v", err)
+		}
+		return br.Attrs().HardwareAddr.String()
+	}
+	if b, err := os.ReadFile("/sys/class/net/" + cfg.Bridge + "/addr_assign_type"); err != nil || strings.TrimSpace(string(b)) != "3" {
+		t.Errorf("bridge addr_assign_type %q (%v), want 3 (set)", b, err)
+	}
+	want := mac()
+	var held []*Endpoint
+	for i := 0; i < 12; i++ { // the pool holds 2: most are created now
+		held = append(held, take(t, p))
+		if got := mac(); got != want {
+			t.Fatalf("bridge MAC %s after endpoint %d joined, was %s", got, i+1, want)
+		}
+	}
+	for i, ep := range held { // beyond MaxReady: destroyed
+		p.Release(ep)
+		waitStats(t, p, "release", func(s Stats) bool { return s.InUse == int64(len(held)-i-1) })
+		if got := mac(); got != want {
+			t.Fatalf("bridge MAC %s after %d endpoints left, was %s", got, i+1, want)
+		}
+	}
+	waitStats(t, p, "surplus destroyed", func(s Stats) bool { return s.Destroyed >= 8 })
+	if got := mac(); got != want {
+		t.Fatalf("bridge MAC %s after endpoints were destroyed, was %s", got, want)
+	}
+}
+
 func TestReleaseBeyondMaxReadyDestroys(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(8, 1)
