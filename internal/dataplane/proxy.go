@@ -214,9 +214,8 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeoutCause(r.Context(), conf.timeout, errFunctionTimeout)
 	st := &reqState{
-		Context: ctx,
+		Context: r.Context(),
 		fn:      fn,
 		ep:      ep,
 		conf:    conf,
@@ -231,18 +230,28 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		fn.m.cold.Inc()
 	}
 	fn.m.inflight.Inc()
-	defer d.finish(st, cancel)
-	r2 := r.WithContext(st)
 	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
-		r2.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
+		r.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
 	}
-	d.proxy.ServeHTTP(w, r2)
+	if canForward(r) {
+		defer d.finish(st, nil)
+		d.forward(w, r, st)
+		return
+	}
+	// Upgrades and request trailers: httputil.ReverseProxy, with the
+	// function timeout as a context deadline.
+	ctx, cancel := context.WithTimeoutCause(r.Context(), conf.timeout, errFunctionTimeout)
+	st.Context = ctx
+	defer d.finish(st, cancel)
+	d.proxy.ServeHTTP(w, r.WithContext(st))
 }
 
 // finish runs when the proxy returns or panics (http.ErrAbortHandler after a
 // failed body copy): the slot must always come back.
 func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
-	cancel()
+	if cancel != nil {
+		cancel()
+	}
 	st.fn.m.inflight.Dec()
 	st.fn.release(st.ep)
 	end := d.nanotime()

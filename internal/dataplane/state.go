@@ -19,7 +19,8 @@ type endpoint struct {
 	addr    string
 	seq     uint64 // data-plane-wide add order: later than a request's arrival means cold
 	tracker *loadbalance.Tracker
-	idHdr   []string // []string{id}, shared as a header value (cap 1: an Add copies)
+	idHdr   []string  // []string{id}, shared as a header value (cap 1: an Add copies)
+	conns   *connPool // idle upstream connections; closed when the sandbox leaves the set
 }
 
 // fnConf is what the hot path needs from a spec, resolved once per revision.
@@ -295,6 +296,7 @@ func (d *DataPlane) newEndpoint(e *briskv1.Endpoint, capacity int) *endpoint {
 		seq:     d.epSeq.Add(1),
 		tracker: loadbalance.NewTracker(capacity),
 		idHdr:   []string{e.GetSandboxId()},
+		conns:   newConnPool(e.GetAddress()),
 	}
 }
 
@@ -305,6 +307,9 @@ func (d *DataPlane) removeSandbox(p *pendingFn, id string) {
 func (d *DataPlane) deleteFunction(fn *function) {
 	if set := fn.set.Load(); set != nil { // nil: created earlier in this batch
 		d.forgetSandboxes(fn, set.eps)
+		for _, ep := range set.eps {
+			ep.conns.close()
+		}
 	}
 	fn.fail(errFunctionDeleted)
 	d.prom.deleteFunction(fn.name)
@@ -334,7 +339,7 @@ func (fn *function) publish(p *pendingFn) {
 	eps := p.eps
 	for i, ep := range eps {
 		if ep.tracker.Capacity() != p.conf.capacity {
-			eps[i] = &endpoint{id: ep.id, addr: ep.addr, seq: ep.seq, tracker: loadbalance.NewTracker(p.conf.capacity), idHdr: ep.idHdr}
+			eps[i] = &endpoint{id: ep.id, addr: ep.addr, seq: ep.seq, tracker: loadbalance.NewTracker(p.conf.capacity), idHdr: ep.idHdr, conns: ep.conns}
 		}
 	}
 	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.id, b.id) })
@@ -342,7 +347,27 @@ func (fn *function) publish(p *pendingFn) {
 	for i, ep := range eps {
 		trackers[i] = ep.tracker
 	}
-	fn.set.Store(&epSet{conf: p.conf, eps: eps, trackers: trackers})
+	old := fn.set.Swap(&epSet{conf: p.conf, eps: eps, trackers: trackers})
 	fn.m.endpoints.Set(float64(len(eps)))
 	fn.maybeDispatch()
+	if old != nil {
+		closeLeftPools(old.eps, eps)
+	}
+}
+
+// closeLeftPools closes the connection pools of endpoints in old that are
+// not in cur: requests in flight on them close their connections when done.
+func closeLeftPools(old, cur []*endpoint) {
+	if len(old) == 0 {
+		return
+	}
+	kept := make(map[*connPool]struct{}, len(cur))
+	for _, ep := range cur {
+		kept[ep.conns] = struct{}{}
+	}
+	for _, ep := range old {
+		if _, ok := kept[ep.conns]; !ok {
+			ep.conns.close()
+		}
+	}
 }

@@ -37,10 +37,14 @@ type WarmSummary struct {
 	Target  string `json:"target"` // "brisk" or "direct"
 	Validity
 	loadgen.Summary
-	Config  WarmConfigJSON `json:"config"`
-	Host    HostInfo       `json:"host"`
-	Direct  *DirectRun     `json:"direct,omitempty"`
-	Compare *Comparison    `json:"compare,omitempty"`
+	// CPUPerCallUs is this process's CPU time over the run's calls
+	// (warm-up included): the generator's, and with --local the whole
+	// cluster's and the sandboxes'.
+	CPUPerCallUs float64        `json:"cpu_per_call_us"`
+	Config       WarmConfigJSON `json:"config"`
+	Host         HostInfo       `json:"host"`
+	Direct       *DirectRun     `json:"direct,omitempty"`
+	Compare      *Comparison    `json:"compare,omitempty"`
 }
 
 // WarmConfigJSON records the run's parameters.
@@ -59,6 +63,7 @@ type WarmConfigJSON struct {
 type DirectRun struct {
 	Validity
 	loadgen.Summary
+	CPUPerCallUs float64 `json:"cpu_per_call_us"`
 }
 
 // Comparison puts brisk against the direct baseline. Added latencies are
@@ -68,6 +73,11 @@ type Comparison struct {
 	AddedP50Ms      float64 `json:"added_p50_ms"`
 	AddedP99Ms      float64 `json:"added_p99_ms"`
 	ThroughputRatio float64 `json:"throughput_ratio"` // brisk / direct
+	// CPURatio is direct's CPU per call over brisk's (with --local, where
+	// this process is the whole machine's load): the throughput ratio at
+	// saturation, where CPU is the limit, measured below it — steadier
+	// than pushing both past their knees on a shared machine.
+	CPURatio float64 `json:"cpu_ratio,omitempty"`
 }
 
 // Warm runs bench warm.
@@ -128,10 +138,12 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 	var series []loadgen.Series
 	var firstErr error
 	if !cfg.Direct {
+		cpu0 := processCPU()
 		recs, err := issue(ctx, &o, "brisk ", newIssuer(&o, brisk), calls)
 		if err != nil {
 			return nil, "", err
 		}
+		out.CPUPerCallUs = cpuPerCall(processCPU()-cpu0, len(calls))
 		out.Summary = loadgen.Summarize(recs)
 		out.Validity, firstErr = validity(&o, recs)
 		csvs["invocations.csv"] = recs
@@ -151,11 +163,12 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 			h1.H2C = false
 			directc = loadgen.NewHTTPClient(h1)
 		}
+		cpu0 := processCPU()
 		recs, err := issue(ctx, &o, "direct", newIssuer(&o, &loadgen.HTTPInvoker{Client: directc, Route: route}), calls)
 		if err != nil {
 			return nil, "", err
 		}
-		d := &DirectRun{Summary: loadgen.Summarize(recs)}
+		d := &DirectRun{Summary: loadgen.Summarize(recs), CPUPerCallUs: cpuPerCall(processCPU()-cpu0, len(calls))}
 		var derr error
 		d.Validity, derr = validity(&o, recs)
 		if firstErr == nil {
@@ -173,6 +186,10 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 			if d.ThroughputRPS > 0 {
 				out.Compare.ThroughputRatio = out.ThroughputRPS / d.ThroughputRPS
 			}
+			if out.CPUPerCallUs > 0 && d.CPUPerCallUs > 0 {
+				out.Compare.CPURatio = d.CPUPerCallUs / out.CPUPerCallUs
+				text = append(text, fmt.Sprintf("CPU per call (this process): brisk %.1f µs, direct %.1f µs; direct/brisk %.3f", out.CPUPerCallUs, d.CPUPerCallUs, out.Compare.CPURatio))
+			}
 			if ((out.Valid && d.Valid) || o.Force) && out.Completed > 0 && d.Completed > 0 {
 				text = append(text, fmt.Sprintf("brisk over direct: added p50 %+.3f ms, added p99 %+.3f ms, throughput ratio %.3f",
 					out.Compare.AddedP50Ms, out.Compare.AddedP99Ms, out.Compare.ThroughputRatio))
@@ -184,6 +201,13 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 		xLabel: "response time (ms)", logX: true, series: series}})
 	text = append(text, out.Host.String())
 	return out, strings.Join(text, "\n"), errors.Join(firstErr, err)
+}
+
+func cpuPerCall(cpu time.Duration, calls int) float64 {
+	if calls == 0 || cpu <= 0 {
+		return 0
+	}
+	return float64(cpu.Microseconds()) / float64(calls)
 }
 
 // constantRate spreads calls evenly: call i at i/rate, to function i mod
