@@ -176,6 +176,7 @@ func stateOf(ctx context.Context) *reqState {
 // invoke runs one request for rt.fn: limits, queue, proxy, accounting.
 func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	fn := rt.fn
+	fn.m.ensure()
 	arrival := d.nanotime()
 	seq := d.epSeq.Load() // endpoints added later than this are cold for us
 	set := fn.set.Load()

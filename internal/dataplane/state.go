@@ -312,7 +312,7 @@ func (d *DataPlane) deleteFunction(fn *function) {
 		}
 	}
 	fn.fail(errFunctionDeleted)
-	d.prom.deleteFunction(fn.name)
+	fn.m.retire()
 }
 
 func (d *DataPlane) forgetSandboxes(fn *function, eps []*endpoint) {
@@ -348,7 +348,10 @@ func (fn *function) publish(p *pendingFn) {
 		trackers[i] = ep.tracker
 	}
 	old := fn.set.Swap(&epSet{conf: p.conf, eps: eps, trackers: trackers})
-	fn.m.endpoints.Set(float64(len(eps)))
+	if len(eps) > 0 || fn.m.made.Load() {
+		fn.m.ensure()
+		fn.m.endpoints.Set(float64(len(eps)))
+	}
 	fn.maybeDispatch()
 	if old != nil {
 		closeLeftPools(old.eps, eps)

@@ -285,3 +285,32 @@ func TestLeavingSandboxConnectionsAreClosed(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1"}})
 	waitFor(t, "the idle connection closed", func() bool { return sb.closed.Load() == 1 })
 }
+
+// A function's series appear with its first endpoint or call, not at
+// registration (thousands of registrations a second), and leave with it.
+func TestFunctionSeriesComeWithUse(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	addr := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("idle"), fnSpec("used")}})
+	series := func(fn string) int { return strings.Count(get(t, srv.URL+"/metrics").body, `function="`+fn+`"`) }
+	if n := series("idle") + series("used"); n != 0 {
+		t.Fatalf("%d series for functions never called and without endpoints", n)
+	}
+	d.Apply(&briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("used", "sb-1", addr)}})
+	if m := get(t, srv.URL+"/metrics").body; !strings.Contains(m, `brisk_dataplane_endpoints{function="used"} 1`) {
+		t.Fatalf("no endpoints gauge after the first endpoint:\n%s", m)
+	}
+	if r := get(t, srv.URL+"/function/used"); r.code != 200 {
+		t.Fatalf("call: %d", r.code)
+	}
+	if m := get(t, srv.URL+"/metrics").body; !strings.Contains(m, `brisk_dataplane_requests_total{code="200",function="used"} 1`) {
+		t.Fatalf("no request counter after a call:\n%s", m)
+	}
+	if n := series("idle"); n != 0 {
+		t.Fatalf("%d series for the idle function", n)
+	}
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"used"}})
+	if n := series("used"); n != 0 {
+		t.Fatalf("%d series left for the deleted function", n)
+	}
+}

@@ -70,7 +70,10 @@ func Open(dir string) (*Store, error) {
 	path := filepath.Join(dir, "registry.db")
 	// The freelist is rebuilt at open instead of written at every commit:
 	// less I/O on the registration path.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType,
+		// Address space only: a growing registry is not remapped (a remap
+		// waits for every reader) until it passes 256 MiB.
+		InitialMmapSize: 256 << 20})
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w (is another control plane using this data dir?)", path, err)
 	}
