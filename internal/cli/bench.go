@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"time"
 
@@ -32,6 +33,7 @@ type benchFlags struct {
 	maxLateFraction  float64
 	grace            time.Duration
 	cpuProfile       string
+	memProfile       string
 }
 
 func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Duration) {
@@ -51,6 +53,7 @@ func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Du
 	fl.Float64Var(&f.maxLateFraction, "max-late-fraction", loadgen.DefaultLateness.MaxFraction, "refuse a run with more late sends than this fraction")
 	fl.DurationVar(&f.grace, "grace", loadgen.DefaultGrace, "how long to wait for replies after the last send")
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (with --local: the whole cluster too) to the file")
+	fl.StringVar(&f.memProfile, "memprofile", "", "write a heap profile of this process at the end of the run (before a --local cluster stops) to the file")
 }
 
 func (f *benchFlags) validate() error {
@@ -118,6 +121,11 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 		o.Progress = file
 	}
 	text, err := body(ctx, cl, o)
+	if f.memProfile != "" {
+		if perr := writeHeapProfile(f.memProfile); perr != nil && err == nil {
+			err = perr
+		}
+	}
 	if cerr := cl.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("stopping the local cluster: %w", cerr)
 	}
@@ -128,6 +136,19 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 		fmt.Fprintf(stderr, "results in %s\n", f.out)
 	}
 	return err
+}
+
+func writeHeapProfile(path string) error {
+	pf, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // the profile shows the live heap as of the last collection
+	if err := pprof.WriteHeapProfile(pf); err != nil {
+		pf.Close()
+		return err
+	}
+	return pf.Close()
 }
 
 // clusterLogger sends a local cluster's logs to --out/cluster.log, or to

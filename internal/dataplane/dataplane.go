@@ -48,6 +48,7 @@ type DataPlane struct {
 
 	applyMu   sync.Mutex
 	sandboxes map[string]*function // sandbox id -> function; guarded by applyMu
+	pools     map[string]*connPool // sandbox address -> upstream connections; guarded by applyMu
 
 	// Urgent (no-capacity) reports: functions to include, and a 1-slot
 	// doorbell that coalesces triggers while one report is in flight.
@@ -80,6 +81,7 @@ func New(cfg Config) (*DataPlane, error) {
 		prom:         prom,
 		transport:    newTransport(),
 		sandboxes:    make(map[string]*function),
+		pools:        make(map[string]*connPool),
 		urgentBell:   make(chan struct{}, 1),
 		ready:        make(chan struct{}),
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
@@ -201,6 +203,11 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	stopLink()
 	wg.Wait()
 	d.transport.CloseIdleConnections()
+	d.applyMu.Lock()
+	for _, p := range d.pools {
+		p.close()
+	}
+	d.applyMu.Unlock()
 	return err
 }
 

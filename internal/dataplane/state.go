@@ -20,7 +20,7 @@ type endpoint struct {
 	seq     uint64 // data-plane-wide add order: later than a request's arrival means cold
 	tracker *loadbalance.Tracker
 	idHdr   []string  // []string{id}, shared as a header value (cap 1: an Add copies)
-	conns   *connPool // idle upstream connections; closed when the sandbox leaves the set
+	conns   *connPool // idle upstream connections to addr, shared by the endpoints at addr
 }
 
 // fnConf is what the hot path needs from a spec, resolved once per revision.
@@ -278,7 +278,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	}
 
 	for fn, p := range pending {
-		fn.publish(p)
+		d.publish(fn, p)
 	}
 	for name, fn := range next {
 		if fn == nil {
@@ -296,7 +296,7 @@ func (d *DataPlane) newEndpoint(e *briskv1.Endpoint, capacity int) *endpoint {
 		seq:     d.epSeq.Add(1),
 		tracker: loadbalance.NewTracker(capacity),
 		idHdr:   []string{e.GetSandboxId()},
-		conns:   newConnPool(e.GetAddress()),
+		conns:   d.poolFor(e.GetAddress()),
 	}
 }
 
@@ -308,7 +308,7 @@ func (d *DataPlane) deleteFunction(fn *function) {
 	if set := fn.set.Load(); set != nil { // nil: created earlier in this batch
 		d.forgetSandboxes(fn, set.eps)
 		for _, ep := range set.eps {
-			ep.conns.close()
+			d.unrefPool(ep.conns)
 		}
 	}
 	fn.fail(errFunctionDeleted)
@@ -335,7 +335,7 @@ func findEndpoint(eps []*endpoint, id string) *endpoint {
 // publish swaps in a new set and hands freed capacity to waiters. A
 // concurrency change needs new trackers; the old ones stay with the requests
 // in flight on them, so the limit can be exceeded briefly during the switch.
-func (fn *function) publish(p *pendingFn) {
+func (d *DataPlane) publish(fn *function, p *pendingFn) {
 	eps := p.eps
 	for i, ep := range eps {
 		if ep.tracker.Capacity() != p.conf.capacity {
@@ -353,24 +353,63 @@ func (fn *function) publish(p *pendingFn) {
 		fn.m.endpoints.Set(float64(len(eps)))
 	}
 	fn.maybeDispatch()
+	var prev []*endpoint
 	if old != nil {
-		closeLeftPools(old.eps, eps)
+		prev = old.eps
+	}
+	d.refPools(prev, eps)
+}
+
+// poolKey identifies an endpoint's hold on a pool: a concurrency change
+// copies the endpoint but not the hold.
+type poolKey struct {
+	id    string
+	conns *connPool
+}
+
+// refPools moves pool references from the endpoints of prev to those of cur.
+// Connections are pooled per address, not per sandbox: the emulated runtime
+// serves many sandboxes on one address, and a connection per cold start to
+// it overflowed its accept queue. A pool closes when no endpoint at its
+// address is left, so a sandbox given the address of a gone one later (an
+// IP or port reused) starts with no connections of the gone one's.
+func (d *DataPlane) refPools(prev, cur []*endpoint) {
+	if len(prev) == 0 && len(cur) == 0 {
+		return
+	}
+	in := make(map[poolKey]struct{}, len(prev))
+	for _, ep := range prev {
+		in[poolKey{ep.id, ep.conns}] = struct{}{}
+	}
+	for _, ep := range cur {
+		k := poolKey{ep.id, ep.conns}
+		if _, ok := in[k]; ok {
+			delete(in, k) // kept
+		} else {
+			ep.conns.refs++
+		}
+	}
+	for k := range in { // left
+		d.unrefPool(k.conns)
 	}
 }
 
-// closeLeftPools closes the connection pools of endpoints in old that are
-// not in cur: requests in flight on them close their connections when done.
-func closeLeftPools(old, cur []*endpoint) {
-	if len(old) == 0 {
+// poolFor returns the pool of addr, made on first use. Apply holds applyMu.
+func (d *DataPlane) poolFor(addr string) *connPool {
+	p := d.pools[addr]
+	if p == nil {
+		p = newConnPool(addr)
+		d.pools[addr] = p
+	}
+	return p
+}
+
+func (d *DataPlane) unrefPool(p *connPool) {
+	if p.refs--; p.refs > 0 {
 		return
 	}
-	kept := make(map[*connPool]struct{}, len(cur))
-	for _, ep := range cur {
-		kept[ep.conns] = struct{}{}
-	}
-	for _, ep := range old {
-		if _, ok := kept[ep.conns]; !ok {
-			ep.conns.close()
-		}
+	p.close()
+	if d.pools[p.addr] == p {
+		delete(d.pools, p.addr)
 	}
 }

@@ -29,9 +29,9 @@ import (
 // (protocol upgrades, request trailers) take the ReverseProxy path.
 
 const (
-	// maxIdlePerSandbox bounds a sandbox's idle connections; more are
-	// closed when returned.
-	maxIdlePerSandbox = 1024
+	// maxIdlePerAddr bounds the idle connections to one address; more
+	// are closed when returned.
+	maxIdlePerAddr = 4096
 	// replayableBody is the largest request body read in full before the
 	// call, so that it can be sent again on a fresh connection when a
 	// reused one turns out closed by the sandbox.
@@ -42,11 +42,12 @@ const (
 
 var errPoolClosed = errors.New("sandbox left the routing table")
 
-// connPool holds one sandbox's idle keep-alive connections. Each endpoint
-// has its own, so a sandbox that reuses an address of a gone one never gets
-// the gone one's connections, and the hot path takes no data-plane-wide lock.
+// connPool holds the idle keep-alive connections to one sandbox address
+// (DataPlane.refPools says why per address). The hot path takes and returns
+// connections under the pool's own mutex, no data-plane-wide lock.
 type connPool struct {
 	addr   string
+	refs   int // published endpoints at addr; guarded by DataPlane.applyMu
 	mu     sync.Mutex
 	idle   []*upConn
 	closed bool
@@ -95,7 +96,7 @@ func (p *connPool) dial() (*upConn, error) {
 // put returns a connection whose last exchange completed cleanly.
 func (p *connPool) put(c *upConn) {
 	p.mu.Lock()
-	if p.closed || len(p.idle) >= maxIdlePerSandbox {
+	if p.closed || len(p.idle) >= maxIdlePerAddr {
 		p.mu.Unlock()
 		c.nc.Close()
 		return

@@ -271,19 +271,31 @@ func TestHopByHopHeadersStayOnTheirHop(t *testing.T) {
 	}
 }
 
-// A sandbox that leaves the routing table has its idle connections closed.
-func TestLeavingSandboxConnectionsAreClosed(t *testing.T) {
+// Sandboxes at one address (the emulated runtime's) share its idle
+// connections, which are closed once no sandbox at the address is left.
+func TestConnectionsArePerAddressAndLeaveWithTheLastSandbox(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	sb := newCountingSandbox(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
-	deploy(d, "f", sb.addr)
-	if r := get(t, srv.URL+"/function/f"); r.code != 200 {
-		t.Fatalf("status %d", r.code)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("f"), fnSpec("g")},
+		Added:     []*briskv1.Endpoint{ep("f", "sb-1", sb.addr), ep("g", "sb-2", sb.addr)}})
+	for _, fn := range []string{"f", "g", "f", "g"} {
+		if r := get(t, srv.URL+"/function/"+fn); r.code != 200 {
+			t.Fatalf("%s: status %d", fn, r.code)
+		}
 	}
 	if sb.opened.Load() != 1 || sb.closed.Load() != 0 {
-		t.Fatalf("before removal: opened %d closed %d, want 1 kept open", sb.opened.Load(), sb.closed.Load())
+		t.Fatalf("4 sequential calls to 2 sandboxes at one address: opened %d closed %d, want 1 kept open", sb.opened.Load(), sb.closed.Load())
 	}
 	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1"}})
+	if r := get(t, srv.URL+"/function/g"); r.code != 200 || sb.opened.Load() != 1 || sb.closed.Load() != 0 {
+		t.Fatalf("after one of two sandboxes left: status %d, opened %d closed %d, want the connection kept", r.code, sb.opened.Load(), sb.closed.Load())
+	}
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"g"}})
 	waitFor(t, "the idle connection closed", func() bool { return sb.closed.Load() == 1 })
+	if n := len(d.pools); n != 0 {
+		t.Fatalf("%d pools left with no sandbox", n)
+	}
 }
 
 // A function's series appear with its first endpoint or call, not at
