@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
@@ -65,9 +63,7 @@ type fnState struct {
 	// into the autoscaler once a second by sampleLoad).
 	dpLoad map[string]dpSample
 
-	// The function's gauges, looked up once: a label lookup per function
-	// per tick was a large share of a tick over thousands of functions.
-	desiredGauge, panicGauge prometheus.Gauge
+	panicking bool // the autoscaler's last decision was in panic mode
 
 	failures     int       // consecutive failed starts
 	backoffUntil time.Time // no new creates before this (crash-loop protection)
@@ -131,12 +127,16 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Cluster{
+	c := &Cluster{
 		clk: clock.Or(cfg.Clock), log: cfg.Logger, cfg: cfg,
 		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState),
 		placer: p, watchers: make(map[*watcher]struct{}),
 		idPrefix: hex.EncodeToString(seed[:6]), metrics: m,
-	}, nil
+	}
+	if err := m.reg.Register(newFunctionCollector(c)); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // newID returns a sandbox id that is never reused: a per-process random
@@ -192,8 +192,7 @@ func (c *Cluster) upsertFunction(f *spec.Function) {
 	now := c.clk.Now()
 	fs := c.fns[f.Name]
 	if fs == nil {
-		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.kpaConfig(f), now), sandboxes: make(map[string]*sandboxRec),
-			desiredGauge: c.metrics.desired.WithLabelValues(f.Name), panicGauge: c.metrics.panic.WithLabelValues(f.Name)}
+		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.kpaConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
 		c.fns[f.Name] = fs
 		fs.desired = f.Scaling.Min
 	} else {
@@ -220,8 +219,6 @@ func (c *Cluster) removeFunction(name string) {
 	}
 	fs.deleted, fs.desired = true, 0
 	delete(c.fns, name)
-	c.metrics.desired.DeleteLabelValues(name)
-	c.metrics.panic.DeleteLabelValues(name)
 	c.publishLocked(func(b *briskv1.EndpointBatch) {
 		b.Functions = withoutFn(b.Functions, name)
 		b.DeletedFunctions = append(without(b.DeletedFunctions, name), name)
@@ -314,7 +311,6 @@ func (c *Cluster) coverQueuedLocked(fs *fnState, now time.Time, queued int) {
 		// The demand reaches the autoscaler's window only with the next
 		// report and sample: the hold starts when it does.
 		fs.kpa.Adopt(now.Add(loadSampleLag), fs.desired)
-		fs.desiredGauge.Set(float64(fs.desired))
 		c.log.Debug("scale up for queued requests", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "queued", queued, "ready", ready)
 	}
 }
@@ -334,8 +330,7 @@ func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
 		c.log.Debug("scale decision", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "ready", ready,
 			"stable_avg", d.StableAvg, "panic_avg", d.PanicAvg, "panic", d.Panic, "no_data", d.NoData)
 	}
-	fs.desiredGauge.Set(float64(fs.desired))
-	fs.panicGauge.Set(boolFloat(d.Panic))
+	fs.panicking = d.Panic
 }
 
 type dpSample struct {

@@ -69,16 +69,11 @@ func New(cfg Config) (*DataPlane, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	prom, err := newPromMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
 	d := &DataPlane{
 		cfg:          cfg,
 		log:          cfg.Logger,
 		epoch:        time.Now(),
 		rnd:          loadbalance.NewRand(rand.Uint64()),
-		prom:         prom,
 		transport:    newTransport(),
 		sandboxes:    make(map[string]*function),
 		pools:        make(map[string]*connPool),
@@ -86,6 +81,11 @@ func New(cfg Config) (*DataPlane, error) {
 		ready:        make(chan struct{}),
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
 	}
+	prom, err := newPromMetrics(cfg.Registerer, d.functions)
+	if err != nil {
+		return nil, err
+	}
+	d.prom = prom
 	if cfg.ID != "" {
 		d.id.Store(&cfg.ID)
 	}

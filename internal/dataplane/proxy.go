@@ -176,7 +176,7 @@ func stateOf(ctx context.Context) *reqState {
 // invoke runs one request for rt.fn: limits, queue, proxy, accounting.
 func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	fn := rt.fn
-	fn.m.ensure()
+	fn.m.used.Store(true)
 	arrival := d.nanotime()
 	seq := d.epSeq.Load() // endpoints added later than this are cold for us
 	set := fn.set.Load()
@@ -190,7 +190,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 
 	if r.ContentLength > d.cfg.MaxBodyBytes {
 		writeError(w, callID, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
-		fn.m.requests(http.StatusRequestEntityTooLarge).Inc()
+		fn.m.codes.inc(http.StatusRequestEntityTooLarge)
 		return
 	}
 	if conf.extendDeadline {
@@ -210,8 +210,8 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		if code != statusClientGone {
 			writeError(w, callID, code, msg)
 		}
-		fn.m.requests(code).Inc()
-		fn.m.duration.Observe(seconds(acquired - arrival))
+		fn.m.codes.inc(code)
+		fn.m.duration.observe(acquired - arrival)
 		return
 	}
 
@@ -228,9 +228,9 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		cold:    ep.seq > seq,
 	}
 	if st.cold {
-		fn.m.cold.Inc()
+		fn.m.cold.Add(1)
 	}
-	fn.m.inflight.Inc()
+	fn.m.inflight.Add(1)
 	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
 	}
@@ -253,7 +253,7 @@ func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 	if cancel != nil {
 		cancel()
 	}
-	st.fn.m.inflight.Dec()
+	st.fn.m.inflight.Add(-1)
 	st.fn.release(st.ep)
 	end := d.nanotime()
 	st.fn.stats.depart(end)
@@ -261,8 +261,8 @@ func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 	if code == 0 {
 		code = http.StatusBadGateway
 	}
-	st.fn.m.requests(code).Inc()
-	st.fn.m.duration.Observe(seconds(end - st.arrival))
+	st.fn.m.codes.inc(code)
+	st.fn.m.duration.observe(end - st.arrival)
 }
 
 // statusClientGone counts requests whose client left before an answer

@@ -159,8 +159,7 @@ func (fn *function) pushLocked(w *waiter) {
 		fn.head = w
 	}
 	fn.tail = w
-	n := fn.nwait.Add(1)
-	fn.m.queued.Set(float64(n))
+	fn.nwait.Add(1)
 }
 
 func (fn *function) removeLocked(w *waiter) {
@@ -175,6 +174,5 @@ func (fn *function) removeLocked(w *waiter) {
 		fn.tail = w.prev
 	}
 	w.prev, w.next, w.queued = nil, nil, false
-	n := fn.nwait.Add(-1)
-	fn.m.queued.Set(float64(n))
+	fn.nwait.Add(-1)
 }

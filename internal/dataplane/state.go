@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"iter"
 	"slices"
 	"strings"
 	"sync"
@@ -67,7 +68,6 @@ type function struct {
 
 func (d *DataPlane) newFunction(name string) *function {
 	fn := &function{name: name}
-	fn.m.init(d.prom, name)
 	fn.stats.reset(d.nanotime())
 	return fn
 }
@@ -81,7 +81,7 @@ func (d *DataPlane) lookup(name string) *function {
 }
 
 // functions iterates over the routing table.
-func (d *DataPlane) functions() func(yield func(string, *function) bool) {
+func (d *DataPlane) functions() iter.Seq2[string, *function] {
 	return func(yield func(string, *function) bool) {
 		d.fns.Range(func(k, v any) bool { return yield(k.(string), v.(*function)) })
 	}
@@ -312,7 +312,6 @@ func (d *DataPlane) deleteFunction(fn *function) {
 		}
 	}
 	fn.fail(errFunctionDeleted)
-	fn.m.retire()
 }
 
 func (d *DataPlane) forgetSandboxes(fn *function, eps []*endpoint) {
@@ -348,9 +347,8 @@ func (d *DataPlane) publish(fn *function, p *pendingFn) {
 		trackers[i] = ep.tracker
 	}
 	old := fn.set.Swap(&epSet{conf: p.conf, eps: eps, trackers: trackers})
-	if len(eps) > 0 || fn.m.made.Load() {
-		fn.m.ensure()
-		fn.m.endpoints.Set(float64(len(eps)))
+	if len(eps) > 0 {
+		fn.m.used.Store(true)
 	}
 	fn.maybeDispatch()
 	var prev []*endpoint
