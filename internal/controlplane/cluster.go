@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -395,6 +396,11 @@ func (c *Cluster) tick() {
 			c.reconcileLocked(fs)
 		}
 		c.mu.Unlock()
+		// Let waiting reports and worker updates in: a mutex released and
+		// taken again at once stays with its holder (Go mutexes hand over
+		// only to waiters starved for 1 ms), so without this the chunks ran
+		// back to back and cold starts waited out the whole tick.
+		runtime.Gosched()
 	}
 	c.mu.Lock()
 	c.checkNodesLocked(now)
