@@ -8,7 +8,7 @@ BRISK=${BRISK:-./bin/brisk}
 out=${BENCH_OUT:-bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 report="$out/report.md"
-dur=10s; reg=2000; scale_n=20000; scale_m=4000; scale_k=1000; replay_min=5
+dur=10s; reg=10000; scale_n=20000; scale_m=4000; scale_k=1000; replay_min=5
 if [ "${BENCH_SCALE:-}" = small ]; then dur=2s; reg=200; scale_n=400; scale_m=80; scale_k=40; replay_min=1; fi
 
 run() { # name, then the brisk arguments

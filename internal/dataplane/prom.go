@@ -170,7 +170,6 @@ func (c *fnCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *fnCollector) Collect(ch chan<- prometheus.Metric) {
-	buckets := make(map[float64]uint64, nBuckets)
 	for name, fn := range c.fns() {
 		m := &fn.m
 		if !m.used.Load() {
@@ -179,6 +178,9 @@ func (c *fnCollector) Collect(ch chan<- prometheus.Metric) {
 		m.codes.each(func(code int, n uint64) {
 			ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(n), name, strconv.Itoa(code))
 		})
+		// A map per histogram: the const metric keeps it, and the registry
+		// reads it while this loop goes on.
+		buckets := make(map[float64]uint64, nBuckets)
 		var cum uint64
 		for i, le := range latencyBuckets {
 			cum += m.duration.counts[i].Load()

@@ -1,8 +1,12 @@
 package dataplane
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
 
 // Status codes are counted exactly, beyond the lock-free slots too, and
@@ -49,5 +53,34 @@ func TestLatencyHistoBuckets(t *testing.T) {
 	}
 	if got, want := h.sumNs.Load(), int64(500_000+500_001+2_000_000+1_000*1e9); got != want {
 		t.Errorf("sum %d ns, want %d", got, want)
+	}
+}
+
+// Each function's histogram is its own: scraping several functions gives
+// each its own bucket counts.
+func TestEachFunctionHasItsOwnHistogram(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	addr := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("one"), fnSpec("three"), fnSpec("two")},
+		Added:     []*briskv1.Endpoint{ep("one", "sb-1", addr), ep("three", "sb-3", addr), ep("two", "sb-2", addr)}})
+	for fn, n := range map[string]int{"one": 1, "two": 2, "three": 3} {
+		for i := 0; i < n; i++ {
+			if r := get(t, srv.URL+"/function/"+fn); r.code != 200 {
+				t.Fatalf("%s: %d", fn, r.code)
+			}
+		}
+	}
+	m := get(t, srv.URL+"/metrics").body
+	for fn, n := range map[string]int{"one": 1, "two": 2, "three": 3} {
+		for _, want := range []string{
+			fmt.Sprintf(`brisk_dataplane_request_duration_seconds_bucket{function="%s",le="300"} %d`, fn, n),
+			fmt.Sprintf(`brisk_dataplane_request_duration_seconds_count{function="%s"} %d`, fn, n),
+			fmt.Sprintf(`brisk_dataplane_requests_total{code="200",function="%s"} %d`, fn, n),
+		} {
+			if !strings.Contains(m, want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
 	}
 }
