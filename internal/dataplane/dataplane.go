@@ -49,6 +49,7 @@ type DataPlane struct {
 	applyMu   sync.Mutex
 	sandboxes map[string]*function // sandbox id -> function; guarded by applyMu
 	pools     map[string]*connPool // sandbox address -> upstream connections; guarded by applyMu
+	leftPools []*connPool          // references to drop at the end of an Apply; guarded by applyMu
 
 	// Urgent (no-capacity) reports: functions to include, and a 1-slot
 	// doorbell that coalesces triggers while one report is in flight.
@@ -164,6 +165,9 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	reapCtx, stopReap := context.WithCancel(ctx)
+	defer stopReap()
+	go d.reapIdle(reapCtx)
 
 	linkCtx, stopLink := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopLink()
@@ -209,6 +213,30 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	d.applyMu.Unlock()
 	return err
+}
+
+// reapIdle closes upstream connections idle past idleTimeout, every third
+// of it, until ctx ends.
+func (d *DataPlane) reapIdle(ctx context.Context) {
+	t := time.NewTicker(idleTimeout / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cutoff := monoNow() - int64(idleTimeout)
+		d.applyMu.Lock()
+		pools := make([]*connPool, 0, len(d.pools))
+		for _, p := range d.pools {
+			pools = append(pools, p)
+		}
+		d.applyMu.Unlock()
+		for _, p := range pools {
+			p.prune(cutoff)
+		}
+	}
 }
 
 // markUrgent queues fn for an immediate no-capacity report and rings the

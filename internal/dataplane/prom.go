@@ -121,8 +121,12 @@ func (c *codeCounts) each(f func(code int, n uint64)) {
 		}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	more := make(map[int]uint64, len(c.more))
 	for code, n := range c.more {
+		more[code] = n
+	}
+	c.mu.Unlock()
+	for code, n := range more { // f may block (a scrape's channel): not under mu
 		f(code, n)
 	}
 }

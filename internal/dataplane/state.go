@@ -280,6 +280,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	for fn, p := range pending {
 		d.publish(fn, p)
 	}
+	d.releaseLeftPools()
 	for name, fn := range next {
 		if fn == nil {
 			d.fns.Delete(name)
@@ -308,7 +309,7 @@ func (d *DataPlane) deleteFunction(fn *function) {
 	if set := fn.set.Load(); set != nil { // nil: created earlier in this batch
 		d.forgetSandboxes(fn, set.eps)
 		for _, ep := range set.eps {
-			d.unrefPool(ep.conns)
+			d.leftPools = append(d.leftPools, ep.conns)
 		}
 	}
 	fn.fail(errFunctionDeleted)
@@ -387,9 +388,21 @@ func (d *DataPlane) refPools(prev, cur []*endpoint) {
 			ep.conns.refs++
 		}
 	}
-	for k := range in { // left
-		d.unrefPool(k.conns)
+	for k := range in { // left: released once the whole batch is published
+		d.leftPools = append(d.leftPools, k.conns)
 	}
+}
+
+// releaseLeftPools drops the references of the endpoints that left in this
+// batch. It runs after every function of the batch is published, so that a
+// pool whose address passes from one function to another within a batch is
+// never closed in between (and then handed to the new endpoint closed).
+func (d *DataPlane) releaseLeftPools() {
+	for i, p := range d.leftPools {
+		d.unrefPool(p)
+		d.leftPools[i] = nil
+	}
+	d.leftPools = d.leftPools[:0]
 }
 
 // poolFor returns the pool of addr, made on first use. Apply holds applyMu.

@@ -54,25 +54,50 @@ type connPool struct {
 }
 
 type upConn struct {
-	nc   net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	tp   textproto.Reader
-	pool *connPool
-	head bool // the call in flight is a HEAD: its reply has no body
+	nc     net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	tp     textproto.Reader
+	pool   *connPool
+	head   bool  // the call in flight is a HEAD: its reply has no body
+	idleAt int64 // monoNow when it was last returned to the pool
 }
+
+const (
+	// idleTimeout: the reaper closes connections idle longer.
+	idleTimeout = 90 * time.Second
+)
+
+// checkIdleAfter: a connection idle longer is probed before reuse (a
+// function's server may have closed it: Node's keep-alive timeout is 5 s,
+// gunicorn's 2 s). Busier connections are not, which saves a system call
+// per warm call. A variable for tests.
+var checkIdleAfter = 500 * time.Millisecond
+
+var monoEpoch = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 
 func newConnPool(addr string) *connPool { return &connPool{addr: addr} }
 
-// get returns an idle connection (reused) or dials one.
-func (p *connPool) get() (c *upConn, reused bool, err error) {
-	p.mu.Lock()
-	if n := len(p.idle); n > 0 {
+// get returns an idle connection (reused) or dials one. An idle connection
+// is probed first when it idled past checkIdleAfter or when probe is set
+// (the call could not be sent again on a fresh connection).
+func (p *connPool) get(probe bool) (c *upConn, reused bool, err error) {
+	for {
+		p.mu.Lock()
+		n := len(p.idle)
+		if n == 0 {
+			break
+		}
 		c = p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		return c, true, nil
+		if (!probe && monoNow()-c.idleAt < int64(checkIdleAfter)) || c.alive() {
+			return c, true, nil
+		}
+		c.nc.Close()
 	}
 	closed := p.closed
 	p.mu.Unlock()
@@ -81,6 +106,34 @@ func (p *connPool) get() (c *upConn, reused bool, err error) {
 	}
 	c, err = p.dial()
 	return c, false, err
+}
+
+// alive peeks at an idle connection without blocking: nothing to read
+// means the sandbox still holds it open; end of stream or stray bytes (a
+// 408 before closing) mean it is done.
+func (c *upConn) alive() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := c.nc.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	if c.nc.SetReadDeadline(time.Time{}) != nil { // an expired deadline would refuse the peek
+		return false
+	}
+	alive := false
+	var b [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		_, _, perr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		alive = perr == syscall.EAGAIN
+		return true
+	})
+	return err == nil && alive
 }
 
 func (p *connPool) dial() (*upConn, error) {
@@ -95,6 +148,7 @@ func (p *connPool) dial() (*upConn, error) {
 
 // put returns a connection whose last exchange completed cleanly.
 func (p *connPool) put(c *upConn) {
+	c.idleAt = monoNow()
 	p.mu.Lock()
 	if p.closed || len(p.idle) >= maxIdlePerAddr {
 		p.mu.Unlock()
@@ -103,6 +157,25 @@ func (p *connPool) put(c *upConn) {
 	}
 	p.idle = append(p.idle, c)
 	p.mu.Unlock()
+}
+
+// prune closes the connections idle since before cutoff. The stack is
+// oldest first, so they are a prefix.
+func (p *connPool) prune(cutoff int64) {
+	p.mu.Lock()
+	n := 0
+	for n < len(p.idle) && p.idle[n].idleAt < cutoff {
+		n++
+	}
+	old := make([]*upConn, n)
+	copy(old, p.idle[:n])
+	rest := copy(p.idle, p.idle[n:])
+	clear(p.idle[rest:])
+	p.idle = p.idle[:rest]
+	p.mu.Unlock()
+	for _, c := range old {
+		c.nc.Close()
+	}
 }
 
 // close drops the idle connections and makes later returns close theirs:
@@ -124,22 +197,18 @@ func canForward(r *http.Request) bool {
 	return !upgrade && r.Trailer == nil
 }
 
-// upstreamError is a failed call before any reply byte reached the client.
-type upstreamError struct {
-	code int
-	msg  string
-}
-
 var copyBufs httpx.BufferPool
 
 // forward sends r to st.ep and copies the reply to w. It returns the status
-// the client got.
+// counted for the call.
 func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState) int {
-	// A small body is read first: the call can then be replayed on a fresh
-	// connection if a reused one was closed by the sandbox meanwhile (an
-	// idle timeout in the function's server, a crash).
+	if strings.ContainsAny(st.rawRest, " \r\n") || strings.ContainsAny(r.URL.RawQuery, " \r\n") {
+		return d.failWith(w, st, http.StatusBadRequest, "invalid characters in the request path or query")
+	}
+	// A small body is read first: the call can then be sent again on a
+	// fresh connection if a reused one was closed by the sandbox meanwhile.
 	var body []byte
-	replayable := true
+	buffered := true
 	if r.ContentLength > 0 && r.ContentLength <= replayableBody {
 		buf := copyBufs.Get()
 		defer copyBufs.Put(buf)
@@ -149,11 +218,13 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			body = make([]byte, r.ContentLength)
 		}
 		if _, err := io.ReadFull(r.Body, body); err != nil {
-			st.code = statusClientGone
-			return st.code
+			return d.failBody(w, r, st, err)
 		}
-	} else if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
-		replayable = false
+	}
+	var cb *clientBody // a streamed body's reader (allocated only for one)
+	if body == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody { // large or of unknown length
+		buffered = false
+		cb = &clientBody{r: r.Body}
 	}
 
 	deadline := time.Now().Add(st.conf.timeout)
@@ -163,7 +234,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		var reused bool
 		var err error
 		if attempt == 0 {
-			c, reused, err = st.ep.conns.get()
+			c, reused, err = st.ep.conns.get(!buffered)
 		} else {
 			c, err = st.ep.conns.dial()
 		}
@@ -172,27 +243,31 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		}
 		st.proxyStart = d.nanotime()
 		_ = c.nc.SetDeadline(deadline)
-		err = d.writeRequest(c, r, st, body, replayable)
-		if err == nil {
+		err = d.writeRequest(c, r, st, body, buffered, cb)
+		sent := err == nil
+		if sent {
 			err = c.readHead(&resp)
 		}
 		if err == nil {
 			break
 		}
 		c.nc.Close()
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return d.failWith(w, st, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+		if cb != nil && cb.err != nil { // the client's body failed, not the sandbox
+			return d.failBody(w, r, st, cb.err)
 		}
-		if reused && replayable && !resp.started && closedByPeer(err) {
-			continue // a stale keep-alive connection: once more on a new one
+		// A reused connection the sandbox had closed: the call goes once
+		// more on a new one, if it can be sent again and either did not
+		// reach the sandbox whole or may run twice (http.Transport's rule).
+		if reused && buffered && !resp.started && closedByPeer(err) && (!sent || idempotent(r)) {
+			continue
 		}
 		return d.failUpstream(w, st, err)
 	}
 
 	h := w.Header()
+	conn := resp.header["Connection"]
 	for k, v := range resp.header {
-		if !hopByHop(k) {
+		if !hopByHop(k) && (conn == nil || !listedIn(conn, k)) {
 			h[k] = v
 		}
 	}
@@ -205,13 +280,14 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	st.code = resp.code
 	w.WriteHeader(resp.code)
 
+	cw := clientWriter{w: w, flush: resp.length < 0}
 	ok := true
 	switch {
 	case resp.noBody:
 	case resp.chunked:
-		ok = c.copyChunked(w, h)
+		ok = c.copyChunked(&cw, h)
 	default:
-		ok = c.copyBody(w, resp.length)
+		ok = c.copyBody(&cw, resp.length)
 	}
 	// The deadline stays set while the connection idles: every use sets
 	// its own.
@@ -221,11 +297,76 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		c.nc.Close()
 	}
 	if !ok {
-		// The reply was cut off after its status went out: abort the
-		// client's connection so that it sees a truncated reply as one.
+		st.code = http.StatusBadGateway // the sandbox's reply broke off
+		if cw.err != nil {
+			st.code = statusClientGone
+		}
+		// The status already went out: abort the client's connection so
+		// that a truncated reply shows as one.
 		panic(http.ErrAbortHandler)
 	}
 	return st.code
+}
+
+// clientBody reads the client's request body and keeps its error apart from
+// the sandbox connection's.
+type clientBody struct {
+	r   io.Reader
+	err error
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+// clientWriter writes the reply to the client, flushing each piece when
+// asked (a reply of unknown length may be a stream), and keeps the client's
+// error apart from the sandbox's.
+type clientWriter struct {
+	w     http.ResponseWriter
+	flush bool
+	err   error
+}
+
+func (cw *clientWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	if err == nil && cw.flush {
+		err = http.NewResponseController(cw.w).Flush()
+	}
+	if err != nil {
+		cw.err = err
+	}
+	return n, err
+}
+
+// failBody answers a call whose request body could not be read: too large
+// (413), the client gone (nothing to answer), or malformed (400).
+func (d *DataPlane) failBody(w http.ResponseWriter, r *http.Request, st *reqState, err error) int {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return d.failWith(w, st, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+	case r.Context().Err() != nil:
+		st.code = statusClientGone
+		return st.code
+	}
+	return d.failWith(w, st, http.StatusBadRequest, "reading the request body: "+err.Error())
+}
+
+// idempotent: calls http.Transport would send again after a connection
+// failure — safe methods, or a client's idempotency key.
+func idempotent(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, k1 := r.Header["Idempotency-Key"]
+	_, k2 := r.Header["X-Idempotency-Key"]
+	return k1 || k2
 }
 
 func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error) int {
@@ -257,7 +398,7 @@ func closedByPeer(err error) bool {
 // writeRequest writes r's head and body to c: the path the sandbox sees,
 // the client's headers without hop-by-hop ones, X-Forwarded-*, the call id
 // and sandbox id (as the ReverseProxy path does).
-func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body []byte, buffered bool) error {
+func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body []byte, buffered bool, cb *clientBody) error {
 	bw := c.bw
 	c.head = r.Method == http.MethodHead
 	bw.WriteString(r.Method)
@@ -327,14 +468,14 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 		bw.WriteString("Content-Length: ")
 		bw.WriteString(strconv.FormatInt(r.ContentLength, 10))
 		bw.WriteString("\r\n\r\n")
-		if _, err := io.CopyN(bw, r.Body, r.ContentLength); err != nil {
+		if _, err := io.CopyN(bw, cb, r.ContentLength); err != nil {
 			return err
 		}
 	default: // length unknown: chunked, bounded by MaxBytesReader (invoke)
 		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 		cw := httputil.NewChunkedWriter(bw)
 		buf := copyBufs.Get()
-		_, err := io.CopyBuffer(cw, r.Body, buf)
+		_, err := io.CopyBuffer(cw, cb, buf)
 		copyBufs.Put(buf)
 		if err != nil {
 			return err
@@ -414,10 +555,10 @@ func (c *upConn) readHead(h *respHead) error {
 		case c.head, code == http.StatusNoContent, code == http.StatusNotModified:
 			h.noBody, h.length = true, 0
 		case len(hdr["Transfer-Encoding"]) > 0:
-			if !strings.EqualFold(hdr["Transfer-Encoding"][len(hdr["Transfer-Encoding"])-1], "chunked") {
-				h.keepAlive = false // read until close
-			} else {
+			if lastCoding(hdr["Transfer-Encoding"]) == "chunked" {
 				h.chunked = true
+			} else {
+				h.keepAlive = false // read until close
 			}
 		default:
 			if cl := hdr["Content-Length"]; len(cl) > 0 {
@@ -435,26 +576,19 @@ func (c *upConn) readHead(h *respHead) error {
 }
 
 // copyBody copies a reply body of n bytes, or up to the connection's close
-// when n < 0, flushing each piece of a body of unknown length so that
-// streamed replies stream. It reports whether the whole body arrived and
-// went out.
-func (c *upConn) copyBody(w http.ResponseWriter, n int64) bool {
+// when n < 0. It reports whether the whole body arrived and went out.
+func (c *upConn) copyBody(cw *clientWriter, n int64) bool {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	if n >= 0 {
-		got, err := io.CopyBuffer(w, io.LimitReader(c.br, n), buf)
-		return err == nil && got == n
-	}
-	_, err := io.CopyBuffer(flushWriter{w}, c.br, buf)
-	return err == nil
+	return copyTo(cw, c.br, n, buf)
 }
 
 // copyChunked copies a chunked reply body piece by piece, then its
 // trailers (declared or not) as the client's trailers.
-func (c *upConn) copyChunked(w http.ResponseWriter, h http.Header) bool {
+func (c *upConn) copyChunked(cw *clientWriter, h http.Header) bool {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	if _, err := io.CopyBuffer(flushWriter{w}, httputil.NewChunkedReader(c.br), buf); err != nil {
+	if !copyTo(cw, httputil.NewChunkedReader(c.br), -1, buf) {
 		return false
 	}
 	trailer, err := c.tp.ReadMIMEHeader()
@@ -467,16 +601,32 @@ func (c *upConn) copyChunked(w http.ResponseWriter, h http.Header) bool {
 	return true
 }
 
-// flushWriter flushes after every write: a reply of unknown length may be
-// a stream whose pieces the client waits for.
-type flushWriter struct{ w http.ResponseWriter }
-
-func (f flushWriter) Write(p []byte) (int, error) {
-	n, err := f.w.Write(p)
-	if err == nil {
-		err = http.NewResponseController(f.w).Flush()
+// copyTo copies n bytes of src (all of it when n < 0) to cw. It is io.Copy
+// without the interface conversion of cw, which would move it to the heap
+// on every call.
+func copyTo(cw *clientWriter, src io.Reader, n int64, buf []byte) bool {
+	for n != 0 {
+		p := buf
+		if n > 0 && int64(len(p)) > n {
+			p = p[:n]
+		}
+		k, err := src.Read(p)
+		if k > 0 {
+			if _, werr := cw.Write(p[:k]); werr != nil {
+				return false
+			}
+			if n > 0 {
+				n -= int64(k)
+			}
+		}
+		if err == io.EOF {
+			return n <= 0
+		}
+		if err != nil {
+			return false
+		}
 	}
-	return n, err
+	return true
 }
 
 // hopByHop reports the headers that belong to one connection, not to the
@@ -502,6 +652,16 @@ func listedIn(conn []string, k string) bool {
 }
 
 func connectionClose(conn []string) bool { return listedIn(conn, "close") }
+
+// lastCoding is the last transfer coding named ("gzip, chunked" → chunked),
+// lower-cased.
+func lastCoding(te []string) string {
+	v := te[len(te)-1]
+	if i := strings.LastIndexByte(v, ','); i >= 0 {
+		v = v[i+1:]
+	}
+	return strings.ToLower(strings.TrimSpace(v))
+}
 
 func containsFold(vv []string, s string) bool {
 	for _, v := range vv {

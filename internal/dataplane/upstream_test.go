@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
@@ -46,60 +48,141 @@ func deploy(d *DataPlane, name, addr string) {
 		Added:     []*briskv1.Endpoint{ep(name, "sb-1", addr)}})
 }
 
-// A keep-alive connection the sandbox closed while it sat idle (a function
-// server's idle timeout) is noticed on its next use: the call goes again on
-// a new connection, once, with its body intact.
-func TestClosedIdleConnectionIsReplaced(t *testing.T) {
-	d, srv := newTestDP(t, nil)
+// oneShotSandbox answers HTTP/1.1 on raw connections: serve is called per
+// request with the connection's request count and says whether to reply
+// (keep-alive) or to close without one (a crash mid-call); after a reply
+// with closeAfter set it closes the connection (an idle timeout that
+// struck at once). Every request's body is recorded.
+type oneShotSandbox struct {
+	addr       string
+	conns      atomic.Int64
+	mu         sync.Mutex
+	bodies     []string
+	closed     chan struct{} // one value per connection the sandbox closed
+	closeAfter bool
+	reply      func(nth int) bool
+}
+
+func newOneShotSandbox(t *testing.T, closeAfter bool, reply func(nth int) bool) *oneShotSandbox {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	var conns, calls atomic.Int64
-	var mu sync.Mutex
-	var bodies []string
-	go func() { // one reply per connection, announced as keep-alive, then close
+	s := &oneShotSandbox{addr: ln.Addr().String(), closed: make(chan struct{}, 100), closeAfter: closeAfter, reply: reply}
+	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				b, _ := io.ReadAll(req.Body)
-				calls.Add(1)
-				mu.Lock()
-				bodies = append(bodies, string(b))
-				mu.Unlock()
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}()
+			s.conns.Add(1)
+			go s.serve(c)
 		}
 	}()
-	deploy(d, "f", ln.Addr().String())
-	for i, body := range []string{`{"n":1}`, `{"n":2}`, `{"n":3}`} {
-		resp, err := http.Post(srv.URL+"/function/f", "application/json", strings.NewReader(body))
+	return s
+}
+
+func (s *oneShotSandbox) serve(c net.Conn) {
+	defer func() { c.Close(); s.closed <- struct{}{} }()
+	br := bufio.NewReader(c)
+	for nth := 1; ; nth++ {
+		req, err := http.ReadRequest(br)
 		if err != nil {
-			t.Fatal(err)
+			return
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || string(b) != "ok" {
-			t.Fatalf("call %d: %d %q", i, resp.StatusCode, b)
+		b, _ := io.ReadAll(req.Body)
+		s.mu.Lock()
+		s.bodies = append(s.bodies, req.Method+" "+string(b))
+		s.mu.Unlock()
+		if !s.reply(nth) {
+			return
+		}
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil || s.closeAfter {
+			return
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if got := strings.Join(bodies, " "); got != `{"n":1} {"n":2} {"n":3}` || calls.Load() != 3 {
-		t.Fatalf("sandbox ran %d calls with bodies %s, want each of the 3 once", calls.Load(), got)
+}
+
+func (s *oneShotSandbox) seen() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.bodies, " | ")
+}
+
+func post(t *testing.T, url, body string) result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	return do(t, req)
+}
+
+// A keep-alive connection the sandbox closed while it sat idle (its
+// server's idle timeout) is found closed before use: the call goes on a new
+// connection, once, with its body intact.
+func TestClosedIdleConnectionIsNotUsed(t *testing.T) {
+	defer func(v time.Duration) { checkIdleAfter = v }(checkIdleAfter)
+	checkIdleAfter = 0 // probe every reuse: the close comes at once here
+	d, srv := newTestDP(t, nil)
+	sb := newOneShotSandbox(t, true, func(int) bool { return true })
+	deploy(d, "f", sb.addr)
+	for i, body := range []string{`{"n":1}`, `{"n":2}`, `{"n":3}`} {
+		if r := post(t, srv.URL+"/function/f", body); r.code != 200 || r.body != "ok" {
+			t.Fatalf("call %d: %d %q", i, r.code, r.body)
+		}
+		recv(t, sb.closed, "the sandbox closing the connection")
 	}
-	if conns.Load() < 3 {
-		t.Fatalf("%d connections for 3 calls on a sandbox that closes each", conns.Load())
+	if got := sb.seen(); got != `POST {"n":1} | POST {"n":2} | POST {"n":3}` {
+		t.Fatalf("sandbox ran %s, want each call once", got)
+	}
+	if n := sb.conns.Load(); n != 3 {
+		t.Fatalf("%d connections for 3 calls on a sandbox that closes each, want 3", n)
+	}
+}
+
+// A sandbox that closes the connection after reading a call, without a
+// reply (it crashed mid-call), may have run it: a POST is not sent again
+// (502), a GET is (http.Transport's rule).
+func TestCallCutOffMidwayIsReplayedOnlyIfIdempotent(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	// Each connection answers its first call and drops its second.
+	sb := newOneShotSandbox(t, false, func(nth int) bool { return nth == 1 })
+	deploy(d, "f", sb.addr)
+	if r := post(t, srv.URL+"/function/f", "a"); r.code != 200 {
+		t.Fatalf("first call: %d %s", r.code, r.body)
+	}
+	wantError(t, post(t, srv.URL+"/function/f", "b"), 502, "sandbox sb-1")
+	if got := sb.seen(); got != "POST a | POST b" {
+		t.Fatalf("sandbox saw %s, want the cut-off POST once", got)
+	}
+	if r := post(t, srv.URL+"/function/f", "c"); r.code != 200 { // a new connection
+		t.Fatalf("third call: %d %s", r.code, r.body)
+	}
+	if r := get(t, srv.URL+"/function/f"); r.code != 200 || r.body != "ok" {
+		t.Fatalf("GET cut off on a reused connection: %d %q, want it sent again", r.code, r.body)
+	}
+	if got := sb.seen(); got != "POST a | POST b | POST c | GET  | GET " {
+		t.Fatalf("sandbox saw %s", got)
+	}
+}
+
+// A sandbox address that passes from one function to another within one
+// batch keeps a working connection pool (it is not closed in between).
+func TestAddressPassingBetweenFunctionsInABatch(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	addr := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("a"), fnSpec("b")},
+		Added:     []*briskv1.Endpoint{ep("a", "sb-a0", addr)}})
+	from, to := "a", "b"
+	for i := 1; i <= 20; i++ { // map order varies: either publish may run first
+		d.Apply(&briskv1.EndpointBatch{
+			Removed: []string{fmt.Sprintf("sb-%s%d", from, i-1)},
+			Added:   []*briskv1.Endpoint{ep(to, fmt.Sprintf("sb-%s%d", to, i), addr)}})
+		if r := get(t, srv.URL+"/function/"+to); r.code != 200 {
+			t.Fatalf("move %d to %s: %d %s", i, to, r.code, r.body)
+		}
+		from, to = to, from
 	}
 }
 
