@@ -221,8 +221,10 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			return d.failBody(w, r, st, err)
 		}
 	}
-	var cb *clientBody                                                                 // a streamed body's reader (allocated only for one)
-	if body == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody { // large or of unknown length
+	// A large body, or one of unknown length, is streamed; its reader is
+	// allocated only then.
+	var cb *clientBody
+	if body == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		buffered = false
 		cb = &clientBody{r: r.Body}
 	}
