@@ -423,7 +423,7 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 		case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Call-Id", "X-Brisk-Sandbox", "Content-Length", "Host":
 			continue
 		case "Te":
-			if containsFold(vv, "trailers") {
+			if listedIn(vv, "trailers") {
 				bw.WriteString("Te: trailers\r\n")
 			}
 			continue
@@ -641,7 +641,8 @@ func hopByHop(k string) bool {
 	return false
 }
 
-// listedIn reports whether the Connection header values name k.
+// listedIn reports whether comma-separated header values (Connection, Te)
+// name k.
 func listedIn(conn []string, k string) bool {
 	for _, v := range conn {
 		for f := range strings.SplitSeq(v, ",") {
@@ -663,15 +664,4 @@ func lastCoding(te []string) string {
 		v = v[i+1:]
 	}
 	return strings.ToLower(strings.TrimSpace(v))
-}
-
-func containsFold(vv []string, s string) bool {
-	for _, v := range vv {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), s) {
-				return true
-			}
-		}
-	}
-	return false
 }
