@@ -24,8 +24,8 @@ import (
 // its headers; that made the data plane cost as much CPU per call as the
 // load generator and the sandbox together (docs/benchmarks.md). forward
 // instead writes the request and reads the reply on the handler's own
-// goroutine over a keep-alive connection of the sandbox's own pool, with the
-// function timeout as the connection's deadline. Requests it does not handle
+// goroutine over a keep-alive connection from the pool of the sandbox's
+// address, with the function timeout as the connection's deadline. Requests it does not handle
 // (protocol upgrades, request trailers) take the ReverseProxy path.
 
 const (
