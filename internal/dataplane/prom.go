@@ -1,16 +1,14 @@
 package dataplane
 
 import (
-	"errors"
 	"iter"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
+	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // latencyBuckets span a sub-millisecond warm call to a function that runs for
@@ -39,15 +37,9 @@ type promMetrics struct {
 }
 
 func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function]) (*promMetrics, error) {
-	var gatherer prometheus.Gatherer
-	if reg == nil {
-		r := prometheus.NewRegistry()
-		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		reg, gatherer = r, r
-	} else if g, ok := reg.(prometheus.Gatherer); ok {
-		gatherer = g
-	}
+	reg, handler := httpx.Metrics(reg)
 	m := &promMetrics{
+		handler: handler,
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "brisk_dataplane_queue_wait_seconds",
 			Help:    "Time requests that found no free sandbox slot spent queued.",
@@ -55,16 +47,9 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.queueWait, newFnCollector(fns)} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				return nil, errors.New("dataplane: metrics already registered; give each data plane its own Registerer (prometheus.WrapRegistererWith)")
-			}
+		if err := httpx.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}
-	}
-	if gatherer != nil {
-		m.handler = promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})
 	}
 	return m, nil
 }

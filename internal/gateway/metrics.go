@@ -1,12 +1,10 @@
 package gateway
 
 import (
-	"errors"
 	"net/http"
 
+	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // noDataPlane is the dataplane label of requests no data plane could take.
@@ -20,16 +18,10 @@ type promMetrics struct {
 }
 
 func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
-	var gatherer prometheus.Gatherer
-	if reg == nil {
-		r := prometheus.NewRegistry()
-		r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		reg, gatherer = r, r
-	} else if g, ok := reg.(prometheus.Gatherer); ok {
-		gatherer = g
-	}
+	reg, handler := httpx.Metrics(reg)
 	m := &promMetrics{
-		reg: reg,
+		reg:     reg,
+		handler: handler,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "brisk_gateway_requests_total",
 			Help: "Requests proxied, by data plane and HTTP status code (dataplane=\"none\": 503, no data plane available; 499: the client went away).",
@@ -45,21 +37,11 @@ func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
 	if err := m.register(m.failovers); err != nil {
 		return nil, err
 	}
-	if gatherer != nil {
-		m.handler = promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})
-	}
 	return m, nil
 }
 
 func (m *promMetrics) register(c prometheus.Collector) error {
-	if err := m.reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			return errors.New("gateway: metrics already registered; give each gateway its own Registerer (prometheus.WrapRegistererWith)")
-		}
-		return err
-	}
-	return nil
+	return httpx.Register(m.reg, "gateway", c)
 }
 
 // upGauge exports b.up as brisk_gateway_dataplane_up{dataplane}. Reading the
