@@ -804,13 +804,6 @@ func (c *Cluster) nodeStatus() []NodeStatus {
 	return out
 }
 
-func boolFloat(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 func without(list []string, s string) []string {
 	out := list[:0]
 	for _, v := range list {

@@ -72,3 +72,10 @@ func (f *functionCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(f.panicking, prometheus.GaugeValue, boolFloat(r.panicking), r.name)
 	}
 }
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -314,22 +314,33 @@ func (d *DataPlane) modifyResponse(resp *http.Response) error {
 func (d *DataPlane) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	st := stateOf(r.Context())
 	var mbe *http.MaxBytesError
-	var code int
-	var msg string
 	switch {
 	case errors.As(err, &mbe):
-		code, msg = http.StatusRequestEntityTooLarge, d.bodyTooLarge
+		d.failWith(w, st, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
 	case context.Cause(st.Context) == errFunctionTimeout:
-		code, msg = http.StatusGatewayTimeout, fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout)
+		d.failTimeout(w, st)
 	case st.Context.Err() != nil:
 		st.code = statusClientGone
-		return
 	default:
-		code, msg = http.StatusBadGateway, fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err)
-		d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
+		d.failSandbox(w, st, err)
 	}
+}
+
+// failTimeout answers a call whose function ran past its timeout (504).
+func (d *DataPlane) failTimeout(w http.ResponseWriter, st *reqState) int {
+	return d.failWith(w, st, http.StatusGatewayTimeout, fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout))
+}
+
+// failSandbox answers a call whose sandbox failed it (502).
+func (d *DataPlane) failSandbox(w http.ResponseWriter, st *reqState, err error) int {
+	d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
+	return d.failWith(w, st, http.StatusBadGateway, fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err))
+}
+
+func (d *DataPlane) failWith(w http.ResponseWriter, st *reqState, code int, msg string) int {
 	st.code = code
 	writeError(w, st.callID, code, msg)
+	return code
 }
 
 type errorBody struct {

@@ -374,16 +374,9 @@ func idempotent(r *http.Request) bool {
 func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error) int {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !isDialError(err) {
-		return d.failWith(w, st, http.StatusGatewayTimeout, "function \""+st.fn.name+"\" timed out after "+st.conf.timeout.String())
+		return d.failTimeout(w, st)
 	}
-	d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
-	return d.failWith(w, st, http.StatusBadGateway, "function \""+st.fn.name+"\": sandbox "+st.ep.id+" at "+st.ep.addr+": "+err.Error())
-}
-
-func (d *DataPlane) failWith(w http.ResponseWriter, st *reqState, code int, msg string) int {
-	st.code = code
-	writeError(w, st.callID, code, msg)
-	return code
+	return d.failSandbox(w, st, err)
 }
 
 func isDialError(err error) bool {
