@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,11 +47,18 @@ func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Du
 	fl.DurationVar(&f.createDelay, "create-delay", createDelay, "with --local --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.nodeCPU, "node-cpu", "", "with --local: CPU per node, e.g. 64 or 1500m (emulated default 1000 cores, process default all cores)")
 	fl.Int64Var(&f.nodeMemoryMB, "node-memory", 0, "with --local: memory per node in MiB (emulated default 4 TiB, process default all memory)")
+	fl.BoolVar(&f.keep, "keep", false, "on an existing cluster, keep the functions the run registered")
+	fl.IntVar(&f.clients, "clients", 16, "concurrent admin API clients (registration, updates)")
+	f.registerLoad(c)
+}
+
+// registerLoad registers the load generator's flags (all a run without a
+// brisk cluster needs).
+func (f *benchFlags) registerLoad(c *cobra.Command) {
+	fl := c.Flags()
 	fl.StringVar(&f.out, "out", "", "directory for the per-call CSV, summary.json and PNG plots")
 	fl.BoolVar(&f.h2c, "h2c", false, "send calls over HTTP/2 without TLS instead of HTTP/1.1")
 	fl.BoolVar(&f.force, "force", false, "report a run even if the load generator fell behind (summary.json still says \"valid\": false)")
-	fl.BoolVar(&f.keep, "keep", false, "on an existing cluster, keep the functions the run registered")
-	fl.IntVar(&f.clients, "clients", 16, "concurrent admin API clients (registration, updates)")
 	fl.DurationVar(&f.maxLate, "max-late", loadgen.DefaultLateness.Late, "a send later than this counts as late")
 	fl.Float64Var(&f.maxLateFraction, "max-late-fraction", loadgen.DefaultLateness.MaxFraction, "refuse a run with more late sends than this fraction")
 	fl.DurationVar(&f.grace, "grace", loadgen.DefaultGrace, "how long to wait for replies after the last send")
@@ -68,12 +78,52 @@ func (f *benchFlags) validate() error {
 		return usageError{fmt.Errorf("--create-delay %s must not be negative", f.createDelay)}
 	case f.clients < 1 || f.clients > 1024:
 		return usageError{fmt.Errorf("--clients %d out of range [1, 1024]", f.clients)}
+	}
+	return f.validateLoad()
+}
+
+func (f *benchFlags) validateLoad() error {
+	switch {
 	case f.maxLate <= 0 || f.maxLateFraction < 0 || f.maxLateFraction > 1:
 		return usageError{fmt.Errorf("--max-late %s must be positive and --max-late-fraction %g in [0, 1]", f.maxLate, f.maxLateFraction)}
 	case f.grace <= 0:
 		return usageError{fmt.Errorf("--grace %s must be positive", f.grace)}
 	}
 	return nil
+}
+
+// options are the bench.Options the flags ask for.
+func (f *benchFlags) options(stderr io.Writer) bench.Options {
+	o := bench.Options{Out: f.out, Log: stderr, HTTP: loadgen.HTTPOptions{H2C: f.h2c},
+		Lateness: loadgen.Lateness{Late: f.maxLate, MaxFraction: f.maxLateFraction}, Force: f.force,
+		Clients: f.clients, Keep: f.keep, Grace: f.grace}
+	if file, ok := stderr.(*os.File); ok {
+		o.Progress = file
+	}
+	return o
+}
+
+// profiled runs body under the CPU profile and writes the heap profile
+// after it, if the flags ask for them.
+func (f *benchFlags) profiled(body func() (string, error)) (string, error) {
+	if f.cpuProfile != "" {
+		pf, err := os.Create(f.cpuProfile)
+		if err != nil {
+			return "", err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return "", err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	text, err := body()
+	if f.memProfile != "" {
+		if perr := writeHeapProfile(f.memProfile); perr != nil && err == nil {
+			err = perr
+		}
+	}
+	return text, err
 }
 
 // run opens the cluster, runs body and closes the cluster; it prints the
@@ -90,17 +140,6 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 	if err != nil {
 		return err
 	}
-	if f.cpuProfile != "" {
-		pf, err := os.Create(f.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
 	ctx := c.Context()
 	stderr := c.ErrOrStderr()
 	if f.local {
@@ -114,18 +153,7 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 	if f.local {
 		fmt.Fprintf(stderr, "local cluster up: admin http://%s  invoke http://%s\n", cl.Admin, cl.Invoke)
 	}
-	o := bench.Options{Out: f.out, Log: stderr, HTTP: loadgen.HTTPOptions{H2C: f.h2c},
-		Lateness: loadgen.Lateness{Late: f.maxLate, MaxFraction: f.maxLateFraction}, Force: f.force,
-		Clients: f.clients, Keep: f.keep, Grace: f.grace}
-	if file, ok := stderr.(*os.File); ok {
-		o.Progress = file
-	}
-	text, err := body(ctx, cl, o)
-	if f.memProfile != "" {
-		if perr := writeHeapProfile(f.memProfile); perr != nil && err == nil {
-			err = perr
-		}
-	}
+	text, err := f.profiled(func() (string, error) { return body(ctx, cl, f.options(stderr)) })
 	if cerr := cl.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("stopping the local cluster: %w", cerr)
 	}
@@ -190,7 +218,7 @@ docs/benchmarks.md.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g))
+	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g), newBenchHTTP())
 	return c
 }
 
@@ -232,6 +260,67 @@ func newBenchWarm(g *globals) *cobra.Command {
 	fl.IntVar(&cfg.ExecMs, "exec-ms", 0, "runtime each call asks the function for, in ms")
 	fl.BoolVar(&cfg.Direct, "direct", false, "send the load straight to the sandboxes, bypassing brisk (the physical limit)")
 	fl.BoolVar(&compare, "compare-direct", false, "run through brisk, then --direct, and report the added latency and throughput ratio")
+	return c
+}
+
+func newBenchHTTP() *cobra.Command {
+	f := &benchFlags{}
+	cfg := bench.HTTPConfig{}
+	var headers []string
+	c := &cobra.Command{
+		Use:   "http --url URL --rate R --duration D",
+		Short: "The warm benchmark's open-loop load sent to any HTTP endpoint (another platform, side by side)",
+		Long: `Send open-loop calls at a constant rate to any HTTP endpoint, with the same
+generator, CSV, summary and plots as bench warm, but nothing registered or
+started: the functions must already exist. Calls go round-robin over
+--functions functions; "{i}" in --url and --host is replaced by the function's
+index (0..functions-1). Use it to measure another FaaS platform on the same
+machine with the same load (docs/benchmarks.md, "Side by side"), or a bare
+server. With --warmup 0 and --functions at least rate × duration, every call
+reaches a function not called before (a cold-start run on a platform that
+scales from zero).`,
+		Example: `  brisk bench http --url http://127.0.0.1:8080/function/hello --rate 2000 --duration 10s
+  brisk bench http --url http://127.0.0.1:18080/ --host 'fn{i}' --functions 10000 --warmup 0 --rate 1000 --duration 10s`,
+		Args: exactArgs(0),
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg.Header = http.Header{}
+			for _, h := range headers {
+				k, v, ok := strings.Cut(h, ":")
+				if !ok || strings.TrimSpace(k) == "" {
+					return usageError{fmt.Errorf("--header %q: want Name: value", h)}
+				}
+				cfg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+			}
+			if err := bench.ValidateHTTP(&cfg); err != nil {
+				return usageError{err}
+			}
+			if err := f.validateLoad(); err != nil {
+				return err
+			}
+			stderr := c.ErrOrStderr()
+			text, err := f.profiled(func() (string, error) {
+				_, text, err := bench.HTTP(c.Context(), f.options(stderr), cfg)
+				return text, err
+			})
+			if text != "" {
+				fmt.Fprintln(c.OutOrStdout(), text)
+			}
+			if err == nil && f.out != "" {
+				fmt.Fprintf(stderr, "results in %s\n", f.out)
+			}
+			return err
+		},
+	}
+	f.registerLoad(c)
+	fl := c.Flags()
+	fl.StringVar(&cfg.URL, "url", "", "URL of every call, http://host:port/path; {i} becomes the function's index (required)")
+	fl.StringVar(&cfg.Host, "host", "", "Host header of every call ({i} becomes the function's index), for platforms that route on it")
+	fl.StringArrayVar(&headers, "header", nil, "header sent with every call, \"Name: value\" (repeatable)")
+	fl.IntVar(&cfg.Functions, "functions", 1, "functions the calls go to, round-robin")
+	fl.Float64Var(&cfg.Rate, "rate", 0, "calls per second, over all functions (required)")
+	fl.DurationVar(&cfg.Duration, "duration", 0, "measured duration (required)")
+	fl.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured calls at the same rate before the measurement")
+	fl.IntVar(&cfg.ExecMs, "exec-ms", 0, "runtime each call asks the function for, in ms (requested_cpu header and body)")
 	return c
 }
 

@@ -25,7 +25,7 @@ type usageError struct{ error }
 // Main runs the brisk command line and returns the process exit code.
 func Main(args []string) int {
 	maybeServePprof()
-	tuneGC()
+	tuneRuntime()
 	root := newRoot()
 	root.SetArgs(args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -63,6 +63,9 @@ func NewHTTPClient(o HTTPOptions) *http.Client {
 type Target struct {
 	URL     string
 	Sandbox string
+	// Host overrides the URL's host in the Host header (platforms that
+	// route on it).
+	Host string
 }
 
 // HTTPInvoker sends calls over HTTP as the loader does to Dirigent: POST
@@ -73,6 +76,9 @@ type HTTPInvoker struct {
 	Client *http.Client
 	// Route picks the target of a call.
 	Route func(c *Call) Target
+	// Header is added to every call (a platform's or function's own
+	// headers); nil adds nothing.
+	Header http.Header
 }
 
 // DataPlane routes every call to base/function/NAME on a data plane.
@@ -150,6 +156,12 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 	}
 	if tg.Sandbox != "" {
 		req.Header[HeaderSandbox] = []string{tg.Sandbox}
+	}
+	if tg.Host != "" {
+		req.Host = tg.Host
+	}
+	for k, v := range h.Header {
+		req.Header[k] = v
 	}
 	resp, err := h.Client.Do(req)
 	if err != nil {
