@@ -57,9 +57,15 @@ func baseURL(a string) string {
 	return a
 }
 
+// do sends in (a value to encode, or JSON already encoded as []byte) and
+// decodes the reply into out unless out is nil.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
-	if in != nil {
+	switch in := in.(type) {
+	case nil:
+	case []byte:
+		body = bytes.NewReader(in)
+	default:
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
@@ -101,6 +107,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 func (c *Client) Create(ctx context.Context, f *spec.Function) (*spec.Function, error) {
 	var out spec.Function
 	return &out, c.do(ctx, http.MethodPost, "/v1/functions", f, &out)
+}
+
+// CreateJSON registers a new function from its JSON spec and, unlike
+// Create, does not decode the stored spec the control plane answers with:
+// for callers that register many functions and need only the outcome.
+func (c *Client) CreateJSON(ctx context.Context, spec []byte) error {
+	return c.do(ctx, http.MethodPost, "/v1/functions", spec, nil)
 }
 
 // Update replaces a function's spec (a new revision).
