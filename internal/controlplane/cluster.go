@@ -61,8 +61,11 @@ type fnState struct {
 	deleted   bool
 
 	// dpLoad is each data plane's latest reported load (a level, sampled
-	// into the autoscaler once a second by sampleLoad).
-	dpLoad map[string]dpSample
+	// into the autoscaler once a second by sampleLoad). A slice, not a
+	// map: a cluster has a few data planes, and one small map per function
+	// was the largest part of the control plane's live heap with 10,000
+	// functions (what each garbage collection must mark).
+	dpLoad []dpSample
 
 	panicking bool // the autoscaler's last decision was in panic mode
 
@@ -251,10 +254,7 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 			continue
 		}
 		if !r.GetUrgent() {
-			if fs.dpLoad == nil {
-				fs.dpLoad = make(map[string]dpSample)
-			}
-			fs.dpLoad[r.GetDataPlaneId()] = dpSample{m.GetAvgConcurrency(), now}
+			fs.setLoad(r.GetDataPlaneId(), m.GetAvgConcurrency(), now)
 			continue
 		}
 		if !m.GetNoCapacity() {
@@ -335,8 +335,20 @@ func (c *Cluster) decideLocked(fs *fnState, now time.Time) {
 }
 
 type dpSample struct {
-	load float64
-	at   time.Time
+	dataPlane string
+	load      float64
+	at        time.Time
+}
+
+// setLoad records data plane dp's latest load.
+func (fs *fnState) setLoad(dp string, load float64, now time.Time) {
+	for i := range fs.dpLoad {
+		if fs.dpLoad[i].dataPlane == dp {
+			fs.dpLoad[i].load, fs.dpLoad[i].at = load, now
+			return
+		}
+	}
+	fs.dpLoad = append(fs.dpLoad, dpSample{dp, load, now})
 }
 
 // loadStaleAfter drops a data plane's report from the sum: data planes stop
@@ -352,19 +364,33 @@ func (c *Cluster) sampleLoad() {
 	defer c.mu.Unlock()
 	now := c.clk.Now()
 	for _, fs := range c.fns {
-		if len(fs.dpLoad) == 0 {
-			continue
+		if sum, ok := fs.sumLoad(now); ok {
+			fs.kpa.Record(now, sum)
 		}
-		sum := 0.0
-		for dp, s := range fs.dpLoad {
-			if now.Sub(s.at) > loadStaleAfter {
-				delete(fs.dpLoad, dp)
-				continue
-			}
+	}
+}
+
+// sumLoad drops stale data planes' reports and sums the rest; false if
+// there was nothing to sum (no data plane has reported since the last
+// sample found them all stale).
+func (fs *fnState) sumLoad(now time.Time) (float64, bool) {
+	if len(fs.dpLoad) == 0 {
+		return 0, false
+	}
+	sum := 0.0
+	fresh := fs.dpLoad[:0]
+	for _, s := range fs.dpLoad {
+		if now.Sub(s.at) <= loadStaleAfter {
+			fresh = append(fresh, s)
 			sum += s.load
 		}
-		fs.kpa.Record(now, sum)
 	}
+	clear(fs.dpLoad[len(fresh):]) // no stale data plane ids kept alive
+	if len(fresh) == 0 {
+		fresh = nil
+	}
+	fs.dpLoad = fresh
+	return sum, true
 }
 
 // tickChunk bounds how many functions one tick handles per hold of the

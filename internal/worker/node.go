@@ -283,6 +283,9 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		n.mu.Unlock()
 		return
 	}
+	// The creation is over: its context need not live as long as the
+	// sandbox (three objects per sandbox for every collection to mark).
+	sb.cancel = nil
 	if err != nil {
 		sb.killing = true
 		sb.rec.State, sb.rec.Message = briskv1.SandboxState_SANDBOX_STATE_FAILED, err.Error()
