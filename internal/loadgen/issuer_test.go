@@ -302,3 +302,21 @@ func TestLatenessCountsTheInvokersOwnStartDelay(t *testing.T) {
 		t.Fatalf("20 ms late sends accepted: %v", err)
 	}
 }
+
+// BenchmarkHTTPInvoker is the generator's cost per call (client side and a
+// minimal server): with --local it shares the CPU and the heap with brisk.
+func BenchmarkHTTPInvoker(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte(`{"Status":"OK","Function":"f","MachineName":"m","ExecutionTime":12}`))
+	}))
+	defer srv.Close()
+	inv := &HTTPInvoker{Client: NewHTTPClient(HTTPOptions{}), Route: DataPlane(strings.TrimPrefix(srv.URL, "http://"))}
+	c := &Call{Function: "f", ID: "sec0.inv0"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if rep := inv.Invoke(context.Background(), c); rep.Err != nil || rep.ExecUs != 12 {
+			b.Fatalf("%+v", rep)
+		}
+	}
+}
