@@ -19,17 +19,26 @@ const (
 	defaultMemoryLimit = 2 << 30 // 2 GiB
 )
 
-// spareProcs is how many Go processors brisk runs beyond the CPUs it may
-// use. Every brisk process mixes short CPU bursts with blocking system
-// calls (fdatasync in the registry's group commit) and network waits. With
-// one processor per CPU and all of them busy, a goroutine coming back from
-// a system call, or made ready by the network poller, queues behind
-// whatever the busy processors run next; a spare processor lets it run at
-// once and leaves the sharing of the CPUs to the kernel, which favours
-// threads that have just woken. Measured on 2 CPUs (docs/benchmarks.md):
-// registration 7.7–8.2k → 9.4–9.8k/s, warm p50 at 4,000 req/s 0.31–0.40 →
-// 0.19–0.24 ms, and saturation 10.8k → 12.4–14.6k req/s.
-const spareProcs = 1
+// goProcs is how many Go processors brisk runs on cpus CPUs: one spare,
+// and at least minProcs. Every brisk process mixes short CPU bursts with
+// blocking system calls (fdatasync in the registry's group commit) and
+// network waits. With one processor per CPU and all of them busy, a
+// goroutine coming back from a system call, or made ready by the network
+// poller, queues behind whatever the busy processors run next; a spare
+// processor lets it run at once and leaves the sharing of the CPUs to the
+// kernel, which favours threads that have just woken. The floor of 4 is
+// for the garbage collector: it gives a quarter of the processors to
+// marking, and with 2 or 3 processors a quarter is not a whole one, so it
+// marks in slices on every processor instead of on one dedicated processor
+// — every goroutine then stalls a little during each collection, which was
+// what set the cold-start tail. Measured on 2 CPUs (docs/benchmarks.md,
+// "Session 4 changes"): registration 7.7–8.2k → 9.4–9.8k/s, warm p50 at
+// 4,000 req/s 0.31–0.40 → 0.19–0.24 ms, saturation 10.8k → 12.4–14.6k
+// req/s (3 processors); cold-start p99 ≤ 60 ms at 1,000/s in 12 of 14 runs
+// with 4 processors, 8 of 14 with 3.
+func goProcs(cpus int) int { return max(cpus+1, minProcs) }
+
+const minProcs = 4
 
 // tuneRuntime applies the defaults unless the operator set GOGC, GOMEMLIMIT
 // or GOMAXPROCS.
@@ -43,6 +52,6 @@ func tuneRuntime() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		// GOMAXPROCS(0) is Go's own default: the CPUs of the machine or
 		// of the container's CPU limit.
-		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + spareProcs)
+		runtime.GOMAXPROCS(goProcs(runtime.GOMAXPROCS(0)))
 	}
 }
