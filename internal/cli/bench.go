@@ -157,11 +157,16 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 	if cerr := cl.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("stopping the local cluster: %w", cerr)
 	}
+	return f.finish(c, text, err)
+}
+
+// finish prints a run's summary text and where its files went.
+func (f *benchFlags) finish(c *cobra.Command, text string, err error) error {
 	if text != "" {
 		fmt.Fprintln(c.OutOrStdout(), text)
 	}
 	if err == nil && f.out != "" {
-		fmt.Fprintf(stderr, "results in %s\n", f.out)
+		fmt.Fprintf(c.ErrOrStderr(), "results in %s\n", f.out)
 	}
 	return err
 }
@@ -302,13 +307,7 @@ scales from zero).`,
 				_, text, err := bench.HTTP(c.Context(), f.options(stderr), cfg)
 				return text, err
 			})
-			if text != "" {
-				fmt.Fprintln(c.OutOrStdout(), text)
-			}
-			if err == nil && f.out != "" {
-				fmt.Fprintf(stderr, "results in %s\n", f.out)
-			}
-			return err
+			return f.finish(c, text, err)
 		},
 	}
 	f.registerLoad(c)
