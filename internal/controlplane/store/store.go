@@ -4,6 +4,7 @@
 package store
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,21 +50,76 @@ type DataPlane struct {
 }
 
 // Store is a bbolt-backed registry. It is safe for concurrent use; concurrent
-// writes are group-committed (one fsync for many).
+// writes are group-committed: one write-ahead-log fsync for many writers.
 type Store struct {
 	db     *bolt.DB
+	log    *wal
 	writes chan *write
 	done   chan struct{}
+
+	// Checkpoint pacing: bbolt commits the logged writes once the registry
+	// has been idle for checkpointIdle, or every checkpointEvery under load.
+	checkpointIdle, checkpointEvery time.Duration
 }
 
-// write is one caller's update waiting for the next group commit.
+// write is one caller's update waiting for the next group commit; a nil fn
+// asks for a checkpoint, so that a read sees every acknowledged write.
 type write struct {
-	fn  func(tx *bolt.Tx) error
+	fn  func(t *txn) error
 	err chan error
 }
 
-// Open opens (creating if needed) the registry in dir.
+// txn is the view a write gets of the shared transaction: its changes go to
+// bbolt and, encoded, to the group's log record.
+type txn struct {
+	tx  *bolt.Tx
+	ops []byte
+}
+
+func (t *txn) get(bucket byte, key []byte) []byte { return t.tx.Bucket(buckets[bucket]).Get(key) }
+
+func (t *txn) put(bucket byte, key, val []byte) error {
+	if err := t.tx.Bucket(buckets[bucket]).Put(key, val); err != nil {
+		return err
+	}
+	t.ops = appendOp(t.ops, opPut, bucket, key, val)
+	return nil
+}
+
+func (t *txn) del(bucket byte, key []byte) error {
+	if err := t.tx.Bucket(buckets[bucket]).Delete(key); err != nil {
+		return err
+	}
+	t.ops = appendOp(t.ops, opDel, bucket, key, nil)
+	return nil
+}
+
+// Bucket indexes, as written in log records.
+const (
+	bFunctions byte = iota
+	bWorkers
+	bDataPlanes
+)
+
+var (
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes}
+	bucketMeta = []byte("meta")
+	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
+)
+
+// Open opens (creating if needed) the registry in dir, replaying the
+// write-ahead log over the last checkpoint.
 func Open(dir string) (*Store, error) {
+	return open(dir, options{logSize: walSize, checkpointIdle: 5 * time.Millisecond, checkpointEvery: 100 * time.Millisecond})
+}
+
+// options are Open's fixed choices; tests vary them.
+type options struct {
+	logSize                         int64
+	checkpointIdle, checkpointEvery time.Duration
+}
+
+func open(dir string, o options) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
@@ -77,19 +133,51 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w (is another control plane using this data dir?)", path, err)
 	}
+	log, err := openWAL(filepath.Join(dir, "registry.wal"), o.logSize)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("store: open write-ahead log: %w", err)
+	}
+	fail := func(err error) (*Store, error) {
+		log.close()
+		db.Close()
+		return nil, fmt.Errorf("store: init %s: %w", path, err)
+	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketFunctions, bucketWorkers, bucketDataPlanes} {
+		for _, b := range append([][]byte{bucketMeta}, buckets...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		meta := tx.Bucket(bucketMeta)
+		var applied uint64
+		if v := meta.Get(keyLogSeq); len(v) == 8 {
+			applied = binary.BigEndian.Uint64(v)
+		}
+		last, err := scanWAL(log.f, log.size, applied, func(ops []byte) error {
+			return eachOp(ops, func(kind, bucket byte, key, val []byte) error {
+				if int(bucket) >= len(buckets) {
+					return errBadOps
+				}
+				b := tx.Bucket(buckets[bucket])
+				if kind == opPut {
+					return b.Put(key, val)
+				}
+				return b.Delete(key)
+			})
+		})
+		if err != nil {
+			return err
+		}
+		log.seq = last
+		return meta.Put(keyLogSeq, binary.BigEndian.AppendUint64(nil, last))
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("store: init %s: %w", path, err)
+		return fail(err)
 	}
-	s := &Store{db: db, writes: make(chan *write, 4096), done: make(chan struct{})}
+	log.restart()
+	s := &Store{db: db, log: log, writes: make(chan *write, 4096), done: make(chan struct{}),
+		checkpointIdle: o.checkpointIdle, checkpointEvery: o.checkpointEvery}
 	go s.committer()
 	return s, nil
 }
@@ -98,22 +186,64 @@ func Open(dir string) (*Store, error) {
 func (s *Store) Close() error {
 	close(s.writes)
 	<-s.done
-	return s.db.Close()
+	return errors.Join(s.log.close(), s.db.Close())
 }
 
 // maxGroup bounds one group commit, so a flood of writers still sees
 // commits (and answers) at a steady pace.
 const maxGroup = 4096
 
-// committer is the group commit: while one transaction syncs, new writes
-// queue up, and the next transaction takes all of them. Unlike a timer-based
+// committer is the group commit: while one group's record syncs, new writes
+// queue up, and the next record takes all of them. Unlike a timer-based
 // batch, a lone write commits at once and a busy registry amortises each
 // fsync over every writer that arrived meanwhile.
+//
+// The bbolt transaction stays open across groups until a checkpoint; a
+// write is acknowledged once its record is in the log. If the log or a
+// checkpoint fails, the open transaction is lost, so the store refuses
+// every later write (restart replays the log).
 func (s *Store) committer() {
 	defer close(s.done)
-	group := make([]*write, 0, 64)
-	errs := make([]error, 0, 64)
-	for w := range s.writes {
+	var (
+		tx     *bolt.Tx
+		opened time.Time
+		failed error
+		group  = make([]*write, 0, 64)
+		errs   = make([]error, 0, 64)
+		t      txn
+		idle   = time.NewTimer(time.Hour)
+	)
+	idle.Stop()
+	checkpoint := func() {
+		if tx == nil {
+			return
+		}
+		err := tx.Bucket(bucketMeta).Put(keyLogSeq, binary.BigEndian.AppendUint64(nil, s.log.seq))
+		if err == nil {
+			err = tx.Commit()
+		} else {
+			tx.Rollback()
+		}
+		tx = nil
+		if err != nil {
+			failed = fmt.Errorf("store: checkpoint failed, writes refused until restart: %w", err)
+			return
+		}
+		s.log.restart()
+	}
+	defer checkpoint()
+	for {
+		var w *write
+		var ok bool
+		select {
+		case w, ok = <-s.writes:
+		case <-idle.C:
+			checkpoint()
+			continue
+		}
+		if !ok {
+			return
+		}
 		group = append(group[:0], w)
 	drain:
 		for len(group) < maxGroup {
@@ -128,12 +258,50 @@ func (s *Store) committer() {
 			}
 		}
 		errs = errs[:0]
-		err := s.db.Update(func(tx *bolt.Tx) error {
-			for _, w := range group {
-				errs = append(errs, w.fn(tx))
+		flush, writes := false, false
+		for _, w := range group {
+			writes = writes || w.fn != nil
+		}
+		if failed == nil && tx == nil && writes {
+			var err error
+			if tx, err = s.db.Begin(true); err != nil {
+				failed = fmt.Errorf("store: %w", err)
 			}
-			return nil
-		})
+			opened = time.Now()
+		}
+		t.tx, t.ops = tx, t.ops[:0]
+		for _, w := range group {
+			switch {
+			case failed != nil:
+				errs = append(errs, failed)
+			case w.fn == nil:
+				flush = true
+				errs = append(errs, nil)
+			default:
+				errs = append(errs, w.fn(&t))
+			}
+		}
+		var err error
+		switch {
+		case failed != nil || len(t.ops) == 0:
+		case !s.log.fits(len(t.ops)):
+			// Past the log's tail: bbolt's own commit makes the group durable.
+			checkpoint()
+			err = failed
+		default:
+			if err = s.log.append(t.ops); err != nil {
+				tx.Rollback()
+				tx = nil
+				failed = fmt.Errorf("store: write-ahead log failed, writes refused until restart: %w", err)
+				err = failed
+			}
+		}
+		if flush || (tx != nil && time.Since(opened) >= s.checkpointEvery) {
+			checkpoint()
+			if err == nil && failed != nil && flush {
+				err = failed
+			}
+		}
 		for i, w := range group {
 			if err != nil {
 				w.err <- err
@@ -141,16 +309,30 @@ func (s *Store) committer() {
 				w.err <- errs[i]
 			}
 		}
+		if tx != nil {
+			idle.Reset(s.checkpointIdle)
+		}
+		if cap(t.ops) > 1<<20 {
+			t.ops = nil
+		}
 	}
 }
 
 // update runs fn in the next group commit and returns once it is durable.
 // fn must return any error before it writes: writes of other callers share
 // the transaction, so a failing fn cannot roll back only its own changes.
-func (s *Store) update(fn func(tx *bolt.Tx) error) error {
+func (s *Store) update(fn func(t *txn) error) error {
 	w := &write{fn: fn, err: make(chan error, 1)}
 	s.writes <- w
 	return <-w.err
+}
+
+// view runs fn on a read transaction that sees every acknowledged write.
+func (s *Store) view(fn func(tx *bolt.Tx) error) error {
+	if err := s.update(nil); err != nil {
+		return err
+	}
+	return s.db.View(fn)
 }
 
 // CreateFunction stores a new function; ErrExists if the name is taken.
@@ -159,12 +341,11 @@ func (s *Store) CreateFunction(f *spec.Function) error {
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketFunctions)
-		if b.Get([]byte(f.Name)) != nil {
+	return s.update(func(t *txn) error {
+		if t.get(bFunctions, []byte(f.Name)) != nil {
 			return fmt.Errorf("function %q: %w", f.Name, ErrExists)
 		}
-		return b.Put([]byte(f.Name), data)
+		return t.put(bFunctions, []byte(f.Name), data)
 	})
 }
 
@@ -174,30 +355,28 @@ func (s *Store) UpdateFunction(f *spec.Function) error {
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketFunctions)
-		if b.Get([]byte(f.Name)) == nil {
+	return s.update(func(t *txn) error {
+		if t.get(bFunctions, []byte(f.Name)) == nil {
 			return fmt.Errorf("function %q: %w", f.Name, ErrNotFound)
 		}
-		return b.Put([]byte(f.Name), data)
+		return t.put(bFunctions, []byte(f.Name), data)
 	})
 }
 
 // DeleteFunction removes a function; ErrNotFound if absent.
 func (s *Store) DeleteFunction(name string) error {
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketFunctions)
-		if b.Get([]byte(name)) == nil {
+	return s.update(func(t *txn) error {
+		if t.get(bFunctions, []byte(name)) == nil {
 			return fmt.Errorf("function %q: %w", name, ErrNotFound)
 		}
-		return b.Delete([]byte(name))
+		return t.del(bFunctions, []byte(name))
 	})
 }
 
 // Functions returns every stored function.
 func (s *Store) Functions() ([]*spec.Function, error) {
 	var out []*spec.Function
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketFunctions).ForEach(func(k, v []byte) error {
 			var f spec.Function
 			if err := json.Unmarshal(v, &f); err != nil {
@@ -211,7 +390,7 @@ func (s *Store) Functions() ([]*spec.Function, error) {
 }
 
 // PutWorker creates or replaces a worker record.
-func (s *Store) PutWorker(w *Worker) error { return s.put(bucketWorkers, w.ID, w) }
+func (s *Store) PutWorker(w *Worker) error { return s.put(bWorkers, w.ID, w) }
 
 // Workers returns every stored worker.
 func (s *Store) Workers() ([]*Worker, error) {
@@ -228,7 +407,7 @@ func (s *Store) Workers() ([]*Worker, error) {
 }
 
 // PutDataPlane creates or replaces a data-plane record.
-func (s *Store) PutDataPlane(d *DataPlane) error { return s.put(bucketDataPlanes, d.ID, d) }
+func (s *Store) PutDataPlane(d *DataPlane) error { return s.put(bDataPlanes, d.ID, d) }
 
 // DataPlanes returns every stored data plane.
 func (s *Store) DataPlanes() ([]*DataPlane, error) {
@@ -244,16 +423,16 @@ func (s *Store) DataPlanes() ([]*DataPlane, error) {
 	return out, err
 }
 
-func (s *Store) put(bucket []byte, key string, v any) error {
+func (s *Store) put(bucket byte, key string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucket).Put([]byte(key), data) })
+	return s.update(func(t *txn) error { return t.put(bucket, []byte(key), data) })
 }
 
 func (s *Store) each(bucket []byte, fn func(v []byte) error) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).ForEach(func(_, v []byte) error { return fn(v) })
 	})
 }
