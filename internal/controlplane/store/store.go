@@ -1,6 +1,6 @@
 // Package store is the control plane's durable registry: functions, worker
-// nodes and data planes in an embedded bbolt database, fsynced before a write
-// is acknowledged. Sandbox state is never stored: workers are its source of truth.
+// nodes and data planes in an embedded bbolt database behind a write-ahead
+// log that is fsynced before a write is acknowledged. Sandbox state is never stored: workers are its source of truth.
 package store
 
 import (
@@ -59,6 +59,8 @@ type Store struct {
 
 	// Checkpoint pacing: bbolt commits the logged writes once the registry
 	// has been idle for checkpointIdle, or every checkpointEvery under load.
+	// A checkpoint holds up the writes behind it (~1 ms at 16,000
+	// registrations/s with 25 ms); 100 ms doubled p99 registration latency.
 	checkpointIdle, checkpointEvery time.Duration
 }
 
@@ -110,7 +112,7 @@ var (
 // Open opens (creating if needed) the registry in dir, replaying the
 // write-ahead log over the last checkpoint.
 func Open(dir string) (*Store, error) {
-	return open(dir, options{logSize: walSize, checkpointIdle: 5 * time.Millisecond, checkpointEvery: 100 * time.Millisecond})
+	return open(dir, options{logSize: walSize, checkpointIdle: 5 * time.Millisecond, checkpointEvery: 25 * time.Millisecond})
 }
 
 // options are Open's fixed choices; tests vary them.
