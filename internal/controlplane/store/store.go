@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -21,6 +22,7 @@ import (
 var (
 	ErrNotFound = errors.New("not found")
 	ErrExists   = errors.New("already exists")
+	ErrClosed   = errors.New("store: closed")
 )
 
 var (
@@ -56,6 +58,12 @@ type Store struct {
 	log    *wal
 	writes chan *write
 	done   chan struct{}
+	// closeMu orders sends on writes before Close closes it; closed makes
+	// calls after Close (an admin request that outlived shutdown) fail
+	// with ErrClosed instead of panicking.
+	closeMu  sync.RWMutex
+	closed   bool
+	closeErr error // the final checkpoint's
 
 	// Checkpoint pacing: bbolt commits the logged writes once the registry
 	// has been idle for checkpointIdle, or every checkpointEvery under load.
@@ -184,11 +192,19 @@ func open(dir string, o options) (*Store, error) {
 	return s, nil
 }
 
-// Close closes the database after the writes already queued.
+// Close closes the database after the writes already queued and a final
+// checkpoint. Later calls return ErrClosed.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return ErrClosed
+	}
+	s.closed = true
 	close(s.writes)
+	s.closeMu.Unlock()
 	<-s.done
-	return errors.Join(s.log.close(), s.db.Close())
+	return errors.Join(s.closeErr, s.log.close(), s.db.Close())
 }
 
 // maxGroup bounds one group commit, so a flood of writers still sees
@@ -233,7 +249,10 @@ func (s *Store) committer() {
 		}
 		s.log.restart()
 	}
-	defer checkpoint()
+	defer func() {
+		checkpoint()
+		s.closeErr = failed
+	}()
 	for {
 		var w *write
 		var ok bool
@@ -283,31 +302,36 @@ func (s *Store) committer() {
 				errs = append(errs, w.fn(&t))
 			}
 		}
-		var err error
+		// groupErr answers every write of the group (errs[i] otherwise);
+		// flushErr answers the reads.
+		var groupErr, flushErr error
 		switch {
 		case failed != nil || len(t.ops) == 0:
 		case !s.log.fits(len(t.ops)):
 			// Past the log's tail: bbolt's own commit makes the group durable.
 			checkpoint()
-			err = failed
+			groupErr = failed
 		default:
-			if err = s.log.append(t.ops); err != nil {
+			if err := s.log.append(t.ops); err != nil {
 				tx.Rollback()
 				tx = nil
 				failed = fmt.Errorf("store: write-ahead log failed, writes refused until restart: %w", err)
-				err = failed
+				// The record may have reached the disk before the sync
+				// failed: a restart may or may not replay it.
+				groupErr = fmt.Errorf("store: write-ahead log failed, outcome unknown until restart: %w", err)
 			}
 		}
 		if flush || (tx != nil && time.Since(opened) >= s.checkpointEvery) {
 			checkpoint()
-			if err == nil && failed != nil && flush {
-				err = failed
-			}
+			flushErr = failed // the group's record, if any, is durable anyway
 		}
 		for i, w := range group {
-			if err != nil {
-				w.err <- err
-			} else {
+			switch {
+			case groupErr != nil:
+				w.err <- groupErr
+			case w.fn == nil && flushErr != nil:
+				w.err <- flushErr
+			default:
 				w.err <- errs[i]
 			}
 		}
@@ -325,11 +349,19 @@ func (s *Store) committer() {
 // the transaction, so a failing fn cannot roll back only its own changes.
 func (s *Store) update(fn func(t *txn) error) error {
 	w := &write{fn: fn, err: make(chan error, 1)}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return ErrClosed
+	}
 	s.writes <- w
+	s.closeMu.RUnlock()
 	return <-w.err
 }
 
-// view runs fn on a read transaction that sees every acknowledged write.
+// view runs fn on a read transaction that sees every acknowledged write. It
+// checkpoints first (two fsyncs): reads are rare (start-up, status), so
+// this beats keeping a read path through the open write transaction.
 func (s *Store) view(fn func(tx *bolt.Tx) error) error {
 	if err := s.update(nil); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"path/filepath"
 )
 
 // The write-ahead log makes a group of writes durable with one fdatasync of
@@ -55,6 +56,7 @@ func openWAL(path string, size int64) (*wal, error) {
 		return nil, err
 	}
 	if st.Size() < size {
+		created := st.Size() == 0
 		zero := make([]byte, 1<<20)
 		for off := st.Size(); off < size; off += int64(len(zero)) {
 			n := min(int64(len(zero)), size-off)
@@ -66,6 +68,12 @@ func openWAL(path string, size int64) (*wal, error) {
 		if err := f.Sync(); err != nil {
 			f.Close()
 			return nil, err
+		}
+		if created { // the new file's directory entry must survive a crash too
+			if err := syncDir(filepath.Dir(path)); err != nil {
+				f.Close()
+				return nil, err
+			}
 		}
 	} else {
 		size = st.Size()
@@ -105,44 +113,83 @@ func (l *wal) restart() { l.off = 0 }
 
 func (l *wal) close() error { return l.f.Close() }
 
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
 // scanWAL calls apply with the ops of each record after applied, in order,
 // and returns the last sequence number it saw (applied if none).
+//
+// A record whose CRC does not match ends the log only if it is the tail:
+// appends are synced one after the other, so a torn write is always the
+// last record. If the record behind it is intact and follows on, the bad
+// one was acknowledged and is corrupt, and the scan fails rather than
+// silently drop it and what follows (open would then overwrite them).
 func scanWAL(r io.ReaderAt, size int64, applied uint64, apply func(ops []byte) error) (uint64, error) {
-	var hdr [walHeader]byte
 	var off int64
 	var prev uint64
 	last := applied
 	for off+walHeader <= size {
-		if _, err := r.ReadAt(hdr[:], off); err != nil {
-			break
+		seq, ops, next, err := readRecord(r, size, off)
+		if err != nil {
+			return last, fmt.Errorf("store: read write-ahead log at %d: %w", off, err)
 		}
-		n := int64(binary.LittleEndian.Uint32(hdr[0:]))
-		sum := binary.LittleEndian.Uint32(hdr[4:])
-		seq := binary.LittleEndian.Uint64(hdr[8:])
-		if n == 0 || off+walHeader+n > size || (prev != 0 && seq != prev+1) {
-			break
+		if next == 0 || (prev != 0 && seq != prev+1) {
+			break // end of log: zeros, or older records behind a restart
 		}
-		rec := make([]byte, 8+n)
-		copy(rec, hdr[8:])
-		if _, err := r.ReadAt(rec[8:], off+walHeader); err != nil {
-			break
-		}
-		if crc32.Checksum(rec, crcTable) != sum {
+		if ops == nil { // bad CRC
+			if nseq, nops, _, err := readRecord(r, size, next); err == nil && nops != nil && nseq == seq+1 {
+				return last, fmt.Errorf("store: write-ahead log record %d is corrupt (record %d follows it intact)", seq, nseq)
+			}
 			break // torn: this group was never acknowledged
 		}
 		if seq > applied {
 			if seq != last+1 {
 				return last, fmt.Errorf("store: write-ahead log jumps from record %d to %d", last, seq)
 			}
-			if err := apply(rec[8:]); err != nil {
+			if err := apply(ops); err != nil {
 				return last, fmt.Errorf("store: write-ahead log record %d: %w", seq, err)
 			}
 			last = seq
 		}
 		prev = seq
-		off += walHeader + n
+		off = next
 	}
 	return last, nil
+}
+
+// readRecord reads the record at off. next is 0 when there is none (a zero
+// or impossible length); ops is nil when the CRC does not match. Only I/O
+// errors are errors.
+func readRecord(r io.ReaderAt, size, off int64) (seq uint64, ops []byte, next int64, err error) {
+	var hdr [walHeader]byte
+	if off+walHeader > size {
+		return 0, nil, 0, nil
+	}
+	if _, err := r.ReadAt(hdr[:], off); err != nil {
+		return 0, nil, 0, err
+	}
+	n := int64(binary.LittleEndian.Uint32(hdr[0:]))
+	sum := binary.LittleEndian.Uint32(hdr[4:])
+	seq = binary.LittleEndian.Uint64(hdr[8:])
+	if n == 0 || off+walHeader+n > size {
+		return seq, nil, 0, nil
+	}
+	rec := make([]byte, 8+n)
+	copy(rec, hdr[8:])
+	if _, err := r.ReadAt(rec[8:], off+walHeader); err != nil {
+		return 0, nil, 0, err
+	}
+	next = off + walHeader + n
+	if crc32.Checksum(rec, crcTable) != sum {
+		return seq, nil, next, nil
+	}
+	return seq, rec[8:], next, nil
 }
 
 // appendOp encodes one put (val != nil) or delete into an ops buffer.

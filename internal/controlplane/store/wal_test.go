@@ -212,3 +212,57 @@ func TestIdleStoreCheckpoints(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestCorruptRecordMidLogFailsOpen(t *testing.T) {
+	dir := t.TempDir()
+	s := mustOpen(t, dir, noCheckpoints)
+	for _, n := range []string{"a", "b", "c"} {
+		if err := s.CreateFunction(fn(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crashed := crashCopy(t, dir)
+	// A bit flips in the first record; the ones behind it are intact, so
+	// it was acknowledged and dropping it (and them) would lose writes.
+	f, err := os.OpenFile(filepath.Join(crashed, "registry.wal"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff}, walHeader+1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	before, _ := os.ReadFile(filepath.Join(crashed, "registry.wal"))
+	if r, err := open(crashed, noCheckpoints); err == nil {
+		r.Close()
+		t.Fatal("open succeeded over a corrupt acknowledged record")
+	} else if !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("error %q does not say the log is corrupt", err)
+	}
+	after, _ := os.ReadFile(filepath.Join(crashed, "registry.wal"))
+	if string(before) != string(after) {
+		t.Fatal("a failed open rewrote the log")
+	}
+}
+
+func TestCallsAfterCloseFail(t *testing.T) {
+	s, err := open(t.TempDir(), noCheckpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFunction(fn("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateFunction(fn("b")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("write after Close: %v, want ErrClosed", err)
+	}
+	if _, err := s.Functions(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("read after Close: %v, want ErrClosed", err)
+	}
+	if err := s.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Close: %v, want ErrClosed", err)
+	}
+}
