@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
@@ -266,6 +267,46 @@ func TestClientGoneWhileQueued(t *testing.T) {
 	waitFor(t, "queue empty after the client left", func() bool { return d.queued("cold") == 0 })
 	waitFor(t, "499 counted", func() bool {
 		return strings.Contains(get(t, srv.URL+"/metrics").body, `brisk_dataplane_requests_total{code="499",function="cold"} 1`)
+	})
+}
+
+func TestClientGoneWhileSandboxRuns(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	started := make(chan struct{}, 1)
+	abandoned := make(chan struct{}, 1)
+	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") == "" {
+			_, _ = io.WriteString(w, "ok")
+			return
+		}
+		started <- struct{}{}
+		select { // a long function: only the data plane closing the call ends it
+		case <-r.Context().Done():
+			abandoned <- struct{}{}
+		case <-time.After(time.Minute):
+		}
+	})
+	// One sandbox of concurrency 1 and a long timeout: the slot comes back
+	// only if the call is abandoned.
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("long", func(s *briskv1.FunctionSpec) { s.TimeoutMs = 60_000; s.QueueTimeoutMs = 60_000 })},
+		Added:     []*briskv1.Endpoint{ep("long", "sb-1", sandbox)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/function/long", nil)
+	req.Header.Set("X-Block", "1")
+	done := make(chan result, 1)
+	go func() { done <- do(t, req) }()
+	recv(t, started, "the call reached the sandbox")
+	cancel()
+	if r := recv(t, done, "cancelled request"); r.err == nil {
+		t.Fatalf("cancelled request returned %d", r.code)
+	}
+	recv(t, abandoned, "the sandbox seeing its call abandoned")
+	if r := get(t, srv.URL+"/function/long"); r.code != 200 || r.body != "ok" {
+		t.Fatalf("next call on the freed slot: %d %q", r.code, r.body)
+	}
+	waitFor(t, "499 counted", func() bool {
+		return strings.Contains(get(t, srv.URL+"/metrics").body, `brisk_dataplane_requests_total{code="499",function="long"} 1`)
 	})
 }
 
