@@ -23,6 +23,13 @@ printf '# brisk benchmark report\n\n%s, %s CPUs, %s\n' "$(date -u)" "$(nproc)" "
 for rate in 500 2000 4000; do
   run "warm-$rate" bench warm --local --rate "$rate" --duration "$dur" --compare-direct
 done
+# Saturation: each path pushed past its knee (--force reports the run even
+# though the generator falls behind); the ratio of the two throughputs is
+# the issue's saturation figure. The rates suit a 2-core machine.
+over_brisk=${OVERLOAD_BRISK:-20000}; over_direct=${OVERLOAD_DIRECT:-36000}
+if [ "${BENCH_SCALE:-}" = small ]; then over_brisk=4000; over_direct=8000; fi
+run overload-brisk bench warm --local --rate "$over_brisk" --duration "$dur" --force
+run overload-direct bench warm --local --direct --rate "$over_direct" --duration "$dur" --force
 for rate in 500 1000 2500; do
   run "cold-$rate" bench cold --local --rate "$rate" --duration "$dur" --workers 100
 done
