@@ -231,13 +231,13 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		fn.m.cold.Add(1)
 	}
 	fn.m.inflight.Add(1)
-	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
-		r.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
-	}
 	if canForward(r) {
 		defer d.finish(st, nil)
 		d.forward(w, r, st)
 		return
+	}
+	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+		r.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
 	}
 	// Upgrades and request trailers: httputil.ReverseProxy, with the
 	// function timeout as a context deadline.

@@ -228,6 +228,12 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	if body == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 		buffered = false
 		cb = &clientBody{r: r.Body}
+		if r.ContentLength < 0 {
+			// Bounded here rather than by replacing r.Body: the server
+			// recognises its own body type when it decides whether a
+			// connection with an unread rest of a body can be reused.
+			cb.r = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
+		}
 	}
 
 	deadline := time.Now().Add(st.conf.timeout)
@@ -235,6 +241,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	var c *upConn
 	var resp respHead
 	var unwatch func() bool
+	var streaming chan error // a streamed body's writer, when one runs
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
@@ -251,6 +258,14 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		unwatch = watchClient(ctx, c)
 		err = d.writeRequest(c, r, st, body, buffered, cb)
 		sent := err == nil
+		if sent && cb != nil {
+			// A streamed body goes out while the reply is read: a
+			// function may answer before it has read it all (a 413 or
+			// 401 of its own), or stream its answer as it reads.
+			_ = http.NewResponseController(w).EnableFullDuplex()
+			streaming = make(chan error, 1)
+			go func() { streaming <- writeBody(c, r, cb) }()
+		}
 		if sent {
 			err = c.readHead(&resp)
 		}
@@ -259,6 +274,9 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		}
 		unwatch()
 		c.nc.Close()
+		if streaming != nil {
+			<-streaming // the closed connection ends its writes
+		}
 		if ctx.Err() != nil { // the client left: nothing to answer, nothing to retry
 			st.code = statusClientGone
 			return st.code
@@ -300,10 +318,24 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	default:
 		ok = c.copyBody(&cw, resp.length)
 	}
+	// A streamed body the function did not read to the end is cut off
+	// (the writer's next write fails); the connection then cannot carry
+	// another call.
+	bodySent := true
+	if streaming != nil {
+		select {
+		case err := <-streaming:
+			bodySent = err == nil
+		default:
+			_ = c.nc.SetWriteDeadline(longAgo)
+			<-streaming
+			bodySent = false
+		}
+	}
 	// The deadline stays set while the connection idles: every use sets
 	// its own. A connection whose deadline the client's leaving moved is
 	// not reused.
-	if unwatch() && ok && resp.keepAlive {
+	if unwatch() && ok && resp.keepAlive && bodySent {
 		c.pool.put(c)
 	} else {
 		c.nc.Close()
@@ -488,24 +520,60 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 			bw.WriteString("Content-Length: 0\r\n")
 		}
 		bw.WriteString("\r\n")
-	case r.ContentLength > 0:
+	case r.ContentLength > 0: // streamed by writeBody
 		bw.WriteString("Content-Length: ")
 		bw.WriteString(strconv.FormatInt(r.ContentLength, 10))
 		bw.WriteString("\r\n\r\n")
+	default: // length unknown: chunked, bounded by MaxBytesReader (forward)
+		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+	}
+	return bw.Flush()
+}
+
+// writeBody streams the client's body behind the head writeRequest wrote
+// (forward runs it beside the reply's reading). When the client's body
+// fails (too large, the client gone), it ends the reply's reading too:
+// the data plane answers the call itself. When the sandbox stops taking
+// the body, the reply it may have sent is still read.
+func writeBody(c *upConn, r *http.Request, cb *clientBody) error {
+	err := sendBody(c, r, cb)
+	if err != nil && cb.err != nil {
+		_ = c.nc.SetReadDeadline(longAgo)
+	}
+	return err
+}
+
+func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
+	bw := c.bw
+	if r.ContentLength > 0 {
 		if _, err := io.CopyN(bw, cb, r.ContentLength); err != nil {
 			return err
 		}
-	default: // length unknown: chunked, bounded by MaxBytesReader (invoke)
-		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
-		cw := httputil.NewChunkedWriter(bw)
-		buf := copyBufs.Get()
-		_, err := io.CopyBuffer(cw, cb, buf)
-		copyBufs.Put(buf)
+		return bw.Flush()
+	}
+	// Each piece goes out as it arrives: a client and a function may talk
+	// over one call (a stream up, answers down).
+	cw := httputil.NewChunkedWriter(bw)
+	buf := copyBufs.Get()
+	defer copyBufs.Put(buf)
+	for {
+		n, err := cb.Read(buf)
+		if n > 0 {
+			if _, werr := cw.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if werr := bw.Flush(); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			break
+		}
 		if err != nil {
 			return err
 		}
-		bw.WriteString("0\r\n\r\n")
 	}
+	bw.WriteString("0\r\n\r\n")
 	return bw.Flush()
 }
 

@@ -409,3 +409,93 @@ func TestFunctionSeriesComeWithUse(t *testing.T) {
 		t.Fatalf("%d series left for the deleted function", n)
 	}
 }
+
+// A function may answer before it has read a large body (a 413 of its own,
+// a 401): the client gets that answer, not a 502 for the body it could not
+// finish sending.
+func TestEarlyReplyToAStreamedBody(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = io.WriteString(w, "too big for me")
+	})
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("picky")},
+		Added:     []*briskv1.Endpoint{ep("picky", "sb-1", sandbox)}})
+	for _, size := range []int{5 << 20, -1} { // known length, then chunked
+		body := io.Reader(bytes.NewReader(make([]byte, 5<<20)))
+		if size < 0 {
+			body = io.MultiReader(body) // hides the length: chunked
+		}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/picky", body)
+		r := do(t, req)
+		if r.err != nil || r.code != http.StatusRequestEntityTooLarge || r.body != "too big for me" {
+			t.Fatalf("body of %d bytes: %d %q %v, want the function's own 413", size, r.code, r.body, r.err)
+		}
+	}
+	if r := get(t, srv.URL+"/function/picky"); r.code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("next call: %d %q", r.code, r.body)
+	}
+}
+
+// A client and a function can talk over one call: each piece of a streamed
+// body reaches the function, and its answer to it comes back, before the
+// client sends the next.
+func TestFullDuplexCall(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		br := bufio.NewReader(r.Body)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(w, "echo "+line)
+			_ = rc.Flush()
+		}
+	})
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("chat")},
+		Added:     []*briskv1.Endpoint{ep("chat", "sb-1", sandbox)}})
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/chat", pr)
+	replies := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			close(replies)
+			return
+		}
+		replies <- resp
+	}()
+	if _, err := io.WriteString(pw, "one\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp := recv(t, replies, "the reply's head")
+	if resp == nil {
+		t.FailNow()
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for _, word := range []string{"one", "two", "three"} {
+		if word != "one" {
+			if _, err := io.WriteString(pw, word+"\n"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		line := make(chan string, 1)
+		go func() { l, _ := br.ReadString('\n'); line <- l }()
+		if got := recv(t, line, "the answer to "+word); got != "echo "+word+"\n" {
+			t.Fatalf("answer %q, want echo %s", got, word)
+		}
+	}
+	pw.Close()
+	if rest, _ := io.ReadAll(br); len(rest) != 0 {
+		t.Fatalf("after the body ended: %q", rest)
+	}
+}
