@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -440,4 +441,43 @@ func printJSON(v any) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+func newBackup(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "backup FILE",
+		Short: "Save a consistent copy of the control plane's registry while it runs",
+		Long: `Save a consistent copy of the control plane's registry (functions, workers,
+data planes) to FILE while the control plane keeps serving. FILE is a
+registry.db: to restore, put it as registry.db in an empty --data-dir and
+start the control plane there. Sandboxes are not in it: a control plane
+re-reads them from its workers. A replicated control plane (brisk
+controlplane --peers) refuses; back up a stopped replica's data dir instead.`,
+		Example: `  brisk backup registry-$(date +%F).db`,
+		Args:    exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			path := args[0]
+			// Written beside FILE and renamed: FILE is whole or untouched.
+			f, err := os.CreateTemp(filepath.Dir(path), ".brisk-backup-*")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(f.Name())
+			n, err := g.client().Backup(c.Context(), f)
+			if err == nil {
+				err = f.Sync()
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.Rename(f.Name(), path); err != nil {
+				return err
+			}
+			fmt.Printf("registry saved to %s (%d bytes)\n", path, n)
+			return nil
+		},
+	}
 }

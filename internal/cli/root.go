@@ -75,7 +75,7 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 	pf.StringVar(&g.admin, "admin-url", envOr("BRISK_ADMIN", "127.0.0.1:9090"), "control plane admin API address (env BRISK_ADMIN)")
 	pf.StringVar(&g.invoke, "invoke-url", envOr("BRISK_INVOKE", "127.0.0.1:8080"), "data plane invocation address (env BRISK_INVOKE)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newTraceFn(), newImage(g), newNetBench(), newBench(g), newReplay(g))
+	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newImage(g), newNetBench(), newBench(g), newReplay(g))
 	return root
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -59,6 +60,7 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
 	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
 	mux.HandleFunc("GET /v1/status", cp.status)
+	mux.HandleFunc("GET /v1/backup", cp.backup)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{}))
 	if cp.cfg.Replica != nil {
@@ -302,3 +304,25 @@ func (c *Cluster) spec(name string) *spec.Function {
 }
 
 func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// backup streams a consistent copy of the registry (registry.db) while the
+// control plane keeps serving.
+func (cp *ControlPlane) backup(w http.ResponseWriter, _ *http.Request) {
+	b, ok := cp.store.(store.Backuper)
+	if !ok {
+		writeError(w, http.StatusNotImplemented, "this control plane's registry is replicated: back up a stopped replica's --data-dir (raft log and snapshots) instead")
+		return
+	}
+	started := false
+	_, err := b.Backup(w, func(n int64) {
+		started = true
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="registry.db"`)
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	})
+	if err != nil && !started {
+		writeStoreError(w, "backup: ", err)
+	}
+	// Failing later leaves the reply short of its Content-Length, which a
+	// client sees as an error, not as a whole file.
+}

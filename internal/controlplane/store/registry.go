@@ -1,6 +1,10 @@
 package store
 
-import "github.com/brisk-faas/brisk/internal/spec"
+import (
+	"io"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+)
 
 // Registry is the durable registry the control plane writes through: the
 // single-node bbolt Store or the raft-replicated one (package replica).
@@ -21,3 +25,14 @@ type Registry interface {
 }
 
 var _ Registry = (*Store)(nil)
+
+// Backuper is a registry that can write a consistent copy of itself while
+// it serves (the single-node Store; `GET /v1/backup`).
+type Backuper interface {
+	// Backup writes a registry.db holding every acknowledged write (a
+	// data directory with only that file restores it), calling size with
+	// its length before the first byte.
+	Backup(w io.Writer, size func(int64)) (int64, error)
+}
+
+var _ Backuper = (*Store)(nil)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -367,6 +368,24 @@ func (s *Store) view(fn func(tx *bolt.Tx) error) error {
 		return err
 	}
 	return s.db.View(fn)
+}
+
+// Backup writes a consistent copy of the registry as a bbolt file: a
+// checkpoint first, so that the copy holds every acknowledged write and
+// records the log position it covers. Restore it as registry.db in an
+// empty data directory (with no registry.wal: an old log's later records
+// would be replayed over it).
+func (s *Store) Backup(w io.Writer, size func(int64)) (int64, error) {
+	var n int64
+	err := s.view(func(tx *bolt.Tx) error {
+		if size != nil {
+			size(tx.Size())
+		}
+		var err error
+		n, err = tx.WriteTo(w)
+		return err
+	})
+	return n, err
 }
 
 // CreateFunction stores a new function; ErrExists if the name is taken.
