@@ -3,11 +3,14 @@ package dataplane
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -497,5 +500,33 @@ func TestFullDuplexCall(t *testing.T) {
 	pw.Close()
 	if rest, _ := io.ReadAll(br); len(rest) != 0 {
 		t.Fatalf("after the body ended: %q", rest)
+	}
+}
+
+// A function's 103 Early Hints reach the client before its final reply,
+// with their own headers only.
+func TestEarlyHintsArePassedOn(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</app.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		_, _ = io.WriteString(w, "page")
+	})
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("web")},
+		Added:     []*briskv1.Endpoint{ep("web", "sb-1", sandbox)}})
+	var hints []string
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		hints = append(hints, fmt.Sprintf("%d %s", code, h.Get("Link")))
+		return nil
+	}}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, srv.URL+"/function/web", nil)
+	r := do(t, req)
+	if r.code != 200 || r.body != "page" || r.header.Get("Link") != "" {
+		t.Fatalf("final reply %d %q, Link %q", r.code, r.body, r.header.Get("Link"))
+	}
+	if got := strings.Join(hints, "|"); got != "103 </app.css>; rel=preload" {
+		t.Fatalf("interim replies %q, want one 103 with the Link", got)
 	}
 }
