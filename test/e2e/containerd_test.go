@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -216,7 +215,7 @@ func BenchmarkContainerdColdStart(b *testing.B) {
 	}
 	defer ctr.Close()
 	dataDir := b.TempDir()
-	admin, invoke, grpcAddr := freePortTB(b), freePortTB(b), freePortTB(b)
+	admin, invoke, grpcAddr := freePort(b), freePort(b), freePort(b)
 	run := func(args ...string) string {
 		cmd := exec.Command(briskBin, args...)
 		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke)
@@ -295,11 +294,3 @@ func timingField(h, key string) (int64, bool) {
 	return 0, false
 }
 
-func freePortTB(tb testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}

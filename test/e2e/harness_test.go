@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -120,14 +121,42 @@ func tail(s string, n int) string {
 	return s
 }
 
+// freePort returns a loopback address no one listens on, for a brisk
+// process to bind a moment later. It is picked below the kernel's
+// ephemeral range when there is room: a port from that range can be taken
+// in between by any outgoing connection on the machine (a CI run failed
+// with "address already in use" that way).
 func freePort(t testing.TB) string {
 	t.Helper()
+	if lo := ephemeralLow(); lo > 11000 {
+		for range 50 {
+			addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(lo-10000))
+			if l, err := net.Listen("tcp", addr); err == nil {
+				l.Close()
+				return addr
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// ephemeralLow is the first port of the kernel's range for outgoing
+// connections (0 if unknown).
+func ephemeralLow() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	var lo, hi int
+	if _, err := fmt.Sscan(string(data), &lo, &hi); err != nil {
+		return 0
+	}
+	return lo
 }
 
 // eventually polls cond until it holds or the timeout passes.
