@@ -293,4 +293,3 @@ func timingField(h, key string) (int64, bool) {
 	}
 	return 0, false
 }
-
