@@ -522,7 +522,7 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 			bw.WriteString("Content-Length: 0\r\n")
 		}
 		bw.WriteString("\r\n")
-	case r.ContentLength > 0: // streamed by writeBody
+	case r.ContentLength > 0: // streamed by streamBody
 		bw.WriteString("Content-Length: ")
 		bw.WriteString(strconv.FormatInt(r.ContentLength, 10))
 		bw.WriteString("\r\n\r\n")
@@ -532,21 +532,17 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 	return bw.Flush()
 }
 
+// streamBody sends the client's body behind the head writeRequest wrote
+// (forward runs it beside the reply's reading) and reports on done. When
+// the client's body fails (too large, the client gone), it ends the
+// reply's reading too: the data plane answers the call itself. When the
+// sandbox stops taking the body, the reply it may have sent is still read.
 func streamBody(done chan<- error, c *upConn, r *http.Request, cb *clientBody) {
-	done <- writeBody(c, r, cb)
-}
-
-// writeBody streams the client's body behind the head writeRequest wrote
-// (forward runs it beside the reply's reading). When the client's body
-// fails (too large, the client gone), it ends the reply's reading too:
-// the data plane answers the call itself. When the sandbox stops taking
-// the body, the reply it may have sent is still read.
-func writeBody(c *upConn, r *http.Request, cb *clientBody) error {
 	err := sendBody(c, r, cb)
 	if err != nil && cb.err != nil {
 		_ = c.nc.SetReadDeadline(longAgo)
 	}
-	return err
+	done <- err
 }
 
 func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
