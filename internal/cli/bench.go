@@ -232,17 +232,29 @@ func newBenchWarm(g *globals) *cobra.Command {
 	cfg := bench.WarmConfig{}
 	var compare bool
 	c := &cobra.Command{
-		Use:   "warm --rate R --duration D",
-		Short: "Open-loop calls at a constant rate to pre-warmed sandboxes (optionally against --direct)",
+		Use:   "warm (--rate R | --closed N) --duration D",
+		Short: "Calls to pre-warmed sandboxes, open-loop at a rate or closed-loop to saturation (optionally against --direct)",
+		Long: `Call functions whose sandboxes are already running.
+
+With --rate, calls go open-loop at a constant rate: sends never wait for
+replies, and a run whose sends fell behind is refused. With --closed N, N
+callers each send their next call as soon as their last reply arrives: the
+run measures saturation throughput (what the system serves with all cores
+busy) without the backlog an open-loop generator builds past the knee.
+--compare-direct then reports brisk's throughput over --direct's.`,
 		Example: `  brisk bench warm --local --rate 2000 --duration 10s --compare-direct --out results/warm-2000
+  brisk bench warm --local --closed 64 --duration 10s --compare-direct --out results/saturation
   brisk bench warm --rate 500 --duration 30s --functions 4 --sandboxes 2`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			if cfg.Rate <= 0 || cfg.Duration <= 0 {
-				return usageError{fmt.Errorf("--rate and --duration must be positive\nUsage: %s", c.UseLine())}
+			if (cfg.Rate <= 0) == (cfg.Closed <= 0) || cfg.Rate < 0 || cfg.Closed < 0 || cfg.Duration <= 0 {
+				return usageError{fmt.Errorf("give one of --rate and --closed, positive, and a positive --duration\nUsage: %s", c.UseLine())}
 			}
 			if cfg.Direct && compare {
 				return usageError{errors.New("--direct and --compare-direct exclude each other")}
+			}
+			if cfg.Rounds < 1 || cfg.Duration/time.Duration(max(cfg.Rounds, 1)) < 100*time.Millisecond {
+				return usageError{errors.New("--rounds must be positive, with at least 100ms of --duration each")}
 			}
 			if cfg.Functions < 1 || cfg.Sandboxes < 1 || cfg.Concurrency < 0 || cfg.Concurrency > 10000 || cfg.ExecMs < 0 || cfg.Warmup < 0 {
 				return usageError{errors.New("--functions and --sandboxes must be positive, --concurrency-per-sandbox in [0, 10000], --exec-ms and --warmup not negative")}
@@ -256,9 +268,11 @@ func newBenchWarm(g *globals) *cobra.Command {
 	}
 	f.register(c, 1, 40*time.Millisecond)
 	fl := c.Flags()
-	fl.Float64Var(&cfg.Rate, "rate", 0, "calls per second, over all functions (required)")
+	fl.Float64Var(&cfg.Rate, "rate", 0, "open loop: calls per second, over all functions")
+	fl.IntVar(&cfg.Closed, "closed", 0, "closed loop: this many callers, each sending its next call when its reply arrives (saturation throughput)")
 	fl.DurationVar(&cfg.Duration, "duration", 0, "measured duration (required)")
-	fl.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured calls at the same rate before the measurement")
+	fl.IntVar(&cfg.Rounds, "rounds", 1, "with --compare-direct: alternate brisk and direct this many times, each a slice of --duration (host noise weighs on both alike)")
+	fl.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured calls at the same rate (or with the same callers) before the measurement")
 	fl.IntVar(&cfg.Functions, "functions", 1, "functions the calls go to, round-robin")
 	fl.IntVar(&cfg.Sandboxes, "sandboxes", 2, "pre-warmed sandboxes per function (min = max)")
 	fl.IntVar(&cfg.Concurrency, "concurrency-per-sandbox", 0, "in-flight calls per sandbox (0: unlimited, so nothing queues)")

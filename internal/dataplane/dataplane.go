@@ -128,7 +128,8 @@ func (d *DataPlane) ID() string {
 
 func (d *DataPlane) nanotime() int64 { return int64(time.Since(d.epoch)) }
 
-// Run binds Listen and serves HTTP/1.1 and h2c, and with a ControlPlane
+// Run binds Listen and serves HTTP/1.1 and h2c (the front end, front.go,
+// with net/http behind it), and with a ControlPlane
 // address keeps the endpoint watch and the metric reports running. It
 // returns after ctx ends and a graceful Shutdown (bounded by
 // ShutdownTimeout), or when serving fails.
@@ -150,21 +151,9 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	close(d.ready)
 
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{
-		Handler:           d.handler,
-		Protocols:         &protocols,
-		ReadHeaderTimeout: d.cfg.ReadHeaderTimeout,
-		ReadTimeout:       d.cfg.ReadTimeout,
-		WriteTimeout:      d.cfg.WriteTimeout,
-		IdleTimeout:       d.cfg.IdleTimeout,
-		MaxHeaderBytes:    d.cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
-	}
+	front := d.newFrontEnd(d.newServer())
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- front.serve(ln) }()
 	reapCtx, stopReap := context.WithCancel(ctx)
 	defer stopReap()
 	go d.reapIdle(reapCtx)
@@ -179,7 +168,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		// control plane: the connection follows their leader.
 		conn, err := rpc.DialLeader(d.cfg.ControlPlane)
 		if err != nil {
-			_ = srv.Close()
+			front.close()
 			return fmt.Errorf("dataplane: control plane %s: %w", d.cfg.ControlPlane, err)
 		}
 		defer conn.Close()
@@ -199,9 +188,8 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	// Drain with the link still up, so queued requests can still get the
 	// sandboxes the control plane is starting for them.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ShutdownTimeout)
-	if serr := srv.Shutdown(sctx); serr != nil {
+	if serr := front.shutdown(sctx); serr != nil {
 		d.log.Warn("graceful shutdown incomplete; closing connections", "err", serr)
-		_ = srv.Close()
 	}
 	cancel()
 	stopLink()
@@ -213,6 +201,24 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	d.applyMu.Unlock()
 	return err
+}
+
+// newServer is the net/http server behind the front end: it serves the
+// connections the front end hands over (HTTP/1.1 and h2c).
+func (d *DataPlane) newServer() *http.Server {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Server{
+		Handler:           d.handler,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: d.cfg.ReadHeaderTimeout,
+		ReadTimeout:       d.cfg.ReadTimeout,
+		WriteTimeout:      d.cfg.WriteTimeout,
+		IdleTimeout:       d.cfg.IdleTimeout,
+		MaxHeaderBytes:    d.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
+	}
 }
 
 // reapIdle closes upstream connections idle past idleTimeout, every third

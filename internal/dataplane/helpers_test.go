@@ -3,6 +3,7 @@ package dataplane
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,8 +14,16 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
-// newTestDP returns a data plane (not Run) served by an httptest server.
-func newTestDP(t testing.TB, mod func(*Config)) (*DataPlane, *httptest.Server) {
+// testServer is a data plane's invocation listener in a test: the front
+// end, with the net/http server behind it, as Run serves it.
+type testServer struct {
+	URL   string
+	front *frontEnd
+}
+
+// newTestDP returns a data plane (not Run) served on a loopback port by its
+// front end.
+func newTestDP(t testing.TB, mod func(*Config)) (*DataPlane, *testServer) {
 	t.Helper()
 	cfg := Config{}
 	if mod != nil {
@@ -24,8 +33,14 @@ func newTestDP(t testing.TB, mod func(*Config)) (*DataPlane, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(d.Handler())
-	t.Cleanup(srv.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &testServer{URL: "http://" + ln.Addr().String(), front: d.newFrontEnd(d.newServer())}
+	done := make(chan struct{})
+	go func() { _ = srv.front.serve(ln); close(done) }()
+	t.Cleanup(func() { srv.front.close(); <-done })
 	return d, srv
 }
 

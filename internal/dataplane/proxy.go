@@ -175,62 +175,35 @@ func stateOf(ctx context.Context) *reqState {
 
 // invoke runs one request for rt.fn: limits, queue, proxy, accounting.
 func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
-	fn := rt.fn
-	fn.m.used.Store(true)
-	arrival := d.nanotime()
-	seq := d.epSeq.Load() // endpoints added later than this are cold for us
-	set := fn.set.Load()
-	conf := set.conf
 	callID := r.Header["X-Call-Id"]
 	if len(callID) == 0 || callID[0] == "" {
 		callID = []string{newCallID()}
 	} else if len(callID) > 1 {
 		callID = callID[:1:1]
 	}
-
 	if r.ContentLength > d.cfg.MaxBodyBytes {
 		writeError(w, callID, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
-		fn.m.codes.inc(http.StatusRequestEntityTooLarge)
+		rt.fn.m.used.Store(true)
+		rt.fn.m.codes.inc(http.StatusRequestEntityTooLarge)
 		return
 	}
-	if conf.extendDeadline {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(conf.queueTimeout + conf.timeout + deadlineSlack))
+	set := rt.fn.set.Load()
+	if set.conf.extendDeadline {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(set.conf.queueTimeout + set.conf.timeout + deadlineSlack))
 	}
-
-	fn.stats.arrive(arrival)
-	ep, waited, err := fn.acquire(r.Context(), set, d.markUrgent)
-	acquired := arrival
-	if waited {
-		acquired = d.nanotime()
-		d.prom.queueWait.Observe(seconds(acquired - arrival))
-	}
-	if err != nil {
-		fn.stats.depart(acquired)
-		code, msg := d.acquireError(err, fn, conf)
-		if code != statusClientGone {
-			writeError(w, callID, code, msg)
-		}
-		fn.m.codes.inc(code)
-		fn.m.duration.observe(acquired - arrival)
-		return
-	}
-
 	st := &reqState{
 		Context: r.Context(),
-		fn:      fn,
-		ep:      ep,
-		conf:    conf,
+		fn:      rt.fn,
 		rest:    rt.rest,
 		rawRest: rt.rawRest,
 		callID:  callID,
-		arrival: arrival,
-		queueNs: acquired - arrival,
-		cold:    ep.seq > seq,
 	}
-	if st.cold {
-		fn.m.cold.Add(1)
+	if code, msg := d.admit(r.Context(), st, set); code != 0 {
+		if code != statusClientGone {
+			writeError(w, callID, code, msg)
+		}
+		return
 	}
-	fn.m.inflight.Add(1)
 	if canForward(r) {
 		defer d.finish(st, nil)
 		d.forward(w, r, st)
@@ -241,10 +214,43 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	// Upgrades and request trailers: httputil.ReverseProxy, with the
 	// function timeout as a context deadline.
-	ctx, cancel := context.WithTimeoutCause(r.Context(), conf.timeout, errFunctionTimeout)
+	ctx, cancel := context.WithTimeoutCause(r.Context(), set.conf.timeout, errFunctionTimeout)
 	st.Context = ctx
 	defer d.finish(st, cancel)
 	d.proxy.ServeHTTP(w, r.WithContext(st))
+}
+
+// admit starts a call of st.fn: it counts the arrival and reserves a slot
+// on one of set's sandboxes, queueing while none is free, and fills st.
+// A call that gets no slot is accounted for here and admit returns the
+// status and message to answer with (statusClientGone: answer nothing).
+// Once admitted, the call ends with finish.
+func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet) (int, string) {
+	fn := st.fn
+	fn.m.used.Store(true)
+	arrival := d.nanotime()
+	seq := d.epSeq.Load() // endpoints added later than this are cold for us
+	st.conf, st.arrival = set.conf, arrival
+	fn.stats.arrive(arrival)
+	ep, waited, err := fn.acquire(ctx, set, d.markUrgent)
+	acquired := arrival
+	if waited {
+		acquired = d.nanotime()
+		d.prom.queueWait.Observe(seconds(acquired - arrival))
+	}
+	if err != nil {
+		fn.stats.depart(acquired)
+		code, msg := d.acquireError(err, fn, set.conf)
+		fn.m.codes.inc(code)
+		fn.m.duration.observe(acquired - arrival)
+		return code, msg
+	}
+	st.ep, st.queueNs, st.cold = ep, acquired-arrival, ep.seq > seq
+	if st.cold {
+		fn.m.cold.Add(1)
+	}
+	fn.m.inflight.Add(1)
+	return 0, ""
 }
 
 // finish runs when the proxy returns or panics (http.ErrAbortHandler after a
@@ -328,13 +334,21 @@ func (d *DataPlane) proxyError(w http.ResponseWriter, r *http.Request, err error
 
 // failTimeout answers a call whose function ran past its timeout (504).
 func (d *DataPlane) failTimeout(w http.ResponseWriter, st *reqState) int {
-	return d.failWith(w, st, http.StatusGatewayTimeout, fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout))
+	return d.failWith(w, st, http.StatusGatewayTimeout, d.timeoutMessage(st))
+}
+
+func (d *DataPlane) timeoutMessage(st *reqState) string {
+	return fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout)
 }
 
 // failSandbox answers a call whose sandbox failed it (502).
 func (d *DataPlane) failSandbox(w http.ResponseWriter, st *reqState, err error) int {
+	return d.failWith(w, st, http.StatusBadGateway, d.sandboxMessage(st, err))
+}
+
+func (d *DataPlane) sandboxMessage(st *reqState, err error) string {
 	d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
-	return d.failWith(w, st, http.StatusBadGateway, fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err))
+	return fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err)
 }
 
 func (d *DataPlane) failWith(w http.ResponseWriter, st *reqState, code int, msg string) int {
@@ -361,30 +375,30 @@ func writeError(w http.ResponseWriter, callID []string, code int, msg string) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// newCallID returns 16 random bytes in hex. Call ids need uniqueness, not
-// secrecy, so the runtime's per-thread generator is enough.
+// newCallID returns 16 random bytes in hex.
 func newCallID() string {
-	const digits = "0123456789abcdef"
 	var b [32]byte
-	for half := 0; half < 2; half++ {
-		v := rand.Uint64()
-		for i := 0; i < 16; i++ {
-			b[half*16+i] = digits[v&0xf]
-			v >>= 4
-		}
-	}
+	writeCallID(&b)
 	return string(b[:])
 }
 
+// randUint64 draws call ids. They need uniqueness, not secrecy, so the
+// runtime's per-thread generator is enough.
+func randUint64() uint64 { return rand.Uint64() }
+
 func timing(queueUs int64, cold bool, proxyUs int64) string {
 	var b [96]byte
-	buf := append(b[:0], "queue_us="...)
+	return string(appendTiming(b[:0], queueUs, cold, proxyUs))
+}
+
+// appendTiming appends the X-Brisk-Timing value.
+func appendTiming(buf []byte, queueUs int64, cold bool, proxyUs int64) []byte {
+	buf = append(buf, "queue_us="...)
 	buf = strconv.AppendInt(buf, queueUs, 10)
 	buf = append(buf, ", cold="...)
 	buf = strconv.AppendBool(buf, cold)
 	buf = append(buf, ", proxy_us="...)
-	buf = strconv.AppendInt(buf, proxyUs, 10)
-	return string(buf)
+	return strconv.AppendInt(buf, proxyUs, 10)
 }
 
 func seconds(ns int64) float64 { return float64(ns) / 1e9 }

@@ -435,11 +435,18 @@ func idempotent(r *http.Request) bool {
 }
 
 func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error) int {
+	code, msg := d.upstreamError(st, err)
+	return d.failWith(w, st, code, msg)
+}
+
+// upstreamError maps a failed sandbox exchange to its answer: 504 when the
+// function ran out of time, 502 otherwise.
+func (d *DataPlane) upstreamError(st *reqState, err error) (int, string) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !isDialError(err) {
-		return d.failTimeout(w, st)
+		return http.StatusGatewayTimeout, d.timeoutMessage(st)
 	}
-	return d.failSandbox(w, st, err)
+	return http.StatusBadGateway, d.sandboxMessage(st, err)
 }
 
 func isDialError(err error) bool {

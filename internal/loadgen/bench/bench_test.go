@@ -124,6 +124,25 @@ func TestBenchmarksOnALocalCluster(t *testing.T) {
 		}
 		checkFiles(t, o.Out, "summary.json", "invocations.csv", "direct.csv", "latency_cdf.png")
 	})
+	t.Run("warm closed-loop in rounds", func(t *testing.T) {
+		o := opts(t)
+		s, _, err := Warm(ctx, c, o, WarmConfig{Closed: 3, Rounds: 2, Duration: 400 * time.Millisecond, Warmup: 50 * time.Millisecond, CompareDirect: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := s.Direct
+		if s.Completed == 0 || s.Failed != 0 || d == nil || d.Completed == 0 || d.Failed != 0 || !s.Valid || !d.Valid {
+			t.Fatalf("warm closed: %+v / %+v", s.Summary, d)
+		}
+		// Each side's throughput is over its own two slices, not the span
+		// of the whole run (which includes the other side's turns).
+		if s.Compare == nil || s.Compare.ThroughputRatio <= 0 || s.ThroughputRPS < float64(s.Completed)/0.4*0.9 {
+			t.Fatalf("throughput %.0f/s for %d calls in 2 slices of 200ms; compare %+v", s.ThroughputRPS, s.Completed, s.Compare)
+		}
+		if s.Config.Closed != 3 || s.Config.Rounds != 2 || s.CPUPerCallUs <= 0 || d.CPUPerCallUs <= 0 {
+			t.Fatalf("config %+v, cpu %.1f / %.1f", s.Config, s.CPUPerCallUs, d.CPUPerCallUs)
+		}
+	})
 	t.Run("replay", func(t *testing.T) {
 		dir := filepath.Join(moduleRoot(t), "..", "shared", "traces", "azure_100")
 		if _, err := os.Stat(dir); err != nil {

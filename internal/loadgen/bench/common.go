@@ -260,7 +260,9 @@ func formatLoad(name string, s *loadgen.Summary, v Validity, force bool) string 
 	if len(s.Statuses) > 1 || s.Statuses["200"] != s.Issued {
 		fmt.Fprintf(&b, " %v", s.Statuses)
 	}
-	fmt.Fprintf(&b, "; sends late p99 %.2f ms max %.1f ms", s.LatenessMs.P99, s.LatenessMs.Max)
+	if s.LatenessMs.Max > 0 { // a closed loop has no schedule to be late for
+		fmt.Fprintf(&b, "; sends late p99 %.2f ms max %.1f ms", s.LatenessMs.P99, s.LatenessMs.Max)
+	}
 	if !v.Valid {
 		fmt.Fprintf(&b, "\n  REFUSED: %s", v.Refused)
 		if !force {
@@ -283,6 +285,19 @@ func issue(ctx context.Context, o *Options, label string, is *loadgen.Issuer, ca
 		return is.Issued(), fmt.Sprintf("done %d", is.Done())
 	})
 	recs, err := is.Run(ctx, calls)
+	bar.Stop()
+	return recs, err
+}
+
+// closedLoop runs cl with a progress bar. A closed loop cannot fall behind
+// a schedule, so its runs are always valid.
+func closedLoop(ctx context.Context, o *Options, label string, cl *loadgen.ClosedLoop) ([]loadgen.Record, error) {
+	total := int64((cl.Warmup + cl.Duration) / time.Millisecond)
+	start := time.Now()
+	bar := loadgen.StartProgress(o.Progress, label, total, func() (int64, string) {
+		return min(int64(time.Since(start)/time.Millisecond), total), fmt.Sprintf("done %d", cl.Done())
+	})
+	recs, err := cl.Run(ctx)
 	bar.Stop()
 	return recs, err
 }

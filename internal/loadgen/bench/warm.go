@@ -13,10 +13,16 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
-// WarmConfig is `brisk bench warm`: open-loop calls at a constant rate to
-// functions whose sandboxes are already running.
+// WarmConfig is `brisk bench warm`: calls to functions whose sandboxes
+// are already running, open-loop at a constant rate or closed-loop.
 type WarmConfig struct {
-	Rate      float64       // calls per second over all functions
+	Rate float64 // open loop: calls per second over all functions
+	// Closed, instead of Rate: this many callers, each sending its next call
+	// when its reply arrives (loadgen.ClosedLoop) — saturation throughput.
+	Closed int
+	// Rounds splits the duration into this many turns per side, brisk and
+	// direct alternating (with CompareDirect); default 1.
+	Rounds    int
 	Duration  time.Duration // measured phase
 	Warmup    time.Duration // unmeasured calls at the same rate first; default 1s
 	Functions int           // default 1; calls go round-robin
@@ -49,7 +55,8 @@ type WarmSummary struct {
 
 // WarmConfigJSON records the run's parameters.
 type WarmConfigJSON struct {
-	Rate        float64 `json:"rate"`
+	Rate        float64 `json:"rate,omitempty"`
+	Closed      int     `json:"closed_callers,omitempty"`
 	DurationS   float64 `json:"duration_s"`
 	WarmupS     float64 `json:"warmup_s"`
 	Functions   int     `json:"functions"`
@@ -57,6 +64,7 @@ type WarmConfigJSON struct {
 	Concurrency int     `json:"concurrency_per_sandbox"`
 	ExecMs      int     `json:"exec_ms"`
 	H2C         bool    `json:"h2c"`
+	Rounds      int     `json:"rounds"`
 }
 
 // DirectRun is the same load sent straight to the sandboxes.
@@ -82,8 +90,8 @@ type Comparison struct {
 
 // Warm runs bench warm.
 func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSummary, string, error) {
-	if cfg.Rate <= 0 || cfg.Duration <= 0 {
-		return nil, "", fmt.Errorf("bench warm: rate %g and duration %s must be positive", cfg.Rate, cfg.Duration)
+	if (cfg.Rate <= 0) == (cfg.Closed <= 0) || cfg.Duration <= 0 {
+		return nil, "", fmt.Errorf("bench warm: one of rate %g and closed %d, and duration %s, must be positive", cfg.Rate, cfg.Closed, cfg.Duration)
 	}
 	if cfg.Direct && cfg.CompareDirect {
 		return nil, "", errors.New("bench warm: --direct and --compare-direct exclude each other")
@@ -128,27 +136,28 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 	if err := primeDataPlane(ctx, brisk, names); err != nil {
 		return nil, "", err
 	}
-	calls := constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs)
-
-	out := &WarmSummary{Command: "bench warm", Target: "brisk", Config: WarmConfigJSON{Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(),
-		WarmupS: cfg.Warmup.Seconds(), Functions: cfg.Functions, Sandboxes: cfg.Sandboxes, Concurrency: cfg.Concurrency,
-		ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C}}
-	csvs := map[string][]loadgen.Record{}
-	var text []string
-	var series []loadgen.Series
-	var firstErr error
-	if !cfg.Direct {
+	// run sends one slice of the load through inv, with warm-up calls
+	// first: the schedule open-loop, or closed-loop.
+	run := func(label string, inv loadgen.Invoker, warmup, d time.Duration) ([]loadgen.Record, time.Duration, error) {
 		cpu0 := processCPU()
-		recs, err := issue(ctx, &o, "brisk ", newIssuer(&o, brisk), calls)
-		if err != nil {
-			return nil, "", err
+		var recs []loadgen.Record
+		var err error
+		if cfg.Closed > 0 {
+			recs, err = closedLoop(ctx, &o, label, &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: warmup,
+				Duration: d, Functions: names, RuntimeMs: cfg.ExecMs})
+		} else {
+			recs, err = issue(ctx, &o, label, newIssuer(&o, inv), constantRate(names, cfg.Rate, warmup, d, cfg.ExecMs))
 		}
-		out.CPUPerCallUs = cpuPerCall(processCPU()-cpu0, len(calls))
-		out.Summary = loadgen.Summarize(recs)
-		out.Validity, firstErr = validity(&o, recs)
-		csvs["invocations.csv"] = recs
-		series = append(series, loadgen.Series{Name: "brisk", Values: latencies(recs)})
-		text = append(text, formatLoad("brisk ", &out.Summary, out.Validity, o.Force))
+		return recs, processCPU() - cpu0, err
+	}
+
+	rounds := max(cfg.Rounds, 1)
+	out := &WarmSummary{Command: "bench warm", Target: "brisk", Config: WarmConfigJSON{Rate: cfg.Rate, Closed: cfg.Closed, DurationS: cfg.Duration.Seconds(),
+		WarmupS: cfg.Warmup.Seconds(), Functions: cfg.Functions, Sandboxes: cfg.Sandboxes, Concurrency: cfg.Concurrency,
+		ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C, Rounds: rounds}}
+	var sides []*warmSide
+	if !cfg.Direct {
+		sides = append(sides, &warmSide{label: "brisk ", inv: brisk})
 	}
 	if cfg.Direct || cfg.CompareDirect {
 		route, err := loadgen.Sandboxes(direct)
@@ -163,44 +172,103 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 			h1.H2C = false
 			directc = loadgen.NewHTTPClient(h1)
 		}
-		cpu0 := processCPU()
-		recs, err := issue(ctx, &o, "direct", newIssuer(&o, &loadgen.HTTPInvoker{Client: directc, Route: route}), calls)
-		if err != nil {
-			return nil, "", err
+		sides = append(sides, &warmSide{label: "direct", inv: &loadgen.HTTPInvoker{Client: directc, Route: route}})
+	}
+	// With several rounds the sides take turns, each round a slice of the
+	// duration, so that a host getting busier or quieter during the run
+	// weighs on both alike.
+	for r := range rounds {
+		warmup := cfg.Warmup
+		if r > 0 {
+			warmup = 0
 		}
-		d := &DirectRun{Summary: loadgen.Summarize(recs), CPUPerCallUs: cpuPerCall(processCPU()-cpu0, len(calls))}
-		var derr error
-		d.Validity, derr = validity(&o, recs)
+		for _, sd := range sides {
+			recs, cpu, err := run(sd.label, sd.inv, warmup, cfg.Duration/time.Duration(rounds))
+			if err != nil {
+				return nil, "", err
+			}
+			sd.add(recs, cpu)
+		}
+	}
+
+	csvs := map[string][]loadgen.Record{}
+	var text []string
+	var series []loadgen.Series
+	var firstErr error
+	for _, sd := range sides {
+		sum, cpu := sd.summary()
+		v, err := validity(&o, sd.recs)
 		if firstErr == nil {
-			firstErr = derr
+			firstErr = err
 		}
-		series = append(series, loadgen.Series{Name: "direct", Values: latencies(recs)})
-		text = append(text, formatLoad("direct", &d.Summary, d.Validity, o.Force))
-		if cfg.Direct {
-			out.Target, out.Summary, out.Validity = "direct", d.Summary, d.Validity
-			csvs["invocations.csv"] = recs
-		} else {
-			out.Direct = d
-			csvs["direct.csv"] = recs
-			out.Compare = &Comparison{AddedP50Ms: out.LatencyMs.P50 - d.LatencyMs.P50, AddedP99Ms: out.LatencyMs.P99 - d.LatencyMs.P99}
-			if d.ThroughputRPS > 0 {
-				out.Compare.ThroughputRatio = out.ThroughputRPS / d.ThroughputRPS
-			}
-			if out.CPUPerCallUs > 0 && d.CPUPerCallUs > 0 {
-				out.Compare.CPURatio = d.CPUPerCallUs / out.CPUPerCallUs
-				text = append(text, fmt.Sprintf("CPU per call (this process): brisk %.1f µs, direct %.1f µs; direct/brisk %.3f", out.CPUPerCallUs, d.CPUPerCallUs, out.Compare.CPURatio))
-			}
-			if ((out.Valid && d.Valid) || o.Force) && out.Completed > 0 && d.Completed > 0 {
-				text = append(text, fmt.Sprintf("brisk over direct: added p50 %+.3f ms, added p99 %+.3f ms, throughput ratio %.3f",
-					out.Compare.AddedP50Ms, out.Compare.AddedP99Ms, out.Compare.ThroughputRatio))
-			}
+		series = append(series, loadgen.Series{Name: strings.TrimSpace(sd.label), Values: latencies(sd.recs)})
+		text = append(text, formatLoad(sd.label, &sum, v, o.Force))
+		switch {
+		case sd.label == "brisk ":
+			out.Summary, out.Validity, out.CPUPerCallUs = sum, v, cpu
+			csvs["invocations.csv"] = sd.recs
+		case cfg.Direct:
+			out.Target, out.Summary, out.Validity, out.CPUPerCallUs = "direct", sum, v, cpu
+			csvs["invocations.csv"] = sd.recs
+		default:
+			out.Direct = &DirectRun{Validity: v, Summary: sum, CPUPerCallUs: cpu}
+			csvs["direct.csv"] = sd.recs
+		}
+	}
+	if d := out.Direct; d != nil {
+		out.Compare = &Comparison{AddedP50Ms: out.LatencyMs.P50 - d.LatencyMs.P50, AddedP99Ms: out.LatencyMs.P99 - d.LatencyMs.P99}
+		if d.ThroughputRPS > 0 {
+			out.Compare.ThroughputRatio = out.ThroughputRPS / d.ThroughputRPS
+		}
+		if out.CPUPerCallUs > 0 && d.CPUPerCallUs > 0 {
+			out.Compare.CPURatio = d.CPUPerCallUs / out.CPUPerCallUs
+			text = append(text, fmt.Sprintf("CPU per call (this process): brisk %.1f µs, direct %.1f µs; direct/brisk %.3f", out.CPUPerCallUs, d.CPUPerCallUs, out.Compare.CPURatio))
+		}
+		if ((out.Valid && d.Valid) || o.Force) && out.Completed > 0 && d.Completed > 0 {
+			text = append(text, fmt.Sprintf("brisk over direct: added p50 %+.3f ms, added p99 %+.3f ms, throughput ratio %.3f",
+				out.Compare.AddedP50Ms, out.Compare.AddedP99Ms, out.Compare.ThroughputRatio))
 		}
 	}
 	out.Host = host()
-	err := writeOutputs(o.Out, out, csvs, []plotSpec{{file: "latency_cdf.png", title: fmt.Sprintf("warm calls at %g req/s", cfg.Rate),
+	title := fmt.Sprintf("warm calls at %g req/s", cfg.Rate)
+	if cfg.Closed > 0 {
+		title = fmt.Sprintf("warm calls, %d closed-loop callers", cfg.Closed)
+	}
+	err := writeOutputs(o.Out, out, csvs, []plotSpec{{file: "latency_cdf.png", title: title,
 		xLabel: "response time (ms)", logX: true, series: series}})
 	text = append(text, out.Host.String())
 	return out, strings.Join(text, "\n"), errors.Join(firstErr, err)
+}
+
+// warmSide is one target of a warm run (brisk or direct), accumulated
+// over rounds.
+type warmSide struct {
+	label string
+	inv   loadgen.Invoker
+	recs  []loadgen.Record
+	cpu   time.Duration
+	// completed and span (seconds) of each round's measured calls: the
+	// throughput is taken over the side's own time only.
+	completed int
+	span      float64
+}
+
+func (sd *warmSide) add(recs []loadgen.Record, cpu time.Duration) {
+	sd.recs = append(sd.recs, recs...)
+	sd.cpu += cpu
+	if s := loadgen.Summarize(recs); s.ThroughputRPS > 0 {
+		sd.completed += s.Completed
+		sd.span += float64(s.Completed) / s.ThroughputRPS
+	}
+}
+
+// summary is the side's summary over all rounds and its CPU per call.
+func (sd *warmSide) summary() (loadgen.Summary, float64) {
+	s := loadgen.Summarize(sd.recs)
+	if sd.span > 0 {
+		s.ThroughputRPS = float64(sd.completed) / sd.span
+	}
+	return s, cpuPerCall(sd.cpu, len(sd.recs))
 }
 
 func cpuPerCall(cpu time.Duration, calls int) float64 {

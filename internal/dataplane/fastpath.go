@@ -1,0 +1,1110 @@
+package dataplane
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/httpx"
+)
+
+// The front end's call: parse a request head, admit the call, send it to
+// the sandbox and relay the reply, all on the connection's goroutine. The
+// request head is copied out of the read buffer and parsed in place, header
+// lines kept as offsets; headers go to the sandbox as the client wrote them
+// (less the hop-by-hop ones) and the reply's come back the same way.
+
+type reqAction int
+
+const (
+	actCall reqAction = iota
+	actHandoff
+	actClose
+)
+
+// Header kinds, for the request and the reply.
+const (
+	kFwd     uint8 = iota // passed on
+	kDrop                 // hop-by-hop, or replaced by the data plane's own
+	kHandoff              // the request needs the net/http server
+	kHost
+	kLength
+	kConnection
+	kTE // request: Te; reply: Transfer-Encoding
+	kXFF
+	kCallID
+	kIdem // an idempotency key: passed on, and the call may be sent twice
+	kDate
+)
+
+// maxReplyHead bounds a reply head read from a sandbox.
+const maxReplyHead = 1 << 20
+
+// hdrSpan is one header line: its name and trimmed value as offsets into a
+// head buffer.
+type hdrSpan struct {
+	ns, ne, vs, ve int32
+	kind           uint8
+}
+
+func (s hdrSpan) name(b []byte) []byte  { return b[s.ns:s.ne] }
+func (s hdrSpan) value(b []byte) []byte { return b[s.vs:s.ve] }
+
+// frontReq is a parsed request; its slices point into frontConn.head.
+type frontReq struct {
+	method, rest, query, host []byte
+	callID                    []byte // the client's X-Call-Id; nil: none
+	body                      []byte
+	length                    int64
+	hdrs                      []hdrSpan
+	hasHost, hasLength        bool
+	close                     bool // Connection: close
+	connTokens                bool // Connection names other headers: drop them
+	te                        bool // Te: trailers
+	idempotent                bool
+	isHead                    bool
+}
+
+// next reads the next request. It returns the function called and
+// actCall, actHandoff for a request the net/http server must serve (nothing
+// of it consumed), or actClose.
+func (c *frontConn) next() (*function, reqAction) {
+	cfg := &c.f.d.cfg
+	if _, err := c.br.Peek(1); err != nil {
+		return nil, actClose
+	}
+	if !c.enter(stIdle, stRead, min(cfg.ReadHeaderTimeout, cfg.ReadTimeout)) {
+		return nil, actClose
+	}
+	var buf []byte
+	end, from := 0, 0
+	for {
+		buf, _ = c.br.Peek(c.br.Buffered())
+		end, from = headEnd(buf, from)
+		if end > 0 {
+			break
+		}
+		if end < 0 || len(buf) >= c.br.Size() {
+			return nil, actHandoff
+		}
+		if _, err := c.br.Peek(len(buf) + 1); err != nil {
+			return nil, actClose
+		}
+	}
+	c.head = append(c.head[:0], buf[:end]...)
+	fn := c.parse()
+	if fn == nil {
+		return nil, actHandoff
+	}
+	_, _ = c.br.Discard(end)
+	rq := &c.req
+	rq.body = nil
+	if n := rq.length; n > 0 {
+		c.limit.Store(int64(cfg.ReadTimeout))
+		if int64(cap(c.body)) < n {
+			c.body = make([]byte, n)
+		}
+		rq.body = c.body[:n]
+		if _, err := io.ReadFull(c.br, rq.body); err != nil {
+			return nil, actClose
+		}
+	}
+	return fn, actCall
+}
+
+// headEnd looks for the blank line that ends a request head in buf,
+// scanning from from (a line start). It returns the head's length, or 0 and
+// where to resume once more has arrived, or -1 for a head the front end
+// leaves to net/http (a bare LF line ending, leading blank lines).
+func headEnd(buf []byte, from int) (int, int) {
+	for {
+		i := bytes.IndexByte(buf[from:], '\n')
+		if i < 0 {
+			return 0, from
+		}
+		j := from + i
+		if j == 0 || buf[j-1] != '\r' || j == 1 {
+			return -1, 0
+		}
+		if j >= 3 && buf[j-3] == '\r' && buf[j-2] == '\n' {
+			return j + 1, 0
+		}
+		from = j + 1
+	}
+}
+
+// parse parses c.head into c.req and routes it. It returns nil for a
+// request the front end does not serve.
+func (c *frontConn) parse() *function {
+	h := c.head
+	rq := &c.req
+	*rq = frontReq{hdrs: rq.hdrs[:0]}
+
+	eol := bytes.IndexByte(h, '\n')
+	line := h[:eol-1]
+	sp := bytes.IndexByte(line, ' ')
+	if sp <= 0 || !isToken(line[:sp]) {
+		return nil
+	}
+	rq.method = line[:sp]
+	line = line[sp+1:]
+	sp = bytes.IndexByte(line, ' ')
+	if sp <= 0 || string(line[sp+1:]) != "HTTP/1.1" || line[0] != '/' {
+		return nil
+	}
+	target := line[:sp]
+	for _, b := range target {
+		if b <= ' ' || b >= 0x7f || b == '%' || b == '#' {
+			return nil // escapes, fragments, odd bytes: net/http's parser decides
+		}
+	}
+	path := target
+	if q := bytes.IndexByte(target, '?'); q >= 0 {
+		path, rq.query = target[:q], target[q+1:]
+	}
+	rq.isHead = string(rq.method) == http.MethodHead
+	rq.idempotent = idempotentMethod(rq.method)
+
+	for pos := eol + 1; ; {
+		eol = pos + bytes.IndexByte(h[pos:], '\n')
+		line := h[pos : eol-1]
+		if len(line) == 0 {
+			break
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !isToken(line[:colon]) {
+			return nil
+		}
+		vs, ve := colon+1, len(line)
+		for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
+			vs++
+		}
+		for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
+			ve--
+		}
+		value := line[vs:ve]
+		if !validValue(value) {
+			return nil
+		}
+		kind := requestKind(line[:colon])
+		switch kind {
+		case kHandoff:
+			return nil
+		case kHost:
+			if rq.hasHost || !validHost(value) {
+				return nil
+			}
+			rq.host, rq.hasHost = value, true
+		case kLength:
+			n, ok := parseLength(value)
+			if rq.hasLength || !ok {
+				return nil
+			}
+			rq.length, rq.hasLength = n, true
+		case kConnection:
+			for tok := range tokens(value) {
+				switch {
+				case asciiEqualFold(tok, "close"):
+					rq.close = true
+				case asciiEqualFold(tok, "keep-alive"):
+				default:
+					rq.connTokens = true
+				}
+			}
+		case kTE:
+			for tok := range tokens(value) {
+				if asciiEqualFold(tok, "trailers") {
+					rq.te = true
+				}
+			}
+		case kCallID:
+			if rq.callID == nil {
+				rq.callID = value
+			}
+		case kIdem:
+			rq.idempotent = true
+		}
+		rq.hdrs = append(rq.hdrs, hdrSpan{ns: int32(pos), ne: int32(pos + colon), vs: int32(pos + vs), ve: int32(pos + ve), kind: kind})
+		pos = eol + 1
+	}
+	if !rq.hasHost || rq.length > replayableBody || rq.length > c.f.d.cfg.MaxBodyBytes {
+		return nil
+	}
+
+	// Route as DataPlane.resolve does.
+	var fn *function
+	if bytes.HasPrefix(path, []byte(functionPrefix)) {
+		name := path[len(functionPrefix):]
+		rq.rest = []byte("/")
+		if i := bytes.IndexByte(name, '/'); i >= 0 {
+			name, rq.rest = name[:i], name[i:]
+		}
+		if len(name) == 0 {
+			return nil
+		}
+		fn = c.f.d.lookup(string(name))
+	} else {
+		rq.rest = path
+		if label := httpx.HostLabel(string(rq.host)); httpx.NamesFunction(label) {
+			fn = c.f.d.lookup(label)
+		}
+	}
+	return fn
+}
+
+// call serves one request for fn. It reports whether the connection may
+// carry another.
+func (c *frontConn) call(fn *function) bool {
+	d := c.f.d
+	rq := &c.req
+	st := &c.st
+	*st = reqState{Context: c.ctx, fn: fn}
+	callID := rq.callID
+	if len(callID) == 0 {
+		writeCallID(&c.callID)
+		callID = c.callID[:]
+	}
+	set := fn.set.Load()
+	limit := max(d.cfg.WriteTimeout, set.conf.queueTimeout+set.conf.timeout+deadlineSlack)
+	if !c.enter(stRead, stCall, limit) {
+		return false
+	}
+	if code, msg := d.admit(c.ctx, st, set); code != 0 {
+		if code == statusClientGone {
+			c.leaveCall()
+			return false
+		}
+		ok := c.writeError(code, msg, callID, !rq.close)
+		return c.leaveCall() && ok && !rq.close
+	}
+	keep := c.forward(st, callID)
+	d.finish(st, nil)
+	return keep
+}
+
+// forward sends the call to st.ep and relays the reply. It ends the call
+// state (leaveCall) before a sandbox connection goes back to its pool, so a
+// client watch can never abort a connection another call uses.
+func (c *frontConn) forward(st *reqState, callID []byte) bool {
+	d := c.f.d
+	rq := &c.req
+	deadline := time.Now().Add(st.conf.timeout)
+	var up *upConn
+	var rh replyHead
+	for attempt := 0; ; attempt++ {
+		var reused bool
+		var err error
+		if attempt == 0 {
+			up, reused, err = st.ep.conns.get(false)
+		} else {
+			up, err = st.ep.conns.dial()
+		}
+		if err != nil {
+			code, msg := d.upstreamError(st, err)
+			st.code = code
+			ok := c.writeError(code, msg, callID, !rq.close)
+			return c.leaveCall() && ok && !rq.close
+		}
+		st.proxyStart = d.nanotime()
+		_ = up.nc.SetDeadline(deadline)
+		c.up.Store(up)
+		err = c.writeUpstream(up, st, callID)
+		sent := err == nil
+		if sent {
+			err = c.readReplyHead(up, &rh)
+		}
+		if err == nil {
+			break
+		}
+		c.up.Store(nil)
+		up.nc.Close()
+		if c.gone.Load() || errors.Is(err, errClientWrite) {
+			st.code = statusClientGone
+			c.leaveCall()
+			return false
+		}
+		if reused && !rh.started && closedByPeer(err) && (!sent || rq.idempotent) {
+			continue
+		}
+		code, msg := d.upstreamError(st, err)
+		st.code = code
+		ok := c.writeError(code, msg, callID, !rq.close)
+		return c.leaveCall() && ok && !rq.close
+	}
+
+	st.code = rh.code
+	keep := !rq.close && !c.f.closing.Load()
+	c.writeReplyHead(st, &rh, callID, keep)
+	var upErr, downErr error
+	switch {
+	case rh.noBody:
+	case rh.chunked:
+		upErr, downErr = copyChunks(c.bw, up.br)
+	case rh.length >= 0:
+		upErr, downErr = copyFixed(c.bw, up.br, rh.length)
+	default:
+		upErr, downErr = copyUntilClose(c.bw, up.br)
+	}
+	if upErr == nil && downErr == nil {
+		downErr = c.bw.Flush()
+	}
+	usable := c.leaveCall()
+	c.up.Store(nil)
+	if upErr == nil && downErr == nil && rh.keepAlive && usable {
+		up.pool.put(up)
+	} else {
+		up.nc.Close()
+	}
+	switch {
+	case downErr != nil || !usable:
+		st.code = statusClientGone
+		return false
+	case upErr != nil:
+		// The status went out already: closing the connection shows the
+		// client the reply was cut off.
+		d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
+		st.code = http.StatusBadGateway
+		return false
+	}
+	return keep
+}
+
+// errClientWrite: relaying an interim reply to the client failed.
+var errClientWrite = errors.New("client connection failed")
+
+// writeUpstream writes the request to the sandbox: the path it sees, the
+// client's headers less hop-by-hop ones, X-Forwarded-*, the call and
+// sandbox ids, and the body (as forward does for the net/http path).
+func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error {
+	rq := &c.req
+	h := c.head
+	bw := up.bw
+	up.head = rq.isHead
+	bw.Write(rq.method)
+	bw.WriteByte(' ')
+	bw.Write(rq.rest)
+	if len(rq.query) > 0 {
+		bw.WriteByte('?')
+		bw.Write(rq.query)
+	}
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(st.ep.addr)
+	bw.WriteString("\r\n")
+	for _, s := range rq.hdrs {
+		if s.kind != kFwd && s.kind != kIdem {
+			continue
+		}
+		if rq.connTokens && connectionLists(h, rq.hdrs, s.name(h)) {
+			continue
+		}
+		bw.Write(s.name(h))
+		bw.WriteString(": ")
+		bw.Write(s.value(h))
+		bw.WriteString("\r\n")
+	}
+	if rq.te {
+		bw.WriteString("Te: trailers\r\n")
+	}
+	bw.WriteString("X-Forwarded-For: ")
+	for _, s := range rq.hdrs {
+		if s.kind == kXFF {
+			bw.Write(s.value(h))
+			bw.WriteString(", ")
+		}
+	}
+	bw.WriteString(c.remote)
+	bw.WriteString("\r\nX-Forwarded-Host: ")
+	bw.Write(rq.host)
+	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Brisk-Sandbox: ")
+	bw.WriteString(st.ep.id)
+	bw.WriteString("\r\nX-Call-Id: ")
+	bw.Write(callID)
+	bw.WriteString("\r\n")
+	switch {
+	case len(rq.body) > 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(rq.body)), 10))
+		bw.WriteString("\r\n\r\n")
+		bw.Write(rq.body)
+	default:
+		if string(rq.method) == http.MethodPost || string(rq.method) == http.MethodPut || string(rq.method) == http.MethodPatch {
+			bw.WriteString("Content-Length: 0\r\n")
+		}
+		bw.WriteString("\r\n")
+	}
+	return bw.Flush()
+}
+
+// replyHead is a parsed reply head; its spans index frontConn.rbuf.
+type replyHead struct {
+	code                int
+	status              []byte // "200 OK": the code and reason as received
+	hdrs                []hdrSpan
+	length              int64  // -1: chunked, or until the connection closes
+	te                  []byte // Transfer-Encoding
+	chunked, noBody     bool
+	keepAlive, hasDate  bool
+	connTokens, started bool
+}
+
+// readReplyHead reads the reply head from the sandbox into c.rbuf and
+// parses it. Interim replies (103 Early Hints, 102) are relayed to the
+// client as they come; a 100 Continue is not (the client sent no Expect).
+func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
+	hdrs := c.rhdrs[:0]
+	defer func() { c.rhdrs = hdrs }()
+	for {
+		*rh = replyHead{started: rh.started}
+		c.rbuf = c.rbuf[:0]
+		lineStart := 0
+		for {
+			line, err := up.br.ReadSlice('\n')
+			if len(line) > 0 {
+				rh.started = true
+			}
+			c.rbuf = append(c.rbuf, line...)
+			if len(c.rbuf) > maxReplyHead {
+				return errors.New("malformed reply: head larger than 1 MiB")
+			}
+			if err == bufio.ErrBufferFull {
+				continue // a long line: read on
+			}
+			if err != nil {
+				return err
+			}
+			if n := len(c.rbuf) - lineStart; n <= 2 && (n == 1 || c.rbuf[lineStart] == '\r') {
+				break // the blank line
+			}
+			lineStart = len(c.rbuf)
+		}
+		var err error
+		hdrs, err = parseReplyHead(c.rbuf, rh, hdrs[:0])
+		if err != nil {
+			return err
+		}
+		rh.hdrs = hdrs
+		if rh.code >= 200 || rh.code == http.StatusSwitchingProtocols {
+			break
+		}
+		if rh.code != http.StatusContinue {
+			c.bw.WriteString("HTTP/1.1 ")
+			c.bw.Write(rh.status)
+			c.bw.WriteString("\r\n")
+			c.writeReplyHeaders(rh)
+			c.bw.WriteString("\r\n")
+			if c.bw.Flush() != nil {
+				return errClientWrite
+			}
+		}
+	}
+	switch {
+	case rh.code == http.StatusSwitchingProtocols:
+		return errors.New("sandbox switched protocols on a call that did not ask to")
+	case up.head, rh.code == http.StatusNoContent, rh.code == http.StatusNotModified:
+		rh.noBody = true
+	case rh.te != nil:
+		rh.length = -1
+		if lastCoding([]string{string(rh.te)}) == "chunked" {
+			rh.chunked = true
+		} else {
+			rh.keepAlive = false // read until close
+		}
+	case rh.length < 0:
+		rh.keepAlive = false // read until close
+	}
+	return nil
+}
+
+// parseReplyHead parses the head in b (status line, header lines, blank
+// line) into rh, appending its header spans to hdrs.
+func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) {
+	eol := bytes.IndexByte(b, '\n')
+	line := trimCR(b[:eol])
+	if len(line) < 12 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
+		return hdrs, errors.New("malformed reply status line")
+	}
+	code, err := strconv.Atoi(string(line[9:12]))
+	if err != nil || code < 100 || code > 999 || (len(line) > 12 && line[12] != ' ') {
+		return hdrs, errors.New("malformed reply status code")
+	}
+	rh.code, rh.status, rh.length = code, line[9:], -1
+	rh.keepAlive = line[7] == '1'
+	hasLength := false
+	for pos := eol + 1; pos < len(b); {
+		eol = pos + bytes.IndexByte(b[pos:], '\n')
+		line := trimCR(b[pos:eol])
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return hdrs, errors.New("malformed reply: obsolete line folding")
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !isToken(line[:colon]) {
+			return hdrs, errors.New("malformed reply header line")
+		}
+		vs, ve := colon+1, len(line)
+		for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
+			vs++
+		}
+		for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
+			ve--
+		}
+		value := line[vs:ve]
+		kind := replyKind(line[:colon])
+		switch kind {
+		case kConnection:
+			for tok := range tokens(value) {
+				switch {
+				case asciiEqualFold(tok, "close"):
+					rh.keepAlive = false
+				case asciiEqualFold(tok, "keep-alive"):
+				default:
+					rh.connTokens = true
+				}
+			}
+		case kLength:
+			n, ok := parseLength(value)
+			if !ok || (hasLength && n != rh.length) {
+				return hdrs, errors.New("malformed reply Content-Length")
+			}
+			rh.length, hasLength = n, true
+		case kTE:
+			rh.te = value
+		case kDate:
+			rh.hasDate = true
+		}
+		hdrs = append(hdrs, hdrSpan{ns: int32(pos), ne: int32(pos + colon), vs: int32(pos + vs), ve: int32(pos + ve), kind: kind})
+		pos = eol + 1
+	}
+	return hdrs, nil
+}
+
+// writeReplyHead writes the reply's status line and headers to the client,
+// with the call's own headers and the framing of the relayed body.
+func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, keep bool) {
+	bw := c.bw
+	bw.WriteString("HTTP/1.1 ")
+	bw.Write(rh.status)
+	bw.WriteString("\r\n")
+	c.writeReplyHeaders(rh)
+	bw.WriteString("X-Call-Id: ")
+	bw.Write(callID)
+	bw.WriteString("\r\nX-Brisk-Sandbox: ")
+	bw.WriteString(st.ep.id)
+	bw.WriteString("\r\nX-Brisk-Timing: ")
+	bw.Write(appendTiming(bw.AvailableBuffer(), st.queueNs/1e3, st.cold, (c.f.d.nanotime()-st.proxyStart)/1e3))
+	bw.WriteString("\r\n")
+	if !rh.hasDate {
+		writeDate(bw)
+	}
+	switch {
+	case rh.noBody:
+		if rh.length >= 0 && c.req.isHead {
+			for _, s := range rh.hdrs { // a HEAD reply tells the length of the body it omits
+				if s.kind == kLength {
+					bw.WriteString("Content-Length: ")
+					bw.Write(s.value(c.rbuf))
+					bw.WriteString("\r\n")
+					break
+				}
+			}
+		}
+	case rh.length >= 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), rh.length, 10))
+		bw.WriteString("\r\n")
+	default:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	if !keep {
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeReplyHeaders writes the reply's end-to-end headers.
+func (c *frontConn) writeReplyHeaders(rh *replyHead) {
+	b := c.rbuf
+	for _, s := range rh.hdrs {
+		if s.kind != kFwd && s.kind != kDate {
+			continue
+		}
+		if rh.connTokens && connectionLists(b, rh.hdrs, s.name(b)) {
+			continue
+		}
+		c.bw.Write(s.name(b))
+		c.bw.WriteString(": ")
+		c.bw.Write(s.value(b))
+		c.bw.WriteString("\r\n")
+	}
+}
+
+// writeError writes a brisk-generated error as JSON. It reports whether
+// the write succeeded.
+func (c *frontConn) writeError(code int, msg string, callID []byte, keep bool) bool {
+	body, _ := json.Marshal(errorBody{msg})
+	bw := c.bw
+	bw.WriteString("HTTP/1.1 ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(code), 10))
+	bw.WriteByte(' ')
+	bw.WriteString(http.StatusText(code))
+	bw.WriteString("\r\nContent-Type: application/json\r\nX-Content-Type-Options: nosniff\r\n")
+	if len(callID) > 0 {
+		bw.WriteString("X-Call-Id: ")
+		bw.Write(callID)
+		bw.WriteString("\r\n")
+	}
+	bw.WriteString("Content-Length: ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)+1), 10))
+	bw.WriteString("\r\n")
+	writeDate(bw)
+	if !keep {
+		bw.WriteString("Connection: close\r\n")
+	}
+	bw.WriteString("\r\n")
+	bw.Write(body)
+	bw.WriteByte('\n')
+	return bw.Flush() == nil
+}
+
+// copyFixed copies n bytes of a reply body. upErr is the sandbox side's
+// error, downErr the client's.
+func copyFixed(dst *bufio.Writer, src *bufio.Reader, n int64) (upErr, downErr error) {
+	var buf []byte
+	defer func() {
+		if buf != nil {
+			copyBufs.Put(buf)
+		}
+	}()
+	for n > 0 {
+		if src.Buffered() == 0 && n >= int64(src.Size()) {
+			// A large body: read past the small buffer, straight into a
+			// copy buffer that goes out in one write.
+			if buf == nil {
+				buf = copyBufs.Get()
+			}
+			k, err := src.Read(buf[:min(int64(len(buf)), n)])
+			if k > 0 {
+				if _, err := dst.Write(buf[:k]); err != nil {
+					return nil, err
+				}
+				n -= int64(k)
+			}
+			if err != nil && n > 0 {
+				return eofIsUnexpected(err), nil
+			}
+			continue
+		}
+		if src.Buffered() == 0 {
+			if _, err := src.Peek(1); err != nil {
+				return eofIsUnexpected(err), nil
+			}
+		}
+		p, _ := src.Peek(int(min(int64(src.Buffered()), n)))
+		if _, err := dst.Write(p); err != nil {
+			return nil, err
+		}
+		_, _ = src.Discard(len(p))
+		n -= int64(len(p))
+	}
+	return nil, nil
+}
+
+func eofIsUnexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// copyChunks relays a chunked body as it is framed, trailers included,
+// flushing to the client whenever the sandbox has sent nothing further yet
+// (a streamed reply reaches the client piece by piece).
+func copyChunks(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error) {
+	for {
+		line, err := src.ReadSlice('\n')
+		if err != nil {
+			return eofIsUnexpected(err), nil
+		}
+		size, ok := chunkSize(line)
+		if !ok {
+			return errors.New("malformed chunked reply"), nil
+		}
+		if _, err := dst.Write(line); err != nil {
+			return nil, err
+		}
+		if size == 0 { // the last chunk: trailers up to a blank line
+			for {
+				line, err := src.ReadSlice('\n')
+				if err != nil {
+					return eofIsUnexpected(err), nil
+				}
+				if _, err := dst.Write(line); err != nil {
+					return nil, err
+				}
+				if len(trimCR(line[:len(line)-1])) == 0 {
+					return nil, nil
+				}
+			}
+		}
+		if upErr, downErr = copyFixed(dst, src, size); upErr != nil || downErr != nil {
+			return upErr, downErr
+		}
+		crlf, err := src.ReadSlice('\n')
+		if err != nil {
+			return eofIsUnexpected(err), nil
+		}
+		if len(trimCR(crlf[:len(crlf)-1])) != 0 {
+			return errors.New("malformed chunked reply"), nil
+		}
+		dst.WriteString("\r\n")
+		if src.Buffered() == 0 {
+			if err := dst.Flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// copyUntilClose relays a body that ends when the sandbox closes the
+// connection, as chunks, each flushed as it arrives.
+func copyUntilClose(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error) {
+	buf := copyBufs.Get()
+	defer copyBufs.Put(buf)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			dst.Write(strconv.AppendInt(dst.AvailableBuffer(), int64(k), 16))
+			dst.WriteString("\r\n")
+			dst.Write(buf[:k])
+			dst.WriteString("\r\n")
+			if err := dst.Flush(); err != nil {
+				return nil, err
+			}
+		}
+		if err == io.EOF {
+			_, err := dst.WriteString("0\r\n\r\n")
+			return nil, err
+		}
+		if err != nil {
+			return err, nil
+		}
+	}
+}
+
+// chunkSize parses a chunk-size line ("1a;ext=v\r\n").
+func chunkSize(line []byte) (int64, bool) {
+	line = trimCR(line[:len(line)-1])
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i]
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 || len(line) > 15 {
+		return 0, false
+	}
+	var n int64
+	for _, b := range line {
+		switch {
+		case '0' <= b && b <= '9':
+			n = n<<4 | int64(b-'0')
+		case 'a' <= b && b <= 'f':
+			n = n<<4 | int64(b-'a'+10)
+		case 'A' <= b && b <= 'F':
+			n = n<<4 | int64(b-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+func trimCR(b []byte) []byte {
+	if len(b) > 0 && b[len(b)-1] == '\r' {
+		return b[:len(b)-1]
+	}
+	return b
+}
+
+// parseLength parses a Content-Length value: digits only.
+func parseLength(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, b := range v {
+		if b < '0' || b > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(b-'0')
+	}
+	return n, true
+}
+
+// tokens iterates over the comma-separated elements of a header value,
+// trimmed.
+func tokens(v []byte) func(func([]byte) bool) {
+	return func(yield func([]byte) bool) {
+		for len(v) > 0 {
+			tok := v
+			if i := bytes.IndexByte(v, ','); i >= 0 {
+				tok, v = v[:i], v[i+1:]
+			} else {
+				v = nil
+			}
+			if tok = bytes.Trim(tok, " \t"); len(tok) > 0 && !yield(tok) {
+				return
+			}
+		}
+	}
+}
+
+// connectionLists reports whether a Connection header among hdrs names
+// the header name.
+func connectionLists(b []byte, hdrs []hdrSpan, name []byte) bool {
+	for _, s := range hdrs {
+		if s.kind != kConnection {
+			continue
+		}
+		for tok := range tokens(s.value(b)) {
+			if bytes.EqualFold(tok, name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func asciiEqualFold(b []byte, lower string) bool {
+	if len(b) != len(lower) {
+		return false
+	}
+	for i := range len(b) {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// requestKind classifies a request header name.
+func requestKind(name []byte) uint8 {
+	switch len(name) {
+	case 2:
+		if asciiEqualFold(name, "te") {
+			return kTE
+		}
+	case 4:
+		if asciiEqualFold(name, "host") {
+			return kHost
+		}
+	case 6:
+		if asciiEqualFold(name, "expect") {
+			return kHandoff
+		}
+	case 7:
+		switch {
+		case asciiEqualFold(name, "upgrade"):
+			return kHandoff
+		case asciiEqualFold(name, "trailer"):
+			return kDrop
+		}
+	case 9:
+		if asciiEqualFold(name, "x-call-id") {
+			return kCallID
+		}
+	case 10:
+		switch {
+		case asciiEqualFold(name, "connection"):
+			return kConnection
+		case asciiEqualFold(name, "keep-alive"):
+			return kDrop
+		}
+	case 14:
+		if asciiEqualFold(name, "content-length") {
+			return kLength
+		}
+	case 15:
+		switch {
+		case asciiEqualFold(name, "x-forwarded-for"):
+			return kXFF
+		case asciiEqualFold(name, "x-brisk-sandbox"):
+			return kDrop
+		case asciiEqualFold(name, "idempotency-key"):
+			return kIdem
+		}
+	case 16:
+		switch {
+		case asciiEqualFold(name, "x-forwarded-host"), asciiEqualFold(name, "proxy-connection"):
+			return kDrop
+		}
+	case 17:
+		switch {
+		case asciiEqualFold(name, "transfer-encoding"):
+			return kHandoff
+		case asciiEqualFold(name, "x-forwarded-proto"):
+			return kDrop
+		case asciiEqualFold(name, "x-idempotency-key"):
+			return kIdem
+		}
+	case 18:
+		if asciiEqualFold(name, "proxy-authenticate") {
+			return kDrop
+		}
+	case 19:
+		if asciiEqualFold(name, "proxy-authorization") {
+			return kDrop
+		}
+	}
+	return kFwd
+}
+
+// replyKind classifies a reply header name.
+func replyKind(name []byte) uint8 {
+	switch len(name) {
+	case 2:
+		if asciiEqualFold(name, "te") {
+			return kDrop
+		}
+	case 4:
+		if asciiEqualFold(name, "date") {
+			return kDate
+		}
+	case 7:
+		if asciiEqualFold(name, "upgrade") {
+			return kDrop
+		}
+	case 9:
+		if asciiEqualFold(name, "x-call-id") {
+			return kDrop
+		}
+	case 10:
+		switch {
+		case asciiEqualFold(name, "connection"):
+			return kConnection
+		case asciiEqualFold(name, "keep-alive"):
+			return kDrop
+		}
+	case 14:
+		switch {
+		case asciiEqualFold(name, "content-length"):
+			return kLength
+		case asciiEqualFold(name, "x-brisk-timing"):
+			return kDrop
+		}
+	case 15:
+		if asciiEqualFold(name, "x-brisk-sandbox") {
+			return kDrop
+		}
+	case 16:
+		if asciiEqualFold(name, "proxy-connection") {
+			return kDrop
+		}
+	case 17:
+		if asciiEqualFold(name, "transfer-encoding") {
+			return kTE
+		}
+	case 18:
+		if asciiEqualFold(name, "proxy-authenticate") {
+			return kDrop
+		}
+	case 19:
+		if asciiEqualFold(name, "proxy-authorization") {
+			return kDrop
+		}
+	}
+	return kFwd
+}
+
+// tokenByte: the characters of an HTTP token (RFC 9110 section 5.6.2).
+var tokenByte = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if !tokenByte[c] {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+// validValue: field content without control characters (tab aside).
+func validValue(b []byte) bool {
+	for _, c := range b {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validHost: the Host values the front end takes as they are; anything
+// else goes to net/http's checks.
+func validHost(b []byte) bool {
+	for _, c := range b {
+		if !(tokenByte[c] && c != '%') && c != ':' && c != '[' && c != ']' {
+			return false
+		}
+	}
+	return true
+}
+
+func idempotentMethod(m []byte) bool {
+	switch string(m) {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// writeCallID fills b with a new call id, as newCallID.
+func writeCallID(b *[32]byte) {
+	const digits = "0123456789abcdef"
+	for half := 0; half < 2; half++ {
+		v := randUint64()
+		for i := 0; i < 16; i++ {
+			b[half*16+i] = digits[v&0xf]
+			v >>= 4
+		}
+	}
+}
+
+// httpDate is a Date header line, made once a second.
+type httpDate struct {
+	sec  int64
+	line []byte
+}
+
+var dateLine atomic.Pointer[httpDate]
+
+func writeDate(bw *bufio.Writer) {
+	now := time.Now()
+	d := dateLine.Load()
+	if d == nil || d.sec != now.Unix() {
+		b := append([]byte("Date: "), now.UTC().AppendFormat(nil, http.TimeFormat)...)
+		d = &httpDate{sec: now.Unix(), line: append(b, "\r\n"...)}
+		dateLine.Store(d)
+	}
+	bw.Write(d.line)
+}
