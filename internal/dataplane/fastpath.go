@@ -261,6 +261,7 @@ func (c *frontConn) parse() *function {
 // call serves one request for fn. It reports whether the connection may
 // carry another.
 func (c *frontConn) call(fn *function) bool {
+	defer c.trim()
 	d := c.f.d
 	rq := &c.req
 	st := &c.st
@@ -359,20 +360,32 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
 		up.pool.put(up)
 	} else {
-		up.nc.Close()
+		up.nc.Close() // a watch that found the client gone may have aborted it
 	}
-	switch {
-	case downErr != nil || !usable:
-		st.code = statusClientGone
-		return false
-	case upErr != nil:
-		// The status went out already: closing the connection shows the
-		// client the reply was cut off.
-		d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
-		st.code = http.StatusBadGateway
+	if upErr != nil || downErr != nil {
+		if downErr != nil || c.gone.Load() {
+			st.code = statusClientGone
+		} else {
+			// The status went out already: closing the connection shows
+			// the client the reply was cut off.
+			d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
+			st.code = http.StatusBadGateway
+		}
 		return false
 	}
-	return keep
+	return keep && usable
+}
+
+// trim drops buffers a large request or reply head grew, so that an idle
+// connection stays small.
+func (c *frontConn) trim() {
+	const keep = 16 << 10
+	if cap(c.body) > keep {
+		c.body = nil
+	}
+	if cap(c.rbuf) > keep {
+		c.rbuf = nil
+	}
 }
 
 // errClientWrite: relaying an interim reply to the client failed.
@@ -533,6 +546,9 @@ func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) 
 	if err != nil || code < 100 || code > 999 || (len(line) > 12 && line[12] != ' ') {
 		return hdrs, errors.New("malformed reply status code")
 	}
+	if !validValue(line) {
+		return hdrs, errors.New("malformed reply status line")
+	}
 	rh.code, rh.status, rh.length = code, line[9:], -1
 	rh.keepAlive = line[7] == '1'
 	hasLength := false
@@ -557,6 +573,9 @@ func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) 
 			ve--
 		}
 		value := line[vs:ve]
+		if !validValue(value) {
+			return hdrs, errors.New("malformed reply header value")
+		}
 		kind := replyKind(line[:colon])
 		switch kind {
 		case kConnection:

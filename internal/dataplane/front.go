@@ -46,7 +46,7 @@ const (
 // and stCall to stWatch (and starts the watch). Both use compare-and-swap,
 // so a connection is never closed for a state it has left.
 const (
-	stIdle  int32 = iota // waiting for a request; limit: IdleTimeout
+	stIdle  int32 = iota // waiting for a request; limit: IdleTimeout (the header timeout for the first)
 	stRead               // reading a request; limit: header or read timeout
 	stCall               // in a call (queue, sandbox, reply); limit: the write timeout
 	stWatch              // stCall with the client watched
@@ -122,6 +122,7 @@ func (f *frontEnd) serve(ln net.Listener) error {
 			continue
 		}
 		backoff = 0
+		f.d.prom.accepted.Inc()
 		c := f.newConn(nc)
 		if !f.track(c) {
 			nc.Close()
@@ -142,6 +143,9 @@ func (f *frontEnd) newConn(nc net.Conn) *frontConn {
 	if host, _, err := net.SplitHostPort(c.remote); err == nil {
 		c.remote = host
 	}
+	// A new connection has the header timeout to send its first request
+	// (net/http's rule); between requests the idle timeout applies.
+	c.limit.Store(int64(min(f.d.cfg.ReadHeaderTimeout, f.d.cfg.ReadTimeout)))
 	c.since.Store(f.d.nanotime())
 	return c
 }
@@ -183,7 +187,6 @@ func (f *frontEnd) reap() {
 func (f *frontEnd) sweep() {
 	now := f.d.nanotime()
 	closing := f.closing.Load()
-	idle := int64(f.d.cfg.IdleTimeout)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for c := range f.conns {
@@ -191,7 +194,7 @@ func (f *frontEnd) sweep() {
 		age := now - c.since.Load()
 		switch s {
 		case stIdle:
-			if closing || age > idle {
+			if closing || age > c.limit.Load() {
 				c.kill(stIdle)
 			}
 		case stRead, stWatch:
@@ -351,6 +354,7 @@ func (c *frontConn) handOff() bool {
 		return false
 	}
 	c.cancel()
+	c.f.d.prom.handedOff.Inc()
 	hc := &handedConn{Conn: c.nc}
 	if c.br.Buffered() > 0 {
 		hc.br = c.br // the server reads these bytes first
@@ -374,6 +378,7 @@ func (c *frontConn) leaveCall() bool {
 		if s == stGone {
 			return false
 		}
+		c.limit.Store(int64(c.f.d.cfg.IdleTimeout))
 		c.since.Store(c.f.d.nanotime())
 		if !c.state.CompareAndSwap(s, stIdle) {
 			continue // the reaper started a watch meanwhile

@@ -33,7 +33,10 @@ var latencyBoundsNs = func() (b [nBuckets]int64) {
 // creation was 7 % of a registration's CPU.
 type promMetrics struct {
 	queueWait prometheus.Histogram
-	handler   http.Handler // /metrics; nil when the Registerer cannot be gathered
+	// Connections the front end accepted, and those of them it handed to
+	// the net/http server (front.go).
+	accepted, handedOff prometheus.Counter
+	handler             http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
 
 func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function]) (*promMetrics, error) {
@@ -45,8 +48,16 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Help:    "Time requests that found no free sandbox slot spent queued.",
 			Buckets: latencyBuckets[:],
 		}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brisk_dataplane_connections_accepted_total",
+			Help: "Client connections accepted on the invocation listener.",
+		}),
+		handedOff: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brisk_dataplane_connections_handed_off_total",
+			Help: "Client connections the HTTP/1.1 front end handed to the net/http server (h2c, upgrades, Expect, chunked or large bodies, /metrics, unknown functions, input it would reject).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, newFnCollector(fns)} {
+	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, newFnCollector(fns)} {
 		if err := httpx.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}

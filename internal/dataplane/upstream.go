@@ -302,6 +302,9 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			h[k] = v
 		}
 	}
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil // a proxy adds no type of its own: no sniffing
+	}
 	h["X-Call-Id"] = st.callID
 	h["X-Brisk-Sandbox"] = st.ep.idHdr
 	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (d.nanotime()-st.proxyStart)/1e3)}

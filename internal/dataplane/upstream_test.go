@@ -64,6 +64,7 @@ type oneShotSandbox struct {
 	closed     chan struct{} // one value per connection the sandbox closed
 	closeAfter bool
 	reply      func(nth int) bool
+	replyWith  string // the raw reply; "" is a 200 with "ok"; set before the first call
 }
 
 func newOneShotSandbox(t *testing.T, closeAfter bool, reply func(nth int) bool) *oneShotSandbox {
@@ -102,7 +103,11 @@ func (s *oneShotSandbox) serve(c net.Conn) {
 		if !s.reply(nth) {
 			return
 		}
-		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil || s.closeAfter {
+		reply := s.replyWith
+		if reply == "" {
+			reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+		}
+		if _, err := io.WriteString(c, reply); err != nil || s.closeAfter {
 			return
 		}
 	}
