@@ -23,9 +23,14 @@ printf '# brisk benchmark report\n\n%s, %s CPUs, %s\n' "$(date -u)" "$(nproc)" "
 for rate in 500 2000 4000; do
   run "warm-$rate" bench warm --local --rate "$rate" --duration "$dur" --compare-direct
 done
-# Saturation: each path pushed past its knee (--force reports the run even
-# though the generator falls behind); the ratio of the two throughputs is
-# the issue's saturation figure. The rates suit a 2-core machine.
+# Saturation throughput: 64 closed-loop callers keep both paths at full
+# CPU, brisk and direct taking turns in 5 rounds so host noise weighs on
+# both; compare.throughput_ratio is the saturation figure.
+run saturation bench warm --local --closed 64 --duration "$dur" --rounds 5 --compare-direct
+# Overload: each path pushed past its knee by the open-loop generator
+# (--force reports the run even though the generator falls behind). This
+# measures collapse under a growing backlog too: it must shed, not crash.
+# The rates suit a 2-core machine.
 over_brisk=${OVERLOAD_BRISK:-20000}; over_direct=${OVERLOAD_DIRECT:-36000}
 if [ "${BENCH_SCALE:-}" = small ]; then over_brisk=4000; over_direct=8000; fi
 run overload-brisk bench warm --local --rate "$over_brisk" --duration "$dur" --force

@@ -177,19 +177,9 @@ func (c *frontConn) parse() *function {
 		if len(line) == 0 {
 			break
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !isToken(line[:colon]) {
-			return nil
-		}
-		vs, ve := colon+1, len(line)
-		for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
-			vs++
-		}
-		for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
-			ve--
-		}
+		colon, vs, ve, ok := splitHeader(line)
 		value := line[vs:ve]
-		if !validValue(value) {
+		if !ok || !validValue(value) {
 			return nil
 		}
 		kind := requestKind(line[:colon])
@@ -208,15 +198,8 @@ func (c *frontConn) parse() *function {
 			}
 			rq.length, rq.hasLength = n, true
 		case kConnection:
-			for tok := range tokens(value) {
-				switch {
-				case asciiEqualFold(tok, "close"):
-					rq.close = true
-				case asciiEqualFold(tok, "keep-alive"):
-				default:
-					rq.connTokens = true
-				}
-			}
+			cl, others := connectionTokens(value)
+			rq.close, rq.connTokens = rq.close || cl, rq.connTokens || others
 		case kTE:
 			for tok := range tokens(value) {
 				if asciiEqualFold(tok, "trailers") {
@@ -431,14 +414,7 @@ func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error
 			bw.WriteString(", ")
 		}
 	}
-	bw.WriteString(c.remote)
-	bw.WriteString("\r\nX-Forwarded-Host: ")
-	bw.Write(rq.host)
-	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Brisk-Sandbox: ")
-	bw.WriteString(st.ep.id)
-	bw.WriteString("\r\nX-Call-Id: ")
-	bw.Write(callID)
-	bw.WriteString("\r\n")
+	writeForwarding(bw, c.remote, rq.host, st.ep.id, callID)
 	switch {
 	case len(rq.body) > 0:
 		bw.WriteString("Content-Length: ")
@@ -561,16 +537,9 @@ func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) 
 		if line[0] == ' ' || line[0] == '\t' {
 			return hdrs, errors.New("malformed reply: obsolete line folding")
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !isToken(line[:colon]) {
+		colon, vs, ve, ok := splitHeader(line)
+		if !ok {
 			return hdrs, errors.New("malformed reply header line")
-		}
-		vs, ve := colon+1, len(line)
-		for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
-			vs++
-		}
-		for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
-			ve--
 		}
 		value := line[vs:ve]
 		if !validValue(value) {
@@ -579,15 +548,8 @@ func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) 
 		kind := replyKind(line[:colon])
 		switch kind {
 		case kConnection:
-			for tok := range tokens(value) {
-				switch {
-				case asciiEqualFold(tok, "close"):
-					rh.keepAlive = false
-				case asciiEqualFold(tok, "keep-alive"):
-				default:
-					rh.connTokens = true
-				}
-			}
+			cl, others := connectionTokens(value)
+			rh.keepAlive, rh.connTokens = rh.keepAlive && !cl, rh.connTokens || others
 		case kLength:
 			n, ok := parseLength(value)
 			if !ok || (hasLength && n != rh.length) {
@@ -818,6 +780,37 @@ func copyUntilClose(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error)
 	}
 }
 
+// splitHeader splits a header line at its colon: the name must be a token,
+// and the value (line[vs:ve]) is trimmed of spaces and tabs.
+func splitHeader(line []byte) (colon, vs, ve int, ok bool) {
+	colon = bytes.IndexByte(line, ':')
+	if colon <= 0 || !isToken(line[:colon]) {
+		return 0, 0, 0, false
+	}
+	vs, ve = colon+1, len(line)
+	for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
+		vs++
+	}
+	for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
+		ve--
+	}
+	return colon, vs, ve, true
+}
+
+// connectionTokens reads a Connection value: whether it says close, and
+// whether it names other headers (which then stay on their hop).
+func connectionTokens(v []byte) (close, others bool) {
+	for tok := range tokens(v) {
+		switch {
+		case asciiEqualFold(tok, "close"):
+			close = true
+		case !asciiEqualFold(tok, "keep-alive"):
+			others = true
+		}
+	}
+	return close, others
+}
+
 // chunkSize parses a chunk-size line ("1a;ext=v\r\n").
 func chunkSize(line []byte) (int64, bool) {
 	line = trimCR(line[:len(line)-1])
@@ -916,134 +909,82 @@ func asciiEqualFold(b []byte, lower string) bool {
 	return true
 }
 
-// requestKind classifies a request header name.
-func requestKind(name []byte) uint8 {
-	switch len(name) {
-	case 2:
-		if asciiEqualFold(name, "te") {
-			return kTE
-		}
-	case 4:
-		if asciiEqualFold(name, "host") {
-			return kHost
-		}
-	case 6:
-		if asciiEqualFold(name, "expect") {
-			return kHandoff
-		}
-	case 7:
-		switch {
-		case asciiEqualFold(name, "upgrade"):
-			return kHandoff
-		case asciiEqualFold(name, "trailer"):
-			return kDrop
-		}
-	case 9:
-		if asciiEqualFold(name, "x-call-id") {
-			return kCallID
-		}
-	case 10:
-		switch {
-		case asciiEqualFold(name, "connection"):
-			return kConnection
-		case asciiEqualFold(name, "keep-alive"):
-			return kDrop
-		}
-	case 14:
-		if asciiEqualFold(name, "content-length") {
-			return kLength
-		}
-	case 15:
-		switch {
-		case asciiEqualFold(name, "x-forwarded-for"):
-			return kXFF
-		case asciiEqualFold(name, "x-brisk-sandbox"):
-			return kDrop
-		case asciiEqualFold(name, "idempotency-key"):
-			return kIdem
-		}
-	case 16:
-		switch {
-		case asciiEqualFold(name, "x-forwarded-host"), asciiEqualFold(name, "proxy-connection"):
-			return kDrop
-		}
-	case 17:
-		switch {
-		case asciiEqualFold(name, "transfer-encoding"):
-			return kHandoff
-		case asciiEqualFold(name, "x-forwarded-proto"):
-			return kDrop
-		case asciiEqualFold(name, "x-idempotency-key"):
-			return kIdem
-		}
-	case 18:
-		if asciiEqualFold(name, "proxy-authenticate") {
-			return kDrop
-		}
-	case 19:
-		if asciiEqualFold(name, "proxy-authorization") {
-			return kDrop
-		}
-	}
-	return kFwd
+// Header names the front end treats apart, looked up case-insensitively
+// by headerName; requestKinds and replyKinds say what each is in a request
+// and in a reply (kFwd, 0, for the rest).
+const (
+	hOther uint8 = iota
+	hHost
+	hContentLength
+	hTransferEncoding
+	hConnection
+	hUpgrade
+	hExpect
+	hTe
+	hTrailer
+	hKeepAlive
+	hProxyConnection
+	hProxyAuthenticate
+	hProxyAuthorization
+	hXForwardedFor
+	hXForwardedHost
+	hXForwardedProto
+	hXBriskSandbox
+	hXBriskTiming
+	hXCallID
+	hIdempotencyKey
+	hXIdempotencyKey
+	hDate
+	nHeaderNames
+)
+
+var headerNames = [nHeaderNames]string{
+	hHost: "host", hContentLength: "content-length", hTransferEncoding: "transfer-encoding",
+	hConnection: "connection", hUpgrade: "upgrade", hExpect: "expect", hTe: "te", hTrailer: "trailer",
+	hKeepAlive: "keep-alive", hProxyConnection: "proxy-connection", hProxyAuthenticate: "proxy-authenticate",
+	hProxyAuthorization: "proxy-authorization", hXForwardedFor: "x-forwarded-for", hXForwardedHost: "x-forwarded-host",
+	hXForwardedProto: "x-forwarded-proto", hXBriskSandbox: "x-brisk-sandbox", hXBriskTiming: "x-brisk-timing",
+	hXCallID: "x-call-id", hIdempotencyKey: "idempotency-key", hXIdempotencyKey: "x-idempotency-key", hDate: "date",
 }
 
-// replyKind classifies a reply header name.
-func replyKind(name []byte) uint8 {
-	switch len(name) {
-	case 2:
-		if asciiEqualFold(name, "te") {
-			return kDrop
+var (
+	requestKinds = [nHeaderNames]uint8{
+		hHost: kHost, hContentLength: kLength, hTransferEncoding: kHandoff, hConnection: kConnection,
+		hUpgrade: kHandoff, hExpect: kHandoff, hTe: kTE, hTrailer: kDrop, hKeepAlive: kDrop,
+		hProxyConnection: kDrop, hProxyAuthenticate: kDrop, hProxyAuthorization: kDrop,
+		hXForwardedFor: kXFF, hXForwardedHost: kDrop, hXForwardedProto: kDrop, hXBriskSandbox: kDrop,
+		hXCallID: kCallID, hIdempotencyKey: kIdem, hXIdempotencyKey: kIdem,
+	}
+	replyKinds = [nHeaderNames]uint8{
+		hContentLength: kLength, hTransferEncoding: kTE, hConnection: kConnection, hUpgrade: kDrop,
+		hTe: kDrop, hKeepAlive: kDrop, hProxyConnection: kDrop, hProxyAuthenticate: kDrop,
+		hProxyAuthorization: kDrop, hXBriskSandbox: kDrop, hXBriskTiming: kDrop, hXCallID: kDrop, hDate: kDate,
+	}
+	// namesByLen lists the names of each length: a lookup compares one to
+	// three of them.
+	namesByLen = func() (t [20][]uint8) {
+		for i := hOther + 1; i < nHeaderNames; i++ {
+			t[len(headerNames[i])] = append(t[len(headerNames[i])], i)
 		}
-	case 4:
-		if asciiEqualFold(name, "date") {
-			return kDate
-		}
-	case 7:
-		if asciiEqualFold(name, "upgrade") {
-			return kDrop
-		}
-	case 9:
-		if asciiEqualFold(name, "x-call-id") {
-			return kDrop
-		}
-	case 10:
-		switch {
-		case asciiEqualFold(name, "connection"):
-			return kConnection
-		case asciiEqualFold(name, "keep-alive"):
-			return kDrop
-		}
-	case 14:
-		switch {
-		case asciiEqualFold(name, "content-length"):
-			return kLength
-		case asciiEqualFold(name, "x-brisk-timing"):
-			return kDrop
-		}
-	case 15:
-		if asciiEqualFold(name, "x-brisk-sandbox") {
-			return kDrop
-		}
-	case 16:
-		if asciiEqualFold(name, "proxy-connection") {
-			return kDrop
-		}
-	case 17:
-		if asciiEqualFold(name, "transfer-encoding") {
-			return kTE
-		}
-	case 18:
-		if asciiEqualFold(name, "proxy-authenticate") {
-			return kDrop
-		}
-	case 19:
-		if asciiEqualFold(name, "proxy-authorization") {
-			return kDrop
+		return t
+	}()
+)
+
+func headerName(name []byte) uint8 {
+	if len(name) >= len(namesByLen) {
+		return hOther
+	}
+	for _, i := range namesByLen[len(name)] {
+		if asciiEqualFold(name, headerNames[i]) {
+			return i
 		}
 	}
-	return kFwd
+	return hOther
 }
+
+func requestKind(name []byte) uint8 { return requestKinds[headerName(name)] }
+
+func replyKind(name []byte) uint8 { return replyKinds[headerName(name)] }
 
 // tokenByte: the characters of an HTTP token (RFC 9110 section 5.6.2).
 var tokenByte = func() (t [256]bool) {

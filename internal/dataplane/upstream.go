@@ -509,18 +509,11 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 		bw.WriteString(v)
 		bw.WriteString(", ")
 	}
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		bw.WriteString(host)
-	} else {
-		bw.WriteString(r.RemoteAddr)
+	remote := r.RemoteAddr
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		remote = host
 	}
-	bw.WriteString("\r\nX-Forwarded-Host: ")
-	bw.WriteString(r.Host)
-	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Brisk-Sandbox: ")
-	bw.WriteString(st.ep.id)
-	bw.WriteString("\r\nX-Call-Id: ")
-	bw.WriteString(st.callID[0])
-	bw.WriteString("\r\n")
+	writeForwarding(bw, remote, r.Host, st.ep.id, st.callID[0])
 	switch {
 	case buffered && len(body) > 0:
 		bw.WriteString("Content-Length: ")
@@ -587,6 +580,21 @@ func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
 	}
 	bw.WriteString("0\r\n\r\n")
 	return bw.Flush()
+}
+
+// writeForwarding ends the head of a request to a sandbox (after any
+// X-Forwarded-For values the client sent, already written): the client's
+// address, X-Forwarded-Host and -Proto, the sandbox and call ids. Host and
+// call id come as strings (the net/http path) or bytes (the front end).
+func writeForwarding[S string | []byte](bw *bufio.Writer, remote string, host S, sandbox string, callID S) {
+	bw.WriteString(remote)
+	bw.WriteString("\r\nX-Forwarded-Host: ")
+	bw.Write(append(bw.AvailableBuffer(), host...))
+	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Brisk-Sandbox: ")
+	bw.WriteString(sandbox)
+	bw.WriteString("\r\nX-Call-Id: ")
+	bw.Write(append(bw.AvailableBuffer(), callID...))
+	bw.WriteString("\r\n")
 }
 
 // writeEscapedPath writes an unescaped path in its escaped form, as
