@@ -247,8 +247,11 @@ busy) without the backlog an open-loop generator builds past the knee.
   brisk bench warm --rate 500 --duration 30s --functions 4 --sandboxes 2`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			if (cfg.Rate <= 0) == (cfg.Closed <= 0) || cfg.Rate < 0 || cfg.Closed < 0 || cfg.Duration <= 0 {
-				return usageError{fmt.Errorf("give one of --rate and --closed, positive, and a positive --duration\nUsage: %s", c.UseLine())}
+			if cfg.Rate != 0 && cfg.Closed != 0 {
+				return usageError{fmt.Errorf("--rate and --closed exclude each other: open loop or closed loop\nUsage: %s", c.UseLine())}
+			}
+			if cfg.Rate < 0 || cfg.Closed < 0 || cfg.Rate+float64(cfg.Closed) == 0 || cfg.Duration <= 0 {
+				return usageError{fmt.Errorf("a positive --rate (or --closed) and --duration are required\nUsage: %s", c.UseLine())}
 			}
 			if cfg.Direct && compare {
 				return usageError{errors.New("--direct and --compare-direct exclude each other")}
@@ -287,9 +290,10 @@ func newBenchHTTP() *cobra.Command {
 	cfg := bench.HTTPConfig{}
 	var headers []string
 	c := &cobra.Command{
-		Use:   "http --url URL --rate R --duration D",
-		Short: "The warm benchmark's open-loop load sent to any HTTP endpoint (another platform, side by side)",
-		Long: `Send open-loop calls at a constant rate to any HTTP endpoint, with the same
+		Use:   "http --url URL (--rate R | --closed N) --duration D",
+		Short: "The warm benchmark's load sent to any HTTP endpoint (another platform, side by side)",
+		Long: `Send open-loop calls at a constant rate (or, with --closed N, N closed-loop
+callers) to any HTTP endpoint, with the same
 generator, CSV, summary and plots as bench warm, but nothing registered or
 started: the functions must already exist. Calls go round-robin over
 --functions functions; "{i}" in --url and --host is replaced by the function's
@@ -330,7 +334,8 @@ scales from zero).`,
 	fl.StringVar(&cfg.Host, "host", "", "Host header of every call ({i} becomes the function's index), for platforms that route on it")
 	fl.StringArrayVar(&headers, "header", nil, "header sent with every call, \"Name: value\" (repeatable)")
 	fl.IntVar(&cfg.Functions, "functions", 1, "functions the calls go to, round-robin")
-	fl.Float64Var(&cfg.Rate, "rate", 0, "calls per second, over all functions (required)")
+	fl.Float64Var(&cfg.Rate, "rate", 0, "open loop: calls per second, over all functions")
+	fl.IntVar(&cfg.Closed, "closed", 0, "closed loop: this many callers, each sending its next call when its reply arrives (saturation throughput)")
 	fl.DurationVar(&cfg.Duration, "duration", 0, "measured duration (required)")
 	fl.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured calls at the same rate before the measurement")
 	fl.IntVar(&cfg.ExecMs, "exec-ms", 0, "runtime each call asks the function for, in ms (requested_cpu header and body)")

@@ -27,7 +27,10 @@ type HTTPConfig struct {
 	Header    http.Header
 	Functions int // calls go round-robin over functions 0..Functions-1; default 1
 	Rate      float64
-	Duration  time.Duration
+	// Closed, instead of Rate: this many closed-loop callers (saturation
+	// throughput, as bench warm --closed).
+	Closed   int
+	Duration time.Duration
 	// Warmup is the unmeasured calls' span before the measurement (0:
 	// none, as a run where every call must reach a fresh function needs).
 	Warmup time.Duration
@@ -50,7 +53,8 @@ type HTTPConfigJSON struct {
 	URL       string  `json:"url"`
 	Host      string  `json:"host,omitempty"`
 	Functions int     `json:"functions"`
-	Rate      float64 `json:"rate"`
+	Rate      float64 `json:"rate,omitempty"`
+	Closed    int     `json:"closed_callers,omitempty"`
 	DurationS float64 `json:"duration_s"`
 	WarmupS   float64 `json:"warmup_s"`
 	ExecMs    int     `json:"exec_ms"`
@@ -69,8 +73,10 @@ func ValidateHTTP(cfg *HTTPConfig) error {
 		return fmt.Errorf("--url %q: want http://host:port/path", cfg.URL)
 	case strings.ContainsAny(cfg.Host, " /\r\n"):
 		return fmt.Errorf("--host %q: not a host name", cfg.Host)
-	case cfg.Rate <= 0 || cfg.Duration <= 0:
-		return fmt.Errorf("rate %g and duration %s must be positive", cfg.Rate, cfg.Duration)
+	case cfg.Rate != 0 && cfg.Closed != 0:
+		return errors.New("--rate and --closed exclude each other: open loop or closed loop")
+	case cfg.Rate < 0 || cfg.Closed < 0 || cfg.Rate+float64(cfg.Closed) == 0 || cfg.Duration <= 0:
+		return fmt.Errorf("a positive --rate (or --closed) and --duration are required (got %g, %d, %s)", cfg.Rate, cfg.Closed, cfg.Duration)
 	case cfg.Functions < 1 || cfg.ExecMs < 0 || cfg.Warmup < 0:
 		return errors.New("--functions must be positive, --exec-ms and --warmup not negative")
 	}
@@ -92,20 +98,28 @@ func HTTP(ctx context.Context, o Options, cfg HTTPConfig) (*HTTPSummary, string,
 	}
 	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Header: cfg.Header,
 		Route: func(c *loadgen.Call) loadgen.Target { return targets[c.Function] }}
-	calls := constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs)
 	cpu0 := processCPU()
-	recs, err := issue(ctx, &o, "http  ", newIssuer(&o, inv), calls)
+	var recs []loadgen.Record
+	var err error
+	title := fmt.Sprintf("calls at %g req/s", cfg.Rate)
+	if cfg.Closed > 0 {
+		title = fmt.Sprintf("calls, %d closed-loop callers", cfg.Closed)
+		recs, err = closedLoop(ctx, &o, "http  ", &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: cfg.Warmup,
+			Duration: cfg.Duration, Functions: names, RuntimeMs: cfg.ExecMs})
+	} else {
+		recs, err = issue(ctx, &o, "http  ", newIssuer(&o, inv), constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs))
+	}
 	if err != nil {
 		return nil, "", err
 	}
-	out := &HTTPSummary{Command: "bench http", Target: cfg.URL, CPUPerCallUs: cpuPerCall(processCPU()-cpu0, len(calls)),
+	out := &HTTPSummary{Command: "bench http", Target: cfg.URL, CPUPerCallUs: cpuPerCall(processCPU()-cpu0, len(recs)),
 		Summary: loadgen.Summarize(recs), Config: HTTPConfigJSON{URL: cfg.URL, Host: cfg.Host, Functions: cfg.Functions,
-			Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(), WarmupS: cfg.Warmup.Seconds(), ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C}}
+			Rate: cfg.Rate, Closed: cfg.Closed, DurationS: cfg.Duration.Seconds(), WarmupS: cfg.Warmup.Seconds(), ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C}}
 	var verr error
 	out.Validity, verr = validity(&o, recs)
 	out.Host = host()
 	err = writeOutputs(o.Out, out, map[string][]loadgen.Record{"invocations.csv": recs}, []plotSpec{{file: "latency_cdf.png",
-		title: fmt.Sprintf("calls at %g req/s", cfg.Rate), xLabel: "response time (ms)", logX: true,
+		title: title, xLabel: "response time (ms)", logX: true,
 		series: []loadgen.Series{{Name: "http", Values: latencies(recs)}}}})
 	text := formatLoad("http  ", &out.Summary, out.Validity, o.Force) + "\n" + out.Host.String()
 	return out, text, errors.Join(verr, err)

@@ -51,6 +51,35 @@ func TestHTTPSendsToAnyEndpoint(t *testing.T) {
 	checkFiles(t, o.Out, "summary.json", "invocations.csv", "latency_cdf.png")
 }
 
+// A closed loop keeps its callers' calls in flight and no more.
+func TestHTTPClosedLoop(t *testing.T) {
+	var mu sync.Mutex
+	inflight, peak, calls := 0, 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inflight++
+		calls++
+		peak = max(peak, inflight)
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+		w.Write([]byte(`{"Status":"OK","ExecutionTime":1}`))
+	}))
+	defer srv.Close()
+	o := Options{Out: t.TempDir()}
+	s, _, err := HTTP(context.Background(), o, HTTPConfig{URL: srv.URL + "/", Functions: 1, Closed: 3, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != 3 || s.Completed == 0 || s.Failed != 0 || s.Issued+s.WarmupIssued != calls || s.Config.Closed != 3 || !s.Valid {
+		t.Fatalf("peak %d in flight, %d calls; summary %+v", peak, calls, s)
+	}
+}
+
 func TestHTTPRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []HTTPConfig{
 		{Rate: 1, Duration: time.Second, Functions: 1},
@@ -59,6 +88,8 @@ func TestHTTPRejectsBadConfig(t *testing.T) {
 		{URL: "http://127.0.0.1:1/", Host: "a b", Rate: 1, Duration: time.Second, Functions: 1},
 		{URL: "http://127.0.0.1:1/", Rate: 0, Duration: time.Second, Functions: 1},
 		{URL: "http://127.0.0.1:1/", Rate: 1, Duration: time.Second, Functions: 0},
+		{URL: "http://127.0.0.1:1/", Rate: 1, Closed: 4, Duration: time.Second, Functions: 1},
+		{URL: "http://127.0.0.1:1/", Closed: -1, Duration: time.Second, Functions: 1},
 	} {
 		if _, _, err := HTTP(context.Background(), Options{}, cfg); err == nil {
 			t.Errorf("%+v accepted", cfg)
