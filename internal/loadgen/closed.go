@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strconv"
@@ -24,6 +25,10 @@ type ClosedLoop struct {
 	Functions []string
 	// RuntimeMs is the runtime each call asks the function for.
 	RuntimeMs int
+	// Grace is how long calls still open when the measured phase ends are
+	// awaited; then they are cancelled and recorded as connection
+	// timeouts. 0: DefaultGrace.
+	Grace time.Duration
 
 	issued, done atomic.Int64
 }
@@ -36,7 +41,8 @@ func (cl *ClosedLoop) Done() int64 { return cl.done.Load() }
 
 // Run runs the loop and returns one record per call, phase-1 calls first.
 // A call is sent only while its phase lasts; calls in flight when the
-// measured phase ends are awaited. It returns early with ctx's error.
+// measured phase ends are awaited for the grace period at most. It returns
+// early with ctx's error.
 func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 	if cl.Invoker == nil || cl.Callers <= 0 || cl.Duration <= 0 || len(cl.Functions) == 0 {
 		return nil, errors.New("closed loop: needs an invoker, callers, a duration and functions")
@@ -44,6 +50,10 @@ func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 	start := time.Now()
 	measureAt := start.Add(cl.Warmup)
 	end := measureAt.Add(cl.Duration)
+	// A call that never returns must not hold the run: calls run under a
+	// context that ends a grace period after the last may be sent.
+	callCtx, cancel := context.WithDeadline(ctx, end.Add(cmp.Or(cl.Grace, DefaultGrace)))
+	defer cancel()
 	var next atomic.Int64
 	perCaller := make([][]Record, cl.Callers)
 	var wg sync.WaitGroup
@@ -62,7 +72,7 @@ func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 				}
 				c.ID = "sec" + strconv.Itoa(int(now.Sub(start)/time.Second)) + ".inv" + strconv.FormatInt(i, 10)
 				cl.issued.Add(1)
-				rep := cl.Invoker.Invoke(ctx, &c)
+				rep := cl.Invoker.Invoke(callCtx, &c)
 				sent := now
 				if !rep.Sent.IsZero() {
 					sent = rep.Sent

@@ -79,3 +79,48 @@ func TestClosedLoopStopsWithItsContext(t *testing.T) {
 		t.Fatal("a loop without callers ran")
 	}
 }
+
+// stuckInvoker never answers calls to "stuck" until their context ends.
+type stuckInvoker struct{ countingInvoker }
+
+func (s *stuckInvoker) Invoke(ctx context.Context, call *Call) Reply {
+	if call.Function == "stuck" {
+		<-ctx.Done()
+		return Reply{Err: ctx.Err()}
+	}
+	return s.countingInvoker.Invoke(ctx, call)
+}
+
+// A call that never returns holds the run for the grace period only; it is
+// recorded as failed, and the other callers' calls as they came.
+func TestClosedLoopBoundsCallsThatNeverReturn(t *testing.T) {
+	cl := &ClosedLoop{Invoker: &stuckInvoker{}, Callers: 3, Duration: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Functions: []string{"stuck", "ok"}}
+	done := make(chan []Record, 1)
+	go func() {
+		recs, err := cl.Run(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		done <- recs
+	}()
+	var recs []Record
+	select {
+	case recs = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a closed loop with a call that never returns did not end")
+	}
+	stuck, ok := 0, 0
+	for _, r := range recs {
+		switch {
+		case r.Function == "stuck" && r.ConnTimeout && !r.OK():
+			stuck++
+		case r.Function == "ok" && r.OK():
+			ok++
+		default:
+			t.Fatalf("record %+v", r)
+		}
+	}
+	if stuck == 0 || stuck > 3 || ok == 0 {
+		t.Fatalf("%d stuck and %d answered calls", stuck, ok)
+	}
+}

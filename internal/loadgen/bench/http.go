@@ -105,7 +105,7 @@ func HTTP(ctx context.Context, o Options, cfg HTTPConfig) (*HTTPSummary, string,
 	if cfg.Closed > 0 {
 		title = fmt.Sprintf("calls, %d closed-loop callers", cfg.Closed)
 		recs, err = closedLoop(ctx, &o, "http  ", &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: cfg.Warmup,
-			Duration: cfg.Duration, Functions: names, RuntimeMs: cfg.ExecMs})
+			Duration: cfg.Duration, Functions: names, RuntimeMs: cfg.ExecMs, Grace: o.Grace})
 	} else {
 		recs, err = issue(ctx, &o, "http  ", newIssuer(&o, inv), constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs))
 	}

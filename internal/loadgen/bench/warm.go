@@ -144,7 +144,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 		var err error
 		if cfg.Closed > 0 {
 			recs, err = closedLoop(ctx, &o, label, &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: warmup,
-				Duration: d, Functions: names, RuntimeMs: cfg.ExecMs})
+				Duration: d, Functions: names, RuntimeMs: cfg.ExecMs, Grace: o.Grace})
 		} else {
 			recs, err = issue(ctx, &o, label, newIssuer(&o, inv), constantRate(names, cfg.Rate, warmup, d, cfg.ExecMs))
 		}
