@@ -267,14 +267,16 @@ func (c *frontConn) call(fn *function) bool {
 		ok := c.writeError(code, msg, callID, !rq.close)
 		return c.leaveCall() && ok && !rq.close
 	}
-	keep := c.forward(st, callID)
-	d.finish(st, nil)
-	return keep
+	return c.forward(st, callID)
 }
 
-// forward sends the call to st.ep and relays the reply. It ends the call
-// state (leaveCall) before a sandbox connection goes back to its pool, so a
-// client watch can never abort a connection another call uses.
+// forward sends the call to st.ep, relays the reply and ends the call
+// (finish). It ends the call state (leaveCall) before a sandbox connection
+// goes back to its pool, so a client watch can never abort a connection
+// another call uses; and it frees the slot before the client can see the
+// end of the reply (as the net/http path does, whose server flushes after
+// the handler), so that a client calling again at once finds it free
+// rather than queueing for it and asking for a sandbox more.
 func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	d := c.f.d
 	rq := &c.req
@@ -290,10 +292,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			up, err = st.ep.conns.dial()
 		}
 		if err != nil {
-			code, msg := d.upstreamError(st, err)
-			st.code = code
-			ok := c.writeError(code, msg, callID, !rq.close)
-			return c.leaveCall() && ok && !rq.close
+			return c.failCall(st, err, callID)
 		}
 		st.proxyStart = d.nanotime()
 		_ = up.nc.SetDeadline(deadline)
@@ -310,16 +309,14 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		up.nc.Close()
 		if c.gone.Load() || errors.Is(err, errClientWrite) {
 			st.code = statusClientGone
+			d.finish(st, nil)
 			c.leaveCall()
 			return false
 		}
 		if reused && !rh.started && closedByPeer(err) && (!sent || rq.idempotent) {
 			continue
 		}
-		code, msg := d.upstreamError(st, err)
-		st.code = code
-		ok := c.writeError(code, msg, callID, !rq.close)
-		return c.leaveCall() && ok && !rq.close
+		return c.failCall(st, err, callID)
 	}
 
 	st.code = rh.code
@@ -335,9 +332,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	default:
 		upErr, downErr = copyUntilClose(c.bw, up.br)
 	}
-	if upErr == nil && downErr == nil {
-		downErr = c.bw.Flush()
-	}
+	// What is left of the reply is in c.bw, not yet flushed.
 	usable := c.leaveCall()
 	c.up.Store(nil)
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
@@ -354,9 +349,21 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
 			st.code = http.StatusBadGateway
 		}
+		d.finish(st, nil)
 		return false
 	}
-	return keep && usable
+	d.finish(st, nil)
+	return c.bw.Flush() == nil && keep && usable
+}
+
+// failCall answers a call its sandbox failed (502, or 504 when it ran out
+// of time) and ends it.
+func (c *frontConn) failCall(st *reqState, err error, callID []byte) bool {
+	code, msg := c.f.d.upstreamError(st, err)
+	st.code = code
+	c.f.d.finish(st, nil)
+	ok := c.writeError(code, msg, callID, !c.req.close)
+	return c.leaveCall() && ok && !c.req.close
 }
 
 // trim drops buffers a large request or reply head grew, so that an idle

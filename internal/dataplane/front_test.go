@@ -449,3 +449,33 @@ func FuzzFrontEndHead(f *testing.F) {
 		}
 	})
 }
+
+// A client that calls again as soon as it has its reply finds the slot it
+// used free: the slot is released before the reply's end reaches the
+// client (a queued call would ask the control plane for a sandbox more).
+// The calls outlast watchAfter, so each has a client watch to stop first.
+func TestFrontEndFreesTheSlotBeforeTheReplyEnds(t *testing.T) {
+	d, front := newTestDP(t, nil)
+	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(watchAfter + 2*reapEvery)
+		_, _ = io.WriteString(w, "ok")
+	})
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("one")}, // concurrency 1
+		Added:     []*briskv1.Endpoint{ep("one", "sb-1", sandbox)}})
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := range 8 {
+		resp, err := client.Post(front.URL+"/function/one", "text/plain", strings.NewReader("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if timing := resp.Header.Get("X-Brisk-Timing"); resp.StatusCode != 200 || !strings.HasPrefix(timing, "queue_us=0,") {
+			t.Fatalf("call %d: %d, timing %q: it waited for the slot the call before it held", i, resp.StatusCode, timing)
+		}
+	}
+	if n := d.lookup("one").stats.current(); n != 0 {
+		t.Fatalf("load %d after the calls", n)
+	}
+}
