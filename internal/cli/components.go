@@ -210,6 +210,7 @@ planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
 
 func newDataPlane(g *globals) *cobra.Command {
 	var id, listen, cpAddr string
+	var maxConns int
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
@@ -219,7 +220,11 @@ func newDataPlane(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, Logger: log.With("component", "dataplane")})
+			if maxConns < 1 {
+				return usageError{fmt.Errorf("--max-connections %d: must be positive", maxConns)}
+			}
+			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, MaxConnections: maxConns,
+				Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
 			}
@@ -230,6 +235,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	c.Flags().StringVar(&id, "id", host, "data plane id")
 	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c)")
 	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
+	c.Flags().IntVar(&maxConns, "max-connections", dataplane.DefaultMaxConnections, "client connections open at once; more are closed as they are accepted")
 	return c
 }
 

@@ -32,6 +32,9 @@ type Config struct {
 	WriteTimeout      time.Duration // default 6m
 	IdleTimeout       time.Duration // default 2m
 	MaxHeaderBytes    int           // default 64 KiB
+	// MaxConnections bounds the client connections open at once; more are
+	// closed as they are accepted. Default 50,000.
+	MaxConnections int
 	// ShutdownTimeout bounds the graceful drain when Run's ctx ends. Default 30s.
 	ShutdownTimeout time.Duration
 
@@ -53,6 +56,7 @@ const (
 	DefaultWriteTimeout      = 6 * time.Minute
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxConnections    = 50_000
 	DefaultShutdownTimeout   = 30 * time.Second
 )
 
@@ -81,6 +85,9 @@ func (c Config) Default() Config {
 	}
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -114,6 +121,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxHeaderBytes < 0 {
 		return fmt.Errorf("dataplane config: max_header_bytes %d must not be negative", c.MaxHeaderBytes)
+	}
+	if c.MaxConnections < 0 {
+		return fmt.Errorf("dataplane config: max_connections %d must not be negative", c.MaxConnections)
 	}
 	return nil
 }

@@ -64,6 +64,10 @@ type frontEnd struct {
 	fallback *http.Server
 	handoff  *handoffListener
 
+	// open counts the client connections not yet closed, handed-off ones
+	// included (Config.MaxConnections).
+	open atomic.Int64
+
 	mu      sync.Mutex
 	ln      net.Listener
 	conns   map[*frontConn]struct{}
@@ -123,8 +127,15 @@ func (f *frontEnd) serve(ln net.Listener) error {
 		}
 		backoff = 0
 		f.d.prom.accepted.Inc()
+		if f.open.Add(1) > int64(f.d.cfg.MaxConnections) {
+			f.open.Add(-1)
+			f.d.prom.refused.Inc()
+			nc.Close()
+			continue
+		}
 		c := f.newConn(nc)
 		if !f.track(c) {
+			f.open.Add(-1)
 			nc.Close()
 			continue
 		}
@@ -335,6 +346,7 @@ func (c *frontConn) finish() {
 	c.f.untrack(c)
 	c.state.Store(stGone)
 	c.nc.Close()
+	c.f.open.Add(-1)
 	c.cancel()
 	for c.seen < c.watches.Load() {
 		<-c.watchDone
@@ -355,7 +367,7 @@ func (c *frontConn) handOff() bool {
 	}
 	c.cancel()
 	c.f.d.prom.handedOff.Inc()
-	hc := &handedConn{Conn: c.nc}
+	hc := &handedConn{Conn: c.nc, open: &c.f.open}
 	if c.br.Buffered() > 0 {
 		hc.br = c.br // the server reads these bytes first
 	} else {
@@ -365,7 +377,7 @@ func (c *frontConn) handOff() bool {
 	c.bw.Reset(nil)
 	bufWriters.Put(c.bw)
 	if !c.f.handoff.give(hc) {
-		c.nc.Close()
+		hc.Close()
 	}
 	return true
 }
@@ -416,7 +428,16 @@ func (c *frontConn) stopWatch() {
 // front end read ahead come first.
 type handedConn struct {
 	net.Conn
-	br *bufio.Reader
+	br     *bufio.Reader
+	open   *atomic.Int64 // frontEnd.open, counted down once on Close
+	closed atomic.Bool
+}
+
+func (c *handedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 func (c *handedConn) Read(p []byte) (int, error) {

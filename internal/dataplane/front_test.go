@@ -479,3 +479,49 @@ func TestFrontEndFreesTheSlotBeforeTheReplyEnds(t *testing.T) {
 		t.Fatalf("load %d after the calls", n)
 	}
 }
+
+// Beyond MaxConnections open at once (handed-off ones included), a new
+// connection is closed as it is accepted; once one closes, another fits.
+func TestFrontEndMaxConnections(t *testing.T) {
+	d, front := newTestDP(t, func(c *Config) { c.MaxConnections = 2 })
+	deploy(d, "f", newSandbox(t, echo))
+	addr := strings.TrimPrefix(front.URL, "http://")
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	call := func(c net.Conn, path string) (int, error) {
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return 0, err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	fast, handed := dial(), dial()
+	if code, err := call(fast, "/function/f"); code != 200 {
+		t.Fatalf("first connection: %d %v", code, err)
+	}
+	if code, err := call(handed, "/healthz"); code != 200 { // served by net/http
+		t.Fatalf("second connection: %d %v", code, err)
+	}
+	if code, err := call(dial(), "/function/f"); err == nil {
+		t.Fatalf("a third connection was served (%d) with a limit of 2", code)
+	}
+	waitFor(t, "the refusal counted", func() bool { return promtest.ToFloat64(d.prom.refused) == 1 })
+	handed.Close() // net/http notices, closes its side, and the count drops
+	waitFor(t, "a connection to fit again", func() bool {
+		code, err := call(dial(), "/function/f")
+		return err == nil && code == 200
+	})
+}

@@ -35,7 +35,7 @@ type promMetrics struct {
 	queueWait prometheus.Histogram
 	// Connections the front end accepted, and those of them it handed to
 	// the net/http server (front.go).
-	accepted, handedOff prometheus.Counter
+	accepted, handedOff, refused prometheus.Counter
 	handler             http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
 
@@ -56,8 +56,12 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Name: "brisk_dataplane_connections_handed_off_total",
 			Help: "Client connections the HTTP/1.1 front end handed to the net/http server (h2c, upgrades, Expect, chunked or large bodies, /metrics, unknown functions, input it would reject).",
 		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brisk_dataplane_connections_refused_total",
+			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, newFnCollector(fns)} {
+	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, m.refused, newFnCollector(fns)} {
 		if err := httpx.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}
