@@ -36,7 +36,7 @@ type promMetrics struct {
 	// Connections the front end accepted, and those of them it handed to
 	// the net/http server (front.go).
 	accepted, handedOff, refused prometheus.Counter
-	handler             http.Handler // /metrics; nil when the Registerer cannot be gathered
+	handler                      http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
 
 func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function]) (*promMetrics, error) {
