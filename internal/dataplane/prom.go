@@ -33,8 +33,9 @@ var latencyBoundsNs = func() (b [nBuckets]int64) {
 // creation was 7 % of a registration's CPU.
 type promMetrics struct {
 	queueWait prometheus.Histogram
-	// Connections the front end accepted, and those of them it handed to
-	// the net/http server (front.go).
+	// Connections the front end accepted, those of them it handed to the
+	// net/http server, and those it closed at once for MaxConnections
+	// (front.go).
 	accepted, handedOff, refused prometheus.Counter
 	handler                      http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
