@@ -79,7 +79,7 @@ func (c *frontConn) next() (*function, reqAction) {
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, actClose
 	}
-	if !c.enter(stIdle, stRead, min(cfg.ReadHeaderTimeout, cfg.ReadTimeout)) {
+	if _, ok := c.move(inIdle, stRead, c.f.d.nanotime(), min(cfg.ReadHeaderTimeout, cfg.ReadTimeout)); !ok {
 		return nil, actClose
 	}
 	var buf []byte
@@ -106,7 +106,10 @@ func (c *frontConn) next() (*function, reqAction) {
 	rq := &c.req
 	rq.body = nil
 	if n := rq.length; n > 0 {
-		c.limit.Store(int64(cfg.ReadTimeout))
+		// The read timeout counts from the request's first byte.
+		if _, ok := c.move(inRead, stRead, c.since.Load(), cfg.ReadTimeout); !ok {
+			return nil, actClose
+		}
 		if int64(cap(c.body)) < n {
 			c.body = make([]byte, n)
 		}
@@ -256,7 +259,7 @@ func (c *frontConn) call(fn *function) bool {
 	}
 	set := fn.set.Load()
 	limit := max(d.cfg.WriteTimeout, set.conf.queueTimeout+set.conf.timeout+deadlineSlack)
-	if !c.enter(stRead, stCall, limit) {
+	if _, ok := c.move(inRead, stCall, d.nanotime(), limit); !ok {
 		return false
 	}
 	if code, msg := d.admit(c.ctx, st, set); code != 0 {
@@ -264,10 +267,20 @@ func (c *frontConn) call(fn *function) bool {
 			c.leaveCall()
 			return false
 		}
-		ok := c.writeError(code, msg, callID, !rq.close)
-		return c.leaveCall() && ok && !rq.close
+		return c.answerError(code, msg, callID)
 	}
 	return c.forward(st, callID)
+}
+
+// keepAlive: the connection may carry another request after this one.
+func (c *frontConn) keepAlive() bool { return !c.req.close && !c.f.closing.Load() }
+
+// answerError writes a brisk-generated error for a call in the call state
+// and leaves the state; it reports whether the connection goes on.
+func (c *frontConn) answerError(code int, msg string, callID []byte) bool {
+	keep := c.keepAlive()
+	ok := c.writeError(code, msg, callID, keep)
+	return c.leaveCall() && ok && keep
 }
 
 // forward sends the call to st.ep, relays the reply and ends the call
@@ -320,7 +333,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	}
 
 	st.code = rh.code
-	keep := !rq.close && !c.f.closing.Load()
+	keep := c.keepAlive()
 	c.writeReplyHead(st, &rh, callID, keep)
 	var upErr, downErr error
 	switch {
@@ -333,7 +346,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		upErr, downErr = copyUntilClose(c.bw, up.br)
 	}
 	// What is left of the reply is in c.bw, not yet flushed.
-	usable := c.leaveCall()
+	usable := c.endCall()
 	c.up.Store(nil)
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
 		up.pool.put(up)
@@ -353,7 +366,10 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		return false
 	}
 	d.finish(st, nil)
-	return c.bw.Flush() == nil && keep && usable
+	if c.bw.Flush() != nil || !keep || !usable {
+		return false
+	}
+	return c.idle()
 }
 
 // failCall answers a call its sandbox failed (502, or 504 when it ran out
@@ -362,8 +378,7 @@ func (c *frontConn) failCall(st *reqState, err error, callID []byte) bool {
 	code, msg := c.f.d.upstreamError(st, err)
 	st.code = code
 	c.f.d.finish(st, nil)
-	ok := c.writeError(code, msg, callID, !c.req.close)
-	return c.leaveCall() && ok && !c.req.close
+	return c.answerError(code, msg, callID)
 }
 
 // trim drops buffers a large request or reply head grew, so that an idle
@@ -712,10 +727,15 @@ func eofIsUnexpected(err error) error {
 	return err
 }
 
-// copyChunks relays a chunked body as it is framed, trailers included,
-// flushing to the client whenever the sandbox has sent nothing further yet
-// (a streamed reply reaches the client piece by piece).
+// copyChunks relays a chunked body chunk by chunk, flushing to the client
+// whenever the sandbox has sent nothing further yet (a streamed reply
+// reaches the client piece by piece). The framing is the data plane's own:
+// size lines are written anew (extensions dropped) and trailers pass only
+// as valid header lines, less hop-by-hop ones and the data plane's own, so
+// a function cannot smuggle bytes into the framing a client or an
+// intermediary parses.
 func copyChunks(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error) {
+	errMalformed := errors.New("malformed chunked reply")
 	for {
 		line, err := src.ReadSlice('\n')
 		if err != nil {
@@ -723,23 +743,32 @@ func copyChunks(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error) {
 		}
 		size, ok := chunkSize(line)
 		if !ok {
-			return errors.New("malformed chunked reply"), nil
+			return errMalformed, nil
 		}
-		if _, err := dst.Write(line); err != nil {
-			return nil, err
-		}
+		dst.Write(strconv.AppendInt(dst.AvailableBuffer(), size, 16))
+		dst.WriteString("\r\n")
 		if size == 0 { // the last chunk: trailers up to a blank line
 			for {
 				line, err := src.ReadSlice('\n')
 				if err != nil {
 					return eofIsUnexpected(err), nil
 				}
-				if _, err := dst.Write(line); err != nil {
+				line = trimCR(line[:len(line)-1])
+				if len(line) == 0 {
+					_, err := dst.WriteString("\r\n")
 					return nil, err
 				}
-				if len(trimCR(line[:len(line)-1])) == 0 {
-					return nil, nil
+				colon, vs, ve, ok := splitHeader(line)
+				if !ok || !validValue(line[vs:ve]) {
+					return errMalformed, nil
 				}
+				if replyKind(line[:colon]) != kFwd {
+					continue
+				}
+				dst.Write(line[:colon])
+				dst.WriteString(": ")
+				dst.Write(line[vs:ve])
+				dst.WriteString("\r\n")
 			}
 		}
 		if upErr, downErr = copyFixed(dst, src, size); upErr != nil || downErr != nil {
@@ -750,7 +779,7 @@ func copyChunks(dst *bufio.Writer, src *bufio.Reader) (upErr, downErr error) {
 			return eofIsUnexpected(err), nil
 		}
 		if len(trimCR(crlf[:len(crlf)-1])) != 0 {
-			return errors.New("malformed chunked reply"), nil
+			return errMalformed, nil
 		}
 		dst.WriteString("\r\n")
 		if src.Buffered() == 0 {

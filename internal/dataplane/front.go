@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,15 +44,32 @@ const (
 )
 
 // Connection states. The connection's goroutine moves between the live
-// ones; the reaper moves any of them to stGone (and closes the connection)
-// and stCall to stWatch (and starts the watch). Both use compare-and-swap,
-// so a connection is never closed for a state it has left.
+// ones (move); the reaper moves any of them to stGone (and closes the
+// connection) and stCall to stWatch (and starts the watch). The state sits
+// in the low bits of a word whose high bits count the goroutine's moves,
+// and the goroutine holds stBusy while it sets the state's clock (since,
+// limit): the reaper acts only through a compare-and-swap on the word it
+// read before the clock, so it never closes a connection for a state it
+// has left, nor judges a state by another's clock.
 const (
 	stIdle  int32 = iota // waiting for a request; limit: IdleTimeout (the header timeout for the first)
-	stRead               // reading a request; limit: header or read timeout
+	stRead               // reading a request; limit: header, then read timeout
 	stCall               // in a call (queue, sandbox, reply); limit: the write timeout
 	stWatch              // stCall with the client watched
+	stReply              // the slot is free, the end of the reply goes out; limit: the call's
+	stBusy               // the goroutine is setting the clock: the reaper waits
 	stGone               // closed or handed off
+
+	stBits = 3
+	stMask = 1<<stBits - 1
+)
+
+// Masks of states for move.
+const (
+	inIdle  uint8 = 1 << stIdle
+	inRead  uint8 = 1 << stRead
+	inCall  uint8 = 1<<stCall | 1<<stWatch
+	inReply uint8 = 1 << stReply
 )
 
 var (
@@ -158,6 +177,7 @@ func (f *frontEnd) newConn(nc net.Conn) *frontConn {
 	// (net/http's rule); between requests the idle timeout applies.
 	c.limit.Store(int64(min(f.d.cfg.ReadHeaderTimeout, f.d.cfg.ReadTimeout)))
 	c.since.Store(f.d.nanotime())
+	c.word.Store(uint64(stIdle))
 	return c
 }
 
@@ -201,21 +221,17 @@ func (f *frontEnd) sweep() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for c := range f.conns {
-		s := c.state.Load()
+		w := c.word.Load()
+		s := int32(w & stMask)
+		if s == stBusy || s == stGone {
+			continue
+		}
 		age := now - c.since.Load()
-		switch s {
-		case stIdle:
-			if closing || age > c.limit.Load() {
-				c.kill(stIdle)
-			}
-		case stRead, stWatch:
-			if age > c.limit.Load() {
-				c.kill(s)
-			}
-		case stCall:
-			if age > c.limit.Load() {
-				c.kill(s)
-			} else if age >= int64(watchAfter) && c.state.CompareAndSwap(stCall, stWatch) {
+		switch {
+		case age > c.limit.Load(), s == stIdle && closing:
+			c.killIf(w)
+		case s == stCall && age >= int64(watchAfter):
+			if c.word.CompareAndSwap(w, w&^stMask|uint64(stWatch)) {
 				c.watches.Add(1)
 				go c.watch()
 			}
@@ -223,9 +239,11 @@ func (f *frontEnd) sweep() {
 	}
 }
 
-// shutdown stops accepting, closes idle connections, lets calls in flight
-// finish (their replies say Connection: close) and returns when every
-// connection is gone, or closes the rest when ctx ends.
+// shutdown stops accepting, closes idle connections and lets calls in
+// flight finish (their replies say Connection: close); then the net/http
+// server behind does the same with the connections it was handed, those
+// handed over meanwhile included. It returns when every connection is
+// gone, or closes the rest when ctx ends.
 func (f *frontEnd) shutdown(ctx context.Context) error {
 	f.closing.Store(true)
 	f.mu.Lock()
@@ -233,8 +251,6 @@ func (f *frontEnd) shutdown(ctx context.Context) error {
 		f.ln.Close()
 	}
 	f.mu.Unlock()
-	fallbackDone := make(chan error, 1)
-	go func() { fallbackDone <- f.fallback.Shutdown(ctx) }()
 	f.sweep() // idle ones now; the reaper repeats it for calls that end
 	drained := make(chan struct{})
 	go func() { f.conWG.Wait(); close(drained) }()
@@ -244,10 +260,10 @@ func (f *frontEnd) shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	f.close()
-	if ferr := <-fallbackDone; err == nil && ferr != nil {
+	if ferr := f.fallback.Shutdown(ctx); err == nil {
 		err = ferr
 	}
+	f.close()
 	return err
 }
 
@@ -260,8 +276,12 @@ func (f *frontEnd) close() {
 		f.ln.Close()
 	}
 	for c := range f.conns {
-		if s := c.state.Load(); s != stGone {
-			c.kill(s)
+		for {
+			w := c.word.Load()
+			if s := int32(w & stMask); s == stGone || (s != stBusy && c.killIf(w)) {
+				break
+			}
+			runtime.Gosched() // a move in progress: a few instructions
 		}
 	}
 	f.mu.Unlock()
@@ -275,9 +295,9 @@ type frontConn struct {
 	br *bufio.Reader
 	bw *bufio.Writer
 
-	state atomic.Int32
-	since atomic.Int64 // DataPlane.nanotime when the state was entered
-	limit atomic.Int64 // ns the state may last (stRead, stCall, stWatch)
+	word  atomic.Uint64 // moves<<stBits | state
+	since atomic.Int64  // DataPlane.nanotime when the state's clock started
+	limit atomic.Int64  // ns the state may last
 
 	// The client watch (watch). up is the sandbox connection of the call
 	// in flight, which a watch that finds the client gone aborts; watches
@@ -302,19 +322,33 @@ type frontConn struct {
 	callID [32]byte
 }
 
-// kill closes c if it is still in state s.
-func (c *frontConn) kill(s int32) {
-	if c.state.CompareAndSwap(s, stGone) {
+// killIf closes c if its word is still w; it reports whether it did.
+func (c *frontConn) killIf(w uint64) bool {
+	if c.word.CompareAndSwap(w, w&^stMask|uint64(stGone)) {
 		c.nc.Close()
+		return true
 	}
+	return false
 }
 
-// enter moves c from state from to to, which may last limit; false: the
-// reaper closed c.
-func (c *frontConn) enter(from, to int32, limit time.Duration) bool {
-	c.limit.Store(int64(limit))
-	c.since.Store(c.f.d.nanotime())
-	return c.state.CompareAndSwap(from, to)
+// move takes c from one of the states in from to state to, whose clock
+// starts at since and runs limit. It returns the state c left, and false
+// when c was in none of them (the reaper closed it).
+func (c *frontConn) move(from uint8, to int32, since int64, limit time.Duration) (int32, bool) {
+	for {
+		w := c.word.Load()
+		s := int32(w & stMask)
+		if from&(1<<s) == 0 {
+			return s, false
+		}
+		busy := (w>>stBits+1)<<stBits | uint64(stBusy)
+		if c.word.CompareAndSwap(w, busy) {
+			c.since.Store(since)
+			c.limit.Store(int64(limit))
+			c.word.Store((busy>>stBits+1)<<stBits | uint64(to))
+			return s, true
+		}
+	}
 }
 
 func (c *frontConn) serve() {
@@ -331,6 +365,11 @@ func (c *frontConn) serve() {
 		case actClose:
 			return
 		case actHandoff:
+			if c.f.closing.Load() {
+				// net/http, shutting down, would drop it unanswered.
+				c.refuse(http.StatusServiceUnavailable, "the data plane is shutting down: call again")
+				return
+			}
 			handed = c.handOff()
 			return
 		}
@@ -344,7 +383,7 @@ func (c *frontConn) serve() {
 // can touch them.
 func (c *frontConn) finish() {
 	c.f.untrack(c)
-	c.state.Store(stGone)
+	c.word.Store(uint64(stGone))
 	c.nc.Close()
 	c.f.open.Add(-1)
 	c.cancel()
@@ -358,11 +397,25 @@ func (c *frontConn) finish() {
 	bufWriters.Put(c.bw)
 }
 
+// refuse answers the request being read with a brisk error and closes the
+// connection the way net/http does: its write side first, then a short wait
+// for what the client still sends, so that the answer is not lost to a
+// reset.
+func (c *frontConn) refuse(code int, msg string) {
+	if !c.writeError(code, msg, nil, false) {
+		return
+	}
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+		_ = c.nc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, _ = io.Copy(io.Discard, io.LimitReader(c.nc, 256<<10))
+	}
+}
+
 // handOff passes the connection, and what was read of it, to the net/http
 // server. It reports whether the server took it.
 func (c *frontConn) handOff() bool {
 	c.f.untrack(c)
-	if !c.state.CompareAndSwap(stRead, stGone) { // timed out meanwhile
+	if _, ok := c.move(inRead, stGone, 0, 0); !ok { // timed out meanwhile
 		return false
 	}
 	c.cancel()
@@ -382,24 +435,27 @@ func (c *frontConn) handOff() bool {
 	return true
 }
 
-// leaveCall ends the call state: it waits for the client watch, if one
-// started, and reports whether the connection is still usable.
-func (c *frontConn) leaveCall() bool {
-	for {
-		s := c.state.Load()
-		if s == stGone {
-			return false
-		}
-		c.limit.Store(int64(c.f.d.cfg.IdleTimeout))
-		c.since.Store(c.f.d.nanotime())
-		if !c.state.CompareAndSwap(s, stIdle) {
-			continue // the reaper started a watch meanwhile
-		}
-		if s == stWatch {
-			c.stopWatch()
-		}
-		return !c.gone.Load()
+// endCall ends the call state once the sandbox is done with: it waits for
+// the client watch, if one started, and reports whether the connection is
+// still usable. What is left of the reply goes out in stReply, which the
+// reaper bounds by the call's limit.
+func (c *frontConn) endCall() bool {
+	left, ok := c.move(inCall, stReply, c.since.Load(), time.Duration(c.limit.Load()))
+	if left == stWatch {
+		c.stopWatch()
 	}
+	return ok && !c.gone.Load()
+}
+
+// idle makes c wait for its next request.
+func (c *frontConn) idle() bool {
+	_, ok := c.move(inReply, stIdle, c.f.d.nanotime(), c.f.d.cfg.IdleTimeout)
+	return ok
+}
+
+// leaveCall ends a call whose answer is written: endCall, then idle.
+func (c *frontConn) leaveCall() bool {
+	return c.endCall() && c.idle()
 }
 
 // watch reads the client connection while a call runs; an end of stream or

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -524,4 +525,235 @@ func TestFrontEndMaxConnections(t *testing.T) {
 		code, err := call(dial(), "/function/f")
 		return err == nil && code == 200
 	})
+}
+
+// heldConn holds its first write until released: a client slow to take
+// the reply's last bytes.
+type heldConn struct {
+	net.Conn
+	once             sync.Once
+	writing, release chan struct{}
+}
+
+func (c *heldConn) Write(p []byte) (int, error) {
+	c.once.Do(func() { close(c.writing); <-c.release })
+	return c.Conn.Write(p)
+}
+
+type heldListener struct {
+	net.Listener
+	conns chan *heldConn
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	hc := &heldConn{Conn: c, writing: make(chan struct{}), release: make(chan struct{})}
+	l.conns <- hc
+	return hc, nil
+}
+
+// A graceful shutdown does not cut off the end of a reply still going out
+// to its client (the slot is already free then).
+func TestFrontEndShutdownKeepsTheEndOfAReply(t *testing.T) {
+	d, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deploy(d, "f", newSandbox(t, echo))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := &heldListener{Listener: ln, conns: make(chan *heldConn, 1)}
+	f := d.newFrontEnd(d.newServer())
+	go func() { _ = f.serve(hl) }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	hc := recv(t, hl.conns, "the connection")
+	recv(t, hc.writing, "the reply's flush") // all of it fits in the buffer: this is its end
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- f.shutdown(ctx)
+	}()
+	waitFor(t, "the shutdown to begin", f.closing.Load)
+	f.sweep() // what the shutdown does to idle connections, once more
+	close(hc.release)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the reply was cut off by the shutdown: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"Path":"/"`) {
+		t.Fatalf("reply %d %q", resp.StatusCode, b)
+	}
+	if err := recv(t, done, "the shutdown"); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
+
+// A graceful shutdown waits for calls it handed to net/http; a request
+// still being read when it began that net/http would have to take (which
+// net/http, shutting down, would drop unanswered) gets a clear 503.
+func TestFrontEndShutdownFinishesHandedOffCalls(t *testing.T) {
+	d, front := newTestDP(t, nil)
+	g := newGate(t)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("long", func(s *briskv1.FunctionSpec) { s.Concurrency = 2 })},
+		Added:     []*briskv1.Endpoint{ep("long", "sb-1", g.addr)}})
+	addr := strings.TrimPrefix(front.URL, "http://")
+	chunked := "POST /function/long HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"
+	running, err := net.Dial("tcp", addr) // a handed-off call, running at the shutdown
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	if _, err := io.WriteString(running, chunked); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, g.arrived, "the handed-off call at the sandbox")
+	reading, err := net.Dial("tcp", addr) // half a head at the shutdown
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reading.Close()
+	if _, err := io.WriteString(reading, chunked[:20]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second connection to be read", func() bool {
+		front.front.mu.Lock()
+		defer front.front.mu.Unlock()
+		for c := range front.front.conns {
+			if int32(c.word.Load()&stMask) == stRead {
+				return true
+			}
+		}
+		return false
+	})
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- front.front.shutdown(ctx)
+	}()
+	waitFor(t, "the shutdown to begin", front.front.closing.Load)
+	if _, err := io.WriteString(reading, chunked[20:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = reading.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(reading), nil)
+	if err != nil {
+		t.Fatalf("a request net/http must take, completed during the shutdown: %v", err)
+	}
+	wantError(t, result{code: resp.StatusCode, header: resp.Header, body: string(must(io.ReadAll(resp.Body)))}, http.StatusServiceUnavailable, "shutting down")
+	if !resp.Close {
+		t.Fatal("the refusal does not close the connection")
+	}
+	g.release <- struct{}{}
+	_ = running.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err = http.ReadResponse(bufio.NewReader(running), nil)
+	if err != nil {
+		t.Fatalf("a handed-off call running at the shutdown: %v", err)
+	}
+	if b := must(io.ReadAll(resp.Body)); resp.StatusCode != 200 || !strings.HasPrefix(string(b), "done") {
+		t.Fatalf("a handed-off call running at the shutdown: %d %q", resp.StatusCode, b)
+	}
+	if err := recv(t, done, "the shutdown"); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+}
+
+// A function's chunked reply reaches the client in the data plane's own
+// framing: size lines written anew, trailers only as valid header lines
+// and never the data plane's own headers.
+func TestFrontEndReframesChunkedReplies(t *testing.T) {
+	d, front := newTestDP(t, nil)
+	addr := strings.TrimPrefix(front.URL, "http://")
+	sb := newOneShotSandbox(t, false, func(int) bool { return true })
+	sb.replyWith = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"5;x\rQ\x00\r\nhello\r\n" + "6;ext=1\r\n world\r\n" +
+		"0\r\nX-Call-Id: spoof\r\nConnection: close\r\nX-Ok: yes\r\n\r\n"
+	deploy(d, "f", sb.addr)
+	got := rawCall(t, addr, "GET /function/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	for _, bad := range []string{"\rQ", "\x00", "ext=", "spoof"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("the client got %q from the function's framing: %q", bad, got)
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", got, err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || string(b) != "hello world" || resp.Trailer.Get("X-Ok") != "yes" || resp.Trailer.Get("X-Call-Id") != "" {
+		t.Fatalf("body %q (%v), trailers %v", b, err, resp.Trailer)
+	}
+
+	bad := newOneShotSandbox(t, false, func(int) bool { return true })
+	bad.replyWith = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nBad Name\x01: x\r\n\r\n"
+	deploy(d, "g", bad.addr)
+	got = rawCall(t, addr, "GET /function/g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if strings.Contains(got, "Bad Name") || strings.HasSuffix(got, "0\r\n\r\n") {
+		t.Fatalf("a malformed trailer reached the client, or the reply looked whole: %q", got)
+	}
+}
+
+// The reaper judges a state by its own clock only: a connection that
+// moves between states whose clocks would condemn each other is never
+// closed.
+func TestFrontEndReaperSeesConsistentStates(t *testing.T) {
+	d, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := net.Pipe()
+	defer b.Close()
+	f := d.newFrontEnd(d.newServer())
+	c := f.newConn(a)
+	f.conns[c] = struct{}{}
+	const long = time.Hour
+	stop := make(chan struct{})
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Idle for a long while (well within its limit), then reading
+			// with a fresh clock: paired wrongly, the idle state's age and
+			// the read state's limit would close the connection.
+			now := d.nanotime()
+			if _, ok := c.move(inIdle, stRead, now, long); !ok {
+				return
+			}
+			if _, ok := c.move(inRead, stIdle, now-int64(long), 2*long); !ok {
+				return
+			}
+		}
+	}()
+	for range 20000 {
+		f.sweep()
+		if int32(c.word.Load()&stMask) == stGone {
+			break
+		}
+	}
+	close(stop)
+	<-moved
+	if s := int32(c.word.Load() & stMask); s == stGone {
+		t.Fatal("the reaper closed a connection by another state's clock")
+	}
 }

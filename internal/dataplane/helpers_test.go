@@ -204,3 +204,10 @@ func (d *DataPlane) queued(name string) int {
 	}
 	return int(fn.nwait.Load())
 }
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
