@@ -299,11 +299,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		if attempt == 0 {
-			up, reused, err = st.ep.conns.get(false)
-		} else {
-			up, err = st.ep.conns.dial()
-		}
+		up, reused, err = st.ep.conns.take(attempt, false)
 		if err != nil {
 			return c.failCall(st, err, callID)
 		}

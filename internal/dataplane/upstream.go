@@ -138,6 +138,17 @@ func (c *upConn) alive() bool {
 	return err == nil && alive
 }
 
+// take returns the connection for a call's attempt: a pooled one for the
+// first (get), a new one for a replay, which must not meet another
+// connection the sandbox closed.
+func (p *connPool) take(attempt int, probe bool) (c *upConn, reused bool, err error) {
+	if attempt == 0 {
+		return p.get(probe)
+	}
+	c, err = p.dial()
+	return c, false, err
+}
+
 func (p *connPool) dial() (*upConn, error) {
 	nc, err := net.DialTimeout("tcp", p.addr, dialTimeout)
 	if err != nil {
@@ -247,11 +258,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		if attempt == 0 {
-			c, reused, err = st.ep.conns.get(!buffered)
-		} else {
-			c, err = st.ep.conns.dial()
-		}
+		c, reused, err = st.ep.conns.take(attempt, !buffered)
 		if err != nil {
 			return d.failUpstream(w, st, err)
 		}
