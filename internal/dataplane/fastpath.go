@@ -3,7 +3,6 @@ package dataplane
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -104,7 +103,6 @@ func (c *frontConn) next() (*function, reqAction) {
 	}
 	_, _ = c.br.Discard(end)
 	rq := &c.req
-	rq.body = nil
 	if n := rq.length; n > 0 {
 		// The read timeout counts from the request's first byte.
 		if _, ok := c.move(inRead, stRead, c.since.Load(), cfg.ReadTimeout); !ok {
@@ -349,20 +347,18 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	} else {
 		up.nc.Close() // a watch that found the client gone may have aborted it
 	}
-	if upErr != nil || downErr != nil {
-		if downErr != nil || c.gone.Load() {
-			st.code = statusClientGone
-		} else {
-			// The status went out already: closing the connection shows
-			// the client the reply was cut off.
-			d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
-			st.code = http.StatusBadGateway
-		}
-		d.finish(st, nil)
-		return false
+	cut := upErr != nil || downErr != nil
+	switch {
+	case cut && (downErr != nil || c.gone.Load()):
+		st.code = statusClientGone
+	case cut:
+		// The status went out already: closing the connection shows the
+		// client the reply was cut off.
+		d.log.Debug("sandbox reply cut off", "function", st.fn.name, "sandbox", st.ep.id, "err", upErr)
+		st.code = http.StatusBadGateway
 	}
 	d.finish(st, nil)
-	if c.bw.Flush() != nil || !keep || !usable {
+	if cut || c.bw.Flush() != nil || !keep || !usable {
 		return false
 	}
 	return c.idle()
@@ -433,18 +429,7 @@ func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error
 		}
 	}
 	writeForwarding(bw, c.remote, rq.host, st.ep.id, callID)
-	switch {
-	case len(rq.body) > 0:
-		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(rq.body)), 10))
-		bw.WriteString("\r\n\r\n")
-		bw.Write(rq.body)
-	default:
-		if string(rq.method) == http.MethodPost || string(rq.method) == http.MethodPut || string(rq.method) == http.MethodPatch {
-			bw.WriteString("Content-Length: 0\r\n")
-		}
-		bw.WriteString("\r\n")
-	}
+	writeBody(bw, rq.method, rq.body)
 	return bw.Flush()
 }
 
@@ -500,10 +485,7 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 			break
 		}
 		if rh.code != http.StatusContinue {
-			c.bw.WriteString("HTTP/1.1 ")
-			c.bw.Write(rh.status)
-			c.bw.WriteString("\r\n")
-			c.writeReplyHeaders(rh)
+			c.writeStatus(rh)
 			c.bw.WriteString("\r\n")
 			if c.bw.Flush() != nil {
 				return errClientWrite
@@ -517,7 +499,7 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 		rh.noBody = true
 	case rh.te != nil:
 		rh.length = -1
-		if lastCoding([]string{string(rh.te)}) == "chunked" {
+		if lastCodingIs(rh.te, "chunked") {
 			rh.chunked = true
 		} else {
 			rh.keepAlive = false // read until close
@@ -589,10 +571,7 @@ func parseReplyHead(b []byte, rh *replyHead, hdrs []hdrSpan) ([]hdrSpan, error) 
 // with the call's own headers and the framing of the relayed body.
 func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, keep bool) {
 	bw := c.bw
-	bw.WriteString("HTTP/1.1 ")
-	bw.Write(rh.status)
-	bw.WriteString("\r\n")
-	c.writeReplyHeaders(rh)
+	c.writeStatus(rh)
 	bw.WriteString("X-Call-Id: ")
 	bw.Write(callID)
 	bw.WriteString("\r\nX-Brisk-Sandbox: ")
@@ -604,18 +583,8 @@ func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, k
 		writeDate(bw)
 	}
 	switch {
-	case rh.noBody:
-		if rh.length >= 0 && c.req.isHead {
-			for _, s := range rh.hdrs { // a HEAD reply tells the length of the body it omits
-				if s.kind == kLength {
-					bw.WriteString("Content-Length: ")
-					bw.Write(s.value(c.rbuf))
-					bw.WriteString("\r\n")
-					break
-				}
-			}
-		}
-	case rh.length >= 0:
+	case rh.noBody && !(c.req.isHead && rh.length >= 0):
+	case rh.length >= 0: // a HEAD reply's too: the length of the body it omits
 		bw.WriteString("Content-Length: ")
 		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), rh.length, 10))
 		bw.WriteString("\r\n")
@@ -628,8 +597,11 @@ func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, k
 	bw.WriteString("\r\n")
 }
 
-// writeReplyHeaders writes the reply's end-to-end headers.
-func (c *frontConn) writeReplyHeaders(rh *replyHead) {
+// writeStatus writes the reply's status line and end-to-end headers.
+func (c *frontConn) writeStatus(rh *replyHead) {
+	c.bw.WriteString("HTTP/1.1 ")
+	c.bw.Write(rh.status)
+	c.bw.WriteString("\r\n")
 	b := c.rbuf
 	for _, s := range rh.hdrs {
 		if s.kind != kFwd && s.kind != kDate {
@@ -648,7 +620,7 @@ func (c *frontConn) writeReplyHeaders(rh *replyHead) {
 // writeError writes a brisk-generated error as JSON. It reports whether
 // the write succeeded.
 func (c *frontConn) writeError(code int, msg string, callID []byte, keep bool) bool {
-	body, _ := json.Marshal(errorBody{msg})
+	body := errorJSON(msg)
 	bw := c.bw
 	bw.WriteString("HTTP/1.1 ")
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(code), 10))
@@ -661,7 +633,7 @@ func (c *frontConn) writeError(code int, msg string, callID []byte, keep bool) b
 		bw.WriteString("\r\n")
 	}
 	bw.WriteString("Content-Length: ")
-	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)+1), 10))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
 	bw.WriteString("\r\n")
 	writeDate(bw)
 	if !keep {
@@ -669,7 +641,6 @@ func (c *frontConn) writeError(code int, msg string, callID []byte, keep bool) b
 	}
 	bw.WriteString("\r\n")
 	bw.Write(body)
-	bw.WriteByte('\n')
 	return bw.Flush() == nil
 }
 
@@ -891,22 +862,51 @@ func parseLength(v []byte) (int64, bool) {
 	return n, true
 }
 
+// text is a header value as the front end holds it (bytes) or net/http
+// does (a string).
+type text interface{ ~string | ~[]byte }
+
 // tokens iterates over the comma-separated elements of a header value,
 // trimmed.
-func tokens(v []byte) func(func([]byte) bool) {
-	return func(yield func([]byte) bool) {
+func tokens[S text](v S) func(func(S) bool) {
+	return func(yield func(S) bool) {
 		for len(v) > 0 {
 			tok := v
-			if i := bytes.IndexByte(v, ','); i >= 0 {
+			i := 0
+			for i < len(v) && v[i] != ',' {
+				i++
+			}
+			if i < len(v) {
 				tok, v = v[:i], v[i+1:]
 			} else {
-				v = nil
+				v = v[:0]
 			}
-			if tok = bytes.Trim(tok, " \t"); len(tok) > 0 && !yield(tok) {
+			if tok = trimOWS(tok); len(tok) > 0 && !yield(tok) {
 				return
 			}
 		}
 	}
+}
+
+// trimOWS trims spaces and tabs off both ends.
+func trimOWS[S text](v S) S {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
+// lastCodingIs reports whether a Transfer-Encoding value's last coding is
+// coding ("gzip, chunked": chunked).
+func lastCodingIs[S text](te S, coding string) bool {
+	i := len(te)
+	for i > 0 && te[i-1] != ',' {
+		i--
+	}
+	return asciiEqualFold(trimOWS(te[i:]), coding)
 }
 
 // connectionLists reports whether a Connection header among hdrs names
@@ -925,7 +925,8 @@ func connectionLists(b []byte, hdrs []hdrSpan, name []byte) bool {
 	return false
 }
 
-func asciiEqualFold(b []byte, lower string) bool {
+// asciiEqualFold reports whether b is lower, ignoring ASCII case.
+func asciiEqualFold[S text](b S, lower string) bool {
 	if len(b) != len(lower) {
 		return false
 	}
@@ -1062,24 +1063,23 @@ func validHost(b []byte) bool {
 	return true
 }
 
-func idempotentMethod(m []byte) bool {
-	switch string(m) {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	return false
+// idempotentMethod: the methods http.Transport sends again after a
+// connection failure.
+func idempotentMethod[S text](m S) bool {
+	return same(m, http.MethodGet) || same(m, http.MethodHead) || same(m, http.MethodOptions) || same(m, http.MethodTrace)
 }
 
-// writeCallID fills b with a new call id, as newCallID.
-func writeCallID(b *[32]byte) {
-	const digits = "0123456789abcdef"
-	for half := 0; half < 2; half++ {
-		v := randUint64()
-		for i := 0; i < 16; i++ {
-			b[half*16+i] = digits[v&0xf]
-			v >>= 4
+// same reports whether a equals b, without converting a.
+func same[S text](a S, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range len(b) {
+		if a[i] != b[i] {
+			return false
 		}
 	}
+	return true
 }
 
 // httpDate is a Date header line, made once a second.

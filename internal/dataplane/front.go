@@ -73,9 +73,8 @@ const (
 )
 
 var (
-	errFrontClosed = errors.New("dataplane: front end closed")
-	bufReaders     = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, frontBufSize) }}
-	bufWriters     = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, frontBufSize) }}
+	bufReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, frontBufSize) }}
+	bufWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, frontBufSize) }}
 )
 
 type frontEnd struct {
@@ -412,7 +411,8 @@ func (c *frontConn) refuse(code int, msg string) {
 }
 
 // handOff passes the connection, and what was read of it, to the net/http
-// server. It reports whether the server took it.
+// server. It reports whether the connection left the front end (false: the
+// reaper closed it first, and it is still the front end's to finish).
 func (c *frontConn) handOff() bool {
 	c.f.untrack(c)
 	if _, ok := c.move(inRead, stGone, 0, 0); !ok { // timed out meanwhile

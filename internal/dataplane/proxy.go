@@ -369,10 +369,16 @@ func writeError(w http.ResponseWriter, callID []string, code int, msg string) {
 	if callID != nil {
 		h["X-Call-Id"] = callID
 	}
-	b, _ := json.Marshal(errorBody{msg})
-	h["Content-Length"] = []string{strconv.Itoa(len(b) + 1)}
+	b := errorJSON(msg)
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(code)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
+}
+
+// errorJSON is the body of a brisk-generated error, with its newline.
+func errorJSON(msg string) []byte {
+	b, _ := json.Marshal(errorBody{msg})
+	return append(b, '\n')
 }
 
 // newCallID returns 16 random bytes in hex.
@@ -382,9 +388,19 @@ func newCallID() string {
 	return string(b[:])
 }
 
-// randUint64 draws call ids. They need uniqueness, not secrecy, so the
-// runtime's per-thread generator is enough.
-func randUint64() uint64 { return rand.Uint64() }
+// writeCallID fills b with a new call id: 16 random bytes in hex. Call ids
+// need uniqueness, not secrecy, so the runtime's per-thread generator is
+// enough.
+func writeCallID(b *[32]byte) {
+	const digits = "0123456789abcdef"
+	for half := 0; half < 2; half++ {
+		v := rand.Uint64()
+		for i := 0; i < 16; i++ {
+			b[half*16+i] = digits[v&0xf]
+			v >>= 4
+		}
+	}
+}
 
 func timing(queueUs int64, cold bool, proxyUs int64) string {
 	var b [96]byte

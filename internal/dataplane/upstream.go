@@ -435,8 +435,7 @@ func (d *DataPlane) failBody(w http.ResponseWriter, r *http.Request, st *reqStat
 // idempotent: calls http.Transport would send again after a connection
 // failure — safe methods, or a client's idempotency key.
 func idempotent(r *http.Request) bool {
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+	if idempotentMethod(r.Method) {
 		return true
 	}
 	_, k1 := r.Header["Idempotency-Key"]
@@ -522,16 +521,8 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 	}
 	writeForwarding(bw, remote, r.Host, st.ep.id, st.callID[0])
 	switch {
-	case buffered && len(body) > 0:
-		bw.WriteString("Content-Length: ")
-		bw.WriteString(strconv.Itoa(len(body)))
-		bw.WriteString("\r\n\r\n")
-		bw.Write(body)
 	case buffered:
-		if r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch {
-			bw.WriteString("Content-Length: 0\r\n")
-		}
-		bw.WriteString("\r\n")
+		writeBody(bw, r.Method, body)
 	case r.ContentLength > 0: // streamed by streamBody
 		bw.WriteString("Content-Length: ")
 		bw.WriteString(strconv.FormatInt(r.ContentLength, 10))
@@ -601,6 +592,23 @@ func writeForwarding[S string | []byte](bw *bufio.Writer, remote string, host S,
 	bw.WriteString(sandbox)
 	bw.WriteString("\r\nX-Call-Id: ")
 	bw.Write(append(bw.AvailableBuffer(), callID...))
+	bw.WriteString("\r\n")
+}
+
+// writeBody ends a request head to a sandbox with a body read in full:
+// its length (0 for an empty POST, PUT or PATCH, as net/http sends them)
+// and the body.
+func writeBody[S text](bw *bufio.Writer, method S, body []byte) {
+	switch {
+	case len(body) > 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
+		bw.WriteString("\r\n\r\n")
+		bw.Write(body)
+		return
+	case same(method, http.MethodPost), same(method, http.MethodPut), same(method, http.MethodPatch):
+		bw.WriteString("Content-Length: 0\r\n")
+	}
 	bw.WriteString("\r\n")
 }
 
@@ -678,7 +686,7 @@ func (c *upConn) readHead(h *respHead, w http.ResponseWriter) error {
 		case c.head, code == http.StatusNoContent, code == http.StatusNotModified:
 			h.noBody, h.length = true, 0
 		case len(hdr["Transfer-Encoding"]) > 0:
-			if lastCoding(hdr["Transfer-Encoding"]) == "chunked" {
+			if te := hdr["Transfer-Encoding"]; lastCodingIs(te[len(te)-1], "chunked") {
 				h.chunked = true
 			} else {
 				h.keepAlive = false // read until close
@@ -780,8 +788,8 @@ func hopByHop(k string) bool {
 // name k.
 func listedIn(conn []string, k string) bool {
 	for _, v := range conn {
-		for f := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), k) {
+		for f := range tokens(v) {
+			if strings.EqualFold(f, k) {
 				return true
 			}
 		}
@@ -790,13 +798,3 @@ func listedIn(conn []string, k string) bool {
 }
 
 func connectionClose(conn []string) bool { return listedIn(conn, "close") }
-
-// lastCoding is the last transfer coding named ("gzip, chunked" → chunked),
-// lower-cased.
-func lastCoding(te []string) string {
-	v := te[len(te)-1]
-	if i := strings.LastIndexByte(v, ','); i >= 0 {
-		v = v[i+1:]
-	}
-	return strings.ToLower(strings.TrimSpace(v))
-}

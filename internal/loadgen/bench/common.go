@@ -289,6 +289,32 @@ func issue(ctx context.Context, o *Options, label string, is *loadgen.Issuer, ca
 	return recs, err
 }
 
+// load is how a run sends its calls to names: open-loop at rate, or with
+// closed closed-loop callers.
+type load struct {
+	rate   float64
+	closed int
+	names  []string
+	execMs int
+}
+
+// send sends one run of l through inv, warm-up calls first.
+func (l load) send(ctx context.Context, o *Options, label string, inv loadgen.Invoker, warmup, d time.Duration) ([]loadgen.Record, error) {
+	if l.closed > 0 {
+		return closedLoop(ctx, o, label, &loadgen.ClosedLoop{Invoker: inv, Callers: l.closed, Warmup: warmup,
+			Duration: d, Functions: l.names, RuntimeMs: l.execMs, Grace: o.Grace})
+	}
+	return issue(ctx, o, label, newIssuer(o, inv), constantRate(l.names, l.rate, warmup, d, l.execMs))
+}
+
+// title names the load in a plot's title.
+func (l load) title(what string) string {
+	if l.closed > 0 {
+		return fmt.Sprintf("%s, %d closed-loop callers", what, l.closed)
+	}
+	return fmt.Sprintf("%s at %g req/s", what, l.rate)
+}
+
 // closedLoop runs cl with a progress bar. A closed loop cannot fall behind
 // a schedule, so its runs are always valid.
 func closedLoop(ctx context.Context, o *Options, label string, cl *loadgen.ClosedLoop) ([]loadgen.Record, error) {

@@ -98,17 +98,9 @@ func HTTP(ctx context.Context, o Options, cfg HTTPConfig) (*HTTPSummary, string,
 	}
 	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Header: cfg.Header,
 		Route: func(c *loadgen.Call) loadgen.Target { return targets[c.Function] }}
+	ld := load{rate: cfg.Rate, closed: cfg.Closed, names: names, execMs: cfg.ExecMs}
 	cpu0 := processCPU()
-	var recs []loadgen.Record
-	var err error
-	title := fmt.Sprintf("calls at %g req/s", cfg.Rate)
-	if cfg.Closed > 0 {
-		title = fmt.Sprintf("calls, %d closed-loop callers", cfg.Closed)
-		recs, err = closedLoop(ctx, &o, "http  ", &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: cfg.Warmup,
-			Duration: cfg.Duration, Functions: names, RuntimeMs: cfg.ExecMs, Grace: o.Grace})
-	} else {
-		recs, err = issue(ctx, &o, "http  ", newIssuer(&o, inv), constantRate(names, cfg.Rate, cfg.Warmup, cfg.Duration, cfg.ExecMs))
-	}
+	recs, err := ld.send(ctx, &o, "http  ", inv, cfg.Warmup, cfg.Duration)
 	if err != nil {
 		return nil, "", err
 	}
@@ -119,7 +111,7 @@ func HTTP(ctx context.Context, o Options, cfg HTTPConfig) (*HTTPSummary, string,
 	out.Validity, verr = validity(&o, recs)
 	out.Host = host()
 	err = writeOutputs(o.Out, out, map[string][]loadgen.Record{"invocations.csv": recs}, []plotSpec{{file: "latency_cdf.png",
-		title: title, xLabel: "response time (ms)", logX: true,
+		title: ld.title("calls"), xLabel: "response time (ms)", logX: true,
 		series: []loadgen.Series{{Name: "http", Values: latencies(recs)}}}})
 	text := formatLoad("http  ", &out.Summary, out.Validity, o.Force) + "\n" + out.Host.String()
 	return out, text, errors.Join(verr, err)

@@ -136,20 +136,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 	if err := primeDataPlane(ctx, brisk, names); err != nil {
 		return nil, "", err
 	}
-	// run sends one slice of the load through inv, with warm-up calls
-	// first: the schedule open-loop, or closed-loop.
-	run := func(label string, inv loadgen.Invoker, warmup, d time.Duration) ([]loadgen.Record, time.Duration, error) {
-		cpu0 := processCPU()
-		var recs []loadgen.Record
-		var err error
-		if cfg.Closed > 0 {
-			recs, err = closedLoop(ctx, &o, label, &loadgen.ClosedLoop{Invoker: inv, Callers: cfg.Closed, Warmup: warmup,
-				Duration: d, Functions: names, RuntimeMs: cfg.ExecMs, Grace: o.Grace})
-		} else {
-			recs, err = issue(ctx, &o, label, newIssuer(&o, inv), constantRate(names, cfg.Rate, warmup, d, cfg.ExecMs))
-		}
-		return recs, processCPU() - cpu0, err
-	}
+	ld := load{rate: cfg.Rate, closed: cfg.Closed, names: names, execMs: cfg.ExecMs}
 
 	rounds := max(cfg.Rounds, 1)
 	out := &WarmSummary{Command: "bench warm", Target: "brisk", Config: WarmConfigJSON{Rate: cfg.Rate, Closed: cfg.Closed, DurationS: cfg.Duration.Seconds(),
@@ -183,11 +170,12 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 			warmup = 0
 		}
 		for _, sd := range sides {
-			recs, cpu, err := run(sd.label, sd.inv, warmup, cfg.Duration/time.Duration(rounds))
+			cpu0 := processCPU()
+			recs, err := ld.send(ctx, &o, sd.label, sd.inv, warmup, cfg.Duration/time.Duration(rounds))
 			if err != nil {
 				return nil, "", err
 			}
-			sd.add(recs, cpu)
+			sd.add(recs, processCPU()-cpu0)
 		}
 	}
 
@@ -230,11 +218,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 		}
 	}
 	out.Host = host()
-	title := fmt.Sprintf("warm calls at %g req/s", cfg.Rate)
-	if cfg.Closed > 0 {
-		title = fmt.Sprintf("warm calls, %d closed-loop callers", cfg.Closed)
-	}
-	err := writeOutputs(o.Out, out, csvs, []plotSpec{{file: "latency_cdf.png", title: title,
+	err := writeOutputs(o.Out, out, csvs, []plotSpec{{file: "latency_cdf.png", title: ld.title("warm calls"),
 		xLabel: "response time (ms)", logX: true, series: series}})
 	text = append(text, out.Host.String())
 	return out, strings.Join(text, "\n"), errors.Join(firstErr, err)
