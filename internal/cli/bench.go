@@ -243,7 +243,7 @@ run measures saturation throughput (what the system serves with all cores
 busy) without the backlog an open-loop generator builds past the knee.
 --compare-direct then reports brisk's throughput over --direct's.`,
 		Example: `  brisk bench warm --local --rate 2000 --duration 10s --compare-direct --out results/warm-2000
-  brisk bench warm --local --closed 64 --duration 10s --compare-direct --out results/saturation
+  brisk bench warm --local --closed 64 --duration 10s --rounds 5 --compare-direct --out results/saturation
   brisk bench warm --rate 500 --duration 30s --functions 4 --sandboxes 2`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -293,8 +293,8 @@ func newBenchHTTP() *cobra.Command {
 		Use:   "http --url URL (--rate R | --closed N) --duration D",
 		Short: "The warm benchmark's load sent to any HTTP endpoint (another platform, side by side)",
 		Long: `Send open-loop calls at a constant rate (or, with --closed N, N closed-loop
-callers) to any HTTP endpoint, with the same
-generator, CSV, summary and plots as bench warm, but nothing registered or
+callers) to any HTTP endpoint, with the same generator, CSV, summary and
+plots as bench warm, but nothing registered or
 started: the functions must already exist. Calls go round-robin over
 --functions functions; "{i}" in --url and --host is replaced by the function's
 index (0..functions-1). Use it to measure another FaaS platform on the same
