@@ -3,8 +3,11 @@ GO        ?= go
 BIN       ?= bin/brisk
 PKGS      ?= ./...
 TEST_TIMEOUT ?= 20m
+# Each of h1's differential fuzz targets runs this long in `make test`.
+FUZZTIME  ?= 20s
+FUZZ_TARGETS = FuzzRequestHead FuzzReplyHead FuzzChunked
 
-.PHONY: help build demo up test test-short vet fmt bench microbench proto setup clean
+.PHONY: help build demo up test test-short fuzz vet fmt bench microbench proto setup clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -19,8 +22,15 @@ demo: build ## start a local cluster, deploy and call functions, keep serving un
 up: build ## run a local cluster (brisk up) in the foreground
 	./$(BIN) up
 
-test: vet ## run the whole test suite (unit, race, integration) — what CI runs
+test: vet ## run the whole test suite (unit, race, integration, bounded fuzzing) — what CI runs
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(MAKE) fuzz
+
+fuzz: ## run internal/h1's differential fuzz targets against net/http, FUZZTIME each (one target per go test)
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz $$t for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./internal/h1 || exit 1; \
+	done
 
 test-short: ## unit tests only, no race detector
 	$(GO) test -short -count=1 $(PKGS)

@@ -211,6 +211,7 @@ planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
 func newDataPlane(g *globals) *cobra.Command {
 	var id, listen, cpAddr string
 	var maxConns int
+	var bodyBuffer, bodyTotal, minRate int64
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
@@ -223,7 +224,11 @@ func newDataPlane(g *globals) *cobra.Command {
 			if maxConns < 1 {
 				return usageError{fmt.Errorf("--max-connections %d: must be positive", maxConns)}
 			}
+			if bodyBuffer < 0 || bodyTotal < 0 || minRate < 1 {
+				return usageError{fmt.Errorf("--body-buffer %d, --body-buffer-total %d and --min-body-rate %d: must not be negative (the rate at least 1)", bodyBuffer, bodyTotal, minRate)}
+			}
 			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, MaxConnections: maxConns,
+				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate,
 				Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
@@ -236,6 +241,9 @@ func newDataPlane(g *globals) *cobra.Command {
 	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c)")
 	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
 	c.Flags().IntVar(&maxConns, "max-connections", dataplane.DefaultMaxConnections, "client connections open at once; more are closed as they are accepted")
+	c.Flags().Int64Var(&bodyBuffer, "body-buffer", 0, "bytes of a request body read before the call takes a sandbox slot (0: the whole body, up to the 6 MiB limit)")
+	c.Flags().Int64Var(&bodyTotal, "body-buffer-total", dataplane.DefaultBodyBufferTotal, "bytes all buffered request bodies may hold at once; past it, bodies stream")
+	c.Flags().Int64Var(&minRate, "min-body-rate", dataplane.DefaultMinBodyRate, "bytes/s a streamed request body must keep up (after 2 s); slower clients get 408")
 	return c
 }
 

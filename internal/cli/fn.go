@@ -31,7 +31,7 @@ type deployFlags struct {
 	env                                    []string
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
-	writableRoot                           bool
+	writableRoot, streamRequests           bool
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -123,6 +123,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.BoolVar(&f.writableRoot, "writable-root", false, "containerd: give the container a writable root file system (default: read-only, writable /tmp)")
+	fl.BoolVar(&f.streamRequests, "stream-requests", false, "send request bodies to the function as they arrive (full-duplex calls); by default a body is read before the call takes a sandbox")
 }
 
 func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
@@ -180,6 +181,9 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("memory") {
 		fn.Resources.MemoryMB = f.memory
+	}
+	if set("stream-requests") {
+		fn.StreamRequests = f.streamRequests
 	}
 	if set("writable-root") {
 		fn.WritableRoot = f.writableRoot
@@ -287,10 +291,10 @@ func newFnList(g *globals) *cobra.Command {
 				return printJSON(fns)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION")
+			fmt.Fprintln(tw, "NAME\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION\tCONDITION")
 			for _, f := range fns {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", f.Name, kind(f.Function), f.Status.Desired, f.Status.Ready,
-					f.Status.Pending, f.Concurrency, f.Revision)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Name, kind(f.Function), f.Status.Desired, f.Status.Ready,
+					f.Status.Pending, f.Concurrency, f.Revision, condition(f.Status.Condition, f.Status.Message))
 			}
 			return tw.Flush()
 		},
@@ -355,9 +359,9 @@ func newStatus(g *globals) *cobra.Command {
 					n.Requested.MilliCPU, n.Capacity.MilliCPU, n.Requested.MemoryMB, n.Capacity.MemoryMB)
 			}
 			fmt.Fprintln(tw)
-			fmt.Fprintf(tw, "FUNCTION\tDESIRED\tREADY\tPENDING\n")
+			fmt.Fprintf(tw, "FUNCTION\tDESIRED\tREADY\tPENDING\tCONDITION\n")
 			for _, f := range st.Functions {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", f.Name, f.Desired, f.Ready, f.Pending)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", f.Name, f.Desired, f.Ready, f.Pending, condition(f.Condition, f.Message))
 			}
 			fmt.Fprintln(tw)
 			fmt.Fprintf(tw, "DATA PLANE\tADDRESS\tCONNECTED\n")
@@ -413,15 +417,22 @@ func newInvoke(g *globals) *cobra.Command {
 				fmt.Fprintf(os.Stderr, "status: %d\ncall id: %s\nsandbox: %s\ntiming: %s\ntotal: %s\n", res.Status,
 					res.Header.Get("X-Call-Id"), res.Header.Get("X-Brisk-Sandbox"), res.Header.Get("X-Brisk-Timing"),
 					res.Duration.Round(time.Microsecond))
-				if strings.Contains(res.Header.Get("X-Brisk-Timing"), "cold=true") {
+				switch {
+				case res.Header.Get("X-Brisk-Error") != "":
+					fmt.Fprintf(os.Stderr, "brisk error: %s (the platform answered, not the function)\n", res.Header.Get("X-Brisk-Error"))
+				case res.Header.Get("X-Brisk-Sandbox") == "":
+				case strings.Contains(res.Header.Get("X-Brisk-Timing"), "cold=true"):
 					fmt.Fprintln(os.Stderr, "start: cold (waited for a new sandbox)")
-				} else {
+				default:
 					fmt.Fprintln(os.Stderr, "start: warm")
 				}
 			}
 			os.Stdout.Write(res.Body)
 			if len(res.Body) > 0 && res.Body[len(res.Body)-1] != '\n' {
 				fmt.Println()
+			}
+			if why := res.Header.Get("X-Brisk-Error"); why != "" {
+				return fmt.Errorf("brisk answered HTTP %d: %s", res.Status, why)
 			}
 			if res.Status/100 != 2 {
 				return fmt.Errorf("function %s answered HTTP %d", args[0], res.Status)
@@ -480,4 +491,13 @@ controlplane --peers) refuses; back up a stopped replica's data dir instead.`,
 			return nil
 		},
 	}
+}
+
+// condition renders a function's condition for a table: "-" when nothing
+// is wrong, else the reason and its message.
+func condition(reason, msg string) string {
+	if reason == "" {
+		return "-"
+	}
+	return reason + ": " + msg
 }

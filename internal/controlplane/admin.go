@@ -50,6 +50,9 @@ type FunctionSummary struct {
 	Desired  int    `json:"desired"`
 	Ready    int    `json:"ready"`
 	Pending  int    `json:"pending"`
+	// Condition: why the function lacks sandboxes (FunctionStatus).
+	Condition string `json:"condition,omitempty"`
+	Message   string `json:"message,omitempty"`
 }
 
 func (cp *ControlPlane) adminHandler() http.Handler {
@@ -287,7 +290,7 @@ func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
 	for _, fs := range c.fns {
 		st := fs.statusLocked()
 		v.Functions = append(v.Functions, FunctionSummary{Name: fs.spec.Name, Revision: fs.spec.Revision,
-			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending})
+			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending, Condition: st.Condition, Message: st.Message})
 	}
 	c.mu.Unlock()
 	sort.Slice(v.Functions, func(i, j int) bool { return v.Functions[i].Name < v.Functions[j].Name })

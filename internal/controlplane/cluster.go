@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
 	"runtime"
@@ -50,6 +51,11 @@ type sandboxRec struct {
 	// once the node is fenced (NodeGrace): a short blip must not churn
 	// sandboxes (CHAIN.md §3.10 case 16). The next handshake restores it.
 	withdrawn bool
+	// verifyAsked: a data plane could not connect to it and its worker was
+	// asked to check it then (zero: no check pending). The worker answers
+	// EXITED (replaced like any exit) or announces the sandbox again, which
+	// puts it back on every data plane (unreachable.go).
+	verifyAsked time.Time
 }
 
 type fnState struct {
@@ -73,7 +79,22 @@ type fnState struct {
 	backoffUntil time.Time // no new creates before this (crash-loop protection)
 	lastFailure  string
 	retryArmed   bool
+
+	placeErr string // why the last placement found no node ("": it did not fail)
+	// cond is the condition last published to data planes: why the
+	// function lacks sandboxes (a data-plane reason code and a message).
+	cond fnCondition
 }
+
+// fnCondition says why a function has no (or too few) sandboxes.
+type fnCondition struct {
+	reason, message string
+}
+
+const (
+	condNoCapacity      = "no-capacity"
+	condFunctionFailing = "function-failing"
+)
 
 type nodeState struct {
 	id        string // immutable; rec may be replaced under the lock
@@ -461,19 +482,25 @@ func (c *Cluster) reconcileLocked(fs *fnState) {
 	case active < want && now.Before(fs.backoffUntil):
 		c.armRetryLocked(fs, fs.backoffUntil.Sub(now))
 	case active < want:
+		fs.placeErr = ""
 		for ; active < want; active++ {
 			if err := c.placeLocked(fs); err != nil {
 				c.metrics.placementFailures.Inc()
 				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
+				fs.placeErr = c.noRoomMessage(fs, err)
 				c.armRetryLocked(fs, 500*time.Millisecond)
 				break
 			}
 		}
 	case active > want:
+		fs.placeErr = ""
 		for _, r := range c.victimsLocked(fs, active-want) {
 			c.tombstoneLocked(r)
 		}
+	default:
+		fs.placeErr = ""
 	}
+	c.refreshConditionLocked(fs)
 	if readyCur >= want || fs.deleted {
 		for _, r := range fs.sandboxes {
 			if r.rev != cur && r.state != sbTombstoned {
@@ -601,7 +628,10 @@ func (c *Cluster) applyUpdateLocked(n *nodeState, u *briskv1.SandboxRecord) {
 			r.state = sbReady
 			r.fn.failures = 0
 			c.publishAddLocked(r)
+			c.refreshConditionLocked(r.fn)
 			c.metrics.readyLatency.Observe(c.clk.Now().Sub(r.created).Seconds())
+		} else if r.state == sbReady {
+			c.verifiedLocked(r)
 		}
 	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
 		if r.state != sbTombstoned { // the worker gave up on it on its own
@@ -755,12 +785,17 @@ func (c *Cluster) checkNodesLocked(now time.Time) {
 
 // FunctionStatus is a function's scaling state for the admin API.
 type FunctionStatus struct {
-	Desired     int             `json:"desired"`
-	Ready       int             `json:"ready"`
-	Pending     int             `json:"pending"`
-	Terminating int             `json:"terminating"`
-	LastFailure string          `json:"last_failure,omitempty"`
-	Sandboxes   []SandboxStatus `json:"sandboxes"`
+	Desired     int    `json:"desired"`
+	Ready       int    `json:"ready"`
+	Pending     int    `json:"pending"`
+	Terminating int    `json:"terminating"`
+	LastFailure string `json:"last_failure,omitempty"`
+	// Condition is why the function lacks sandboxes ("no-capacity",
+	// "function-failing"; empty: nothing wrong), Message the detail. Calls
+	// that find no sandbox carry the same reason in X-Brisk-Error.
+	Condition string          `json:"condition,omitempty"`
+	Message   string          `json:"message,omitempty"`
+	Sandboxes []SandboxStatus `json:"sandboxes"`
 }
 
 // SandboxStatus is one sandbox as the control plane sees it.
@@ -783,7 +818,7 @@ func (c *Cluster) functionStatus(name string) (FunctionStatus, bool) {
 }
 
 func (fs *fnState) statusLocked() FunctionStatus {
-	st := FunctionStatus{Desired: fs.desired, LastFailure: fs.lastFailure, Sandboxes: []SandboxStatus{}}
+	st := FunctionStatus{Desired: fs.desired, LastFailure: fs.lastFailure, Condition: fs.cond.reason, Message: fs.cond.message, Sandboxes: []SandboxStatus{}}
 	for _, r := range fs.sandboxes {
 		switch r.state {
 		case sbReady:
@@ -884,4 +919,63 @@ func (c *Cluster) persistDrain(w *store.Worker) {
 			c.log.Error("persisting drain mark", "node", rec.ID, "err", err)
 		}
 	}()
+}
+
+// noRoomMessage explains a failed placement for people.
+func (c *Cluster) noRoomMessage(fs *fnState, err error) string {
+	if !errors.Is(err, placement.ErrNoCapacity) {
+		return err.Error()
+	}
+	connected := 0
+	for _, n := range c.nodeList {
+		if n.sess != nil && !n.rec.Drain {
+			connected++
+		}
+	}
+	if connected == 0 {
+		return "no worker node is connected"
+	}
+	return fmt.Sprintf("no node has room for a sandbox (cpu %dm, memory %d MiB; %d nodes connected)",
+		fs.spec.Resources.MilliCPU, fs.spec.Resources.MemoryMB, connected)
+}
+
+// conditionLocked says why fs lacks sandboxes, if anything is wrong: no
+// node has room for the next one, or its starts keep failing and none is
+// ready.
+func (fs *fnState) conditionLocked() fnCondition {
+	if fs.deleted {
+		return fnCondition{}
+	}
+	if fs.placeErr != "" {
+		return fnCondition{condNoCapacity, fs.placeErr}
+	}
+	if fs.failures > 0 {
+		for _, r := range fs.sandboxes {
+			if r.state == sbReady && r.rev == fs.spec.Revision {
+				return fnCondition{}
+			}
+		}
+		return fnCondition{condFunctionFailing, fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure)}
+	}
+	return fnCondition{}
+}
+
+// refreshConditionLocked publishes fs's condition to data planes when it
+// changed.
+func (c *Cluster) refreshConditionLocked(fs *fnState) {
+	cond := fs.conditionLocked()
+	if cond == fs.cond {
+		return
+	}
+	fs.cond = cond
+	pc := &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: cond.reason, Message: cond.message}
+	c.publishLocked(func(b *briskv1.EndpointBatch) {
+		for i, old := range b.Conditions {
+			if old.GetFunction() == pc.Function {
+				b.Conditions[i] = pc
+				return
+			}
+		}
+		b.Conditions = append(b.Conditions, pc)
+	})
 }

@@ -257,6 +257,10 @@ func (f *follower) ReportMetrics(ctx context.Context, _ *briskv1.MetricsReport) 
 	return nil, f.refuse(ctx)
 }
 
+func (f *follower) ReportUnreachable(ctx context.Context, _ *briskv1.UnreachableReport) (*briskv1.UnreachableAck, error) {
+	return nil, f.refuse(ctx)
+}
+
 func (f *follower) WatchEndpoints(_ *briskv1.WatchEndpointsRequest, stream briskv1.ControlPlane_WatchEndpointsServer) error {
 	return f.refuse(stream.Context())
 }

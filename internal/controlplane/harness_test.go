@@ -482,6 +482,7 @@ type routeWatch struct {
 	mu     sync.Mutex
 	routes map[string]map[string]bool // function -> sandbox ids
 	added  []string                   // every announced sandbox id, in order
+	conds  map[string]string          // function -> "reason: message"
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -530,6 +531,17 @@ func (w *routeWatch) apply(b *briskv1.EndpointBatch) {
 	defer w.mu.Unlock()
 	if b.GetSnapshot() {
 		w.routes = map[string]map[string]bool{}
+		w.conds = map[string]string{}
+	}
+	for _, c := range b.GetConditions() {
+		if w.conds == nil {
+			w.conds = map[string]string{}
+		}
+		if c.GetReason() == "" {
+			delete(w.conds, c.GetFunction())
+		} else {
+			w.conds[c.GetFunction()] = c.GetReason() + ": " + c.GetMessage()
+		}
 	}
 	for _, f := range b.GetFunctions() {
 		if w.routes[f.GetName()] == nil {
@@ -551,6 +563,13 @@ func (w *routeWatch) apply(b *briskv1.EndpointBatch) {
 			delete(set, id)
 		}
 	}
+}
+
+// condition is fn's condition as the stream last said ("": none).
+func (w *routeWatch) condition(fn string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.conds[fn]
 }
 
 // ids lists the sandboxes the stream routes fn to.

@@ -31,6 +31,7 @@ type session struct {
 	specs   []*briskv1.FunctionSpec
 	creates []*briskv1.CreateSandbox
 	tombs   []string
+	verify  []string
 	sent    map[specKey]struct{} // specs this worker has been sent in this session
 	notify  chan struct{}
 }
@@ -72,14 +73,23 @@ func (s *session) tombstone(id string, delay time.Duration) {
 	s.signal()
 }
 
+// verifySandbox queues a request that the worker check a sandbox a data
+// plane could not connect to.
+func (s *session) verifySandbox(id string) {
+	s.mu.Lock()
+	s.verify = append(s.verify, id)
+	s.mu.Unlock()
+	s.signal()
+}
+
 func (s *session) take() *briskv1.Commands {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.specs)+len(s.creates)+len(s.tombs) == 0 {
+	if len(s.specs)+len(s.creates)+len(s.tombs)+len(s.verify) == 0 {
 		return nil
 	}
-	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs}
-	s.specs, s.creates, s.tombs = nil, nil, nil
+	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs, Verify: s.verify}
+	s.specs, s.creates, s.tombs, s.verify = nil, nil, nil, nil
 	return c
 }
 

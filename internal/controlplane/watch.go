@@ -31,6 +31,9 @@ func (c *Cluster) subscribe(dpID string) *watcher {
 	snap := &briskv1.EndpointBatch{Snapshot: true}
 	for _, fs := range c.fns {
 		snap.Functions = append(snap.Functions, fs.spec.ToProto())
+		if fs.cond.reason != "" {
+			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message})
+		}
 		for _, r := range fs.sandboxes {
 			if r.state == sbReady && !r.withdrawn {
 				snap.Added = append(snap.Added, endpointOf(r))

@@ -23,6 +23,16 @@ type Config struct {
 	// MaxBodyBytes limits request bodies. Default 6 MiB, Lambda's synchronous
 	// payload limit.
 	MaxBodyBytes int64
+	// BodyBufferBytes is how much of a request body is read before the call
+	// takes a sandbox slot, so a slow client holds a connection, not a
+	// sandbox. Default: MaxBodyBytes (every body is read first).
+	BodyBufferBytes int64
+	// BodyBufferTotal bounds the memory all buffered bodies hold at once;
+	// past it, bodies stream. Default 512 MiB.
+	BodyBufferTotal int64
+	// MinBodyRate is the rate (bytes/s) a body streamed past the buffer
+	// must keep up, after 2 s of grace; slower clients get 408. Default 64 KiB/s.
+	MinBodyRate int64
 
 	// HTTP server limits. WriteTimeout bounds a whole response, so by default
 	// it is above the default function timeout plus queue timeout; requests of
@@ -51,6 +61,8 @@ const (
 	DefaultListen            = "127.0.0.1:8080"
 	DefaultMetricsInterval   = time.Second
 	DefaultMaxBodyBytes      = 6 << 20
+	DefaultBodyBufferTotal   = 512 << 20
+	DefaultMinBodyRate       = 64 << 10
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadTimeout       = 2 * time.Minute
 	DefaultWriteTimeout      = 6 * time.Minute
@@ -70,6 +82,15 @@ func (c Config) Default() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.BodyBufferBytes == 0 {
+		c.BodyBufferBytes = c.MaxBodyBytes
+	}
+	if c.BodyBufferTotal == 0 {
+		c.BodyBufferTotal = DefaultBodyBufferTotal
+	}
+	if c.MinBodyRate == 0 {
+		c.MinBodyRate = DefaultMinBodyRate
 	}
 	if c.ReadHeaderTimeout == 0 {
 		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
@@ -118,6 +139,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("dataplane config: max_body_bytes %d must not be negative", c.MaxBodyBytes)
+	}
+	if c.BodyBufferBytes < 0 || c.BodyBufferTotal < 0 || c.MinBodyRate < 0 {
+		return fmt.Errorf("dataplane config: body_buffer_bytes %d, body_buffer_total %d and min_body_rate %d must not be negative",
+			c.BodyBufferBytes, c.BodyBufferTotal, c.MinBodyRate)
 	}
 	if c.MaxHeaderBytes < 0 {
 		return fmt.Errorf("dataplane config: max_header_bytes %d must not be negative", c.MaxHeaderBytes)

@@ -39,6 +39,9 @@ type DataPlane struct {
 	proxy        *httputil.ReverseProxy
 	handler      http.Handler
 	bodyTooLarge string
+	bodyBudget   bodyBudget // bytes buffered bodies may still hold (body.go)
+	// bodiesReading counts requests reading their body ahead of the call.
+	bodiesReading atomic.Int64
 
 	// Routing table: name -> *function. Lookups take no lock; Apply writes
 	// entries one by one under applyMu, so a batch costs what it changes,
@@ -56,6 +59,8 @@ type DataPlane struct {
 	urgentMu   sync.Mutex
 	urgentFns  []*function
 	urgentBell chan struct{}
+
+	unreach unreachable // endpoints calls could not connect to (deadends.go)
 
 	started atomic.Bool
 	id      atomic.Pointer[string]
@@ -79,10 +84,12 @@ func New(cfg Config) (*DataPlane, error) {
 		sandboxes:    make(map[string]*function),
 		pools:        make(map[string]*connPool),
 		urgentBell:   make(chan struct{}, 1),
+		unreach:      unreachable{bell: make(chan struct{}, 1)},
 		ready:        make(chan struct{}),
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
 	}
-	prom, err := newPromMetrics(cfg.Registerer, d.functions)
+	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
+	prom, err := newPromMetrics(cfg.Registerer, d.functions, &d.bodiesReading)
 	if err != nil {
 		return nil, err
 	}
@@ -176,6 +183,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		wg.Go(func() { l.watch(linkCtx) })
 		wg.Go(func() { l.reportPeriodic(linkCtx) })
 		wg.Go(func() { l.reportUrgent(linkCtx) })
+		wg.Go(func() { l.reportUnreachable(linkCtx) })
 	}
 	d.log.Info("data plane serving", "id", d.ID(), "addr", addr, "control_plane", d.cfg.ControlPlane)
 

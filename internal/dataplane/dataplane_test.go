@@ -521,11 +521,13 @@ func TestUpstreamErrors(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
 		Functions: []*briskv1.FunctionSpec{fnSpec("broken"), fnSpec("slow", func(s *briskv1.FunctionSpec) { s.TimeoutMs = 50 })},
 		Added:     []*briskv1.Endpoint{ep("broken", "sb-x", "127.0.0.1:1"), ep("slow", "sb-s", slow)}})
+	// (The refusing endpoint leaves the set with the call: kept here.)
+	eps := map[string]*endpoint{"broken": d.lookup("broken").set.Load().eps[0], "slow": d.lookup("slow").set.Load().eps[0]}
 	wantError(t, get(t, srv.URL+"/function/broken"), 502, "sandbox sb-x")
 	wantError(t, get(t, srv.URL+"/function/slow"), 504, `function "slow" timed out after 50ms`)
 	// Both released their slots.
-	for _, name := range []string{"broken", "slow"} {
-		if n := d.lookup(name).set.Load().eps[0].tracker.InFlight(); n != 0 {
+	for name, ep := range eps {
+		if n := ep.tracker.InFlight(); n != 0 {
 			t.Errorf("%s: %d slots still taken", name, n)
 		}
 	}

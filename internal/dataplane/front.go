@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/h1"
 )
 
 // The invocation listener's front end. net/http's server costs a warm call
@@ -166,7 +168,8 @@ func (f *frontEnd) newConn(nc net.Conn) *frontConn {
 	c.br = bufReaders.Get().(*bufio.Reader)
 	c.br.Reset(nc)
 	c.bw = bufWriters.Get().(*bufio.Writer)
-	c.bw.Reset(nc)
+	c.out.nc = nc
+	c.bw.Reset(&c.out)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.remote = nc.RemoteAddr().String()
 	if host, _, err := net.SplitHostPort(c.remote); err == nil {
@@ -292,7 +295,10 @@ type frontConn struct {
 	f  *frontEnd
 	nc net.Conn
 	br *bufio.Reader
-	bw *bufio.Writer
+	bw *bufio.Writer // writes to out
+	// out counts what reached the client connection, so that a reply cut
+	// off before any of it left can still be answered with a 502.
+	out countingConn
 
 	word  atomic.Uint64 // moves<<stBits | state
 	since atomic.Int64  // DataPlane.nanotime when the state's clock started
@@ -316,7 +322,7 @@ type frontConn struct {
 	body   []byte
 	req    frontReq
 	rbuf   []byte // a reply head, copied out of the sandbox connection
-	rhdrs  []hdrSpan
+	rhdrs  []h1.Header
 	st     reqState
 	callID [32]byte
 }
@@ -366,7 +372,7 @@ func (c *frontConn) serve() {
 		case actHandoff:
 			if c.f.closing.Load() {
 				// net/http, shutting down, would drop it unanswered.
-				c.refuse(http.StatusServiceUnavailable, "the data plane is shutting down: call again")
+				c.refuse(failure{http.StatusServiceUnavailable, reasonShuttingDown, "the data plane is shutting down: call again"})
 				return
 			}
 			handed = c.handOff()
@@ -400,8 +406,8 @@ func (c *frontConn) finish() {
 // connection the way net/http does: its write side first, then a short wait
 // for what the client still sends, so that the answer is not lost to a
 // reset.
-func (c *frontConn) refuse(code int, msg string) {
-	if !c.writeError(code, msg, nil, false) {
+func (c *frontConn) refuse(f failure) {
+	if !c.writeError(f, nil, false) {
 		return
 	}
 	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
@@ -554,4 +560,16 @@ func (l *handoffListener) give(c net.Conn) bool {
 	case <-l.closed:
 		return false
 	}
+}
+
+// countingConn writes to a connection and counts the bytes written.
+type countingConn struct {
+	nc net.Conn
+	n  int64
+}
+
+func (w *countingConn) Write(p []byte) (int, error) {
+	n, err := w.nc.Write(p)
+	w.n += int64(n)
+	return n, err
 }

@@ -37,12 +37,15 @@ type promMetrics struct {
 	// net/http server, and those it closed at once for MaxConnections
 	// (front.go).
 	accepted, handedOff, refused prometheus.Counter
-	handler                      http.Handler // /metrics; nil when the Registerer cannot be gathered
+	errors                       *reasonCounters // brisk-generated errors by reason
+	handler                      http.Handler    // /metrics; nil when the Registerer cannot be gathered
 }
 
-func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function]) (*promMetrics, error) {
+func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function], reading *atomic.Int64) (*promMetrics, error) {
 	reg, handler := httpx.Metrics(reg)
+	errVec, errs := newReasonCounters()
 	m := &promMetrics{
+		errors:  errs,
 		handler: handler,
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "brisk_dataplane_queue_wait_seconds",
@@ -62,7 +65,11 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, m.refused, newFnCollector(fns)} {
+	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "brisk_dataplane_bodies_reading",
+			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",
+		}, func() float64 { return float64(reading.Load()) })} {
 		if err := httpx.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}

@@ -1,10 +1,11 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -70,6 +71,14 @@ func (d *DataPlane) resolve(r *http.Request) route {
 }
 
 func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TransferEncoding != nil {
+		// A chunked request may also have carried a Content-Length (net/http
+		// drops it): a front proxy framing by that length would take the
+		// bytes after the last chunk for part of this request, this server
+		// for the next one. Closing after the reply leaves nothing for
+		// either to misread (RFC 9112 §6.1).
+		w.Header()["Connection"] = hdrClose
+	}
 	rt := d.resolve(r)
 	if rt.fn != nil {
 		d.invoke(w, r, rt)
@@ -94,7 +103,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if !httpx.NamesFunction(rt.name) {
-			writeError(w, callID, http.StatusNotFound, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name")
+			d.writeError(w, callID, failure{http.StatusNotFound, reasonNoFunction, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name"})
 			return
 		}
 	}
@@ -103,7 +112,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		d.invoke(w, r, rt)
 		return
 	}
-	writeError(w, callID, http.StatusNotFound, fmt.Sprintf("function %q not found", rt.name))
+	d.writeError(w, callID, fail(http.StatusNotFound, reasonNoFunction, "function %q not found", rt.name))
 }
 
 // unknownFunctionGrace is how long a call for a function this data plane
@@ -182,7 +191,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		callID = callID[:1:1]
 	}
 	if r.ContentLength > d.cfg.MaxBodyBytes {
-		writeError(w, callID, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+		d.writeError(w, callID, failure{http.StatusRequestEntityTooLarge, reasonBodyTooLarge, d.bodyTooLarge})
 		rt.fn.m.used.Store(true)
 		rt.fn.m.codes.inc(http.StatusRequestEntityTooLarge)
 		return
@@ -198,19 +207,35 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		rawRest: rt.rawRest,
 		callID:  callID,
 	}
-	if code, msg := d.admit(r.Context(), st, set); code != 0 {
-		if code != statusClientGone {
-			writeError(w, callID, code, msg)
+	// The body comes first: a slow client must not hold a sandbox slot
+	// (body.go). Upgrades stream both ways and are left alone.
+	var rb reqBody
+	defer d.release(&rb)
+	_, upgrade := r.Header["Upgrade"]
+	if !upgrade {
+		if err := d.readBody(w, r, &rb, set.conf.streamRequests); err != nil {
+			rt.fn.m.used.Store(true)
+			rt.fn.m.codes.inc(d.failBody(w, r, st, err))
+			return
+		}
+	}
+	if f := d.admit(r.Context(), st, set); f.code != 0 {
+		if f.code != statusClientGone {
+			d.writeError(w, callID, f)
 		}
 		return
 	}
 	if canForward(r) {
 		defer d.finish(st, nil)
-		d.forward(w, r, st)
+		d.forward(w, r, st, &rb)
 		return
 	}
-	if r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
-		r.Body = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
+	switch {
+	case upgrade:
+	case rb.rest != nil:
+		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(rb.data), rb.rest))
+	default:
+		r.Body = io.NopCloser(bytes.NewReader(rb.data))
 	}
 	// Upgrades and request trailers: httputil.ReverseProxy, with the
 	// function timeout as a context deadline.
@@ -223,9 +248,9 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 // admit starts a call of st.fn: it counts the arrival and reserves a slot
 // on one of set's sandboxes, queueing while none is free, and fills st.
 // A call that gets no slot is accounted for here and admit returns the
-// status and message to answer with (statusClientGone: answer nothing).
-// Once admitted, the call ends with finish.
-func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet) (int, string) {
+// failure to answer with (statusClientGone: answer nothing). Once admitted,
+// the call ends with finish.
+func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet) failure {
 	fn := st.fn
 	fn.m.used.Store(true)
 	arrival := d.nanotime()
@@ -240,17 +265,17 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet) (int, s
 	}
 	if err != nil {
 		fn.stats.depart(acquired)
-		code, msg := d.acquireError(err, fn, set.conf)
-		fn.m.codes.inc(code)
+		f := d.acquireError(err, fn, set.conf)
+		fn.m.codes.inc(f.code)
 		fn.m.duration.observe(acquired - arrival)
-		return code, msg
+		return f
 	}
 	st.ep, st.queueNs, st.cold = ep, acquired-arrival, ep.seq > seq
 	if st.cold {
 		fn.m.cold.Add(1)
 	}
 	fn.m.inflight.Add(1)
-	return 0, ""
+	return failure{}
 }
 
 // finish runs when the proxy returns or panics (http.ErrAbortHandler after a
@@ -275,17 +300,26 @@ func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 // (nginx's convention); nothing is written for them.
 const statusClientGone = 499
 
-func (d *DataPlane) acquireError(err error, fn *function, conf *fnConf) (int, string) {
+// acquireError explains a call that got no sandbox slot. While the control
+// plane reports why the function has no sandboxes (no node with room, starts
+// failing), that is the reason given.
+func (d *DataPlane) acquireError(err error, fn *function, conf *fnConf) failure {
+	var f failure
 	switch {
 	case errors.Is(err, errQueueFull):
-		return http.StatusServiceUnavailable, fmt.Sprintf("function %q: queue full (%d requests waiting for a sandbox)", fn.name, conf.queueDepth)
+		f = fail(http.StatusServiceUnavailable, reasonQueueFull, "function %q: queue full (%d requests waiting for a sandbox)", fn.name, conf.queueDepth)
 	case errors.Is(err, errQueueTimeout):
-		return http.StatusGatewayTimeout, fmt.Sprintf("function %q: timed out after %s waiting for a sandbox", fn.name, conf.queueTimeout)
+		f = fail(http.StatusGatewayTimeout, reasonQueueTimeout, "function %q: timed out after %s waiting for a sandbox", fn.name, conf.queueTimeout)
 	case errors.Is(err, errFunctionDeleted):
-		return http.StatusNotFound, fmt.Sprintf("function %q was deleted", fn.name)
+		return fail(http.StatusNotFound, reasonFunctionDeleted, "function %q was deleted", fn.name)
 	default: // the client's context ended
-		return statusClientGone, err.Error()
+		return failure{statusClientGone, reasonNone, err.Error()}
 	}
+	if c := fn.cond.Load(); c != nil && c.why != reasonNone {
+		f.why = c.why
+		f.msg += ": " + c.msg
+	}
+	return f
 }
 
 func (d *DataPlane) rewrite(pr *httputil.ProxyRequest) {
@@ -322,7 +356,7 @@ func (d *DataPlane) proxyError(w http.ResponseWriter, r *http.Request, err error
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		d.failWith(w, st, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+		d.failWith(w, st, failure{http.StatusRequestEntityTooLarge, reasonBodyTooLarge, d.bodyTooLarge})
 	case context.Cause(st.Context) == errFunctionTimeout:
 		d.failTimeout(w, st)
 	case st.Context.Err() != nil:
@@ -334,50 +368,51 @@ func (d *DataPlane) proxyError(w http.ResponseWriter, r *http.Request, err error
 
 // failTimeout answers a call whose function ran past its timeout (504).
 func (d *DataPlane) failTimeout(w http.ResponseWriter, st *reqState) int {
-	return d.failWith(w, st, http.StatusGatewayTimeout, d.timeoutMessage(st))
+	return d.failWith(w, st, d.timeoutFailure(st))
 }
 
-func (d *DataPlane) timeoutMessage(st *reqState) string {
-	return fmt.Sprintf("function %q timed out after %s", st.fn.name, st.conf.timeout)
+func (d *DataPlane) timeoutFailure(st *reqState) failure {
+	return fail(http.StatusGatewayTimeout, reasonFunctionTimeout, "function %q timed out after %s", st.fn.name, st.conf.timeout)
 }
 
 // failSandbox answers a call whose sandbox failed it (502).
 func (d *DataPlane) failSandbox(w http.ResponseWriter, st *reqState, err error) int {
-	return d.failWith(w, st, http.StatusBadGateway, d.sandboxMessage(st, err))
+	return d.failWith(w, st, d.sandboxFailure(st, err))
 }
 
-func (d *DataPlane) sandboxMessage(st *reqState, err error) string {
+func (d *DataPlane) sandboxFailure(st *reqState, err error) failure {
 	d.log.Debug("upstream error", "function", st.fn.name, "sandbox", st.ep.id, "err", err)
-	return fmt.Sprintf("function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err)
+	return fail(http.StatusBadGateway, reasonSandboxFailed, "function %q: sandbox %s at %s: %v", st.fn.name, st.ep.id, st.ep.addr, err)
 }
 
-func (d *DataPlane) failWith(w http.ResponseWriter, st *reqState, code int, msg string) int {
-	st.code = code
-	writeError(w, st.callID, code, msg)
-	return code
+func (d *DataPlane) failWith(w http.ResponseWriter, st *reqState, f failure) int {
+	st.code = f.code
+	d.writeError(w, st.callID, f)
+	return f.code
 }
 
-type errorBody struct {
-	Error string `json:"error"`
-}
-
-// writeError writes every brisk-generated error: JSON with a clear message.
-func writeError(w http.ResponseWriter, callID []string, code int, msg string) {
+// writeError writes every brisk-generated error on the net/http path: JSON
+// with a clear message and its reason, the reason in X-Brisk-Error too.
+func (d *DataPlane) writeError(w http.ResponseWriter, callID []string, f failure) {
 	h := w.Header()
 	h["Content-Type"] = hdrJSON
 	h["X-Content-Type-Options"] = hdrNoSniff
 	if callID != nil {
 		h["X-Call-Id"] = callID
 	}
-	b := errorJSON(msg)
+	if f.why != reasonNone {
+		h["X-Brisk-Error"] = hdrReason[f.why]
+	}
+	b := errorJSON(f)
 	h["Content-Length"] = []string{strconv.Itoa(len(b))}
-	w.WriteHeader(code)
+	d.prom.errors.inc(f.why)
+	w.WriteHeader(f.code)
 	_, _ = w.Write(b)
 }
 
 // errorJSON is the body of a brisk-generated error, with its newline.
-func errorJSON(msg string) []byte {
-	b, _ := json.Marshal(errorBody{msg})
+func errorJSON(f failure) []byte {
+	b, _ := json.Marshal(errorBody{Error: f.msg, Reason: f.why.String()})
 	return append(b, '\n')
 }
 

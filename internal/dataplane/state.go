@@ -36,6 +36,8 @@ type fnConf struct {
 	// extendDeadline: queue timeout + function timeout exceed the server's
 	// WriteTimeout, so the request moves its own write deadline.
 	extendDeadline bool
+	// streamRequests: bodies stream to the sandbox, not read first (body.go).
+	streamRequests bool
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -64,6 +66,15 @@ type function struct {
 	stats  loadStats
 	urgent atomic.Bool // queued for the next urgent report
 	m      fnMetrics
+	// cond is the control plane's word on why the function lacks
+	// sandboxes (nil: nothing wrong); calls that find none say it.
+	cond atomic.Pointer[fnCondition]
+}
+
+// fnCondition is a function's condition from the control plane.
+type fnCondition struct {
+	why errReason
+	msg string
 }
 
 func (d *DataPlane) newFunction(name string) *function {
@@ -111,6 +122,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 		c.timeout = spec.DefaultTimeout
 	}
 	c.extendDeadline = c.queueTimeout+c.timeout+deadlineSlack > d.cfg.WriteTimeout
+	c.streamRequests = p.GetStreamRequests()
 	if prev != nil && prev.lbName == c.lbName && prev.capacity == c.capacity {
 		c.policy = prev.policy
 		return c
@@ -286,6 +298,32 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 			d.fns.Delete(name)
 		} else {
 			d.fns.Store(name, fn)
+		}
+	}
+	d.applyConditions(b)
+}
+
+// applyConditions sets the functions' conditions a batch carries; a
+// snapshot clears those it does not list.
+func (d *DataPlane) applyConditions(b *briskv1.EndpointBatch) {
+	listed := make(map[string]bool, len(b.GetConditions()))
+	for _, c := range b.GetConditions() {
+		listed[c.GetFunction()] = true
+		fn := d.lookup(c.GetFunction())
+		if fn == nil {
+			continue
+		}
+		if why := reasonOf(c.GetReason()); why != reasonNone {
+			fn.cond.Store(&fnCondition{why: why, msg: c.GetMessage()})
+		} else {
+			fn.cond.Store(nil)
+		}
+	}
+	if b.GetSnapshot() {
+		for name, fn := range d.functions() {
+			if !listed[name] {
+				fn.cond.Store(nil)
+			}
 		}
 	}
 }

@@ -2,8 +2,10 @@ package dataplane
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/h1"
 	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
@@ -38,7 +41,10 @@ const (
 	// reused one turns out closed by the sandbox.
 	replayableBody  = 64 << 10
 	upstreamBufSize = 4 << 10
-	dialTimeout     = time.Second
+	// smallReply is the largest reply body the net/http path reads in
+	// full before answering (within one copy buffer).
+	smallReply  = 32 << 10
+	dialTimeout = time.Second
 )
 
 var errPoolClosed = errors.New("sandbox left the routing table")
@@ -58,11 +64,13 @@ type upConn struct {
 	nc     net.Conn
 	br     *bufio.Reader
 	bw     *bufio.Writer
-	tp     textproto.Reader
 	pool   *connPool
-	head   bool   // the call in flight is a HEAD: its reply has no body
-	idleAt int64  // monoNow when it was last returned to the pool
-	abort  func() // ends the exchange in flight (watchClient)
+	rbuf   []byte           // the reply head readHead read
+	reply  h1.ReplyHead     // its parse
+	chunks h1.ChunkedReader // copyChunked's decoder
+	head   bool             // the call in flight is a HEAD: its reply has no body
+	idleAt int64            // monoNow when it was last returned to the pool
+	abort  func()           // ends the exchange in flight (watchClient)
 }
 
 const (
@@ -155,7 +163,6 @@ func (p *connPool) dial() (*upConn, error) {
 		return nil, err
 	}
 	c := &upConn{nc: nc, br: bufio.NewReaderSize(nc, upstreamBufSize), bw: bufio.NewWriterSize(nc, upstreamBufSize), pool: p}
-	c.tp.R = c.br
 	c.abort = func() { _ = nc.SetDeadline(longAgo) } // made once, not per call
 	return c, nil
 }
@@ -215,38 +222,24 @@ var copyBufs httpx.BufferPool
 
 // forward sends r to st.ep and copies the reply to w. It returns the status
 // counted for the call.
-func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState) int {
+func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState, rb *reqBody) int {
 	if strings.ContainsAny(st.rawRest, " \r\n") || strings.ContainsAny(r.URL.RawQuery, " \r\n") {
-		return d.failWith(w, st, http.StatusBadRequest, "invalid characters in the request path or query")
+		return d.failWith(w, st, failure{http.StatusBadRequest, reasonBadRequest, "invalid characters in the request path or query"})
 	}
-	// A small body is read first: the call can then be sent again on a
-	// fresh connection if a reused one was closed by the sandbox meanwhile.
-	var body []byte
-	buffered := true
-	if r.ContentLength > 0 && r.ContentLength <= replayableBody {
-		buf := copyBufs.Get()
-		defer copyBufs.Put(buf)
-		if int(r.ContentLength) <= len(buf) {
-			body = buf[:r.ContentLength]
-		} else {
-			body = make([]byte, r.ContentLength)
-		}
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			return d.failBody(w, r, st, err)
-		}
-	}
-	// A large body, or one of unknown length, is streamed; its reader is
-	// allocated only then.
+	// The body was read before the call (readBody): in full, so that the
+	// call can be sent again on a fresh connection if a reused one was
+	// closed by the sandbox meanwhile; or its rest streams.
+	body, buffered := rb.data, rb.rest == nil
 	var cb *clientBody
-	if body == nil && r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+	switch {
+	case !buffered:
+		cb = &clientBody{r: io.MultiReader(bytes.NewReader(body), rb.rest)}
+	case len(body) > replayableBody:
+		// A large body goes out beside the reply's reading, as a streamed
+		// one does: a function may answer before it has read it all (its
+		// own 413), and that answer must reach the client.
 		buffered = false
-		cb = &clientBody{r: r.Body}
-		if r.ContentLength < 0 {
-			// Bounded here rather than by replacing r.Body: the server
-			// recognises its own body type when it decides whether a
-			// connection with an unread rest of a body can be reused.
-			cb.r = http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes)
-		}
+		cb = &clientBody{r: bytes.NewReader(body)}
 	}
 
 	deadline := time.Now().Add(st.conf.timeout)
@@ -260,6 +253,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		var err error
 		c, reused, err = st.ep.conns.take(attempt, !buffered)
 		if err != nil {
+			d.connectFailed(st, err)
 			return d.failUpstream(w, st, err)
 		}
 		st.proxyStart = d.nanotime()
@@ -286,12 +280,12 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		if streaming != nil {
 			<-streaming // the closed connection ends its writes
 		}
+		if cb != nil && cb.err != nil { // the client's body failed, not the sandbox
+			return d.failBody(w, r, st, cb.err)
+		}
 		if ctx.Err() != nil { // the client left: nothing to answer, nothing to retry
 			st.code = statusClientGone
 			return st.code
-		}
-		if cb != nil && cb.err != nil { // the client's body failed, not the sandbox
-			return d.failBody(w, r, st, cb.err)
 		}
 		// A reused connection the sandbox had closed: the call goes once
 		// more on a new one, if it can be sent again and either did not
@@ -300,6 +294,31 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			continue
 		}
 		return d.failUpstream(w, st, err)
+	}
+
+	// A small reply of known length is read in full before its status goes
+	// out: when the sandbox dies in the middle of it, the client gets a
+	// 502 saying so, not a connection closed on it.
+	var small []byte
+	if !resp.noBody && !resp.chunked && resp.length > 0 && resp.length <= smallReply {
+		sb := copyBufs.Get()
+		defer copyBufs.Put(sb)
+		small = sb[:resp.length]
+		if _, err := io.ReadFull(c.br, small); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			unwatch()
+			c.nc.Close()
+			if streaming != nil {
+				<-streaming
+			}
+			if ctx.Err() != nil {
+				st.code = statusClientGone
+				return st.code
+			}
+			return d.failWith(w, st, d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", err)))
+		}
 	}
 
 	h := w.Header()
@@ -325,6 +344,9 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	ok := true
 	switch {
 	case resp.noBody:
+	case small != nil:
+		_, err := cw.Write(small)
+		ok = err == nil
 	case resp.chunked:
 		ok = c.copyChunked(&cw, h)
 	default:
@@ -419,18 +441,28 @@ func (cw *clientWriter) Write(p []byte) (int, error) {
 }
 
 // failBody answers a call whose request body could not be read: too large
-// (413), the client gone (nothing to answer), or malformed (400).
+// (413), too slow (408), the client gone (nothing to answer), or malformed
+// (400). After a body it could not read to its end the connection cannot
+// carry another request (its framing is lost), so the answer closes it:
+// net/http would otherwise parse the rest of the body as the next request
+// and answer that with a 400 of its own.
 func (d *DataPlane) failBody(w http.ResponseWriter, r *http.Request, st *reqState, err error) int {
 	var mbe *http.MaxBytesError
 	switch {
-	case errors.As(err, &mbe):
-		return d.failWith(w, st, http.StatusRequestEntityTooLarge, d.bodyTooLarge)
+	case errors.Is(err, errBodyTooSlow): // before the context: the timeout ended it
+		w.Header()["Connection"] = hdrClose
+		return d.failWith(w, st, fail(http.StatusRequestTimeout, reasonBodyTooSlow, "%v (%d bytes/s)", err, d.cfg.MinBodyRate))
 	case r.Context().Err() != nil:
 		st.code = statusClientGone
 		return st.code
+	case errors.As(err, &mbe):
+		return d.failWith(w, st, failure{http.StatusRequestEntityTooLarge, reasonBodyTooLarge, d.bodyTooLarge})
 	}
-	return d.failWith(w, st, http.StatusBadRequest, "reading the request body: "+err.Error())
+	w.Header()["Connection"] = hdrClose
+	return d.failWith(w, st, failure{http.StatusBadRequest, reasonBadRequest, "reading the request body: " + err.Error()})
 }
+
+var hdrClose = []string{"close"}
 
 // idempotent: calls http.Transport would send again after a connection
 // failure — safe methods, or a client's idempotency key.
@@ -444,18 +476,17 @@ func idempotent(r *http.Request) bool {
 }
 
 func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error) int {
-	code, msg := d.upstreamError(st, err)
-	return d.failWith(w, st, code, msg)
+	return d.failWith(w, st, d.upstreamError(st, err))
 }
 
 // upstreamError maps a failed sandbox exchange to its answer: 504 when the
 // function ran out of time, 502 otherwise.
-func (d *DataPlane) upstreamError(st *reqState, err error) (int, string) {
+func (d *DataPlane) upstreamError(st *reqState, err error) failure {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !isDialError(err) {
-		return http.StatusGatewayTimeout, d.timeoutMessage(st)
+		return d.timeoutFailure(st)
 	}
-	return http.StatusBadGateway, d.sandboxMessage(st, err)
+	return d.sandboxFailure(st, err)
 }
 
 func isDialError(err error) bool {
@@ -644,66 +675,88 @@ type respHead struct {
 	started   bool // a byte of the reply arrived
 }
 
-// readHead reads the reply's status line and headers. Interim replies
-// (103 Early Hints, 102 Processing) are passed on to the client w as they
-// come; a 100 Continue is not (the client's own came from the server).
+// readHead reads the reply's status line and headers (h1.ReadHead,
+// h1.ParseReplyHead: the front end's rules). Interim replies (103 Early
+// Hints, 102 Processing) are passed on to the client w as they come; a 100
+// Continue is not (the client's own came from the server).
 func (c *upConn) readHead(h *respHead, w http.ResponseWriter) error {
 	*h = respHead{}
+	p := &c.reply
 	for {
-		line, err := c.br.ReadSlice('\n')
-		if len(line) > 0 {
-			h.started = true
-		}
-		if err != nil {
-			if err == bufio.ErrBufferFull {
-				return errors.New("malformed reply: status line too long")
-			}
-			return err
-		}
-		if len(line) < 12 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
-			return errors.New("malformed reply status line")
-		}
-		code, err := strconv.Atoi(string(line[9:12]))
-		if err != nil || code < 100 || code > 999 {
-			return errors.New("malformed reply status code")
-		}
-		http10 := line[7] == '0'
-		hdr, err := c.tp.ReadMIMEHeader()
+		var err error
+		var started bool
+		c.rbuf, started, err = h1.ReadHead(c.br, c.rbuf[:0])
+		h.started = h.started || started
 		if err != nil {
 			return err
 		}
+		if err := h1.ParseReplyHead(c.rbuf, p); err != nil {
+			return err
+		}
+		code := p.Code
 		if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
 			if code != http.StatusContinue && w != nil {
-				relayInterim(w, code, hdr)
+				relayInterim(w, code, headerMap(c.rbuf, p.Hdrs))
 			}
 			continue // the final reply follows
 		}
-		h.code, h.header, h.length = code, hdr, -1
-		h.keepAlive = !http10 && !connectionClose(hdr["Connection"])
+		h.code, h.header, h.length = code, headerMap(c.rbuf, p.Hdrs), p.Length
+		h.keepAlive = p.KeepAlive
 		switch {
 		case code == http.StatusSwitchingProtocols:
 			return errors.New("sandbox switched protocols on a call that did not ask to")
 		case c.head, code == http.StatusNoContent, code == http.StatusNotModified:
 			h.noBody, h.length = true, 0
-		case len(hdr["Transfer-Encoding"]) > 0:
-			if te := hdr["Transfer-Encoding"]; lastCodingIs(te[len(te)-1], "chunked") {
-				h.chunked = true
-			} else {
-				h.keepAlive = false // read until close
-			}
-		default:
-			if cl := hdr["Content-Length"]; len(cl) > 0 {
-				n, err := strconv.ParseInt(strings.TrimSpace(cl[0]), 10, 64)
-				if err != nil || n < 0 {
-					return errors.New("malformed reply Content-Length")
-				}
-				h.length = n
-			} else {
-				h.keepAlive = false // read until close
-			}
+		case p.Chunked:
+			h.chunked = true
+		case p.Length < 0:
+			h.keepAlive = false // read until close
+		}
+		if cap(c.rbuf) > 16<<10 {
+			c.rbuf = nil // a large head: do not keep its buffer with an idle connection
 		}
 		return nil
 	}
+}
+
+// headerMap makes the header map of a parsed head: names canonical,
+// values substrings of one copy of the head, one backing array for them
+// (as textproto.Reader.ReadMIMEHeader does).
+func headerMap(b []byte, hdrs []h1.Header) textproto.MIMEHeader {
+	m := make(textproto.MIMEHeader, len(hdrs))
+	if len(hdrs) == 0 {
+		return m
+	}
+	s := string(b)
+	strs := make([]string, len(hdrs))
+	for _, x := range hdrs {
+		k := s[x.NS:x.NE]
+		if !canonicalKey(k) {
+			k = textproto.CanonicalMIMEHeaderKey(k)
+		}
+		v := s[x.VS:x.VE]
+		if vv := m[k]; vv != nil {
+			m[k] = append(vv, v)
+			continue
+		}
+		strs[0] = v
+		m[k], strs = strs[:1:1], strs[1:]
+	}
+	return m
+}
+
+// canonicalKey reports whether k is in canonical form already (upper
+// case after a hyphen or at the start, lower case elsewhere).
+func canonicalKey(k string) bool {
+	upper := true
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return false
+		}
+		upper = c == '-'
+	}
+	return true
 }
 
 // relayInterim sends one interim reply with its own headers; net/http
@@ -728,20 +781,22 @@ func (c *upConn) copyBody(cw *clientWriter, n int64) bool {
 	return copyTo(cw, c.br, n, buf)
 }
 
-// copyChunked copies a chunked reply body piece by piece, then its
-// trailers (declared or not) as the client's trailers.
+// copyChunked copies a chunked reply body piece by piece (decoded by
+// h1.ChunkedReader), then its trailers (declared or not, less hop-by-hop
+// ones and the data plane's own) as the client's trailers.
 func (c *upConn) copyChunked(cw *clientWriter, h http.Header) bool {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	if !copyTo(cw, httputil.NewChunkedReader(c.br), -1, buf) {
+	cr := &c.chunks
+	cr.Reset(c.br)
+	if !copyTo(cw, cr, -1, buf) {
 		return false
 	}
-	trailer, err := c.tp.ReadMIMEHeader()
-	if err != nil {
-		return false
-	}
-	for k, v := range trailer {
-		h[http.TrailerPrefix+k] = v
+	for _, x := range cr.TrailerHdrs {
+		if x.Kind == h1.Fwd {
+			k := http.TrailerPrefix + textproto.CanonicalMIMEHeaderKey(string(x.Name(cr.Trailer)))
+			h[k] = append(h[k], string(x.Value(cr.Trailer)))
+		}
 	}
 	return true
 }
@@ -788,7 +843,7 @@ func hopByHop(k string) bool {
 // name k.
 func listedIn(conn []string, k string) bool {
 	for _, v := range conn {
-		for f := range tokens(v) {
+		for f := range h1.Tokens(v) {
 			if strings.EqualFold(f, k) {
 				return true
 			}
@@ -796,5 +851,3 @@ func listedIn(conn []string, k string) bool {
 	}
 	return false
 }
-
-func connectionClose(conn []string) bool { return listedIn(conn, "close") }

@@ -428,22 +428,33 @@ func TestEarlyReplyToAStreamedBody(t *testing.T) {
 		_, _ = io.WriteString(w, "too big for me")
 	})
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
-		Functions: []*briskv1.FunctionSpec{fnSpec("picky")},
-		Added:     []*briskv1.Endpoint{ep("picky", "sb-1", sandbox)}})
+		Functions: []*briskv1.FunctionSpec{fnSpec("picky"), fnSpec("streamer", func(s *briskv1.FunctionSpec) { s.StreamRequests = true })},
+		Added:     []*briskv1.Endpoint{ep("picky", "sb-1", sandbox), ep("streamer", "sb-2", sandbox)}})
 	// A raw client reads the reply while it sends: Go's client may report
 	// its own failed write first when the server stops reading (a race in
-	// the client, not in what the data plane sends).
+	// the client, not in what the data plane sends). A function that
+	// streams its requests answers before the body has even ended; one
+	// that does not gets the whole body first (read before the call), and
+	// its answer still reaches the client.
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	for _, chunked := range []bool{false, true} {
+	for _, tc := range []struct {
+		fn      string
+		chunked bool
+	}{{"picky", false}, {"picky", true}, {"streamer", false}, {"streamer", true}} {
+		chunked := tc.chunked
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		head := "POST /function/picky HTTP/1.1\r\nHost: x\r\nContent-Length: 5242880\r\n\r\n"
+		head := "POST /function/" + tc.fn + " HTTP/1.1\r\nHost: x\r\nContent-Length: 5242880\r\n\r\n"
 		piece := bytes.Repeat([]byte("x"), 64<<10)
+		var end []byte
 		if chunked {
-			head = "POST /function/picky HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+			head = "POST /function/" + tc.fn + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 			piece = append([]byte("10000\r\n"), append(piece, "\r\n"...)...)
+			if tc.fn == "picky" {
+				end = []byte("0\r\n\r\n")
+			}
 		}
 		go func() {
 			if _, err := io.WriteString(c, head); err != nil {
@@ -454,16 +465,17 @@ func TestEarlyReplyToAStreamedBody(t *testing.T) {
 					return
 				}
 			}
+			_, _ = c.Write(end)
 		}()
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
-			t.Fatalf("chunked %v: %v", chunked, err)
+			t.Fatalf("%s, chunked %v: %v", tc.fn, chunked, err)
 		}
 		b, err := io.ReadAll(resp.Body)
 		c.Close()
 		if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || string(b) != "too big for me" {
-			t.Fatalf("chunked %v: %d %q %v, want the function's own 413", chunked, resp.StatusCode, b, err)
+			t.Fatalf("%s, chunked %v: %d %q %v, want the function's own 413", tc.fn, chunked, resp.StatusCode, b, err)
 		}
 	}
 	if r := get(t, srv.URL+"/function/picky"); r.code != http.StatusRequestEntityTooLarge {
@@ -471,9 +483,9 @@ func TestEarlyReplyToAStreamedBody(t *testing.T) {
 	}
 }
 
-// A client and a function can talk over one call: each piece of a streamed
-// body reaches the function, and its answer to it comes back, before the
-// client sends the next.
+// A client and a function that streams requests (StreamRequests) can talk
+// over one call: each piece of a streamed body reaches the function, and
+// its answer to it comes back, before the client sends the next.
 func TestFullDuplexCall(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
@@ -492,7 +504,7 @@ func TestFullDuplexCall(t *testing.T) {
 		}
 	})
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
-		Functions: []*briskv1.FunctionSpec{fnSpec("chat")},
+		Functions: []*briskv1.FunctionSpec{fnSpec("chat", func(s *briskv1.FunctionSpec) { s.StreamRequests = true })},
 		Added:     []*briskv1.Endpoint{ep("chat", "sb-1", sandbox)}})
 	pr, pw := io.Pipe()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/chat", pr)

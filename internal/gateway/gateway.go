@@ -197,7 +197,7 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeError(w, r.Header["X-Call-Id"], nil, http.StatusNotFound,
+	writeError(w, r.Header["X-Call-Id"], nil, http.StatusNotFound, reasonNoFunction,
 		"no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name")
 }
 

@@ -20,6 +20,17 @@ var (
 	hdrJSON    = []string{"application/json"}
 	hdrNoSniff = []string{"nosniff"}
 	hdrText    = []string{"text/plain; charset=utf-8"}
+	hdrClose   = []string{"close"}
+)
+
+// Reason codes of the gateway's own errors (X-Brisk-Error, the JSON body's
+// "reason"), as the data plane gives its own.
+const (
+	reasonNoDataPlane     = "no-dataplane"
+	reasonDataPlaneFailed = "dataplane-failed"
+	reasonBadRequest      = "bad-request"
+	reasonBodyTooLarge    = "body-too-large"
+	reasonNoFunction      = "no-function"
 )
 
 // statusClientGone counts requests whose client left before an answer
@@ -59,9 +70,16 @@ func stateOf(ctx context.Context) *reqState {
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, name string) {
 	dp := g.pick(name, nil)
 	if dp == nil {
-		writeError(w, r.Header["X-Call-Id"], nil, http.StatusServiceUnavailable, errNoDataPlane.Error())
+		writeError(w, r.Header["X-Call-Id"], nil, http.StatusServiceUnavailable, reasonNoDataPlane, errNoDataPlane.Error())
 		g.none.Get(http.StatusServiceUnavailable).Inc()
 		return
+	}
+	if r.TransferEncoding != nil {
+		// As the data plane does: a chunked request may also have carried a
+		// Content-Length (net/http drops it); closing after the reply leaves
+		// no bytes after the last chunk to be read as another request
+		// (RFC 9112 §6.1).
+		w.Header()["Connection"] = hdrClose
 	}
 	st := &reqState{Context: r.Context(), name: name, dp: dp}
 	defer g.finish(st)
@@ -115,13 +133,25 @@ func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	switch {
 	case errors.Is(err, errNoDataPlane):
 		st.dp, st.code = nil, http.StatusServiceUnavailable
-		writeError(w, r.Header["X-Call-Id"], nil, st.code, errNoDataPlane.Error())
+		writeError(w, r.Header["X-Call-Id"], nil, st.code, reasonNoDataPlane, errNoDataPlane.Error())
 	case st.Context.Err() != nil:
 		st.code = statusClientGone
+	case st.body.err != nil:
+		// The client's body failed (malformed chunking, too large), not the
+		// data plane. Its framing is lost: close after the answer.
+		w.Header()["Connection"] = hdrClose
+		var mbe *http.MaxBytesError
+		if errors.As(st.body.err, &mbe) {
+			st.code = http.StatusRequestEntityTooLarge
+			writeError(w, r.Header["X-Call-Id"], nil, st.code, reasonBodyTooLarge, st.body.err.Error())
+			return
+		}
+		st.code = http.StatusBadRequest
+		writeError(w, r.Header["X-Call-Id"], nil, st.code, reasonBadRequest, "reading the request body: "+st.body.err.Error())
 	default:
 		st.code = http.StatusBadGateway
 		g.log.Debug("data plane error", "dataplane", st.dp.addr, "function", st.name, "err", err)
-		writeError(w, r.Header["X-Call-Id"], st.dp.hdr, st.code, fmt.Sprintf("function %q: data plane %s: %v", st.name, st.dp.addr, err))
+		writeError(w, r.Header["X-Call-Id"], st.dp.hdr, st.code, reasonDataPlaneFailed, fmt.Sprintf("function %q: data plane %s: %v", st.name, st.dp.addr, err))
 	}
 }
 
@@ -178,11 +208,16 @@ func isConnectError(err error) bool {
 type resendBody struct {
 	rc   io.ReadCloser
 	read atomic.Bool
+	err  error // the client's read error, if any (not io.EOF)
 }
 
 func (b *resendBody) Read(p []byte) (int, error) {
 	b.read.Store(true)
-	return b.rc.Read(p)
+	n, err := b.rc.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }
 
 func (b *resendBody) Close() error {
@@ -205,12 +240,13 @@ func (b *resendBody) again() (io.ReadCloser, error) {
 }
 
 type errorBody struct {
-	Error string `json:"error"`
+	Error  string `json:"error"`
+	Reason string `json:"reason"`
 }
 
 // writeError writes every gateway-generated error as the data plane does:
-// JSON with a clear message.
-func writeError(w http.ResponseWriter, callID, dataplane []string, code int, msg string) {
+// JSON with a clear message and a reason code, the reason in X-Brisk-Error.
+func writeError(w http.ResponseWriter, callID, dataplane []string, code int, reason, msg string) {
 	h := w.Header()
 	h["Content-Type"] = hdrJSON
 	h["X-Content-Type-Options"] = hdrNoSniff
@@ -220,7 +256,8 @@ func writeError(w http.ResponseWriter, callID, dataplane []string, code int, msg
 	if dataplane != nil {
 		h["X-Brisk-Dataplane"] = dataplane
 	}
-	b, _ := json.Marshal(errorBody{msg})
+	h["X-Brisk-Error"] = []string{reason}
+	b, _ := json.Marshal(errorBody{msg, reason})
 	h["Content-Length"] = []string{strconv.Itoa(len(b) + 1)}
 	w.WriteHeader(code)
 	_, _ = w.Write(append(b, '\n'))

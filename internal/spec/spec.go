@@ -38,6 +38,12 @@ type Function struct {
 	// copy-on-write layer); by default the root is read-only and only /tmp
 	// is writable. Process and emulated sandboxes ignore it.
 	WritableRoot bool `json:"writable_root,omitempty"`
+	// StreamRequests sends request bodies to the function as they arrive,
+	// so a client and the function can talk over one call (a chunked body
+	// up, a chunked reply down). By default a body is read before the call
+	// takes a sandbox slot, so that a slow client holds only its
+	// connection; a streaming function's slow clients hold its sandboxes.
+	StreamRequests bool `json:"stream_requests,omitempty"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -266,6 +272,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		TimeoutMs:      time.Duration(f.Timeout).Milliseconds(),
 		LoadBalancing:  f.LoadBalancing,
 		WritableRoot:   f.WritableRoot,
+		StreamRequests: f.StreamRequests,
 	}
 }
 
@@ -273,20 +280,21 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 // the control plane needs it.
 func FromProto(p *briskv1.FunctionSpec) *Function {
 	f := &Function{
-		Name:          p.GetName(),
-		Revision:      p.GetRevision(),
-		Builtin:       p.GetBuiltin(),
-		Command:       p.GetCommand(),
-		Image:         p.GetImage(),
-		Port:          int(p.GetPort()),
-		Env:           p.GetEnv(),
-		Resources:     Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
-		Limits:        Resources{MilliCPU: p.GetLimits().GetMilliCpu(), MemoryMB: p.GetLimits().GetMemoryMb()},
-		Concurrency:   int(p.GetConcurrency()),
-		Queue:         Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
-		Timeout:       Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
-		LoadBalancing: p.GetLoadBalancing(),
-		WritableRoot:  p.GetWritableRoot(),
+		Name:           p.GetName(),
+		Revision:       p.GetRevision(),
+		Builtin:        p.GetBuiltin(),
+		Command:        p.GetCommand(),
+		Image:          p.GetImage(),
+		Port:           int(p.GetPort()),
+		Env:            p.GetEnv(),
+		Resources:      Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
+		Limits:         Resources{MilliCPU: p.GetLimits().GetMilliCpu(), MemoryMB: p.GetLimits().GetMemoryMb()},
+		Concurrency:    int(p.GetConcurrency()),
+		Queue:          Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
+		Timeout:        Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
+		LoadBalancing:  p.GetLoadBalancing(),
+		WritableRoot:   p.GetWritableRoot(),
+		StreamRequests: p.GetStreamRequests(),
 	}
 	return f
 }

@@ -43,6 +43,7 @@ type Node struct {
 	max      int
 	log      *slog.Logger
 	createTO time.Duration
+	dial     func(context.Context, string) error // verify's connect (tests replace it)
 
 	mu         sync.Mutex
 	epoch      uint64
@@ -61,6 +62,7 @@ func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max
 	return &Node{
 		id: id, bootID: bootID, rt: rt, capacity: capacity, max: max, createTO: createTimeout,
 		log:        log.With("node", id),
+		dial:       dialSandbox,
 		sandboxes:  make(map[string]*sandbox),
 		terminated: make(map[string]time.Time),
 		specs:      make(map[specKey]*spec.Function),
@@ -82,12 +84,23 @@ func (n *Node) adopt(ctx context.Context) {
 		if !l.Running {
 			continue
 		}
-		n.sandboxes[l.ID] = &sandbox{
+		sb := &sandbox{
 			rec: &briskv1.SandboxRecord{Id: l.ID, Function: l.Function, Revision: l.Revision,
 				State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: 1, Address: l.Addr},
 			started: time.Now(),
 		}
-		n.log.Info("adopted running sandbox", "sandbox", l.ID, "function", l.Function)
+		n.sandboxes[l.ID] = sb
+		// Watched for exit like one this worker started: a death goes the
+		// EXITED way and the control plane replaces it.
+		watched := false
+		if w, ok := n.rt.(runtime.Watcher); ok {
+			if exited, why, ok := w.Watch(l.ID); ok {
+				sb.inst = &runtime.Instance{ID: l.ID, Addr: l.Addr, Exited: exited, ExitErr: why}
+				go n.watchExit(sb, sb.inst)
+				watched = true
+			}
+		}
+		n.log.Info("adopted running sandbox", "sandbox", l.ID, "function", l.Function, "exit_watched", watched)
 	}
 }
 
@@ -214,6 +227,9 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 	for _, id := range c.GetTombstones() {
 		go n.terminate(ctx, id, "tombstone")
 	}
+	for _, id := range c.GetVerify() {
+		go n.verify(ctx, id)
+	}
 	return true
 }
 
@@ -314,8 +330,10 @@ func (n *Node) watchExit(sb *sandbox, inst *runtime.Instance) {
 	}
 	sb.killing = true
 	msg := "exited"
-	if inst.ExitErr != nil && inst.ExitErr() != nil {
-		msg = inst.ExitErr().Error()
+	if inst.ExitErr != nil {
+		if err := inst.ExitErr(); err != nil {
+			msg = err.Error()
+		}
 	}
 	sb.rec.State, sb.rec.Message = briskv1.SandboxState_SANDBOX_STATE_EXITED, msg
 	n.finishLocked(sb)

@@ -189,7 +189,7 @@ func sandboxBusy(t *testing.T, c *cluster, inv string) bool {
 func TestCrashLoopingFunction(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
-	c.mustBrisk(t, "fn", "deploy", "crashy", "--command", "/bin/sh -c 'echo dying; exit 3'", "--min", "1")
+	c.mustBrisk(t, "fn", "deploy", "crashy", "--command", "/bin/sh -c 'echo dying; exit 3'", "--min", "1", "--queue-timeout", "500ms")
 	c.mustBrisk(t, "fn", "deploy", "fine", "--builtin", "trace")
 	eventually(t, 20*time.Second, "the failure is reported", func() bool {
 		return c.fn(t, "crashy").Status.LastFailure != ""
@@ -199,6 +199,22 @@ func TestCrashLoopingFunction(t *testing.T) {
 	}
 	if r := c.invoke(t, "fine", `{"ms": 1}`); r.status != 200 {
 		t.Fatalf("another function failed while one crash-loops: %d %s", r.status, r.body)
+	}
+	// Its condition explains it: in fn list, and on the calls that time out.
+	eventually(t, 20*time.Second, "the function-failing condition", func() bool {
+		return c.fn(t, "crashy").Status.Condition == "function-failing"
+	})
+	if out := c.mustBrisk(t, "fn", "list"); !strings.Contains(out, "function-failing: ") {
+		t.Fatalf("fn list does not show the condition:\n%s", out)
+	}
+	resp, err := http.Post("http://"+c.invokeAddr+"/function/crashy", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 504 || resp.Header.Get("X-Brisk-Error") != "function-failing" || !strings.Contains(string(body), "exit") {
+		t.Fatalf("call of a crash-looping function: %d X-Brisk-Error %q %s; want 504 function-failing with the exit", resp.StatusCode, resp.Header.Get("X-Brisk-Error"), body)
 	}
 	// Backoff: creations stay few even though min=1 keeps asking.
 	start := metricValue(t, "http://"+c.admin+"/metrics", "brisk_controlplane_sandbox_creations_total")

@@ -464,3 +464,56 @@ func testTraceSpec(name string, min int) *spec.Function {
 	f.Scaling.Min = min
 	return f
 }
+
+// TestChaosAdoptedSandboxDies is issue 21's item 1: kill -9 `brisk up`,
+// restart it on the same data directory (it adopts the sandbox left
+// running), then kill the adopted sandbox. Calls must succeed again within
+// a second, on a new sandbox: the worker watches adopted sandboxes for exit
+// like those it started, and a data plane that cannot connect to one takes
+// it out of rotation and reports it.
+func TestChaosAdoptedSandboxDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos suite")
+	}
+	c := newCluster(t)
+	p := c.up(t)
+	c.mustBrisk(t, "fn", "deploy", "adopted", "--builtin", "trace", "--min", "1", "--max", "2")
+	eventually(t, 30*time.Second, "1 ready sandbox", func() bool { return c.fn(t, "adopted").Status.Ready == 1 })
+	before := sandboxIDs(t, c, "adopted")
+
+	p.stop(syscall.SIGKILL)
+	c.up(t)
+	eventually(t, 30*time.Second, "the restarted cluster serves from the adopted sandbox", func() bool {
+		inv := c.invoke(t, "adopted", `{"ms": 1}`)
+		return inv.status == 200 && inv.sandbox == before[0]
+	})
+	pids := sandboxPIDs(t, c, "adopted")
+	if len(pids) != 1 {
+		t.Fatalf("want 1 sandbox process, found %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the adopted sandbox (pid %d): %v", pids[0], err)
+	}
+	hc := http.Client{Timeout: time.Second}
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last call after the kill: %s", last)
+		}
+	}()
+	eventually(t, time.Second, "calls succeed again on a new sandbox", func() bool {
+		resp, err := hc.Post("http://"+c.invokeAddr+"/function/adopted", "application/json", strings.NewReader(`{"ms": 1}`))
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		last = fmt.Sprintf("%d from %q", resp.StatusCode, resp.Header.Get("X-Brisk-Sandbox"))
+		return resp.StatusCode == 200 && resp.Header.Get("X-Brisk-Sandbox") != before[0]
+	})
+	eventually(t, 10*time.Second, "status shows the dead sandbox gone and one ready", func() bool {
+		v := c.fn(t, "adopted")
+		return v.Status.Ready == 1 && len(v.Status.Sandboxes) == 1 && v.Status.Sandboxes[0].ID != before[0]
+	})
+}

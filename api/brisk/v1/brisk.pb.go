@@ -200,10 +200,11 @@ type FunctionSpec struct {
 	Concurrency    int32                  `protobuf:"varint,9,opt,name=concurrency,proto3" json:"concurrency,omitempty"`                  // in-flight requests per sandbox; 0 = unlimited
 	QueueDepth     int32                  `protobuf:"varint,10,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"` // per data plane
 	QueueTimeoutMs int64                  `protobuf:"varint,11,opt,name=queue_timeout_ms,json=queueTimeoutMs,proto3" json:"queue_timeout_ms,omitempty"`
-	TimeoutMs      int64                  `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`            // whole-request timeout
-	LoadBalancing  string                 `protobuf:"bytes,13,opt,name=load_balancing,json=loadBalancing,proto3" json:"load_balancing,omitempty"` // data-plane policy name; "" = default
-	Limits         *Resources             `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`                                    // hard cgroup limits; zero = see spec.Function.Limits
-	WritableRoot   bool                   `protobuf:"varint,15,opt,name=writable_root,json=writableRoot,proto3" json:"writable_root,omitempty"`   // containerd: a writable root file system (read-only by default)
+	TimeoutMs      int64                  `protobuf:"varint,12,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`                // whole-request timeout
+	LoadBalancing  string                 `protobuf:"bytes,13,opt,name=load_balancing,json=loadBalancing,proto3" json:"load_balancing,omitempty"`     // data-plane policy name; "" = default
+	Limits         *Resources             `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`                                        // hard cgroup limits; zero = see spec.Function.Limits
+	WritableRoot   bool                   `protobuf:"varint,15,opt,name=writable_root,json=writableRoot,proto3" json:"writable_root,omitempty"`       // containerd: a writable root file system (read-only by default)
+	StreamRequests bool                   `protobuf:"varint,16,opt,name=stream_requests,json=streamRequests,proto3" json:"stream_requests,omitempty"` // request bodies stream to the function (full duplex), not read first
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -339,6 +340,13 @@ func (x *FunctionSpec) GetLimits() *Resources {
 func (x *FunctionSpec) GetWritableRoot() bool {
 	if x != nil {
 		return x.WritableRoot
+	}
+	return false
+}
+
+func (x *FunctionSpec) GetStreamRequests() bool {
+	if x != nil {
+		return x.StreamRequests
 	}
 	return false
 }
@@ -1101,10 +1109,15 @@ func (x *CreateSandbox) GetRevision() uint64 {
 // Commands is a batch of desired-state deltas. Specs come before the creates
 // that reference them.
 type Commands struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Specs         []*FunctionSpec        `protobuf:"bytes,1,rep,name=specs,proto3" json:"specs,omitempty"`
-	Creates       []*CreateSandbox       `protobuf:"bytes,2,rep,name=creates,proto3" json:"creates,omitempty"`
-	Tombstones    []string               `protobuf:"bytes,3,rep,name=tombstones,proto3" json:"tombstones,omitempty"` // sandbox ids to terminate
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Specs      []*FunctionSpec        `protobuf:"bytes,1,rep,name=specs,proto3" json:"specs,omitempty"`
+	Creates    []*CreateSandbox       `protobuf:"bytes,2,rep,name=creates,proto3" json:"creates,omitempty"`
+	Tombstones []string               `protobuf:"bytes,3,rep,name=tombstones,proto3" json:"tombstones,omitempty"` // sandbox ids to terminate
+	// Sandbox ids a data plane could not connect to. The worker checks each:
+	// one that is dead or refuses connections is reported EXITED (and
+	// replaced); a live one is announced again (the control plane then adds
+	// it back to the data planes that took it out of rotation).
+	Verify        []string `protobuf:"bytes,4,rep,name=verify,proto3" json:"verify,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1156,6 +1169,13 @@ func (x *Commands) GetCreates() []*CreateSandbox {
 func (x *Commands) GetTombstones() []string {
 	if x != nil {
 		return x.Tombstones
+	}
+	return nil
+}
+
+func (x *Commands) GetVerify() []string {
+	if x != nil {
+		return x.Verify
 	}
 	return nil
 }
@@ -1624,8 +1644,12 @@ type EndpointBatch struct {
 	DeletedFunctions []string               `protobuf:"bytes,3,rep,name=deleted_functions,json=deletedFunctions,proto3" json:"deleted_functions,omitempty"`
 	Added            []*Endpoint            `protobuf:"bytes,4,rep,name=added,proto3" json:"added,omitempty"`
 	Removed          []string               `protobuf:"bytes,5,rep,name=removed,proto3" json:"removed,omitempty"` // sandbox ids
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Why functions lack sandboxes, as the control plane sees it; an empty
+	// reason clears a function's condition. A snapshot lists every function
+	// that has one (the rest have none).
+	Conditions    []*FunctionCondition `protobuf:"bytes,6,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndpointBatch) Reset() {
@@ -1693,6 +1717,73 @@ func (x *EndpointBatch) GetRemoved() []string {
 	return nil
 }
 
+func (x *EndpointBatch) GetConditions() []*FunctionCondition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+type FunctionCondition struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`   // "no-capacity" | "function-failing" | "" (none)
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // for people: what failed, and the last error
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FunctionCondition) Reset() {
+	*x = FunctionCondition{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FunctionCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FunctionCondition) ProtoMessage() {}
+
+func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
+func (*FunctionCondition) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *FunctionCondition) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *FunctionCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FunctionCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type FunctionMetric struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Function       string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
@@ -1706,7 +1797,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1809,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1822,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -1782,7 +1873,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1885,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1898,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -1853,7 +1944,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1956,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1969,163 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+}
+
+type UnreachableEndpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Function      string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
+	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"` // the connect error, for the log
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnreachableEndpoint) Reset() {
+	*x = UnreachableEndpoint{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnreachableEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnreachableEndpoint) ProtoMessage() {}
+
+func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
+func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UnreachableEndpoint) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UnreachableEndpoint) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *UnreachableEndpoint) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *UnreachableEndpoint) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type UnreachableReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DataPlaneId   string                 `protobuf:"bytes,1,opt,name=data_plane_id,json=dataPlaneId,proto3" json:"data_plane_id,omitempty"`
+	Endpoints     []*UnreachableEndpoint `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnreachableReport) Reset() {
+	*x = UnreachableReport{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnreachableReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnreachableReport) ProtoMessage() {}
+
+func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
+func (*UnreachableReport) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *UnreachableReport) GetDataPlaneId() string {
+	if x != nil {
+		return x.DataPlaneId
+	}
+	return ""
+}
+
+func (x *UnreachableReport) GetEndpoints() []*UnreachableEndpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+type UnreachableAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnreachableAck) Reset() {
+	*x = UnreachableAck{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnreachableAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnreachableAck) ProtoMessage() {}
+
+func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
+func (*UnreachableAck) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -1888,7 +2135,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xbf\x04\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe8\x04\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -1907,7 +2154,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"timeout_ms\x18\f \x01(\x03R\ttimeoutMs\x12%\n" +
 	"\x0eload_balancing\x18\r \x01(\tR\rloadBalancing\x12+\n" +
 	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x12#\n" +
-	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x1a6\n" +
+	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x12'\n" +
+	"\x0fstream_requests\x18\x10 \x01(\bR\x0estreamRequests\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -1960,13 +2208,14 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rCreateSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"\x8b\x01\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\xa3\x01\n" +
 	"\bCommands\x12,\n" +
 	"\x05specs\x18\x01 \x03(\v2\x16.brisk.v1.FunctionSpecR\x05specs\x121\n" +
 	"\acreates\x18\x02 \x03(\v2\x17.brisk.v1.CreateSandboxR\acreates\x12\x1e\n" +
 	"\n" +
 	"tombstones\x18\x03 \x03(\tR\n" +
-	"tombstones\"\x9c\x01\n" +
+	"tombstones\x12\x16\n" +
+	"\x06verify\x18\x04 \x03(\tR\x06verify\"\x9c\x01\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12/\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x13.brisk.v1.ResourcesR\bcapacity\x12'\n" +
@@ -1996,13 +2245,20 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x17\n" +
-	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\xd2\x01\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\x8f\x02\n" +
 	"\rEndpointBatch\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x124\n" +
 	"\tfunctions\x18\x02 \x03(\v2\x16.brisk.v1.FunctionSpecR\tfunctions\x12+\n" +
 	"\x11deleted_functions\x18\x03 \x03(\tR\x10deletedFunctions\x12(\n" +
 	"\x05added\x18\x04 \x03(\v2\x12.brisk.v1.EndpointR\x05added\x12\x18\n" +
-	"\aremoved\x18\x05 \x03(\tR\aremoved\"\xaa\x01\n" +
+	"\aremoved\x18\x05 \x03(\tR\aremoved\x12;\n" +
+	"\n" +
+	"conditions\x18\x06 \x03(\v2\x1b.brisk.v1.FunctionConditionR\n" +
+	"conditions\"a\n" +
+	"\x11FunctionCondition\x12\x1a\n" +
+	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xaa\x01\n" +
 	"\x0eFunctionMetric\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12'\n" +
 	"\x0favg_concurrency\x18\x02 \x01(\x01R\x0eavgConcurrency\x12\x1a\n" +
@@ -2018,7 +2274,17 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\tfunctions\x18\x04 \x03(\v2\x18.brisk.v1.FunctionMetricR\tfunctions\x12\x16\n" +
 	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\f\n" +
 	"\n" +
-	"MetricsAck*\xcd\x01\n" +
+	"MetricsAck\"\x80\x01\n" +
+	"\x13UnreachableEndpoint\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
+	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"t\n" +
+	"\x11UnreachableReport\x12\"\n" +
+	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\x12;\n" +
+	"\tendpoints\x18\x02 \x03(\v2\x1d.brisk.v1.UnreachableEndpointR\tendpoints\"\x10\n" +
+	"\x0eUnreachableAck*\xcd\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x17\n" +
@@ -2033,12 +2299,13 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x14HANDSHAKE_MODE_RESET\x10\x022\x84\x01\n" +
 	"\x06Worker\x127\n" +
 	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
-	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\xcf\x02\n" +
+	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\x9b\x03\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
 	"\x0eWatchEndpoints\x12\x1f.brisk.v1.WatchEndpointsRequest\x1a\x17.brisk.v1.EndpointBatch0\x01\x12>\n" +
-	"\rReportMetrics\x12\x17.brisk.v1.MetricsReport\x1a\x14.brisk.v1.MetricsAckB2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
+	"\rReportMetrics\x12\x17.brisk.v1.MetricsReport\x1a\x14.brisk.v1.MetricsAck\x12J\n" +
+	"\x11ReportUnreachable\x12\x1b.brisk.v1.UnreachableReport\x1a\x18.brisk.v1.UnreachableAckB2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
 
 var (
 	file_api_brisk_v1_brisk_proto_rawDescOnce sync.Once
@@ -2053,7 +2320,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -2080,13 +2347,17 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*WatchEndpointsRequest)(nil),     // 22: brisk.v1.WatchEndpointsRequest
 	(*Endpoint)(nil),                  // 23: brisk.v1.Endpoint
 	(*EndpointBatch)(nil),             // 24: brisk.v1.EndpointBatch
-	(*FunctionMetric)(nil),            // 25: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 26: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 27: brisk.v1.MetricsAck
-	nil,                               // 28: brisk.v1.FunctionSpec.EnvEntry
+	(*FunctionCondition)(nil),         // 25: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 26: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 27: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 28: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 29: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 30: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 31: brisk.v1.UnreachableAck
+	nil,                               // 32: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	28, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	32, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
@@ -2109,24 +2380,28 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
 	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
 	23, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	25, // 23: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	7,  // 24: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	5,  // 25: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	18, // 26: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	20, // 27: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	22, // 28: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	26, // 29: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	8,  // 30: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	6,  // 31: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	19, // 32: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	21, // 33: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	24, // 34: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	27, // 35: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	30, // [30:36] is the sub-list for method output_type
-	24, // [24:30] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	25, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	26, // 24: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	29, // 25: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	7,  // 26: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	5,  // 27: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	18, // 28: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	20, // 29: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	22, // 30: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	27, // 31: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	30, // 32: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	8,  // 33: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	6,  // 34: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	19, // 35: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	21, // 36: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	24, // 37: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	28, // 38: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	31, // 39: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	33, // [33:40] is the sub-list for method output_type
+	26, // [26:33] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -2150,7 +2425,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

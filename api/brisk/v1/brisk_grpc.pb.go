@@ -164,6 +164,7 @@ const (
 	ControlPlane_RegisterDataPlane_FullMethodName = "/brisk.v1.ControlPlane/RegisterDataPlane"
 	ControlPlane_WatchEndpoints_FullMethodName    = "/brisk.v1.ControlPlane/WatchEndpoints"
 	ControlPlane_ReportMetrics_FullMethodName     = "/brisk.v1.ControlPlane/ReportMetrics"
+	ControlPlane_ReportUnreachable_FullMethodName = "/brisk.v1.ControlPlane/ReportUnreachable"
 )
 
 // ControlPlaneClient is the client API for ControlPlane service.
@@ -178,6 +179,10 @@ type ControlPlaneClient interface {
 	// ReportMetrics carries per-function load from a data plane, periodically
 	// and at once when a request waits with no capacity.
 	ReportMetrics(ctx context.Context, in *MetricsReport, opts ...grpc.CallOption) (*MetricsAck, error)
+	// ReportUnreachable tells of sandbox endpoints a data plane could not
+	// connect to (it took them out of its rotation at once). The control
+	// plane does not trust it: it asks each sandbox's worker to verify.
+	ReportUnreachable(ctx context.Context, in *UnreachableReport, opts ...grpc.CallOption) (*UnreachableAck, error)
 }
 
 type controlPlaneClient struct {
@@ -237,6 +242,16 @@ func (c *controlPlaneClient) ReportMetrics(ctx context.Context, in *MetricsRepor
 	return out, nil
 }
 
+func (c *controlPlaneClient) ReportUnreachable(ctx context.Context, in *UnreachableReport, opts ...grpc.CallOption) (*UnreachableAck, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnreachableAck)
+	err := c.cc.Invoke(ctx, ControlPlane_ReportUnreachable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlPlaneServer is the server API for ControlPlane service.
 // All implementations must embed UnimplementedControlPlaneServer
 // for forward compatibility.
@@ -249,6 +264,10 @@ type ControlPlaneServer interface {
 	// ReportMetrics carries per-function load from a data plane, periodically
 	// and at once when a request waits with no capacity.
 	ReportMetrics(context.Context, *MetricsReport) (*MetricsAck, error)
+	// ReportUnreachable tells of sandbox endpoints a data plane could not
+	// connect to (it took them out of its rotation at once). The control
+	// plane does not trust it: it asks each sandbox's worker to verify.
+	ReportUnreachable(context.Context, *UnreachableReport) (*UnreachableAck, error)
 	mustEmbedUnimplementedControlPlaneServer()
 }
 
@@ -270,6 +289,9 @@ func (UnimplementedControlPlaneServer) WatchEndpoints(*WatchEndpointsRequest, gr
 }
 func (UnimplementedControlPlaneServer) ReportMetrics(context.Context, *MetricsReport) (*MetricsAck, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportMetrics not implemented")
+}
+func (UnimplementedControlPlaneServer) ReportUnreachable(context.Context, *UnreachableReport) (*UnreachableAck, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportUnreachable not implemented")
 }
 func (UnimplementedControlPlaneServer) mustEmbedUnimplementedControlPlaneServer() {}
 func (UnimplementedControlPlaneServer) testEmbeddedByValue()                      {}
@@ -357,6 +379,24 @@ func _ControlPlane_ReportMetrics_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlPlane_ReportUnreachable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnreachableReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlPlaneServer).ReportUnreachable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ControlPlane_ReportUnreachable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlPlaneServer).ReportUnreachable(ctx, req.(*UnreachableReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ControlPlane_ServiceDesc is the grpc.ServiceDesc for ControlPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -375,6 +415,10 @@ var ControlPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportMetrics",
 			Handler:    _ControlPlane_ReportMetrics_Handler,
+		},
+		{
+			MethodName: "ReportUnreachable",
+			Handler:    _ControlPlane_ReportUnreachable_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -52,6 +52,16 @@ type Listed struct {
 	Running  bool
 }
 
+// Watcher is implemented by runtimes that can watch a sandbox they listed
+// for its end, including one an earlier worker process started, so that a
+// worker watches the sandboxes it adopts like those it started.
+type Watcher interface {
+	// Watch returns a channel closed when the sandbox ends and what says
+	// why then, as Instance's Exited and ExitErr. ok is false when the
+	// runtime does not know the id or cannot watch it.
+	Watch(id string) (exited <-chan struct{}, exitErr func() error, ok bool)
+}
+
 // Runtime starts and stops sandboxes. Implementations are safe for
 // concurrent use; every method honours ctx.
 type Runtime interface {

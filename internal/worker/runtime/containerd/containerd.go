@@ -97,7 +97,10 @@ type Runtime struct {
 	creating  map[string]chan struct{} // ids of Creates in progress; closed when each returns
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Watcher = (*Runtime)(nil)
+)
 
 // New connects to containerd and takes over the containers an earlier
 // Runtime on the same StateDir left (see adoptOrKill). It starts the OOM
@@ -201,6 +204,14 @@ func (sb *sandbox) hasExited() bool {
 	}
 }
 
+// exitError is why the task ended, nil while it runs.
+func (sb *sandbox) exitError() error {
+	if sb.exited != nil && sb.hasExited() {
+		return sb.exitErr
+	}
+	return nil
+}
+
 // idRE is containerd's identifier grammar (and max length 76).
 var idRE = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$`)
 
@@ -283,12 +294,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
 	r.log.Debug("sandbox started", "sandbox", s.ID, "function", f.Name, "image", ref, "addr", sb.addr, "netns", sb.ep.Name)
-	return &runtime.Instance{ID: s.ID, Addr: sb.addr, Exited: sb.exited, ExitErr: func() error {
-		if sb.hasExited() {
-			return sb.exitErr
-		}
-		return nil
-	}}, nil
+	return &runtime.Instance{ID: s.ID, Addr: sb.addr, Exited: sb.exited, ExitErr: sb.exitError}, nil
 }
 
 // start creates the container and its task and starts it, recording each
@@ -618,6 +624,18 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Listed, error) {
 	}
 	slices.SortFunc(out, func(a, b runtime.Listed) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
+}
+
+// Watch implements runtime.Watcher: the exit of every sandbox with a task
+// is awaited, those an earlier worker left (adoptOrKill) included.
+func (r *Runtime) Watch(id string) (<-chan struct{}, func() error, bool) {
+	r.mu.Lock()
+	sb := r.sandboxes[id]
+	r.mu.Unlock()
+	if sb == nil || sb.exited == nil {
+		return nil, nil, false
+	}
+	return sb.exited, sb.exitError, true
 }
 
 func taskRunning(ctx context.Context, c containerd.Container) (bool, error) {

@@ -91,7 +91,10 @@ type Runtime struct {
 	creating  map[string]struct{} // ids reserved by a Create in progress
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Watcher = (*Runtime)(nil)
+)
 
 type sandbox struct {
 	rec   record
@@ -104,6 +107,11 @@ type sandbox struct {
 	exited   chan struct{}
 	exitErr  error
 	stopping atomic.Bool // Kill has begun; the exit is not a crash
+
+	// gone is closed once the process of a sandbox found in the table has
+	// ended (watchAdopted); nil until Watch is first called for it.
+	watchOnce sync.Once
+	gone      chan struct{}
 
 	// lock serialises Kill and List's cleanup of this sandbox. It is a
 	// channel so that waiting for it honours ctx.
@@ -281,19 +289,17 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
 	r.log.Debug("sandbox started", "sandbox", s.ID, "function", s.Function.Name, "pid", sb.rec.PID, "addr", addr)
-	return &runtime.Instance{
-		ID:     s.ID,
-		Addr:   addr,
-		Exited: sb.exited,
-		ExitErr: func() error {
-			select {
-			case <-sb.exited:
-				return sb.exitErr
-			default:
-				return nil
-			}
-		},
-	}, nil
+	return &runtime.Instance{ID: s.ID, Addr: addr, Exited: sb.exited, ExitErr: sb.ownExitErr}, nil
+}
+
+// ownExitErr is why a sandbox this Runtime started ended, nil while it runs.
+func (sb *sandbox) ownExitErr() error {
+	select {
+	case <-sb.exited:
+		return sb.exitErr
+	default:
+		return nil
+	}
 }
 
 // argv resolves what to execute for s.
@@ -524,7 +530,7 @@ func (r *Runtime) waitExit(ctx context.Context, sb *sandbox, d time.Duration) bo
 }
 
 // List returns every sandbox in the table, sorted by id, including those an
-// earlier worker started. A sandbox whose process has ended is reported
+// earlier worker started (Watch watches those too). A sandbox whose process has ended is reported
 // once with Running false and then dropped, after its cgroup is removed;
 // Kill on it later returns ErrNotFound.
 func (r *Runtime) List(ctx context.Context) ([]runtime.Listed, error) {

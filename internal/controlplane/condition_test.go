@@ -1,0 +1,68 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/testutil"
+)
+
+// A function no node has room for is marked no-capacity, in its status and
+// on the data planes' stream; when it fits again the mark clears.
+func TestConditionNoCapacity(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	f := &spec.Function{Name: "big", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 1},
+		Resources: spec.Resources{MilliCPU: 64_000, MemoryMB: 64}}
+	f.ApplyDefaults()
+	f.Revision = e.cp.nextRevision()
+	if err := e.cp.store.CreateFunction(f); err != nil {
+		t.Fatal(err)
+	}
+	e.cp.cluster.upsertFunction(f)
+	testutil.Eventually(t, wait, func() bool {
+		return strings.HasPrefix(e.watch.condition("big"), "no-capacity: no node has room")
+	}, "no-capacity on the endpoint stream")
+	st, _ := e.cp.cluster.functionStatus("big")
+	if st.Condition != "no-capacity" || !strings.Contains(st.Message, "cpu 64000m") {
+		t.Fatalf("status condition %q %q, want no-capacity naming the cpu asked for", st.Condition, st.Message)
+	}
+
+	g := *f
+	g.Resources.MilliCPU = 100
+	g.Revision = e.cp.nextRevision()
+	if err := e.cp.store.UpdateFunction(&g); err != nil {
+		t.Fatal(err)
+	}
+	e.cp.cluster.upsertFunction(&g)
+	e.awaitConverged("big", 1)
+	testutil.Eventually(t, wait, func() bool { return e.watch.condition("big") == "" }, "condition cleared on the stream")
+	if st, _ := e.cp.cluster.functionStatus("big"); st.Condition != "" {
+		t.Fatalf("condition %q after the function fits", st.Condition)
+	}
+}
+
+// A function whose starts fail and that has no ready sandbox is marked
+// function-failing with the last error; a ready sandbox clears it, and a
+// new data plane's snapshot carries the mark.
+func TestConditionFunctionFailing(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.deploy("f", 0)
+	c := e.cp.cluster
+	c.mu.Lock()
+	fs := c.fns["f"]
+	c.noteFailureLocked(fs, &briskv1.SandboxRecord{Id: "x", Function: "f", Message: "exec: /nope: no such file"})
+	c.reconcileLocked(fs)
+	c.mu.Unlock()
+	testutil.Eventually(t, wait, func() bool {
+		return strings.Contains(e.watch.condition("f"), "function-failing: 1 sandbox starts failed in a row, the last: exec: /nope")
+	}, "function-failing on the stream")
+	late := followEndpoints(t, e.cpAddr)
+	defer late.stop()
+	testutil.Eventually(t, wait, func() bool { return strings.HasPrefix(late.condition("f"), "function-failing") }, "the mark in a new snapshot")
+
+	e.scale("f", 1)
+	e.awaitConverged("f", 1)
+	testutil.Eventually(t, wait, func() bool { return e.watch.condition("f") == "" }, "a ready sandbox clears the mark")
+}

@@ -1,0 +1,135 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+)
+
+// maxUnreachable bounds the reports kept for a control plane that does not
+// answer; the oldest go first.
+const maxUnreachable = 1024
+
+// unreachable holds the endpoints calls could not connect to until the link
+// reports them (reportUnreachable). Only failing calls touch it.
+type unreachable struct {
+	mu      sync.Mutex
+	pending []*briskv1.UnreachableEndpoint
+	bell    chan struct{} // 1 slot: rings coalesce while a report is in flight
+}
+
+// connectFailed is called by a call that could not connect to its sandbox.
+// A refused connect means nothing listens at the endpoint's address any
+// more (the sandbox died, and its worker may not have noticed: one adopted
+// after a restart, a runtime without exit events): the endpoint leaves the
+// function's rotation here at once, so the next call picks another sandbox
+// or waits for a new one, and the control plane is told, which has the
+// sandbox's worker check it and replace it if it is dead. Other connect
+// errors (a timeout) prove nothing and change nothing. The hot path never
+// gets here.
+func (d *DataPlane) connectFailed(st *reqState, err error) {
+	if st == nil || st.fn == nil || st.ep == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		return
+	}
+	if !d.dropEndpoint(st.fn, st.ep) {
+		return // out of rotation already: reported by the call that took it out
+	}
+	d.log.Warn("sandbox refused a connection: out of rotation, reported to the control plane",
+		"function", st.fn.name, "sandbox", st.ep.id, "addr", st.ep.addr, "err", err)
+	u := &d.unreach
+	u.mu.Lock()
+	if len(u.pending) >= maxUnreachable {
+		u.pending = slices.Delete(u.pending, 0, 1)
+	}
+	u.pending = append(u.pending, &briskv1.UnreachableEndpoint{
+		SandboxId: st.ep.id, Function: st.fn.name, Address: st.ep.addr, Error: err.Error()})
+	u.mu.Unlock()
+	u.ring()
+}
+
+// dropEndpoint takes ep out of fn's set, as a removal from the control
+// plane would, and reports whether it was still there.
+func (d *DataPlane) dropEndpoint(fn *function, ep *endpoint) bool {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	set := fn.set.Load()
+	if set == nil || d.sandboxes[ep.id] != fn || findEndpoint(set.eps, ep.id) != ep {
+		return false
+	}
+	delete(d.sandboxes, ep.id)
+	p := &pendingFn{conf: set.conf, eps: slices.Clone(set.eps)}
+	d.removeSandbox(p, ep.id)
+	d.publish(fn, p)
+	d.releaseLeftPools()
+	return true
+}
+
+func (u *unreachable) ring() {
+	select {
+	case u.bell <- struct{}{}:
+	default:
+	}
+}
+
+func (u *unreachable) take() []*briskv1.UnreachableEndpoint {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	p := u.pending
+	u.pending = nil
+	return p
+}
+
+// putBack returns reports whose sending failed, ahead of newer ones.
+func (u *unreachable) putBack(eps []*briskv1.UnreachableEndpoint) {
+	u.mu.Lock()
+	u.pending = append(eps, u.pending...)
+	if n := len(u.pending); n > maxUnreachable {
+		u.pending = u.pending[n-maxUnreachable:]
+	}
+	u.mu.Unlock()
+}
+
+// reportUnreachable sends the endpoints calls could not connect to as soon
+// as there are any; a report that fails is sent again after a backoff (the
+// control plane may be failing over).
+func (l *link) reportUnreachable(ctx context.Context) {
+	u := &l.d.unreach
+	delay := backoffMin
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-u.bell:
+		}
+		eps := u.take()
+		if len(eps) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+		_, err := l.client.ReportUnreachable(rctx, &briskv1.UnreachableReport{DataPlaneId: l.d.ID(), Endpoints: eps})
+		cancel()
+		if err == nil {
+			delay = backoffMin
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		l.d.log.Debug("report unreachable sandboxes", "endpoints", len(eps), "err", err)
+		u.putBack(eps)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, backoffMax)
+		u.ring()
+	}
+}

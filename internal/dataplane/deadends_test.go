@@ -1,0 +1,162 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/rpc"
+)
+
+// unreachCP is fakeCP that also takes reports of unreachable endpoints.
+type unreachCP struct {
+	*fakeCP
+	unreach chan *briskv1.UnreachableReport
+}
+
+func (f *unreachCP) ReportUnreachable(_ context.Context, r *briskv1.UnreachableReport) (*briskv1.UnreachableAck, error) {
+	f.unreach <- r
+	return &briskv1.UnreachableAck{}, nil
+}
+
+func startUnreachCP(t *testing.T) (*unreachCP, string) {
+	t.Helper()
+	f := &unreachCP{fakeCP: &fakeCP{
+		registered: make(chan *briskv1.RegisterDataPlaneRequest, 16),
+		watches:    make(chan *watchSession, 16),
+		reports:    make(chan *briskv1.MetricsReport, 1024),
+	}, unreach: make(chan *briskv1.UnreachableReport, 16)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(rpc.ServerOptions()...)
+	briskv1.RegisterControlPlaneServer(s, f)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return f, ln.Addr().String()
+}
+
+// refusingAddr is a loopback address nothing listens on: connects to it are
+// refused, as to a sandbox that died.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func routed(d *DataPlane, fn string) []string {
+	var ids []string
+	if f := d.lookup(fn); f != nil {
+		for _, ep := range f.set.Load().eps {
+			ids = append(ids, ep.id)
+		}
+	}
+	return ids
+}
+
+// Issue 21: an endpoint that refuses connections is taken out of rotation
+// within one call, and reported to the control plane at once; the control
+// plane's add (the worker found it alive) puts it back.
+func TestRefusingEndpointLeavesRotation(t *testing.T) {
+	f, cpAddr := startUnreachCP(t)
+	d := runDP(t, Config{ID: "dp-test", ControlPlane: cpAddr})
+	ws := recv(t, f.watches, "WatchEndpoints")
+	dead := refusingAddr(t)
+	rr := func(s *briskv1.FunctionSpec) { s.LoadBalancing = "round-robin" }
+	ws.send <- &briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f", rr)},
+		Added: []*briskv1.Endpoint{ep("f", "sb-a", dead), ep("f", "sb-b", newSandbox(t, echo))}}
+	waitFor(t, "snapshot applied", func() bool { return len(routed(d, "f")) == 2 })
+
+	// Round-robin reaches the dead endpoint within two calls; that call
+	// fails, and no call after it meets the dead endpoint.
+	url := "http://" + d.Addr() + "/function/f"
+	failed := 0
+	for range 2 {
+		r := get(t, url)
+		if r.code != 200 {
+			if r.code != http.StatusBadGateway {
+				t.Fatalf("call to a refusing sandbox answered %d %s, want 502", r.code, r.body)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d of 2 calls failed, want the one that met the dead endpoint", failed)
+	}
+	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-b"}) {
+		t.Fatalf("routes after the refused connect: %v, want [sb-b]", got)
+	}
+	for range 4 {
+		if r := get(t, url); r.code != 200 || decodeSeen(t, r).Sandbox != "sb-b" {
+			t.Fatalf("call after the dead endpoint left: %d %s", r.code, r.body)
+		}
+	}
+	rep := recv(t, f.unreach, "report of the unreachable endpoint")
+	if rep.GetDataPlaneId() != "dp-test" || len(rep.GetEndpoints()) != 1 {
+		t.Fatalf("report %v", rep)
+	}
+	if e := rep.GetEndpoints()[0]; e.GetSandboxId() != "sb-a" || e.GetFunction() != "f" || e.GetAddress() != dead ||
+		!strings.Contains(e.GetError(), "refused") {
+		t.Fatalf("reported %v", e)
+	}
+
+	// The worker found it serving after all: the control plane adds it again.
+	ws.send <- &briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("f", "sb-a", dead)}}
+	waitFor(t, "the endpoint back in rotation", func() bool { return len(routed(d, "f")) == 2 })
+	// The control plane's removal of an endpoint already out is harmless.
+	ws.send <- &briskv1.EndpointBatch{Removed: []string{"sb-a"}}
+	waitFor(t, "the endpoint removed", func() bool { return slices.Equal(routed(d, "f"), []string{"sb-b"}) })
+}
+
+// The net/http path (here: a chunked body) takes a refusing endpoint out of
+// rotation too.
+func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
+	d, _ := newTestDP(t, nil)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
+		Added: []*briskv1.Endpoint{ep("f", "sb-a", refusingAddr(t))}})
+	req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
+	req.ContentLength = -1 // chunked
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadGateway {
+		t.Fatalf("call to a refusing sandbox answered %d, want 502", rec.Code)
+	}
+	if got := routed(d, "f"); len(got) != 0 {
+		t.Fatalf("routes after the refused connect: %v, want none", got)
+	}
+	if got := d.unreach.take(); len(got) != 1 || got[0].GetSandboxId() != "sb-a" {
+		t.Fatalf("queued reports %v, want sb-a", got)
+	}
+}
+
+// Only a refused connect proves the sandbox gone: a timeout (a busy or
+// slow sandbox) leaves it in rotation and reports nothing.
+func TestConnectTimeoutKeepsEndpoint(t *testing.T) {
+	d, _ := newTestDP(t, nil)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
+		Added: []*briskv1.Endpoint{ep("f", "sb-a", "127.0.0.1:1")}})
+	fn := d.lookup("f")
+	st := &reqState{fn: fn, ep: fn.set.Load().eps[0]}
+	d.connectFailed(st, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("i/o timeout")})
+	d.connectFailed(st, context.DeadlineExceeded)
+	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-a"}) {
+		t.Fatalf("routes after a timeout: %v, want [sb-a]", got)
+	}
+	if got := d.unreach.take(); len(got) != 0 {
+		t.Fatalf("a timeout was reported: %v", got)
+	}
+}
