@@ -5,7 +5,8 @@ PKGS      ?= ./...
 TEST_TIMEOUT ?= 20m
 # Each of h1's differential fuzz targets runs this long in `make test`.
 FUZZTIME  ?= 20s
-FUZZ_TARGETS = FuzzRequestHead FuzzReplyHead FuzzChunked
+# package:target pairs (go test fuzzes one target per run)
+FUZZ_TARGETS = h1:FuzzRequestHead h1:FuzzReplyHead h1:FuzzChunked spec:FuzzDecode
 
 .PHONY: help build demo up test test-short fuzz vet fmt bench microbench proto setup clean
 
@@ -26,10 +27,11 @@ test: vet ## run the whole test suite (unit, race, integration, bounded fuzzing)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) fuzz
 
-fuzz: ## run internal/h1's differential fuzz targets against net/http, FUZZTIME each (one target per go test)
-	@for t in $(FUZZ_TARGETS); do \
-	  echo "fuzz $$t for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./internal/h1 || exit 1; \
+fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME each
+	@for pt in $(FUZZ_TARGETS); do \
+	  p=$${pt%%:*}; t=$${pt#*:}; \
+	  echo "fuzz $$p $$t for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./internal/$$p || exit 1; \
 	done
 
 test-short: ## unit tests only, no race detector

@@ -23,6 +23,7 @@ type cpFlags struct {
 	dataDir, admin, grpc, placement string
 	tick, drainDelay, nodeGrace     time.Duration
 	startupGrace                    time.Duration
+	caps                            spec.Caps
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -35,6 +36,14 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
+	d := spec.DefaultCaps()
+	fl.IntVar(&f.caps.MaxScale, "max-scale", d.MaxScale, "the most sandboxes one function may have (scaling.min/max; also bounds an unbounded max)")
+	fl.IntVar(&f.caps.MaxConcurrency, "max-concurrency", d.MaxConcurrency, "the highest per-sandbox concurrency a spec may ask for")
+	fl.Int64Var(&f.caps.MaxMilliCPU, "max-cpu", d.MaxMilliCPU, "the most CPU (millicores) one sandbox may request or be limited to")
+	fl.Int64Var(&f.caps.MaxMemoryMB, "max-memory", d.MaxMemoryMB, "the most memory (MiB) one sandbox may request or be limited to")
+	fl.IntVar(&f.caps.MaxQueueDepth, "max-queue-depth", d.MaxQueueDepth, "the deepest per-function queue a spec may ask for")
+	fl.DurationVar(&f.caps.MaxQueueTimeout, "max-queue-timeout", d.MaxQueueTimeout, "the longest queue timeout a spec may ask for")
+	fl.DurationVar(&f.caps.MaxTimeout, "max-timeout", d.MaxTimeout, "the longest function timeout a spec may ask for")
 }
 
 func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
@@ -45,9 +54,12 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if f.tick <= 0 || f.drainDelay < 0 || f.nodeGrace <= 0 || f.startupGrace <= 0 {
 		return controlplane.Config{}, usageError{fmt.Errorf("--autoscale-interval, --node-grace and --startup-grace must be positive, --drain-delay not negative")}
 	}
+	if c := f.caps; c.MaxScale < 1 || c.MaxConcurrency < 1 || c.MaxMilliCPU < 1 || c.MaxMemoryMB < 1 || c.MaxQueueDepth < 1 || c.MaxQueueTimeout <= 0 || c.MaxTimeout <= 0 {
+		return controlplane.Config{}, usageError{fmt.Errorf("--max-scale, --max-concurrency, --max-cpu, --max-memory, --max-queue-depth, --max-queue-timeout and --max-timeout must be positive")}
+	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
-		Logger: log.With("component", "controlplane")}, nil
+		Caps: f.caps, Logger: log.With("component", "controlplane")}, nil
 }
 
 func defaultDataDir() string {

@@ -110,7 +110,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // readSpec decodes and validates a spec body; on failure it has answered.
 // For an update, pathName is the name in the URL: the body may omit the
 // name but must not contradict it.
-func readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
+func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -137,6 +137,10 @@ func readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Fu
 	}
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	if err := cp.cfg.Caps.Check(f); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
@@ -168,7 +172,7 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 }
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
-	f, ok := readSpec(w, r, "")
+	f, ok := cp.readSpec(w, r, "")
 	if !ok {
 		return
 	}
@@ -193,7 +197,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	f, ok := readSpec(w, r, name)
+	f, ok := cp.readSpec(w, r, name)
 	if !ok {
 		return
 	}

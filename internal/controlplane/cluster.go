@@ -256,6 +256,9 @@ func (c *Cluster) boundDesiredLocked(fs *fnState) {
 	if fs.desired < s.Min {
 		fs.desired = s.Min
 	}
+	if maxScale := c.cfg.Caps.MaxScale; maxScale > 0 && fs.desired > maxScale {
+		fs.desired = maxScale // an unbounded max is bounded by the operator's cap
+	}
 	if s.Max > 0 && fs.desired > s.Max {
 		fs.desired = s.Max
 	}

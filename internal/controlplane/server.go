@@ -44,6 +44,9 @@ type Config struct {
 	HeartbeatTimeout  time.Duration
 	FailureBackoff    time.Duration // first crash-loop backoff; default 200ms, doubling
 	MaxFailureBackoff time.Duration // default 30s
+	// Caps are the operator's hard limits on function specs; zero fields
+	// take spec.DefaultCaps.
+	Caps spec.Caps
 	Clock             clock.Clock
 	Logger            *slog.Logger
 	// WorkerLinkInterceptor, when set, wraps the control plane's end of every
@@ -65,6 +68,7 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
+	c.Caps = c.Caps.WithDefaults()
 	if c.AdminAddr == "" {
 		c.AdminAddr = "127.0.0.1:9090"
 	}

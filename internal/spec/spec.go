@@ -153,6 +153,9 @@ func (f *Function) Validate() error {
 			return bad("env", "invalid variable name %q", k)
 		}
 	}
+	if err := f.validateStrings(bad); err != nil {
+		return err
+	}
 	if f.Resources.MilliCPU < 0 || f.Resources.MilliCPU > 1_000_000 {
 		return bad("resources.cpu_milli", "%d out of range [0, 1000000]", f.Resources.MilliCPU)
 	}
@@ -239,9 +242,14 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// Decode parses a JSON spec strictly: unknown fields and trailing data are
-// errors that wrap ErrInvalid.
+// Decode parses a JSON spec strictly: unknown fields, keys given twice and
+// trailing data are errors that wrap ErrInvalid.
 func Decode(data []byte) (*Function, error) {
+	if k, err := duplicateKey(data); err != nil {
+		return nil, fmt.Errorf("%w: malformed JSON: %v", ErrInvalid, err)
+	} else if k != "" {
+		return nil, fmt.Errorf("%w: malformed JSON: key %q appears twice in one object", ErrInvalid, k)
+	}
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	var f Function

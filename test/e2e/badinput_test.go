@@ -67,6 +67,15 @@ func TestBadInput(t *testing.T) {
 		{"update name mismatch", "PUT", admin + "/a", `{"name": "b", "builtin": "trace"}`, 400, "does not match"},
 		{"oversized spec", "POST", admin, `{"name": "big", "builtin": "trace", "env": {"A": "` + strings.Repeat("x", 2<<20) + `"}}`, 413, "1 MiB"},
 		{"unknown admin path", "GET", "http://" + c.admin + "/v2/things", "", 404, "no such endpoint"},
+		// The operator's limits, and bytes no argv or environment may carry.
+		{"scale above the cap", "POST", admin, `{"name": "p", "builtin": "trace", "scaling": {"max": 1000000000}}`, 400, "scaling.max: 1000000000 is above this cluster's limit 10000"},
+		{"queue timeout above the cap", "POST", admin, `{"name": "p", "builtin": "trace", "queue": {"timeout": "1000000h"}}`, 400, "queue.timeout"},
+		{"NUL in a command", "POST", admin, `{"name": "p", "command": ["/bin/echo", "a\u0000b"]}`, 400, "command[1]: control byte 0x00"},
+		{"control byte in the program", "POST", admin, `{"name": "p", "command": ["/bin/ech\no"]}`, 400, "command[0]"},
+		{"NUL in an env value", "POST", admin, `{"name": "p", "builtin": "trace", "env": {"A": "x\u0000"}}`, 400, "env.A"},
+		{"space in an image", "POST", admin, `{"name": "p", "image": "brisk.local/a b"}`, 400, "image"},
+		{"duplicate key", "POST", admin, `{"name": "p", "builtin": "trace", "timeout": "1s", "timeout": "50m"}`, 400, `key "timeout" appears twice`},
+		{"duplicate nested key", "POST", admin, `{"name": "p", "builtin": "trace", "env": {"A": "1", "A": "2"}}`, 400, `key "A" appears twice`},
 		{"invoke unknown function", "POST", inv + "/function/nope", "{}", 404, "not found"},
 		{"invoke unknown host", "GET", inv + "/", "", 404, ""},
 	}

@@ -1,0 +1,129 @@
+package spec
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Limits on what one spec may carry, whatever the cluster: bounds on the
+// work a registration makes for every worker and data plane.
+const (
+	maxCommandArgs  = 256
+	maxCommandBytes = 64 << 10
+	maxEnvVars      = 256
+	maxEnvBytes     = 64 << 10
+	maxImageBytes   = 1024
+)
+
+// controlByte returns the index of the first C0 control byte or DEL in s,
+// tab, newline and carriage return allowed when text is true (a shell
+// script, a PEM in an environment variable), or -1.
+func controlByte(s string, text bool) int {
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if text && (b == '\t' || b == '\n' || b == '\r') {
+			continue
+		}
+		if b < 0x20 || b == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
+// validateStrings refuses NUL and control bytes where a process's argv,
+// environment or an image reference would carry them, and bounds their
+// sizes.
+func (f *Function) validateStrings(bad func(field, format string, args ...any) error) error {
+	if len(f.Command) > maxCommandArgs {
+		return bad("command", "%d arguments, more than %d", len(f.Command), maxCommandArgs)
+	}
+	size := 0
+	for i, a := range f.Command {
+		size += len(a)
+		if j := controlByte(a, i > 0); j >= 0 {
+			return bad(fmt.Sprintf("command[%d]", i), "control byte %#02x at offset %d", a[j], j)
+		}
+	}
+	if size > maxCommandBytes {
+		return bad("command", "%d bytes, more than %d", size, maxCommandBytes)
+	}
+	if len(f.Env) > maxEnvVars {
+		return bad("env", "%d variables, more than %d", len(f.Env), maxEnvVars)
+	}
+	size = 0
+	for k, v := range f.Env {
+		size += len(k) + len(v)
+		if j := controlByte(k, false); j >= 0 {
+			return bad("env", "variable name %q has a control byte at offset %d", k, j)
+		}
+		if j := controlByte(v, true); j >= 0 {
+			return bad("env."+k, "control byte %#02x at offset %d", v[j], j)
+		}
+	}
+	if size > maxEnvBytes {
+		return bad("env", "%d bytes, more than %d", size, maxEnvBytes)
+	}
+	if len(f.Image) > maxImageBytes {
+		return bad("image", "%d bytes, more than %d", len(f.Image), maxImageBytes)
+	}
+	for i := 0; i < len(f.Image); i++ {
+		if b := f.Image[i]; b <= ' ' || b == 0x7f {
+			return bad("image", "%q: control byte or space at offset %d", f.Image, i)
+		}
+	}
+	return nil
+}
+
+// duplicateKey returns the first key that appears twice in one object of
+// the JSON document data (at any depth), or "". encoding/json keeps the
+// last of duplicates silently; a spec that says two things must be refused.
+func duplicateKey(data []byte) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	type frame struct {
+		keys    map[string]bool // nil: an array
+		wantKey bool
+	}
+	var stack []frame
+	valueDone := func() { // in an object, a key comes next
+		if n := len(stack); n > 0 && stack[n-1].keys != nil {
+			stack[n-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			if len(stack) > 0 {
+				return "", io.ErrUnexpectedEOF
+			}
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if n := len(stack); n > 0 && stack[n-1].wantKey {
+			if k, ok := tok.(string); ok {
+				if stack[n-1].keys[k] {
+					return k, nil
+				}
+				stack[n-1].keys[k] = true
+				stack[n-1].wantKey = false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{keys: map[string]bool{}, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}
