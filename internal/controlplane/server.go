@@ -46,9 +46,9 @@ type Config struct {
 	MaxFailureBackoff time.Duration // default 30s
 	// Caps are the operator's hard limits on function specs; zero fields
 	// take spec.DefaultCaps.
-	Caps spec.Caps
-	Clock             clock.Clock
-	Logger            *slog.Logger
+	Caps   spec.Caps
+	Clock  clock.Clock
+	Logger *slog.Logger
 	// WorkerLinkInterceptor, when set, wraps the control plane's end of every
 	// link session it opens to a worker (the client stream of
 	// Worker.Session). It is an extension point, like

@@ -16,7 +16,7 @@ func TestDuplicateKey(t *testing.T) {
 		{`{"a": [{"x": 1}, {"x": 1}], "b": "a"}`, ""},
 		{`{"a": [{"x": 1, "y": [1, {"z": 1, "z": 2}]}]}`, "z"},
 		{`{"a": [], "a": []}`, "a"},
-		{`{"s": "a", "t": "a"}`, ""},     // equal values are not keys
+		{`{"s": "a", "t": "a"}`, ""},    // equal values are not keys
 		{`{"command": ["a", "a"]}`, ""}, // nor array elements
 		{`{"": 1, "": 2}`, ""},
 	} {
