@@ -9,6 +9,8 @@ ADMIN=${BRISK_ADMIN:-127.0.0.1:9090}
 INVOKE=${BRISK_INVOKE:-127.0.0.1:8080}
 export BRISK_ADMIN=$ADMIN BRISK_INVOKE=$INVOKE
 DATA=$(mktemp -d /tmp/brisk-demo.XXXXXX)
+# The cluster writes its first admin token there; the CLI reads it.
+export BRISK_TOKEN_FILE=$DATA/admin.token
 
 "$BRISK" up --data-dir "$DATA" --admin "$ADMIN" --invoke "$INVOKE" --grpc "${BRISK_GRPC:-127.0.0.1:9091}" \
   2> "$DATA/brisk.log" &
@@ -33,4 +35,5 @@ step "$BRISK" status
 
 if [ "${DEMO_EXIT:-0}" = 1 ]; then exit 0; fi
 printf '\nbrisk is serving: admin http://%s  invoke http://%s (log: %s/brisk.log). Ctrl-C stops it.\n' "$ADMIN" "$INVOKE" "$DATA"
+printf 'Admin token: %s (another shell: export BRISK_TOKEN_FILE=%s)\n' "$BRISK_TOKEN_FILE" "$BRISK_TOKEN_FILE"
 wait "$pid"

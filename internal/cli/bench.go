@@ -145,7 +145,7 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 	if f.local {
 		fmt.Fprintf(stderr, "starting a local cluster: %s runtime, %d worker node(s)\n", f.runtime, f.workers)
 	}
-	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Runtime: f.runtime,
+	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Token: g.apiToken(), Runtime: f.runtime,
 		Workers: f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log})
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ type cpFlags struct {
 	tick, drainDelay, nodeGrace     time.Duration
 	startupGrace                    time.Duration
 	caps                            spec.Caps
+	noAuth                          bool
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -36,6 +37,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
+	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
 	d := spec.DefaultCaps()
 	fl.IntVar(&f.caps.MaxScale, "max-scale", d.MaxScale, "the most sandboxes one function may have (scaling.min/max; also bounds an unbounded max)")
 	fl.IntVar(&f.caps.MaxConcurrency, "max-concurrency", d.MaxConcurrency, "the highest per-sandbox concurrency a spec may ask for")
@@ -59,7 +61,7 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
-		Caps: f.caps, Logger: log.With("component", "controlplane")}, nil
+		Caps: f.caps, AuthDisabled: f.noAuth, Logger: log.With("component", "controlplane")}, nil
 }
 
 func defaultDataDir() string {
@@ -321,6 +323,10 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 				case <-c.Context().Done():
 				case <-cl.Ready():
 					fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cl.AdminAddr(), cl.InvokeAddr(), cf.dataDir)
+					if !cf.noAuth {
+						fmt.Fprintf(os.Stderr, "admin token: %s (the CLI reads it; elsewhere: export BRISK_TOKEN_FILE=%[1]s)\n",
+							filepath.Join(cf.dataDir, controlplane.AdminTokenFile))
+					}
 				}
 			}()
 			return usageOr(cl.Run(c.Context()))

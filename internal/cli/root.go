@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -51,8 +53,9 @@ func isFlagError(err error) bool {
 }
 
 type globals struct {
-	admin, invoke string
-	logLevel      string
+	admin, invoke    string
+	token, tokenFile string
+	logLevel         string
 }
 
 func newRoot() *cobra.Command {
@@ -74,8 +77,11 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.admin, "admin-url", envOr("BRISK_ADMIN", "127.0.0.1:9090"), "control plane admin API address (env BRISK_ADMIN)")
 	pf.StringVar(&g.invoke, "invoke-url", envOr("BRISK_INVOKE", "127.0.0.1:8080"), "data plane invocation address (env BRISK_INVOKE)")
+	pf.StringVar(&g.token, "token", os.Getenv("BRISK_TOKEN"), "API token for the admin API and invocations (env BRISK_TOKEN; default: the one in --token-file)")
+	pf.StringVar(&g.tokenFile, "token-file", envOr("BRISK_TOKEN_FILE", filepath.Join(defaultDataDir(), controlplane.AdminTokenFile)),
+		"file holding the API token when --token is not given: brisk up writes the first admin token to <data-dir>/admin.token (env BRISK_TOKEN_FILE)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newImage(g), newNetBench(), newBench(g), newReplay(g))
+	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newToken(g), newImage(g), newNetBench(), newBench(g), newReplay(g))
 	return root
 }
 
@@ -86,7 +92,24 @@ func envOr(k, def string) string {
 	return def
 }
 
-func (g *globals) client() *client.Client { return client.New(g.admin, g.invoke) }
+func (g *globals) client() *client.Client {
+	c := client.New(g.admin, g.invoke)
+	c.Token = g.apiToken()
+	return c
+}
+
+// apiToken is --token, or the token in --token-file ("" when neither
+// gives one: the control plane then says a token is needed).
+func (g *globals) apiToken() string {
+	if g.token != "" {
+		return g.token
+	}
+	b, err := os.ReadFile(g.tokenFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
 
 func (g *globals) logger() (*slog.Logger, error) {
 	var lvl slog.Level

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/spec"
 )
@@ -64,10 +65,22 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
 	mux.HandleFunc("GET /v1/status", cp.status)
 	mux.HandleFunc("GET /v1/backup", cp.backup)
+	mux.HandleFunc("POST /v1/tokens", cp.createToken)
+	mux.HandleFunc("GET /v1/tokens", cp.listTokens)
+	mux.HandleFunc("DELETE /v1/tokens/{id}", cp.revokeToken)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if cp.authorize(w, r, auth.ScopeAdmin, "") {
+			metrics.ServeHTTP(w, r)
+		}
+	})
 	if cp.cfg.Replica != nil {
-		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, cp.cfg.Replica()) })
+		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
+			if cp.authorize(w, r, auth.ScopeDeploy, "") {
+				writeJSON(w, http.StatusOK, cp.cfg.Replica())
+			}
+		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
@@ -173,7 +186,7 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := cp.readSpec(w, r, "")
-	if !ok {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Name) {
 		return
 	}
 	l := cp.nameLock(f.Name)
@@ -197,6 +210,9 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+		return
+	}
 	f, ok := cp.readSpec(w, r, name)
 	if !ok {
 		return
@@ -224,6 +240,9 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+		return
+	}
 	l := cp.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
@@ -242,6 +261,9 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+		return
+	}
 	c := cp.cluster
 	c.mu.Lock()
 	fs := c.fns[name]
@@ -258,6 +280,9 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, "") {
+		return
+	}
 	c := cp.cluster
 	c.mu.Lock()
 	out := make([]FunctionView, 0, len(c.fns))
@@ -272,6 +297,9 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, "") {
+		return
+	}
 	v := StatusView{ControlPlane: cp.id, Nodes: cp.cluster.nodeStatus()}
 	dps, err := cp.store.DataPlanes()
 	if err != nil {
@@ -314,7 +342,10 @@ func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // backup streams a consistent copy of the registry (registry.db) while the
 // control plane keeps serving.
-func (cp *ControlPlane) backup(w http.ResponseWriter, _ *http.Request) {
+func (cp *ControlPlane) backup(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+		return
+	}
 	b, ok := cp.store.(store.Backuper)
 	if !ok {
 		writeError(w, http.StatusNotImplemented, "this control plane's registry is replicated: back up a stopped replica's --data-dir (raft log and snapshots) instead")

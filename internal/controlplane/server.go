@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
@@ -46,9 +47,14 @@ type Config struct {
 	MaxFailureBackoff time.Duration // default 30s
 	// Caps are the operator's hard limits on function specs; zero fields
 	// take spec.DefaultCaps.
-	Caps   spec.Caps
-	Clock  clock.Clock
-	Logger *slog.Logger
+	Caps spec.Caps
+	// AuthDisabled serves the admin API without tokens (a cluster behind
+	// an authenticating proxy, or tests). By default every admin route but
+	// /healthz needs a token, and the first start creates an admin token
+	// in DataDir/admin.token.
+	AuthDisabled bool
+	Clock        clock.Clock
+	Logger       *slog.Logger
 	// WorkerLinkInterceptor, when set, wraps the control plane's end of every
 	// link session it opens to a worker (the client stream of
 	// Worker.Session). It is an extension point, like
@@ -120,6 +126,7 @@ type ControlPlane struct {
 	metrics *cpMetrics
 	cluster *Cluster
 	store   store.Registry
+	tokens  *auth.Checker // the registry's tokens, for the admin API
 
 	linkCtx context.Context
 	linkWG  sync.WaitGroup
@@ -147,7 +154,7 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{})}, nil
+	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker()}, nil
 }
 
 // Ready is closed once both listeners are bound.
@@ -175,6 +182,12 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err := cp.load(ctx); err != nil {
 		return err
 	}
+	if err := cp.loadTokens(); err != nil {
+		return err
+	}
+	if err := cp.bootstrapToken(); err != nil {
+		return err
+	}
 	if cp.grpcLis, err = net.Listen("tcp", cp.cfg.GRPCAddr); err != nil {
 		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.GRPCAddr, err)
 	}
@@ -185,7 +198,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	gs := grpc.NewServer(rpc.ServerOptions()...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
-		Handler:           cp.adminHandler(),
+		Handler:           cp.authenticate(cp.adminHandler()),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,

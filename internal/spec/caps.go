@@ -22,7 +22,7 @@ type Caps struct {
 func DefaultCaps() Caps {
 	return Caps{
 		MaxScale:        10_000,
-		MaxConcurrency:  1000,
+		MaxConcurrency:  10_000,
 		MaxMilliCPU:     64_000,
 		MaxMemoryMB:     64 << 10,
 		MaxQueueDepth:   100_000,

@@ -82,7 +82,7 @@ func TestCapsNameFieldAndLimit(t *testing.T) {
 		{"timeout: 2h0m0s", func(f *Function) { f.Timeout = Duration(2 * time.Hour) }},
 		{"resources.cpu_milli", func(f *Function) { f.Resources.MilliCPU = 64_001 }},
 		{"limits.memory_mb", func(f *Function) { f.Limits.MemoryMB = 1 << 17 }},
-		{"concurrency", func(f *Function) { f.Concurrency = 1001 }},
+		{"concurrency", func(f *Function) { f.Concurrency = 10_001 }},
 		{"queue.depth", func(f *Function) { f.Queue.Depth = 100_001 }},
 	} {
 		f := *ok

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -41,7 +42,18 @@ func IsConflict(err error) bool {
 type Client struct {
 	Admin  string // base URL of the admin API, e.g. http://127.0.0.1:9090
 	Invoke string // base URL of a data plane, e.g. http://127.0.0.1:8080
-	HTTP   *http.Client
+	// Token is sent as "Authorization: Bearer" on every request (brisk
+	// token create; a new cluster's admin token is in its data dir's
+	// admin.token). A caller's own Authorization header on an invocation
+	// wins.
+	Token string
+	HTTP  *http.Client
+}
+
+func (c *Client) authorize(req *http.Request) {
+	if c.Token != "" && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
 }
 
 // New returns a client; addresses may omit the scheme.
@@ -79,6 +91,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	c.authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
@@ -114,6 +127,7 @@ func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	c.authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
@@ -194,6 +208,7 @@ func (c *Client) InvokeFunction(ctx context.Context, name, method string, body [
 			req.Header.Add(k, v)
 		}
 	}
+	c.authorize(req)
 	start := time.Now()
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
@@ -205,4 +220,24 @@ func (c *Client) InvokeFunction(ctx context.Context, name, method string, body [
 		return nil, err
 	}
 	return &Result{Status: resp.StatusCode, Header: resp.Header, Body: data, Duration: time.Since(start)}, nil
+}
+
+// CreateToken makes an API token (admin scope needed); the answer's Token
+// is its secret, shown this once.
+func (c *Client) CreateToken(ctx context.Context, req controlplane.TokenRequest) (*controlplane.TokenView, error) {
+	var out controlplane.TokenView
+	err := c.do(ctx, http.MethodPost, "/v1/tokens", req, &out)
+	return &out, err
+}
+
+// Tokens lists the API tokens (never their secrets).
+func (c *Client) Tokens(ctx context.Context) ([]controlplane.TokenView, error) {
+	var out []controlplane.TokenView
+	err := c.do(ctx, http.MethodGet, "/v1/tokens", nil, &out)
+	return out, err
+}
+
+// RevokeToken deletes a token by id; it stops working at once.
+func (c *Client) RevokeToken(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(id), nil, nil)
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
 )
 
 // TestBackupAndRestore saves the registry of a running control plane with
@@ -44,6 +46,9 @@ func TestBackupAndRestore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(restored.dataDir, "registry.db"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The restored registry keeps its tokens: the original admin token
+	// works, and no new one is made.
+	registerAdmin(restored.admin, c.dataDir)
 	startBrisk(t, append([]string{"controlplane"}, restored.cpArgs()...)...)
 	eventually(t, 30*time.Second, "restored control plane up", func() bool { return httpOK("http://" + restored.admin + "/healthz") })
 	fns, err := restored.cl.List(context.Background())
@@ -57,5 +62,8 @@ func TestBackupAndRestore(t *testing.T) {
 	sort.Strings(names)
 	if got := strings.Join(names, ","); got != "alpha,beta" {
 		t.Fatalf("restored registry holds %q, want alpha,beta", got)
+	}
+	if _, err := os.Stat(filepath.Join(restored.dataDir, controlplane.AdminTokenFile)); !os.IsNotExist(err) {
+		t.Fatalf("the restored control plane made a new admin token (%v): it has the registry's", err)
 	}
 }

@@ -145,7 +145,7 @@ func TestBenchAgainstRunningCluster(t *testing.T) {
 	// The default node capacity is the machine's cores: 8 sandboxes of
 	// 250m on this 2-core host; the benchmark needs 20.
 	c.up(t, "--runtime", "emulated", "--create-delay", "10ms", "--cpu", "64")
-	env := []string{"BRISK_ADMIN=" + c.admin, "BRISK_INVOKE=" + c.invokeAddr}
+	env := c.env()
 	out := t.TempDir()
 	text := runBench(t, env, "bench", "cold", "--rate", "20", "--duration", "1s", "--out", out, "--force")
 	s := readSummary(t, out)

@@ -75,6 +75,13 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 		h.cps = append(h.cps, r)
 	}
 	h.peers, h.cpGRPC = strings.Join(peers, ","), strings.Join(grpcs, ",")
+	var dirs []string
+	for _, r := range h.cps {
+		dirs = append(dirs, r.dir)
+	}
+	for _, r := range h.cps {
+		registerAdmin(r.admin, dirs...)
+	}
 	// Fast settings so the suite runs in seconds: a worker unreachable for
 	// 2 s is fenced and its sandboxes replaced.
 	h.commonCP = []string{"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s",

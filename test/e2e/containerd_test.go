@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/containerd/snapshots"
 	"github.com/vishvananda/netlink"
 
+	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/client"
@@ -216,9 +217,11 @@ func BenchmarkContainerdColdStart(b *testing.B) {
 	defer ctr.Close()
 	dataDir := b.TempDir()
 	admin, invoke, grpcAddr := freePort(b), freePort(b), freePort(b)
+	registerAdmin(admin, dataDir)
 	run := func(args ...string) string {
 		cmd := exec.Command(briskBin, args...)
-		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke)
+		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke,
+			"BRISK_TOKEN_FILE="+filepath.Join(dataDir, controlplane.AdminTokenFile))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			b.Fatalf("brisk %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -51,9 +51,47 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building brisk-trace:", err)
 		os.Exit(1)
 	}
+	// Every HTTP client of the tests (pkg/client included) authenticates
+	// to the admin APIs of the clusters they started (registerAdmin).
+	http.DefaultTransport = tokenTransport{base: http.DefaultTransport}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// adminDirs maps a cluster's admin address to the data dirs where its
+// first admin token may be written (every replica's, for an HA cluster:
+// the first leader writes it).
+var adminDirs sync.Map // string -> []string
+
+func registerAdmin(addr string, dirs ...string) { adminDirs.Store(addr, dirs) }
+
+// adminToken is the admin token of the cluster at addr, or "".
+func adminToken(addr string) string {
+	dirs, ok := adminDirs.Load(addr)
+	if !ok {
+		return ""
+	}
+	for _, d := range dirs.([]string) {
+		if tok, err := controlplane.ReadAdminToken(d); err == nil && tok != "" {
+			return tok
+		}
+	}
+	return ""
+}
+
+// tokenTransport adds the admin token of a registered cluster to requests
+// that carry no Authorization of their own.
+type tokenTransport struct{ base http.RoundTripper }
+
+func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("Authorization") == "" {
+		if tok := adminToken(r.URL.Host); tok != "" {
+			r = r.Clone(r.Context())
+			r.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
+	return t.base.RoundTrip(r)
 }
 
 // syncBuffer collects a process's output for failure messages.
@@ -181,7 +219,14 @@ type cluster struct {
 func newCluster(t *testing.T) *cluster {
 	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir()}
 	c.cl = client.New(c.admin, c.invokeAddr)
+	registerAdmin(c.admin, c.dataDir)
 	return c
+}
+
+// env points CLI commands at the cluster, with its admin token.
+func (c *cluster) env() []string {
+	return []string{"BRISK_ADMIN=" + c.admin, "BRISK_INVOKE=" + c.invokeAddr,
+		"BRISK_TOKEN_FILE=" + filepath.Join(c.dataDir, controlplane.AdminTokenFile)}
 }
 
 // cpArgs are control-plane flags tuned so tests run in seconds.
@@ -224,7 +269,7 @@ func httpOK(url string) bool {
 func (c *cluster) brisk(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(briskBin, args...)
-	cmd.Env = append(os.Environ(), "BRISK_ADMIN="+c.admin, "BRISK_INVOKE="+c.invokeAddr)
+	cmd.Env = append(os.Environ(), c.env()...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {

@@ -23,6 +23,8 @@ const (
 	opDeleteFunction
 	opPutWorker
 	opPutDataPlane
+	opCreateToken
+	opDeleteToken
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -42,6 +44,7 @@ type fsm struct {
 	functions  map[string]json.RawMessage
 	workers    map[string]json.RawMessage
 	dataplanes map[string]json.RawMessage
+	tokens     map[string]json.RawMessage
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -51,6 +54,7 @@ func newFSM() *fsm {
 		functions:  map[string]json.RawMessage{},
 		workers:    map[string]json.RawMessage{},
 		dataplanes: map[string]json.RawMessage{},
+		tokens:     map[string]json.RawMessage{},
 	}
 }
 
@@ -103,6 +107,16 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 		f.workers[c.Key] = c.Value
 	case opPutDataPlane:
 		f.dataplanes[c.Key] = c.Value
+	case opCreateToken:
+		if _, ok := f.tokens[c.Key]; ok {
+			return fmt.Errorf("token %q: %w", c.Key, store.ErrExists)
+		}
+		f.tokens[c.Key] = c.Value
+	case opDeleteToken:
+		if _, ok := f.tokens[c.Key]; !ok {
+			return fmt.Errorf("token %q: %w", c.Key, store.ErrNotFound)
+		}
+		delete(f.tokens, c.Key)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -134,6 +148,7 @@ type snapshotData struct {
 	Functions  map[string]json.RawMessage `json:"functions"`
 	Workers    map[string]json.RawMessage `json:"workers"`
 	DataPlanes map[string]json.RawMessage `json:"dataplanes"`
+	Tokens     map[string]json.RawMessage `json:"tokens,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -145,6 +160,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Functions:  maps.Clone(f.functions),
 		Workers:    maps.Clone(f.workers),
 		DataPlanes: maps.Clone(f.dataplanes),
+		Tokens:     maps.Clone(f.tokens),
 	}}, nil
 }
 
@@ -164,8 +180,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.DataPlanes == nil {
 		d.DataPlanes = map[string]json.RawMessage{}
 	}
+	if d.Tokens == nil {
+		d.Tokens = map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
-	f.functions, f.workers, f.dataplanes = d.Functions, d.Workers, d.DataPlanes
+	f.functions, f.workers, f.dataplanes, f.tokens = d.Functions, d.Workers, d.DataPlanes, d.Tokens
 	f.mu.Unlock()
 	return nil
 }

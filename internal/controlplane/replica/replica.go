@@ -500,6 +500,19 @@ func (r *Registry) PutDataPlane(d *store.DataPlane) error {
 	return r.put(opPutDataPlane, d.ID, d)
 }
 
+// CreateToken stores a new token; ErrExists if its id is taken.
+func (r *Registry) CreateToken(t *store.Token) error { return r.put(opCreateToken, t.ID, t) }
+
+// DeleteToken removes a token; ErrNotFound if absent.
+func (r *Registry) DeleteToken(id string) error {
+	return r.apply(command{Op: opDeleteToken, Key: id})
+}
+
+// Tokens returns every token this replica has applied, by id.
+func (r *Registry) Tokens() ([]*store.Token, error) {
+	return decodeAll[store.Token](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.tokens }), "token")
+}
+
 // Functions returns every function this replica has applied, by name.
 func (r *Registry) Functions() ([]*spec.Function, error) {
 	return decodeAll[spec.Function](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.functions }), "function")

@@ -222,7 +222,11 @@ func contents(tb testing.TB, r store.Registry) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b, err := json.Marshal([]any{fns, ws, ds})
+	ts, err := r.Tokens()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, err := json.Marshal([]any{fns, ws, ds, ts})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -676,8 +680,22 @@ func TestSnapshotRestore(t *testing.T) {
 	if err := r.PutWorker(&store.Worker{ID: "w1", Address: "10.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"t1", "t2"} {
+		if err := r.CreateToken(&store.Token{ID: id, Name: id, Scopes: []string{"admin"}, Hash: "00"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.CreateToken(&store.Token{ID: "t1"}); !errors.Is(err, store.ErrExists) {
+		t.Fatalf("duplicate token id: %v", err)
+	}
 	if err := r.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
+	}
+	if err := r.DeleteToken("t2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.DeleteToken("t2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("deleting a deleted token: %v", err)
 	}
 	// After the snapshot: entries that only the log tail holds.
 	if err := r.DeleteFunction("f10"); err != nil {

@@ -21,6 +21,9 @@ type Registry interface {
 	Workers() ([]*Worker, error)
 	PutDataPlane(d *DataPlane) error
 	DataPlanes() ([]*DataPlane, error)
+	CreateToken(t *Token) error
+	DeleteToken(id string) error
+	Tokens() ([]*Token, error)
 	Close() error
 }
 

@@ -30,6 +30,7 @@ var (
 	bucketFunctions  = []byte("functions")
 	bucketWorkers    = []byte("workers")
 	bucketDataPlanes = []byte("dataplanes")
+	bucketTokens     = []byte("tokens")
 )
 
 // Worker is the durable record of a worker node.
@@ -43,6 +44,18 @@ type Worker struct {
 	// replaced, so it must kill them all before it takes new work.
 	Drain        bool      `json:"drain"`
 	RegisteredAt time.Time `json:"registered_at"`
+}
+
+// Token is the durable record of an API token. The secret itself is never
+// stored: only its SHA-256 (the secret is 256 random bits, so a plain hash
+// is as hard to reverse as a slow one, and cheap enough to check per call).
+type Token struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Scopes    []string  `json:"scopes"`
+	Functions []string  `json:"functions,omitempty"` // invoke only these; empty: any
+	Hash      string    `json:"hash"`                // hex SHA-256 of the secret
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // DataPlane is the durable record of a data plane.
@@ -110,10 +123,11 @@ const (
 	bFunctions byte = iota
 	bWorkers
 	bDataPlanes
+	bTokens
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -471,6 +485,44 @@ func (s *Store) DataPlanes() ([]*DataPlane, error) {
 			return err
 		}
 		out = append(out, &d)
+		return nil
+	})
+	return out, err
+}
+
+// CreateToken stores a new token; ErrExists if its id is taken.
+func (s *Store) CreateToken(t *Token) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return s.update(func(tx *txn) error {
+		if tx.get(bTokens, []byte(t.ID)) != nil {
+			return fmt.Errorf("token %q: %w", t.ID, ErrExists)
+		}
+		return tx.put(bTokens, []byte(t.ID), data)
+	})
+}
+
+// DeleteToken removes a token; ErrNotFound if absent.
+func (s *Store) DeleteToken(id string) error {
+	return s.update(func(tx *txn) error {
+		if tx.get(bTokens, []byte(id)) == nil {
+			return fmt.Errorf("token %q: %w", id, ErrNotFound)
+		}
+		return tx.del(bTokens, []byte(id))
+	})
+}
+
+// Tokens returns every stored token, by id.
+func (s *Store) Tokens() ([]*Token, error) {
+	var out []*Token
+	err := s.each(bucketTokens, func(v []byte) error {
+		var t Token
+		if err := json.Unmarshal(v, &t); err != nil {
+			return err
+		}
+		out = append(out, &t)
 		return nil
 	})
 	return out, err

@@ -35,6 +35,20 @@ func TestFunctionsSurviveReopen(t *testing.T) {
 	if err := s.PutWorker(&Worker{ID: "w1", Address: "127.0.0.1:1", Drain: true}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"t1", "t2"} {
+		if err := s.CreateToken(&Token{ID: id, Name: id, Scopes: []string{"deploy"}, Hash: "ab"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.CreateToken(&Token{ID: "t1"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate token id: %v", err)
+	}
+	if err := s.DeleteToken("t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteToken("t1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleting a deleted token: %v", err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +68,10 @@ func TestFunctionsSurviveReopen(t *testing.T) {
 	ws, err := s.Workers()
 	if err != nil || len(ws) != 1 || !ws[0].Drain {
 		t.Fatalf("workers after reopen: %+v, %v", ws, err)
+	}
+	ts, err := s.Tokens()
+	if err != nil || len(ts) != 1 || ts[0].ID != "t2" || ts[0].Scopes[0] != "deploy" {
+		t.Fatalf("tokens after reopen: %+v, %v", ts, err)
 	}
 }
 

@@ -28,6 +28,7 @@ type ClusterOptions struct {
 	// an existing one.
 	Local         bool
 	Admin, Invoke string
+	Token         string // API token for an existing cluster (a local one makes its own)
 
 	// Local cluster only.
 	Runtime     string        // "emulated" or "process"
@@ -72,6 +73,7 @@ func Open(ctx context.Context, o ClusterOptions) (*Cluster, error) {
 		c.Admin, c.Invoke = o.Admin, o.Invoke
 		c.Client = client.New(c.Admin, c.Invoke)
 		c.Client.HTTP = c.HTTP
+		c.Client.Token = o.Token
 		if _, err := c.Client.Status(ctx); err != nil {
 			return nil, fmt.Errorf("cluster at %s: %w (start one, or pass --local)", o.Admin, err)
 		}
@@ -132,6 +134,11 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 	c.Admin, c.Invoke, c.GRPC = cl.AdminAddr(), cl.InvokeAddr(), cl.ControlPlane().GRPCAddr()
 	c.Client = client.New(c.Admin, c.Invoke)
 	c.Client.HTTP = c.HTTP
+	tok, err := controlplane.ReadAdminToken(filepath.Join(dir, "cp"))
+	if err != nil {
+		return fmt.Errorf("local cluster: %w", err)
+	}
+	c.Client.Token = tok
 	return c.waitNodes(ctx, nodes, time.Minute)
 }
 
@@ -203,6 +210,9 @@ func (c *Cluster) scrape(ctx context.Context, base string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimPrefix(base, "http://")+"/metrics", nil)
 	if err != nil {
 		return nil, err
+	}
+	if c.Client != nil && c.Client.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Client.Token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

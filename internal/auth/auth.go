@@ -1,0 +1,215 @@
+// Package auth is brisk's API tokens: their format, how they are made and
+// checked, and what each scope allows. A token is shown once, when it is
+// created; the registry keeps only its id and the SHA-256 of its secret.
+//
+// A token reads "brisk_<id>_<secret>": id is 8 random bytes in hex (public:
+// it names the token in `brisk token list` and finds its record), secret
+// 32 random bytes in unpadded base64url. Clients send it as
+// "Authorization: Bearer <token>" or, for clients that only speak basic
+// auth (faas-cli), as the password of "Authorization: Basic".
+package auth
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+)
+
+// Scopes. Admin allows everything; deploy manages functions and reads the
+// cluster's status; invoke calls functions.
+const (
+	ScopeAdmin  = "admin"
+	ScopeDeploy = "deploy"
+	ScopeInvoke = "invoke"
+)
+
+// Scopes lists the valid scope names.
+var Scopes = []string{ScopeAdmin, ScopeDeploy, ScopeInvoke}
+
+const prefix = "brisk_"
+
+// Errors of Check; callers answer ErrNoToken and ErrBadToken with 401,
+// ErrForbidden with 403.
+var (
+	ErrNoToken   = errors.New("authentication required: send Authorization: Bearer <token> (brisk token create)")
+	ErrBadToken  = errors.New("invalid or revoked token")
+	ErrForbidden = errors.New("the token's scopes do not allow this")
+)
+
+// Grant is what a component needs to know of a token to check it.
+type Grant struct {
+	ID        string
+	Hash      string   // hex SHA-256 of the secret
+	Scopes    []string // of Scopes
+	Functions []string // the functions it may touch; empty: any
+}
+
+// New makes a token: the string to hand to its user, and its grant.
+func New(scopes, functions []string) (token string, g Grant, err error) {
+	for _, s := range scopes {
+		if !slices.Contains(Scopes, s) {
+			return "", Grant{}, fmt.Errorf("unknown scope %q (one of %s)", s, strings.Join(Scopes, ", "))
+		}
+	}
+	if len(scopes) == 0 {
+		return "", Grant{}, errors.New("a token needs at least one scope")
+	}
+	var id [8]byte
+	var secret [32]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", Grant{}, err
+	}
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", Grant{}, err
+	}
+	s := base64.RawURLEncoding.EncodeToString(secret[:])
+	g = Grant{ID: hex.EncodeToString(id[:]), Hash: HashSecret(s), Scopes: slices.Clone(scopes), Functions: slices.Clone(functions)}
+	return prefix + g.ID + "_" + s, g, nil
+}
+
+// HashSecret is the stored form of a token's secret.
+func HashSecret(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+// split parses a token into its id and secret.
+func split[S string | []byte](tok S) (id, secret S, ok bool) {
+	if len(tok) < len(prefix) || string(tok[:len(prefix)]) != prefix {
+		return id, secret, false
+	}
+	rest := tok[len(prefix):]
+	if len(rest) < 17 || rest[16] != '_' {
+		return id, secret, false
+	}
+	return rest[:16], rest[17:], true
+}
+
+// FromHeader takes the token out of an Authorization header value: a
+// bearer token, or the password of basic auth (any user name). ok is false
+// when the value carries none.
+func FromHeader(v string) (string, bool) {
+	scheme, rest, found := strings.Cut(v, " ")
+	if !found {
+		return "", false
+	}
+	rest = strings.TrimSpace(rest)
+	switch {
+	case strings.EqualFold(scheme, "Bearer"):
+		return rest, rest != ""
+	case strings.EqualFold(scheme, "Basic"):
+		raw, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return "", false
+		}
+		_, pass, found := strings.Cut(string(raw), ":")
+		return pass, found && pass != ""
+	}
+	return "", false
+}
+
+// entry is a grant ready for checks.
+type entry struct {
+	hash   [sha256.Size]byte
+	scopes uint8 // bits: 1<<index in Scopes
+	fns    map[string]bool
+}
+
+func scopeBit(s string) uint8 {
+	if i := slices.Index(Scopes, s); i >= 0 {
+		return 1 << i
+	}
+	return 0
+}
+
+// Checker checks tokens against the grants it was last given. Checks take
+// no lock: the grants are replaced whole.
+type Checker struct {
+	grants atomic.Pointer[map[string]*entry]
+}
+
+// NewChecker returns a checker that knows no token yet.
+func NewChecker() *Checker {
+	c := &Checker{}
+	c.Replace(nil)
+	return c
+}
+
+// Replace makes grants the tokens c accepts; grants with a malformed hash
+// are skipped.
+func (c *Checker) Replace(grants []Grant) {
+	m := make(map[string]*entry, len(grants))
+	for _, g := range grants {
+		e := &entry{}
+		if b, err := hex.DecodeString(g.Hash); err != nil || len(b) != sha256.Size {
+			continue
+		} else {
+			copy(e.hash[:], b)
+		}
+		for _, s := range g.Scopes {
+			e.scopes |= scopeBit(s)
+		}
+		if len(g.Functions) > 0 {
+			e.fns = make(map[string]bool, len(g.Functions))
+			for _, f := range g.Functions {
+				e.fns[f] = true
+			}
+		}
+		m[g.ID] = e
+	}
+	c.grants.Store(&m)
+}
+
+// Len is the number of tokens c accepts.
+func (c *Checker) Len() int { return len(*c.grants.Load()) }
+
+// Check checks a token (as sent) for scope, and for function fn when fn is
+// not empty ("" asks about the whole API: a token limited to some
+// functions is refused it). Admin tokens pass every check. It does not
+// allocate.
+func Check[S string | []byte](c *Checker, tok S, scope, fn string) error {
+	if len(tok) == 0 {
+		return ErrNoToken
+	}
+	tid, secret, ok := split(tok)
+	if !ok {
+		return ErrBadToken
+	}
+	e := (*c.grants.Load())[string(tid)]
+	if e == nil {
+		return ErrBadToken
+	}
+	var h [sha256.Size]byte
+	switch s := any(secret).(type) {
+	case string:
+		h = sha256.Sum256([]byte(s))
+	case []byte:
+		h = sha256.Sum256(s)
+	}
+	if subtle.ConstantTimeCompare(h[:], e.hash[:]) != 1 {
+		return ErrBadToken
+	}
+	if e.scopes&scopeBit(ScopeAdmin) != 0 {
+		return nil
+	}
+	if e.scopes&scopeBit(scope) == 0 {
+		return ErrForbidden
+	}
+	if e.fns != nil && !e.fns[fn] {
+		return ErrForbidden
+	}
+	return nil
+}
+
+// ID is the public id of a well-formed token ("" otherwise), for logs.
+func ID(tok string) string {
+	id, _, _ := split(tok)
+	return id
+}

@@ -1,0 +1,141 @@
+package auth
+
+import (
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func mustNew(t *testing.T, scopes, fns []string) (string, Grant) {
+	t.Helper()
+	tok, g, err := New(scopes, fns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok, g
+}
+
+func TestNewTokenForm(t *testing.T) {
+	tok, g := mustNew(t, []string{ScopeInvoke}, nil)
+	if !strings.HasPrefix(tok, "brisk_"+g.ID+"_") || len(g.ID) != 16 || len(tok) != len("brisk_")+16+1+43 {
+		t.Fatalf("token %q id %q", tok, g.ID)
+	}
+	if strings.Contains(g.Hash, tok[len("brisk_")+17:]) || len(g.Hash) != 64 {
+		t.Fatalf("hash %q", g.Hash)
+	}
+	if ID(tok) != g.ID || ID("garbage") != "" {
+		t.Fatal("ID")
+	}
+	other, g2 := mustNew(t, []string{ScopeInvoke}, nil)
+	if other == tok || g2.ID == g.ID {
+		t.Fatal("two tokens alike")
+	}
+	for _, bad := range [][]string{nil, {"root"}, {ScopeInvoke, "x"}} {
+		if _, _, err := New(bad, nil); err == nil {
+			t.Errorf("scopes %v accepted", bad)
+		}
+	}
+}
+
+func TestCheck(t *testing.T) {
+	c := NewChecker()
+	admin, ga := mustNew(t, []string{ScopeAdmin}, nil)
+	deploy, gd := mustNew(t, []string{ScopeDeploy}, nil)
+	narrow, gn := mustNew(t, []string{ScopeInvoke, ScopeDeploy}, []string{"a"})
+	unknown, _ := mustNew(t, []string{ScopeAdmin}, nil)
+	c.Replace([]Grant{ga, gd, gn})
+	if c.Len() != 3 {
+		t.Fatalf("Len %d", c.Len())
+	}
+	tampered := deploy[:len(deploy)-1] + string('A'+(deploy[len(deploy)-1]-'A'+1)%26)
+	for _, tc := range []struct {
+		tok, scope, fn string
+		want           error
+	}{
+		{admin, ScopeInvoke, "any", nil},
+		{admin, ScopeAdmin, "", nil},
+		{deploy, ScopeDeploy, "", nil},
+		{deploy, ScopeDeploy, "f", nil},
+		{deploy, ScopeInvoke, "f", ErrForbidden},
+		{deploy, ScopeAdmin, "", ErrForbidden},
+		{narrow, ScopeInvoke, "a", nil},
+		{narrow, ScopeDeploy, "a", nil},
+		{narrow, ScopeInvoke, "b", ErrForbidden},
+		{narrow, ScopeDeploy, "", ErrForbidden},
+		{unknown, ScopeInvoke, "a", ErrBadToken},
+		{tampered, ScopeDeploy, "", ErrBadToken},
+		{"", ScopeInvoke, "a", ErrNoToken},
+		{"brisk_short", ScopeInvoke, "a", ErrBadToken},
+		{"Bearer " + admin, ScopeInvoke, "a", ErrBadToken},
+	} {
+		if err := Check(c, tc.tok, tc.scope, tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+			t.Errorf("Check(%.20s…, %s, %q) = %v, want %v", tc.tok, tc.scope, tc.fn, err, tc.want)
+		}
+		if err := Check(c, []byte(tc.tok), tc.scope, tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+			t.Errorf("Check([]byte) = %v, want %v", err, tc.want)
+		}
+	}
+	// Revocation: a new set without the token.
+	c.Replace([]Grant{ga})
+	if err := Check(c, deploy, ScopeDeploy, ""); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("revoked token: %v", err)
+	}
+	// A grant with a malformed hash is skipped, not a panic or a pass.
+	c.Replace([]Grant{{ID: gd.ID, Hash: "zz", Scopes: []string{ScopeAdmin}}})
+	if err := Check(c, deploy, ScopeDeploy, ""); !errors.Is(err, ErrBadToken) {
+		t.Fatalf("malformed grant: %v", err)
+	}
+}
+
+func TestCheckBytesDoesNotAllocate(t *testing.T) {
+	c := NewChecker()
+	tok, g := mustNew(t, []string{ScopeInvoke}, []string{"f"})
+	c.Replace([]Grant{g})
+	b := []byte(tok)
+	if n := testing.AllocsPerRun(100, func() {
+		if Check(c, b, ScopeInvoke, "f") != nil {
+			t.Fatal("refused")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per check", n)
+	}
+}
+
+func TestFromHeader(t *testing.T) {
+	basic := func(s string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(s)) }
+	for _, tc := range []struct {
+		v, want string
+		ok      bool
+	}{
+		{"Bearer abc", "abc", true},
+		{"bearer  abc ", "abc", true},
+		{basic("user:abc"), "abc", true},
+		{basic("user:a:b"), "a:b", true},
+		{basic("nopass"), "", false},
+		{basic("user:"), "", false},
+		{"Basic !!!", "", false},
+		{"Bearer", "", false},
+		{"Digest abc", "", false},
+		{"", "", false},
+	} {
+		got, ok := FromHeader(tc.v)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("FromHeader(%q) = %q %v, want %q %v", tc.v, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	c := NewChecker()
+	tok, g, err := New([]string{ScopeInvoke}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Replace([]Grant{g})
+	bt := []byte(tok)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Check(c, bt, ScopeInvoke, "f")
+	}
+}

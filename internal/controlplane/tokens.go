@@ -1,0 +1,246 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+)
+
+// The admin API's authentication: every route but /healthz needs a token
+// (Config.AuthDisabled turns that off), and each handler says which scope
+// and function it needs (authorize). Tokens live in the registry, hashed;
+// the checker holds the grants of the current ones.
+
+// AdminTokenFile is the file in the data dir where a control plane that
+// finds no token at all writes the first admin token (mode 0600); the CLI
+// reads it when given no other token.
+const AdminTokenFile = "admin.token"
+
+// authenticate wraps the admin mux: a request without a valid token is
+// refused before any route (so unknown routes answer 401 too).
+func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
+	if cp.cfg.AuthDisabled {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if err := auth.Check(cp.tokens, tok, "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
+			writeError(w, http.StatusUnauthorized, err.Error())
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authorize checks the request's token for scope on function fn ("": the
+// API as a whole); on failure it has answered 403.
+func (cp *ControlPlane) authorize(w http.ResponseWriter, r *http.Request, scope, fn string) bool {
+	if cp.cfg.AuthDisabled {
+		return true
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	err := auth.Check(cp.tokens, tok, scope, fn)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, auth.ErrForbidden):
+		what := "the cluster"
+		if fn != "" {
+			what = fmt.Sprintf("function %q", fn)
+		}
+		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow %s on %s", auth.ID(tok), scope, what))
+	default:
+		writeError(w, http.StatusUnauthorized, err.Error())
+	}
+	return false
+}
+
+// loadTokens gives the checker the registry's tokens.
+func (cp *ControlPlane) loadTokens() error {
+	toks, err := cp.store.Tokens()
+	if err != nil {
+		return err
+	}
+	grants := make([]auth.Grant, len(toks))
+	for i, t := range toks {
+		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions}
+	}
+	cp.tokens.Replace(grants)
+	return nil
+}
+
+// bootstrapToken creates the first admin token when the registry has none
+// and writes it to the data dir, so that whoever starts a cluster can use
+// it at once and nobody else can.
+func (cp *ControlPlane) bootstrapToken() error {
+	if cp.cfg.AuthDisabled || cp.tokens.Len() > 0 {
+		return nil
+	}
+	tok, g, err := auth.New([]string{auth.ScopeAdmin}, nil)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(cp.cfg.DataDir, AdminTokenFile)
+	if err := writeSecret(path, tok+"\n"); err != nil {
+		return fmt.Errorf("controlplane: writing the first admin token: %w", err)
+	}
+	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, CreatedAt: time.Now().UTC()}
+	if err := cp.store.CreateToken(rec); err != nil {
+		return err
+	}
+	cp.log.Info("created the first admin token", "file", path, "id", g.ID)
+	return cp.loadTokens()
+}
+
+// ReadAdminToken reads the first admin token a control plane wrote to its
+// data dir.
+func ReadAdminToken(dataDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, AdminTokenFile))
+	if err != nil {
+		return "", fmt.Errorf("reading the admin token: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// writeSecret writes data to path readable by its owner only, atomically.
+func writeSecret(path, data string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// TokenRequest is the body of POST /v1/tokens.
+type TokenRequest struct {
+	Name      string   `json:"name"`
+	Scopes    []string `json:"scopes"`
+	Functions []string `json:"functions,omitempty"`
+}
+
+// TokenView is a token as the admin API shows it: never its secret, but
+// for the answer to its creation (Token).
+type TokenView struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Scopes    []string  `json:"scopes"`
+	Functions []string  `json:"functions,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	Token     string    `json:"token,omitempty"`
+}
+
+func viewOf(t *store.Token) TokenView {
+	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, CreatedAt: t.CreatedAt}
+}
+
+func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+		return
+	}
+	var req TokenRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.Name == "" || len(req.Name) > 128 || controlBytes(req.Name) {
+		writeError(w, http.StatusBadRequest, "name: required, at most 128 characters, no control bytes")
+		return
+	}
+	if len(req.Functions) > 1000 {
+		writeError(w, http.StatusBadRequest, "functions: at most 1000")
+		return
+	}
+	tok, g, err := auth.New(req.Scopes, req.Functions)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "scopes: "+err.Error())
+		return
+	}
+	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Hash: g.Hash, CreatedAt: time.Now().UTC()}
+	if err := cp.store.CreateToken(rec); err != nil {
+		writeStoreError(w, "storing the token: ", err)
+		return
+	}
+	if err := cp.loadTokens(); err != nil {
+		writeStoreError(w, "loading tokens: ", err)
+		return
+	}
+	v := viewOf(rec)
+	v.Token = tok
+	writeJSON(w, http.StatusCreated, v)
+}
+
+func (cp *ControlPlane) listTokens(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+		return
+	}
+	toks, err := cp.store.Tokens()
+	if err != nil {
+		writeStoreError(w, "reading tokens: ", err)
+		return
+	}
+	out := make([]TokenView, len(toks))
+	for i, t := range toks {
+		out[i] = viewOf(t)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (cp *ControlPlane) revokeToken(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+		return
+	}
+	id := r.PathValue("id")
+	if err := cp.store.DeleteToken(id); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("token %q not found", id))
+			return
+		}
+		writeStoreError(w, "revoking the token: ", err)
+		return
+	}
+	if err := cp.loadTokens(); err != nil {
+		writeStoreError(w, "loading tokens: ", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// readJSON decodes a small JSON body strictly; on failure it has answered.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "body larger than 64 KiB")
+		} else {
+			writeError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
+		}
+		return false
+	}
+	return true
+}
+
+func controlBytes(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}

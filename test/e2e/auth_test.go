@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+// plain is an HTTP client that adds no token (the tests' default transport
+// adds a cluster's admin token).
+var plain = &http.Client{Transport: &http.Transport{}}
+
+func callWith(t *testing.T, method, url, authz, body string) int {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if authz != "" {
+		req.Header.Set("Authorization", authz)
+	}
+	resp, err := plain.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The admin API refuses every route without a valid token (401), and a
+// token's scopes and functions bound what it may do (403); revoked tokens
+// stop working at once. The first admin token is in the data dir, readable
+// by its owner only.
+func TestAdminAPIAuthentication(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	path := filepath.Join(c.dataDir, controlplane.AdminTokenFile)
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("admin token file %s: %v, mode %v; want 0600", path, err, fi.Mode().Perm())
+	}
+	base := "http://" + c.admin
+	routes := []struct{ method, path, body string }{
+		{"GET", "/v1/functions", ""},
+		{"POST", "/v1/functions", `{"name": "x", "builtin": "trace"}`},
+		{"GET", "/v1/functions/x", ""},
+		{"PUT", "/v1/functions/x", `{"builtin": "trace"}`},
+		{"DELETE", "/v1/functions/x", ""},
+		{"GET", "/v1/status", ""},
+		{"GET", "/v1/backup", ""},
+		{"GET", "/metrics", ""},
+		{"GET", "/v1/tokens", ""},
+		{"POST", "/v1/tokens", `{"name": "x", "scopes": ["admin"]}`},
+		{"DELETE", "/v1/tokens/abc", ""},
+		{"GET", "/v2/unknown", ""},
+	}
+	forged := "brisk_0123456789abcdef_" + strings.Repeat("A", 43)
+	basicForged := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+forged))
+	for _, r := range routes {
+		for _, authz := range []string{"", "Bearer nonsense", "Bearer " + forged, basicForged} {
+			if code := callWith(t, r.method, base+r.path, authz, r.body); code != http.StatusUnauthorized {
+				t.Errorf("%s %s with %q: %d, want 401", r.method, r.path, authz, code)
+			}
+		}
+	}
+	if code := callWith(t, "GET", base+"/healthz", "", ""); code != 200 {
+		t.Fatalf("/healthz without a token: %d, want 200", code)
+	}
+
+	// Scoped tokens, made with the CLI (which reads the admin token file).
+	deployer := strings.TrimSpace(c.mustBrisk(t, "token", "create", "ci", "--scope", "deploy", "-q"))
+	invoker := strings.TrimSpace(c.mustBrisk(t, "token", "create", "caller", "--scope", "invoke", "-q"))
+	narrow := strings.TrimSpace(c.mustBrisk(t, "token", "create", "team-a", "--scope", "deploy", "--function", "a1", "-q"))
+	bearer := func(tok string) string { return "Bearer " + tok }
+	for _, tc := range []struct {
+		name, authz, method, path, body string
+		want                            int
+	}{
+		{"deploy creates", bearer(deployer), "POST", "/v1/functions", `{"name": "d1", "builtin": "trace"}`, 201},
+		{"deploy lists", bearer(deployer), "GET", "/v1/functions", "", 200},
+		{"deploy cannot make tokens", bearer(deployer), "POST", "/v1/tokens", `{"name": "y", "scopes": ["admin"]}`, 403},
+		{"deploy cannot back up", bearer(deployer), "GET", "/v1/backup", "", 403},
+		{"invoke cannot deploy", bearer(invoker), "POST", "/v1/functions", `{"name": "i1", "builtin": "trace"}`, 403},
+		{"invoke cannot read", bearer(invoker), "GET", "/v1/functions/d1", "", 403},
+		{"narrow creates its own", bearer(narrow), "POST", "/v1/functions", `{"name": "a1", "builtin": "trace"}`, 201},
+		{"narrow reads its own", bearer(narrow), "GET", "/v1/functions/a1", "", 200},
+		{"narrow cannot read others", bearer(narrow), "GET", "/v1/functions/d1", "", 403},
+		{"narrow cannot delete others", bearer(narrow), "DELETE", "/v1/functions/d1", "", 403},
+		{"narrow cannot create others", bearer(narrow), "POST", "/v1/functions", `{"name": "b1", "builtin": "trace"}`, 403},
+		{"narrow cannot list all", bearer(narrow), "GET", "/v1/functions", "", 403},
+		{"basic auth carries a token", "Basic " + base64.StdEncoding.EncodeToString([]byte("anyone:"+deployer)), "GET", "/v1/status", "", 200},
+	} {
+		if code := callWith(t, tc.method, base+tc.path, tc.authz, tc.body); code != tc.want {
+			t.Errorf("%s: %s %s: %d, want %d", tc.name, tc.method, tc.path, code, tc.want)
+		}
+	}
+	if _, err := c.cl.Get(context.Background(), "b1"); !client.IsNotFound(err) {
+		t.Fatalf("a refused create left function b1: %v", err)
+	}
+
+	// Revocation is immediate; the list never shows secrets.
+	toks, err := c.cl.Tokens(context.Background())
+	if err != nil || len(toks) != 4 {
+		t.Fatalf("tokens: %v %+v, want the admin token and 3 more", err, toks)
+	}
+	for _, tk := range toks {
+		if tk.Token != "" {
+			t.Fatalf("token list shows a secret: %+v", tk)
+		}
+		if tk.Name == "ci" {
+			c.mustBrisk(t, "token", "revoke", tk.ID)
+		}
+	}
+	if code := callWith(t, "GET", base+"/v1/status", bearer(deployer), ""); code != http.StatusUnauthorized {
+		t.Fatalf("revoked token: %d, want 401", code)
+	}
+	// The CLI without a token says what to do.
+	out, code := c.brisk(t, "fn", "list", "--token-file", filepath.Join(t.TempDir(), "none"))
+	if code == 0 || !strings.Contains(out, "authentication required") {
+		t.Fatalf("CLI without a token: exit %d:\n%s", code, out)
+	}
+}
