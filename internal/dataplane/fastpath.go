@@ -211,7 +211,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			c.leaveCall()
 			return false
 		}
-		if reused && !rh.started && closedByPeer(err) && (!sent || rq.idempotent) {
+		if reused && !rh.started && httpx.ClosedByPeer(err) && (!sent || rq.idempotent) {
 			continue
 		}
 		return c.failCall(st, err, callID)

@@ -225,7 +225,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 		return
 	}
-	if canForward(r) {
+	if httpx.Relayable(r) {
 		defer d.finish(st, nil)
 		d.forward(w, r, st, &rb)
 		return

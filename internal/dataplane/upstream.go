@@ -9,13 +9,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/h1"
@@ -118,32 +115,10 @@ func (p *connPool) get(probe bool) (c *upConn, reused bool, err error) {
 	return c, false, err
 }
 
-// alive peeks at an idle connection without blocking: nothing to read
-// means the sandbox still holds it open; end of stream or stray bytes (a
-// 408 before closing) mean it is done.
+// alive reports whether an idle connection is still open (stray bytes
+// mean it is done).
 func (c *upConn) alive() bool {
-	if c.br.Buffered() > 0 {
-		return false
-	}
-	sc, ok := c.nc.(syscall.Conn)
-	if !ok {
-		return true
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	if c.nc.SetReadDeadline(time.Time{}) != nil { // an expired deadline would refuse the peek
-		return false
-	}
-	alive := false
-	var b [1]byte
-	err = rc.Read(func(fd uintptr) bool {
-		_, _, perr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		alive = perr == syscall.EAGAIN
-		return true
-	})
-	return err == nil && alive
+	return c.br.Buffered() == 0 && httpx.PeekAlive(c.nc)
 }
 
 // take returns the connection for a call's attempt: a pooled one for the
@@ -211,13 +186,6 @@ func (p *connPool) close() {
 	}
 }
 
-// canForward reports whether forward handles r; the rest go through
-// httputil.ReverseProxy.
-func canForward(r *http.Request) bool {
-	_, upgrade := r.Header["Upgrade"]
-	return !upgrade && r.Trailer == nil
-}
-
 var copyBufs httpx.BufferPool
 
 // forward sends r to st.ep and copies the reply to w. It returns the status
@@ -245,7 +213,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	deadline := time.Now().Add(st.conf.timeout)
 	ctx := r.Context()
 	var c *upConn
-	var resp respHead
+	var resp httpx.Reply
 	var unwatch func() bool
 	var streaming chan error // a streamed body's writer, when one runs
 	for attempt := 0; ; attempt++ {
@@ -290,7 +258,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		// A reused connection the sandbox had closed: the call goes once
 		// more on a new one, if it can be sent again and either did not
 		// reach the sandbox whole or may run twice (http.Transport's rule).
-		if reused && buffered && !resp.started && closedByPeer(err) && (!sent || idempotent(r)) {
+		if reused && buffered && !resp.Started && httpx.ClosedByPeer(err) && (!sent || httpx.Idempotent(r)) {
 			continue
 		}
 		return d.failUpstream(w, st, err)
@@ -300,10 +268,10 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// out: when the sandbox dies in the middle of it, the client gets a
 	// 502 saying so, not a connection closed on it.
 	var small []byte
-	if !resp.noBody && !resp.chunked && resp.length > 0 && resp.length <= smallReply {
+	if !resp.NoBody && !resp.Chunked && resp.Length > 0 && resp.Length <= smallReply {
 		sb := copyBufs.Get()
 		defer copyBufs.Put(sb)
-		small = sb[:resp.length]
+		small = sb[:resp.Length]
 		if _, err := io.ReadFull(c.br, small); err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -322,9 +290,9 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	}
 
 	h := w.Header()
-	conn := resp.header["Connection"]
-	for k, v := range resp.header {
-		if !hopByHop(k) && (conn == nil || !listedIn(conn, k)) {
+	conn := resp.Header["Connection"]
+	for k, v := range resp.Header {
+		if !httpx.HopByHop(k) && (conn == nil || !httpx.ListedIn(conn, k)) {
 			h[k] = v
 		}
 	}
@@ -334,23 +302,23 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	h["X-Call-Id"] = st.callID
 	h["X-Brisk-Sandbox"] = st.ep.idHdr
 	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (d.nanotime()-st.proxyStart)/1e3)}
-	if resp.length < 0 {
+	if resp.Length < 0 {
 		delete(h, "Content-Length")
 	}
-	st.code = resp.code
-	w.WriteHeader(resp.code)
+	st.code = resp.Code
+	w.WriteHeader(resp.Code)
 
-	cw := clientWriter{w: w, flush: resp.length < 0}
+	cw := httpx.ClientWriter{W: w, Flush: resp.Length < 0}
 	ok := true
 	switch {
-	case resp.noBody:
+	case resp.NoBody:
 	case small != nil:
 		_, err := cw.Write(small)
 		ok = err == nil
-	case resp.chunked:
+	case resp.Chunked:
 		ok = c.copyChunked(&cw, h)
 	default:
-		ok = c.copyBody(&cw, resp.length)
+		ok = c.copyBody(&cw, resp.Length)
 	}
 	// A streamed body the function did not read to the end is cut off
 	// (the writer's next write fails); the connection then cannot carry
@@ -369,14 +337,14 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// The deadline stays set while the connection idles: every use sets
 	// its own. A connection whose deadline the client's leaving moved is
 	// not reused.
-	if unwatch() && ok && resp.keepAlive && bodySent {
+	if unwatch() && ok && resp.KeepAlive && bodySent {
 		c.pool.put(c)
 	} else {
 		c.nc.Close()
 	}
 	if !ok {
 		st.code = http.StatusBadGateway // the sandbox's reply broke off
-		if cw.err != nil || ctx.Err() != nil {
+		if cw.Err != nil || ctx.Err() != nil {
 			st.code = statusClientGone
 		}
 		// The status already went out: abort the client's connection so
@@ -420,26 +388,6 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// clientWriter writes the reply to the client, flushing each piece when
-// asked (a reply of unknown length may be a stream), and keeps the client's
-// error apart from the sandbox's.
-type clientWriter struct {
-	w     http.ResponseWriter
-	flush bool
-	err   error
-}
-
-func (cw *clientWriter) Write(p []byte) (int, error) {
-	n, err := cw.w.Write(p)
-	if err == nil && cw.flush {
-		err = http.NewResponseController(cw.w).Flush()
-	}
-	if err != nil {
-		cw.err = err
-	}
-	return n, err
-}
-
 // failBody answers a call whose request body could not be read: too large
 // (413), too slow (408), the client gone (nothing to answer), or malformed
 // (400). After a body it could not read to its end the connection cannot
@@ -464,17 +412,6 @@ func (d *DataPlane) failBody(w http.ResponseWriter, r *http.Request, st *reqStat
 
 var hdrClose = []string{"close"}
 
-// idempotent: calls http.Transport would send again after a connection
-// failure — safe methods, or a client's idempotency key.
-func idempotent(r *http.Request) bool {
-	if idempotentMethod(r.Method) {
-		return true
-	}
-	_, k1 := r.Header["Idempotency-Key"]
-	_, k2 := r.Header["X-Idempotency-Key"]
-	return k1 || k2
-}
-
 func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error) int {
 	return d.failWith(w, st, d.upstreamError(st, err))
 }
@@ -483,21 +420,10 @@ func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error)
 // function ran out of time, 502 otherwise.
 func (d *DataPlane) upstreamError(st *reqState, err error) failure {
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && !isDialError(err) {
+	if errors.As(err, &ne) && ne.Timeout() && !httpx.IsDialError(err) {
 		return d.timeoutFailure(st)
 	}
 	return d.sandboxFailure(st, err)
-}
-
-func isDialError(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
-}
-
-// closedByPeer: the sandbox closed the connection (EOF, reset, broken pipe).
-func closedByPeer(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // writeRequest writes r's head and body to c: the path the sandbox sees,
@@ -526,12 +452,12 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 		case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Call-Id", "X-Brisk-Sandbox", "Content-Length", "Host":
 			continue
 		case "Te":
-			if listedIn(vv, "trailers") {
+			if httpx.ListedIn(vv, "trailers") {
 				bw.WriteString("Te: trailers\r\n")
 			}
 			continue
 		}
-		if hopByHop(k) || (conn != nil && listedIn(conn, k)) {
+		if httpx.HopByHop(k) || (conn != nil && httpx.ListedIn(conn, k)) {
 			continue
 		}
 		for _, v := range vv {
@@ -578,37 +504,9 @@ func streamBody(done chan<- error, c *upConn, r *http.Request, cb *clientBody) {
 }
 
 func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
-	bw := c.bw
-	if r.ContentLength > 0 {
-		if _, err := io.CopyN(bw, cb, r.ContentLength); err != nil {
-			return err
-		}
-		return bw.Flush()
-	}
-	// Each piece goes out as it arrives: a client and a function may talk
-	// over one call (a stream up, answers down).
-	cw := httputil.NewChunkedWriter(bw)
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	for {
-		n, err := cb.Read(buf)
-		if n > 0 {
-			if _, werr := cw.Write(buf[:n]); werr != nil {
-				return werr
-			}
-			if werr := bw.Flush(); werr != nil {
-				return werr
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	bw.WriteString("0\r\n\r\n")
-	return bw.Flush()
+	return httpx.SendBody(c.bw, r.ContentLength, cb, buf)
 }
 
 // writeForwarding ends the head of a request to a sandbox (after any
@@ -664,190 +562,31 @@ func pathByteOK(b byte) bool {
 	return strings.IndexByte("-._~/$&+,;=:@", b) >= 0
 }
 
-// respHead is a parsed reply head.
-type respHead struct {
-	code      int
-	header    textproto.MIMEHeader
-	length    int64 // -1: unknown (chunked or until close)
-	chunked   bool
-	noBody    bool
-	keepAlive bool
-	started   bool // a byte of the reply arrived
-}
-
-// readHead reads the reply's status line and headers (h1.ReadHead,
-// h1.ParseReplyHead: the front end's rules). Interim replies (103 Early
-// Hints, 102 Processing) are passed on to the client w as they come; a 100
-// Continue is not (the client's own came from the server).
-func (c *upConn) readHead(h *respHead, w http.ResponseWriter) error {
-	*h = respHead{}
-	p := &c.reply
-	for {
-		var err error
-		var started bool
-		c.rbuf, started, err = h1.ReadHead(c.br, c.rbuf[:0])
-		h.started = h.started || started
-		if err != nil {
-			return err
-		}
-		if err := h1.ParseReplyHead(c.rbuf, p); err != nil {
-			return err
-		}
-		code := p.Code
-		if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-			if code != http.StatusContinue && w != nil {
-				relayInterim(w, code, headerMap(c.rbuf, p.Hdrs))
-			}
-			continue // the final reply follows
-		}
-		h.code, h.header, h.length = code, headerMap(c.rbuf, p.Hdrs), p.Length
-		h.keepAlive = p.KeepAlive
-		switch {
-		case code == http.StatusSwitchingProtocols:
-			return errors.New("sandbox switched protocols on a call that did not ask to")
-		case c.head, code == http.StatusNoContent, code == http.StatusNotModified:
-			h.noBody, h.length = true, 0
-		case p.Chunked:
-			h.chunked = true
-		case p.Length < 0:
-			h.keepAlive = false // read until close
-		}
-		if cap(c.rbuf) > 16<<10 {
-			c.rbuf = nil // a large head: do not keep its buffer with an idle connection
-		}
-		return nil
-	}
-}
-
-// headerMap makes the header map of a parsed head: names canonical,
-// values substrings of one copy of the head, one backing array for them
-// (as textproto.Reader.ReadMIMEHeader does).
-func headerMap(b []byte, hdrs []h1.Header) textproto.MIMEHeader {
-	m := make(textproto.MIMEHeader, len(hdrs))
-	if len(hdrs) == 0 {
-		return m
-	}
-	s := string(b)
-	strs := make([]string, len(hdrs))
-	for _, x := range hdrs {
-		k := s[x.NS:x.NE]
-		if !canonicalKey(k) {
-			k = textproto.CanonicalMIMEHeaderKey(k)
-		}
-		v := s[x.VS:x.VE]
-		if vv := m[k]; vv != nil {
-			m[k] = append(vv, v)
-			continue
-		}
-		strs[0] = v
-		m[k], strs = strs[:1:1], strs[1:]
-	}
-	return m
-}
-
-// canonicalKey reports whether k is in canonical form already (upper
-// case after a hyphen or at the start, lower case elsewhere).
-func canonicalKey(k string) bool {
-	upper := true
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
-			return false
-		}
-		upper = c == '-'
-	}
-	return true
-}
-
-// relayInterim sends one interim reply with its own headers; net/http
-// writes a 1xx at once and leaves the header map for the final reply, so
-// it is emptied again.
-func relayInterim(w http.ResponseWriter, code int, hdr textproto.MIMEHeader) {
-	h := w.Header()
-	for k, v := range hdr {
-		if !hopByHop(k) {
-			h[k] = v
-		}
-	}
-	w.WriteHeader(code)
-	clear(h)
+// readHead reads the reply's head (httpx.ReadReply: the front end's
+// rules), relaying interim replies to w.
+func (c *upConn) readHead(h *httpx.Reply, w http.ResponseWriter) error {
+	return httpx.ReadReply(c.br, &c.rbuf, &c.reply, c.head, h, w)
 }
 
 // copyBody copies a reply body of n bytes, or up to the connection's close
 // when n < 0. It reports whether the whole body arrived and went out.
-func (c *upConn) copyBody(cw *clientWriter, n int64) bool {
+func (c *upConn) copyBody(cw *httpx.ClientWriter, n int64) bool {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	return copyTo(cw, c.br, n, buf)
+	return httpx.CopyTo(cw, c.br, n, buf)
 }
 
 // copyChunked copies a chunked reply body piece by piece (decoded by
 // h1.ChunkedReader), then its trailers (declared or not, less hop-by-hop
 // ones and the data plane's own) as the client's trailers.
-func (c *upConn) copyChunked(cw *clientWriter, h http.Header) bool {
+func (c *upConn) copyChunked(cw *httpx.ClientWriter, h http.Header) bool {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
 	cr := &c.chunks
 	cr.Reset(c.br)
-	if !copyTo(cw, cr, -1, buf) {
+	if !httpx.CopyTo(cw, cr, -1, buf) {
 		return false
 	}
-	for _, x := range cr.TrailerHdrs {
-		if x.Kind == h1.Fwd {
-			k := http.TrailerPrefix + textproto.CanonicalMIMEHeaderKey(string(x.Name(cr.Trailer)))
-			h[k] = append(h[k], string(x.Value(cr.Trailer)))
-		}
-	}
+	httpx.CopyTrailers(h, cr)
 	return true
-}
-
-// copyTo copies n bytes of src (all of it when n < 0) to cw. It is io.Copy
-// without the interface conversion of cw, which would move it to the heap
-// on every call.
-func copyTo(cw *clientWriter, src io.Reader, n int64, buf []byte) bool {
-	for n != 0 {
-		p := buf
-		if n > 0 && int64(len(p)) > n {
-			p = p[:n]
-		}
-		k, err := src.Read(p)
-		if k > 0 {
-			if _, werr := cw.Write(p[:k]); werr != nil {
-				return false
-			}
-			if n > 0 {
-				n -= int64(k)
-			}
-		}
-		if err == io.EOF {
-			return n <= 0
-		}
-		if err != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// hopByHop reports the headers that belong to one connection, not to the
-// call (RFC 9110 section 7.6.1).
-func hopByHop(k string) bool {
-	switch k {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
-		return true
-	}
-	return false
-}
-
-// listedIn reports whether comma-separated header values (Connection, Te)
-// name k.
-func listedIn(conn []string, k string) bool {
-	for _, v := range conn {
-		for f := range h1.Tokens(v) {
-			if strings.EqualFold(f, k) {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -42,6 +42,7 @@ type backend struct {
 	addr     string
 	hash     uint64
 	hdr      []string // X-Brisk-Dataplane value, shared by every response
+	conns    *connPool
 	up       atomic.Bool
 	fails    int // consecutive failed probes; touched only by the prober
 	requests *httpx.CodeCounters
@@ -69,6 +70,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	for i, a := range cfg.DataPlanes {
 		b := &backend{idx: i, addr: a, hash: hashString(a), hdr: []string{a},
+			conns:    &connPool{addr: a},
 			requests: &httpx.CodeCounters{Vec: prom.requests, Label: a},
 			connFail: prom.failovers.WithLabelValues(a)}
 		// Up until shown otherwise: a data plane that is down at start is
@@ -155,6 +157,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	for _, b := range g.dps {
 		wg.Go(func() { g.probeLoop(probeCtx, b) })
 	}
+	wg.Go(func() { g.reapIdle(probeCtx) })
 	g.log.Info("gateway serving", "addr", addr, "data_planes", g.cfg.DataPlanes)
 
 	select {
@@ -174,6 +177,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	stopProbes()
 	wg.Wait()
 	g.transport.CloseIdleConnections()
+	for _, b := range g.dps {
+		b.conns.prune(time.Time{})
+	}
 	g.health.CloseIdleConnections()
 	return err
 }

@@ -558,10 +558,10 @@ func TestRunTwiceAndListenError(t *testing.T) {
 func TestIsConnectError(t *testing.T) {
 	port := testutil.FreePort(t)
 	_, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
-	if err == nil || !isConnectError(err) {
-		t.Errorf("refused connection: isConnectError(%v) = false", err)
+	if err == nil || !httpx.IsDialError(err) {
+		t.Errorf("refused connection: IsDialError(%v) = false", err)
 	}
-	if isConnectError(errors.New("EOF")) || isConnectError(io.ErrUnexpectedEOF) {
+	if httpx.IsDialError(errors.New("EOF")) || httpx.IsDialError(io.ErrUnexpectedEOF) {
 		t.Error("non-dial errors count as connection failures")
 	}
 }

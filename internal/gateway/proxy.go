@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
 // Shared header values; cap 1, so an Add by anyone copies instead of writing
@@ -39,8 +41,9 @@ const statusClientGone = 499
 
 var errNoDataPlane = errors.New("no data plane available")
 
-// reqState carries one request through httputil.ReverseProxy. It is the
-// request's context itself, which saves a context.WithValue per request.
+// reqState carries one request through relay or httputil.ReverseProxy. It
+// is the request's context itself (for the latter), which saves a
+// context.WithValue per request.
 type reqState struct {
 	context.Context
 	name string
@@ -83,6 +86,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, name string) {
 	}
 	st := &reqState{Context: r.Context(), name: name, dp: dp}
 	defer g.finish(st)
+	if httpx.Relayable(r) {
+		g.relay(w, r, st)
+		return
+	}
 	g.proxy.ServeHTTP(w, r.WithContext(st))
 }
 
@@ -166,7 +173,7 @@ func (t retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var tried []bool
 	for {
 		resp, err := t.g.transport.RoundTrip(req)
-		if err == nil || !isConnectError(err) || req.Context().Err() != nil || st.body.wasRead() {
+		if err == nil || !httpx.IsDialError(err) || req.Context().Err() != nil || st.body.wasRead() {
 			return resp, err
 		}
 		st.dp.connFail.Inc()
@@ -190,14 +197,6 @@ func (t retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		r2.URL = &u
 		req = r2
 	}
-}
-
-// isConnectError reports whether err is a failure to establish the TCP
-// connection (refused, unreachable, dial timeout), before any byte of the
-// request was written.
-func isConnectError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // resendBody lets a request body survive a failed connection attempt.
@@ -263,21 +262,18 @@ func writeError(w http.ResponseWriter, callID, dataplane []string, code int, rea
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// newTransport is the one upstream transport: pooled keep-alive connections
-// to the data planes, no compression (bodies pass through untouched), fast
+// newTransport is the ReverseProxy's upstream transport (protocol upgrades,
+// requests with trailers): pooled keep-alive connections to the data planes, no compression (bodies pass through untouched), fast
 // dial failure so that failover is fast. No response-header timeout:
 // functions may run for up to an hour, and the data plane enforces their
 // timeouts.
 func newTransport() *http.Transport {
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		Proxy:       nil, // never an HTTP_PROXY from the environment
-		DialContext: dialer.DialContext,
-		// A few data planes take every request, so keep every connection
-		// a burst opens: re-dialling at each burst is what stalled the data
-		// plane's own proxy (docs/benchmarks.md, warm calls).
+		Proxy:               nil, // never an HTTP_PROXY from the environment
+		DialContext:         dialer.DialContext,
 		MaxIdleConns:        0, // no total limit; per host below
-		MaxIdleConnsPerHost: 1024,
+		MaxIdleConnsPerHost: maxIdlePerDataPlane,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		WriteBufferSize:     8 << 10,

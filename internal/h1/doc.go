@@ -22,6 +22,7 @@
 // every request and reply with it and relays reply bodies with its copiers;
 // the data plane's net/http path (upstream.go) reads sandbox reply heads with
 // ReadHead and ParseReplyHead and decodes chunked replies with ChunkedReader,
-// so both paths take and refuse the same replies. The gateway still relays
-// through httputil.ReverseProxy (net/http parses both of its hops).
+// so both paths take and refuse the same replies. The gateway reads its data
+// planes' replies the same way (internal/httpx.ReadReply, shared with
+// upstream.go); its client side stays net/http.
 package h1

@@ -1,7 +1,8 @@
 // Package httpx holds what the data plane and the gateway share on the
 // invocation path: the rules that name a request's function (so the gateway
-// hashes on exactly the name the data plane routes by) and the proxies'
-// copy-buffer pool, per-code counters and metrics registry setup.
+// hashes on exactly the name the data plane routes by), the proxies'
+// copy-buffer pool, per-code counters and metrics registry setup, and the
+// pieces of their HTTP/1.1 upstream hop (relay.go).
 package httpx
 
 import (
