@@ -35,7 +35,10 @@ const (
 	// replayableBody is the largest request body read in full before the
 	// call (one copy buffer), so that it can be sent again on a fresh
 	// connection when a reused one turns out closed by the data plane.
-	replayableBody  = 32 << 10
+	replayableBody = 32 << 10
+	// smallReply: reply bodies up to this are read in full before the
+	// status goes out (one copy buffer).
+	smallReply      = 32 << 10
 	upstreamBufSize = 8 << 10
 )
 
@@ -269,6 +272,32 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 		return
 	}
 
+	// A small reply of known length is read in full before its status goes
+	// out: when the data plane's connection breaks in the middle of it, the
+	// client gets a 502 saying so, not a connection closed on it.
+	var small []byte
+	if !resp.NoBody && !resp.Chunked && resp.Length > 0 && resp.Length <= smallReply {
+		sb := copyBufs.Get()
+		defer copyBufs.Put(sb)
+		small = sb[:resp.Length]
+		if _, err := io.ReadFull(c.br, small); err != nil {
+			unwatch()
+			c.nc.Close()
+			if streaming != nil {
+				<-streaming
+			}
+			if ctx.Err() != nil {
+				st.code = statusClientGone
+				return
+			}
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			g.failUpstream(w, r, st, fmt.Errorf("reply broken off: %w", err))
+			return
+		}
+	}
+
 	h := w.Header()
 	conn := resp.Header["Connection"]
 	for k, v := range resp.Header {
@@ -288,7 +317,11 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 
 	cw := httpx.ClientWriter{W: w, Flush: resp.Length < 0}
 	ok := true
-	if !resp.NoBody {
+	switch {
+	case small != nil:
+		_, err := cw.Write(small)
+		ok = err == nil
+	case !resp.NoBody:
 		buf := copyBufs.Get()
 		if resp.Chunked {
 			c.chunks.Reset(c.br)
