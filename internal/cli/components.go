@@ -77,6 +77,7 @@ func defaultDataDir() string {
 // wkFlags are the worker's flags, shared by `up` and `worker`.
 type wkFlags struct {
 	listen, advertise, nodeID, rt, stateDir string
+	sandboxUser                             string
 	emulate                                 int
 	createDelay                             time.Duration
 	cpu                                     string
@@ -94,6 +95,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
+	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process: user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "gRPC listen address of the worker")
@@ -118,7 +120,8 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
-		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit}
+		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
+		SandboxUser: f.sandboxUser}
 	return w, f.ctr.apply(&w)
 }
 

@@ -39,6 +39,9 @@ type Workers struct {
 	Listen       string // gRPC listen address; default 127.0.0.1:0
 	Advertise    string
 	StopOnExit   bool
+	// SandboxUser is who the process runtime runs sandboxes as (see
+	// process.Config.User); empty: nobody as root, else this user.
+	SandboxUser string
 
 	// containerd only (StateDir holds the sandboxes' logs):
 	ContainerdAddress   string         // socket; default /run/containerd/containerd.sock
@@ -83,7 +86,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
 		}
-		rt, err := process.New(process.Config{StateDir: w.StateDir, Logger: log.With("component", "runtime")})
+		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, Logger: log.With("component", "runtime")})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -120,7 +120,9 @@ func TestAdoptedSandboxExitIsReported(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	// r1 stands for the worker that was killed: it started the sandbox.
-	r1, err := process.New(process.Config{StateDir: dir, DisableCgroups: true})
+	// The sandbox writes pidFile, in a directory only this user may write.
+	self := strconv.Itoa(os.Getuid()) + ":" + strconv.Itoa(os.Getgid())
+	r1, err := process.New(process.Config{StateDir: dir, DisableCgroups: true, User: self})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +138,7 @@ func TestAdoptedSandboxExitIsReported(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 
-	r2, err := process.New(process.Config{StateDir: dir, DisableCgroups: true})
+	r2, err := process.New(process.Config{StateDir: dir, DisableCgroups: true, User: self})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
@@ -41,6 +43,12 @@ type cgroups struct {
 	// controller's hierarchy mount point, "" when absent.
 	cpuV2, memV2 bool
 	cpuV1, memV1 string
+	// v1: the freezer hierarchy's mount point, "" when absent; teardown
+	// freezes the sandbox before it kills, so nothing forks meanwhile.
+	freezerV1 string
+	// v1: further hierarchies a sandbox joins without limits (tests use a
+	// named, controller-less one).
+	otherV1 []string
 }
 
 // detectCgroups inspects root and prepares brisk/ under it. It returns an
@@ -60,6 +68,9 @@ func detectCgroups(root string, warn func(msg string, args ...any)) (*cgroups, e
 	if exists(filepath.Join(root, "memory", "memory.limit_in_bytes")) {
 		cg.memV1 = filepath.Join(root, "memory")
 	}
+	if exists(filepath.Join(root, "freezer", "freezer.state")) {
+		cg.freezerV1 = filepath.Join(root, "freezer")
+	}
 	if cg.cpuV1 == "" && cg.memV1 == "" {
 		return nil, fmt.Errorf("no cgroup v2 hierarchy and no v1 cpu or memory hierarchy under %s", root)
 	}
@@ -68,6 +79,9 @@ func detectCgroups(root string, warn func(msg string, args ...any)) (*cgroups, e
 	}
 	if cg.memV1 == "" {
 		warn("cgroup v1 memory controller not mounted; sandboxes run without memory limits", "root", root)
+	}
+	if cg.freezerV1 == "" {
+		warn("cgroup v1 freezer not mounted; teardown kills a sandbox's processes without freezing them first", "root", root)
 	}
 	return cg, nil
 }
@@ -106,10 +120,11 @@ func setupV2(root string, warn func(msg string, args ...any)) (*cgroups, error) 
 // sandboxCgroup is one sandbox's cgroup: one directory on v2, one per
 // mounted controller on v1.
 type sandboxCgroup struct {
-	cg   *cgroups
-	rel  string   // brisk/<id>
-	dirs []string // absolute; dirs[0] is the memory one when there is one
-	mem  string   // the directory holding memory.* files, "" without memory
+	cg      *cgroups
+	rel     string   // brisk/<id>
+	dirs    []string // absolute; dirs[0] is the memory one when there is one
+	mem     string   // the directory holding memory.* files, "" without memory
+	freezer string   // v1: the directory holding freezer.state, "" without
 }
 
 func (cg *cgroups) sandbox(rel string) *sandboxCgroup {
@@ -128,6 +143,13 @@ func (cg *cgroups) sandbox(rel string) *sandboxCgroup {
 	}
 	if cg.cpuV1 != "" {
 		s.dirs = append(s.dirs, filepath.Join(cg.cpuV1, rel))
+	}
+	if cg.freezerV1 != "" {
+		s.freezer = filepath.Join(cg.freezerV1, rel)
+		s.dirs = append(s.dirs, s.freezer)
+	}
+	for _, h := range cg.otherV1 {
+		s.dirs = append(s.dirs, filepath.Join(h, rel))
 	}
 	return s
 }
@@ -204,8 +226,75 @@ func (s *sandboxCgroup) openDir() (int, error) {
 	return fd, nil
 }
 
-// addProc moves pid into the cgroup, the v1 way (and the v2 fallback when
-// clone3 is unavailable).
+// joinThread moves the calling thread into the cgroup in every v1
+// hierarchy, so that a child it forks is born there, and returns what moves
+// it back to where it was. v1 (unlike v2) lets the threads of one process
+// sit in different cgroups. The caller runs on a thread of its own
+// (spawnThread): while it is in the sandbox's cgroup the worker's pid is
+// listed in the cgroup's cgroup.procs, which is why kill skips it.
+func (s *sandboxCgroup) joinThread() (leave func() error, err error) {
+	tid := strconv.Itoa(unix.Gettid())
+	type move struct{ mount, from string }
+	var moved []move
+	leave = func() error {
+		var errs []error
+		for _, m := range moved {
+			// Back where it was; failing that (a cgroup namespace may
+			// name the old cgroup differently), to the hierarchy's root.
+			if err := writeFile(filepath.Join(m.mount, m.from, "tasks"), tid); err != nil {
+				if err2 := writeFile(filepath.Join(m.mount, "tasks"), tid); err2 != nil {
+					errs = append(errs, err, err2)
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+	before, err := threadCgroups()
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range s.dirs {
+		if err := writeFile(filepath.Join(d, "tasks"), tid); err != nil {
+			_ = leave()
+			return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
+		}
+		after, err := threadCgroups()
+		if err != nil {
+			_ = leave()
+			return nil, err
+		}
+		// The hierarchy that has just changed to the sandbox's cgroup is
+		// d's; its old path is where the thread goes back to.
+		m := move{mount: strings.TrimSuffix(d, "/"+s.rel), from: "/"}
+		for h, p := range after {
+			if p == "/"+s.rel && before[h] != p {
+				m.from = before[h]
+			}
+		}
+		moved = append(moved, m)
+		before = after
+	}
+	return leave, nil
+}
+
+// threadCgroups reads the calling thread's cgroups: hierarchy id (and
+// controllers) → path.
+func threadCgroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		if i := strings.LastIndexByte(line, ':'); i > 0 {
+			m[line[:i]] = line[i+1:]
+		}
+	}
+	return m, nil
+}
+
+// addProc moves pid into the cgroup: the v2 fallback when clone3 is
+// unavailable.
 func (s *sandboxCgroup) addProc(pid int) error {
 	for _, d := range s.dirs {
 		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
@@ -262,16 +351,65 @@ func (s *sandboxCgroup) procs() []int {
 }
 
 // kill SIGKILLs every process in the cgroup, including any that left the
-// sandbox's process group. v2 kernels from 5.14 do it atomically with
-// cgroup.kill; elsewhere a process forking in a loop could in principle
-// outrun one pass, which is why remove retries.
+// sandbox's process group (setsid, double-forked daemons). v2 kernels from
+// 5.14 do it atomically with cgroup.kill. Elsewhere the cgroup is frozen
+// first (v2 cgroup.freeze from 5.2, the v1 freezer), so that no process
+// forks between the listing and the kill, then every process listed is
+// killed and the cgroup thawed, which lets the killed ones die. Without a
+// freezer a process forking in a loop could outrun one pass, which is why
+// remove retries.
 func (s *sandboxCgroup) kill() {
 	if s.cg.v2 && writeFile(filepath.Join(s.dirs[0], "cgroup.kill"), "1") == nil {
 		return
 	}
+	thaw := s.freeze()
+	self := os.Getpid() // on v1, while a worker thread forks a sandbox in it
 	for _, pid := range s.procs() {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if pid != self {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
+	thaw()
+}
+
+// freezeWait bounds how long kill waits for a cgroup to freeze: a task in
+// uninterruptible sleep delays it, and killing unfrozen is still better
+// than not killing.
+const freezeWait = 100 * time.Millisecond
+
+// freeze freezes the cgroup when it can and returns what thaws it.
+func (s *sandboxCgroup) freeze() (thaw func()) {
+	var file, on, off, state, frozen string
+	switch {
+	case s.cg.v2:
+		file, on, off = filepath.Join(s.dirs[0], "cgroup.freeze"), "1", "0"
+		state, frozen = filepath.Join(s.dirs[0], "cgroup.events"), "frozen 1"
+	case s.freezer != "":
+		file, on, off = filepath.Join(s.freezer, "freezer.state"), "FROZEN", "THAWED"
+		state, frozen = file, "FROZEN"
+	default:
+		return func() {}
+	}
+	if writeFile(file, on) != nil {
+		return func() {}
+	}
+	deadline := time.Now().Add(freezeWait)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(state); err != nil || hasLine(b, frozen) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return func() { _ = writeFile(file, off) }
+}
+
+func hasLine(b []byte, line string) bool {
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if strings.TrimSpace(l) == line {
+			return true
+		}
+	}
+	return false
 }
 
 // remove deletes the cgroup, killing and waiting out any process still in

@@ -1,4 +1,7 @@
 // Package process is the "process" runtime: each sandbox is a host process in
-// its own process group (and, as root, its own cgroup) listening on a
-// loopback port. Its sandbox table survives a worker restart.
+// its own process group (and, as root, its own cgroup, which it is placed in
+// before it runs and which is killed whole on teardown) listening on a
+// loopback port, run as an unprivileged user with no_new_privs and a clean
+// environment (sandbox.go; docs/security.md). Its sandbox table survives a
+// worker restart.
 package process

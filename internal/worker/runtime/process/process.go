@@ -43,6 +43,12 @@ type Config struct {
 	CgroupRoot string
 	// DisableCgroups runs sandboxes without cgroups even as root.
 	DisableCgroups bool
+	// User is who sandboxes run as: a user name, a uid, or uid:gid (each
+	// part a name or a number). Empty means DefaultUser (nobody) when the
+	// worker runs as root and the worker's own user otherwise; only root
+	// can name another user. Sandboxes never keep supplementary groups and
+	// always run with no_new_privs.
+	User string
 	// Logger receives debug records of sandbox starts and exits and
 	// warnings about missing cgroup controllers. Default: discard.
 	Logger *slog.Logger
@@ -78,9 +84,10 @@ type Runtime struct {
 	traceArgv []string // how the builtin trace function is run
 	log       *slog.Logger
 	cg        *cgroups // nil: no cgroups
+	id        identity // who sandboxes run as
 	// noClone3 is set once clone3 turned out to be unavailable (seccomp
 	// filters in older container runtimes), after which v2 sandboxes join
-	// their cgroup the v1 way.
+	// their cgroup just after they start.
 	noClone3 atomic.Bool
 
 	// persistMu serialises table writes and is taken before mu, so each
@@ -153,15 +160,29 @@ func New(cfg Config) (*Runtime, error) {
 		}
 		traceArgv = tracefn.Command(exe)
 	}
+	id, err := resolveUser(cfg.User, os.Geteuid())
+	if err != nil {
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
 	r := &Runtime{
+		id:        id,
 		cfg:       cfg,
 		traceArgv: traceArgv,
 		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		sandboxes: map[string]*sandbox{},
 		creating:  map[string]struct{}{},
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "logs"), 0o755); err != nil {
+	// Logs are the worker's: sandboxes write theirs through the file the
+	// worker opened, and read none.
+	logs := filepath.Join(cfg.StateDir, "logs")
+	if err := os.MkdirAll(logs, 0o700); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	if err := os.Chmod(logs, 0o700); err != nil { // made 0755 before sandboxes ran as another user
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	if id.cred != nil && id.uid == 0 {
+		r.log.Warn("sandboxes run as root (--sandbox-user)", "user", cfg.User)
 	}
 	if !cfg.DisableCgroups {
 		root := cfg.CgroupRoot
@@ -251,7 +272,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 		sb.rec.Cgroup = sb.cg.rel
 	}
-	cmd, err := r.start(argv, r.env(s, port), logf, sb.cg)
+	cmd, err := r.start(s, argv, sandboxEnv(s, port), logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.removeNow() // empty: nothing ever ran in it
@@ -324,41 +345,76 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 	return nil, fmt.Errorf("sandbox %s: function %s has neither command nor builtin", s.ID, f.Name)
 }
 
-// env is the worker's environment, then the function's, then the
-// sandbox's own variables, later entries winning: a function cannot
-// override PORT.
-func (r *Runtime) env(s runtime.Spec, port int) []string {
-	env := os.Environ()
-	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
-		env = append(env, k+"="+s.Function.Env[k])
+// start starts argv as r.id, with no_new_privs, in its own process group,
+// in / with env and, when cg is set, in its cgroup from its first
+// instruction on: on v2 the child is cloned straight into the cgroup
+// (clone3 CLONE_INTO_CGROUP); on v1 it is forked by a thread that has
+// joined the cgroup first. Only on v2 without clone3 (seccomp filters of
+// older container runtimes) is it moved there right after it started: in
+// that window of well under a millisecond it runs in the worker's cgroup,
+// and a child it forks then stays there.
+func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *sandboxCgroup) (cmd *exec.Cmd, err error) {
+	var exe *os.File
+	if s.Function.Builtin != "" && len(s.Function.Command) == 0 {
+		// brisk's own binary may sit where the sandbox's user cannot reach
+		// it (a 0700 home or temporary directory): it is opened here and
+		// executed through the descriptor, which needs only that the file
+		// itself be executable.
+		if exe, err = os.Open(argv[0]); err != nil {
+			return nil, err
+		}
+		defer exe.Close()
+	} else if argv, err = resolveCommand(argv, env); err != nil {
+		return nil, err
 	}
-	return append(env,
-		tracefn.EnvPort+"="+strconv.Itoa(port),
-		tracefn.EnvSandboxID+"="+s.ID,
-		tracefn.EnvFunction+"="+s.Function.Name,
-	)
+	spawnThread(func() {
+		cmd, err = r.startOnThread(argv, env, logf, exe, cg)
+	})
+	if err != nil {
+		return nil, r.explainStart(argv[0], err)
+	}
+	return cmd, nil
 }
 
-// start starts argv in its own process group and, when cg is set, in its
-// cgroup. On v2 the child is cloned straight into the cgroup, so nothing it
-// does escapes the limits. On v1 (and v2 without clone3) it is moved there
-// right after fork: in that window of well under a millisecond it runs in
-// the worker's cgroup, and memory it touches then stays charged there.
-func (r *Runtime) start(argv, env []string, logf *os.File, cg *sandboxCgroup) (*exec.Cmd, error) {
+// startOnThread is start on a thread of its own (spawnThread).
+func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *sandboxCgroup) (*exec.Cmd, error) {
+	if err := setNoNewPrivs(); err != nil {
+		return nil, err
+	}
 	newCmd := func(attr *syscall.SysProcAttr) *exec.Cmd {
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = env
+		if exe != nil {
+			cmd.Path, cmd.ExtraFiles = "/proc/self/fd/3", []*os.File{exe}
+		}
+		cmd.Env, cmd.Dir = env, sandboxHome
 		cmd.Stdout, cmd.Stderr = logf, logf
+		attr.Setpgid, attr.Credential = true, r.id.cred
 		cmd.SysProcAttr = attr
 		return cmd
 	}
-	if cg != nil && cg.cg.v2 && !r.noClone3.Load() {
+	switch {
+	case cg == nil:
+		cmd := newCmd(&syscall.SysProcAttr{})
+		return cmd, cmd.Start()
+	case !cg.cg.v2:
+		leave, err := cg.joinThread()
+		if err != nil {
+			return nil, err
+		}
+		cmd := newCmd(&syscall.SysProcAttr{})
+		err = cmd.Start()
+		if lerr := leave(); lerr != nil {
+			// This thread ends with the caller's goroutine anyway.
+			r.log.Warn("cannot move the forking thread out of the sandbox's cgroup", "cgroup", cg.rel, "err", lerr)
+		}
+		return cmd, err
+	case !r.noClone3.Load():
 		fd, err := cg.openDir()
 		if err != nil {
 			return nil, err
 		}
 		defer syscall.Close(fd)
-		cmd := newCmd(&syscall.SysProcAttr{Setpgid: true, UseCgroupFD: true, CgroupFD: fd})
+		cmd := newCmd(&syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd})
 		err = cmd.Start()
 		if !errors.Is(err, syscall.ENOSYS) {
 			return cmd, err
@@ -366,12 +422,9 @@ func (r *Runtime) start(argv, env []string, logf *os.File, cg *sandboxCgroup) (*
 		r.noClone3.Store(true)
 		r.log.Warn("clone3 unavailable; sandboxes join their cgroup just after start", "err", err)
 	}
-	cmd := newCmd(&syscall.SysProcAttr{Setpgid: true})
+	cmd := newCmd(&syscall.SysProcAttr{})
 	if err := cmd.Start(); err != nil {
 		return nil, err
-	}
-	if cg == nil {
-		return cmd, nil
 	}
 	if err := cg.addProc(cmd.Process.Pid); err != nil {
 		// A process that already exited cannot be moved (ESRCH); it is a
@@ -620,10 +673,10 @@ func freePort() (int, error) {
 }
 
 func openLog(path string) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 }
 
 // validName accepts ids and function names that are safe as one path

@@ -33,6 +33,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// As root, sandboxes run as nobody, who must be able to run the helper.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	helper = filepath.Join(dir, "echoserver")
 	gotool, err := exec.LookPath("go")
 	if err != nil {
