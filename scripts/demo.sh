@@ -28,8 +28,10 @@ step() { printf '\n$ %s\n' "$*"; "$@"; }
 step "$BRISK" fn deploy hello --builtin trace
 step "$BRISK" invoke hello -v --data '{"ms": 50}'
 step "$BRISK" invoke hello -v --data '{"ms": 50}'
-step curl -sS -d '{"ms":10}' "http://$INVOKE/function/hello"
-step curl -sS -H 'Host: hello.brisk.local' "http://$INVOKE/"
+# Functions need a token to be called (deploy with --public for none).
+TOKEN=$(cat "$BRISK_TOKEN_FILE")
+step curl -sS -H "Authorization: Bearer $TOKEN" -d '{"ms":10}' "http://$INVOKE/function/hello"
+step curl -sS -H "Authorization: Bearer $TOKEN" -H 'Host: hello.brisk.local' "http://$INVOKE/"
 step "$BRISK" fn list
 step "$BRISK" status
 

@@ -31,7 +31,7 @@ type deployFlags struct {
 	env                                    []string
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
-	writableRoot, streamRequests           bool
+	writableRoot, streamRequests, public   bool
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -123,6 +123,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.BoolVar(&f.writableRoot, "writable-root", false, "containerd: give the container a writable root file system (default: read-only, writable /tmp)")
+	fl.BoolVar(&f.public, "public", false, "anyone who reaches a data plane may call the function (default: calls need a token with the invoke scope)")
 	fl.BoolVar(&f.streamRequests, "stream-requests", false, "send request bodies to the function as they arrive (full-duplex calls); by default a body is read before the call takes a sandbox")
 }
 
@@ -181,6 +182,12 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("memory") {
 		fn.Resources.MemoryMB = f.memory
+	}
+	if set("public") {
+		fn.Auth = spec.AuthToken
+		if f.public {
+			fn.Auth = spec.AuthPublic
+		}
 	}
 	if set("stream-requests") {
 		fn.StreamRequests = f.streamRequests

@@ -133,6 +133,9 @@ type Cluster struct {
 	placer   placement.Policy
 
 	watchers map[*watcher]struct{}
+	// auth is what data planes need to check calls' tokens (setAuth); nil
+	// until the control plane has loaded its tokens.
+	auth *briskv1.AuthConfig
 	store    store.Registry
 	// paused holds placement after a restart until workers have reported
 	// what they run.

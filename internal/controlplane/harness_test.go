@@ -457,6 +457,9 @@ func (e *env) dpRoutes(fn string, n int) ([]string, bool) {
 	seen := map[string]bool{}
 	for i := 0; i < 2*n+1; i++ {
 		req := httptest.NewRequest(http.MethodPost, "/function/"+fn, strings.NewReader(`{}`))
+		if tok, err := ReadAdminToken(e.dir); err == nil {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		rec := httptest.NewRecorder()
 		e.dp.Handler().ServeHTTP(rec, req.WithContext(ctx))

@@ -79,6 +79,7 @@ func (cp *ControlPlane) loadTokens() error {
 		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions}
 	}
 	cp.tokens.Replace(grants)
+	cp.cluster.setAuth(!cp.cfg.AuthDisabled, grants)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
 )
 
 // watcher is one data plane's endpoint stream: deltas accumulate in pending
@@ -28,7 +29,7 @@ func (w *watcher) take() *briskv1.EndpointBatch {
 func (c *Cluster) subscribe(dpID string) *watcher {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	snap := &briskv1.EndpointBatch{Snapshot: true}
+	snap := &briskv1.EndpointBatch{Snapshot: true, Auth: c.auth}
 	for _, fs := range c.fns {
 		snap.Functions = append(snap.Functions, fs.spec.ToProto())
 		if fs.cond.reason != "" {
@@ -72,6 +73,19 @@ func (c *Cluster) publishLocked(edit func(b *briskv1.EndpointBatch)) {
 		default:
 		}
 	}
+}
+
+// setAuth records the tokens data planes accept for calls and sends them
+// to every data plane (the whole set: tokens are few and change rarely).
+func (c *Cluster) setAuth(enabled bool, grants []auth.Grant) {
+	a := &briskv1.AuthConfig{Enabled: enabled}
+	for _, g := range grants {
+		a.Tokens = append(a.Tokens, &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions})
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.auth = a
+	c.publishLocked(func(b *briskv1.EndpointBatch) { b.Auth = a })
 }
 
 func (c *Cluster) publishAddLocked(r *sandboxRec) {

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/rpc"
@@ -40,6 +41,10 @@ type DataPlane struct {
 	handler      http.Handler
 	bodyTooLarge string
 	bodyBudget   bodyBudget // bytes buffered bodies may still hold (body.go)
+	// Invocation auth (auth.go): the tokens the control plane sent, and
+	// whether it asks for them at all.
+	tokens *auth.Checker
+	authOn atomic.Bool
 	// bodiesReading counts requests reading their body ahead of the call.
 	bodiesReading atomic.Int64
 
@@ -89,6 +94,7 @@ func New(cfg Config) (*DataPlane, error) {
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
 	}
 	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
+	d.tokens = auth.NewChecker()
 	prom, err := newPromMetrics(cfg.Registerer, d.functions, &d.bodiesReading)
 	if err != nil {
 		return nil, err

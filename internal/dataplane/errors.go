@@ -29,6 +29,8 @@ const (
 	reasonSandboxFailed             // 502: the sandbox refused, reset or broke its reply
 	reasonFunctionTimeout           // 504: the function ran past its timeout
 	reasonShuttingDown              // 503: the data plane is draining
+	reasonUnauthorized              // 401: no valid token for a function that needs one
+	reasonForbidden                 // 403: the token may not call this function
 	nReasons
 )
 
@@ -46,6 +48,8 @@ var errReasonNames = [nReasons]string{
 	reasonSandboxFailed:   "sandbox-failed",
 	reasonFunctionTimeout: "function-timeout",
 	reasonShuttingDown:    "shutting-down",
+	reasonUnauthorized:    "unauthorized",
+	reasonForbidden:       "forbidden",
 }
 
 func (r errReason) String() string { return errReasonNames[r] }

@@ -150,6 +150,13 @@ func (c *frontConn) call(fn *function) bool {
 	if _, ok := c.move(inRead, stCall, d.nanotime(), limit); !ok {
 		return false
 	}
+	f, keepAuth := authorize(d, fn, set.conf, rq.parsed.Authorization)
+	if f.code != 0 {
+		fn.m.used.Store(true)
+		fn.m.codes.inc(f.code)
+		return c.answerError(f, callID)
+	}
+	st.keepAuth = keepAuth
 	if f := d.admit(c.ctx, st, set); f.code != 0 {
 		if f.code == statusClientGone {
 			c.leaveCall()
@@ -308,7 +315,7 @@ func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error
 	bw.WriteString(st.ep.addr)
 	bw.WriteString("\r\n")
 	for _, s := range rq.hdrs {
-		if s.Kind != h1.Fwd && s.Kind != h1.Idem {
+		if s.Kind != h1.Fwd && s.Kind != h1.Idem && (s.Kind != h1.Authorization || !st.keepAuth) {
 			continue
 		}
 		if rq.connTokens && h1.ConnectionLists(h, rq.hdrs, s.Name(h)) {
@@ -454,6 +461,9 @@ func (c *frontConn) writeError(f failure, callID []byte, keep bool) bool {
 		bw.WriteString("X-Brisk-Error: ")
 		bw.WriteString(f.why.String())
 		bw.WriteString("\r\n")
+	}
+	if f.code == http.StatusUnauthorized {
+		bw.WriteString("WWW-Authenticate: Bearer realm=\"brisk\"\r\n")
 	}
 	if len(callID) > 0 {
 		bw.WriteString("X-Call-Id: ")

@@ -31,6 +31,7 @@ var (
 	hdrJSON    = []string{"application/json"}
 	hdrNoSniff = []string{"nosniff"}
 	hdrText    = []string{"text/plain; charset=utf-8"}
+	hdrBearer  = []string{`Bearer realm="brisk"`}
 )
 
 // route is where a request goes: fn is nil when no function matched.
@@ -163,6 +164,7 @@ type reqState struct {
 	proxyStart int64
 	cold       bool
 	code       int
+	keepAuth   bool // the Authorization header goes on to the function
 }
 
 type stateKey struct{}
@@ -197,6 +199,16 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	set := rt.fn.set.Load()
+	f, keepAuth := authorize(d, rt.fn, set.conf, r.Header.Get("Authorization"))
+	if f.code != 0 {
+		rt.fn.m.used.Store(true)
+		rt.fn.m.codes.inc(f.code)
+		d.writeError(w, callID, f)
+		return
+	}
+	if !keepAuth {
+		delete(r.Header, "Authorization") // the platform's token stays with the platform
+	}
 	if set.conf.extendDeadline {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(set.conf.queueTimeout + set.conf.timeout + deadlineSlack))
 	}
@@ -402,6 +414,9 @@ func (d *DataPlane) writeError(w http.ResponseWriter, callID []string, f failure
 	}
 	if f.why != reasonNone {
 		h["X-Brisk-Error"] = hdrReason[f.why]
+	}
+	if f.code == http.StatusUnauthorized {
+		h["Www-Authenticate"] = hdrBearer
 	}
 	b := errorJSON(f)
 	h["Content-Length"] = []string{strconv.Itoa(len(b))}

@@ -38,6 +38,8 @@ type fnConf struct {
 	extendDeadline bool
 	// streamRequests: bodies stream to the sandbox, not read first (body.go).
 	streamRequests bool
+	// public: calls need no token (auth.go).
+	public bool
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -123,6 +125,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	}
 	c.extendDeadline = c.queueTimeout+c.timeout+deadlineSlack > d.cfg.WriteTimeout
 	c.streamRequests = p.GetStreamRequests()
+	c.public = p.GetAuth() == spec.AuthPublic
 	if prev != nil && prev.lbName == c.lbName && prev.capacity == c.capacity {
 		c.policy = prev.policy
 		return c
@@ -301,6 +304,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		}
 	}
 	d.applyConditions(b)
+	d.applyAuth(b.GetAuth())
 }
 
 // applyConditions sets the functions' conditions a batch carries; a

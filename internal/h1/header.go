@@ -18,6 +18,7 @@ const (
 	CallID                       // request: X-Call-Id
 	Idem                         // request: an idempotency key (passed on; the call may be sent twice)
 	Date                         // reply: Date
+	Authorization                // request: Authorization (the platform's token, or the function's own)
 )
 
 // Header is one header line: its name and trimmed value as offsets into a
@@ -59,6 +60,7 @@ const (
 	hIdempotencyKey
 	hXIdempotencyKey
 	hDate
+	hAuthorization
 	nHeaderNames
 )
 
@@ -69,6 +71,7 @@ var headerNames = [nHeaderNames]string{
 	hProxyAuthorization: "proxy-authorization", hXForwardedFor: "x-forwarded-for", hXForwardedHost: "x-forwarded-host",
 	hXForwardedProto: "x-forwarded-proto", hXBriskSandbox: "x-brisk-sandbox", hXBriskTiming: "x-brisk-timing",
 	hXCallID: "x-call-id", hIdempotencyKey: "idempotency-key", hXIdempotencyKey: "x-idempotency-key", hDate: "date",
+	hAuthorization: "authorization",
 }
 
 var (
@@ -77,7 +80,7 @@ var (
 		hUpgrade: Handoff, hExpect: Handoff, hTe: TE, hTrailer: Drop, hKeepAlive: Drop,
 		hProxyConnection: Drop, hProxyAuthenticate: Drop, hProxyAuthorization: Drop,
 		hXForwardedFor: XFF, hXForwardedHost: Drop, hXForwardedProto: Drop, hXBriskSandbox: Drop,
-		hXCallID: CallID, hIdempotencyKey: Idem, hXIdempotencyKey: Idem,
+		hXCallID: CallID, hIdempotencyKey: Idem, hXIdempotencyKey: Idem, hAuthorization: Authorization,
 	}
 	replyKinds = [nHeaderNames]Kind{
 		hContentLength: Length, hTransferEncoding: TransferEncoding, hConnection: Connection, hUpgrade: Drop,

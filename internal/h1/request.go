@@ -43,6 +43,7 @@ type RequestHead struct {
 	Path, Query    []byte // Target split at its '?'
 	Host           []byte
 	CallID         []byte // the first X-Call-Id; nil: none
+	Authorization  []byte // the first Authorization; nil: none
 	Length         int64  // Content-Length; 0 when absent or chunked
 	Hdrs           []Header
 	HasLength      bool
@@ -138,6 +139,10 @@ func ParseRequestHead(b []byte, r *RequestHead) error {
 		case CallID:
 			if r.CallID == nil {
 				r.CallID = value
+			}
+		case Authorization:
+			if r.Authorization == nil {
+				r.Authorization = value
 			}
 		case Idem:
 			r.IdemKey = true

@@ -44,6 +44,10 @@ type Function struct {
 	// takes a sandbox slot, so that a slow client holds only its
 	// connection; a streaming function's slow clients hold its sandboxes.
 	StreamRequests bool `json:"stream_requests,omitempty"`
+	// Auth says who may call the function: AuthToken (the default: a token
+	// with the invoke scope for it) or AuthPublic (anyone who reaches a
+	// data plane).
+	Auth string `json:"auth,omitempty"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -91,6 +95,12 @@ const (
 	DefaultTimeout      = 5 * time.Minute
 )
 
+// Invocation auth modes (Function.Auth).
+const (
+	AuthToken  = "token"
+	AuthPublic = "public"
+)
+
 var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 // ApplyDefaults fills fields left zero with brisk's defaults.
@@ -115,6 +125,9 @@ func (f *Function) ApplyDefaults() {
 	}
 	if f.Timeout == 0 {
 		f.Timeout = Duration(DefaultTimeout)
+	}
+	if f.Auth == "" {
+		f.Auth = AuthToken
 	}
 }
 
@@ -182,6 +195,9 @@ func (f *Function) Validate() error {
 	}
 	if f.Timeout < 0 || time.Duration(f.Timeout) > time.Hour {
 		return bad("timeout", "%s out of range [0, 1h]", f.Timeout)
+	}
+	if f.Auth != AuthToken && f.Auth != AuthPublic {
+		return bad("auth", "%q is not %q or %q", f.Auth, AuthToken, AuthPublic)
 	}
 	if f.LoadBalancing != "" && !contains(LoadBalancers, f.LoadBalancing) {
 		return bad("load_balancing", "%q is not one of %s", f.LoadBalancing, strings.Join(LoadBalancers, ", "))
@@ -281,6 +297,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		LoadBalancing:  f.LoadBalancing,
 		WritableRoot:   f.WritableRoot,
 		StreamRequests: f.StreamRequests,
+		Auth:           f.Auth,
 	}
 }
 
@@ -303,6 +320,7 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		LoadBalancing:  p.GetLoadBalancing(),
 		WritableRoot:   p.GetWritableRoot(),
 		StreamRequests: p.GetStreamRequests(),
+		Auth:           p.GetAuth(),
 	}
 	return f
 }

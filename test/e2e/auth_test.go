@@ -126,3 +126,29 @@ func TestAdminAPIAuthentication(t *testing.T) {
 		t.Fatalf("CLI without a token: exit %d:\n%s", code, out)
 	}
 }
+
+// Functions need an invoke token unless deployed public; the CLI's
+// invocations carry the token it has.
+func TestInvokeAuthentication(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "fn", "deploy", "private", "--builtin", "trace")
+	c.mustBrisk(t, "fn", "deploy", "open", "--builtin", "trace", "--public")
+	url := "http://" + c.invokeAddr + "/function/"
+	if code := callWith(t, "POST", url+"private", "", `{"ms": 1}`); code != http.StatusUnauthorized {
+		t.Fatalf("private function without a token: %d, want 401", code)
+	}
+	if code := callWith(t, "POST", url+"open", "", `{"ms": 1}`); code != http.StatusOK {
+		t.Fatalf("public function without a token: %d, want 200", code)
+	}
+	caller := strings.TrimSpace(c.mustBrisk(t, "token", "create", "caller", "--scope", "invoke", "--function", "private", "-q"))
+	if code := callWith(t, "POST", url+"private", "Bearer "+caller, `{"ms": 1}`); code != http.StatusOK {
+		t.Fatalf("private function with its invoke token: %d, want 200", code)
+	}
+	if out := c.mustBrisk(t, "invoke", "private", "--data", `{"ms": 1}`); !strings.Contains(out, `"Status":"OK"`) {
+		t.Fatalf("brisk invoke: %s", out)
+	}
+	if out, code := c.brisk(t, "invoke", "private", "--token", caller[:len(caller)-2]+"xx"); code == 0 || !strings.Contains(out, "unauthorized") {
+		t.Fatalf("brisk invoke with a bad token: exit %d: %s", code, out)
+	}
+}

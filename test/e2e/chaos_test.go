@@ -103,6 +103,10 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 		h.workers = append(h.workers, w)
 	}
 	h.gateway = freePort(t)
+	registerAdmin(h.gateway, dirs...)
+	for _, d := range h.dps {
+		registerAdmin(d.addr, dirs...)
+	}
 	h.gwProc = startBrisk(t, "gateway", "--listen", h.gateway, "--dataplanes", h.dps[0].addr+","+h.dps[1].addr)
 	eventually(t, 60*time.Second, "HA cluster up: a leader, 3 workers and 2 data planes connected", func() bool {
 		st, err := h.client().Status(context.Background())

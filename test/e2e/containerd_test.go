@@ -218,6 +218,7 @@ func BenchmarkContainerdColdStart(b *testing.B) {
 	dataDir := b.TempDir()
 	admin, invoke, grpcAddr := freePort(b), freePort(b), freePort(b)
 	registerAdmin(admin, dataDir)
+	registerAdmin(invoke, dataDir)
 	run := func(args ...string) string {
 		cmd := exec.Command(briskBin, args...)
 		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke,

@@ -220,6 +220,7 @@ func newCluster(t *testing.T) *cluster {
 	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir()}
 	c.cl = client.New(c.admin, c.invokeAddr)
 	registerAdmin(c.admin, c.dataDir)
+	registerAdmin(c.invokeAddr, c.dataDir) // functions need a token to be called
 	return c
 }
 

@@ -205,6 +205,7 @@ type FunctionSpec struct {
 	Limits         *Resources             `protobuf:"bytes,14,opt,name=limits,proto3" json:"limits,omitempty"`                                        // hard cgroup limits; zero = see spec.Function.Limits
 	WritableRoot   bool                   `protobuf:"varint,15,opt,name=writable_root,json=writableRoot,proto3" json:"writable_root,omitempty"`       // containerd: a writable root file system (read-only by default)
 	StreamRequests bool                   `protobuf:"varint,16,opt,name=stream_requests,json=streamRequests,proto3" json:"stream_requests,omitempty"` // request bodies stream to the function (full duplex), not read first
+	Auth           string                 `protobuf:"bytes,17,opt,name=auth,proto3" json:"auth,omitempty"`                                            // who may call: "public", or "token" (an invoke token for it)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -349,6 +350,13 @@ func (x *FunctionSpec) GetStreamRequests() bool {
 		return x.StreamRequests
 	}
 	return false
+}
+
+func (x *FunctionSpec) GetAuth() string {
+	if x != nil {
+		return x.Auth
+	}
+	return ""
 }
 
 // SandboxRecord is the worker's (authoritative) view of one sandbox.
@@ -1647,7 +1655,10 @@ type EndpointBatch struct {
 	// Why functions lack sandboxes, as the control plane sees it; an empty
 	// reason clears a function's condition. A snapshot lists every function
 	// that has one (the rest have none).
-	Conditions    []*FunctionCondition `protobuf:"bytes,6,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	Conditions []*FunctionCondition `protobuf:"bytes,6,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	// The tokens data planes accept for calls; set in a snapshot and whenever
+	// the tokens change (absent: unchanged).
+	Auth          *AuthConfig `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1724,6 +1735,134 @@ func (x *EndpointBatch) GetConditions() []*FunctionCondition {
 	return nil
 }
 
+func (x *EndpointBatch) GetAuth() *AuthConfig {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+type AuthConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"` // false: every function is public (auth off on the control plane)
+	Tokens        []*TokenGrant          `protobuf:"bytes,2,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthConfig) Reset() {
+	*x = AuthConfig{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthConfig) ProtoMessage() {}
+
+func (x *AuthConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
+func (*AuthConfig) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *AuthConfig) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *AuthConfig) GetTokens() []*TokenGrant {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// TokenGrant is what a data plane needs of a token to check it.
+type TokenGrant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Hash          string                 `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"` // hex SHA-256 of the secret
+	Scopes        []string               `protobuf:"bytes,3,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	Functions     []string               `protobuf:"bytes,4,rep,name=functions,proto3" json:"functions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenGrant) Reset() {
+	*x = TokenGrant{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenGrant) ProtoMessage() {}
+
+func (x *TokenGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
+func (*TokenGrant) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TokenGrant) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TokenGrant) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *TokenGrant) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+func (x *TokenGrant) GetFunctions() []string {
+	if x != nil {
+		return x.Functions
+	}
+	return nil
+}
+
 type FunctionCondition struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
@@ -1735,7 +1874,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +1886,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +1899,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -1797,7 +1936,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1948,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1961,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -1873,7 +2012,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2024,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2037,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -1944,7 +2083,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2095,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2108,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 type UnreachableEndpoint struct {
@@ -1984,7 +2123,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2135,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2148,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -2050,7 +2189,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2201,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2214,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -2100,7 +2239,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2251,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2264,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -2135,7 +2274,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe8\x04\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xfc\x04\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -2155,7 +2294,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x0eload_balancing\x18\r \x01(\tR\rloadBalancing\x12+\n" +
 	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x12#\n" +
 	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x12'\n" +
-	"\x0fstream_requests\x18\x10 \x01(\bR\x0estreamRequests\x1a6\n" +
+	"\x0fstream_requests\x18\x10 \x01(\bR\x0estreamRequests\x12\x12\n" +
+	"\x04auth\x18\x11 \x01(\tR\x04auth\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -2245,7 +2385,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x17\n" +
-	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\x8f\x02\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\xb9\x02\n" +
 	"\rEndpointBatch\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x124\n" +
 	"\tfunctions\x18\x02 \x03(\v2\x16.brisk.v1.FunctionSpecR\tfunctions\x12+\n" +
@@ -2254,7 +2394,18 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aremoved\x18\x05 \x03(\tR\aremoved\x12;\n" +
 	"\n" +
 	"conditions\x18\x06 \x03(\v2\x1b.brisk.v1.FunctionConditionR\n" +
-	"conditions\"a\n" +
+	"conditions\x12(\n" +
+	"\x04auth\x18\a \x01(\v2\x14.brisk.v1.AuthConfigR\x04auth\"T\n" +
+	"\n" +
+	"AuthConfig\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12,\n" +
+	"\x06tokens\x18\x02 \x03(\v2\x14.brisk.v1.TokenGrantR\x06tokens\"f\n" +
+	"\n" +
+	"TokenGrant\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x16\n" +
+	"\x06scopes\x18\x03 \x03(\tR\x06scopes\x12\x1c\n" +
+	"\tfunctions\x18\x04 \x03(\tR\tfunctions\"a\n" +
 	"\x11FunctionCondition\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
@@ -2320,7 +2471,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -2347,17 +2498,19 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*WatchEndpointsRequest)(nil),     // 22: brisk.v1.WatchEndpointsRequest
 	(*Endpoint)(nil),                  // 23: brisk.v1.Endpoint
 	(*EndpointBatch)(nil),             // 24: brisk.v1.EndpointBatch
-	(*FunctionCondition)(nil),         // 25: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 26: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 27: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 28: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 29: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 30: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 31: brisk.v1.UnreachableAck
-	nil,                               // 32: brisk.v1.FunctionSpec.EnvEntry
+	(*AuthConfig)(nil),                // 25: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 26: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 27: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 28: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 29: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 30: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 31: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 32: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 33: brisk.v1.UnreachableAck
+	nil,                               // 34: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	32, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	34, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
@@ -2380,28 +2533,30 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
 	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
 	23, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	25, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	26, // 24: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	29, // 25: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	7,  // 26: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	5,  // 27: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	18, // 28: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	20, // 29: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	22, // 30: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	27, // 31: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	30, // 32: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	8,  // 33: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	6,  // 34: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	19, // 35: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	21, // 36: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	24, // 37: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	28, // 38: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	31, // 39: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	33, // [33:40] is the sub-list for method output_type
-	26, // [26:33] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	27, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	25, // 24: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	26, // 25: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	28, // 26: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	31, // 27: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	7,  // 28: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	5,  // 29: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	18, // 30: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	20, // 31: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	22, // 32: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	29, // 33: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	32, // 34: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	8,  // 35: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	6,  // 36: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	19, // 37: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	21, // 38: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	24, // 39: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	30, // 40: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	33, // 41: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	35, // [35:42] is the sub-list for method output_type
+	28, // [28:35] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -2425,7 +2580,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

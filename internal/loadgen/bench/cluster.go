@@ -205,6 +205,15 @@ func poll(ctx context.Context, timeout, every time.Duration, cond func() (bool, 
 	}
 }
 
+// InvokeHeader is what calls of the cluster's functions carry: its token
+// (functions need one unless deployed public).
+func (c *Cluster) InvokeHeader() http.Header {
+	if c.Client == nil || c.Client.Token == "" {
+		return nil
+	}
+	return http.Header{"Authorization": {"Bearer " + c.Client.Token}}
+}
+
 // scrape fetches a Prometheus text endpoint.
 func (c *Cluster) scrape(ctx context.Context, base string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+strings.TrimPrefix(base, "http://")+"/metrics", nil)

@@ -93,7 +93,7 @@ func Cold(ctx context.Context, c *Cluster, o Options, cfg ColdConfig) (*ColdSumm
 			RuntimeMs: cfg.ExecMs, Phase: phase, ID: "sec" + strconv.Itoa(int(float64(i)/cfg.Rate)) + ".inv" + strconv.Itoa(i)}
 	}
 	before, berr := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
-	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke)}
+	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
 	recs, err := issue(ctx, &o, "cold", newIssuer(&o, inv), calls)
 	if err != nil {
 		return nil, "", err

@@ -141,7 +141,7 @@ func Register(ctx context.Context, c *Cluster, o Options, cfg RegisterConfig) (*
 }
 
 func registerAndInvoke(ctx context.Context, c *Cluster, o *Options, fns []*spec.Function) (*Invocable, []regRow, error) {
-	invoker := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke)}
+	invoker := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
 	rows := make([]regRow, len(fns))
 	res := &Invocable{Functions: len(fns)}
 	var retries atomic.Int64

@@ -146,7 +146,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	monCtx, stopMon := context.WithCancel(ctx)
 	monDone := make(chan struct{})
 	go func() { mon.run(monCtx); close(monDone) }()
-	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke)}
+	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
 	recs, err := issue(ctx, &o, "replay", newIssuer(&o, inv), calls)
 	stopMon()
 	<-monDone

@@ -132,7 +132,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 		}
 	}
 	httpc := loadgen.NewHTTPClient(o.HTTP)
-	brisk := &loadgen.HTTPInvoker{Client: httpc, Route: loadgen.DataPlane(c.Invoke)}
+	brisk := &loadgen.HTTPInvoker{Client: httpc, Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
 	if err := primeDataPlane(ctx, brisk, names); err != nil {
 		return nil, "", err
 	}

@@ -1,0 +1,76 @@
+package dataplane
+
+import (
+	"errors"
+	"net/http"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
+)
+
+// Calls of a function whose spec says auth "token" need a token with the
+// invoke scope for it (or an admin token), checked here against the grants
+// the control plane sends (AuthConfig) before the call reads its body or
+// queues. The token is the platform's: it is not passed on to the
+// function. A public function's calls, and every call while the control
+// plane runs without auth, keep their Authorization header for the
+// function's own use.
+
+// applyAuth takes a batch's auth settings, if it carries any.
+func (d *DataPlane) applyAuth(a *briskv1.AuthConfig) {
+	if a == nil {
+		return
+	}
+	grants := make([]auth.Grant, len(a.GetTokens()))
+	for i, t := range a.GetTokens() {
+		grants[i] = auth.Grant{ID: t.GetId(), Hash: t.GetHash(), Scopes: t.GetScopes(), Functions: t.GetFunctions()}
+	}
+	d.tokens.Replace(grants)
+	d.authOn.Store(a.GetEnabled())
+}
+
+// authorize checks a call's Authorization value for fn. It returns the
+// failure to answer with (zero: let it in) and whether the header goes on
+// to the function.
+func authorize[S string | []byte](d *DataPlane, fn *function, conf *fnConf, authz S) (failure, bool) {
+	if conf.public || !d.authOn.Load() {
+		return failure{}, true
+	}
+	var err error
+	if tok, ok := bearer(authz); ok {
+		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, fn.name)
+	} else if tok, ok := auth.FromHeader(string(authz)); ok { // basic auth: rare, may allocate
+		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, fn.name)
+	} else {
+		err = auth.ErrNoToken
+	}
+	switch {
+	case err == nil:
+		return failure{}, false
+	case errors.Is(err, auth.ErrForbidden):
+		return fail(http.StatusForbidden, reasonForbidden, "function %q: the token may not call it (it needs the invoke scope, for this function)", fn.name), false
+	}
+	return fail(http.StatusUnauthorized, reasonUnauthorized, "function %q: %v", fn.name, err), false
+}
+
+// bearer takes the token out of "Bearer <token>" without allocating.
+func bearer[S string | []byte](v S) (S, bool) {
+	const scheme = "bearer "
+	if len(v) <= len(scheme) {
+		return v[:0], false
+	}
+	for i := 0; i < len(scheme); i++ {
+		b := v[i]
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		if b != scheme[i] {
+			return v[:0], false
+		}
+	}
+	rest := v[len(scheme):]
+	for len(rest) > 0 && rest[0] == ' ' {
+		rest = rest[1:]
+	}
+	return rest, len(rest) > 0
+}
