@@ -135,8 +135,8 @@ type Cluster struct {
 	watchers map[*watcher]struct{}
 	// auth is what data planes need to check calls' tokens (setAuth); nil
 	// until the control plane has loaded its tokens.
-	auth *briskv1.AuthConfig
-	store    store.Registry
+	auth  *briskv1.AuthConfig
+	store store.Registry
 	// paused holds placement after a restart until workers have reported
 	// what they run.
 	paused bool
