@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -253,6 +254,134 @@ func TestBodyBudget(t *testing.T) {
 				t.Fatalf("budget %d, chunked %v: %d %q", total, chunked, r.code, r.body)
 			}
 			waitFor(t, "the budget back whole", func() bool { return d.bodyBudget.left.Load() == total })
+		}
+	}
+}
+
+// A streamed body cannot bank rate credit with a burst and then stall:
+// after bodyStall without a byte the call ends with 408 and the slot is
+// free for the next call.
+func TestStreamedBodyStallEnds(t *testing.T) {
+	defer func(s time.Duration) { bodyStall = s }(bodyStall)
+	bodyStall = 300 * time.Millisecond
+	d, srv := newTestDP(t, func(c *Config) { c.BodyBufferTotal = 1; c.MinBodyRate = 1024 })
+	sb := newLengthSandbox(t)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20_000 })},
+		Added:     []*briskv1.Endpoint{ep("f", "sb-1", sb.addr)}})
+	// 30 kB at once: 30 s of credit at 1 KiB/s; then nothing.
+	c := stalledUpload(t, srv.URL, "POST /function/f HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("a", 30000))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the stalled upload got no answer: %v", err)
+	}
+	if resp.StatusCode != http.StatusRequestTimeout || resp.Header.Get("X-Brisk-Error") != "body-too-slow" {
+		t.Fatalf("stalled upload: %d %s", resp.StatusCode, resp.Header.Get("X-Brisk-Error"))
+	}
+	if r := get(t, srv.URL+"/function/f"); r.code != 200 {
+		t.Fatalf("the next call: %d %s", r.code, r.body)
+	}
+}
+
+// Bytes a sandbox sends past a reply's end are not the next caller's
+// reply: the connection holding them is closed, not pooled (on both paths,
+// and after a HEAD reply followed by a body).
+func TestStrayReplyBytesNeverReachTheNextCaller(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var sloppy atomic.Bool
+	sloppy.Store(true)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					switch {
+					case req.Method == http.MethodHead: // a body where none may be
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nnot-for-you")
+					case sloppy.Swap(false): // one sloppy reply: a whole reply more than its length
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nnot-for-you")
+					default:
+						fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.URL.Path), req.URL.Path)
+					}
+				}
+			}()
+		}
+	}()
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
+		Added: []*briskv1.Endpoint{ep("f", "sb-1", ln.Addr().String())}})
+	call := func(method, p string, chunked bool) result {
+		req, _ := http.NewRequest(method, srv.URL+"/function/f"+p, strings.NewReader("x"))
+		if chunked {
+			req.ContentLength = -1
+		}
+		return do(t, req)
+	}
+	for _, chunked := range []bool{false, true} {
+		sloppy.Store(true)
+		call(http.MethodPost, "/first", chunked)
+		for _, p := range []string{"/second", "/third"} {
+			if r := call(http.MethodPost, p, chunked); r.body != p {
+				t.Errorf("chunked %v: caller of %s got %d %q", chunked, p, r.code, r.body)
+			}
+		}
+		if r := call(http.MethodHead, "/head", chunked); r.code != 200 {
+			t.Errorf("chunked %v: HEAD: %d", chunked, r.code)
+		}
+		for _, p := range []string{"/after-head", "/after-that"} {
+			if r := call(http.MethodPost, p, chunked); r.body != p {
+				t.Errorf("chunked %v: after a HEAD answered with a body, caller of %s got %d %q", chunked, p, r.code, r.body)
+			}
+		}
+	}
+}
+
+// A client's request trailer that may not be a trailer (Content-Length) is
+// the client's error: 400 bad-request, and the sandbox is not called.
+func TestForbiddenRequestTrailerIsABadRequest(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	sb := newLengthSandbox(t)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
+		Added: []*briskv1.Endpoint{ep("f", "sb-1", sb.addr)}})
+	c := stalledUpload(t, srv.URL, "POST /function/f HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nContent-Length: 9\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 400 || resp.Header.Get("X-Brisk-Error") != "bad-request" || sb.total() != 0 {
+		t.Errorf("forbidden request trailer: %d %s (sandbox calls %d)", resp.StatusCode, resp.Header.Get("X-Brisk-Error"), sb.total())
+	}
+}
+
+// A function that sends interim replies without end gets a 502, not a
+// flood through to its client.
+func TestInterimReplyFloodIsRefused(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	flood := brokenSandbox(t, strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 40)+"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+	fine := brokenSandbox(t, strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", 3)+"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("flood"), fnSpec("fine")},
+		Added:     []*briskv1.Endpoint{ep("flood", "sb-f", flood), ep("fine", "sb-o", fine)}})
+	for _, call := range []func(string) result{func(u string) result { return get(t, u) }, func(u string) result { return chunkedGet(t, u) }} {
+		wantReason(t, call(srv.URL+"/function/flood"), 502, "sandbox-failed", "too many interim")
+		if r := call(srv.URL + "/function/fine"); r.code != 200 || r.body != "ok" {
+			t.Fatalf("a few interim replies: %d %q", r.code, r.body)
 		}
 	}
 }

@@ -138,7 +138,9 @@ func (d *DataPlane) readBody(w http.ResponseWriter, r *http.Request, rb *reqBody
 }
 
 // minRateReader reads the streamed rest of a body, failing it when the
-// client falls behind rate bytes a second (after a few seconds' grace).
+// client falls behind rate bytes a second (after a few seconds' grace) or
+// sends nothing for bodyStall: an average alone would let a client bank
+// credit with a burst and then hold its sandbox slot for as long.
 type minRateReader struct {
 	r     io.Reader
 	rc    *http.ResponseController
@@ -149,6 +151,10 @@ type minRateReader struct {
 
 const minRateGrace = 2 * time.Second
 
+// bodyStall is the longest a streamed body may send nothing (a variable
+// for tests).
+var bodyStall = 5 * time.Second
+
 func (m *minRateReader) Read(p []byte) (int, error) {
 	if m.start.IsZero() {
 		m.start = time.Now()
@@ -157,6 +163,9 @@ func (m *minRateReader) Read(p []byte) (int, error) {
 	// returns as soon as any arrive): the average since the start must
 	// keep up the rate.
 	deadline := m.start.Add(minRateGrace + time.Duration(float64(m.n+1)/float64(m.rate)*float64(time.Second)))
+	if stall := time.Now().Add(bodyStall); stall.Before(deadline) {
+		deadline = stall
+	}
 	_ = m.rc.SetReadDeadline(deadline)
 	k, err := m.r.Read(p)
 	m.n += int64(k)

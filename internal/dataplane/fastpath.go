@@ -75,8 +75,18 @@ func (c *frontConn) next() (*function, reqAction) {
 	if fn == nil {
 		return nil, actHandoff
 	}
-	_, _ = c.br.Discard(end)
 	rq := &c.req
+	// The body's buffer is charged to the data plane's body budget before
+	// it is made: heads announcing bodies they never send must not hold
+	// memory past it. Without budget, net/http's path takes the request
+	// (and streams it).
+	if n := rq.length; n > 0 {
+		if !c.f.d.bodyBudget.take(n) {
+			return nil, actHandoff
+		}
+		c.charged = n
+	}
+	_, _ = c.br.Discard(end)
 	if n := rq.length; n > 0 {
 		// The read timeout counts from the request's first byte.
 		if _, ok := c.move(inRead, stRead, c.since.Load(), cfg.ReadTimeout); !ok {
@@ -87,6 +97,7 @@ func (c *frontConn) next() (*function, reqAction) {
 		}
 		rq.body = c.body[:n]
 		if _, err := io.ReadFull(c.br, rq.body); err != nil {
+			c.uncharge()
 			return nil, actClose
 		}
 	}
@@ -242,7 +253,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	usable := c.endCall()
 	c.up.Store(nil)
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
-		up.pool.put(up)
+		up.pool.put(up, rh.noBody)
 	} else {
 		up.nc.Close() // a watch that found the client gone may have aborted it
 	}
@@ -281,9 +292,18 @@ func (c *frontConn) failCall(st *reqState, err error, callID []byte) bool {
 	return c.answerError(f, callID)
 }
 
+// uncharge gives back the body budget the request held.
+func (c *frontConn) uncharge() {
+	if c.charged > 0 {
+		c.f.d.bodyBudget.give(c.charged)
+		c.charged = 0
+	}
+}
+
 // trim drops buffers a large request or reply head grew, so that an idle
 // connection stays small.
 func (c *frontConn) trim() {
+	c.uncharge()
 	const keep = 16 << 10
 	if cap(c.body) > keep {
 		c.body = nil
@@ -359,7 +379,10 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 	rh.parsed.Hdrs = c.rhdrs[:0]
 	defer func() { c.rhdrs = rh.parsed.Hdrs }()
 	p := &rh.parsed
-	for {
+	for interim := 0; ; interim++ {
+		if interim > h1.MaxInterim {
+			return h1.ErrTooManyInterim
+		}
 		var err error
 		var started bool
 		c.rbuf, started, err = h1.ReadHead(up.br, c.rbuf[:0])

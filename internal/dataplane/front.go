@@ -299,6 +299,8 @@ type frontConn struct {
 	// out counts what reached the client connection, so that a reply cut
 	// off before any of it left can still be answered with a 502.
 	out countingConn
+	// charged is what the request in hand holds of the body budget.
+	charged int64
 
 	word  atomic.Uint64 // moves<<stBits | state
 	since atomic.Int64  // DataPlane.nanotime when the state's clock started
@@ -387,6 +389,7 @@ func (c *frontConn) serve() {
 // finish closes the connection and recycles its buffers, once no watch
 // can touch them.
 func (c *frontConn) finish() {
+	c.uncharge()
 	c.f.untrack(c)
 	c.word.Store(uint64(stGone))
 	c.nc.Close()

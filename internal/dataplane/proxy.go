@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/httpx"
+	"golang.org/x/net/http/httpguts"
 )
 
 const functionPrefix = httpx.FunctionPrefix
@@ -229,6 +230,15 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 			rt.fn.m.used.Store(true)
 			rt.fn.m.codes.inc(d.failBody(w, r, st, err))
 			return
+		}
+		for k := range r.Trailer {
+			if !httpguts.ValidTrailerHeader(k) {
+				// A client's error, not the sandbox's: net/http would
+				// refuse to send it on.
+				rt.fn.m.used.Store(true)
+				rt.fn.m.codes.inc(d.failWith(w, st, fail(http.StatusBadRequest, reasonBadRequest, "request trailer %q is not allowed in a trailer", k)))
+				return
+			}
 		}
 	}
 	if f := d.admit(r.Context(), st, set); f.code != 0 {

@@ -66,8 +66,11 @@ type upConn struct {
 	reply  h1.ReplyHead     // its parse
 	chunks h1.ChunkedReader // copyChunked's decoder
 	head   bool             // the call in flight is a HEAD: its reply has no body
-	idleAt int64            // monoNow when it was last returned to the pool
-	abort  func()           // ends the exchange in flight (watchClient)
+	// suspect: the last reply had no body (HEAD, 204, 304), the kind a
+	// function may wrongly follow with one: probe before reuse.
+	suspect bool
+	idleAt  int64  // monoNow when it was last returned to the pool
+	abort   func() // ends the exchange in flight (watchClient)
 }
 
 const (
@@ -101,7 +104,8 @@ func (p *connPool) get(probe bool) (c *upConn, reused bool, err error) {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if (!probe && monoNow()-c.idleAt < int64(checkIdleAfter)) || c.alive() {
+		if (!probe && !c.suspect && monoNow()-c.idleAt < int64(checkIdleAfter)) || c.alive() {
+			c.suspect = false
 			return c, true, nil
 		}
 		c.nc.Close()
@@ -143,10 +147,15 @@ func (p *connPool) dial() (*upConn, error) {
 }
 
 // put returns a connection whose last exchange completed cleanly.
-func (p *connPool) put(c *upConn) {
-	c.idleAt = monoNow()
+// put returns c to the pool after a reply; bodiless says the reply had no
+// body. Bytes already read past the reply's end are not a reply to
+// anything: a connection holding them is closed, never reused, or the
+// next caller would read them as its answer (and the function's answer to
+// it would go to the caller after).
+func (p *connPool) put(c *upConn, bodiless bool) {
+	c.idleAt, c.suspect = monoNow(), bodiless
 	p.mu.Lock()
-	if p.closed || len(p.idle) >= maxIdlePerAddr {
+	if p.closed || len(p.idle) >= maxIdlePerAddr || c.br.Buffered() > 0 {
 		p.mu.Unlock()
 		c.nc.Close()
 		return
@@ -338,7 +347,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// its own. A connection whose deadline the client's leaving moved is
 	// not reused.
 	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.pool.put(c)
+		c.pool.put(c, resp.NoBody)
 	} else {
 		c.nc.Close()
 	}

@@ -65,6 +65,9 @@ type upConn struct {
 	chunks h1.ChunkedReader // a chunked reply's decoder
 	idleAt time.Time
 	abort  func() // ends the exchange in flight: the client left
+	// suspect: the last reply had no body (HEAD, 204, 304): probe before
+	// reuse, in case bytes followed it.
+	suspect bool
 }
 
 var dialer = net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
@@ -85,7 +88,8 @@ func (p *connPool) take(ctx context.Context, attempt int, probe bool) (c *upConn
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if (!probe && time.Since(c.idleAt) < checkIdleAfter) || (c.br.Buffered() == 0 && httpx.PeekAlive(c.nc)) {
+		if (!probe && !c.suspect && time.Since(c.idleAt) < checkIdleAfter) || (c.br.Buffered() == 0 && httpx.PeekAlive(c.nc)) {
+			c.suspect = false
 			return c, true, nil
 		}
 		c.nc.Close()
@@ -99,11 +103,13 @@ func (p *connPool) take(ctx context.Context, attempt int, probe bool) (c *upConn
 	return c, false, nil
 }
 
-// put returns a connection whose last exchange completed cleanly.
-func (p *connPool) put(c *upConn) {
-	c.idleAt = time.Now()
+// put returns a connection whose last exchange completed cleanly;
+// bodiless says its reply had no body. A connection holding bytes past the
+// reply's end is closed: the next call would read them as its answer.
+func (p *connPool) put(c *upConn, bodiless bool) {
+	c.idleAt, c.suspect = time.Now(), bodiless
 	p.mu.Lock()
-	if len(p.idle) >= maxIdlePerDataPlane {
+	if len(p.idle) >= maxIdlePerDataPlane || c.br.Buffered() > 0 {
 		p.mu.Unlock()
 		c.nc.Close()
 		return
@@ -349,7 +355,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	}
 	// A connection whose deadline the client's leaving moved is not reused.
 	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.pool.put(c)
+		c.pool.put(c, resp.NoBody)
 	} else {
 		c.nc.Close()
 	}

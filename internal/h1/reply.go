@@ -9,6 +9,14 @@ import (
 // MaxReplyHead bounds a reply head ReadHead reads.
 const MaxReplyHead = 1 << 20
 
+// MaxInterim bounds the interim (1xx) replies relayed before a final one:
+// a function sending them without end would hold the call and flood its
+// client. (net/http's client allows 5.)
+const MaxInterim = 16
+
+// ErrTooManyInterim: a reply sent more than MaxInterim interim replies.
+var ErrTooManyInterim = errors.New("malformed reply: too many interim (1xx) replies")
+
 var (
 	errHeadTooLarge  = errors.New("malformed reply: head larger than 1 MiB")
 	errStatusLine    = errors.New("malformed reply status line")

@@ -122,7 +122,10 @@ type Reply struct {
 // not (the client's own came from the server).
 func ReadReply(br *bufio.Reader, buf *[]byte, p *h1.ReplyHead, head bool, r *Reply, w http.ResponseWriter) error {
 	*r = Reply{}
-	for {
+	for interim := 0; ; interim++ {
+		if interim > h1.MaxInterim {
+			return h1.ErrTooManyInterim
+		}
 		var err error
 		var started bool
 		*buf, started, err = h1.ReadHead(br, (*buf)[:0])
