@@ -27,6 +27,8 @@ type ctrFlags struct {
 	address, namespace, snapshotter string
 	poolSize                        int
 	subnet, bridge, prefix          string
+	firewall                        bool
+	allowHostPorts                  []int
 }
 
 func (f *ctrFlags) register(c *cobra.Command) {
@@ -39,6 +41,8 @@ func (f *ctrFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.subnet, "net-subnet", d.Subnet.String(), "with --runtime containerd: sandbox addresses (the bridge takes the first)")
 	fl.StringVar(&f.bridge, "net-bridge", d.Bridge, "with --runtime containerd: host bridge the sandboxes' veths join")
 	fl.StringVar(&f.prefix, "net-prefix", d.NamePrefix, "with --runtime containerd: name prefix of the sandboxes' network namespaces and veths")
+	fl.BoolVar(&f.firewall, "net-firewall", true, "with --runtime containerd: netfilter rules (nf_tables table brisk_netpool_<net-prefix>) that keep sandboxes from every address of this host (admin, gRPC, data plane ports) and from each other; =false only where the kernel lacks nf_tables")
+	fl.IntSliceVar(&f.allowHostPorts, "net-allow-host-ports", nil, "with --runtime containerd: TCP ports on this host that sandboxes may connect to despite --net-firewall, e.g. 3128,8125")
 }
 
 // apply sets w's containerd options when w runs containerd.
@@ -53,6 +57,13 @@ func (f *ctrFlags) apply(w *local.Workers) error {
 	w.ContainerdAddress, w.ContainerdNamespace, w.Snapshotter = f.address, f.namespace, f.snapshotter
 	w.NetPool = netpool.Default()
 	w.NetPool.Size, w.NetPool.Subnet, w.NetPool.Bridge, w.NetPool.NamePrefix = f.poolSize, subnet, f.bridge, f.prefix
+	w.NetPool.NoFirewall = !f.firewall
+	for _, p := range f.allowHostPorts {
+		if p < 1 || p > 65535 {
+			return usageError{fmt.Errorf("--net-allow-host-ports: %d is not a port (1-65535)", p)}
+		}
+		w.NetPool.AllowHostPorts = append(w.NetPool.AllowHostPorts, uint16(p))
+	}
 	if err := w.NetPool.Validate(); err != nil {
 		return usageError{fmt.Errorf("--net-*: %w", err)}
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -139,7 +140,7 @@ func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
 		log.Warn("cannot become a child subreaper; orphaned shims are left to PID 1", "err", err)
 	}
 	pcfg := w.NetPool
-	if pcfg == (netpool.Config{}) {
+	if reflect.ValueOf(pcfg).IsZero() { // Config holds a slice: no ==
 		pcfg = netpool.Default()
 	}
 	pcfg.Logger = log // the pool adds its component

@@ -10,11 +10,19 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// Cleanup removes every namespace and host link named <NamePrefix>-<n>, and
-// the bridge if a pool with this prefix created it, as left by a worker that
-// died without Close. A restarted worker calls it (Start does too) before
-// making new endpoints. It must not run while a live Pool uses the prefix.
-func Cleanup(ctx context.Context, cfg Config) error { return cleanup(ctx, cfg, nil) }
+// Cleanup removes every namespace and host link named <NamePrefix>-<n>, the
+// bridge if a pool with this prefix created it, and the prefix's firewall
+// tables (unless cfg.NoFirewall), as left by a worker that died without
+// Close. A restarted worker calls it (Start does too, and replaces the
+// tables instead of removing them) before making new endpoints. It must
+// not run while a live Pool uses the prefix.
+func Cleanup(ctx context.Context, cfg Config) error {
+	err := cleanup(ctx, cfg, nil)
+	if err == nil && !cfg.NoFirewall {
+		err = removeFirewall(cfg.withDefaults().NamePrefix)
+	}
+	return err
+}
 
 // cleanup is Cleanup sparing the endpoints named in keep (adopted ones)
 // and, when there are any, the bridge their host links are attached to.

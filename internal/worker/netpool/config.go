@@ -18,6 +18,14 @@ type Config struct {
 	NamePrefix string       // netns and veth name prefix, default "brisk" (veth names must stay <= 15 chars)
 	Logger     *slog.Logger
 
+	// NoFirewall leaves out the pool's netfilter rules (firewall.go), which
+	// keep sandboxes from reaching the host's ports and each other. Only for
+	// hosts without nf_tables: Start fails there unless this is set.
+	NoFirewall bool
+	// AllowHostPorts are TCP ports on the host (any of its addresses) that
+	// sandboxes may connect to despite the firewall, e.g. a local proxy.
+	AllowHostPorts []uint16
+
 	// MaxReady caps the endpoints kept ready: Release recycles an endpoint
 	// while fewer are ready and destroys it otherwise. The slack above Size
 	// is what lets steady churn recycle instead of create+destroy (the
@@ -97,6 +105,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxReady < c.Size {
 		bad("MaxReady", c.MaxReady, fmt.Sprintf("must be 0 (default 2*Size) or >= Size (%d)", c.Size))
+	}
+	for _, port := range c.AllowHostPorts {
+		if port == 0 {
+			bad("AllowHostPorts", c.AllowHostPorts, "ports must be 1-65535")
+			break
+		}
+	}
+	if c.NoFirewall && len(c.AllowHostPorts) > 0 {
+		bad("AllowHostPorts", c.AllowHostPorts, "needs the firewall (NoFirewall is set)")
 	}
 	if len(c.Bridge) > maxIfName || !bridgeRE.MatchString(c.Bridge) {
 		bad("Bridge", strconv.Quote(c.Bridge), "must be a link name of 1-15 characters [A-Za-z0-9_.-]")

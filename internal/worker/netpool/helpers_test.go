@@ -99,6 +99,9 @@ func leftovers(t *testing.T, cfg Config) []string {
 			left = append(left, "link "+n)
 		}
 	}
+	if !cfg.NoFirewall {
+		left = append(left, firewallLeftovers(t, cfg.NamePrefix)...)
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)

@@ -179,6 +179,14 @@ func (p *Pool) start(ctx context.Context) error {
 	if err := p.ensureBridge(); err != nil {
 		return err
 	}
+	// Before any endpoint exists (adopted ones aside, whose sandboxes the
+	// previous worker's rules, replaced here in one step, kept in).
+	if !p.cfg.NoFirewall {
+		if err := installFirewall(p.cfg); err != nil {
+			return err
+		}
+		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts)
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -569,7 +577,8 @@ func (p *Pool) Stats() Stats {
 // Close stops the refiller, waits for background work, then destroys every
 // endpoint, ready or in use, retrying failed teardowns until they succeed or
 // ctx ends, and finally removes the bridge if Start created it (or the
-// gateway address if Start added it to an existing bridge). After Close,
+// gateway address if Start added it to an existing bridge) and the pool's
+// firewall tables. After Close,
 // Take returns ErrClosed. If ctx ends first, Close reports what is left and
 // a later Close carries on from there; once everything is gone, Close
 // returns nil.
@@ -615,13 +624,21 @@ func (p *Pool) Close(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, retryMax)
 	}
-	if p.bridgeDone {
-		return nil
+	if !p.bridgeDone {
+		if err := p.removeBridge(); err != nil {
+			return err
+		}
+		p.bridgeDone = true
 	}
-	if err := p.removeBridge(); err != nil {
-		return err
+	// Last: the rules protect every endpoint left behind by an earlier
+	// failure. Tables of the prefix are this pool's even if Start failed
+	// before installing them (a predecessor's are then gone with its
+	// endpoints, which cleanup removed).
+	if !p.cfg.NoFirewall {
+		if err := removeFirewall(p.cfg.NamePrefix); err != nil {
+			return err
+		}
 	}
-	p.bridgeDone = true
 	return nil
 }
 

@@ -348,8 +348,8 @@ func TestCleanupRemovesLeftoversOfUnclosedPool(t *testing.T) {
 	take(t, p)
 	take(t, p) // on demand
 	p.closeHandlesForTest()
-	if l := leftovers(t, cfg); len(l) != 4*3+1 { // per endpoint file, mount, veth; plus the bridge
-		t.Fatalf("before Cleanup: %d leftovers %v, want 13", len(l), l)
+	if l := leftovers(t, cfg); len(l) != 4*3+1+2 { // per endpoint file, mount, veth; plus the bridge and the firewall's two tables
+		t.Fatalf("before Cleanup: %d leftovers %v, want 15", len(l), l)
 	}
 	if err := Cleanup(t.Context(), cfg); err != nil {
 		t.Fatalf("Cleanup: %v", err)
@@ -370,7 +370,8 @@ func TestStartReapsLeftovers(t *testing.T) {
 	p := startPool(t, cfg, false)
 	l := leftovers(t, cfg)
 	slices.Sort(l)
-	want := []string{"link bt12-2", "link btbr12", "mount /run/netns/bt12-2", "netns file bt12-2"}
+	want := []string{"link bt12-2", "link btbr12", "mount /run/netns/bt12-2", "netns file bt12-2",
+		"nftables bridge brisk_netpool_bt12", "nftables inet brisk_netpool_bt12"}
 	if !slices.Equal(l, want) {
 		t.Errorf("after the new pool's Start: %v, want only its own %v", l, want)
 	}

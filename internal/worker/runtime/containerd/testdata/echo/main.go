@@ -1,6 +1,8 @@
 // Command echo is the containerd runtime tests' function: a static HTTP
 // server on 0.0.0.0:$PORT that replies to GET / with its environment and
-// what it can see of its sandbox as JSON. With ECHO_MODE=hog it instead
+// what it can see of its sandbox as JSON, and to GET /dial?addr=HOST:PORT
+// with "connected" or the error of a TCP connect (1 s at most) from inside
+// the sandbox. With ECHO_MODE=hog it instead
 // allocates memory until the OOM killer (or 1 GiB) stops it; with
 // ECHO_MODE=exit it exits with status 3.
 package main
@@ -49,7 +51,19 @@ func main() {
 	}
 	fmt.Println("echo listening on", l.Addr())
 	srv := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(reply) }),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/dial" {
+				c, err := net.DialTimeout("tcp", r.URL.Query().Get("addr"), time.Second)
+				if err != nil {
+					fmt.Fprint(w, err)
+					return
+				}
+				c.Close()
+				fmt.Fprint(w, "connected")
+				return
+			}
+			w.Write(reply)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
