@@ -49,10 +49,15 @@ type Grant struct {
 	Hash      string   // hex SHA-256 of the secret
 	Scopes    []string // of Scopes
 	Functions []string // the functions it may touch; empty: any
+	Namespace string   // the namespace it is bound to; empty: all
 }
 
-// New makes a token: the string to hand to its user, and its grant.
-func New(scopes, functions []string) (token string, g Grant, err error) {
+// New makes a token: the string to hand to its user, and its grant. A
+// token bound to a namespace (ns not empty) cannot have the admin scope.
+func New(scopes, functions []string, ns string) (token string, g Grant, err error) {
+	if ns != "" && slices.Contains(scopes, ScopeAdmin) {
+		return "", Grant{}, errors.New("a token bound to a namespace cannot have the admin scope")
+	}
 	for _, s := range scopes {
 		if !slices.Contains(Scopes, s) {
 			return "", Grant{}, fmt.Errorf("unknown scope %q (one of %s)", s, strings.Join(Scopes, ", "))
@@ -70,7 +75,7 @@ func New(scopes, functions []string) (token string, g Grant, err error) {
 		return "", Grant{}, err
 	}
 	s := base64.RawURLEncoding.EncodeToString(secret[:])
-	g = Grant{ID: hex.EncodeToString(id[:]), Hash: HashSecret(s), Scopes: slices.Clone(scopes), Functions: slices.Clone(functions)}
+	g = Grant{ID: hex.EncodeToString(id[:]), Hash: HashSecret(s), Scopes: slices.Clone(scopes), Functions: slices.Clone(functions), Namespace: ns}
 	return prefix + g.ID + "_" + s, g, nil
 }
 
@@ -120,6 +125,7 @@ type entry struct {
 	hash   [sha256.Size]byte
 	scopes uint8 // bits: 1<<index in Scopes
 	fns    map[string]bool
+	ns     string
 }
 
 func scopeBit(s string) uint8 {
@@ -147,7 +153,7 @@ func NewChecker() *Checker {
 func (c *Checker) Replace(grants []Grant) {
 	m := make(map[string]*entry, len(grants))
 	for _, g := range grants {
-		e := &entry{}
+		e := &entry{ns: g.Namespace}
 		if b, err := hex.DecodeString(g.Hash); err != nil || len(b) != sha256.Size {
 			continue
 		} else {
@@ -170,21 +176,18 @@ func (c *Checker) Replace(grants []Grant) {
 // Len is the number of tokens c accepts.
 func (c *Checker) Len() int { return len(*c.grants.Load()) }
 
-// Check checks a token (as sent) for scope, and for function fn when fn is
-// not empty ("" asks about the whole API: a token limited to some
-// functions is refused it). Admin tokens pass every check. It does not
-// allocate.
-func Check[S string | []byte](c *Checker, tok S, scope, fn string) error {
+// lookup finds a token's entry and checks its secret.
+func lookup[S string | []byte](c *Checker, tok S) (*entry, error) {
 	if len(tok) == 0 {
-		return ErrNoToken
+		return nil, ErrNoToken
 	}
 	tid, secret, ok := split(tok)
 	if !ok {
-		return ErrBadToken
+		return nil, ErrBadToken
 	}
 	e := (*c.grants.Load())[string(tid)]
 	if e == nil {
-		return ErrBadToken
+		return nil, ErrBadToken
 	}
 	var h [sha256.Size]byte
 	switch s := any(secret).(type) {
@@ -194,7 +197,19 @@ func Check[S string | []byte](c *Checker, tok S, scope, fn string) error {
 		h = sha256.Sum256(s)
 	}
 	if subtle.ConstantTimeCompare(h[:], e.hash[:]) != 1 {
-		return ErrBadToken
+		return nil, ErrBadToken
+	}
+	return e, nil
+}
+
+// Check checks a token (as sent) for scope on function fn of namespace ns;
+// ns and fn empty ask about the cluster as a whole (a token limited to a
+// namespace or to functions is refused it), fn empty about the namespace.
+// Admin tokens pass every check. It does not allocate.
+func Check[S string | []byte](c *Checker, tok S, scope, ns, fn string) error {
+	e, err := lookup(c, tok)
+	if err != nil {
+		return err
 	}
 	if e.scopes&scopeBit(ScopeAdmin) != 0 {
 		return nil
@@ -202,10 +217,35 @@ func Check[S string | []byte](c *Checker, tok S, scope, fn string) error {
 	if e.scopes&scopeBit(scope) == 0 {
 		return ErrForbidden
 	}
+	if e.ns != "" && e.ns != ns {
+		return ErrForbidden
+	}
 	if e.fns != nil && !e.fns[fn] {
 		return ErrForbidden
 	}
 	return nil
+}
+
+// HasScope checks a token for scope alone, whatever namespace or
+// functions it is limited to (a list is then filtered with Check).
+func HasScope(c *Checker, tok, scope string) error {
+	e, err := lookup(c, tok)
+	if err != nil {
+		return err
+	}
+	if e.scopes&(scopeBit(ScopeAdmin)|scopeBit(scope)) == 0 {
+		return ErrForbidden
+	}
+	return nil
+}
+
+// NamespaceOf is the namespace a valid token is bound to ("": none, or
+// not a valid token).
+func NamespaceOf(c *Checker, tok string) string {
+	if e, err := lookup(c, tok); err == nil {
+		return e.ns
+	}
+	return ""
 }
 
 // ID is the public id of a well-formed token ("" otherwise), for logs.

@@ -9,7 +9,7 @@ import (
 
 func mustNew(t *testing.T, scopes, fns []string) (string, Grant) {
 	t.Helper()
-	tok, g, err := New(scopes, fns)
+	tok, g, err := New(scopes, fns, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestNewTokenForm(t *testing.T) {
 		t.Fatal("two tokens alike")
 	}
 	for _, bad := range [][]string{nil, {"root"}, {ScopeInvoke, "x"}} {
-		if _, _, err := New(bad, nil); err == nil {
+		if _, _, err := New(bad, nil, ""); err == nil {
 			t.Errorf("scopes %v accepted", bad)
 		}
 	}
@@ -69,21 +69,21 @@ func TestCheck(t *testing.T) {
 		{"brisk_short", ScopeInvoke, "a", ErrBadToken},
 		{"Bearer " + admin, ScopeInvoke, "a", ErrBadToken},
 	} {
-		if err := Check(c, tc.tok, tc.scope, tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+		if err := Check(c, tc.tok, tc.scope, "ns", tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
 			t.Errorf("Check(%.20s…, %s, %q) = %v, want %v", tc.tok, tc.scope, tc.fn, err, tc.want)
 		}
-		if err := Check(c, []byte(tc.tok), tc.scope, tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+		if err := Check(c, []byte(tc.tok), tc.scope, "ns", tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
 			t.Errorf("Check([]byte) = %v, want %v", err, tc.want)
 		}
 	}
 	// Revocation: a new set without the token.
 	c.Replace([]Grant{ga})
-	if err := Check(c, deploy, ScopeDeploy, ""); !errors.Is(err, ErrBadToken) {
+	if err := Check(c, deploy, ScopeDeploy, "ns", ""); !errors.Is(err, ErrBadToken) {
 		t.Fatalf("revoked token: %v", err)
 	}
 	// A grant with a malformed hash is skipped, not a panic or a pass.
 	c.Replace([]Grant{{ID: gd.ID, Hash: "zz", Scopes: []string{ScopeAdmin}}})
-	if err := Check(c, deploy, ScopeDeploy, ""); !errors.Is(err, ErrBadToken) {
+	if err := Check(c, deploy, ScopeDeploy, "ns", ""); !errors.Is(err, ErrBadToken) {
 		t.Fatalf("malformed grant: %v", err)
 	}
 }
@@ -94,7 +94,7 @@ func TestCheckBytesDoesNotAllocate(t *testing.T) {
 	c.Replace([]Grant{g})
 	b := []byte(tok)
 	if n := testing.AllocsPerRun(100, func() {
-		if Check(c, b, ScopeInvoke, "f") != nil {
+		if Check(c, b, ScopeInvoke, "ns", "f") != nil {
 			t.Fatal("refused")
 		}
 	}); n != 0 {
@@ -128,7 +128,7 @@ func TestFromHeader(t *testing.T) {
 
 func BenchmarkCheck(b *testing.B) {
 	c := NewChecker()
-	tok, g, err := New([]string{ScopeInvoke}, nil)
+	tok, g, err := New([]string{ScopeInvoke}, nil, "")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -136,6 +136,38 @@ func BenchmarkCheck(b *testing.B) {
 	bt := []byte(tok)
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = Check(c, bt, ScopeInvoke, "f")
+		_ = Check(c, bt, ScopeInvoke, "ns", "f")
+	}
+}
+
+func TestNamespacedTokens(t *testing.T) {
+	c := NewChecker()
+	teamA, ga, err := New([]string{ScopeDeploy, ScopeInvoke}, nil, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := New([]string{ScopeAdmin}, nil, "team-a"); err == nil {
+		t.Fatal("a namespaced admin token was made")
+	}
+	c.Replace([]Grant{ga})
+	for _, tc := range []struct {
+		scope, ns, fn string
+		want          error
+	}{
+		{ScopeInvoke, "team-a", "f", nil},
+		{ScopeDeploy, "team-a", "", nil},
+		{ScopeInvoke, "team-b", "f", ErrForbidden},
+		{ScopeDeploy, "", "", ErrForbidden},
+		{ScopeAdmin, "team-a", "", ErrForbidden},
+	} {
+		if err := Check(c, teamA, tc.scope, tc.ns, tc.fn); !errors.Is(err, tc.want) && !(err == nil && tc.want == nil) {
+			t.Errorf("Check(%s, %q, %q) = %v, want %v", tc.scope, tc.ns, tc.fn, err, tc.want)
+		}
+	}
+	if err := HasScope(c, teamA, ScopeDeploy); err != nil {
+		t.Fatalf("HasScope deploy: %v", err)
+	}
+	if err := HasScope(c, teamA, ScopeAdmin); !errors.Is(err, ErrForbidden) {
+		t.Fatalf("HasScope admin: %v", err)
 	}
 }

@@ -32,6 +32,7 @@ type deployFlags struct {
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
 	writableRoot, streamRequests, public   bool
+	namespace                              string
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -123,6 +124,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.BoolVar(&f.writableRoot, "writable-root", false, "containerd: give the container a writable root file system (default: read-only, writable /tmp)")
+	fl.StringVar(&f.namespace, "namespace", "", "the namespace (tenant) to deploy into (default: the token's, or \"default\")")
 	fl.BoolVar(&f.public, "public", false, "anyone who reaches a data plane may call the function (default: calls need a token with the invoke scope)")
 	fl.BoolVar(&f.streamRequests, "stream-requests", false, "send request bodies to the function as they arrive (full-duplex calls); by default a body is read before the call takes a sandbox")
 }
@@ -182,6 +184,9 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("memory") {
 		fn.Resources.MemoryMB = f.memory
+	}
+	if set("namespace") {
+		fn.Namespace = f.namespace
 	}
 	if set("public") {
 		fn.Auth = spec.AuthToken
@@ -298,9 +303,9 @@ func newFnList(g *globals) *cobra.Command {
 				return printJSON(fns)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION\tCONDITION")
+			fmt.Fprintln(tw, "NAME\tNAMESPACE\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION\tCONDITION")
 			for _, f := range fns {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Name, kind(f.Function), f.Status.Desired, f.Status.Ready,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Name, f.Namespace, kind(f.Function), f.Status.Desired, f.Status.Ready,
 					f.Status.Pending, f.Concurrency, f.Revision, condition(f.Status.Condition, f.Status.Message))
 			}
 			return tw.Flush()

@@ -27,6 +27,7 @@ is in <data-dir>/admin.token, which the CLI reads by default.`,
 
 func newTokenCreate(g *globals) *cobra.Command {
 	var scopes, fns []string
+	var ns string
 	var quiet bool
 	c := &cobra.Command{
 		Use:     "create NAME",
@@ -34,7 +35,7 @@ func newTokenCreate(g *globals) *cobra.Command {
 		Example: "  brisk token create ci --scope deploy\n  brisk token create caller --scope invoke --function hello",
 		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			v, err := g.client().CreateToken(c.Context(), controlplane.TokenRequest{Name: args[0], Scopes: scopes, Functions: fns})
+			v, err := g.client().CreateToken(c.Context(), controlplane.TokenRequest{Name: args[0], Scopes: scopes, Functions: fns, Namespace: ns})
 			if err != nil {
 				return err
 			}
@@ -53,6 +54,7 @@ func newTokenCreate(g *globals) *cobra.Command {
 	}
 	c.Flags().StringSliceVar(&scopes, "scope", []string{"invoke"}, "scopes: admin, deploy, invoke (repeatable or comma-separated)")
 	c.Flags().StringSliceVar(&fns, "function", nil, "limit the token to these functions (repeatable)")
+	c.Flags().StringVar(&ns, "namespace", "", "bind the token to a namespace: it sees and touches only its functions (not with --scope admin)")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the token")
 	return c
 }
@@ -72,13 +74,17 @@ func newTokenList(g *globals) *cobra.Command {
 				return printJSON(toks)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tFUNCTIONS\tCREATED")
+			fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tNAMESPACE\tFUNCTIONS\tCREATED")
 			for _, t := range toks {
 				fns := "*"
 				if len(t.Functions) > 0 {
 					fns = strings.Join(t.Functions, ",")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, strings.Join(t.Scopes, ","), fns, t.CreatedAt.Format("2006-01-02 15:04:05"))
+				ns := t.Namespace
+				if ns == "" {
+					ns = "*"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, strings.Join(t.Scopes, ","), ns, fns, t.CreatedAt.Format("2006-01-02 15:04:05"))
 			}
 			return tw.Flush()
 		},

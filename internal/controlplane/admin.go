@@ -3,6 +3,7 @@ package controlplane
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"io"
 	"net/http"
@@ -65,19 +66,23 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
 	mux.HandleFunc("GET /v1/status", cp.status)
 	mux.HandleFunc("GET /v1/backup", cp.backup)
+	mux.HandleFunc("PUT /v1/namespaces/{name}", cp.putNamespace)
+	mux.HandleFunc("GET /v1/namespaces", cp.listNamespaces)
+	mux.HandleFunc("GET /v1/namespaces/{name}", cp.getNamespace)
+	mux.HandleFunc("DELETE /v1/namespaces/{name}", cp.deleteNamespace)
 	mux.HandleFunc("POST /v1/tokens", cp.createToken)
 	mux.HandleFunc("GET /v1/tokens", cp.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", cp.revokeToken)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	metrics := promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		if cp.authorize(w, r, auth.ScopeAdmin, "") {
+		if cp.authorize(w, r, auth.ScopeAdmin, "", "") {
 			metrics.ServeHTTP(w, r)
 		}
 	})
 	if cp.cfg.Replica != nil {
 		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
-			if cp.authorize(w, r, auth.ScopeDeploy, "") {
+			if cp.authorize(w, r, auth.ScopeDeploy, "", "") {
 				writeJSON(w, http.StatusOK, cp.cfg.Replica())
 			}
 		})
@@ -148,6 +153,11 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 			return nil, false
 		}
 	}
+	if f.Namespace == "" && !cp.cfg.AuthDisabled {
+		// A token bound to a namespace deploys there by default.
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		f.Namespace = auth.NamespaceOf(cp.tokens, tok)
+	}
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -186,7 +196,7 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := cp.readSpec(w, r, "")
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Name) {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.admitToNamespace(w, f, true) {
 		return
 	}
 	l := cp.nameLock(f.Name)
@@ -210,11 +220,11 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
 	f, ok := cp.readSpec(w, r, name)
-	if !ok {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, f, false) {
 		return
 	}
 	l := cp.nameLock(name)
@@ -223,6 +233,10 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	old := cp.cluster.spec(name)
 	if old == nil {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	if namespaceOf(old) != f.Namespace {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", namespaceOf(old), f.Namespace))
 		return
 	}
 	f.CreatedAt, f.UpdatedAt, f.Revision = old.CreatedAt, time.Now().UTC(), cp.nextRevision()
@@ -240,7 +254,7 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
 	l := cp.nameLock(name)
@@ -261,7 +275,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, name) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
 	c := cp.cluster
@@ -280,13 +294,26 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeDeploy, "") {
-		return
+	// A token limited to a namespace or to functions lists what it may see.
+	visible := func(*fnState) bool { return true }
+	if !cp.cfg.AuthDisabled {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
+			return
+		}
+		visible = func(fs *fnState) bool {
+			return auth.Check(cp.tokens, tok, auth.ScopeDeploy, namespaceOf(fs.spec), fs.spec.Name) == nil
+		}
 	}
+	ns := r.URL.Query().Get("namespace")
 	c := cp.cluster
 	c.mu.Lock()
 	out := make([]FunctionView, 0, len(c.fns))
 	for _, fs := range c.fns {
+		if (ns != "" && namespaceOf(fs.spec) != ns) || !visible(fs) {
+			continue
+		}
 		st := fs.statusLocked()
 		st.Sandboxes = nil
 		out = append(out, FunctionView{Function: fs.spec, Status: st})
@@ -297,7 +324,7 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeDeploy, "") {
+	if !cp.authorize(w, r, auth.ScopeDeploy, "", "") {
 		return
 	}
 	v := StatusView{ControlPlane: cp.id, Nodes: cp.cluster.nodeStatus()}
@@ -343,7 +370,7 @@ func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
 // backup streams a consistent copy of the registry (registry.db) while the
 // control plane keeps serving.
 func (cp *ControlPlane) backup(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	b, ok := cp.store.(store.Backuper)

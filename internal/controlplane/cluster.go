@@ -56,6 +56,8 @@ type sandboxRec struct {
 	// EXITED (replaced like any exit) or announces the sandbox again, which
 	// puts it back on every data plane (unreachable.go).
 	verifyAsked time.Time
+	// What it requests, as placed: a later spec may ask for other amounts.
+	milliCPU, memoryMB int64
 }
 
 type fnState struct {
@@ -81,6 +83,7 @@ type fnState struct {
 	retryArmed   bool
 
 	placeErr string // why the last placement found no node ("": it did not fail)
+	quotaErr string // why its namespace's quota has no room for the next sandbox ("": it has)
 	// cond is the condition last published to data planes: why the
 	// function lacks sandboxes (a data-plane reason code and a message).
 	cond fnCondition
@@ -133,6 +136,8 @@ type Cluster struct {
 	placer   placement.Policy
 
 	watchers map[*watcher]struct{}
+	quotas   map[string]spec.Quota // namespace -> quota (quota.go)
+	nsUse    map[string]*nsUsage
 	// auth is what data planes need to check calls' tokens (setAuth); nil
 	// until the control plane has loaded its tokens.
 	auth  *briskv1.AuthConfig
@@ -157,7 +162,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	}
 	c := &Cluster{
 		clk: clock.Or(cfg.Clock), log: cfg.Logger, cfg: cfg,
-		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState),
+		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage),
 		placer: p, watchers: make(map[*watcher]struct{}),
 		idPrefix: hex.EncodeToString(seed[:6]), metrics: m,
 	}
@@ -259,8 +264,8 @@ func (c *Cluster) boundDesiredLocked(fs *fnState) {
 	if fs.desired < s.Min {
 		fs.desired = s.Min
 	}
-	if maxScale := c.cfg.Caps.MaxScale; maxScale > 0 && fs.desired > maxScale {
-		fs.desired = maxScale // an unbounded max is bounded by the operator's cap
+	if maxScale := c.maxScaleLocked(fs); maxScale > 0 && fs.desired > maxScale {
+		fs.desired = maxScale // an unbounded max is bounded by the operator's cap and the namespace's
 	}
 	if s.Max > 0 && fs.desired > s.Max {
 		fs.desired = s.Max
@@ -488,8 +493,12 @@ func (c *Cluster) reconcileLocked(fs *fnState) {
 	case active < want && now.Before(fs.backoffUntil):
 		c.armRetryLocked(fs, fs.backoffUntil.Sub(now))
 	case active < want:
-		fs.placeErr = ""
+		fs.placeErr, fs.quotaErr = "", ""
 		for ; active < want; active++ {
+			if why := c.quotaRoomLocked(fs); why != "" {
+				fs.quotaErr = why
+				break
+			}
 			if err := c.placeLocked(fs); err != nil {
 				c.metrics.placementFailures.Inc()
 				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
@@ -499,12 +508,12 @@ func (c *Cluster) reconcileLocked(fs *fnState) {
 			}
 		}
 	case active > want:
-		fs.placeErr = ""
+		fs.placeErr, fs.quotaErr = "", ""
 		for _, r := range c.victimsLocked(fs, active-want) {
 			c.tombstoneLocked(r)
 		}
 	default:
-		fs.placeErr = ""
+		fs.placeErr, fs.quotaErr = "", ""
 	}
 	c.refreshConditionLocked(fs)
 	if readyCur >= want || fs.deleted {
@@ -562,9 +571,11 @@ func (c *Cluster) placeLocked(fs *fnState) error {
 	if n.sess == nil {
 		return errors.New("placement chose a node without a session") // invariant: unschedulable
 	}
-	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: c.clk.Now()}
+	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: c.clk.Now(),
+		milliCPU: req.MilliCPU, memoryMB: req.MemoryMB}
 	fs.sandboxes[r.id] = r
 	n.sandboxes[r.id] = r
+	c.chargeLocked(r, 1)
 	c.place[idx].Requested.MilliCPU += req.MilliCPU
 	c.place[idx].Requested.MemoryMB += req.MemoryMB
 	c.place[idx].Sandboxes++
@@ -597,9 +608,10 @@ func (c *Cluster) dropLocked(r *sandboxRec) {
 	}
 	delete(r.fn.sandboxes, r.id)
 	delete(r.node.sandboxes, r.id)
+	c.chargeLocked(r, -1)
 	p := &c.place[r.node.idx]
-	p.Requested.MilliCPU -= r.fn.spec.Resources.MilliCPU
-	p.Requested.MemoryMB -= r.fn.spec.Resources.MemoryMB
+	p.Requested.MilliCPU -= r.milliCPU
+	p.Requested.MemoryMB -= r.memoryMB
 	p.Sandboxes--
 }
 
@@ -682,8 +694,10 @@ func (c *Cluster) adoptLocked(n *nodeState, u *briskv1.SandboxRecord) {
 		return
 	}
 	r.fn = fs
+	r.milliCPU, r.memoryMB = fs.spec.Resources.MilliCPU, fs.spec.Resources.MemoryMB
 	fs.sandboxes[r.id] = r
 	n.sandboxes[r.id] = r
+	c.chargeLocked(r, 1)
 	p := &c.place[n.idx]
 	p.Requested.MilliCPU += fs.spec.Resources.MilliCPU
 	p.Requested.MemoryMB += fs.spec.Resources.MemoryMB
@@ -951,6 +965,9 @@ func (c *Cluster) noRoomMessage(fs *fnState, err error) string {
 func (fs *fnState) conditionLocked() fnCondition {
 	if fs.deleted {
 		return fnCondition{}
+	}
+	if fs.quotaErr != "" {
+		return fnCondition{condQuotaExceeded, fs.quotaErr}
 	}
 	if fs.placeErr != "" {
 		return fnCondition{condNoCapacity, fs.placeErr}

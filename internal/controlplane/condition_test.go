@@ -66,3 +66,32 @@ func TestConditionFunctionFailing(t *testing.T) {
 	e.awaitConverged("f", 1)
 	testutil.Eventually(t, wait, func() bool { return e.watch.condition("f") == "" }, "a ready sandbox clears the mark")
 }
+
+// A namespace's quota bounds the sandboxes its functions hold at once: a
+// function gets what fits, says quota-exceeded, and gets the rest when the
+// quota is raised.
+func TestNamespaceQuotaBoundsSandboxes(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.cp.cluster.setQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 2}})
+	f := &spec.Function{Name: "q", Namespace: "team", Builtin: "trace", Scaling: spec.Scaling{Min: 3, Max: 3},
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
+	f.ApplyDefaults()
+	f.Revision = e.cp.nextRevision()
+	if err := e.cp.store.CreateFunction(f); err != nil {
+		t.Fatal(err)
+	}
+	e.cp.cluster.upsertFunction(f)
+	e.awaitConverged("q", 2)
+	testutil.Eventually(t, wait, func() bool {
+		return strings.HasPrefix(e.watch.condition("q"), "quota-exceeded: namespace \"team\" holds 2 sandboxes")
+	}, "quota-exceeded on the stream")
+	if u := e.cp.cluster.usage("team"); u.Sandboxes != 2 || u.MilliCPU != 200 || u.Functions != 1 {
+		t.Fatalf("usage %+v, want 2 sandboxes, 200m, 1 function", u)
+	}
+	e.cp.cluster.setQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 3}})
+	e.awaitConverged("q", 3)
+	testutil.Eventually(t, wait, func() bool { return e.watch.condition("q") == "" }, "the condition clears")
+	e.scale("q", 0)
+	e.awaitConverged("q", 0)
+	testutil.Eventually(t, wait, func() bool { return e.cp.cluster.usage("team").Sandboxes == 0 }, "usage back to 0")
+}

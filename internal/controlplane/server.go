@@ -179,12 +179,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	cp.store, cp.cluster.store = st, st
 	var err error
+	if err := cp.loadQuotas(); err != nil { // before functions are placed
+		return err
+	}
 	if err := cp.load(ctx); err != nil {
 		return err
 	}
 	if err := cp.loadTokens(); err != nil {
 		return err
 	}
+
 	if err := cp.bootstrapToken(); err != nil {
 		return err
 	}

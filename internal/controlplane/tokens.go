@@ -36,7 +36,7 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		if err := auth.Check(cp.tokens, tok, "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
+		if err := auth.Check(cp.tokens, tok, "", "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
 			writeError(w, http.StatusUnauthorized, err.Error())
 			return
@@ -45,21 +45,25 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// authorize checks the request's token for scope on function fn ("": the
-// API as a whole); on failure it has answered 403.
-func (cp *ControlPlane) authorize(w http.ResponseWriter, r *http.Request, scope, fn string) bool {
+// authorize checks the request's token for scope on function fn of
+// namespace ns (both "": the API as a whole; fn "": the namespace); on
+// failure it has answered 403.
+func (cp *ControlPlane) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn string) bool {
 	if cp.cfg.AuthDisabled {
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	err := auth.Check(cp.tokens, tok, scope, fn)
+	err := auth.Check(cp.tokens, tok, scope, ns, fn)
 	switch {
 	case err == nil:
 		return true
 	case errors.Is(err, auth.ErrForbidden):
 		what := "the cluster"
-		if fn != "" {
+		switch {
+		case fn != "":
 			what = fmt.Sprintf("function %q", fn)
+		case ns != "":
+			what = fmt.Sprintf("namespace %q", ns)
 		}
 		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow %s on %s", auth.ID(tok), scope, what))
 	default:
@@ -76,7 +80,7 @@ func (cp *ControlPlane) loadTokens() error {
 	}
 	grants := make([]auth.Grant, len(toks))
 	for i, t := range toks {
-		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions}
+		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace}
 	}
 	cp.tokens.Replace(grants)
 	cp.cluster.setAuth(!cp.cfg.AuthDisabled, grants)
@@ -90,7 +94,7 @@ func (cp *ControlPlane) bootstrapToken() error {
 	if cp.cfg.AuthDisabled || cp.tokens.Len() > 0 {
 		return nil
 	}
-	tok, g, err := auth.New([]string{auth.ScopeAdmin}, nil)
+	tok, g, err := auth.New([]string{auth.ScopeAdmin}, nil, "")
 	if err != nil {
 		return err
 	}
@@ -133,6 +137,7 @@ type TokenRequest struct {
 	Name      string   `json:"name"`
 	Scopes    []string `json:"scopes"`
 	Functions []string `json:"functions,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
 }
 
 // TokenView is a token as the admin API shows it: never its secret, but
@@ -142,16 +147,17 @@ type TokenView struct {
 	Name      string    `json:"name"`
 	Scopes    []string  `json:"scopes"`
 	Functions []string  `json:"functions,omitempty"`
+	Namespace string    `json:"namespace,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	Token     string    `json:"token,omitempty"`
 }
 
 func viewOf(t *store.Token) TokenView {
-	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, CreatedAt: t.CreatedAt}
+	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, CreatedAt: t.CreatedAt}
 }
 
 func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	var req TokenRequest
@@ -166,12 +172,16 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "functions: at most 1000")
 		return
 	}
-	tok, g, err := auth.New(req.Scopes, req.Functions)
+	if req.Namespace != "" && !cp.namespaceExists(req.Namespace) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("namespace: %q does not exist (brisk ns create)", req.Namespace))
+		return
+	}
+	tok, g, err := auth.New(req.Scopes, req.Functions, req.Namespace)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "scopes: "+err.Error())
 		return
 	}
-	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Hash: g.Hash, CreatedAt: time.Now().UTC()}
+	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, Hash: g.Hash, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {
 		writeStoreError(w, "storing the token: ", err)
 		return
@@ -186,7 +196,7 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) listTokens(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	toks, err := cp.store.Tokens()
@@ -202,7 +212,7 @@ func (cp *ControlPlane) listTokens(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) revokeToken(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "") {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	id := r.PathValue("id")

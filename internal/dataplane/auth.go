@@ -23,7 +23,7 @@ func (d *DataPlane) applyAuth(a *briskv1.AuthConfig) {
 	}
 	grants := make([]auth.Grant, len(a.GetTokens()))
 	for i, t := range a.GetTokens() {
-		grants[i] = auth.Grant{ID: t.GetId(), Hash: t.GetHash(), Scopes: t.GetScopes(), Functions: t.GetFunctions()}
+		grants[i] = auth.Grant{ID: t.GetId(), Hash: t.GetHash(), Scopes: t.GetScopes(), Functions: t.GetFunctions(), Namespace: t.GetNamespace()}
 	}
 	d.tokens.Replace(grants)
 	d.authOn.Store(a.GetEnabled())
@@ -38,9 +38,9 @@ func authorize[S string | []byte](d *DataPlane, fn *function, conf *fnConf, auth
 	}
 	var err error
 	if tok, ok := bearer(authz); ok {
-		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, fn.name)
+		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, conf.namespace, fn.name)
 	} else if tok, ok := auth.FromHeader(string(authz)); ok { // basic auth: rare, may allocate
-		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, fn.name)
+		err = auth.Check(d.tokens, tok, auth.ScopeInvoke, conf.namespace, fn.name)
 	} else {
 		err = auth.ErrNoToken
 	}

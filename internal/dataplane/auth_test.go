@@ -12,12 +12,12 @@ import (
 )
 
 func grantOf(g auth.Grant) *briskv1.TokenGrant {
-	return &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions}
+	return &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace}
 }
 
 func newToken(t *testing.T, scopes, fns []string) (string, *briskv1.TokenGrant) {
 	t.Helper()
-	tok, g, err := auth.New(scopes, fns)
+	tok, g, err := auth.New(scopes, fns, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,5 +110,28 @@ func TestInvokeAuth(t *testing.T) {
 	}
 	if got := recv(t, seenAuthz, "the call"); got != "Bearer fn-own" {
 		t.Fatalf("auth off: the function saw %q", got)
+	}
+}
+
+// A token bound to a namespace calls only that namespace's functions.
+func TestInvokeAuthNamespaces(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	addr := newSandbox(t, hello)
+	tok, g, err := auth.New([]string{auth.ScopeInvoke}, nil, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{
+			fnSpec("mine", func(s *briskv1.FunctionSpec) { s.Auth, s.Namespace = spec.AuthToken, "team" }),
+			fnSpec("theirs", func(s *briskv1.FunctionSpec) { s.Auth = spec.AuthToken }), // namespace "" = default
+		},
+		Added: []*briskv1.Endpoint{ep("mine", "sb-1", addr), ep("theirs", "sb-2", addr)},
+		Auth:  &briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{grantOf(g)}}})
+	for _, chunked := range []bool{false, true} {
+		if r := callAs(t, srv.URL+"/function/mine", "Bearer "+tok, chunked); r.code != 200 {
+			t.Fatalf("its own namespace's function: %d %s", r.code, r.body)
+		}
+		wantReason(t, callAs(t, srv.URL+"/function/theirs", "Bearer "+tok, chunked), 403, "forbidden", `function "theirs"`)
 	}
 }

@@ -26,6 +26,7 @@ const (
 	reasonQueueTimeout              // 504: no sandbox slot within the queue timeout
 	reasonNoCapacity                // 503/504: the control plane finds no node with room
 	reasonFunctionFailing           // 503/504: the function's sandboxes fail to start
+	reasonQuotaExceeded             // 504: its namespace's quota has no room for a sandbox
 	reasonSandboxFailed             // 502: the sandbox refused, reset or broke its reply
 	reasonFunctionTimeout           // 504: the function ran past its timeout
 	reasonShuttingDown              // 503: the data plane is draining
@@ -45,6 +46,7 @@ var errReasonNames = [nReasons]string{
 	reasonQueueTimeout:    "queue-timeout",
 	reasonNoCapacity:      "no-capacity",
 	reasonFunctionFailing: "function-failing",
+	reasonQuotaExceeded:   "quota-exceeded",
 	reasonSandboxFailed:   "sandbox-failed",
 	reasonFunctionTimeout: "function-timeout",
 	reasonShuttingDown:    "shutting-down",

@@ -110,11 +110,14 @@ func TestConditionExplainsQueueTimeout(t *testing.T) {
 		Functions: []*briskv1.FunctionSpec{
 			fnSpec("big", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 }),
 			fnSpec("crashy", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 }),
+			fnSpec("capped", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 }),
 		},
 		Conditions: []*briskv1.FunctionCondition{
 			{Function: "big", Reason: "no-capacity", Message: "no node has room for a sandbox (cpu 64000m)"},
 			{Function: "crashy", Reason: "function-failing", Message: "3 sandbox starts failed in a row, the last: exec: no such file"},
+			{Function: "capped", Reason: "quota-exceeded", Message: `namespace "team" holds 2 sandboxes, its quota max_sandboxes`},
 		}})
+	wantReason(t, get(t, srv.URL+"/function/capped"), 504, "quota-exceeded", "its quota")
 	wantReason(t, get(t, srv.URL+"/function/big"), 504, "no-capacity", "no node has room")
 	wantReason(t, chunkedGet(t, srv.URL+"/function/crashy"), 504, "function-failing", "no such file")
 

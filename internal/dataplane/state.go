@@ -40,6 +40,8 @@ type fnConf struct {
 	streamRequests bool
 	// public: calls need no token (auth.go).
 	public bool
+	// namespace: the function's tenant, for namespaced tokens.
+	namespace string
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -126,6 +128,10 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.extendDeadline = c.queueTimeout+c.timeout+deadlineSlack > d.cfg.WriteTimeout
 	c.streamRequests = p.GetStreamRequests()
 	c.public = p.GetAuth() == spec.AuthPublic
+	c.namespace = p.GetNamespace()
+	if c.namespace == "" {
+		c.namespace = spec.DefaultNamespace
+	}
 	if prev != nil && prev.lbName == c.lbName && prev.capacity == c.capacity {
 		c.policy = prev.policy
 		return c

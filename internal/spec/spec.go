@@ -21,7 +21,12 @@ var Builtins = []string{"trace"}
 
 // Function is a registered function as users see it in the admin API.
 type Function struct {
-	Name          string            `json:"name"`
+	Name string `json:"name"`
+	// Namespace is the tenant the function belongs to (DefaultNamespace
+	// when empty): tokens bound to a namespace see and touch only its
+	// functions, and its quota bounds them. Names are unique across
+	// namespaces.
+	Namespace     string            `json:"namespace,omitempty"`
 	Builtin       string            `json:"builtin,omitempty"`
 	Command       []string          `json:"command,omitempty"`
 	Image         string            `json:"image,omitempty"`
@@ -95,6 +100,31 @@ const (
 	DefaultTimeout      = 5 * time.Minute
 )
 
+// DefaultNamespace holds the functions deployed without a namespace; it
+// exists in every cluster and has no quota unless one is set.
+const DefaultNamespace = "default"
+
+// Quota bounds what one namespace's functions may hold; zero fields are
+// unlimited.
+type Quota struct {
+	MaxFunctions int   `json:"max_functions,omitempty"`
+	MaxSandboxes int   `json:"max_sandboxes,omitempty"` // at once, all its functions'
+	MaxMilliCPU  int64 `json:"max_cpu_milli,omitempty"` // requested by its sandboxes at once
+	MaxMemoryMB  int64 `json:"max_memory_mb,omitempty"` // requested by its sandboxes at once
+	MaxScale     int   `json:"max_scale,omitempty"`     // one function's scaling.min/max
+}
+
+// Validate checks a quota's fields.
+func (q Quota) Validate() error {
+	if q.MaxFunctions < 0 || q.MaxSandboxes < 0 || q.MaxMilliCPU < 0 || q.MaxMemoryMB < 0 || q.MaxScale < 0 {
+		return fmt.Errorf("%w: quota: fields must not be negative (0 = unlimited)", ErrInvalid)
+	}
+	return nil
+}
+
+// ValidNamespace reports whether ns may name a namespace (a DNS label).
+func ValidNamespace(ns string) bool { return len(ns) <= 63 && nameRE.MatchString(ns) }
+
 // Invocation auth modes (Function.Auth).
 const (
 	AuthToken  = "token"
@@ -128,6 +158,9 @@ func (f *Function) ApplyDefaults() {
 	}
 	if f.Auth == "" {
 		f.Auth = AuthToken
+	}
+	if f.Namespace == "" {
+		f.Namespace = DefaultNamespace
 	}
 }
 
@@ -195,6 +228,9 @@ func (f *Function) Validate() error {
 	}
 	if f.Timeout < 0 || time.Duration(f.Timeout) > time.Hour {
 		return bad("timeout", "%s out of range [0, 1h]", f.Timeout)
+	}
+	if !ValidNamespace(f.Namespace) {
+		return bad("namespace", "%q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", f.Namespace)
 	}
 	if f.Auth != AuthToken && f.Auth != AuthPublic {
 		return bad("auth", "%q is not %q or %q", f.Auth, AuthToken, AuthPublic)
@@ -298,6 +334,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		WritableRoot:   f.WritableRoot,
 		StreamRequests: f.StreamRequests,
 		Auth:           f.Auth,
+		Namespace:      f.Namespace,
 	}
 }
 
@@ -321,6 +358,7 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		WritableRoot:   p.GetWritableRoot(),
 		StreamRequests: p.GetStreamRequests(),
 		Auth:           p.GetAuth(),
+		Namespace:      p.GetNamespace(),
 	}
 	return f
 }

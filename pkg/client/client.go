@@ -241,3 +241,22 @@ func (c *Client) Tokens(ctx context.Context) ([]controlplane.TokenView, error) {
 func (c *Client) RevokeToken(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(id), nil, nil)
 }
+
+// PutNamespace creates a namespace or replaces its quota (admin scope).
+func (c *Client) PutNamespace(ctx context.Context, name string, q spec.Quota) (*controlplane.NamespaceView, error) {
+	var out controlplane.NamespaceView
+	err := c.do(ctx, http.MethodPut, "/v1/namespaces/"+url.PathEscape(name), controlplane.NamespaceRequest{Quota: q}, &out)
+	return &out, err
+}
+
+// Namespaces lists the namespaces with their quotas and use.
+func (c *Client) Namespaces(ctx context.Context) ([]controlplane.NamespaceView, error) {
+	var out []controlplane.NamespaceView
+	err := c.do(ctx, http.MethodGet, "/v1/namespaces", nil, &out)
+	return out, err
+}
+
+// DeleteNamespace deletes an empty namespace.
+func (c *Client) DeleteNamespace(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/namespaces/"+url.PathEscape(name), nil, nil)
+}

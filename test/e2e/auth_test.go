@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/client"
@@ -150,5 +151,72 @@ func TestInvokeAuthentication(t *testing.T) {
 	}
 	if out, code := c.brisk(t, "invoke", "private", "--token", caller[:len(caller)-2]+"xx"); code == 0 || !strings.Contains(out, "unauthorized") {
 		t.Fatalf("brisk invoke with a bad token: exit %d: %s", code, out)
+	}
+}
+
+// Tenants: a token bound to a namespace deploys into it by default, sees
+// and calls only its functions, and its namespace's quota bounds what it
+// may deploy.
+func TestNamespacesAndQuotas(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "ns", "create", "team-a", "--max-functions", "1", "--max-scale", "2", "--max-sandboxes", "1")
+	c.mustBrisk(t, "fn", "deploy", "other", "--builtin", "trace") // the default namespace
+	team := strings.TrimSpace(c.mustBrisk(t, "token", "create", "team-a", "--scope", "deploy,invoke", "--namespace", "team-a", "-q"))
+	if out, code := c.brisk(t, "token", "create", "x", "--scope", "admin", "--namespace", "team-a"); code == 0 {
+		t.Fatalf("a namespaced admin token was made:\n%s", out)
+	}
+	if out, code := c.brisk(t, "fn", "deploy", "x", "--builtin", "trace", "--namespace", "nope"); code == 0 || !strings.Contains(out, "does not exist") {
+		t.Fatalf("deploy into a missing namespace: exit %d\n%s", code, out)
+	}
+	as := func(args ...string) (string, int) { return c.brisk(t, append([]string{"--token", team}, args...)...) }
+	if out, code := as("fn", "deploy", "mine", "--builtin", "trace", "--max", "2"); code != 0 {
+		t.Fatalf("team deploy: %s", out)
+	}
+	if v := c.fn(t, "mine"); v.Namespace != "team-a" {
+		t.Fatalf("deployed into %q, want the token's namespace team-a", v.Namespace)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fn", "deploy", "second", "--builtin", "trace"}, "functions 2 is above its quota 1"},
+		{[]string{"fn", "update", "mine", "--max", "5"}, "scaling.max 5 is above its quota 2"},
+		{[]string{"fn", "get", "other"}, "do not allow"},
+		{[]string{"fn", "delete", "other"}, "do not allow"},
+		{[]string{"fn", "deploy", "sneaky", "--builtin", "trace", "--namespace", "default"}, "do not allow"},
+		{[]string{"status"}, "do not allow"},
+		{[]string{"ns", "list"}, "do not allow"},
+	} {
+		if out, code := as(tc.args...); code == 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("brisk %s with the team token: exit %d, want %q:\n%s", strings.Join(tc.args, " "), code, tc.want, out)
+		}
+	}
+	out, code := as("fn", "list")
+	if code != 0 || !strings.Contains(out, "mine") || strings.Contains(out, "other") {
+		t.Fatalf("team's fn list shows other namespaces' functions or not its own:\n%s", out)
+	}
+	url := "http://" + c.invokeAddr + "/function/"
+	if code := callWith(t, "POST", url+"mine", "Bearer "+team, `{"ms": 1}`); code != 200 {
+		t.Fatalf("team calls its function: %d", code)
+	}
+	if code := callWith(t, "POST", url+"other", "Bearer "+team, `{"ms": 1}`); code != http.StatusForbidden {
+		t.Fatalf("team calls another namespace's function: %d, want 403", code)
+	}
+	// The sandbox quota: one of team-a's at once.
+	eventually(t, 20*time.Second, "team-a at its sandbox quota", func() bool {
+		nss, err := c.cl.Namespaces(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, n := range nss {
+			if n.Name == "team-a" {
+				return n.Usage.Sandboxes == 1 && n.Usage.Functions == 1
+			}
+		}
+		return false
+	})
+	if out, code := c.brisk(t, "ns", "delete", "team-a"); code == 0 || !strings.Contains(out, "still has 1 functions") {
+		t.Fatalf("deleting a namespace with functions: exit %d\n%s", code, out)
 	}
 }

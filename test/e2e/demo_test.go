@@ -19,7 +19,7 @@ func TestDemoScript(t *testing.T) {
 		t.Fatalf("demo failed: %v\n%s", err, out)
 	}
 	s := string(out)
-	for _, want := range []string{"function hello created", "start: cold", "start: warm", `"Status":"OK"`, "hello  builtin:trace"} {
+	for _, want := range []string{"function hello created", "start: cold", "start: warm", `"Status":"OK"`, "hello  default", "builtin:trace"} {
 		if !strings.Contains(s, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, s)
 		}

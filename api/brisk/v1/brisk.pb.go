@@ -206,6 +206,7 @@ type FunctionSpec struct {
 	WritableRoot   bool                   `protobuf:"varint,15,opt,name=writable_root,json=writableRoot,proto3" json:"writable_root,omitempty"`       // containerd: a writable root file system (read-only by default)
 	StreamRequests bool                   `protobuf:"varint,16,opt,name=stream_requests,json=streamRequests,proto3" json:"stream_requests,omitempty"` // request bodies stream to the function (full duplex), not read first
 	Auth           string                 `protobuf:"bytes,17,opt,name=auth,proto3" json:"auth,omitempty"`                                            // who may call: "public", or "token" (an invoke token for it)
+	Namespace      string                 `protobuf:"bytes,18,opt,name=namespace,proto3" json:"namespace,omitempty"`                                  // the tenant it belongs to
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -355,6 +356,13 @@ func (x *FunctionSpec) GetStreamRequests() bool {
 func (x *FunctionSpec) GetAuth() string {
 	if x != nil {
 		return x.Auth
+	}
+	return ""
+}
+
+func (x *FunctionSpec) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
 	}
 	return ""
 }
@@ -1801,6 +1809,7 @@ type TokenGrant struct {
 	Hash          string                 `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"` // hex SHA-256 of the secret
 	Scopes        []string               `protobuf:"bytes,3,rep,name=scopes,proto3" json:"scopes,omitempty"`
 	Functions     []string               `protobuf:"bytes,4,rep,name=functions,proto3" json:"functions,omitempty"`
+	Namespace     string                 `protobuf:"bytes,5,opt,name=namespace,proto3" json:"namespace,omitempty"` // "": any; else only that namespace's functions
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1861,6 +1870,13 @@ func (x *TokenGrant) GetFunctions() []string {
 		return x.Functions
 	}
 	return nil
+}
+
+func (x *TokenGrant) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
 }
 
 type FunctionCondition struct {
@@ -2274,7 +2290,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xfc\x04\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x9a\x05\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -2295,7 +2311,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x06limits\x18\x0e \x01(\v2\x13.brisk.v1.ResourcesR\x06limits\x12#\n" +
 	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x12'\n" +
 	"\x0fstream_requests\x18\x10 \x01(\bR\x0estreamRequests\x12\x12\n" +
-	"\x04auth\x18\x11 \x01(\tR\x04auth\x1a6\n" +
+	"\x04auth\x18\x11 \x01(\tR\x04auth\x12\x1c\n" +
+	"\tnamespace\x18\x12 \x01(\tR\tnamespace\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -2399,13 +2416,14 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\n" +
 	"AuthConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12,\n" +
-	"\x06tokens\x18\x02 \x03(\v2\x14.brisk.v1.TokenGrantR\x06tokens\"f\n" +
+	"\x06tokens\x18\x02 \x03(\v2\x14.brisk.v1.TokenGrantR\x06tokens\"\x84\x01\n" +
 	"\n" +
 	"TokenGrant\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x16\n" +
 	"\x06scopes\x18\x03 \x03(\tR\x06scopes\x12\x1c\n" +
-	"\tfunctions\x18\x04 \x03(\tR\tfunctions\"a\n" +
+	"\tfunctions\x18\x04 \x03(\tR\tfunctions\x12\x1c\n" +
+	"\tnamespace\x18\x05 \x01(\tR\tnamespace\"a\n" +
 	"\x11FunctionCondition\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +

@@ -25,6 +25,8 @@ const (
 	opPutDataPlane
 	opCreateToken
 	opDeleteToken
+	opPutNamespace
+	opDeleteNamespace
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -45,6 +47,7 @@ type fsm struct {
 	workers    map[string]json.RawMessage
 	dataplanes map[string]json.RawMessage
 	tokens     map[string]json.RawMessage
+	namespaces map[string]json.RawMessage
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -55,6 +58,7 @@ func newFSM() *fsm {
 		workers:    map[string]json.RawMessage{},
 		dataplanes: map[string]json.RawMessage{},
 		tokens:     map[string]json.RawMessage{},
+		namespaces: map[string]json.RawMessage{},
 	}
 }
 
@@ -117,6 +121,13 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 			return fmt.Errorf("token %q: %w", c.Key, store.ErrNotFound)
 		}
 		delete(f.tokens, c.Key)
+	case opPutNamespace:
+		f.namespaces[c.Key] = c.Value
+	case opDeleteNamespace:
+		if _, ok := f.namespaces[c.Key]; !ok {
+			return fmt.Errorf("namespace %q: %w", c.Key, store.ErrNotFound)
+		}
+		delete(f.namespaces, c.Key)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -149,6 +160,7 @@ type snapshotData struct {
 	Workers    map[string]json.RawMessage `json:"workers"`
 	DataPlanes map[string]json.RawMessage `json:"dataplanes"`
 	Tokens     map[string]json.RawMessage `json:"tokens,omitempty"`
+	Namespaces map[string]json.RawMessage `json:"namespaces,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -161,6 +173,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Workers:    maps.Clone(f.workers),
 		DataPlanes: maps.Clone(f.dataplanes),
 		Tokens:     maps.Clone(f.tokens),
+		Namespaces: maps.Clone(f.namespaces),
 	}}, nil
 }
 
@@ -183,8 +196,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.Tokens == nil {
 		d.Tokens = map[string]json.RawMessage{}
 	}
+	if d.Namespaces == nil {
+		d.Namespaces = map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
-	f.functions, f.workers, f.dataplanes, f.tokens = d.Functions, d.Workers, d.DataPlanes, d.Tokens
+	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces
 	f.mu.Unlock()
 	return nil
 }

@@ -513,6 +513,19 @@ func (r *Registry) Tokens() ([]*store.Token, error) {
 	return decodeAll[store.Token](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.tokens }), "token")
 }
 
+// PutNamespace creates or replaces a namespace record.
+func (r *Registry) PutNamespace(n *store.Namespace) error { return r.put(opPutNamespace, n.Name, n) }
+
+// DeleteNamespace removes a namespace; ErrNotFound if absent.
+func (r *Registry) DeleteNamespace(name string) error {
+	return r.apply(command{Op: opDeleteNamespace, Key: name})
+}
+
+// Namespaces returns every namespace this replica has applied, by name.
+func (r *Registry) Namespaces() ([]*store.Namespace, error) {
+	return decodeAll[store.Namespace](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.namespaces }), "namespace")
+}
+
 // Functions returns every function this replica has applied, by name.
 func (r *Registry) Functions() ([]*spec.Function, error) {
 	return decodeAll[spec.Function](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.functions }), "function")

@@ -24,6 +24,9 @@ type Registry interface {
 	CreateToken(t *Token) error
 	DeleteToken(id string) error
 	Tokens() ([]*Token, error)
+	PutNamespace(n *Namespace) error
+	DeleteNamespace(name string) error
+	Namespaces() ([]*Namespace, error)
 	Close() error
 }
 

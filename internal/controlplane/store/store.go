@@ -31,6 +31,7 @@ var (
 	bucketWorkers    = []byte("workers")
 	bucketDataPlanes = []byte("dataplanes")
 	bucketTokens     = []byte("tokens")
+	bucketNamespaces = []byte("namespaces")
 )
 
 // Worker is the durable record of a worker node.
@@ -54,8 +55,16 @@ type Token struct {
 	Name      string    `json:"name"`
 	Scopes    []string  `json:"scopes"`
 	Functions []string  `json:"functions,omitempty"` // invoke only these; empty: any
+	Namespace string    `json:"namespace,omitempty"` // only this namespace's functions; empty: any
 	Hash      string    `json:"hash"`                // hex SHA-256 of the secret
 	CreatedAt time.Time `json:"created_at"`
+}
+
+// Namespace is the durable record of a tenant's namespace and its quota.
+type Namespace struct {
+	Name      string     `json:"name"`
+	Quota     spec.Quota `json:"quota"`
+	CreatedAt time.Time  `json:"created_at"`
 }
 
 // DataPlane is the durable record of a data plane.
@@ -124,10 +133,11 @@ const (
 	bWorkers
 	bDataPlanes
 	bTokens
+	bNamespaces
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -485,6 +495,33 @@ func (s *Store) DataPlanes() ([]*DataPlane, error) {
 			return err
 		}
 		out = append(out, &d)
+		return nil
+	})
+	return out, err
+}
+
+// PutNamespace creates or replaces a namespace record.
+func (s *Store) PutNamespace(n *Namespace) error { return s.put(bNamespaces, n.Name, n) }
+
+// DeleteNamespace removes a namespace; ErrNotFound if absent.
+func (s *Store) DeleteNamespace(name string) error {
+	return s.update(func(tx *txn) error {
+		if tx.get(bNamespaces, []byte(name)) == nil {
+			return fmt.Errorf("namespace %q: %w", name, ErrNotFound)
+		}
+		return tx.del(bNamespaces, []byte(name))
+	})
+}
+
+// Namespaces returns every namespace, by name.
+func (s *Store) Namespaces() ([]*Namespace, error) {
+	var out []*Namespace
+	err := s.each(bucketNamespaces, func(v []byte) error {
+		var n Namespace
+		if err := json.Unmarshal(v, &n); err != nil {
+			return err
+		}
+		out = append(out, &n)
 		return nil
 	})
 	return out, err

@@ -1,0 +1,195 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// Namespaces are tenants: each function belongs to one, tokens may be bound
+// to one (they then see and touch only its functions), and a namespace's
+// quota bounds its functions, its sandboxes and the resources they request
+// (quota.go enforces the scheduling part). "default" always exists.
+
+// namespaceExists reports whether functions may be deployed in ns.
+func (cp *ControlPlane) namespaceExists(ns string) bool {
+	if ns == spec.DefaultNamespace {
+		return true
+	}
+	c := cp.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.quotas[ns]
+	return ok
+}
+
+// namespaceOfFn is the namespace of the function called name, or "" when
+// there is none (a token bound to a namespace is then refused, the same
+// answer as for another namespace's function: names do not leak).
+func (cp *ControlPlane) namespaceOfFn(name string) string {
+	c := cp.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fs := c.fns[name]; fs != nil {
+		return namespaceOf(fs.spec)
+	}
+	return ""
+}
+
+// admitToNamespace checks f against its namespace: that it exists, and its
+// quota's max_functions (for a new function) and max_scale. On failure it
+// has answered.
+func (cp *ControlPlane) admitToNamespace(w http.ResponseWriter, f *spec.Function, create bool) bool {
+	ns := namespaceOf(f)
+	if !cp.namespaceExists(ns) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: %q does not exist (brisk ns create %s)", ns, ns))
+		return false
+	}
+	c := cp.cluster
+	c.mu.Lock()
+	q := c.quotas[ns]
+	c.mu.Unlock()
+	over := func(what string, v, limit int) bool {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: %s %d is above its quota %d", ns, what, v, limit))
+		return false
+	}
+	if q.MaxScale > 0 {
+		if f.Scaling.Min > q.MaxScale {
+			return over("scaling.min", f.Scaling.Min, q.MaxScale)
+		}
+		if f.Scaling.Max > q.MaxScale {
+			return over("scaling.max", f.Scaling.Max, q.MaxScale)
+		}
+	}
+	if create && q.MaxFunctions > 0 {
+		if n := c.usage(ns).Functions; n+1 > q.MaxFunctions {
+			return over("functions", n+1, q.MaxFunctions)
+		}
+	}
+	return true
+}
+
+// loadQuotas gives the cluster the registry's namespaces.
+func (cp *ControlPlane) loadQuotas() error {
+	nss, err := cp.store.Namespaces()
+	if err != nil {
+		return err
+	}
+	q := make(map[string]spec.Quota, len(nss))
+	for _, n := range nss {
+		q[n.Name] = n.Quota
+	}
+	cp.cluster.setQuotas(q)
+	return nil
+}
+
+// NamespaceRequest is the body of PUT /v1/namespaces/{name}.
+type NamespaceRequest struct {
+	Quota spec.Quota `json:"quota"`
+}
+
+// NamespaceView is a namespace with its quota and current use.
+type NamespaceView struct {
+	Name      string         `json:"name"`
+	Quota     spec.Quota     `json:"quota"`
+	Usage     NamespaceUsage `json:"usage"`
+	CreatedAt time.Time      `json:"created_at,omitzero"`
+}
+
+func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+		return
+	}
+	name := r.PathValue("name")
+	if !spec.ValidNamespace(name) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("namespace %q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", name))
+		return
+	}
+	var req NamespaceRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if err := req.Quota.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	rec := &store.Namespace{Name: name, Quota: req.Quota, CreatedAt: time.Now().UTC()}
+	if err := cp.store.PutNamespace(rec); err != nil {
+		writeStoreError(w, "storing the namespace: ", err)
+		return
+	}
+	if err := cp.loadQuotas(); err != nil {
+		writeStoreError(w, "loading namespaces: ", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Usage: cp.cluster.usage(name), CreatedAt: rec.CreatedAt})
+}
+
+func (cp *ControlPlane) listNamespaces(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+		return
+	}
+	nss, err := cp.store.Namespaces()
+	if err != nil {
+		writeStoreError(w, "reading namespaces: ", err)
+		return
+	}
+	views := map[string]NamespaceView{spec.DefaultNamespace: {Name: spec.DefaultNamespace}}
+	for _, n := range nss {
+		views[n.Name] = NamespaceView{Name: n.Name, Quota: n.Quota, CreatedAt: n.CreatedAt}
+	}
+	out := make([]NamespaceView, 0, len(views))
+	for _, name := range slices.Sorted(maps.Keys(views)) {
+		v := views[name]
+		v.Usage = cp.cluster.usage(name)
+		out = append(out, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (cp *ControlPlane) getNamespace(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, name, "") {
+		return
+	}
+	if !cp.namespaceExists(name) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
+		return
+	}
+	c := cp.cluster
+	c.mu.Lock()
+	q := c.quotas[name]
+	c.mu.Unlock()
+	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: q, Usage: c.usage(name)})
+}
+
+func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) {
+	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+		return
+	}
+	name := r.PathValue("name")
+	if n := cp.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
+		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
+		return
+	}
+	if err := cp.store.DeleteNamespace(name); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
+			return
+		}
+		writeStoreError(w, "deleting the namespace: ", err)
+		return
+	}
+	if err := cp.loadQuotas(); err != nil {
+		writeStoreError(w, "loading namespaces: ", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
