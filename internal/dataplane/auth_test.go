@@ -135,3 +135,26 @@ func TestInvokeAuthNamespaces(t *testing.T) {
 		wantReason(t, callAs(t, srv.URL+"/function/theirs", "Bearer "+tok, chunked), 403, "forbidden", `function "theirs"`)
 	}
 }
+
+// While auth is on, the data plane's /metrics is for admin tokens.
+func TestMetricsNeedAnAdminToken(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	admin, ga := newToken(t, []string{auth.ScopeAdmin}, nil)
+	invoke, gi := newToken(t, []string{auth.ScopeInvoke}, nil)
+	get := func(authz string) int {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/metrics", nil)
+		if authz != "" {
+			req.Header.Set("Authorization", authz)
+		}
+		return do(t, req).code
+	}
+	if code := get(""); code != 200 {
+		t.Fatalf("auth off: %d", code)
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Auth: &briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{ga, gi}}})
+	for authz, want := range map[string]int{"": 401, "Bearer " + invoke: 403, "Bearer " + admin: 200} {
+		if code := get(authz); code != want {
+			t.Errorf("/metrics with %.20q: %d, want %d", authz, code, want)
+		}
+	}
+}

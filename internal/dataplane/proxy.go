@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
 	"golang.org/x/net/http/httpguts"
 )
@@ -100,6 +101,19 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case "/metrics":
 			if d.prom.handler != nil {
+				// Function names and traffic: for the cluster's admins
+				// (Prometheus sends a bearer token) while auth is on.
+				if d.authOn.Load() {
+					tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+					if err := auth.Check(d.tokens, tok, auth.ScopeAdmin, "", ""); err != nil {
+						f := fail(http.StatusUnauthorized, reasonUnauthorized, "/metrics: %v (an admin token)", err)
+						if errors.Is(err, auth.ErrForbidden) {
+							f.code, f.why = http.StatusForbidden, reasonForbidden
+						}
+						d.writeError(w, callID, f)
+						return
+					}
+				}
 				d.prom.handler.ServeHTTP(w, r)
 				return
 			}

@@ -94,12 +94,18 @@ func TestAdminAPIAuthentication(t *testing.T) {
 		{"narrow cannot read others", bearer(narrow), "GET", "/v1/functions/d1", "", 403},
 		{"narrow cannot delete others", bearer(narrow), "DELETE", "/v1/functions/d1", "", 403},
 		{"narrow cannot create others", bearer(narrow), "POST", "/v1/functions", `{"name": "b1", "builtin": "trace"}`, 403},
-		{"narrow cannot list all", bearer(narrow), "GET", "/v1/functions", "", 403},
+		{"narrow lists (only its own)", bearer(narrow), "GET", "/v1/functions", "", 200},
+		{"narrow cannot read the status", bearer(narrow), "GET", "/v1/status", "", 403},
 		{"basic auth carries a token", "Basic " + base64.StdEncoding.EncodeToString([]byte("anyone:"+deployer)), "GET", "/v1/status", "", 200},
 	} {
 		if code := callWith(t, tc.method, base+tc.path, tc.authz, tc.body); code != tc.want {
 			t.Errorf("%s: %s %s: %d, want %d", tc.name, tc.method, tc.path, code, tc.want)
 		}
+	}
+	narrowCl := client.New(c.admin, c.invokeAddr)
+	narrowCl.Token = narrow
+	if fns, err := narrowCl.List(context.Background()); err != nil || len(fns) != 1 || fns[0].Name != "a1" {
+		t.Fatalf("the narrow token lists %v (%v), want only a1", fns, err)
 	}
 	if _, err := c.cl.Get(context.Background(), "b1"); !client.IsNotFound(err) {
 		t.Fatalf("a refused create left function b1: %v", err)
