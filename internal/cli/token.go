@@ -51,7 +51,7 @@ func newTokenCreate(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringSliceVar(&scopes, "scope", []string{"invoke"}, "scopes: admin, deploy, invoke (repeatable or comma-separated)")
+	c.Flags().StringSliceVar(&scopes, "scope", []string{"invoke"}, "scopes: admin, deploy, invoke, join (join: workers and data planes join the cluster with it; repeatable or comma-separated)")
 	c.Flags().StringSliceVar(&fns, "function", nil, "limit the token to these functions (repeatable)")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the token")
 	return c
