@@ -136,7 +136,7 @@ func (cp *ControlPlane) caller(ctx context.Context, kind, id string) (string, er
 
 // errClaimed is the refusal of an id bound to another key.
 func errClaimed(kind, id string) error {
-	return status.Errorf(codes.PermissionDenied, "%s %q is bound to another certificate's key; remove its record to let a new node take the id", kind, id)
+	return status.Errorf(codes.PermissionDenied, "%s %q is bound to the key of the certificate that first registered it: a node keeps its key in its state dir, and one that lost it must join under a new id", kind, id)
 }
 
 // Join trades a join token (or a current certificate for the same ids and
