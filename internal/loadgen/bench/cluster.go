@@ -42,6 +42,8 @@ type ClusterOptions struct {
 	NodeCapacity spec.Resources
 	// Logger receives the local cluster's logs; nil discards them.
 	Logger *slog.Logger
+	// InsecureNoTLS: plaintext gRPC between the local cluster's components.
+	InsecureNoTLS bool
 }
 
 // Emulated nodes' default capacity.
@@ -119,7 +121,8 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Logger: log.With("component", "dataplane")},
 		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
 			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true},
-		Logger: log,
+		Logger:        log,
+		InsecureNoTLS: o.InsecureNoTLS,
 	})
 	if err != nil {
 		return err
