@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -136,7 +137,13 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		for i, n := range cfg.Nodes {
 			ids[i] = n.ID
 		}
-		id, err := w.CA.Issue(pki.KindWorker, ids, nil, nil)
+		var id *pki.Identity
+		var err error
+		if w.StateDir != "" {
+			id, err = w.CA.IssueStored(filepath.Join(w.StateDir, "identity"), pki.KindWorker, ids)
+		} else {
+			id, err = w.CA.Issue(pki.KindWorker, ids, nil, nil)
+		}
 		if err != nil {
 			if side != nil {
 				side.close()
@@ -285,7 +292,7 @@ func New(cfg Config) (*Cluster, error) {
 		if cfg.DataPlane.ID == "" {
 			cfg.DataPlane.ID = "local"
 		}
-		id, err := ca.Issue(pki.KindDataPlane, []string{cfg.DataPlane.ID}, nil, nil)
+		id, err := ca.IssueStored(filepath.Join(cfg.ControlPlane.DataDir, "dataplane"), pki.KindDataPlane, []string{cfg.DataPlane.ID})
 		if err != nil {
 			return nil, fmt.Errorf("data plane certificate: %w", err)
 		}

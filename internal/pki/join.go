@@ -276,3 +276,20 @@ func ReadSecretFile(path string) (string, error) {
 	b, _, _ = bytes.Cut(b, []byte("\n"))
 	return strings.TrimSpace(string(b)), nil
 }
+
+// IssueStored issues a certificate for the key kept in dir (made when
+// missing): the identity of a component run beside the CA that must keep
+// its key across restarts, since the control plane binds node ids to keys
+// (brisk up's worker and data plane).
+func (ca *CA) IssueStored(dir, kind string, ids []string) (*Identity, error) {
+	j := &Joiner{Dir: dir, Kind: kind, IDs: ids, Logger: slog.Default()}
+	key, _, err := j.load(nil)
+	if err != nil {
+		return nil, err
+	}
+	der, err := ca.Sign(&key.PublicKey, kind, ids, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return newIdentity(der, key, ca.Cert)
+}

@@ -18,13 +18,13 @@ import (
 func TestControlPlaneRestartAdoptsSandboxes(t *testing.T) {
 	c := newCluster(t)
 	cp := startBrisk(t, append([]string{"controlplane"}, c.cpArgs()...)...)
-	c.waitHealthy(t, cp)
 	// The worker and the data plane join with the control plane's join
 	// token, checking it against its CA.
 	join := joinArgs(t, c.dataDir)
 	startBrisk(t, append([]string{"dataplane", "--invoke", c.invokeAddr, "--controlplane", c.grpc, "--id", "dp-1",
 		"--state-dir", t.TempDir()}, join...)...)
 	startBrisk(t, append([]string{"worker", "--controlplane", c.grpc, "--node-id", "w-1", "--state-dir", t.TempDir(), "--stop-on-exit"}, join...)...)
+	c.waitHealthy(t, cp)
 
 	c.mustBrisk(t, "fn", "deploy", "steady", "--builtin", "trace", "--min", "2")
 	eventually(t, 30*time.Second, "2 ready sandboxes", func() bool { return c.fn(t, "steady").Status.Ready == 2 })
