@@ -23,15 +23,17 @@ import (
 )
 
 // Scopes. Admin allows everything; deploy manages functions and reads the
-// cluster's status; invoke calls functions.
+// cluster's status; invoke calls functions; join lets a worker or data
+// plane join the cluster (trade the token for a certificate: gRPC Join).
 const (
 	ScopeAdmin  = "admin"
 	ScopeDeploy = "deploy"
 	ScopeInvoke = "invoke"
+	ScopeJoin   = "join"
 )
 
 // Scopes lists the valid scope names.
-var Scopes = []string{ScopeAdmin, ScopeDeploy, ScopeInvoke}
+var Scopes = []string{ScopeAdmin, ScopeDeploy, ScopeInvoke, ScopeJoin}
 
 const prefix = "brisk_"
 

@@ -31,6 +31,7 @@ type benchFlags struct {
 	nodeMemoryMB     int64
 	out              string
 	h2c, force, keep bool
+	noTLS            bool
 	clients          int
 	maxLate          time.Duration
 	maxLateFraction  float64
@@ -47,6 +48,7 @@ func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Du
 	fl.DurationVar(&f.createDelay, "create-delay", createDelay, "with --local --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.nodeCPU, "node-cpu", "", "with --local: CPU per node, e.g. 64 or 1500m (emulated default 1000 cores, process default all cores)")
 	fl.Int64Var(&f.nodeMemoryMB, "node-memory", 0, "with --local: memory per node in MiB (emulated default 4 TiB, process default all memory)")
+	fl.BoolVar(&f.noTLS, "insecure-no-tls", false, "with --local: plaintext gRPC between the components (default: mutual TLS with the cluster CA, as brisk up)")
 	fl.BoolVar(&f.keep, "keep", false, "on an existing cluster, keep the functions the run registered")
 	fl.IntVar(&f.clients, "clients", 16, "concurrent admin API clients (registration, updates)")
 	f.registerLoad(c)
@@ -146,7 +148,7 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 		fmt.Fprintf(stderr, "starting a local cluster: %s runtime, %d worker node(s)\n", f.runtime, f.workers)
 	}
 	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Token: g.apiToken(), Runtime: f.runtime,
-		Workers: f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log})
+		Workers: f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log, InsecureNoTLS: f.noTLS})
 	if err != nil {
 		return err
 	}
@@ -423,6 +425,6 @@ func newBenchScale(g *globals) *cobra.Command {
 	c.Flags().IntVar(&cfg.Functions, "functions", 1, "functions K")
 	c.Flags().IntVar(&cfg.Sandboxes, "sandboxes", 0, "sandboxes N in all (required)")
 	c.Flags().DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up when not all are ready by then")
-	c.Flags().StringVar(&cfg.GRPC, "controlplane-grpc", "", "an existing cluster's control plane gRPC address: time sandboxes on its endpoint stream (default: poll the admin /metrics)")
+	c.Flags().StringVar(&cfg.GRPC, "controlplane-grpc", "", "an existing cluster's control plane gRPC address: time sandboxes on its endpoint stream (only a cluster run with --insecure-no-tls: the watch has no certificate; default: poll the admin /metrics)")
 	return c
 }

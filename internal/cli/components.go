@@ -15,6 +15,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
@@ -25,6 +26,9 @@ type cpFlags struct {
 	startupGrace                    time.Duration
 	caps                            spec.Caps
 	noAuth                          bool
+	noTLS                           bool
+	tlsSANs                         []string
+	adminTLS                        httpTLSFlags
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -38,6 +42,9 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
 	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
+	fl.BoolVar(&f.noTLS, "insecure-no-tls", false, "serve gRPC to workers and data planes in plaintext, with no certificates (debugging only: anyone who reaches the gRPC port can then join as a worker and receive calls; default: a cluster CA in <data-dir> and a join token in <data-dir>/join.token)")
+	fl.StringSliceVar(&f.tlsSANs, "tls-san", nil, "extra host names or IP addresses for the gRPC server's certificate (repeatable)")
+	f.adminTLS.register(c, "the admin API")
 	d := spec.DefaultCaps()
 	fl.IntVar(&f.caps.MaxScale, "max-scale", d.MaxScale, "the most sandboxes one function may have (scaling.min/max; also bounds an unbounded max)")
 	fl.IntVar(&f.caps.MaxConcurrency, "max-concurrency", d.MaxConcurrency, "the highest per-sandbox concurrency a spec may ask for")
@@ -59,9 +66,42 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if c := f.caps; c.MaxScale < 1 || c.MaxConcurrency < 1 || c.MaxMilliCPU < 1 || c.MaxMemoryMB < 1 || c.MaxQueueDepth < 1 || c.MaxQueueTimeout <= 0 || c.MaxTimeout <= 0 {
 		return controlplane.Config{}, usageError{fmt.Errorf("--max-scale, --max-concurrency, --max-cpu, --max-memory, --max-queue-depth, --max-queue-timeout and --max-timeout must be positive")}
 	}
+	adminTLS, err := f.adminTLS.config()
+	if err != nil {
+		return controlplane.Config{}, err
+	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
-		Caps: f.caps, AuthDisabled: f.noAuth, Logger: log.With("component", "controlplane")}, nil
+		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
+}
+
+// loadCA gives cfg the cluster CA (none with --insecure-no-tls), creating
+// it unless mustExist.
+func (f *cpFlags) loadCA(cfg *controlplane.Config, mustExist bool) error {
+	if f.noTLS {
+		return nil
+	}
+	var ca *pki.CA
+	var err error
+	if mustExist {
+		ca, err = pki.LoadCA(f.dataDir)
+		if errors.Is(err, os.ErrNotExist) {
+			return usageError{fmt.Errorf("no cluster CA in %s: the replicas of an HA control plane share one; create it once with 'brisk ca init --data-dir DIR' and copy ca.crt and ca.key into every replica's --data-dir (or run with --insecure-no-tls)", f.dataDir)}
+		}
+	} else {
+		var created bool
+		ca, created, err = pki.LoadOrCreateCA(f.dataDir)
+		if created {
+			fmt.Fprintf(os.Stderr, "created the cluster CA in %s\n", filepath.Join(f.dataDir, pki.CACertFile))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cluster CA: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "cluster CA pin: %s (workers and data planes join with --join-token from %s and --ca-pin or --ca-cert %s)\n",
+		ca.Pin(), filepath.Join(f.dataDir, pki.JoinTokenFile), filepath.Join(f.dataDir, pki.CACertFile))
+	cfg.CA = ca
+	return nil
 }
 
 func defaultDataDir() string {
@@ -177,7 +217,14 @@ workers. --peers lists every replica as id=raft|admin|grpc, e.g.
     --peers 'cp1=10.0.0.1:7100|10.0.0.1:9090|10.0.0.1:9091,cp2=10.0.0.2:7100|10.0.0.2:9090|10.0.0.2:9091,cp3=...'
 
 --admin and --grpc are then taken from this replica's entry. Workers and data
-planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
+planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.
+
+gRPC is TLS with certificates of a cluster CA (docs/security.md "Component
+identity"). Alone, the first start creates the CA in --data-dir (ca.crt,
+ca.key) and a join token (join.token): workers and data planes join with
+--join-token and --ca-cert (or --ca-pin, printed at start). Replicas share
+one CA: create it once with 'brisk ca init' and copy ca.crt and ca.key into
+every replica's --data-dir before the first start.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
@@ -187,6 +234,9 @@ planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
 			if peers == "" {
 				if id != "" {
 					return usageError{errors.New("--id needs --peers")}
+				}
+				if err := f.loadCA(&cfg, false); err != nil {
+					return err
 				}
 				cp, err := controlplane.New(cfg)
 				if err != nil {
@@ -211,6 +261,9 @@ planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
 				return usageError{errors.New("with --peers, the admin and gRPC addresses come from this replica's --peers entry: drop --admin and --grpc")}
 			}
 			cfg.AdminAddr, cfg.GRPCAddr = self.AdminAddr, self.GRPCAddr
+			if err := f.loadCA(&cfg, true); err != nil {
+				return err
+			}
 			reg, err := replica.Open(replica.Config{ID: id, Peers: list, Dir: filepath.Join(f.dataDir, "raft"), Logger: cfg.Logger})
 			if err != nil {
 				return err
@@ -226,7 +279,8 @@ planes take every replica's gRPC address: --controlplane a:9091,b:9091,c:9091.`,
 }
 
 func newDataPlane(g *globals) *cobra.Command {
-	var id, listen, cpAddr string
+	var id, listen, cpAddr, stateDir string
+	var jf joinFlags
 	var maxConns int
 	var bodyBuffer, bodyTotal, minRate int64
 	c := &cobra.Command{
@@ -244,7 +298,17 @@ func newDataPlane(g *globals) *cobra.Command {
 			if bodyBuffer < 0 || bodyTotal < 0 || minRate < 1 {
 				return usageError{fmt.Errorf("--body-buffer %d, --body-buffer-total %d and --min-body-rate %d: must not be negative (the rate at least 1)", bodyBuffer, bodyTotal, minRate)}
 			}
-			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, MaxConnections: maxConns,
+			if stateDir == "" {
+				stateDir = filepath.Join(defaultDataDir(), "dataplane", id)
+			}
+			join, err := jf.joiner(cpAddr, stateDir)
+			if err != nil {
+				return err
+			}
+			if join != nil {
+				join.Logger = log.With("component", "dataplane")
+			}
+			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
 				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate,
 				Logger: log.With("component", "dataplane")})
 			if err != nil {
@@ -257,6 +321,8 @@ func newDataPlane(g *globals) *cobra.Command {
 	c.Flags().StringVar(&id, "id", host, "data plane id")
 	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c)")
 	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
+	c.Flags().StringVar(&stateDir, "state-dir", "", "directory for the data plane's key and certificate (default <data dir>/dataplane/<id>)")
+	jf.register(c)
 	c.Flags().IntVar(&maxConns, "max-connections", dataplane.DefaultMaxConnections, "client connections open at once; more are closed as they are accepted")
 	c.Flags().Int64Var(&bodyBuffer, "body-buffer", 0, "bytes of a request body read before the call takes a sandbox slot (0: the whole body, up to the 6 MiB limit)")
 	c.Flags().Int64Var(&bodyTotal, "body-buffer-total", dataplane.DefaultBodyBufferTotal, "bytes all buffered request bodies may hold at once; past it, bodies stream")
@@ -267,6 +333,7 @@ func newDataPlane(g *globals) *cobra.Command {
 func newWorker(g *globals) *cobra.Command {
 	f := &wkFlags{}
 	var cpAddr string
+	var jf joinFlags
 	c := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker daemon (sandbox runtime, readiness probes, heartbeats)",
@@ -280,6 +347,10 @@ func newWorker(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The key and certificate live beside the sandbox state.
+			if opts.Join, err = jf.joiner(cpAddr, filepath.Join(f.stateDir, "identity")); err != nil {
+				return err
+			}
 			d, host, err := local.BuildWorker(opts, cpAddr, log)
 			if err != nil {
 				return usageOr(err)
@@ -289,6 +360,7 @@ func newWorker(g *globals) *cobra.Command {
 	}
 	f.register(c, true)
 	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
+	jf.register(c)
 	return c
 }
 
@@ -301,7 +373,9 @@ func newUp(g *globals) *cobra.Command {
 		Short: "Run a whole cluster on this machine: control plane, data plane and worker",
 		Long: `Run a whole cluster in one process on embedded defaults: a control plane
 (admin API on --admin), a data plane (invocations on --invoke) and a worker
-using the process runtime (or --runtime emulated). State lives in --data-dir.`,
+using the process runtime (or --runtime emulated). State lives in --data-dir.
+The components talk gRPC over TLS with certificates of the cluster CA the
+first start creates in --data-dir; nothing needs joining.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := cf.config(g)
@@ -316,7 +390,7 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.`,
 			if err != nil {
 				return err
 			}
-			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log,
+			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log, InsecureNoTLS: cf.noTLS,
 				DataPlane: dataplane.Config{ID: host, Listen: invoke, Logger: log.With("component", "dataplane")}})
 			if err != nil {
 				return err

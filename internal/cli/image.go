@@ -2,7 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/brisk-faas/brisk/internal/pki"
+	"google.golang.org/grpc/credentials"
 	"io"
 	"net/netip"
 	"os"
@@ -294,6 +297,20 @@ run the containerd runtime refuse it.`,
 			if len(addrs) == 0 {
 				return fmt.Errorf("the control plane at %s knows no workers", g.admin)
 			}
+			// Workers take images from control planes only: with the
+			// cluster CA in --data-dir (run on a control-plane host), the
+			// push carries a control-plane certificate; without it, only
+			// workers run with --insecure-no-tls accept it.
+			var creds credentials.TransportCredentials
+			if ca, err := pki.LoadCA(dataDir); err == nil {
+				id, err := ca.Issue(pki.KindControlPlane, []string{"image-push"}, nil, nil)
+				if err != nil {
+					return err
+				}
+				creds = credentials.NewTLS(id.ClientTLS(pki.KindWorker, ""))
+			} else if !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("cluster CA: %w", err)
+			}
 			results := make([]error, len(addrs))
 			replies := make([]*briskv1.ImportImageReply, len(addrs))
 			var wg sync.WaitGroup
@@ -304,7 +321,7 @@ run the containerd runtime refuse it.`,
 					defer wg.Done()
 					sem <- struct{}{}
 					defer func() { <-sem }()
-					replies[i], results[i] = pushArchive(c.Context(), addr, path)
+					replies[i], results[i] = pushArchive(c.Context(), addr, path, creds)
 				}()
 			}
 			wg.Wait()
@@ -324,7 +341,7 @@ run the containerd runtime refuse it.`,
 		},
 	}
 	c.Flags().BoolVar(&toWorkers, "to-workers", false, "send the archive to every worker of the cluster")
-	c.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "brisk's data directory, where 'image build' wrote NAME's archive")
+	c.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "brisk's data directory, where 'image build' wrote NAME's archive, and (on a control-plane host) the cluster CA the push authenticates to workers with")
 	return c
 }
 
@@ -332,13 +349,13 @@ run the containerd runtime refuse it.`,
 const pushChunk = 1 << 20
 
 // pushArchive streams the archive at path to the worker at addr.
-func pushArchive(ctx context.Context, addr, path string) (*briskv1.ImportImageReply, error) {
+func pushArchive(ctx context.Context, addr, path string, creds credentials.TransportCredentials) (*briskv1.ImportImageReply, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	conn, err := rpc.Dial(addr)
+	conn, err := rpc.Dial(addr, creds)
 	if err != nil {
 		return nil, err
 	}

@@ -81,7 +81,7 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 	pf.StringVar(&g.tokenFile, "token-file", envOr("BRISK_TOKEN_FILE", filepath.Join(defaultDataDir(), controlplane.AdminTokenFile)),
 		"file holding the API token when --token is not given: brisk up writes the first admin token to <data-dir>/admin.token (env BRISK_TOKEN_FILE)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newToken(g), newNamespace(g), newImage(g), newNetBench(), newBench(g), newReplay(g))
+	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newToken(g), newNamespace(g), newImage(g), newNetBench(), newBench(g), newReplay(g), newCA(g))
 	return root
 }
 

@@ -52,7 +52,7 @@ func newTokenCreate(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringSliceVar(&scopes, "scope", []string{"invoke"}, "scopes: admin, deploy, invoke (repeatable or comma-separated)")
+	c.Flags().StringSliceVar(&scopes, "scope", []string{"invoke"}, "scopes: admin, deploy, invoke, join (join: workers and data planes join the cluster with it; repeatable or comma-separated)")
 	c.Flags().StringSliceVar(&fns, "function", nil, "limit the token to these functions (repeatable)")
 	c.Flags().StringVar(&ns, "namespace", "", "bind the token to a namespace: it sees and touches only its functions (not with --scope admin)")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the token")

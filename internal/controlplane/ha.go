@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -142,10 +143,23 @@ func runFollower(ctx context.Context, cfg Config, reg *replica.Registry, peers [
 		grpcLis.Close()
 		return err
 	}
-	gs := grpc.NewServer(rpc.ServerOptions()...)
+	var tlsCfg *tls.Config
+	if cfg.CA != nil {
+		id, err := ServerIdentity(cfg.CA, reg.Self().ID, cfg.GRPCAddr, cfg.TLSSANs)
+		if err != nil {
+			grpcLis.Close()
+			adminLis.Close()
+			return err
+		}
+		tlsCfg = id.ServerTLS(false)
+	}
+	if cfg.AdminTLS != nil {
+		adminLis = tls.NewListener(adminLis, cfg.AdminTLS)
+	}
+	gs := grpc.NewServer(rpc.ServerOptions(tlsCfg)...)
 	briskv1.RegisterControlPlaneServer(gs, &follower{reg: reg})
 	hs := &http.Server{
-		Handler:           followerAdmin(reg, peers),
+		Handler:           followerAdmin(reg, peers, cfg.AdminTLS),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -199,7 +213,17 @@ func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 
 // followerAdmin proxies the admin API to the leader, so clients may use any
 // replica; /healthz and /v1/replica answer locally.
-func followerAdmin(reg *replica.Registry, peers []replica.Peer) http.Handler {
+func followerAdmin(reg *replica.Registry, peers []replica.Peer, adminTLS *tls.Config) http.Handler {
+	scheme := "http"
+	var transport http.RoundTripper
+	if adminTLS != nil {
+		// The leader serves the same certificate: trust what the operator
+		// gave, or the system's roots.
+		scheme = "https"
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: adminTLS.RootCAs, MinVersion: tls.VersionTLS12}
+		transport = t
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -211,9 +235,10 @@ func followerAdmin(reg *replica.Registry, peers []replica.Peer) http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			l, _ := reg.Leader()
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", l.AdminAddr
+			pr.Out.URL.Scheme, pr.Out.URL.Host = scheme, l.AdminAddr
 			pr.SetXForwarded()
 		},
+		Transport: transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, http.StatusServiceUnavailable, "control-plane leader unreachable: "+err.Error()+"; retry")
 		},
@@ -258,6 +283,10 @@ func (f *follower) ReportMetrics(ctx context.Context, _ *briskv1.MetricsReport) 
 }
 
 func (f *follower) ReportUnreachable(ctx context.Context, _ *briskv1.UnreachableReport) (*briskv1.UnreachableAck, error) {
+	return nil, f.refuse(ctx)
+}
+
+func (f *follower) Join(ctx context.Context, _ *briskv1.JoinRequest) (*briskv1.JoinResponse, error) {
 	return nil, f.refuse(ctx)
 }
 

@@ -498,7 +498,7 @@ func followEndpoints(t *testing.T, addr string) *routeWatch {
 
 // start follows the stream at addr (again) until stop; the history is kept.
 func (w *routeWatch) start(t *testing.T, addr string) {
-	conn, err := rpc.Dial(addr)
+	conn, err := rpc.Dial(addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

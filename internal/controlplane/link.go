@@ -114,7 +114,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 				conn.Close()
 			}
 			var err error
-			conn, err = rpc.Dial(want)
+			conn, err = rpc.Dial(want, cp.workerCreds(n.id))
 			if err != nil {
 				cp.log.Warn("worker address", "node", n.id, "address", want, "err", err)
 			}

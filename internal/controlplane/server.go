@@ -2,8 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/spec"
@@ -71,6 +74,18 @@ type Config struct {
 	// Replica, when set, describes this control plane's replica set on
 	// GET /v1/replica.
 	Replica func() ReplicaView
+	// CA, when set, is the cluster CA: gRPC serves TLS with a certificate
+	// it issues, every call but Join needs a client certificate of it, and
+	// the first start writes a join token to DataDir/join.token (see
+	// identity.go and docs/security.md). Nil serves plaintext gRPC
+	// (--insecure-no-tls, and tests).
+	CA *pki.CA
+	// TLSSANs are extra host names and IP addresses for the gRPC server's
+	// certificate (brisk checks identities, not host names; other clients
+	// may).
+	TLSSANs []string
+	// AdminTLS, when set, serves the admin API over HTTPS.
+	AdminTLS *tls.Config
 }
 
 func (c *Config) defaults() {
@@ -138,6 +153,10 @@ type ControlPlane struct {
 	dpSeen            sync.Map // data plane id -> time.Time of its last metrics report
 	revMu             sync.Mutex
 	lastRev           uint64
+	ident             *pki.Identity // the gRPC server's and worker-link client's certificate (with CA)
+	dpKeys            sync.Map      // data plane id -> key id its record is bound to
+	nodeLocks         [64]sync.Mutex
+	dpMu              sync.Mutex // serialises data plane registrations (the binding check)
 }
 
 // New validates the config; it opens and starts nothing.
@@ -192,6 +211,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err := cp.bootstrapToken(); err != nil {
 		return err
 	}
+	if err := cp.bootstrapJoinToken(); err != nil {
+		return err
+	}
+	if err := cp.loadDataPlaneKeys(); err != nil {
+		return err
+	}
+	tlsCfg, err := cp.grpcTLS()
+	if err != nil {
+		return err
+	}
 	if cp.grpcLis, err = net.Listen("tcp", cp.cfg.GRPCAddr); err != nil {
 		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.GRPCAddr, err)
 	}
@@ -199,7 +228,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		cp.grpcLis.Close()
 		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.AdminAddr, err)
 	}
-	gs := grpc.NewServer(rpc.ServerOptions()...)
+	gs := grpc.NewServer(append(rpc.ServerOptions(tlsCfg), IdentityInterceptors(cp.cfg.CA)...)...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
 		Handler:           cp.authenticate(cp.adminHandler()),
@@ -210,7 +239,8 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	close(cp.ready)
-	cp.log.Info("control plane serving", "admin", cp.AdminAddr(), "grpc", cp.GRPCAddr(), "data_dir", cp.cfg.DataDir)
+	cp.log.Info("control plane serving", "admin", cp.AdminAddr(), "grpc", cp.GRPCAddr(), "data_dir", cp.cfg.DataDir,
+		"grpc_tls", cp.cfg.CA != nil, "admin_tls", cp.cfg.AdminTLS != nil)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -220,7 +250,11 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error {
-		if err := hs.Serve(cp.adminLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		lis := cp.adminLis
+		if cp.cfg.AdminTLS != nil {
+			lis = tls.NewListener(lis, cp.cfg.AdminTLS)
+		}
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
@@ -374,16 +408,36 @@ func (cp *ControlPlane) RegisterWorker(ctx context.Context, r *briskv1.RegisterW
 	if r.GetNodeId() == "" || r.GetAddress() == "" {
 		return nil, status.Error(codes.InvalidArgument, "node_id and address are required")
 	}
+	key, err := cp.caller(ctx, pki.KindWorker, r.GetNodeId())
+	if err != nil {
+		cp.log.Warn("worker registration refused", "node", r.GetNodeId(), "err", err)
+		return nil, err
+	}
+	// One registration of an id at a time: the binding check and the
+	// write that binds must not interleave with another key's.
+	h := fnv.New32a()
+	h.Write([]byte(r.GetNodeId()))
+	lk := &cp.nodeLocks[h.Sum32()%uint32(len(cp.nodeLocks))]
+	lk.Lock()
+	defer lk.Unlock()
 	c := cp.cluster
 	c.mu.Lock()
 	drain := false
 	if n := c.nodes[r.GetNodeId()]; n != nil {
 		drain = n.rec.Drain
+		switch {
+		case key == "":
+			key = n.rec.KeyID // no TLS: keep the binding
+		case n.rec.KeyID != "" && n.rec.KeyID != key:
+			c.mu.Unlock()
+			cp.log.Warn("worker registration refused: node id bound to another key", "node", r.GetNodeId())
+			return nil, errClaimed(pki.KindWorker, r.GetNodeId())
+		}
 	}
 	c.mu.Unlock()
 	w := &store.Worker{ID: r.GetNodeId(), Address: r.GetAddress(), MaxSandboxes: int(r.GetMaxSandboxes()), Runtime: r.GetRuntime(),
 		Capacity: spec.Resources{MilliCPU: r.GetCapacity().GetMilliCpu(), MemoryMB: r.GetCapacity().GetMemoryMb()},
-		Drain:    drain, RegisteredAt: time.Now().UTC()}
+		Drain:    drain, RegisteredAt: time.Now().UTC(), KeyID: key}
 	if err := cp.store.PutWorker(w); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "persisting worker: %v", err)
 	}
@@ -396,14 +450,36 @@ func (cp *ControlPlane) RegisterDataPlane(ctx context.Context, r *briskv1.Regist
 	if r.GetId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "id is required")
 	}
-	if err := cp.store.PutDataPlane(&store.DataPlane{ID: r.GetId(), Address: r.GetAddress(), RegisteredAt: time.Now().UTC()}); err != nil {
+	key, err := cp.caller(ctx, pki.KindDataPlane, r.GetId())
+	if err != nil {
+		cp.log.Warn("data plane registration refused", "id", r.GetId(), "err", err)
+		return nil, err
+	}
+	cp.dpMu.Lock()
+	defer cp.dpMu.Unlock()
+	if v, ok := cp.dpKeys.Load(r.GetId()); ok {
+		switch {
+		case key == "":
+			key = v.(string)
+		case v.(string) != key:
+			cp.log.Warn("data plane registration refused: id bound to another key", "id", r.GetId())
+			return nil, errClaimed(pki.KindDataPlane, r.GetId())
+		}
+	}
+	if err := cp.store.PutDataPlane(&store.DataPlane{ID: r.GetId(), Address: r.GetAddress(), RegisteredAt: time.Now().UTC(), KeyID: key}); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "persisting data plane: %v", err)
+	}
+	if key != "" {
+		cp.dpKeys.Store(r.GetId(), key)
 	}
 	return &briskv1.RegisterDataPlaneResponse{ControlPlaneId: cp.id}, nil
 }
 
 // WatchEndpoints streams a snapshot, then deltas, until the data plane leaves.
 func (cp *ControlPlane) WatchEndpoints(r *briskv1.WatchEndpointsRequest, stream briskv1.ControlPlane_WatchEndpointsServer) error {
+	if _, err := cp.caller(stream.Context(), pki.KindDataPlane, r.GetDataPlaneId()); err != nil {
+		return err
+	}
 	w := cp.cluster.subscribe(r.GetDataPlaneId())
 	defer cp.cluster.unsubscribe(w)
 	for {
@@ -422,6 +498,9 @@ func (cp *ControlPlane) WatchEndpoints(r *briskv1.WatchEndpointsRequest, stream 
 
 // ReportMetrics feeds the autoscalers.
 func (cp *ControlPlane) ReportMetrics(ctx context.Context, r *briskv1.MetricsReport) (*briskv1.MetricsAck, error) {
+	if _, err := cp.caller(ctx, pki.KindDataPlane, r.GetDataPlaneId()); err != nil {
+		return nil, err
+	}
 	cp.cluster.recordMetrics(r)
 	cp.dpSeen.Store(r.GetDataPlaneId(), time.Now())
 	return &briskv1.MetricsAck{}, nil

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/pki"
 )
 
 // verifyAgainAfter bounds how often one sandbox is checked on data planes'
@@ -19,6 +20,9 @@ const verifyAgainAfter = time.Second
 // each sandbox's worker to check it (Commands.verify), so one data plane
 // with a network fault cannot have healthy sandboxes killed.
 func (cp *ControlPlane) ReportUnreachable(ctx context.Context, r *briskv1.UnreachableReport) (*briskv1.UnreachableAck, error) {
+	if _, err := cp.caller(ctx, pki.KindDataPlane, r.GetDataPlaneId()); err != nil {
+		return nil, err
+	}
 	cp.cluster.reportUnreachable(r)
 	return &briskv1.UnreachableAck{}, nil
 }

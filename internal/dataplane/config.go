@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"log/slog"
 	"time"
 
@@ -18,6 +19,12 @@ type Config struct {
 	// ControlPlane is the gRPC target of the ControlPlane service. Empty runs
 	// the data plane without a control plane: state comes only from Apply.
 	ControlPlane string
+	// Identity is the data plane's certificate (brisk://dataplane/ID) and
+	// the cluster CA, for mutual TLS with the control plane. Join, when
+	// Identity is nil, gets it when Run starts (join token or stored
+	// certificate). Neither: plaintext gRPC (--insecure-no-tls, tests).
+	Identity *pki.Identity
+	Join     *pki.Joiner
 	// MetricsInterval is the period of ReportMetrics. Default 1s.
 	MetricsInterval time.Duration
 	// MaxBodyBytes limits request bodies. Default 6 MiB, Lambda's synchronous

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/credentials"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/rpc"
 )
@@ -162,6 +164,14 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		id := fmt.Sprintf("dp-%s-%s", host, port)
 		d.id.Store(&id)
 	}
+	if d.cfg.ControlPlane != "" && d.cfg.Identity == nil && d.cfg.Join != nil {
+		j := *d.cfg.Join
+		j.Kind, j.IDs = pki.KindDataPlane, []string{d.ID()}
+		if d.cfg.Identity, err = j.Identity(ctx); err != nil {
+			ln.Close()
+			return fmt.Errorf("dataplane: %w", err)
+		}
+	}
 	close(d.ready)
 
 	front := d.newFrontEnd(d.newServer())
@@ -179,7 +189,11 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		// a 64 MiB receive limit for large snapshots.
 		// Several addresses (comma-separated) are the replicas of an HA
 		// control plane: the connection follows their leader.
-		conn, err := rpc.DialLeader(d.cfg.ControlPlane)
+		var creds credentials.TransportCredentials
+		if id := d.cfg.Identity; id != nil {
+			creds = credentials.NewTLS(id.ClientTLS(pki.KindControlPlane, ""))
+		}
+		conn, err := rpc.DialLeader(creds, d.cfg.ControlPlane)
 		if err != nil {
 			front.close()
 			return fmt.Errorf("dataplane: control plane %s: %w", d.cfg.ControlPlane, err)

@@ -38,7 +38,7 @@ func startUnreachCP(t *testing.T) (*unreachCP, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(rpc.ServerOptions()...)
+	s := grpc.NewServer(rpc.ServerOptions(nil)...)
 	briskv1.RegisterControlPlaneServer(s, f)
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)

@@ -76,7 +76,7 @@ func startFakeCP(t *testing.T) (*fakeCP, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(rpc.ServerOptions()...)
+	s := grpc.NewServer(rpc.ServerOptions(nil)...)
 	briskv1.RegisterControlPlaneServer(s, f)
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)
@@ -278,7 +278,7 @@ func TestReconnectsUntilControlPlaneUp(t *testing.T) {
 	if err != nil {
 		t.Skipf("port %s taken meanwhile: %v", addr, err)
 	}
-	s := grpc.NewServer(rpc.ServerOptions()...)
+	s := grpc.NewServer(rpc.ServerOptions(nil)...)
 	briskv1.RegisterControlPlaneServer(s, f)
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"strconv"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/worker"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
@@ -43,6 +46,11 @@ type Workers struct {
 	// SandboxUser is who the process runtime runs sandboxes as (see
 	// process.Config.User); empty: nobody as root, else this user.
 	SandboxUser string
+	// Identity: with CA the daemon gets a certificate from it directly
+	// (one process with the control plane); with Join it joins the
+	// cluster when it starts. Neither: plaintext gRPC.
+	CA   *pki.CA
+	Join *pki.Joiner
 
 	// containerd only (StateDir holds the sandboxes' logs):
 	ContainerdAddress   string         // socket; default /run/containerd/containerd.sock
@@ -124,6 +132,30 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
 	default:
 		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated or containerd", ErrUsage, w.Runtime)
+	}
+	if w.CA != nil {
+		ids := make([]string, len(cfg.Nodes))
+		for i, n := range cfg.Nodes {
+			ids[i] = n.ID
+		}
+		var id *pki.Identity
+		var err error
+		if w.StateDir != "" {
+			id, err = w.CA.IssueStored(filepath.Join(w.StateDir, "identity"), pki.KindWorker, ids)
+		} else {
+			id, err = w.CA.Issue(pki.KindWorker, ids, nil, nil)
+		}
+		if err != nil {
+			if side != nil {
+				side.close()
+			}
+			return nil, nil, fmt.Errorf("worker certificate: %w", err)
+		}
+		cfg.Identity = id
+	} else if w.Join != nil {
+		j := *w.Join
+		j.Logger = log.With("component", "worker")
+		cfg.Join = &j
 	}
 	d, err := worker.New(cfg)
 	if err != nil && side != nil {
@@ -223,6 +255,10 @@ type Config struct {
 	DataPlane    dataplane.Config
 	Workers      Workers
 	Logger       *slog.Logger
+	// InsecureNoTLS runs gRPC between the components in plaintext. By
+	// default the control plane's CA (created in its data dir on the first
+	// start) issues every component's certificate in-process: no join.
+	InsecureNoTLS bool
 }
 
 // Cluster is a running one-process cluster.
@@ -245,11 +281,43 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.DataPlane.Logger == nil {
 		cfg.DataPlane.Logger = cfg.Logger.With("component", "dataplane")
 	}
+	if !cfg.InsecureNoTLS && cfg.ControlPlane.CA == nil {
+		ca, _, err := pki.LoadOrCreateCA(cfg.ControlPlane.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("cluster CA: %w", err)
+		}
+		cfg.ControlPlane.CA = ca
+	}
+	if ca := cfg.ControlPlane.CA; ca != nil {
+		cfg.Workers.CA, cfg.Workers.Join = ca, nil
+		if cfg.DataPlane.ID == "" {
+			cfg.DataPlane.ID = "local"
+		}
+		id, err := ca.IssueStored(filepath.Join(cfg.ControlPlane.DataDir, "dataplane"), pki.KindDataPlane, []string{cfg.DataPlane.ID})
+		if err != nil {
+			return nil, fmt.Errorf("data plane certificate: %w", err)
+		}
+		cfg.DataPlane.Identity, cfg.DataPlane.Join = id, nil
+	}
 	cp, err := controlplane.New(cfg.ControlPlane)
 	if err != nil {
 		return nil, err
 	}
 	return &Cluster{cfg: cfg, cp: cp, ready: make(chan struct{})}, nil
+}
+
+// Credentials are gRPC client credentials for calling the control plane as
+// data plane id (benchmarks that watch endpoints); nil without TLS.
+func (c *Cluster) Credentials(id string) (credentials.TransportCredentials, error) {
+	ca := c.cfg.ControlPlane.CA
+	if ca == nil {
+		return nil, nil
+	}
+	ident, err := ca.Issue(pki.KindDataPlane, []string{id}, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(ident.ClientTLS(pki.KindControlPlane, "")), nil
 }
 
 // Ready is closed once the admin API and the data plane listen.

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -40,11 +41,13 @@ type LeaderConn struct {
 	addrs []string
 	cur   int
 	conns map[string]*grpc.ClientConn
+	creds credentials.TransportCredentials
 }
 
 // DialLeader returns a LeaderConn over the comma-separated or listed
-// addresses. Connections are made lazily, per address.
-func DialLeader(addrs ...string) (*LeaderConn, error) {
+// addresses, with creds (nil: plaintext). Connections are made lazily, per
+// address.
+func DialLeader(creds credentials.TransportCredentials, addrs ...string) (*LeaderConn, error) {
 	var list []string
 	for _, a := range addrs {
 		for _, s := range strings.Split(a, ",") {
@@ -56,9 +59,9 @@ func DialLeader(addrs ...string) (*LeaderConn, error) {
 	if len(list) == 0 {
 		return nil, errors.New("no control-plane address")
 	}
-	l := &LeaderConn{addrs: list, conns: map[string]*grpc.ClientConn{}}
+	l := &LeaderConn{addrs: list, conns: map[string]*grpc.ClientConn{}, creds: creds}
 	for _, a := range list {
-		c, err := Dial(a)
+		c, err := Dial(a, creds)
 		if err != nil {
 			l.Close()
 			return nil, fmt.Errorf("control plane %s: %w", a, err)
@@ -101,7 +104,7 @@ func (l *LeaderConn) follow(hint string) {
 		l.cur = i
 		return
 	}
-	c, err := Dial(hint)
+	c, err := Dial(hint, l.creds)
 	if err != nil {
 		return
 	}

@@ -57,7 +57,7 @@ func TestLeaderConnFollowsTheLeader(t *testing.T) {
 	lb := b.self
 	leader.Store(&lb)
 
-	conn, err := DialLeader(a.self + "," + b.self + ", " + c.self)
+	conn, err := DialLeader(nil, a.self+","+b.self+", "+c.self)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestLeaderConnFollowsTheLeader(t *testing.T) {
 }
 
 func TestDialLeaderNeedsAnAddress(t *testing.T) {
-	if _, err := DialLeader(" , "); err == nil {
+	if _, err := DialLeader(nil, " , "); err == nil {
 		t.Fatal("DialLeader without addresses succeeded")
 	}
 }

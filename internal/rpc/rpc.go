@@ -3,20 +3,26 @@
 package rpc
 
 import (
+	"crypto/tls"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 )
 
-// Dial opens a lazily connecting client to addr. gRPC's default reconnect
-// backoff grows to two minutes; a cluster component must notice a restarted
-// peer within a second.
-func Dial(addr string) (*grpc.ClientConn, error) {
+// Dial opens a lazily connecting client to addr with creds (nil:
+// plaintext, for clusters run with --insecure-no-tls and tests). gRPC's
+// default reconnect backoff grows to two minutes; a cluster component must
+// notice a restarted peer within a second.
+func Dial(addr string, creds credentials.TransportCredentials) (*grpc.ClientConn, error) {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	return grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: time.Second,
@@ -26,12 +32,17 @@ func Dial(addr string) (*grpc.ClientConn, error) {
 	)
 }
 
-// ServerOptions are the limits and keepalives of every brisk gRPC server.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
+// ServerOptions are the limits and keepalives of every brisk gRPC server,
+// serving TLS with tlsCfg (nil: plaintext).
+func ServerOptions(tlsCfg *tls.Config) []grpc.ServerOption {
+	opts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(64 << 20),
 		grpc.ConnectionTimeout(5 * time.Second),
 	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	return opts
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,10 +14,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
@@ -53,6 +56,13 @@ type Config struct {
 	// a session (internal/controlplane/faultnet_test.go). Nil, the default,
 	// serves sessions unwrapped.
 	SessionInterceptor grpc.StreamServerInterceptor
+	// Identity is the daemon's certificate (naming every hosted node) and
+	// the cluster CA: the Worker service then serves TLS to control planes
+	// only, and the daemon registers over mutual TLS. Join, when Identity
+	// is nil, gets it at the start of Run (join token or stored
+	// certificate). Neither: plaintext (--insecure-no-tls, tests).
+	Identity *pki.Identity
+	Join     *pki.Joiner
 }
 
 func (c *Config) defaults() {
@@ -112,6 +122,15 @@ func New(cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
+// nodeIDs lists the hosted nodes' ids.
+func (d *Daemon) nodeIDs() []string {
+	ids := make([]string, 0, len(d.nodes))
+	for _, nc := range d.cfg.Nodes {
+		ids = append(ids, nc.ID)
+	}
+	return ids
+}
+
 // Node returns a hosted node by id (status and tests).
 func (d *Daemon) Node(id string) *Node { return d.nodes[id] }
 
@@ -128,6 +147,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: listen %s: %w", d.cfg.Listen, err)
 	}
 	d.lis = lis
+	if d.cfg.Identity == nil && d.cfg.Join != nil {
+		j := *d.cfg.Join
+		j.Kind = pki.KindWorker
+		j.IDs = d.nodeIDs()
+		if d.cfg.Identity, err = j.Identity(ctx); err != nil {
+			lis.Close()
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
 	adv := d.cfg.Advertise
 	if adv == "" {
 		adv = lis.Addr().String()
@@ -135,7 +163,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	for _, n := range d.nodes {
 		n.adopt(ctx)
 	}
-	opts := rpc.ServerOptions()
+	var tlsCfg *tls.Config
+	if id := d.cfg.Identity; id != nil {
+		// Only a control plane of the cluster may open sessions or push
+		// images.
+		tlsCfg = id.ServerTLS(true, pki.KindControlPlane)
+	}
+	opts := rpc.ServerOptions(tlsCfg)
 	if ic := d.cfg.SessionInterceptor; ic != nil {
 		opts = append(opts, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			if info.FullMethod != briskv1.Worker_Session_FullMethodName {
@@ -187,7 +221,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 // again whenever a node has had no session for a while (the control plane may
 // have lost or never seen the record).
 func (d *Daemon) registerLoop(ctx context.Context, adv string) {
-	conn, err := rpc.DialLeader(d.cfg.ControlPlane)
+	var creds credentials.TransportCredentials
+	if id := d.cfg.Identity; id != nil {
+		creds = credentials.NewTLS(id.ClientTLS(pki.KindControlPlane, ""))
+	}
+	conn, err := rpc.DialLeader(creds, d.cfg.ControlPlane)
 	if err != nil {
 		d.log.Error("worker: control plane address", "err", err)
 		return

@@ -40,7 +40,7 @@ func TestSessionOfAnOlderTermIsRefused(t *testing.T) {
 	go func() { runDone <- d.Run(ctx) }()
 	defer func() { cancel(); <-runDone }()
 	<-d.Ready()
-	conn, err := rpc.Dial(d.Addr())
+	conn, err := rpc.Dial(d.Addr(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,8 +113,8 @@ func TestAdminAPIAuthentication(t *testing.T) {
 
 	// Revocation is immediate; the list never shows secrets.
 	toks, err := c.cl.Tokens(context.Background())
-	if err != nil || len(toks) != 4 {
-		t.Fatalf("tokens: %v %+v, want the admin token and 3 more", err, toks)
+	if err != nil || len(toks) != 5 {
+		t.Fatalf("tokens: %v %+v, want the admin token, the join token and 3 more", err, toks)
 	}
 	for _, tk := range toks {
 		if tk.Token != "" {

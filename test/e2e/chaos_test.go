@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
@@ -86,19 +87,34 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 	// 2 s is fenced and its sandboxes replaced.
 	h.commonCP = []string{"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s",
 		"--node-grace", o.nodeGrace, "--log-level", "info"}
+	// The replicas share one cluster CA, made before their first start.
+	ca := startBrisk(t, "ca", "init", "--data-dir", h.cps[0].dir)
+	<-ca.done
+	for _, r := range h.cps[1:] {
+		for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
+			b, err := os.ReadFile(filepath.Join(h.cps[0].dir, f))
+			if err != nil {
+				t.Fatalf("brisk ca init: %v", err)
+			}
+			if err := os.WriteFile(filepath.Join(r.dir, f), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	for _, r := range h.cps {
 		h.startReplica(r)
 	}
+	join := joinArgs(t, dirs...)
 	for i := range 2 {
 		d := &haProc{id: fmt.Sprintf("dp%d", i+1), addr: freePort(t)}
-		d.args = []string{"dataplane", "--id", d.id, "--invoke", d.addr, "--controlplane", h.cpGRPC}
+		d.args = append([]string{"dataplane", "--id", d.id, "--invoke", d.addr, "--controlplane", h.cpGRPC, "--state-dir", t.TempDir()}, join...)
 		d.p = startBrisk(t, d.args...)
 		h.dps = append(h.dps, d)
 	}
 	for i := range o.workers {
 		w := &haProc{id: fmt.Sprintf("w%d", i+1)}
-		w.args = append([]string{"worker", "--node-id", w.id, "--controlplane", h.cpGRPC, "--state-dir", t.TempDir(),
-			"--stop-on-exit"}, o.workerArgs...)
+		w.args = append(append([]string{"worker", "--node-id", w.id, "--controlplane", h.cpGRPC, "--state-dir", t.TempDir(),
+			"--stop-on-exit"}, o.workerArgs...), join...)
 		w.p = startBrisk(t, w.args...)
 		h.workers = append(h.workers, w)
 	}

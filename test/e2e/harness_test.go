@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -207,6 +208,24 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// joinArgs are the flags a worker or data plane joins the cluster whose
+// control plane keeps its state in dataDir with: the join token it wrote
+// (waited for: the leader of an HA control plane writes it) and its CA.
+func joinArgs(t testing.TB, dataDirs ...string) []string {
+	t.Helper()
+	var args []string
+	eventually(t, 30*time.Second, "a join token in the control plane's data dir", func() bool {
+		for _, d := range dataDirs {
+			if tok, err := pki.ReadSecretFile(filepath.Join(d, pki.JoinTokenFile)); err == nil && tok != "" {
+				args = []string{"--join-token", tok, "--ca-cert", filepath.Join(d, pki.CACertFile)}
+				return true
+			}
+		}
+		return false
+	})
+	return args
 }
 
 // cluster is a brisk cluster under test.

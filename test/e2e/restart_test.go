@@ -18,8 +18,12 @@ import (
 func TestControlPlaneRestartAdoptsSandboxes(t *testing.T) {
 	c := newCluster(t)
 	cp := startBrisk(t, append([]string{"controlplane"}, c.cpArgs()...)...)
-	startBrisk(t, "dataplane", "--invoke", c.invokeAddr, "--controlplane", c.grpc, "--id", "dp-1")
-	startBrisk(t, "worker", "--controlplane", c.grpc, "--node-id", "w-1", "--state-dir", t.TempDir(), "--stop-on-exit")
+	// The worker and the data plane join with the control plane's join
+	// token, checking it against its CA.
+	join := joinArgs(t, c.dataDir)
+	startBrisk(t, append([]string{"dataplane", "--invoke", c.invokeAddr, "--controlplane", c.grpc, "--id", "dp-1",
+		"--state-dir", t.TempDir()}, join...)...)
+	startBrisk(t, append([]string{"worker", "--controlplane", c.grpc, "--node-id", "w-1", "--state-dir", t.TempDir(), "--stop-on-exit"}, join...)...)
 	c.waitHealthy(t, cp)
 
 	c.mustBrisk(t, "fn", "deploy", "steady", "--builtin", "trace", "--min", "2")

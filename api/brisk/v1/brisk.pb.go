@@ -1317,6 +1317,126 @@ func (x *Updates) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+type JoinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`                    // a token with the join (or admin) scope
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`                      // "worker" or "dataplane"
+	NodeIds       []string               `protobuf:"bytes,3,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"` // the ids the certificate will name (a worker daemon may host several nodes)
+	Csr           []byte                 `protobuf:"bytes,4,opt,name=csr,proto3" json:"csr,omitempty"`                        // PKCS #10 certificate request, DER
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *JoinRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetNodeIds() []string {
+	if x != nil {
+		return x.NodeIds
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+type JoinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Certificate   []byte                 `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`                          // the node's certificate, DER
+	CaCertificate []byte                 `protobuf:"bytes,2,opt,name=ca_certificate,json=caCertificate,proto3" json:"ca_certificate,omitempty"` // the cluster CA's certificate, DER
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *JoinResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetCaCertificate() []byte {
+	if x != nil {
+		return x.CaCertificate
+	}
+	return nil
+}
+
 type RegisterWorkerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -1331,7 +1451,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1463,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1476,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -1410,7 +1530,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1542,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1555,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -1455,7 +1575,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1587,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1600,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -1506,7 +1626,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1638,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1651,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -1550,7 +1670,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1682,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1695,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -1597,7 +1717,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1729,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1742,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -1673,7 +1793,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1805,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1818,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -1760,7 +1880,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1892,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1905,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -1816,7 +1936,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +1948,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +1961,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -1890,7 +2010,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2022,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2035,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -1952,7 +2072,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2084,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2097,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2028,7 +2148,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2160,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2173,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -2099,7 +2219,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2231,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2244,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 type UnreachableEndpoint struct {
@@ -2139,7 +2259,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2271,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2284,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -2205,7 +2325,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2337,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2350,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -2255,7 +2375,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2267,7 +2387,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2280,7 +2400,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -2380,7 +2500,15 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\tsandboxes\x18\x04 \x01(\x05R\tsandboxes\"o\n" +
 	"\aUpdates\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.brisk.v1.SandboxRecordR\arecords\x121\n" +
-	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"\xd3\x01\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"d\n" +
+	"\vJoinRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x19\n" +
+	"\bnode_ids\x18\x03 \x03(\tR\anodeIds\x12\x10\n" +
+	"\x03csr\x18\x04 \x01(\fR\x03csr\"W\n" +
+	"\fJoinResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12%\n" +
+	"\x0eca_certificate\x18\x02 \x01(\fR\rcaCertificate\"\xd3\x01\n" +
 	"\x15RegisterWorkerRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12/\n" +
@@ -2468,13 +2596,14 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x14HANDSHAKE_MODE_RESET\x10\x022\x84\x01\n" +
 	"\x06Worker\x127\n" +
 	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
-	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\x9b\x03\n" +
+	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\xd2\x03\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
 	"\x0eWatchEndpoints\x12\x1f.brisk.v1.WatchEndpointsRequest\x1a\x17.brisk.v1.EndpointBatch0\x01\x12>\n" +
 	"\rReportMetrics\x12\x17.brisk.v1.MetricsReport\x1a\x14.brisk.v1.MetricsAck\x12J\n" +
-	"\x11ReportUnreachable\x12\x1b.brisk.v1.UnreachableReport\x1a\x18.brisk.v1.UnreachableAckB2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
+	"\x11ReportUnreachable\x12\x1b.brisk.v1.UnreachableReport\x1a\x18.brisk.v1.UnreachableAck\x125\n" +
+	"\x04Join\x12\x15.brisk.v1.JoinRequest\x1a\x16.brisk.v1.JoinResponseB2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
 
 var (
 	file_api_brisk_v1_brisk_proto_rawDescOnce sync.Once
@@ -2489,7 +2618,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -2509,26 +2638,28 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*Commands)(nil),                  // 15: brisk.v1.Commands
 	(*Heartbeat)(nil),                 // 16: brisk.v1.Heartbeat
 	(*Updates)(nil),                   // 17: brisk.v1.Updates
-	(*RegisterWorkerRequest)(nil),     // 18: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 19: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 20: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 21: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 22: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 23: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 24: brisk.v1.EndpointBatch
-	(*AuthConfig)(nil),                // 25: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 26: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 27: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 28: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 29: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 30: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 31: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 32: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 33: brisk.v1.UnreachableAck
-	nil,                               // 34: brisk.v1.FunctionSpec.EnvEntry
+	(*JoinRequest)(nil),               // 18: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 19: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 20: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 21: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 22: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 23: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 24: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 25: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 26: brisk.v1.EndpointBatch
+	(*AuthConfig)(nil),                // 27: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 28: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 29: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 30: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 31: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 32: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 33: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 34: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 35: brisk.v1.UnreachableAck
+	nil,                               // 36: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	34, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	36, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
@@ -2550,28 +2681,30 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	16, // 19: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
 	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
 	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	23, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	27, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	25, // 24: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	26, // 25: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	28, // 26: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	31, // 27: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	25, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	29, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	27, // 24: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	28, // 25: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	30, // 26: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	33, // 27: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
 	7,  // 28: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
 	5,  // 29: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	18, // 30: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	20, // 31: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	22, // 32: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	29, // 33: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	32, // 34: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	8,  // 35: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	6,  // 36: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	19, // 37: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	21, // 38: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	24, // 39: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	30, // 40: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	33, // 41: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	35, // [35:42] is the sub-list for method output_type
-	28, // [28:35] is the sub-list for method input_type
+	20, // 30: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	22, // 31: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	24, // 32: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	31, // 33: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	34, // 34: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	18, // 35: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	8,  // 36: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	6,  // 37: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	21, // 38: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	23, // 39: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	26, // 40: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	32, // 41: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	35, // 42: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	19, // 43: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	36, // [36:44] is the sub-list for method output_type
+	28, // [28:36] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name
@@ -2598,7 +2731,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

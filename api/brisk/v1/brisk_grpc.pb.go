@@ -165,6 +165,7 @@ const (
 	ControlPlane_WatchEndpoints_FullMethodName    = "/brisk.v1.ControlPlane/WatchEndpoints"
 	ControlPlane_ReportMetrics_FullMethodName     = "/brisk.v1.ControlPlane/ReportMetrics"
 	ControlPlane_ReportUnreachable_FullMethodName = "/brisk.v1.ControlPlane/ReportUnreachable"
+	ControlPlane_Join_FullMethodName              = "/brisk.v1.ControlPlane/Join"
 )
 
 // ControlPlaneClient is the client API for ControlPlane service.
@@ -183,6 +184,14 @@ type ControlPlaneClient interface {
 	// connect to (it took them out of its rotation at once). The control
 	// plane does not trust it: it asks each sandbox's worker to verify.
 	ReportUnreachable(ctx context.Context, in *UnreachableReport, opts ...grpc.CallOption) (*UnreachableAck, error)
+	// Join is the one call a node makes without a cluster certificate: it
+	// trades a join token (or, to renew, a certificate of the cluster for the
+	// same ids and key) and a certificate request for a certificate naming
+	// the node ids (brisk://worker/ID or brisk://dataplane/ID). The node
+	// checks the control plane's certificate against the CA it was given (a
+	// file or a pin of its public key) before it sends the token. See
+	// docs/security.md "Component identity".
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 }
 
 type controlPlaneClient struct {
@@ -252,6 +261,16 @@ func (c *controlPlaneClient) ReportUnreachable(ctx context.Context, in *Unreacha
 	return out, nil
 }
 
+func (c *controlPlaneClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, ControlPlane_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlPlaneServer is the server API for ControlPlane service.
 // All implementations must embed UnimplementedControlPlaneServer
 // for forward compatibility.
@@ -268,6 +287,14 @@ type ControlPlaneServer interface {
 	// connect to (it took them out of its rotation at once). The control
 	// plane does not trust it: it asks each sandbox's worker to verify.
 	ReportUnreachable(context.Context, *UnreachableReport) (*UnreachableAck, error)
+	// Join is the one call a node makes without a cluster certificate: it
+	// trades a join token (or, to renew, a certificate of the cluster for the
+	// same ids and key) and a certificate request for a certificate naming
+	// the node ids (brisk://worker/ID or brisk://dataplane/ID). The node
+	// checks the control plane's certificate against the CA it was given (a
+	// file or a pin of its public key) before it sends the token. See
+	// docs/security.md "Component identity".
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	mustEmbedUnimplementedControlPlaneServer()
 }
 
@@ -292,6 +319,9 @@ func (UnimplementedControlPlaneServer) ReportMetrics(context.Context, *MetricsRe
 }
 func (UnimplementedControlPlaneServer) ReportUnreachable(context.Context, *UnreachableReport) (*UnreachableAck, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportUnreachable not implemented")
+}
+func (UnimplementedControlPlaneServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
 }
 func (UnimplementedControlPlaneServer) mustEmbedUnimplementedControlPlaneServer() {}
 func (UnimplementedControlPlaneServer) testEmbeddedByValue()                      {}
@@ -397,6 +427,24 @@ func _ControlPlane_ReportUnreachable_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlPlane_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlPlaneServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ControlPlane_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlPlaneServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ControlPlane_ServiceDesc is the grpc.ServiceDesc for ControlPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -419,6 +467,10 @@ var ControlPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportUnreachable",
 			Handler:    _ControlPlane_ReportUnreachable_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _ControlPlane_Join_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

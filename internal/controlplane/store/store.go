@@ -45,6 +45,10 @@ type Worker struct {
 	// replaced, so it must kill them all before it takes new work.
 	Drain        bool      `json:"drain"`
 	RegisteredAt time.Time `json:"registered_at"`
+	// KeyID binds the node id to the key of the certificate that first
+	// registered it (pki.KeyID; empty without TLS): no other key may
+	// register it again.
+	KeyID string `json:"key_id,omitempty"`
 }
 
 // Token is the durable record of an API token. The secret itself is never
@@ -72,6 +76,7 @@ type DataPlane struct {
 	ID           string    `json:"id"`
 	Address      string    `json:"address"`
 	RegisteredAt time.Time `json:"registered_at"`
+	KeyID        string    `json:"key_id,omitempty"` // as Worker.KeyID
 }
 
 // Store is a bbolt-backed registry. It is safe for concurrent use; concurrent

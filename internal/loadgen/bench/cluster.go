@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/credentials"
 	"io"
 	"log/slog"
 	"net/http"
@@ -41,6 +42,8 @@ type ClusterOptions struct {
 	NodeCapacity spec.Resources
 	// Logger receives the local cluster's logs; nil discards them.
 	Logger *slog.Logger
+	// InsecureNoTLS: plaintext gRPC between the local cluster's components.
+	InsecureNoTLS bool
 }
 
 // Emulated nodes' default capacity.
@@ -53,8 +56,11 @@ const (
 type Cluster struct {
 	Admin, Invoke string // host:port
 	// GRPC is the control plane's gRPC address when known (a local cluster).
-	GRPC   string
-	Client *client.Client
+	GRPC string
+	// GRPCCreds are the credentials of a watch on GRPC as a data plane (a
+	// local cluster's CA issues them; nil: plaintext).
+	GRPCCreds credentials.TransportCredentials
+	Client    *client.Client
 	// HTTP is a pooled client for admin calls made concurrently.
 	HTTP  *http.Client
 	local *local.Cluster
@@ -115,7 +121,8 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Logger: log.With("component", "dataplane")},
 		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
 			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true},
-		Logger: log,
+		Logger:        log,
+		InsecureNoTLS: o.InsecureNoTLS,
 	})
 	if err != nil {
 		return err
@@ -132,6 +139,9 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 		return ctx.Err()
 	}
 	c.Admin, c.Invoke, c.GRPC = cl.AdminAddr(), cl.InvokeAddr(), cl.ControlPlane().GRPCAddr()
+	if c.GRPCCreds, err = cl.Credentials("bench-scale-watch"); err != nil {
+		return fmt.Errorf("local cluster: %w", err)
+	}
 	c.Client = client.New(c.Admin, c.Invoke)
 	c.Client.HTTP = c.HTTP
 	tok, err := controlplane.ReadAdminToken(filepath.Join(dir, "cp"))

@@ -97,7 +97,7 @@ func Scale(ctx context.Context, c *Cluster, o Options, cfg ScaleConfig) (*ScaleS
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	if cfg.GRPC != "" {
-		w, err := watchReady(watchCtx, cfg.GRPC, want, cfg.Sandboxes)
+		w, err := watchReady(watchCtx, cfg.GRPC, c.GRPCCreds, want, cfg.Sandboxes)
 		if err != nil {
 			return nil, "", err
 		}

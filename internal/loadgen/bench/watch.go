@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/credentials"
 	"sync"
 	"time"
 
@@ -30,8 +31,8 @@ type readyWatch struct {
 
 // watchReady subscribes and returns once the first (snapshot) batch has
 // arrived, so that everything later is a change.
-func watchReady(ctx context.Context, grpcAddr string, want map[string]int, total int) (*readyWatch, error) {
-	conn, err := rpc.Dial(grpcAddr)
+func watchReady(ctx context.Context, grpcAddr string, creds credentials.TransportCredentials, want map[string]int, total int) (*readyWatch, error) {
+	conn, err := rpc.Dial(grpcAddr, creds)
 	if err != nil {
 		return nil, fmt.Errorf("endpoint watch: %w", err)
 	}
