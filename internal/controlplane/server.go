@@ -197,7 +197,12 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		st = bolt
 	}
 	cp.store, cp.cluster.store = st, st
-	var err error
+	// The control plane's identity first: load starts the links to known
+	// workers, which present it.
+	tlsCfg, err := cp.grpcTLS()
+	if err != nil {
+		return err
+	}
 	if err := cp.loadQuotas(); err != nil { // before functions are placed
 		return err
 	}
@@ -215,10 +220,6 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cp.loadDataPlaneKeys(); err != nil {
-		return err
-	}
-	tlsCfg, err := cp.grpcTLS()
-	if err != nil {
 		return err
 	}
 	if cp.grpcLis, err = net.Listen("tcp", cp.cfg.GRPCAddr); err != nil {
