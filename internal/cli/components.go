@@ -264,7 +264,17 @@ every replica's --data-dir before the first start.`,
 			if err := f.loadCA(&cfg, true); err != nil {
 				return err
 			}
-			reg, err := replica.Open(replica.Config{ID: id, Peers: list, Dir: filepath.Join(f.dataDir, "raft"), Logger: cfg.Logger})
+			rcfg := replica.Config{ID: id, Peers: list, Dir: filepath.Join(f.dataDir, "raft"), Logger: cfg.Logger}
+			if cfg.CA != nil {
+				// Raft between replicas under the cluster CA too: only
+				// control planes may replicate the registry.
+				ident, err := cfg.CA.Issue(pki.KindControlPlane, []string{id}, nil, nil)
+				if err != nil {
+					return err
+				}
+				rcfg.TLS = &replica.Identity{Server: ident.ServerTLS(true, pki.KindControlPlane), Client: ident.ClientTLS(pki.KindControlPlane, "")}
+			}
+			reg, err := replica.Open(rcfg)
 			if err != nil {
 				return err
 			}

@@ -94,6 +94,9 @@ type Config struct {
 	Peers  []Peer       // the full static membership (3 or 5 replicas; 1 allowed)
 	Dir    string       // data dir: raft.db (log and stable store) and snapshots/
 	Logger *slog.Logger // nil: slog.Default()
+	// TLS, when set, puts the raft stream between replicas under mutual
+	// TLS (every peer needs a certificate the other side accepts).
+	TLS *Identity
 
 	// Raft timeouts; zero means the Default above. LeaderLeaseTimeout must
 	// not exceed HeartbeatTimeout, nor HeartbeatTimeout ElectionTimeout.
@@ -226,7 +229,7 @@ func Open(cfg Config) (*Registry, error) {
 		}
 	}
 	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  &streamLayer{Listener: ln, advertise: self.RaftAddr},
+		Stream:  &streamLayer{Listener: ln, advertise: self.RaftAddr, tls: cfg.TLS},
 		MaxPool: transportPool,
 		Timeout: transportTimeout,
 		Logger:  hlog,

@@ -84,6 +84,7 @@ type cluster struct {
 	lns      []net.Listener // bound for the first start
 	logs     *logBuffer
 	trailing uint64
+	tls      func(i int) *Identity // nil: plain TCP
 }
 
 func newCluster(tb testing.TB, n int) *cluster {
@@ -126,6 +127,13 @@ func (c *cluster) startAll() {
 
 // open starts replica i; its raft address is re-bound when it is not the
 // first start.
+func (c *cluster) identity(i int) *Identity {
+	if c.tls == nil {
+		return nil
+	}
+	return c.tls(i)
+}
+
 func (c *cluster) open(i int) *Registry {
 	c.tb.Helper()
 	ln := c.lns[i]
@@ -145,6 +153,7 @@ func (c *cluster) open(i int) *Registry {
 		Logger:       slog.New(slog.NewTextHandler(c.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		listener:     ln,
 		trailingLogs: c.trailing,
+		TLS:          c.identity(i),
 	})
 	if err != nil {
 		c.tb.Fatalf("open %s: %v", c.peers[i].ID, err)

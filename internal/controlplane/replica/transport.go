@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"time"
@@ -16,14 +17,35 @@ import (
 // which tests need to avoid racing for free ports). It advertises the raft
 // address exactly as the peer list spells it, so the address raft reports
 // for the leader matches the configuration.
+// With TLS set, the stream is mutual TLS: a replica accepts and dials only
+// peers holding a control-plane certificate of the cluster CA, so nothing
+// else that reaches the raft port can append to the log.
 type streamLayer struct {
 	net.Listener
 	advertise string
+	tls       *Identity
+}
+
+// Identity is a replica's TLS for the raft stream: the server side (peer
+// certificates required) and the dialling side.
+type Identity struct {
+	Server, Client *tls.Config
+}
+
+func (s *streamLayer) Accept() (net.Conn, error) {
+	c, err := s.Listener.Accept()
+	if err != nil || s.tls == nil {
+		return c, err
+	}
+	return tls.Server(c, s.tls.Server), nil
 }
 
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", string(addr))
+	if s.tls == nil {
+		return d.Dial("tcp", string(addr))
+	}
+	return tls.DialWithDialer(&d, "tcp", string(addr), s.tls.Client)
 }
 
 func (s *streamLayer) Addr() net.Addr { return textAddr(s.advertise) }
