@@ -124,7 +124,7 @@ func TestContainerdFunctionLifecycle(t *testing.T) {
 	}
 
 	// An image the worker has never seen, pushed over its gRPC endpoint.
-	out = c.mustBrisk(t, "image", "push", pushed, "--to-workers")
+	out = c.mustBrisk(t, "image", "push", pushed, "--to-workers", "--data-dir", c.dataDir) // the cluster CA, to authenticate to the workers
 	if !strings.Contains(out, "brisk.local/pushed:latest") {
 		t.Fatalf("push output %q does not name the image", out)
 	}
