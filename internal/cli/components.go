@@ -29,6 +29,7 @@ type cpFlags struct {
 	noTLS                           bool
 	tlsSANs                         []string
 	adminTLS                        httpTLSFlags
+	tlsGenerate                     bool
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -43,8 +44,9 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
 	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
 	fl.BoolVar(&f.noTLS, "insecure-no-tls", false, "serve gRPC to workers and data planes in plaintext, with no certificates (debugging only: anyone who reaches the gRPC port can then join as a worker and receive calls; default: a cluster CA in <data-dir> and a join token in <data-dir>/join.token)")
-	fl.StringSliceVar(&f.tlsSANs, "tls-san", nil, "extra host names or IP addresses for the gRPC server's certificate (repeatable)")
-	f.adminTLS.register(c, "the admin API")
+	fl.StringSliceVar(&f.tlsSANs, "tls-san", nil, "extra host names or IP addresses for the gRPC server's certificate and the certificates --tls-generate issues (repeatable)")
+	f.adminTLS.register(c, "", "the admin API")
+	fl.BoolVar(&f.tlsGenerate, "tls-generate", false, "serve the admin API (under brisk up, the invoke listener too) over HTTPS with a certificate issued at start from the cluster CA (SANs localhost, 127.0.0.1, ::1, the listen host, --tls-san); clients trust <data-dir>/ca.crt (--ca-cert, BRISK_CA_CERT)")
 	d := spec.DefaultCaps()
 	fl.IntVar(&f.caps.MaxScale, "max-scale", d.MaxScale, "the most sandboxes one function may have (scaling.min/max; also bounds an unbounded max)")
 	fl.IntVar(&f.caps.MaxConcurrency, "max-concurrency", d.MaxConcurrency, "the highest per-sandbox concurrency a spec may ask for")
@@ -69,6 +71,12 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	adminTLS, err := f.adminTLS.config()
 	if err != nil {
 		return controlplane.Config{}, err
+	}
+	if adminTLS != nil && f.tlsGenerate {
+		return controlplane.Config{}, usageError{errors.New("--tls-generate or --tls-cert/--tls-key, not both")}
+	}
+	if f.tlsGenerate && f.noTLS {
+		return controlplane.Config{}, usageError{errors.New("--tls-generate issues certificates from the cluster CA, which --insecure-no-tls turns off")}
 	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
@@ -101,6 +109,20 @@ func (f *cpFlags) loadCA(cfg *controlplane.Config, mustExist bool) error {
 	fmt.Fprintf(os.Stderr, "cluster CA pin: %s (workers and data planes join with --join-token from %s and --ca-pin or --ca-cert %s)\n",
 		ca.Pin(), filepath.Join(f.dataDir, pki.JoinTokenFile), filepath.Join(f.dataDir, pki.CACertFile))
 	cfg.CA = ca
+	return nil
+}
+
+// generateAdminTLS gives cfg the admin API's certificate with
+// --tls-generate, issued from cfg.CA (loadCA has set it).
+func (f *cpFlags) generateAdminTLS(cfg *controlplane.Config) error {
+	if !f.tlsGenerate || cfg.AdminTLS != nil {
+		return nil
+	}
+	t, err := generateTLS(cfg.CA, "admin API", cfg.AdminAddr, f.tlsSANs)
+	if err != nil {
+		return err
+	}
+	cfg.AdminTLS = t
 	return nil
 }
 
@@ -224,7 +246,13 @@ identity"). Alone, the first start creates the CA in --data-dir (ca.crt,
 ca.key) and a join token (join.token): workers and data planes join with
 --join-token and --ca-cert (or --ca-pin, printed at start). Replicas share
 one CA: create it once with 'brisk ca init' and copy ca.crt and ca.key into
-every replica's --data-dir before the first start.`,
+every replica's --data-dir before the first start.
+
+The admin API is plain HTTP unless given a certificate (--tls-cert and
+--tls-key) or told to issue itself one from the cluster CA at every start
+(--tls-generate; SANs: localhost, 127.0.0.1, ::1, the --admin host and
+--tls-san). Clients then trust <data-dir>/ca.crt: brisk --ca-cert FILE or
+BRISK_CA_CERT.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
@@ -236,6 +264,9 @@ every replica's --data-dir before the first start.`,
 					return usageError{errors.New("--id needs --peers")}
 				}
 				if err := f.loadCA(&cfg, false); err != nil {
+					return err
+				}
+				if err := f.generateAdminTLS(&cfg); err != nil {
 					return err
 				}
 				cp, err := controlplane.New(cfg)
@@ -262,6 +293,9 @@ every replica's --data-dir before the first start.`,
 			}
 			cfg.AdminAddr, cfg.GRPCAddr = self.AdminAddr, self.GRPCAddr
 			if err := f.loadCA(&cfg, true); err != nil {
+				return err
+			}
+			if err := f.generateAdminTLS(&cfg); err != nil {
 				return err
 			}
 			rcfg := replica.Config{ID: id, Peers: list, Dir: filepath.Join(f.dataDir, "raft"), Logger: cfg.Logger}
@@ -291,12 +325,22 @@ every replica's --data-dir before the first start.`,
 func newDataPlane(g *globals) *cobra.Command {
 	var id, listen, cpAddr, stateDir string
 	var jf joinFlags
+	var userTLS httpTLSFlags
+	var genTLS genTLSFlags
 	var maxConns int
 	var bodyBuffer, bodyTotal, minRate int64
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
-		Args:  exactArgs(0),
+		Long: `Run a data plane: the invocation proxy, the per-function queues and load
+balancing. It joins the cluster with --join-token and --ca-cert or --ca-pin
+(docs/security.md "Component identity").
+
+Invocations are plain HTTP/1.1 and h2c on --invoke, or HTTPS (HTTP/1.1 only,
+TLS 1.2 or later; no h2) with --tls-cert and --tls-key, or with
+--tls-generate, which issues a certificate from the cluster CA at start and
+so needs its key (--tls-ca-dir: run it on the control plane's host).`,
+		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			log, err := g.logger()
 			if err != nil {
@@ -318,7 +362,11 @@ func newDataPlane(g *globals) *cobra.Command {
 			if join != nil {
 				join.Logger = log.With("component", "dataplane")
 			}
-			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
+			invokeTLS, err := genTLS.config(&userTLS, "invoke listener", listen)
+			if err != nil {
+				return err
+			}
+			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, TLS: invokeTLS, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
 				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate,
 				Logger: log.With("component", "dataplane")})
 			if err != nil {
@@ -329,7 +377,9 @@ func newDataPlane(g *globals) *cobra.Command {
 	}
 	host, _ := os.Hostname()
 	c.Flags().StringVar(&id, "id", host, "data plane id")
-	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c)")
+	c.Flags().StringVar(&listen, "invoke", "127.0.0.1:8080", "invocation HTTP listen address (HTTP/1.1 and h2c; over TLS, HTTP/1.1 only)")
+	userTLS.register(c, "", "invocations")
+	genTLS.register(c, "invocations")
 	c.Flags().StringVar(&cpAddr, "controlplane", "127.0.0.1:9091", "control plane gRPC address; every replica's, comma-separated, for an HA control plane")
 	c.Flags().StringVar(&stateDir, "state-dir", "", "directory for the data plane's key and certificate (default <data dir>/dataplane/<id>)")
 	jf.register(c)
@@ -378,6 +428,7 @@ func newUp(g *globals) *cobra.Command {
 	cf := &cpFlags{}
 	wf := &wkFlags{}
 	var invoke string
+	var invokeTLS httpTLSFlags
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run a whole cluster on this machine: control plane, data plane and worker",
@@ -385,7 +436,16 @@ func newUp(g *globals) *cobra.Command {
 (admin API on --admin), a data plane (invocations on --invoke) and a worker
 using the process runtime (or --runtime emulated). State lives in --data-dir.
 The components talk gRPC over TLS with certificates of the cluster CA the
-first start creates in --data-dir; nothing needs joining.`,
+first start creates in --data-dir; nothing needs joining.
+
+The admin API and the invoke listener are plain HTTP unless given TLS:
+--tls-generate issues both a certificate from the cluster CA at every start
+(SANs localhost, 127.0.0.1, ::1, the listen host and --tls-san; clients
+trust <data-dir>/ca.crt: brisk --ca-cert or BRISK_CA_CERT); --tls-cert and
+--tls-key serve the admin API with your certificate, --invoke-tls-cert and
+--invoke-tls-key the invoke listener (a listener without one of its own
+gets the generated certificate with --tls-generate). The invoke listener
+over TLS speaks HTTP/1.1 only.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := cf.config(g)
@@ -394,6 +454,27 @@ first start creates in --data-dir; nothing needs joining.`,
 			}
 			log, _ := g.logger()
 			host, _ := os.Hostname()
+			dpTLS, err := invokeTLS.config()
+			if err != nil {
+				return err
+			}
+			if cf.tlsGenerate {
+				// The CA local.New would load, loaded here to issue the
+				// listeners' certificates.
+				ca, _, err := pki.LoadOrCreateCA(cf.dataDir)
+				if err != nil {
+					return fmt.Errorf("cluster CA: %w", err)
+				}
+				cfg.CA = ca
+				if err := cf.generateAdminTLS(&cfg); err != nil {
+					return err
+				}
+				if dpTLS == nil {
+					if dpTLS, err = generateTLS(ca, "invoke listener", invoke, cf.tlsSANs); err != nil {
+						return err
+					}
+				}
+			}
 			// A one-machine cluster stops its sandboxes with it.
 			wf.listen, wf.nodeID, wf.stateDir, wf.stopOnExit = "127.0.0.1:0", host, filepath.Join(cf.dataDir, "worker"), true
 			opts, err := wf.options(c)
@@ -401,7 +482,7 @@ first start creates in --data-dir; nothing needs joining.`,
 				return err
 			}
 			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log, InsecureNoTLS: cf.noTLS,
-				DataPlane: dataplane.Config{ID: host, Listen: invoke, Logger: log.With("component", "dataplane")}})
+				DataPlane: dataplane.Config{ID: host, Listen: invoke, TLS: dpTLS, Logger: log.With("component", "dataplane")}})
 			if err != nil {
 				return err
 			}
@@ -409,7 +490,18 @@ first start creates in --data-dir; nothing needs joining.`,
 				select {
 				case <-c.Context().Done():
 				case <-cl.Ready():
-					fmt.Fprintf(os.Stderr, "brisk is up: admin http://%s  invoke http://%s  data %s\n", cl.AdminAddr(), cl.InvokeAddr(), cf.dataDir)
+					adminScheme, invokeScheme := "http", "http"
+					if cfg.AdminTLS != nil {
+						adminScheme = "https"
+					}
+					if dpTLS != nil {
+						invokeScheme = "https"
+					}
+					fmt.Fprintf(os.Stderr, "brisk is up: admin %s://%s  invoke %s://%s  data %s\n", adminScheme, cl.AdminAddr(), invokeScheme, cl.InvokeAddr(), cf.dataDir)
+					if cf.tlsGenerate {
+						fmt.Fprintf(os.Stderr, "TLS certificates from the cluster CA: clients trust %s (brisk --ca-cert, or export BRISK_CA_CERT=%[1]s)\n",
+							filepath.Join(cf.dataDir, pki.CACertFile))
+					}
 					if !cf.noAuth {
 						fmt.Fprintf(os.Stderr, "admin token: %s (the CLI reads it; elsewhere: export BRISK_TOKEN_FILE=%[1]s)\n",
 							filepath.Join(cf.dataDir, controlplane.AdminTokenFile))
@@ -422,5 +514,6 @@ first start creates in --data-dir; nothing needs joining.`,
 	cf.register(c)
 	wf.register(c, false)
 	c.Flags().StringVar(&invoke, "invoke", "127.0.0.1:8080", "data plane invocation listen address")
+	invokeTLS.register(c, "invoke-", "invocations")
 	return c
 }

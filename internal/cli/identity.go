@@ -4,8 +4,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -55,12 +57,15 @@ func (f *joinFlags) joiner(cpAddr, dir string) (*pki.Joiner, error) {
 	return j, nil
 }
 
-// httpTLSFlags serve an HTTP listener over HTTPS.
-type httpTLSFlags struct{ cert, key string }
+// httpTLSFlags serve an HTTP listener over HTTPS with a certificate the
+// user supplies. prefix names the flags: "" (--tls-cert, --tls-key) or
+// "invoke-" (--invoke-tls-cert, --invoke-tls-key under brisk up).
+type httpTLSFlags struct{ prefix, cert, key string }
 
-func (f *httpTLSFlags) register(c *cobra.Command, what string) {
-	c.Flags().StringVar(&f.cert, "tls-cert", "", "serve "+what+" over HTTPS with this PEM certificate (chain) file; needs --tls-key")
-	c.Flags().StringVar(&f.key, "tls-key", "", "the PEM private key of --tls-cert")
+func (f *httpTLSFlags) register(c *cobra.Command, prefix, what string) {
+	f.prefix = prefix
+	c.Flags().StringVar(&f.cert, prefix+"tls-cert", "", "serve "+what+" over HTTPS with this PEM certificate (chain) file; needs --"+prefix+"tls-key")
+	c.Flags().StringVar(&f.key, prefix+"tls-key", "", "the PEM private key of --"+prefix+"tls-cert")
 }
 
 // config loads the certificate (nil without --tls-cert).
@@ -69,13 +74,75 @@ func (f *httpTLSFlags) config() (*tls.Config, error) {
 		return nil, nil
 	}
 	if f.cert == "" || f.key == "" {
-		return nil, usageError{errors.New("--tls-cert and --tls-key go together")}
+		return nil, usageError{fmt.Errorf("--%[1]stls-cert and --%[1]stls-key go together", f.prefix)}
 	}
 	kp, err := tls.LoadX509KeyPair(f.cert, f.key)
 	if err != nil {
-		return nil, usageError{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
+		return nil, usageError{fmt.Errorf("--%[1]stls-cert/--%[1]stls-key: %w", f.prefix, err)}
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{kp}, NextProtos: []string{"http/1.1"}}, nil
+	return pki.ListenerTLS(kp), nil
+}
+
+// generateTLS issues a listener certificate from ca for what listens on
+// listen: SANs localhost, 127.0.0.1, ::1, the listen host (this host's
+// name as well when it is unspecified, 0.0.0.0 or ::) and sans. Clients
+// trust it through the CA's certificate (ca.crt, --ca-cert).
+func generateTLS(ca *pki.CA, what, listen string, sans []string) (*tls.Config, error) {
+	extra := slices.Clone(sans)
+	if h, _, err := net.SplitHostPort(listen); err == nil {
+		if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+			if name, err := os.Hostname(); err == nil {
+				extra = append(extra, name)
+			}
+		}
+	}
+	dns, ips := pki.HostSANs(listen, extra)
+	cert, err := ca.IssueListener("brisk "+what, dns, ips)
+	if err != nil {
+		return nil, fmt.Errorf("%s certificate: %w", what, err)
+	}
+	cfg := pki.ListenerTLS(cert)
+	cfg.RootCAs = ca.Pool() // for an HA follower proxying to its leader's admin API
+	return cfg, nil
+}
+
+// genTLSFlags are --tls-generate, --tls-san and --tls-ca-dir of a data
+// plane or gateway: they issue the listener's certificate from a cluster
+// CA whose key they can read (on the control plane's host).
+type genTLSFlags struct {
+	generate bool
+	sans     []string
+	caDir    string
+}
+
+func (f *genTLSFlags) register(c *cobra.Command, what string) {
+	fl := c.Flags()
+	fl.BoolVar(&f.generate, "tls-generate", false, "serve "+what+" over HTTPS with a certificate issued at start from the cluster CA in --tls-ca-dir (needs its key, so only on the control plane's host; elsewhere use --tls-cert/--tls-key); clients trust the CA's ca.crt")
+	fl.StringSliceVar(&f.sans, "tls-san", nil, "with --tls-generate: extra host names or IP addresses for the certificate (repeatable; localhost, 127.0.0.1, ::1 and the listen host are always in it)")
+	fl.StringVar(&f.caDir, "tls-ca-dir", defaultDataDir(), "with --tls-generate: the directory holding ca.crt and ca.key (a control plane's --data-dir)")
+}
+
+// config is the listener's TLS: the user's certificate, else with
+// --tls-generate one issued from the CA, else nil (plain HTTP).
+func (f *genTLSFlags) config(user *httpTLSFlags, what, listen string) (*tls.Config, error) {
+	cfg, err := user.config()
+	if err != nil || cfg != nil {
+		if cfg != nil && f.generate {
+			return nil, usageError{errors.New("--tls-generate or --tls-cert/--tls-key, not both")}
+		}
+		return cfg, err
+	}
+	if !f.generate {
+		if len(f.sans) > 0 {
+			return nil, usageError{errors.New("--tls-san needs --tls-generate")}
+		}
+		return nil, nil
+	}
+	ca, err := pki.LoadCA(f.caDir)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--tls-generate needs the cluster CA's certificate and key in --tls-ca-dir %s (run this on the control plane's host, or give --tls-cert/--tls-key): %w", f.caDir, err)}
+	}
+	return generateTLS(ca, what, listen, f.sans)
 }
 
 func newCA(g *globals) *cobra.Command {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -54,6 +55,7 @@ func isFlagError(err error) bool {
 
 type globals struct {
 	admin, invoke    string
+	caCert           string
 	token, tokenFile string
 	logLevel         string
 }
@@ -80,6 +82,7 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 	pf.StringVar(&g.token, "token", os.Getenv("BRISK_TOKEN"), "API token for the admin API and invocations (env BRISK_TOKEN; default: the one in --token-file)")
 	pf.StringVar(&g.tokenFile, "token-file", envOr("BRISK_TOKEN_FILE", filepath.Join(defaultDataDir(), controlplane.AdminTokenFile)),
 		"file holding the API token when --token is not given: brisk up writes the first admin token to <data-dir>/admin.token (env BRISK_TOKEN_FILE)")
+	pf.StringVar(&g.caCert, "ca-cert", os.Getenv("BRISK_CA_CERT"), "PEM CA certificate to trust, besides the system's roots, for https:// admin and invoke URLs, e.g. the cluster CA <data-dir>/ca.crt of a cluster run with --tls-generate (env BRISK_CA_CERT)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newTraceFn(), newToken(g), newNamespace(g), newImage(g), newNetBench(), newBench(g), newReplay(g), newCA(g))
 	return root
@@ -95,11 +98,23 @@ func envOr(k, def string) string {
 func (g *globals) client() *client.Client {
 	c := client.New(g.admin, g.invoke)
 	c.Token = g.apiToken()
+	if g.caCert != "" {
+		if err := c.TrustCAFile(g.caCert); err != nil {
+			// Every call then fails with it (--ca-cert is a usage error
+			// only for commands that talk to the cluster).
+			c.HTTP = &http.Client{Transport: errTransport{fmt.Errorf("--ca-cert: %w", err)}}
+		}
+	}
 	return c
 }
 
 // apiToken is --token, or the token in --token-file ("" when neither
 // gives one: the control plane then says a token is needed).
+// errTransport fails every request with err.
+type errTransport struct{ err error }
+
+func (t errTransport) RoundTrip(*http.Request) (*http.Response, error) { return nil, t.err }
+
 func (g *globals) apiToken() string {
 	if g.token != "" {
 		return g.token

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"time"
@@ -38,24 +37,7 @@ const JoinTokenFile = pki.JoinTokenFile
 // identity brisk://controlplane/ID, SANs 127.0.0.1, ::1, localhost, the
 // host of grpcAddr and extra (host names or IP addresses).
 func ServerIdentity(ca *pki.CA, id, grpcAddr string, extra []string) (*pki.Identity, error) {
-	dns := []string{"localhost"}
-	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-	hosts := slices.Clone(extra)
-	if h, _, err := net.SplitHostPort(grpcAddr); err == nil {
-		hosts = append(hosts, h)
-	}
-	for _, h := range hosts {
-		if h == "" {
-			continue
-		}
-		if ip := net.ParseIP(h); ip != nil {
-			if !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
-				ips = append(ips, ip)
-			}
-		} else if !slices.Contains(dns, h) {
-			dns = append(dns, h)
-		}
-	}
+	dns, ips := pki.HostSANs(grpcAddr, extra)
 	return ca.Issue(pki.KindControlPlane, []string{id}, dns, ips)
 }
 

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"crypto/tls"
 	"fmt"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"log/slog"
@@ -16,6 +17,12 @@ type Config struct {
 	ID string
 	// Listen is the invocation address. Default 127.0.0.1:8080.
 	Listen string
+	// TLS, when set, serves the invocation listener over HTTPS (its
+	// Certificates; Run forces TLS 1.2 or later and ALPN http/1.1 only: the
+	// front end speaks HTTP/1.1, and neither h2 nor h2c is offered over
+	// TLS). The handshake counts against ReadHeaderTimeout. Nil: plain
+	// HTTP/1.1 and h2c.
+	TLS *tls.Config
 	// ControlPlane is the gRPC target of the ControlPlane service. Empty runs
 	// the data plane without a control plane: state comes only from Apply.
 	ControlPlane string

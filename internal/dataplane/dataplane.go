@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"google.golang.org/grpc/credentials"
@@ -42,6 +43,7 @@ type DataPlane struct {
 	proxy        *httputil.ReverseProxy
 	handler      http.Handler
 	bodyTooLarge string
+	fwdProto     string     // X-Forwarded-Proto of calls: http or https (Config.TLS)
 	bodyBudget   bodyBudget // bytes buffered bodies may still hold (body.go)
 	// Invocation auth (auth.go): the tokens the control plane sent, and
 	// whether it asks for them at all.
@@ -94,6 +96,10 @@ func New(cfg Config) (*DataPlane, error) {
 		unreach:      unreachable{bell: make(chan struct{}, 1)},
 		ready:        make(chan struct{}),
 		bodyTooLarge: fmt.Sprintf("request body larger than %d bytes", cfg.MaxBodyBytes),
+		fwdProto:     "http",
+	}
+	if cfg.TLS != nil {
+		d.fwdProto = "https"
 	}
 	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
 	d.tokens = auth.NewChecker()
@@ -143,8 +149,9 @@ func (d *DataPlane) ID() string {
 
 func (d *DataPlane) nanotime() int64 { return int64(time.Since(d.epoch)) }
 
-// Run binds Listen and serves HTTP/1.1 and h2c (the front end, front.go,
-// with net/http behind it), and with a ControlPlane
+// Run binds Listen and serves HTTP/1.1 and h2c, or with Config.TLS
+// HTTP/1.1 over TLS (the front end, front.go, with net/http behind it),
+// and with a ControlPlane
 // address keeps the endpoint watch and the metric reports running. It
 // returns after ctx ends and a graceful Shutdown (bounded by
 // ShutdownTimeout), or when serving fails.
@@ -174,6 +181,9 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	close(d.ready)
 
+	if d.cfg.TLS != nil {
+		ln = tls.NewListener(ln, listenerTLS(d.cfg.TLS))
+	}
 	front := d.newFrontEnd(d.newServer())
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- front.serve(ln) }()
@@ -231,12 +241,24 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	return err
 }
 
+// listenerTLS is cfg for the invocation listener: TLS 1.2 or later, and
+// HTTP/1.1 the only protocol offered (the front end reads HTTP/1.1; the
+// net/http server behind it sees decrypted bytes on a connection that is
+// not a *tls.Conn, so it could not serve h2 anyway).
+func listenerTLS(cfg *tls.Config) *tls.Config {
+	c := cfg.Clone()
+	c.MinVersion = max(c.MinVersion, tls.VersionTLS12)
+	c.NextProtos = []string{"http/1.1"}
+	return c
+}
+
 // newServer is the net/http server behind the front end: it serves the
-// connections the front end hands over (HTTP/1.1 and h2c).
+// connections the front end hands over (HTTP/1.1, and h2c unless the
+// listener is TLS: prior-knowledge HTTP/2 inside TLS is not offered).
 func (d *DataPlane) newServer() *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	protocols.SetUnencryptedHTTP2(d.cfg.TLS == nil)
 	return &http.Server{
 		Handler:           d.handler,
 		Protocols:         &protocols,

@@ -356,7 +356,7 @@ func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error
 			bw.WriteString(", ")
 		}
 	}
-	writeForwarding(bw, c.remote, rq.host, st.ep.id, callID)
+	writeForwarding(bw, c.remote, rq.host, c.f.d.fwdProto, st.ep.id, callID)
 	writeBody(bw, rq.method, rq.body)
 	return bw.Flush()
 }

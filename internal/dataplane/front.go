@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -29,6 +30,12 @@ import (
 // reject) is handed, with the bytes read so far, to the net/http server for
 // the rest of its life; that server serves Handler, so every behaviour
 // stays one implementation away.
+//
+// Over TLS (Config.TLS) the listener hands out *tls.Conn: the front end
+// and the net/http server behind it read and write decrypted bytes. The
+// handshake runs first on the connection's goroutine, in the idle state
+// of a new connection, so the header timeout bounds it like the first
+// request's head; the reaper closes the TCP connection under it.
 //
 // Timeouts are kept by a reaper instead of a deadline per call: each
 // connection publishes its state and when it entered it, and the reaper
@@ -164,7 +171,10 @@ func (f *frontEnd) serve(ln net.Listener) error {
 }
 
 func (f *frontEnd) newConn(nc net.Conn) *frontConn {
-	c := &frontConn{f: f, nc: nc, watchDone: make(chan struct{}, 1)}
+	c := &frontConn{f: f, nc: nc, raw: nc, watchDone: make(chan struct{}, 1)}
+	if tc, ok := nc.(*tls.Conn); ok {
+		c.raw = tc.NetConn()
+	}
 	c.br = bufReaders.Get().(*bufio.Reader)
 	c.br.Reset(nc)
 	c.bw = bufWriters.Get().(*bufio.Writer)
@@ -294,8 +304,11 @@ func (f *frontEnd) close() {
 type frontConn struct {
 	f  *frontEnd
 	nc net.Conn
-	br *bufio.Reader
-	bw *bufio.Writer // writes to out
+	// raw is the TCP connection under nc (nc itself without TLS): what
+	// the reaper closes, at once, with no TLS alert to write.
+	raw net.Conn
+	br  *bufio.Reader
+	bw  *bufio.Writer // writes to out
 	// out counts what reached the client connection, so that a reply cut
 	// off before any of it left can still be answered with a 502.
 	out countingConn
@@ -332,7 +345,7 @@ type frontConn struct {
 // killIf closes c if its word is still w; it reports whether it did.
 func (c *frontConn) killIf(w uint64) bool {
 	if c.word.CompareAndSwap(w, w&^stMask|uint64(stGone)) {
-		c.nc.Close()
+		c.raw.Close()
 		return true
 	}
 	return false
@@ -366,6 +379,9 @@ func (c *frontConn) serve() {
 			c.finish()
 		}
 	}()
+	if tc, ok := c.nc.(*tls.Conn); ok && !c.handshake(tc) {
+		return
+	}
 	for {
 		fn, act := c.next()
 		switch act {
@@ -384,6 +400,35 @@ func (c *frontConn) serve() {
 			return
 		}
 	}
+}
+
+// handshake runs the TLS handshake of a new connection. It is in stIdle
+// with the header timeout as its limit (newConn), so a client that never
+// sends a ClientHello, or stalls in the middle, is closed by the reaper
+// like one that never sends a request. A client speaking plain HTTP to the
+// port gets net/http's answer to that.
+func (c *frontConn) handshake(tc *tls.Conn) bool {
+	err := tc.Handshake()
+	if err == nil {
+		return true
+	}
+	var re tls.RecordHeaderError
+	if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader[:]) {
+		_ = re.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = io.WriteString(re.Conn, "HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+	}
+	c.f.d.log.Debug("TLS handshake failed", "remote", c.remote, "err", err)
+	return false
+}
+
+// looksLikeHTTP reports whether the first bytes of a connection are a
+// plain HTTP request (net/http's test).
+func looksLikeHTTP(hdr []byte) bool {
+	switch string(hdr) {
+	case "GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "DELET", "PATCH", "CONNE", "TRACE":
+		return true
+	}
+	return false
 }
 
 // finish closes the connection and recycles its buffers, once no watch

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net"
@@ -37,7 +38,11 @@ func newTestDP(t testing.TB, mod func(*Config)) (*DataPlane, *testServer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &testServer{URL: "http://" + ln.Addr().String(), front: d.newFrontEnd(d.newServer())}
+	scheme := "http://"
+	if d.cfg.TLS != nil { // as Run serves it
+		ln, scheme = tls.NewListener(ln, listenerTLS(d.cfg.TLS)), "https://"
+	}
+	srv := &testServer{URL: scheme + ln.Addr().String(), front: d.newFrontEnd(d.newServer())}
 	done := make(chan struct{})
 	go func() { _ = srv.front.serve(ln); close(done) }()
 	t.Cleanup(func() { srv.front.close(); <-done })
@@ -66,7 +71,7 @@ func newSandbox(t testing.TB, h http.HandlerFunc) string {
 
 // seen is what the echo sandbox saw.
 type seen struct {
-	Path, RawQuery, Sandbox, CallID, XFF, XFHost, Host string
+	Path, RawQuery, Sandbox, CallID, XFF, XFHost, XFProto, Host string
 }
 
 func echo(w http.ResponseWriter, r *http.Request) {
@@ -78,6 +83,7 @@ func echo(w http.ResponseWriter, r *http.Request) {
 		CallID:   r.Header.Get("X-Call-Id"),
 		XFF:      r.Header.Get("X-Forwarded-For"),
 		XFHost:   r.Header.Get("X-Forwarded-Host"),
+		XFProto:  r.Header.Get("X-Forwarded-Proto"),
 		Host:     r.Host,
 	})
 }

@@ -371,6 +371,7 @@ func (d *DataPlane) rewrite(pr *httputil.ProxyRequest) {
 		pr.Out.Header["X-Forwarded-For"] = prior
 	}
 	pr.SetXForwarded()
+	pr.Out.Header.Set("X-Forwarded-Proto", d.fwdProto) // handed-off TLS connections are not *tls.Conn
 	pr.Out.Header["X-Brisk-Sandbox"] = st.ep.idHdr
 	pr.Out.Header["X-Call-Id"] = st.callID
 	st.proxyStart = d.nanotime()

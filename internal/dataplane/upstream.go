@@ -485,7 +485,7 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 	if host, _, err := net.SplitHostPort(remote); err == nil {
 		remote = host
 	}
-	writeForwarding(bw, remote, r.Host, st.ep.id, st.callID[0])
+	writeForwarding(bw, remote, r.Host, d.fwdProto, st.ep.id, st.callID[0])
 	switch {
 	case buffered:
 		writeBody(bw, r.Method, body)
@@ -522,11 +522,13 @@ func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
 // X-Forwarded-For values the client sent, already written): the client's
 // address, X-Forwarded-Host and -Proto, the sandbox and call ids. Host and
 // call id come as strings (the net/http path) or bytes (the front end).
-func writeForwarding[S string | []byte](bw *bufio.Writer, remote string, host S, sandbox string, callID S) {
+func writeForwarding[S string | []byte](bw *bufio.Writer, remote string, host S, proto, sandbox string, callID S) {
 	bw.WriteString(remote)
 	bw.WriteString("\r\nX-Forwarded-Host: ")
 	bw.Write(append(bw.AvailableBuffer(), host...))
-	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Brisk-Sandbox: ")
+	bw.WriteString("\r\nX-Forwarded-Proto: ")
+	bw.WriteString(proto)
+	bw.WriteString("\r\nX-Brisk-Sandbox: ")
 	bw.WriteString(sandbox)
 	bw.WriteString("\r\nX-Call-Id: ")
 	bw.Write(append(bw.AvailableBuffer(), callID...))

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,11 @@ import (
 type Config struct {
 	// Listen is the address clients call. Default 127.0.0.1:8088.
 	Listen string
+	// TLS, when set, serves Listen over HTTPS (its Certificates; Run forces
+	// TLS 1.2 or later and ALPN http/1.1 only, as the data plane does: h2
+	// and h2c are not offered over TLS). The gateway still calls the data
+	// planes over plain HTTP. Nil: plain HTTP/1.1 and h2c.
+	TLS *tls.Config
 	// DataPlanes are the host:port invocation addresses of the data planes
 	// (`brisk dataplane --invoke`). At least one, no duplicates. A data
 	// plane's address is its identity in the hash, so every gateway of a

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -118,7 +119,8 @@ func (g *Gateway) Addr() string {
 	return ""
 }
 
-// Run binds Listen, serves HTTP/1.1 and h2c, and probes the data planes. It
+// Run binds Listen, serves HTTP/1.1 and h2c (HTTP/1.1 over TLS with
+// Config.TLS), and probes the data planes. It
 // returns after ctx ends and a graceful shutdown, or when serving fails.
 func (g *Gateway) Run(ctx context.Context) error {
 	if !g.started.CompareAndSwap(false, true) {
@@ -134,7 +136,14 @@ func (g *Gateway) Run(ctx context.Context) error {
 
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
+	protocols.SetUnencryptedHTTP2(g.cfg.TLS == nil)
+	if g.cfg.TLS != nil {
+		// net/http bounds the handshake by ReadHeaderTimeout.
+		tc := g.cfg.TLS.Clone()
+		tc.MinVersion = max(tc.MinVersion, tls.VersionTLS12)
+		tc.NextProtos = []string{"http/1.1"}
+		ln = tls.NewListener(ln, tc)
+	}
 	srv := &http.Server{
 		Handler:           g.handler,
 		Protocols:         &protocols,

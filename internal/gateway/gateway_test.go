@@ -302,7 +302,16 @@ func (f *fakeDP) hitCount() int {
 
 func runGateway(t *testing.T, interval time.Duration, dps ...*fakeDP) *Gateway {
 	t.Helper()
+	return runGatewayWith(t, nil, interval, dps...)
+}
+
+// runGatewayWith is runGateway with mod applied to the configuration.
+func runGatewayWith(t *testing.T, mod func(*Config), interval time.Duration, dps ...*fakeDP) *Gateway {
+	t.Helper()
 	cfg := Config{Listen: "127.0.0.1:0", HealthInterval: interval, Registerer: prometheus.NewRegistry()}
+	if mod != nil {
+		mod(&cfg)
+	}
 	for _, d := range dps {
 		cfg.DataPlanes = append(cfg.DataPlanes, d.addr)
 	}

@@ -443,7 +443,11 @@ func writeRequest(bw *bufio.Writer, r *http.Request, target string, body []byte,
 	bw.WriteString(remote)
 	bw.WriteString("\r\nX-Forwarded-Host: ")
 	bw.WriteString(r.Host)
-	bw.WriteString("\r\nX-Forwarded-Proto: http\r\n")
+	if r.TLS != nil {
+		bw.WriteString("\r\nX-Forwarded-Proto: https\r\n")
+	} else {
+		bw.WriteString("\r\nX-Forwarded-Proto: http\r\n")
+	}
 	switch {
 	case !buffered && r.ContentLength > 0: // streamed by streamBody
 		bw.WriteString("Content-Length: ")

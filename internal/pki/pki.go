@@ -434,3 +434,68 @@ func writeFile(path string, data []byte, perm os.FileMode) error {
 	}
 	return os.Rename(tmp, path)
 }
+
+// HostSANs are the SANs of a listener's certificate: localhost, 127.0.0.1
+// and ::1, the host of addr (unless unspecified: 0.0.0.0, ::, empty) and
+// extra host names or IP addresses.
+func HostSANs(addr string, extra []string) (dns []string, ips []net.IP) {
+	dns = []string{"localhost"}
+	ips = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	hosts := slices.Clone(extra)
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		hosts = append(hosts, h)
+	}
+	for _, h := range hosts {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			if !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
+				ips = append(ips, ip)
+			}
+		} else if !slices.Contains(dns, h) {
+			dns = append(dns, h)
+		}
+	}
+	return dns, ips
+}
+
+// IssueListener makes a fresh key and a certificate for an HTTPS listener
+// (the admin API, a data plane's or a gateway's invoke listener): a server
+// certificate only, naming dns and ips and no brisk identity, so that it can
+// never stand for a component. It is valid for CertValidity and carries
+// the CA after the leaf.
+func (ca *CA) IssueListener(name string, dns []string, ips []net.IP) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: name, Organization: []string{"brisk"}},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     now.Add(CertValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     dns,
+		IPAddresses:  ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// ListenerTLS is the TLS configuration of an HTTPS listener serving cert:
+// TLS 1.2 or later, HTTP/1.1 only (brisk's HTTP listeners do not offer h2
+// over TLS).
+func ListenerTLS(cert tls.Certificate) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+}

@@ -5,12 +5,15 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -59,6 +62,54 @@ func (c *Client) authorize(req *http.Request) {
 // New returns a client; addresses may omit the scheme.
 func New(admin, invoke string) *Client {
 	return &Client{Admin: baseURL(admin), Invoke: baseURL(invoke), HTTP: &http.Client{Timeout: 10 * time.Minute}}
+}
+
+// TrustCA makes the client trust the PEM CA certificates in pemCerts, as
+// well as the system's roots, for https:// URLs: a cluster run with
+// --tls-generate serves certificates of its CA, <data-dir>/ca.crt. It
+// gives c.HTTP a copy of its transport (http.DefaultTransport when nil)
+// with the CA set.
+func (c *Client) TrustCA(pemCerts []byte) error {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pemCerts) {
+		return errors.New("client: no PEM certificate in the CA file")
+	}
+	if c.HTTP == nil {
+		c.HTTP = &http.Client{Timeout: 10 * time.Minute}
+	}
+	var tr *http.Transport
+	switch t := c.HTTP.Transport.(type) {
+	case *http.Transport:
+		tr = t.Clone()
+	case nil:
+		if d, ok := http.DefaultTransport.(*http.Transport); ok {
+			tr = d.Clone()
+		} else {
+			tr = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true}
+		}
+	default:
+		return errors.New("client: TrustCA needs HTTP.Transport to be nil or an *http.Transport (otherwise set the CA in your transport's TLS configuration)")
+	}
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	h := *c.HTTP
+	h.Transport = tr
+	c.HTTP = &h
+	return nil
+}
+
+// TrustCAFile is TrustCA with the certificates in a file.
+func (c *Client) TrustCAFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("client: CA certificate: %w", err)
+	}
+	if err := c.TrustCA(b); err != nil {
+		return fmt.Errorf("%w %s", err, path)
+	}
+	return nil
 }
 
 func baseURL(a string) string {

@@ -5,6 +5,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -233,10 +235,16 @@ type cluster struct {
 	admin, invokeAddr, grpc string
 	dataDir                 string
 	cl                      *client.Client
+	// With useTLS: https, the CA file the CLI is told to trust, and an
+	// HTTP client trusting it (the admin token added by host, as for
+	// every client of the tests).
+	scheme string
+	hc     *http.Client
+	caEnv  []string // more environment for CLI commands
 }
 
 func newCluster(t *testing.T) *cluster {
-	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir()}
+	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir(), scheme: "http", hc: http.DefaultClient}
 	c.cl = client.New(c.admin, c.invokeAddr)
 	registerAdmin(c.admin, c.dataDir)
 	registerAdmin(c.invokeAddr, c.dataDir) // functions need a token to be called
@@ -245,8 +253,28 @@ func newCluster(t *testing.T) *cluster {
 
 // env points CLI commands at the cluster, with its admin token.
 func (c *cluster) env() []string {
-	return []string{"BRISK_ADMIN=" + c.admin, "BRISK_INVOKE=" + c.invokeAddr,
+	return []string{"BRISK_ADMIN=" + c.scheme + "://" + c.admin, "BRISK_INVOKE=" + c.scheme + "://" + c.invokeAddr,
 		"BRISK_TOKEN_FILE=" + filepath.Join(c.dataDir, controlplane.AdminTokenFile)}
+}
+
+// useTLS points the tests' clients at https:// URLs of a cluster whose
+// listeners serve certificates of the CA in caFile.
+func (c *cluster) useTLS(t *testing.T, caFile string) {
+	t.Helper()
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(b) {
+		t.Fatalf("no certificate in %s", caFile)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(tr.CloseIdleConnections)
+	c.scheme = "https"
+	c.hc = &http.Client{Transport: tokenTransport{base: tr}, Timeout: time.Minute}
+	c.cl = client.New("https://"+c.admin, "https://"+c.invokeAddr)
+	c.cl.HTTP = c.hc
 }
 
 // cpArgs are control-plane flags tuned so tests run in seconds.
@@ -271,12 +299,17 @@ func (c *cluster) waitHealthy(t *testing.T, p *proc) {
 		default:
 		}
 		st, err := c.cl.Status(context.Background())
-		return err == nil && len(st.Nodes) > 0 && st.Nodes[0].Connected && httpOK("http://"+c.invokeAddr+"/healthz")
+		return err == nil && len(st.Nodes) > 0 && st.Nodes[0].Connected && c.httpOK(c.scheme+"://"+c.invokeAddr+"/healthz")
 	})
 }
 
-func httpOK(url string) bool {
-	resp, err := http.Get(url)
+func httpOK(url string) bool { return httpOKWith(http.DefaultClient, url) }
+
+// httpOK is httpOK with the cluster's HTTP client.
+func (c *cluster) httpOK(url string) bool { return httpOKWith(c.hc, url) }
+
+func httpOKWith(hc *http.Client, url string) bool {
+	resp, err := hc.Get(url)
 	if err != nil {
 		return false
 	}
@@ -289,7 +322,7 @@ func httpOK(url string) bool {
 func (c *cluster) brisk(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(briskBin, args...)
-	cmd.Env = append(os.Environ(), c.env()...)
+	cmd.Env = append(append(os.Environ(), c.env()...), c.caEnv...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -334,7 +367,7 @@ type traceReply struct {
 // invoke posts body to /function/name.
 func (c *cluster) invoke(t *testing.T, name, body string) invocation {
 	t.Helper()
-	resp, err := http.Post("http://"+c.invokeAddr+"/function/"+name, "application/json", strings.NewReader(body))
+	resp, err := c.hc.Post(c.scheme+"://"+c.invokeAddr+"/function/"+name, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatalf("invoke %s: %v", name, err)
 	}
