@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 )
 
 func newGateway(g *globals) *cobra.Command {
-	var listen, dataPlanes string
+	var listen, dataPlanes, metricsToken string
 	var interval time.Duration
 	var userTLS httpTLSFlags
 	var genTLS genTLSFlags
@@ -58,7 +59,7 @@ hop on a private network.`,
 			if err != nil {
 				return err
 			}
-			gw, err := gateway.New(gateway.Config{Listen: listen, TLS: gwTLS, DataPlanes: dps, HealthInterval: interval,
+			gw, err := gateway.New(gateway.Config{Listen: listen, TLS: gwTLS, DataPlanes: dps, HealthInterval: interval, MetricsToken: metricsToken,
 				Logger: log.With("component", "gateway")})
 			if err != nil {
 				// Everything New checks comes from the flags.
@@ -72,5 +73,6 @@ hop on a private network.`,
 	genTLS.register(c, "invocations")
 	c.Flags().StringVar(&dataPlanes, "dataplanes", "", "comma-separated invoke addresses (host:port) of the data planes (required)")
 	c.Flags().DurationVar(&interval, "health-interval", gateway.DefaultHealthInterval, "period of the GET /healthz probe of each data plane")
+	c.Flags().StringVar(&metricsToken, "metrics-token", os.Getenv("BRISK_GATEWAY_METRICS_TOKEN"), "bearer token /metrics asks for (env BRISK_GATEWAY_METRICS_TOKEN; unset: loopback clients only)")
 	return c
 }

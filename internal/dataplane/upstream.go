@@ -455,36 +455,8 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(st.ep.addr)
 	bw.WriteString("\r\n")
-	conn := r.Header["Connection"]
-	for k, vv := range r.Header {
-		switch k {
-		case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Call-Id", "X-Brisk-Sandbox", "Content-Length", "Host":
-			continue
-		case "Te":
-			if httpx.ListedIn(vv, "trailers") {
-				bw.WriteString("Te: trailers\r\n")
-			}
-			continue
-		}
-		if httpx.HopByHop(k) || (conn != nil && httpx.ListedIn(conn, k)) {
-			continue
-		}
-		for _, v := range vv {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
-		}
-	}
-	bw.WriteString("X-Forwarded-For: ")
-	for _, v := range r.Header["X-Forwarded-For"] {
-		bw.WriteString(v)
-		bw.WriteString(", ")
-	}
-	remote := r.RemoteAddr
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		remote = host
-	}
+	// The call and sandbox ids are the data plane's own (writeForwarding).
+	remote := httpx.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr, "X-Call-Id", "X-Brisk-Sandbox")
 	writeForwarding(bw, remote, r.Host, d.fwdProto, st.ep.id, st.callID[0])
 	switch {
 	case buffered:

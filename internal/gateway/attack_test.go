@@ -67,3 +67,39 @@ func TestContentLengthWithChunkedClosesTheConnection(t *testing.T) {
 		t.Fatalf("the data plane saw %d calls, want 2", n)
 	}
 }
+
+// The gateway's /metrics asks for its metrics token when it has one, and
+// otherwise answers only clients on this host.
+func TestMetricsAccess(t *testing.T) {
+	dp := newFakeDP(t, "dp-a")
+	g := runGateway(t, time.Hour, dp)
+	get := func(g *Gateway, authz string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+g.Addr()+"/metrics", nil)
+		if authz != "" {
+			req.Header.Set("Authorization", authz)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(g, ""); code != 200 {
+		t.Fatalf("loopback client, no token configured: %d", code)
+	}
+	r := &http.Request{RemoteAddr: "10.1.2.3:4444", Header: http.Header{}}
+	if g.metricsAllowed(r) {
+		t.Fatal("a remote client read /metrics without a token")
+	}
+	g.cfg.MetricsToken = "s3cret"
+	if code := get(g, ""); code != http.StatusForbidden {
+		t.Fatalf("without the token: %d, want 403", code)
+	}
+	if code := get(g, "Bearer wrong"); code != http.StatusForbidden {
+		t.Fatalf("a wrong token: %d, want 403", code)
+	}
+	if code := get(g, "Bearer s3cret"); code != 200 {
+		t.Fatalf("the token: %d, want 200", code)
+	}
+}

@@ -28,6 +28,10 @@ type Config struct {
 	// HealthInterval is the period of the GET /healthz probe of each data
 	// plane. Default 200ms.
 	HealthInterval time.Duration
+	// MetricsToken, when set, is the bearer token /metrics asks for; unset,
+	// /metrics answers loopback clients only (the gateway knows none of
+	// the cluster's tokens).
+	MetricsToken string
 	// Logger receives operational logs. Default: discard.
 	Logger *slog.Logger
 	// Registerer receives the gateway's Prometheus metrics. Nil uses a

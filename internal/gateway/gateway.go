@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,6 +209,11 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case "/metrics":
 			if g.prom.handler != nil {
+				if !g.metricsAllowed(r) {
+					writeError(w, r.Header["X-Call-Id"], nil, http.StatusForbidden, "forbidden",
+						"/metrics: send the gateway's --metrics-token as a bearer token (without one, only loopback clients may read it)")
+					return
+				}
 				g.prom.handler.ServeHTTP(w, r)
 				return
 			}
@@ -214,6 +221,18 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	writeError(w, r.Header["X-Call-Id"], nil, http.StatusNotFound, reasonNoFunction,
 		"no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name")
+}
+
+// metricsAllowed: the request carries the metrics token, or there is none
+// and it comes from this host.
+func (g *Gateway) metricsAllowed(r *http.Request) bool {
+	if tok := g.cfg.MetricsToken; tok != "" {
+		got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		return subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	return err == nil && ip != nil && ip.IsLoopback()
 }
 
 // setUp records a data plane's health and logs the transitions.

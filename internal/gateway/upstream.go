@@ -410,36 +410,7 @@ func writeRequest(bw *bufio.Writer, r *http.Request, target string, body []byte,
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(r.Host)
 	bw.WriteString("\r\n")
-	conn := r.Header["Connection"]
-	for k, vv := range r.Header {
-		switch k {
-		case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Content-Length", "Host":
-			continue
-		case "Te":
-			if httpx.ListedIn(vv, "trailers") {
-				bw.WriteString("Te: trailers\r\n")
-			}
-			continue
-		}
-		if httpx.HopByHop(k) || (conn != nil && httpx.ListedIn(conn, k)) {
-			continue
-		}
-		for _, v := range vv {
-			bw.WriteString(k)
-			bw.WriteString(": ")
-			bw.WriteString(v)
-			bw.WriteString("\r\n")
-		}
-	}
-	bw.WriteString("X-Forwarded-For: ")
-	for _, v := range r.Header["X-Forwarded-For"] {
-		bw.WriteString(v)
-		bw.WriteString(", ")
-	}
-	remote := r.RemoteAddr
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		remote = host
-	}
+	remote := httpx.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr)
 	bw.WriteString(remote)
 	bw.WriteString("\r\nX-Forwarded-Host: ")
 	bw.WriteString(r.Host)

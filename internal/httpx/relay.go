@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -309,4 +310,43 @@ func SendBody(bw *bufio.Writer, n int64, src io.Reader, buf []byte) error {
 	}
 	bw.WriteString("0\r\n\r\n")
 	return bw.Flush()
+}
+
+// WriteForwardedHeaders writes the header lines a proxy passes on from a
+// request: h's end-to-end headers (less hop-by-hop ones, those Connection
+// names, and the names in skip), "Te: trailers" when asked for, then
+// "X-Forwarded-For: " with the values h carries, each followed by ", ". It
+// returns the client's host (from remoteAddr), which the caller writes next
+// to end that line.
+func WriteForwardedHeaders(bw *bufio.Writer, h http.Header, remoteAddr string, skip ...string) string {
+	conn := h["Connection"]
+	for k, vv := range h {
+		switch k {
+		case "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "Content-Length", "Host":
+			continue
+		case "Te":
+			if ListedIn(vv, "trailers") {
+				bw.WriteString("Te: trailers\r\n")
+			}
+			continue
+		}
+		if HopByHop(k) || (conn != nil && ListedIn(conn, k)) || slices.Contains(skip, k) {
+			continue
+		}
+		for _, v := range vv {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	bw.WriteString("X-Forwarded-For: ")
+	for _, v := range h["X-Forwarded-For"] {
+		bw.WriteString(v)
+		bw.WriteString(", ")
+	}
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		return host
+	}
+	return remoteAddr
 }

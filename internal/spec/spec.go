@@ -265,22 +265,22 @@ func (s *Scaling) validate(bad func(field, format string, args ...any) error) er
 		return bad("scaling.max", "%d must not be negative (0 = unbounded)", s.Max)
 	case s.Max > 0 && s.Min > s.Max:
 		return bad("scaling.min", "%d is above scaling.max %d", s.Min, s.Max)
-	case s.Target < 0:
-		return bad("scaling.target", "%g must not be negative", s.Target)
+	case s.Target < 0 || s.Target > 1e6:
+		return bad("scaling.target", "%g out of range [0, 1000000]", s.Target)
 	case s.TargetUtilization < 0 || s.TargetUtilization > 1:
 		return bad("scaling.target_utilization", "%g out of range (0, 1]", s.TargetUtilization)
 	case s.StableWindow != 0 && (s.StableWindow < Duration(time.Second) || s.StableWindow > Duration(time.Hour)):
 		return bad("scaling.stable_window", "%s out of range [1s, 1h]", s.StableWindow)
 	case s.PanicWindowPct != 0 && (s.PanicWindowPct < 1 || s.PanicWindowPct > 100):
 		return bad("scaling.panic_window_percent", "%g out of range [1, 100]", s.PanicWindowPct)
-	case s.PanicThreshold != 0 && s.PanicThreshold <= 1:
-		return bad("scaling.panic_threshold", "%g must be > 1", s.PanicThreshold)
-	case s.ScaleToZeroGrace < 0:
-		return bad("scaling.scale_to_zero_grace", "%s must not be negative", s.ScaleToZeroGrace)
-	case s.MaxScaleUpRate != 0 && s.MaxScaleUpRate <= 1:
-		return bad("scaling.max_scale_up_rate", "%g must be > 1", s.MaxScaleUpRate)
-	case s.MaxScaleDownRate != 0 && s.MaxScaleDownRate <= 1:
-		return bad("scaling.max_scale_down_rate", "%g must be > 1", s.MaxScaleDownRate)
+	case s.PanicThreshold != 0 && (s.PanicThreshold <= 1 || s.PanicThreshold > 1000):
+		return bad("scaling.panic_threshold", "%g out of range (1, 1000]", s.PanicThreshold)
+	case s.ScaleToZeroGrace < 0 || s.ScaleToZeroGrace > Duration(24*time.Hour):
+		return bad("scaling.scale_to_zero_grace", "%s out of range [0, 24h]", s.ScaleToZeroGrace)
+	case s.MaxScaleUpRate != 0 && (s.MaxScaleUpRate <= 1 || s.MaxScaleUpRate > 1e6):
+		return bad("scaling.max_scale_up_rate", "%g out of range (1, 1000000]", s.MaxScaleUpRate)
+	case s.MaxScaleDownRate != 0 && (s.MaxScaleDownRate <= 1 || s.MaxScaleDownRate > 1e6):
+		return bad("scaling.max_scale_down_rate", "%g out of range (1, 1000000]", s.MaxScaleDownRate)
 	}
 	return nil
 }
