@@ -28,9 +28,9 @@ open-loop, and the papers' metrics are computed: slowdown (geometric mean of
 per-function p99, and the Dirigent and KubeDirect variants), scheduling
 latency, cold starts, sandboxes created and memory cost. --dry-run prints the
 schedule as CSV without any cluster. See docs/benchmarks.md.`,
-		Example: `  brisk replay ../shared/traces/azure_500 --minutes 30 --local --workers 20 --out results/azure500
-  brisk replay ../shared/traces/azure_100 --minutes 10 --time-scale 0.1 --local --out results/azure100
-  brisk replay ../shared/traces/azure_500 --minutes 30 --dry-run > schedule.csv`,
+		Example: `  brisk replay ./traces/azure_500 --minutes 30 --local --workers 20 --out results/azure500
+  brisk replay ./traces/azure_100 --minutes 10 --time-scale 0.1 --local --out results/azure100
+  brisk replay ./traces/azure_500 --minutes 30 --dry-run > schedule.csv`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.TraceDir = args[0]

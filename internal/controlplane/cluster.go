@@ -49,7 +49,7 @@ type sandboxRec struct {
 	// withdrawn: its node's link is down, so data planes do not route to it
 	// (and the autoscaler does not count it as ready). It is replaced only
 	// once the node is fenced (NodeGrace): a short blip must not churn
-	// sandboxes (CHAIN.md §3.10 case 16). The next handshake restores it.
+	// sandboxes (docs/reliability.md, case 16). The next handshake restores it.
 	withdrawn bool
 	// verifyAsked: a data plane could not connect to it and its worker was
 	// asked to check it then (zero: no check pending). The worker answers
@@ -109,7 +109,7 @@ type nodeState struct {
 	// fence gave up), so that late updates for them are ignored, with the
 	// session generation (gen) that last marked or ignored one. A mark lives
 	// until a whole session has passed without traffic for its id
-	// (CHAIN.md §3.5): clearing every mark at the next handshake would let
+	// (docs/reliability.md, case 10): clearing every mark at the next handshake would let
 	// a late record for the id, arriving in that next session, adopt it.
 	invalid       map[string]uint64
 	gen           uint64 // handshakes completed with this node
@@ -745,7 +745,7 @@ func (c *Cluster) registerNode(w *store.Worker) (n *nodeState, startLink bool) {
 
 // checkNodesLocked fences nodes whose link has been down longer than the
 // grace period: their sandboxes are counted gone and replaced elsewhere, and
-// the node must drain before it takes work again (CHAIN.md §3.7).
+// the node must drain before it takes work again (docs/reliability.md, case 16).
 // withdrawNodeLocked takes a node whose link just went down out of load
 // balancing at once: data planes stop routing to its sandboxes. The records
 // stay until the node's next handshake restores what still runs, or until
