@@ -14,6 +14,8 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // Regression tests for issue 21's attacks on the data path: slow uploads,
@@ -139,7 +141,7 @@ func TestInvalidChunkSizeGetsOneAnswer(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
 		Functions: []*briskv1.FunctionSpec{fnSpec("f")},
 		Added:     []*briskv1.Endpoint{ep("f", "sb-1", sb.addr)}})
-	raw := rawCall(t, strings.TrimPrefix(srv.URL, "http://"),
+	raw := testutil.RawExchange(t, strings.TrimPrefix(srv.URL, "http://"),
 		"POST /function/f HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"+
 			"GET /function/f/next HTTP/1.1\r\nHost: x\r\n\r\n")
 	if n := countResponses(raw); n != 1 {
@@ -176,7 +178,7 @@ func TestContentLengthWithChunkedClosesAfterReply(t *testing.T) {
 		{"after a normal request", "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n" + attack},
 		{"after a handed-off request", "POST /function/f HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx" + attack},
 	} {
-		raw := rawCall(t, addr, tc.raw)
+		raw := testutil.RawExchange(t, addr, tc.raw)
 		want := strings.Count(tc.raw, "HTTP/1.1\r\n") - 1 // all but the smuggled one
 		if n := countResponses(raw) - strings.Count(raw, "HTTP/1.1 100 Continue"); n != want {
 			t.Errorf("%s: %d responses, want %d:\n%s", tc.name, n, want, raw)

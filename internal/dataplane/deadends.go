@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sync"
 	"syscall"
-	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
@@ -122,12 +121,8 @@ func (l *link) reportUnreachable(ctx context.Context) {
 		}
 		l.d.log.Debug("report unreachable sandboxes", "endpoints", len(eps), "err", err)
 		u.putBack(eps)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, delay) {
 			return
-		case <-t.C:
 		}
 		delay = min(delay*2, backoffMax)
 		u.ring()

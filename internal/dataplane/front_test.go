@@ -19,6 +19,8 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/h1"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // sawCall is what the mirror sandbox saw of a call.
@@ -195,26 +197,6 @@ func TestFrontEndAnswersAsTheNetHTTPPathDoes(t *testing.T) {
 	}
 }
 
-// rawCall writes raw to a new connection to addr and returns everything the
-// data plane sent back until it closed the connection (or 10 s passed).
-func rawCall(t *testing.T, addr, raw string) string {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading until the data plane closes: %v (got %q)", err, b)
-	}
-	return string(b)
-}
-
 // What the front end does not serve itself is handed, on its connection,
 // to the net/http server, which serves it.
 func TestFrontEndHandsOverWhatItDoesNotServe(t *testing.T) {
@@ -241,7 +223,7 @@ func TestFrontEndHandsOverWhatItDoesNotServe(t *testing.T) {
 		{"body over the limit", "POST /function/f HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", "HTTP/1.1 413 Request Entity Too Large"},
 	}
 	for i, tc := range cases {
-		got := rawCall(t, addr, tc.raw)
+		got := testutil.RawExchange(t, addr, tc.raw)
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("%s: got %q, want it to contain %q", tc.name, got, tc.want)
 		}
@@ -296,7 +278,7 @@ func TestFrontEndPipelinedRequests(t *testing.T) {
 func TestFrontEndConnectionClose(t *testing.T) {
 	d, front := newTestDP(t, nil)
 	deploy(d, "f", newSandbox(t, echo))
-	got := rawCall(t, strings.TrimPrefix(front.URL, "http://"), "GET /function/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	got := testutil.RawExchange(t, strings.TrimPrefix(front.URL, "http://"), "GET /function/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
 	if err != nil {
 		t.Fatalf("%q: %v", got, err)
@@ -323,7 +305,7 @@ func TestFrontEndTimeouts(t *testing.T) {
 		{"idle after a call", "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK", 2 * limit},
 	} {
 		start := time.Now()
-		got := rawCall(t, addr, tc.raw) // returns when the data plane closes
+		got := testutil.RawExchange(t, addr, tc.raw) // returns when the data plane closes
 		if !strings.HasPrefix(got, tc.want) {
 			t.Errorf("%s: got %q", tc.name, got)
 		}
@@ -686,7 +668,7 @@ func TestFrontEndReframesChunkedReplies(t *testing.T) {
 		"5;x Q\x00\r\nhello\r\n" + "6;ext=1\r\n world\r\n" +
 		"0\r\nX-Call-Id: spoof\r\nConnection: close\r\nX-Ok: yes\r\n\r\n"
 	deploy(d, "f", sb.addr)
-	got := rawCall(t, addr, "GET /function/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	got := testutil.RawExchange(t, addr, "GET /function/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	for _, bad := range []string{"x Q", "\x00", "ext=", "spoof"} {
 		if strings.Contains(got, bad) {
 			t.Errorf("the client got %q from the function's framing: %q", bad, got)
@@ -704,7 +686,7 @@ func TestFrontEndReframesChunkedReplies(t *testing.T) {
 	bad := newOneShotSandbox(t, false, func(int) bool { return true })
 	bad.replyWith = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nBad Name\x01: x\r\n\r\n"
 	deploy(d, "g", bad.addr)
-	got = rawCall(t, addr, "GET /function/g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	got = testutil.RawExchange(t, addr, "GET /function/g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	if strings.Contains(got, "Bad Name") || strings.HasSuffix(got, "0\r\n\r\n") {
 		t.Fatalf("a malformed trailer reached the client, or the reply looked whole: %q", got)
 	}

@@ -45,14 +45,23 @@ func (l *link) watch(ctx context.Context) {
 		l.d.log.Warn("control-plane link down; reconnecting", "control_plane", l.d.cfg.ControlPlane, "err", err)
 		// Jitter in [delay/2, delay) spreads reconnecting data planes.
 		wait := delay/2 + time.Duration(l.d.rnd()%uint64(delay/2))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, wait) {
 			return
-		case <-t.C:
 		}
 		delay = min(delay*2, backoffMax)
+	}
+}
+
+// sleepCtx waits d, or less if ctx ends first; it reports whether the
+// whole wait passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -316,6 +316,9 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 // applyConditions sets the functions' conditions a batch carries; a
 // snapshot clears those it does not list.
 func (d *DataPlane) applyConditions(b *briskv1.EndpointBatch) {
+	if len(b.GetConditions()) == 0 && !b.GetSnapshot() {
+		return
+	}
 	listed := make(map[string]bool, len(b.GetConditions()))
 	for _, c := range b.GetConditions() {
 		listed[c.GetFunction()] = true

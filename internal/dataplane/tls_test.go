@@ -14,6 +14,8 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/brisk-faas/brisk/internal/pki"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // testTLS makes a CA and a listener certificate from it for 127.0.0.1,
@@ -116,7 +118,7 @@ func TestTLSPlainHTTPFails(t *testing.T) {
 	srvTLS, _ := testTLS(t)
 	_, front := newTestDP(t, func(c *Config) { c.TLS = srvTLS })
 	start := time.Now()
-	got := rawCall(t, strings.TrimPrefix(front.URL, "https://"), "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n")
+	got := testutil.RawExchange(t, strings.TrimPrefix(front.URL, "https://"), "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n")
 	if !strings.HasPrefix(got, "HTTP/1.0 400 Bad Request") || !strings.Contains(got, "HTTPS server") {
 		t.Errorf("plain HTTP got %q", got)
 	}

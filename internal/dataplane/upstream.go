@@ -38,10 +38,7 @@ const (
 	// reused one turns out closed by the sandbox.
 	replayableBody  = 64 << 10
 	upstreamBufSize = 4 << 10
-	// smallReply is the largest reply body the net/http path reads in
-	// full before answering (within one copy buffer).
-	smallReply  = 32 << 10
-	dialTimeout = time.Second
+	dialTimeout     = time.Second
 )
 
 var errPoolClosed = errors.New("sandbox left the routing table")
@@ -276,26 +273,20 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// A small reply of known length is read in full before its status goes
 	// out: when the sandbox dies in the middle of it, the client gets a
 	// 502 saying so, not a connection closed on it.
-	var small []byte
-	if !resp.NoBody && !resp.Chunked && resp.Length > 0 && resp.Length <= smallReply {
-		sb := copyBufs.Get()
-		defer copyBufs.Put(sb)
-		small = sb[:resp.Length]
-		if _, err := io.ReadFull(c.br, small); err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			unwatch()
-			c.nc.Close()
-			if streaming != nil {
-				<-streaming
-			}
-			if ctx.Err() != nil {
-				st.code = statusClientGone
-				return st.code
-			}
-			return d.failWith(w, st, d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", err)))
+	sb := copyBufs.Get()
+	defer copyBufs.Put(sb)
+	small, err := httpx.ReadSmallBody(c.br, &resp, sb)
+	if err != nil {
+		unwatch()
+		c.nc.Close()
+		if streaming != nil {
+			<-streaming
 		}
+		if ctx.Err() != nil {
+			st.code = statusClientGone
+			return st.code
+		}
+		return d.failWith(w, st, d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", err)))
 	}
 
 	h := w.Header()
@@ -332,17 +323,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// A streamed body the function did not read to the end is cut off
 	// (the writer's next write fails); the connection then cannot carry
 	// another call.
-	bodySent := true
-	if streaming != nil {
-		select {
-		case err := <-streaming:
-			bodySent = err == nil
-		default:
-			_ = c.nc.SetWriteDeadline(longAgo)
-			<-streaming
-			bodySent = false
-		}
-	}
+	bodySent := httpx.AwaitBodySent(streaming, c.nc)
 	// The deadline stays set while the connection idles: every use sets
 	// its own. A connection whose deadline the client's leaving moved is
 	// not reused.
@@ -378,7 +359,7 @@ func watchClient(ctx context.Context, c *upConn) func() bool {
 }
 
 var (
-	longAgo      = time.Unix(1, 0)
+	longAgo      = httpx.LongAgo
 	alwaysUsable = func() bool { return true }
 )
 

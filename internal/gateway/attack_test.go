@@ -2,41 +2,21 @@ package gateway
 
 import (
 	"bufio"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-)
 
-// rawExchange writes raw to a new connection to addr and returns all the
-// gateway sent until it closed the connection.
-func rawExchange(t *testing.T, addr, raw string) string {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("reading until the gateway closes: %v (got %q)", err, b)
-	}
-	return string(b)
-}
+	"github.com/brisk-faas/brisk/internal/testutil"
+)
 
 // A malformed chunked body is the client's error: one 400 (not a 502
 // blaming the data plane), and the connection closes.
 func TestInvalidChunkSizeIsTheClientsError(t *testing.T) {
 	dp := newFakeDP(t, "dp-a")
 	g := runGateway(t, time.Hour, dp)
-	raw := rawExchange(t, g.Addr(), "POST /function/f HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"+
+	raw := testutil.RawExchange(t, g.Addr(), "POST /function/f HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"+
 		"GET /function/f/next HTTP/1.1\r\nHost: x\r\n\r\n")
 	if n := strings.Count(raw, "HTTP/1.1 "); n != 1 {
 		t.Fatalf("%d responses, want 1:\n%s", n, raw)
@@ -57,7 +37,7 @@ func TestContentLengthWithChunkedClosesTheConnection(t *testing.T) {
 	dp := newFakeDP(t, "dp-a")
 	g := runGateway(t, time.Hour, dp)
 	smuggled := "GET /function/f/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
-	raw := rawExchange(t, g.Addr(), "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n"+
+	raw := testutil.RawExchange(t, g.Addr(), "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n"+
 		"POST /function/f HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(5+len(smuggled))+
 		"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"+smuggled)
 	if n := strings.Count(raw, "HTTP/1.1 200"); n != 2 || strings.Contains(raw, "/smuggled") {

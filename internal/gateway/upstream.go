@@ -35,10 +35,7 @@ const (
 	// replayableBody is the largest request body read in full before the
 	// call (one copy buffer), so that it can be sent again on a fresh
 	// connection when a reused one turns out closed by the data plane.
-	replayableBody = 32 << 10
-	// smallReply: reply bodies up to this are read in full before the
-	// status goes out (one copy buffer).
-	smallReply      = 32 << 10
+	replayableBody  = 32 << 10
 	upstreamBufSize = 8 << 10
 )
 
@@ -154,7 +151,7 @@ func (g *Gateway) reapIdle(ctx context.Context) {
 	}
 }
 
-var longAgo = time.Unix(1, 0)
+var longAgo = httpx.LongAgo
 
 // clientBody reads the client's request body and keeps its error apart
 // from the data plane connection's.
@@ -281,27 +278,21 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	// A small reply of known length is read in full before its status goes
 	// out: when the data plane's connection breaks in the middle of it, the
 	// client gets a 502 saying so, not a connection closed on it.
-	var small []byte
-	if !resp.NoBody && !resp.Chunked && resp.Length > 0 && resp.Length <= smallReply {
-		sb := copyBufs.Get()
-		defer copyBufs.Put(sb)
-		small = sb[:resp.Length]
-		if _, err := io.ReadFull(c.br, small); err != nil {
-			unwatch()
-			c.nc.Close()
-			if streaming != nil {
-				<-streaming
-			}
-			if ctx.Err() != nil {
-				st.code = statusClientGone
-				return
-			}
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			g.failUpstream(w, r, st, fmt.Errorf("reply broken off: %w", err))
+	sb := copyBufs.Get()
+	defer copyBufs.Put(sb)
+	small, err := httpx.ReadSmallBody(c.br, &resp, sb)
+	if err != nil {
+		unwatch()
+		c.nc.Close()
+		if streaming != nil {
+			<-streaming
+		}
+		if ctx.Err() != nil {
+			st.code = statusClientGone
 			return
 		}
+		g.failUpstream(w, r, st, fmt.Errorf("reply broken off: %w", err))
+		return
 	}
 
 	h := w.Header()
@@ -342,17 +333,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	// A streamed body the data plane did not read to the end is cut off
 	// (the writer's next write fails); the connection then cannot carry
 	// another call.
-	bodySent := true
-	if streaming != nil {
-		select {
-		case err := <-streaming:
-			bodySent = err == nil
-		default:
-			_ = c.nc.SetWriteDeadline(longAgo)
-			<-streaming
-			bodySent = false
-		}
-	}
+	bodySent := httpx.AwaitBodySent(streaming, c.nc)
 	// A connection whose deadline the client's leaving moved is not reused.
 	if unwatch() && ok && resp.KeepAlive && bodySent {
 		c.pool.put(c, resp.NoBody)

@@ -350,3 +350,47 @@ func WriteForwardedHeaders(bw *bufio.Writer, h http.Header, remoteAddr string, s
 	}
 	return remoteAddr
 }
+
+// LongAgo is a deadline in the past: setting it ends a connection's
+// blocked reads or writes at once.
+var LongAgo = time.Unix(1, 0)
+
+// SmallReply is the largest reply body a proxy's net/http path reads in full
+// before the reply's status goes out (one copy buffer): when the upstream
+// breaks off inside it, the client can still get a 502 saying so.
+const SmallReply = copyBufSize
+
+// ReadSmallBody reads r's body from br into buf when it is small (known,
+// non-zero length up to SmallReply) and returns it; nil when the body is
+// not small. A body cut short is io.ErrUnexpectedEOF.
+func ReadSmallBody(br *bufio.Reader, r *Reply, buf []byte) ([]byte, error) {
+	if r.NoBody || r.Chunked || r.Length <= 0 || r.Length > SmallReply {
+		return nil, nil
+	}
+	body := buf[:r.Length]
+	if _, err := io.ReadFull(br, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return body, nil
+}
+
+// AwaitBodySent waits for the writer of a streamed request body (streaming
+// nil: there was none) once the reply is relayed, and reports whether the
+// whole body went out. One the upstream did not read to its end is cut off
+// (nc's next write fails): the connection cannot carry another call then.
+func AwaitBodySent(streaming <-chan error, nc net.Conn) bool {
+	if streaming == nil {
+		return true
+	}
+	select {
+	case err := <-streaming:
+		return err == nil
+	default:
+		_ = nc.SetWriteDeadline(LongAgo)
+		<-streaming
+		return false
+	}
+}

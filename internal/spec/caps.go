@@ -34,28 +34,21 @@ func DefaultCaps() Caps {
 // WithDefaults fills zero caps from DefaultCaps.
 func (c Caps) WithDefaults() Caps {
 	d := DefaultCaps()
-	if c.MaxScale == 0 {
-		c.MaxScale = d.MaxScale
-	}
-	if c.MaxConcurrency == 0 {
-		c.MaxConcurrency = d.MaxConcurrency
-	}
-	if c.MaxMilliCPU == 0 {
-		c.MaxMilliCPU = d.MaxMilliCPU
-	}
-	if c.MaxMemoryMB == 0 {
-		c.MaxMemoryMB = d.MaxMemoryMB
-	}
-	if c.MaxQueueDepth == 0 {
-		c.MaxQueueDepth = d.MaxQueueDepth
-	}
-	if c.MaxQueueTimeout == 0 {
-		c.MaxQueueTimeout = d.MaxQueueTimeout
-	}
-	if c.MaxTimeout == 0 {
-		c.MaxTimeout = d.MaxTimeout
-	}
+	orDefault(&c.MaxScale, d.MaxScale)
+	orDefault(&c.MaxConcurrency, d.MaxConcurrency)
+	orDefault(&c.MaxMilliCPU, d.MaxMilliCPU)
+	orDefault(&c.MaxMemoryMB, d.MaxMemoryMB)
+	orDefault(&c.MaxQueueDepth, d.MaxQueueDepth)
+	orDefault(&c.MaxQueueTimeout, d.MaxQueueTimeout)
+	orDefault(&c.MaxTimeout, d.MaxTimeout)
 	return c
+}
+
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Check reports the first field of f (defaults applied) above its cap, as

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -100,4 +101,25 @@ func FreePorts(t testing.TB, n int) []int {
 		_ = l.Close()
 	}
 	return ports
+}
+
+// RawExchange writes raw to a new TCP connection to addr and returns all
+// the server sent back until it closed the connection; a server that has
+// not closed it within 10 s fails the test.
+func RawExchange(t testing.TB, addr, raw string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading until %s closes: %v (got %q)", addr, err, b)
+	}
+	return string(b)
 }

@@ -62,7 +62,7 @@ func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max
 	return &Node{
 		id: id, bootID: bootID, rt: rt, capacity: capacity, max: max, createTO: createTimeout,
 		log:        log.With("node", id),
-		dial:       dialSandbox,
+		dial:       runtime.DialTCP,
 		sandboxes:  make(map[string]*sandbox),
 		terminated: make(map[string]time.Time),
 		specs:      make(map[specKey]*spec.Function),

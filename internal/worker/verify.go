@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"net"
 	"syscall"
 	"time"
 
@@ -16,9 +15,8 @@ import (
 // dead. A connect that times out is not a death (a busy sandbox's accept
 // queue drops SYNs); only a refusal or the sandbox's exit is.
 const (
-	verifyAttempts    = 3
-	verifyGap         = 20 * time.Millisecond
-	verifyDialTimeout = 250 * time.Millisecond
+	verifyAttempts = 3
+	verifyGap      = 20 * time.Millisecond
 )
 
 // verify answers a control plane's request to check a sandbox that a data
@@ -116,15 +114,4 @@ func refuses(ctx context.Context, addr string, exited <-chan struct{}, dial func
 		}
 	}
 	return true, "refuses connections at " + addr + " (" + err.Error() + ")"
-}
-
-func dialSandbox(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, verifyDialTimeout)
-	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	return c.Close()
 }

@@ -93,46 +93,54 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 	}
 	switch c.Op {
 	case opCreateFunction:
-		if _, ok := f.functions[c.Key]; ok {
-			return fmt.Errorf("function %q: %w", c.Key, store.ErrExists)
-		}
-		f.functions[c.Key] = c.Value
+		return create(f.functions, "function", c)
 	case opUpdateFunction:
-		if _, ok := f.functions[c.Key]; !ok {
-			return fmt.Errorf("function %q: %w", c.Key, store.ErrNotFound)
-		}
-		f.functions[c.Key] = c.Value
+		return update(f.functions, "function", c)
 	case opDeleteFunction:
-		if _, ok := f.functions[c.Key]; !ok {
-			return fmt.Errorf("function %q: %w", c.Key, store.ErrNotFound)
-		}
-		delete(f.functions, c.Key)
+		return remove(f.functions, "function", c)
 	case opPutWorker:
 		f.workers[c.Key] = c.Value
 	case opPutDataPlane:
 		f.dataplanes[c.Key] = c.Value
 	case opCreateToken:
-		if _, ok := f.tokens[c.Key]; ok {
-			return fmt.Errorf("token %q: %w", c.Key, store.ErrExists)
-		}
-		f.tokens[c.Key] = c.Value
+		return create(f.tokens, "token", c)
 	case opDeleteToken:
-		if _, ok := f.tokens[c.Key]; !ok {
-			return fmt.Errorf("token %q: %w", c.Key, store.ErrNotFound)
-		}
-		delete(f.tokens, c.Key)
+		return remove(f.tokens, "token", c)
 	case opPutNamespace:
 		f.namespaces[c.Key] = c.Value
 	case opDeleteNamespace:
-		if _, ok := f.namespaces[c.Key]; !ok {
-			return fmt.Errorf("namespace %q: %w", c.Key, store.ErrNotFound)
-		}
-		delete(f.namespaces, c.Key)
+		return remove(f.namespaces, "namespace", c)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
 		return fmt.Errorf("replica: log entry %d: unknown op %d", l.Index, c.Op)
 	}
+	return nil
+}
+
+// create, update and remove apply c to table with the registry's verdicts:
+// ErrExists for a key taken, ErrNotFound for one missing (as store.Store).
+func create(table map[string]json.RawMessage, kind string, c command) error {
+	if _, ok := table[c.Key]; ok {
+		return fmt.Errorf("%s %q: %w", kind, c.Key, store.ErrExists)
+	}
+	table[c.Key] = c.Value
+	return nil
+}
+
+func update(table map[string]json.RawMessage, kind string, c command) error {
+	if _, ok := table[c.Key]; !ok {
+		return fmt.Errorf("%s %q: %w", kind, c.Key, store.ErrNotFound)
+	}
+	table[c.Key] = c.Value
+	return nil
+}
+
+func remove(table map[string]json.RawMessage, kind string, c command) error {
+	if _, ok := table[c.Key]; !ok {
+		return fmt.Errorf("%s %q: %w", kind, c.Key, store.ErrNotFound)
+	}
+	delete(table, c.Key)
 	return nil
 }
 

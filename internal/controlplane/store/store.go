@@ -419,16 +419,7 @@ func (s *Store) Backup(w io.Writer, size func(int64)) (int64, error) {
 
 // CreateFunction stores a new function; ErrExists if the name is taken.
 func (s *Store) CreateFunction(f *spec.Function) error {
-	data, err := json.Marshal(f)
-	if err != nil {
-		return err
-	}
-	return s.update(func(t *txn) error {
-		if t.get(bFunctions, []byte(f.Name)) != nil {
-			return fmt.Errorf("function %q: %w", f.Name, ErrExists)
-		}
-		return t.put(bFunctions, []byte(f.Name), data)
-	})
+	return s.create(bFunctions, "function", f.Name, f)
 }
 
 // UpdateFunction replaces a stored function; ErrNotFound if absent.
@@ -446,14 +437,7 @@ func (s *Store) UpdateFunction(f *spec.Function) error {
 }
 
 // DeleteFunction removes a function; ErrNotFound if absent.
-func (s *Store) DeleteFunction(name string) error {
-	return s.update(func(t *txn) error {
-		if t.get(bFunctions, []byte(name)) == nil {
-			return fmt.Errorf("function %q: %w", name, ErrNotFound)
-		}
-		return t.del(bFunctions, []byte(name))
-	})
-}
+func (s *Store) DeleteFunction(name string) error { return s.remove(bFunctions, "function", name) }
 
 // Functions returns every stored function.
 func (s *Store) Functions() ([]*spec.Function, error) {
@@ -475,99 +459,54 @@ func (s *Store) Functions() ([]*spec.Function, error) {
 func (s *Store) PutWorker(w *Worker) error { return s.put(bWorkers, w.ID, w) }
 
 // Workers returns every stored worker.
-func (s *Store) Workers() ([]*Worker, error) {
-	var out []*Worker
-	err := s.each(bucketWorkers, func(v []byte) error {
-		var w Worker
-		if err := json.Unmarshal(v, &w); err != nil {
-			return err
-		}
-		out = append(out, &w)
-		return nil
-	})
-	return out, err
-}
+func (s *Store) Workers() ([]*Worker, error) { return records[Worker](s, bucketWorkers) }
 
 // PutDataPlane creates or replaces a data-plane record.
 func (s *Store) PutDataPlane(d *DataPlane) error { return s.put(bDataPlanes, d.ID, d) }
 
 // DataPlanes returns every stored data plane.
-func (s *Store) DataPlanes() ([]*DataPlane, error) {
-	var out []*DataPlane
-	err := s.each(bucketDataPlanes, func(v []byte) error {
-		var d DataPlane
-		if err := json.Unmarshal(v, &d); err != nil {
-			return err
-		}
-		out = append(out, &d)
-		return nil
-	})
-	return out, err
-}
+func (s *Store) DataPlanes() ([]*DataPlane, error) { return records[DataPlane](s, bucketDataPlanes) }
 
 // PutNamespace creates or replaces a namespace record.
 func (s *Store) PutNamespace(n *Namespace) error { return s.put(bNamespaces, n.Name, n) }
 
 // DeleteNamespace removes a namespace; ErrNotFound if absent.
-func (s *Store) DeleteNamespace(name string) error {
-	return s.update(func(tx *txn) error {
-		if tx.get(bNamespaces, []byte(name)) == nil {
-			return fmt.Errorf("namespace %q: %w", name, ErrNotFound)
-		}
-		return tx.del(bNamespaces, []byte(name))
-	})
-}
+func (s *Store) DeleteNamespace(name string) error { return s.remove(bNamespaces, "namespace", name) }
 
 // Namespaces returns every namespace, by name.
-func (s *Store) Namespaces() ([]*Namespace, error) {
-	var out []*Namespace
-	err := s.each(bucketNamespaces, func(v []byte) error {
-		var n Namespace
-		if err := json.Unmarshal(v, &n); err != nil {
-			return err
-		}
-		out = append(out, &n)
-		return nil
-	})
-	return out, err
-}
+func (s *Store) Namespaces() ([]*Namespace, error) { return records[Namespace](s, bucketNamespaces) }
 
 // CreateToken stores a new token; ErrExists if its id is taken.
-func (s *Store) CreateToken(t *Token) error {
-	data, err := json.Marshal(t)
+func (s *Store) CreateToken(t *Token) error { return s.create(bTokens, "token", t.ID, t) }
+
+// DeleteToken removes a token; ErrNotFound if absent.
+func (s *Store) DeleteToken(id string) error { return s.remove(bTokens, "token", id) }
+
+// Tokens returns every stored token, by id.
+func (s *Store) Tokens() ([]*Token, error) { return records[Token](s, bucketTokens) }
+
+// create stores v under key, a new one (ErrExists if taken); remove
+// deletes key (ErrNotFound if absent). kind names the record in errors.
+func (s *Store) create(bucket byte, kind, key string, v any) error {
+	data, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return s.update(func(tx *txn) error {
-		if tx.get(bTokens, []byte(t.ID)) != nil {
-			return fmt.Errorf("token %q: %w", t.ID, ErrExists)
+	return s.update(func(t *txn) error {
+		if t.get(bucket, []byte(key)) != nil {
+			return fmt.Errorf("%s %q: %w", kind, key, ErrExists)
 		}
-		return tx.put(bTokens, []byte(t.ID), data)
+		return t.put(bucket, []byte(key), data)
 	})
 }
 
-// DeleteToken removes a token; ErrNotFound if absent.
-func (s *Store) DeleteToken(id string) error {
-	return s.update(func(tx *txn) error {
-		if tx.get(bTokens, []byte(id)) == nil {
-			return fmt.Errorf("token %q: %w", id, ErrNotFound)
+func (s *Store) remove(bucket byte, kind, key string) error {
+	return s.update(func(t *txn) error {
+		if t.get(bucket, []byte(key)) == nil {
+			return fmt.Errorf("%s %q: %w", kind, key, ErrNotFound)
 		}
-		return tx.del(bTokens, []byte(id))
+		return t.del(bucket, []byte(key))
 	})
-}
-
-// Tokens returns every stored token, by id.
-func (s *Store) Tokens() ([]*Token, error) {
-	var out []*Token
-	err := s.each(bucketTokens, func(v []byte) error {
-		var t Token
-		if err := json.Unmarshal(v, &t); err != nil {
-			return err
-		}
-		out = append(out, &t)
-		return nil
-	})
-	return out, err
 }
 
 func (s *Store) put(bucket byte, key string, v any) error {
@@ -576,6 +515,20 @@ func (s *Store) put(bucket byte, key string, v any) error {
 		return err
 	}
 	return s.update(func(t *txn) error { return t.put(bucket, []byte(key), data) })
+}
+
+// records decodes every record of a bucket, in key order.
+func records[T any](s *Store, bucket []byte) ([]*T, error) {
+	var out []*T
+	err := s.each(bucket, func(v []byte) error {
+		r := new(T)
+		if err := json.Unmarshal(v, r); err != nil {
+			return err
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
 }
 
 func (s *Store) each(bucket []byte, fn func(v []byte) error) error {

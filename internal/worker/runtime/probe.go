@@ -28,10 +28,13 @@ const (
 // nil when the runtime cannot observe exits), and one wrapping ctx's error if
 // ctx ends first; both carry the last connect error.
 func WaitReady(ctx context.Context, addr string, exited <-chan struct{}) error {
-	return waitReady(ctx, addr, exited, dialTCP)
+	return waitReady(ctx, addr, exited, DialTCP)
 }
 
-func dialTCP(ctx context.Context, addr string) error {
+// DialTCP is one connect to addr, within probeDialTimeout, closed at once:
+// the readiness probe's, and the worker's check of a sandbox a data plane
+// reported unreachable.
+func DialTCP(ctx context.Context, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, probeDialTimeout)
 	defer cancel()
 	var d net.Dialer

@@ -19,7 +19,7 @@ func firstDial() (dial func(context.Context, string) error, probing <-chan struc
 	var once sync.Once
 	return func(ctx context.Context, addr string) error {
 		once.Do(func() { close(ch) })
-		return dialTCP(ctx, addr)
+		return DialTCP(ctx, addr)
 	}, ch
 }
 
