@@ -438,6 +438,11 @@ using the process runtime (or --runtime emulated). State lives in --data-dir.
 The components talk gRPC over TLS with certificates of the cluster CA the
 first start creates in --data-dir; nothing needs joining.
 
+Every admin route and every call of a function not deployed --public needs
+an API token: the first start writes an admin token to
+<data-dir>/admin.token (mode 0600), which the CLI reads (--token-file);
+brisk token create makes more. --insecure-no-auth turns tokens off.
+
 The admin API and the invoke listener are plain HTTP unless given TLS:
 --tls-generate issues both a certificate from the cluster CA at every start
 (SANs localhost, 127.0.0.1, ::1, the listen host and --tls-san; clients
