@@ -31,6 +31,18 @@ func inCgroup(t *testing.T, pid int, rel string) bool {
 	return strings.Contains(string(b), ":/"+rel+"\n")
 }
 
+// cgroupParent is where the cgroups package puts a sandbox's cgroup:
+// brisk/<sandbox-id> in each hierarchy.
+const cgroupParent = "brisk"
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// TestCgroupLimits: the sandbox runs in its cgroup, which holds the
+// function's limits (the cgroups package's tests check each file), and
+// Kill removes it.
 func TestCgroupLimits(t *testing.T) {
 	testutil.RequiresRoot(t)
 	r := newRuntime(t, Config{})
@@ -42,51 +54,52 @@ func TestCgroupLimits(t *testing.T) {
 	f.Limits = spec.Resources{MilliCPU: 250} // memory limit defaults to the request
 	inst := createReady(t, r, "sb-limited", f)
 	pid := get(t, inst.Addr).PID
-	cg := r.cg.sandbox(cgroupParent + "/sb-limited")
+	cg := r.cg.Open(cgroupParent + "/sb-limited")
 
-	if r.cg.v2 {
-		d := cg.dirs[0]
-		if !inCgroup(t, pid, cg.rel) {
-			t.Errorf("pid %d not in %s", pid, cg.rel)
-		}
-		if r.cg.cpuV2 {
-			if got := readTrim(t, filepath.Join(d, "cpu.max")); got != "25000 100000" {
-				t.Errorf("cpu.max = %q", got)
+	if !inCgroup(t, pid, cg.Rel()) {
+		t.Errorf("pid %d not in %s", pid, cg.Rel())
+	}
+	// Each limit file is there only in the directory of its controller
+	// (v1) or with the controller delegated (v2).
+	want := map[string]string{
+		"cpu.max":               "25000 100000",
+		"cpu.cfs_quota_us":      "25000",
+		"cpu.cfs_period_us":     "100000",
+		"memory.max":            strconv.Itoa(64 << 20),
+		"memory.limit_in_bytes": strconv.Itoa(64 << 20),
+	}
+	var cpuSet, memSet bool
+	for _, d := range cg.Dirs() {
+		for file, v := range want {
+			path := filepath.Join(d, file)
+			if !exists(path) {
+				continue
 			}
-		} else {
-			t.Log("cgroup v2 cpu controller unavailable; CPU limit not checked")
-		}
-		if r.cg.memV2 {
-			if got := readTrim(t, filepath.Join(d, "memory.max")); got != strconv.Itoa(64<<20) {
-				t.Errorf("memory.max = %q", got)
+			if got := readTrim(t, path); got != v {
+				t.Errorf("%s = %q, want %q", path, got, v)
 			}
-		} else {
-			t.Log("cgroup v2 memory controller unavailable; memory limit not checked")
+			cpuSet = cpuSet || strings.HasPrefix(file, "cpu.")
+			memSet = memSet || strings.HasPrefix(file, "memory.")
 		}
-	} else {
-		if r.cg.cpuV1 != "" {
-			d := filepath.Join(r.cg.cpuV1, cg.rel)
-			if got := readTrim(t, filepath.Join(d, "cpu.cfs_quota_us")); got != "25000" {
-				t.Errorf("cpu.cfs_quota_us = %q", got)
-			}
-			if got := readTrim(t, filepath.Join(d, "cpu.cfs_period_us")); got != "100000" {
-				t.Errorf("cpu.cfs_period_us = %q", got)
-			}
-		}
-		if r.cg.memV1 != "" {
-			if got := readTrim(t, filepath.Join(cg.mem, "memory.limit_in_bytes")); got != strconv.Itoa(64<<20) {
-				t.Errorf("memory.limit_in_bytes = %q", got)
-			}
-		}
-		if !inCgroup(t, pid, cg.rel) {
-			t.Errorf("pid %d not in %s", pid, cg.rel)
-		}
+	}
+	cpu, mem := r.cg.Limits()
+	switch {
+	case cpu && !cpuSet:
+		t.Error("the sandbox's cgroup has no CPU limit")
+	case !cpu:
+		t.Log("no cgroup cpu controller; CPU limit not checked")
+	}
+	switch {
+	case mem && !memSet:
+		t.Error("the sandbox's cgroup has no memory limit")
+	case !mem:
+		t.Log("no cgroup memory controller; memory limit not checked")
 	}
 
 	if err := r.Kill(context.Background(), "sb-limited"); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
-	for _, d := range cg.dirs {
+	for _, d := range cg.Dirs() {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s survived Kill (stat: %v)", d, err)
 		}
@@ -109,7 +122,7 @@ func TestCgroupV2CloneInto(t *testing.T) {
 		t.Skip("no cgroup v2 hierarchy mounted")
 	}
 	r := newRuntime(t, Config{CgroupRoot: root})
-	if !r.cg.v2 {
+	if !r.cg.V2() {
 		t.Fatalf("%s not detected as cgroup v2", root)
 	}
 	inst := createReady(t, r, "sb-v2", echoFn("v2", nil))
@@ -129,7 +142,10 @@ func TestCgroupV2CloneInto(t *testing.T) {
 func TestOOMKillIsReported(t *testing.T) {
 	testutil.RequiresRoot(t)
 	r := newRuntime(t, Config{})
-	if r.cg == nil || (r.cg.v2 && !r.cg.memV2) || (!r.cg.v2 && r.cg.memV1 == "") {
+	if r.cg == nil {
+		t.Skip("no cgroups")
+	}
+	if _, mem := r.cg.Limits(); !mem {
 		t.Skip("no cgroup memory controller")
 	}
 	f := echoFn("hog", nil, "hog")

@@ -3,5 +3,6 @@
 // before it runs and which is killed whole on teardown) listening on a
 // loopback port, run as an unprivileged user with no_new_privs and a clean
 // environment (sandbox.go; docs/security.md). Its sandbox table survives a
-// worker restart.
+// worker restart. Its cgroup and process helpers (packages cgroups and procs)
+// are shared with the worker's other runtimes.
 package process

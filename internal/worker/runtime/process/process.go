@@ -20,6 +20,8 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 )
 
 // Config configures the process runtime. Only StateDir is required.
@@ -57,6 +59,10 @@ type Config struct {
 // DefaultKillGrace is the SIGTERM-to-SIGKILL grace when Config.KillGrace is 0.
 const DefaultKillGrace = time.Second
 
+// DefaultCgroupRoot is where cgroup file systems are mounted on every
+// mainstream distribution: cgroups.DefaultRoot.
+const DefaultCgroupRoot = cgroups.DefaultRoot
+
 // TraceSubcommand is the hidden brisk subcommand that serves the builtin
 // trace function (see tracefn.FromEnv for its environment).
 const TraceSubcommand = tracefn.Subcommand
@@ -83,8 +89,8 @@ type Runtime struct {
 	cfg       Config
 	traceArgv []string // how the builtin trace function is run
 	log       *slog.Logger
-	cg        *cgroups // nil: no cgroups
-	id        identity // who sandboxes run as
+	cg        *cgroups.Hierarchy // nil: no cgroups
+	id        identity           // who sandboxes run as
 	// noClone3 is set once clone3 turned out to be unavailable (seccomp
 	// filters in older container runtimes), after which v2 sandboxes join
 	// their cgroup just after they start.
@@ -105,8 +111,8 @@ var (
 
 type sandbox struct {
 	rec   record
-	cg    *sandboxCgroup // nil without a cgroup
-	memMB int64          // the memory limit, for the OOM message
+	cg    *cgroups.Cgroup // nil without a cgroup
+	memMB int64           // the memory limit, for the OOM message
 
 	// exited is closed once this Runtime has reaped the process; exitErr
 	// is written before. Both are nil for a sandbox found in the table at
@@ -137,7 +143,7 @@ func (sb *sandbox) running() bool {
 			return true
 		}
 	}
-	return alive(sb.rec.PID, sb.rec.StartTime)
+	return procs.Alive(sb.rec.PID, sb.rec.StartTime)
 }
 
 // New returns a process runtime and loads the sandbox table left in
@@ -190,7 +196,7 @@ func New(cfg Config) (*Runtime, error) {
 			root = DefaultCgroupRoot
 		}
 		if root != "" {
-			cg, err := detectCgroups(root, r.log.Warn)
+			cg, err := cgroups.Detect(root, r.log.Warn)
 			switch {
 			case err != nil && cfg.CgroupRoot != "":
 				return nil, fmt.Errorf("process runtime: CgroupRoot %q: %w", root, err)
@@ -210,7 +216,7 @@ func New(cfg Config) (*Runtime, error) {
 	for _, rec := range recs {
 		sb := &sandbox{rec: rec, lock: make(chan struct{}, 1)}
 		if rec.Cgroup != "" && r.cg != nil {
-			sb.cg = r.cg.sandbox(rec.Cgroup)
+			sb.cg = r.cg.Open(rec.Cgroup)
 		}
 		r.sandboxes[rec.ID] = sb
 	}
@@ -266,16 +272,16 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		lock:   make(chan struct{}, 1),
 	}
 	if r.cg != nil {
-		if sb.cg, err = r.cg.create(s.ID, s.Function.SandboxLimits()); err != nil {
+		if sb.cg, err = r.cg.Create(s.ID, s.Function.SandboxLimits()); err != nil {
 			_ = os.Remove(logPath)
 			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 		}
-		sb.rec.Cgroup = sb.cg.rel
+		sb.rec.Cgroup = sb.cg.Rel()
 	}
 	cmd, err := r.start(s, argv, sandboxEnv(s, port), logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
-			_ = sb.cg.removeNow() // empty: nothing ever ran in it
+			_ = sb.cg.RemoveNow() // empty: nothing ever ran in it
 		}
 		_ = os.Remove(logPath)
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
@@ -283,7 +289,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	sb.rec.PID, sb.rec.PGID = cmd.Process.Pid, cmd.Process.Pid // Setpgid: the leader's pid names the group
 	// The process cannot have been reaped yet (only the goroutine below
 	// waits for it), so its /proc entry exists even if it already exited.
-	_, sb.rec.StartTime, err = procStat(sb.rec.PID)
+	_, sb.rec.StartTime, err = procs.Stat(sb.rec.PID)
 	go r.wait(sb, cmd)
 	if err == nil {
 		r.mu.Lock()
@@ -300,7 +306,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sigkillTimeout)
 		r.waitExit(cctx, sb, sigkillTimeout)
 		if sb.cg != nil {
-			_ = sb.cg.remove(cctx)
+			_ = sb.cg.Remove(cctx)
 		}
 		cancel()
 		r.mu.Lock()
@@ -353,7 +359,7 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 // older container runtimes) is it moved there right after it started: in
 // that window of well under a millisecond it runs in the worker's cgroup,
 // and a child it forks then stays there.
-func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *sandboxCgroup) (cmd *exec.Cmd, err error) {
+func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *cgroups.Cgroup) (cmd *exec.Cmd, err error) {
 	var exe *os.File
 	if s.Function.Builtin != "" && len(s.Function.Command) == 0 {
 		// brisk's own binary may sit where the sandbox's user cannot reach
@@ -367,7 +373,7 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *s
 	} else if argv, err = resolveCommand(argv, env); err != nil {
 		return nil, err
 	}
-	spawnThread(func() {
+	procs.SpawnThread(func() {
 		cmd, err = r.startOnThread(argv, env, logf, exe, cg)
 	})
 	if err != nil {
@@ -376,9 +382,9 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *s
 	return cmd, nil
 }
 
-// startOnThread is start on a thread of its own (spawnThread).
-func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *sandboxCgroup) (*exec.Cmd, error) {
-	if err := setNoNewPrivs(); err != nil {
+// startOnThread is start on a thread of its own (procs.SpawnThread).
+func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgroups.Cgroup) (*exec.Cmd, error) {
+	if err := procs.SetNoNewPrivs(); err != nil {
 		return nil, err
 	}
 	newCmd := func(attr *syscall.SysProcAttr) *exec.Cmd {
@@ -396,8 +402,8 @@ func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *sand
 	case cg == nil:
 		cmd := newCmd(&syscall.SysProcAttr{})
 		return cmd, cmd.Start()
-	case !cg.cg.v2:
-		leave, err := cg.joinThread()
+	case !r.cg.V2():
+		leave, err := cg.JoinThread()
 		if err != nil {
 			return nil, err
 		}
@@ -405,11 +411,11 @@ func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *sand
 		err = cmd.Start()
 		if lerr := leave(); lerr != nil {
 			// This thread ends with the caller's goroutine anyway.
-			r.log.Warn("cannot move the forking thread out of the sandbox's cgroup", "cgroup", cg.rel, "err", lerr)
+			r.log.Warn("cannot move the forking thread out of the sandbox's cgroup", "cgroup", cg.Rel(), "err", lerr)
 		}
 		return cmd, err
 	case !r.noClone3.Load():
-		fd, err := cg.openDir()
+		fd, err := cg.OpenDir()
 		if err != nil {
 			return nil, err
 		}
@@ -426,10 +432,10 @@ func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *sand
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	if err := cg.addProc(cmd.Process.Pid); err != nil {
+	if err := cg.AddProc(cmd.Process.Pid); err != nil {
 		// A process that already exited cannot be moved (ESRCH); it is a
 		// crash the caller sees through Exited, not a failed start.
-		if state, _, serr := procStat(cmd.Process.Pid); serr == nil && state == 'Z' {
+		if state, _, serr := procs.Stat(cmd.Process.Pid); serr == nil && state == 'Z' {
 			return cmd, nil
 		}
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -469,7 +475,7 @@ func (r *Runtime) describeExit(sb *sandbox, waitErr error) error {
 		return fmt.Errorf("%w (%s)", ErrKilled, status)
 	}
 	if sb.cg != nil {
-		if n, exact := sb.cg.oomKills(); n > 0 && (exact || sigkill) {
+		if n, exact := sb.cg.OOMKills(); n > 0 && (exact || sigkill) {
 			if sigkill {
 				return fmt.Errorf("%w (memory limit %d MiB)", ErrOOMKilled, sb.memMB)
 			}
@@ -507,7 +513,7 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	if sb.cg != nil {
-		if err := sb.cg.remove(ctx); err != nil {
+		if err := sb.cg.Remove(ctx); err != nil {
 			return fmt.Errorf("kill sandbox %s: %w", id, err)
 		}
 	}
@@ -525,7 +531,7 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox) error {
 		// The pid (and so the group id) may name an unrelated process by
 		// now; only the cgroup still reliably holds what is left.
 		if sb.cg != nil {
-			sb.cg.kill()
+			sb.cg.Kill()
 		}
 		return nil
 	}
@@ -550,7 +556,7 @@ func (r *Runtime) stop(ctx context.Context, sb *sandbox) error {
 func (r *Runtime) signal(sb *sandbox, sig syscall.Signal) {
 	_ = syscall.Kill(-sb.rec.PGID, sig) // ESRCH: the group is already empty
 	if sig == syscall.SIGKILL && sb.cg != nil {
-		sb.cg.kill()
+		sb.cg.Kill()
 	}
 }
 
@@ -630,7 +636,7 @@ func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
 	}
 	if sb.cg != nil {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := sb.cg.remove(ctx)
+		err := sb.cg.Remove(ctx)
 		cancel()
 		if err != nil {
 			r.log.Warn("cannot remove cgroup of ended sandbox yet", "sandbox", sb.rec.ID, "err", err)

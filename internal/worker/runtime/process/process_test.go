@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 )
 
 // helper is testdata/echoserver, built once for the package.
@@ -137,7 +138,7 @@ func get(t *testing.T, addr string) echoReply {
 // gone reports whether pid no longer runs a program: absent, or a zombie
 // (an orphan's zombie waits for init, which is not ours to hurry).
 func gone(pid int) bool {
-	state, _, err := procStat(pid)
+	state, _, err := procs.Stat(pid)
 	return err != nil || state == 'Z'
 }
 
@@ -263,7 +264,7 @@ func TestCrashLoopingCommand(t *testing.T) {
 		if err := inst.ExitErr(); err == nil || err.Error() != "exited with status 1" {
 			t.Errorf("ExitErr = %v, want exited with status 1", err)
 		}
-		if _, _, err := procStat(pids[i]); err == nil {
+		if _, _, err := procs.Stat(pids[i]); err == nil {
 			t.Errorf("pid %d of %s still in /proc after Exited: not reaped", pids[i], inst.ID)
 		}
 		if err := runtime.WaitReady(context.Background(), inst.Addr, inst.Exited); !errors.Is(err, runtime.ErrExited) {
@@ -325,7 +326,7 @@ func TestCreateFailsWithoutLeftovers(t *testing.T) {
 				t.Errorf("failed Create left its log file (stat: %v)", err)
 			}
 			if r.cg != nil {
-				for _, d := range r.cg.sandbox(cgroupParent + "/sb-fail").dirs {
+				for _, d := range r.cg.Open(cgroupParent + "/sb-fail").Dirs() {
 					if _, err := os.Stat(d); !os.IsNotExist(err) {
 						t.Errorf("failed Create left cgroup %s", d)
 					}
@@ -415,7 +416,7 @@ func TestRestartAdoptsRunningSandbox(t *testing.T) {
 	testutil.Eventually(t, waitLong, func() bool { return closed(inst.Exited) && gone(pids.Child) },
 		"adopted sandbox %d or its child %d survived Kill", pids.PID, pids.Child)
 	if r1.cg != nil {
-		for _, d := range r1.cg.sandbox(cgroupParent + "/sb-survivor").dirs {
+		for _, d := range r1.cg.Open(cgroupParent + "/sb-survivor").Dirs() {
 			if _, err := os.Stat(d); !os.IsNotExist(err) {
 				t.Errorf("cgroup %s left behind", d)
 			}
@@ -468,7 +469,7 @@ func TestRestartIgnoresReusedPID(t *testing.T) {
 		_ = other.Wait()
 	})
 	pid := other.Process.Pid
-	_, start, err := procStat(pid)
+	_, start, err := procs.Stat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +481,7 @@ func TestRestartIgnoresReusedPID(t *testing.T) {
 	if err := r.Kill(context.Background(), "sb-old"); err != nil {
 		t.Fatalf("Kill of a sandbox whose pid was reused: %v", err)
 	}
-	if !alive(pid, start) {
+	if !procs.Alive(pid, start) {
 		t.Fatal("Kill signalled the process that reused the sandbox's pid")
 	}
 
@@ -492,7 +493,7 @@ func TestRestartIgnoresReusedPID(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Running {
 		t.Fatalf("List = %+v, %v; want sb-old not running", list, err)
 	}
-	if !alive(pid, start) {
+	if !procs.Alive(pid, start) {
 		t.Fatal("List signalled the process that reused the sandbox's pid")
 	}
 }
@@ -551,28 +552,6 @@ func TestConcurrentCreateKill(t *testing.T) {
 	}
 }
 
-func TestProcStatParsesHostileNames(t *testing.T) {
-	// A command name with spaces and parentheses must not shift the fields.
-	dir := t.TempDir()
-	name := filepath.Join(dir, "a) b (c")
-	if err := os.Symlink("/bin/sleep", name); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(name, "1000")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	_, self, err := procStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	state, start, err := procStat(cmd.Process.Pid)
-	if err != nil || state == 0 || start < self {
-		t.Fatalf("procStat = %c %d %v; want a start time after this test's (%d)", state, start, err, self)
-	}
-}
-
 func TestCreateFailsWhenTableCannotBeWritten(t *testing.T) {
 	r := newRuntime(t, Config{})
 	// A directory where the table file goes makes every rename onto it fail.
@@ -592,7 +571,7 @@ func TestCreateFailsWhenTableCannotBeWritten(t *testing.T) {
 		t.Errorf("%d sandboxes in the table after a failed Create", n)
 	}
 	if r.cg != nil {
-		for _, d := range r.cg.sandbox(cgroupParent + "/sb-unrecorded").dirs {
+		for _, d := range r.cg.Open(cgroupParent + "/sb-unrecorded").Dirs() {
 			if exists(d) {
 				t.Errorf("failed Create left cgroup %s", d)
 			}

@@ -9,13 +9,10 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
@@ -32,7 +29,7 @@ import (
 //     so the sandbox needs no access to the state directory).
 //   - Where: cloned into their cgroup on v2 (CLONE_INTO_CGROUP); on v1
 //     forked from a worker thread that has joined the sandbox's cgroup in
-//     every hierarchy first (spawnThread), so on both the process is inside
+//     every hierarchy first (procs.SpawnThread), so on both the process is inside
 //     its cgroup before it runs a single instruction of the function.
 
 // DefaultUser is who sandboxes run as when the worker runs as root and
@@ -193,35 +190,4 @@ func (r *Runtime) explainStart(argv0 string, err error) error {
 		return fmt.Errorf("%w (sandboxes run as %s: %s and every directory above it must be readable and searchable by that user)", err, r.id, argv0)
 	}
 	return err
-}
-
-// spawnThread runs f on an OS thread of its own that nothing else ever
-// runs on again: f may set no_new_privs on it or move it between cgroups
-// (both per-thread), and the child it forks inherits both. The thread ends
-// when f returns (Go terminates a thread whose goroutine exits locked), so
-// neither can leak to other goroutines. Go never terminates the main
-// thread, so f does not run there.
-func spawnThread(f func()) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		goruntime.LockOSThread()
-		if unix.Gettid() == unix.Getpid() {
-			// The main thread: hold it, so that the goroutine below runs
-			// on another thread, and give it back untouched.
-			defer goruntime.UnlockOSThread()
-			spawnThread(f)
-			return
-		}
-		f()
-	}()
-	<-done
-}
-
-// setNoNewPrivs sets no_new_privs on the calling thread, for good.
-func setNoNewPrivs() error {
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
-	}
-	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 )
 
 // Issue 18, least-privilege sandboxes: what a sandbox's processes are
@@ -124,13 +125,13 @@ func runEscapeTest(t *testing.T, r *Runtime, id string) {
 		t.Fatal("sandbox has no cgroup")
 	}
 	for name, pid := range pids {
-		if n, all := cgroupHits(t, pid, cg.rel); n != len(cg.dirs) {
-			t.Errorf("%s (pid %d) is in %s in %d of the sandbox's %d hierarchies:\n%s", name, pid, cg.rel, n, len(cg.dirs), all)
+		if n, all := cgroupHits(t, pid, cg.Rel()); n != len(cg.Dirs()) {
+			t.Errorf("%s (pid %d) is in %s in %d of the sandbox's %d hierarchies:\n%s", name, pid, cg.Rel(), n, len(cg.Dirs()), all)
 		}
 	}
 	// On v1 a worker thread forked the sandbox from inside its cgroup; it
 	// must have left (the kill would otherwise hit the worker).
-	if slices.Contains(cg.procs(), os.Getpid()) {
+	if slices.Contains(cg.Procs(), os.Getpid()) {
 		t.Errorf("the worker (pid %d) is still in the sandbox's cgroup", os.Getpid())
 	}
 	if err := r.Kill(context.Background(), id); err != nil {
@@ -144,7 +145,7 @@ func runEscapeTest(t *testing.T, r *Runtime, id string) {
 		}
 		return true
 	}, "processes of the sandbox survived Kill: %v", pids)
-	for _, d := range cg.dirs {
+	for _, d := range cg.Dirs() {
 		if exists(d) {
 			t.Errorf("cgroup %s survived Kill", d)
 		}
@@ -160,7 +161,7 @@ func TestSandboxChildrenStayInCgroupAndDie(t *testing.T) {
 	if r.cg == nil {
 		t.Fatalf("running as root but found no usable cgroups under %s", DefaultCgroupRoot)
 	}
-	t.Logf("cgroup v2: %v", r.cg.v2)
+	t.Logf("cgroup v2: %v", r.cg.V2())
 	runEscapeTest(t, r, "sb-escape")
 }
 
@@ -246,7 +247,7 @@ func TestSandboxChildrenStayInCgroupV2(t *testing.T) {
 		t.Skip("no cgroup v2 hierarchy mounted")
 	}
 	r := newRuntime(t, Config{CgroupRoot: root})
-	if !r.cg.v2 {
+	if !r.cg.V2() {
 		t.Fatalf("%s not detected as cgroup v2", root)
 	}
 	runEscapeTest(t, r, "sb-escape-v2")
@@ -270,7 +271,7 @@ func TestSandboxChildrenStayInCgroupV1(t *testing.T) {
 		}
 	})
 	r := newRuntime(t, Config{DisableCgroups: true})
-	r.cg = &cgroups{root: mnt, otherV1: []string{mnt}}
+	r.cg = cgroups.V1ForTest(mnt)
 	runEscapeTest(t, r, "sb-escape-v1")
 }
 

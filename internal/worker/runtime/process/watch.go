@@ -3,10 +3,9 @@ package process
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 )
 
 // adoptedPoll paces the exit watch of an adopted sandbox where pidfds are
@@ -45,52 +44,9 @@ func (r *Runtime) watchAdopted(sb *sandbox) <-chan struct{} {
 
 func (r *Runtime) watchPID(sb *sandbox) {
 	defer close(sb.gone)
-	pid, start := sb.rec.PID, sb.rec.StartTime
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	switch {
-	case errors.Is(err, unix.ESRCH):
-		return // already gone (and reaped)
-	case err == nil:
-		f := os.NewFile(uintptr(fd), "pidfd")
-		defer f.Close()
-		// The pid names whatever runs as pid now: only once the pidfd is
-		// open does checking the start time prove it is the sandbox's.
-		if !alive(pid, start) {
-			return
-		}
-		if err = waitPidfd(f); err == nil {
-			return
-		}
-	}
-	r.log.Debug("no pidfd for an adopted sandbox; polling its process", "sandbox", sb.rec.ID, "pid", pid, "err", err)
-	t := time.NewTicker(adoptedPoll)
-	defer t.Stop()
-	for alive(pid, start) {
-		<-t.C
-	}
-}
-
-// waitPidfd blocks until the process f refers to has ended: a pidfd polls
-// readable then. It fails at once if f cannot use the netpoller.
-func waitPidfd(f *os.File) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var perr error
-	err = rc.Read(func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		if err != nil && err != unix.EINTR {
-			perr = err
-			return true
-		}
-		return n > 0
+	procs.WaitExitNotify(sb.rec.PID, sb.rec.StartTime, adoptedPoll, func(err error) {
+		r.log.Debug("no pidfd for an adopted sandbox; polling its process", "sandbox", sb.rec.ID, "pid", sb.rec.PID, "err", err)
 	})
-	if err == nil {
-		err = perr
-	}
-	return err
 }
 
 // adoptedExitErr says why an adopted sandbox ended, as far as this Runtime
@@ -105,7 +61,7 @@ func (r *Runtime) adoptedExitErr(sb *sandbox) error {
 		return fmt.Errorf("%w (started by an earlier worker)", ErrKilled)
 	}
 	if sb.cg != nil {
-		if n, _ := sb.cg.oomKills(); n > 0 {
+		if n, _ := sb.cg.OOMKills(); n > 0 {
 			return fmt.Errorf("exited after a process in the sandbox was %w", ErrOOMKilled)
 		}
 	}

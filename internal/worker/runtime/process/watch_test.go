@@ -3,16 +3,14 @@ package process
 import (
 	"context"
 	"errors"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 )
 
 // A sandbox an earlier worker started (here: r1, which plays the worker
@@ -108,7 +106,7 @@ func TestWatchAdoptedReusedPID(t *testing.T) {
 		_ = other.Wait()
 	})
 	pid := other.Process.Pid
-	_, start, err := procStat(pid)
+	_, start, err := procs.Stat(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,41 +120,9 @@ func TestWatchAdoptedReusedPID(t *testing.T) {
 		t.Fatal("not watchable")
 	}
 	testutil.Eventually(t, waitLong, func() bool { return closed(exited) }, "a reused pid was taken for the sandbox's process")
-	if !alive(pid, start) {
+	if !procs.Alive(pid, start) {
 		t.Fatal("the watch harmed the process that reused the pid")
 	}
 }
 
 var _ runtime.Watcher = (*Runtime)(nil)
-
-// waitPidfd waits through the netpoller (no fallback to polling): it
-// returns nil once the process ends, which need not be its child's reaping.
-func TestWaitPidfd(t *testing.T) {
-	p := exec.Command("sleep", "1000")
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.PidfdOpen(p.Process.Pid, unix.PIDFD_NONBLOCK)
-	if errors.Is(err, unix.ENOSYS) {
-		_ = p.Process.Kill()
-		_ = p.Wait()
-		t.Skip("no pidfd_open on this kernel: adopted sandboxes are polled")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	done := make(chan error, 1)
-	go func() { done <- waitPidfd(f) }()
-	select {
-	case err := <-done:
-		t.Fatalf("waitPidfd returned while the process runs: %v", err)
-	default:
-	}
-	_ = p.Process.Kill() // the wait below reaps it; waitPidfd must not need that
-	if err := <-done; err != nil {
-		t.Fatalf("waitPidfd: %v", err)
-	}
-	_ = p.Wait()
-}

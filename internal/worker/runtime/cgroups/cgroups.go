@@ -1,4 +1,4 @@
-package process
+package cgroups
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,9 +20,9 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
-// DefaultCgroupRoot is where cgroup file systems are mounted on every
-// mainstream distribution.
-const DefaultCgroupRoot = "/sys/fs/cgroup"
+// DefaultRoot is where cgroup file systems are mounted on every mainstream
+// distribution.
+const DefaultRoot = "/sys/fs/cgroup"
 
 // cgroupParent is the cgroup, relative to each hierarchy's root, under which
 // every sandbox gets brisk/<sandbox-id>. Sandboxes hang off the root rather
@@ -31,11 +32,11 @@ const cgroupParent = "brisk"
 
 const cfsPeriod = 100_000 // µs; the kernel's default CFS period
 
-// cgroups creates, limits, watches and removes sandbox cgroups on either
+// Hierarchy creates, limits, watches and removes sandbox cgroups on either
 // cgroup v2 (one unified hierarchy) or v1 (one hierarchy per controller,
 // mounted at <root>/cpu and <root>/memory, possibly next to a controller-less
 // v2 mount as on hybrid systems).
-type cgroups struct {
+type Hierarchy struct {
 	v2 bool
 	// v2: the unified hierarchy's mount point.
 	root string
@@ -47,18 +48,31 @@ type cgroups struct {
 	// freezes the sandbox before it kills, so nothing forks meanwhile.
 	freezerV1 string
 	// v1: further hierarchies a sandbox joins without limits (tests use a
-	// named, controller-less one).
+	// named, controller-less one: V1ForTest).
 	otherV1 []string
 }
 
-// detectCgroups inspects root and prepares brisk/ under it. It returns an
-// error when root holds no usable cgroup hierarchy; controllers it cannot
-// get are reported through warn and their limits are skipped.
-func detectCgroups(root string, warn func(msg string, args ...any)) (*cgroups, error) {
+// V1ForTest returns a cgroup v1 Hierarchy made of the named, controller-less
+// hierarchies mounted at mounts, which sandboxes join without limits. It is
+// a test hook: it lets tests exercise the v1 placement (JoinThread) and
+// teardown (Kill without a freezer) on hosts whose controllers all sit in a
+// v2 hierarchy. Detect is what runtimes use.
+func V1ForTest(mounts ...string) *Hierarchy {
+	h := &Hierarchy{otherV1: mounts}
+	if len(mounts) > 0 {
+		h.root = mounts[0]
+	}
+	return h
+}
+
+// Detect inspects root and prepares brisk/ under it. It returns an error
+// when root holds no usable cgroup hierarchy; controllers it cannot get are
+// reported through warn and their limits are skipped.
+func Detect(root string, warn func(msg string, args ...any)) (*Hierarchy, error) {
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
 		return setupV2(root, warn)
 	}
-	cg := &cgroups{root: root}
+	cg := &Hierarchy{root: root}
 	for _, name := range []string{"cpu", "cpu,cpuacct", "cpuacct,cpu"} {
 		if exists(filepath.Join(root, name, "cpu.cfs_quota_us")) {
 			cg.cpuV1 = filepath.Join(root, name)
@@ -86,8 +100,8 @@ func detectCgroups(root string, warn func(msg string, args ...any)) (*cgroups, e
 	return cg, nil
 }
 
-func setupV2(root string, warn func(msg string, args ...any)) (*cgroups, error) {
-	cg := &cgroups{v2: true, root: root}
+func setupV2(root string, warn func(msg string, args ...any)) (*Hierarchy, error) {
+	cg := &Hierarchy{v2: true, root: root}
 	parent := filepath.Join(root, cgroupParent)
 	if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("cgroup v2: %w", err)
@@ -117,18 +131,34 @@ func setupV2(root string, warn func(msg string, args ...any)) (*cgroups, error) 
 	return cg, nil
 }
 
-// sandboxCgroup is one sandbox's cgroup: one directory on v2, one per
-// mounted controller on v1.
-type sandboxCgroup struct {
-	cg      *cgroups
-	rel     string   // brisk/<id>
+// V2 reports whether h is the unified cgroup v2 hierarchy, whose sandboxes
+// are cloned into their cgroup (Cgroup.OpenDir); on v1 the forking thread
+// joins it first (Cgroup.JoinThread).
+func (h *Hierarchy) V2() bool { return h.v2 }
+
+// Limits reports which limits sandboxes get: CPU and memory each when its
+// controller is mounted (v1) or could be delegated to brisk/ (v2).
+func (h *Hierarchy) Limits() (cpu, memory bool) {
+	if h.v2 {
+		return h.cpuV2, h.memV2
+	}
+	return h.cpuV1 != "", h.memV1 != ""
+}
+
+// Cgroup is one sandbox's cgroup: one directory on v2, one per mounted
+// controller on v1.
+type Cgroup struct {
+	cg      *Hierarchy
+	rel     string   // brisk/<name>
 	dirs    []string // absolute; dirs[0] is the memory one when there is one
 	mem     string   // the directory holding memory.* files, "" without memory
 	freezer string   // v1: the directory holding freezer.state, "" without
 }
 
-func (cg *cgroups) sandbox(rel string) *sandboxCgroup {
-	s := &sandboxCgroup{cg: cg, rel: rel}
+// Open returns the cgroup at rel (as Cgroup.Rel gives it, e.g. one a
+// runtime recorded before a restart) without creating or changing it.
+func (cg *Hierarchy) Open(rel string) *Cgroup {
+	s := &Cgroup{cg: cg, rel: rel}
 	if cg.v2 {
 		d := filepath.Join(cg.root, rel)
 		s.dirs = []string{d}
@@ -154,24 +184,33 @@ func (cg *cgroups) sandbox(rel string) *sandboxCgroup {
 	return s
 }
 
-// create makes the sandbox's cgroup and applies its limits; zero resources
-// mean "no limit". On error nothing is left behind.
-func (cg *cgroups) create(id string, res spec.Resources) (s *sandboxCgroup, err error) {
-	s = cg.sandbox(cgroupParent + "/" + id)
+// Create makes the sandbox's cgroup, brisk/<name>, and applies its limits;
+// zero resources mean "no limit". On error nothing is left behind.
+func (cg *Hierarchy) Create(name string, res spec.Resources) (s *Cgroup, err error) {
+	s = cg.Open(cgroupParent + "/" + name)
 	for _, d := range s.dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			s.removeNow()
+			s.RemoveNow()
 			return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
 		}
 	}
-	if err := s.limit(res); err != nil {
-		s.removeNow()
+	if err := s.Limit(res); err != nil {
+		s.RemoveNow()
 		return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
 	}
 	return s, nil
 }
 
-func (s *sandboxCgroup) limit(res spec.Resources) error {
+// Rel is the cgroup's path relative to each hierarchy's root: brisk/<name>.
+func (s *Cgroup) Rel() string { return s.rel }
+
+// Dirs returns the cgroup's directories, absolute: one on v2, one per
+// hierarchy it is in on v1. They exist only between Create and Remove.
+func (s *Cgroup) Dirs() []string { return slices.Clone(s.dirs) }
+
+// Limit applies res to the cgroup; zero resources mean "no limit" (an
+// earlier limit stays). Controllers the Hierarchy lacks are skipped.
+func (s *Cgroup) Limit(res spec.Resources) error {
 	quota := int64(-1)
 	if res.MilliCPU > 0 {
 		quota = max(res.MilliCPU*cfsPeriod/1000, 1000) // the kernel's minimum is 1 ms
@@ -217,8 +256,8 @@ func (s *sandboxCgroup) limit(res spec.Resources) error {
 	return nil
 }
 
-// openDir opens the v2 cgroup directory for clone(CLONE_INTO_CGROUP).
-func (s *sandboxCgroup) openDir() (int, error) {
+// OpenDir opens the v2 cgroup directory for clone(CLONE_INTO_CGROUP).
+func (s *Cgroup) OpenDir() (int, error) {
 	fd, err := syscall.Open(s.dirs[0], syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("cgroup %s: %w", s.rel, err)
@@ -226,13 +265,13 @@ func (s *sandboxCgroup) openDir() (int, error) {
 	return fd, nil
 }
 
-// joinThread moves the calling thread into the cgroup in every v1
+// JoinThread moves the calling thread into the cgroup in every v1
 // hierarchy, so that a child it forks is born there, and returns what moves
 // it back to where it was. v1 (unlike v2) lets the threads of one process
 // sit in different cgroups. The caller runs on a thread of its own
-// (spawnThread): while it is in the sandbox's cgroup the worker's pid is
-// listed in the cgroup's cgroup.procs, which is why kill skips it.
-func (s *sandboxCgroup) joinThread() (leave func() error, err error) {
+// (procs.SpawnThread): while it is in the sandbox's cgroup the worker's pid
+// is listed in the cgroup's cgroup.procs, which is why Kill skips it.
+func (s *Cgroup) JoinThread() (leave func() error, err error) {
 	tid := strconv.Itoa(unix.Gettid())
 	type move struct{ mount, from string }
 	var moved []move
@@ -293,9 +332,9 @@ func threadCgroups() (map[string]string, error) {
 	return m, nil
 }
 
-// addProc moves pid into the cgroup: the v2 fallback when clone3 is
+// AddProc moves pid into the cgroup: the v2 fallback when clone3 is
 // unavailable.
-func (s *sandboxCgroup) addProc(pid int) error {
+func (s *Cgroup) AddProc(pid int) error {
 	for _, d := range s.dirs {
 		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
 			return fmt.Errorf("cgroup %s: %w", s.rel, err)
@@ -304,12 +343,12 @@ func (s *sandboxCgroup) addProc(pid int) error {
 	return nil
 }
 
-// oomKills returns how many processes the kernel OOM killer killed in this
+// OOMKills returns how many processes the kernel OOM killer killed in this
 // cgroup: v2 memory.events oom_kill, v1 memory.oom_control oom_kill (kernel
 // 4.13+). Older v1 kernels lack the counter; there it returns
 // memory.failcnt (how often the limit was hit) with exact false, which only
 // suggests an OOM kill when the process also died of SIGKILL.
-func (s *sandboxCgroup) oomKills() (n int64, exact bool) {
+func (s *Cgroup) OOMKills() (n int64, exact bool) {
 	if s.mem == "" {
 		return 0, true
 	}
@@ -333,8 +372,8 @@ func (s *sandboxCgroup) oomKills() (n int64, exact bool) {
 	return 0, true
 }
 
-// procs lists the pids in the cgroup. Zombies have left it already.
-func (s *sandboxCgroup) procs() []int {
+// Procs lists the pids in the cgroup. Zombies have left it already.
+func (s *Cgroup) Procs() []int {
 	var pids []int
 	for _, d := range s.dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
@@ -350,21 +389,21 @@ func (s *sandboxCgroup) procs() []int {
 	return pids
 }
 
-// kill SIGKILLs every process in the cgroup, including any that left the
+// Kill SIGKILLs every process in the cgroup, including any that left the
 // sandbox's process group (setsid, double-forked daemons). v2 kernels from
 // 5.14 do it atomically with cgroup.kill. Elsewhere the cgroup is frozen
 // first (v2 cgroup.freeze from 5.2, the v1 freezer), so that no process
 // forks between the listing and the kill, then every process listed is
 // killed and the cgroup thawed, which lets the killed ones die. Without a
 // freezer a process forking in a loop could outrun one pass, which is why
-// remove retries.
-func (s *sandboxCgroup) kill() {
+// Remove retries.
+func (s *Cgroup) Kill() {
 	if s.cg.v2 && writeFile(filepath.Join(s.dirs[0], "cgroup.kill"), "1") == nil {
 		return
 	}
-	thaw := s.freeze()
+	thaw := s.Freeze()
 	self := os.Getpid() // on v1, while a worker thread forks a sandbox in it
-	for _, pid := range s.procs() {
+	for _, pid := range s.Procs() {
 		if pid != self {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -372,13 +411,13 @@ func (s *sandboxCgroup) kill() {
 	thaw()
 }
 
-// freezeWait bounds how long kill waits for a cgroup to freeze: a task in
+// freezeWait bounds how long Kill waits for a cgroup to freeze: a task in
 // uninterruptible sleep delays it, and killing unfrozen is still better
 // than not killing.
 const freezeWait = 100 * time.Millisecond
 
-// freeze freezes the cgroup when it can and returns what thaws it.
-func (s *sandboxCgroup) freeze() (thaw func()) {
+// Freeze freezes the cgroup when it can and returns what thaws it.
+func (s *Cgroup) Freeze() (thaw func()) {
 	var file, on, off, state, frozen string
 	switch {
 	case s.cg.v2:
@@ -412,17 +451,17 @@ func hasLine(b []byte, line string) bool {
 	return false
 }
 
-// remove deletes the cgroup, killing and waiting out any process still in
+// Remove deletes the cgroup, killing and waiting out any process still in
 // it. rmdir fails with EBUSY until the last member has exited.
-func (s *sandboxCgroup) remove(ctx context.Context) error {
+func (s *Cgroup) Remove(ctx context.Context) error {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		err := s.removeNow()
+		err := s.RemoveNow()
 		if err == nil {
 			return nil
 		}
-		s.kill()
+		s.Kill()
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
@@ -431,8 +470,8 @@ func (s *sandboxCgroup) remove(ctx context.Context) error {
 	}
 }
 
-// removeNow tries each directory once; missing ones count as removed.
-func (s *sandboxCgroup) removeNow() error {
+// RemoveNow tries each directory once; missing ones count as removed.
+func (s *Cgroup) RemoveNow() error {
 	var errs []error
 	for _, d := range s.dirs {
 		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {

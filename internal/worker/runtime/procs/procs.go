@@ -1,4 +1,4 @@
-package process
+package procs
 
 import (
 	"bytes"
@@ -7,11 +7,11 @@ import (
 	"strconv"
 )
 
-// procStat reads a process's state letter and start time (field 22 of
+// Stat reads a process's state letter and start time (field 22 of
 // /proc/<pid>/stat, in clock ticks after boot). The pair (pid, start time)
 // names one process for the life of the machine, which a pid alone does not
 // once pids wrap.
-func procStat(pid int) (state byte, start uint64, err error) {
+func Stat(pid int) (state byte, start uint64, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, 0, err
@@ -34,10 +34,10 @@ func procStat(pid int) (state byte, start uint64, err error) {
 	return f[0][0], start, nil
 }
 
-// alive reports whether the process started at start still runs as pid.
+// Alive reports whether the process started at start still runs as pid.
 // A zombie is not alive: its program has ended and only its parent's wait
 // is missing, which for an orphan may never come.
-func alive(pid int, start uint64) bool {
-	state, got, err := procStat(pid)
+func Alive(pid int, start uint64) bool {
+	state, got, err := Stat(pid)
 	return err == nil && got == start && state != 'Z' && state != 'X'
 }
