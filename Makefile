@@ -13,9 +13,10 @@ FUZZ_TARGETS = h1:FuzzRequestHead h1:FuzzReplyHead h1:FuzzChunked spec:FuzzDecod
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/brisk and bin/brisk-trace (the lean trace function)
+build: ## build bin/brisk, bin/brisk-trace (the lean trace function) and bin/brisk-sandbox-init (the native runtime's init)
 	$(GO) build -o $(BIN) ./cmd/brisk
 	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
+	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-sandbox-init ./cmd/brisk-sandbox-init
 
 demo: build ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
 	./scripts/demo.sh

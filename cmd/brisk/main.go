@@ -6,6 +6,14 @@ import (
 	"os"
 
 	"github.com/brisk-faas/brisk/internal/cli"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 )
 
-func main() { os.Exit(cli.Main(os.Args[1:])) }
+func main() {
+	// A native sandbox's init, when brisk-sandbox-init is not installed:
+	// before anything else, as it runs inside the sandbox.
+	if len(os.Args) > 1 && os.Args[1] == nsinit.Subcommand {
+		nsinit.Main()
+	}
+	os.Exit(cli.Main(os.Args[1:]))
+}

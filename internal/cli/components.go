@@ -151,13 +151,13 @@ type wkFlags struct {
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
-	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated or containerd (--emulate implies emulated)")
+	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated, containerd or native (--emulate implies emulated)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
-	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process: user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
+	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "gRPC listen address of the worker")

@@ -32,6 +32,7 @@ type ctrFlags struct {
 	subnet, bridge, prefix          string
 	firewall                        bool
 	allowHostPorts                  []int
+	shells                          int
 }
 
 func (f *ctrFlags) register(c *cobra.Command) {
@@ -40,17 +41,18 @@ func (f *ctrFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.address, "containerd-address", image.DefaultContainerdAddress, "with --runtime containerd: containerd's socket")
 	fl.StringVar(&f.namespace, "containerd-namespace", image.DefaultNamespace, "with --runtime containerd: containerd namespace for images and containers")
 	fl.StringVar(&f.snapshotter, "snapshotter", image.DefaultSnapshotter, "with --runtime containerd: snapshotter that unpacks images")
-	fl.IntVar(&f.poolSize, "net-pool", d.Size, "with --runtime containerd: sandbox network namespaces kept pre-created (0 = each made on demand)")
-	fl.StringVar(&f.subnet, "net-subnet", d.Subnet.String(), "with --runtime containerd: sandbox addresses (the bridge takes the first)")
-	fl.StringVar(&f.bridge, "net-bridge", d.Bridge, "with --runtime containerd: host bridge the sandboxes' veths join")
-	fl.StringVar(&f.prefix, "net-prefix", d.NamePrefix, "with --runtime containerd: name prefix of the sandboxes' network namespaces and veths")
-	fl.BoolVar(&f.firewall, "net-firewall", true, "with --runtime containerd: netfilter rules (nf_tables table brisk_netpool_<net-prefix>) that keep sandboxes from every address of this host (admin, gRPC, data plane ports) and from each other; =false only where the kernel lacks nf_tables")
-	fl.IntSliceVar(&f.allowHostPorts, "net-allow-host-ports", nil, "with --runtime containerd: TCP ports on this host that sandboxes may connect to despite --net-firewall, e.g. 3128,8125")
+	fl.IntVar(&f.poolSize, "net-pool", d.Size, "with --runtime containerd or native: sandbox network namespaces kept pre-created (0 = each made on demand)")
+	fl.StringVar(&f.subnet, "net-subnet", d.Subnet.String(), "with --runtime containerd or native: sandbox addresses (the bridge takes the first)")
+	fl.StringVar(&f.bridge, "net-bridge", d.Bridge, "with --runtime containerd or native: host bridge the sandboxes' veths join")
+	fl.StringVar(&f.prefix, "net-prefix", d.NamePrefix, "with --runtime containerd or native: name prefix of the sandboxes' network namespaces and veths")
+	fl.BoolVar(&f.firewall, "net-firewall", true, "with --runtime containerd or native: netfilter rules (nf_tables table brisk_netpool_<net-prefix>) that keep sandboxes from every address of this host (admin, gRPC, data plane ports) and from each other; =false only where the kernel lacks nf_tables")
+	fl.IntVar(&f.shells, "native-shells", 0, "with --runtime native: parked sandbox shells kept ready (0 = 16)")
+	fl.IntSliceVar(&f.allowHostPorts, "net-allow-host-ports", nil, "with --runtime containerd or native: TCP ports on this host that sandboxes may connect to despite --net-firewall, e.g. 3128,8125")
 }
 
 // apply sets w's containerd options when w runs containerd.
 func (f *ctrFlags) apply(w *local.Workers) error {
-	if w.Runtime != "containerd" {
+	if w.Runtime != "containerd" && w.Runtime != "native" {
 		return nil
 	}
 	subnet, err := netip.ParsePrefix(f.subnet)
@@ -61,6 +63,10 @@ func (f *ctrFlags) apply(w *local.Workers) error {
 	w.NetPool = netpool.Default()
 	w.NetPool.Size, w.NetPool.Subnet, w.NetPool.Bridge, w.NetPool.NamePrefix = f.poolSize, subnet, f.bridge, f.prefix
 	w.NetPool.NoFirewall = !f.firewall
+	if f.shells < 0 {
+		return usageError{fmt.Errorf("--native-shells %d must not be negative", f.shells)}
+	}
+	w.NativeShells = f.shells
 	for _, p := range f.allowHostPorts {
 		if p < 1 || p > 65535 {
 			return usageError{fmt.Errorf("--net-allow-host-ports: %d is not a port (1-65535)", p)}

@@ -28,12 +28,13 @@ import (
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
 	ctrd "github.com/brisk-faas/brisk/internal/worker/runtime/containerd"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
 )
 
 // Workers describes the worker nodes a daemon hosts.
 type Workers struct {
-	Runtime      string        // "process" (default), "emulated" or "containerd"
+	Runtime      string        // "process" (default), "emulated", "containerd" or "native"
 	Nodes        int           // emulated only: nodes in this process; default 1
 	NodeID       string        // node id, or the prefix of emulated node ids; default hostname
 	CreateDelay  time.Duration // emulated only: sandbox creation delay
@@ -52,11 +53,15 @@ type Workers struct {
 	CA   *pki.CA
 	Join *pki.Joiner
 
+	// NativeShells is how many parked shells the native runtime keeps
+	// ready (native.Config.Shells); 0: its default.
+	NativeShells int
+
 	// containerd only (StateDir holds the sandboxes' logs):
 	ContainerdAddress   string         // socket; default /run/containerd/containerd.sock
 	ContainerdNamespace string         // default "brisk"
 	Snapshotter         string         // default "overlayfs"
-	NetPool             netpool.Config // the sandboxes' network namespaces; the zero value means netpool.Default()
+	NetPool             netpool.Config // containerd and native: the sandboxes' network namespaces; the zero value means netpool.Default()
 }
 
 // Sidecars are what BuildWorker makes beside a daemon that RunWorker runs
@@ -67,6 +72,7 @@ type Sidecars struct {
 
 	pool       *netpool.Pool
 	ctr        *ctrd.Runtime
+	nat        *native.Runtime
 	stopOnExit bool
 }
 
@@ -130,8 +136,17 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 			return nil, nil, err
 		}
 		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
+	case "native":
+		if w.Nodes > 1 {
+			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
+		}
+		var err error
+		if side, err = buildNative(w, log); err != nil {
+			return nil, nil, err
+		}
+		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.nat, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
 	default:
-		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated or containerd", ErrUsage, w.Runtime)
+		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated, containerd or native", ErrUsage, w.Runtime)
 	}
 	if w.CA != nil {
 		ids := make([]string, len(cfg.Nodes))
@@ -164,13 +179,8 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	return d, side, err
 }
 
-func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
-	// Shims and their containers can end up re-parented to this process;
-	// it must reap them. Nothing else in a containerd worker waits for
-	// children (see BecomeSubreaper).
-	if err := ctrd.BecomeSubreaper(log.With("component", "reaper")); err != nil {
-		log.Warn("cannot become a child subreaper; orphaned shims are left to PID 1", "err", err)
-	}
+// netPool makes the network pool of the containerd and native runtimes.
+func netPool(w Workers, log *slog.Logger) (*netpool.Pool, error) {
 	pcfg := w.NetPool
 	if reflect.ValueOf(pcfg).IsZero() { // Config holds a slice: no ==
 		pcfg = netpool.Default()
@@ -179,6 +189,36 @@ func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
 	pool, err := netpool.New(pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return pool, nil
+}
+
+func buildNative(w Workers, log *slog.Logger) (*Sidecars, error) {
+	if w.StateDir == "" {
+		return nil, fmt.Errorf("%w: the native runtime needs a state directory", ErrUsage)
+	}
+	pool, err := netPool(w, log)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := native.New(native.Config{StateDir: w.StateDir, Pool: pool, Shells: w.NativeShells,
+		User: w.SandboxUser, Logger: log.With("component", "runtime")})
+	if err != nil {
+		return nil, err
+	}
+	return &Sidecars{pool: pool, nat: rt, stopOnExit: w.StopOnExit}, nil
+}
+
+func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
+	// Shims and their containers can end up re-parented to this process;
+	// it must reap them. Nothing else in a containerd worker waits for
+	// children (see BecomeSubreaper).
+	if err := ctrd.BecomeSubreaper(log.With("component", "reaper")); err != nil {
+		log.Warn("cannot become a child subreaper; orphaned shims are left to PID 1", "err", err)
+	}
+	pool, err := netPool(w, log)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -198,6 +238,9 @@ func (s *Sidecars) close() {
 	if s.ctr != nil {
 		s.ctr.Close()
 	}
+	if s.nat != nil {
+		s.nat.Close()
+	}
 }
 
 // RunWorker runs a daemon and, if present, its sidecars. With containerd it
@@ -213,14 +256,17 @@ func RunWorker(ctx context.Context, d *worker.Daemon, s *Sidecars) error {
 			return fmt.Errorf("worker: network pool: %w", err)
 		}
 	}
+	if s != nil && s.nat != nil {
+		s.nat.Start()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	if s != nil && s.Host != nil {
 		g.Go(func() error { return s.Host.Run(gctx) })
 	}
 	g.Go(func() error { return d.Run(gctx) })
 	err := g.Wait()
-	if s != nil && s.ctr != nil {
-		s.ctr.Close()
+	if s != nil && (s.ctr != nil || s.nat != nil) {
+		s.close()
 		if s.stopOnExit {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			if perr := s.pool.Close(cctx); perr != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -82,7 +83,8 @@ func Detect(root string, warn func(msg string, args ...any)) (*Hierarchy, error)
 	if exists(filepath.Join(root, "memory", "memory.limit_in_bytes")) {
 		cg.memV1 = filepath.Join(root, "memory")
 	}
-	if exists(filepath.Join(root, "freezer", "freezer.state")) {
+	// The root of a v1 freezer hierarchy has no freezer.state (its children do).
+	if exists(filepath.Join(root, "freezer", "tasks")) {
 		cg.freezerV1 = filepath.Join(root, "freezer")
 	}
 	if cg.cpuV1 == "" && cg.memV1 == "" {
@@ -199,6 +201,22 @@ func (cg *Hierarchy) Create(name string, res spec.Resources) (s *Cgroup, err err
 		return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
 	}
 	return s, nil
+}
+
+// List returns the names of the cgroups under brisk/ that start with
+// prefix, in any hierarchy: what an earlier worker left, for a restarted
+// one to reap or adopt.
+func (cg *Hierarchy) List(prefix string) []string {
+	seen := map[string]bool{}
+	for _, d := range cg.Open(cgroupParent).dirs {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if e.IsDir() && strings.HasPrefix(e.Name(), prefix) {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // Rel is the cgroup's path relative to each hierarchy's root: brisk/<name>.

@@ -1,0 +1,357 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/image"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/netpool"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
+)
+
+const (
+	netPrefix = "bn"
+	probeRef  = image.LocalDomain + "/native-test-probe:latest"
+	waitLong  = 60 * time.Second // only bounds failing tests
+)
+
+var (
+	probeBin string // testdata/probe, static
+	poolSeq  atomic.Int32
+)
+
+func TestMain(m *testing.M) {
+	// The test binary doubles as the sandboxes' init.
+	if len(os.Args) > 1 && os.Args[1] == nsinit.Subcommand {
+		nsinit.Main()
+	}
+	dir, err := os.MkdirTemp("", "brisk-native-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Chmod(dir, 0o755)
+	probeBin = filepath.Join(dir, "probe")
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	build := exec.Command(gotool, "build", "-o", probeBin, "./testdata/probe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building testdata/probe: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func poolConfig() netpool.Config {
+	n := poolSeq.Add(1)
+	return netpool.Config{
+		Size:       4,
+		Bridge:     fmt.Sprintf("%sbr%d", netPrefix, n),
+		Subnet:     netip.MustParsePrefix(fmt.Sprintf("10.217.%d.0/24", n)),
+		NamePrefix: fmt.Sprintf("%s%d", netPrefix, n),
+	}
+}
+
+func newPool(t testing.TB, cfg netpool.Config) *netpool.Pool {
+	t.Helper()
+	p, err := netpool.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+		defer cancel()
+		if err := p.Close(ctx); err != nil {
+			t.Errorf("pool Close: %v", err)
+		}
+	})
+	return p
+}
+
+// newRuntime makes a started runtime on pool (started here unless started
+// is set) whose sandboxes are killed, and which is closed, when the test
+// ends.
+func newRuntime(t testing.TB, pool *netpool.Pool, stateDir string, startPool bool) *Runtime {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{StateDir: stateDir, Pool: pool, Shells: 4, InitArgv: []string{exe, nsinit.Subcommand},
+		BriskBinary: probeBin, KillGrace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if startPool {
+		if err := pool.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Start()
+	t.Cleanup(func() { killAll(t, r); r.Close() })
+	return r
+}
+
+func killAll(t testing.TB, r *Runtime) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	ls, _ := r.List(ctx)
+	for _, l := range ls {
+		if err := r.Kill(ctx, l.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			t.Errorf("Kill %s: %v", l.ID, err)
+		}
+	}
+}
+
+func probeFn(name string) *spec.Function {
+	return &spec.Function{Name: name, Revision: 1, Command: []string{probeBin}, Port: 8080,
+		Resources: spec.Resources{MilliCPU: 500, MemoryMB: 128}}
+}
+
+// importProbe pushes an image of the probe into r, as `brisk image push
+// --to-workers` does.
+func importProbe(t *testing.T, r *Runtime) {
+	t.Helper()
+	img, err := image.Build(image.Options{Path: probeBin, Env: []string{"IMAGE_ENV=from-image"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "probe.tar")
+	if err := image.WriteArchive(archive, img, probeRef); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	refs, err := r.ImportImage(context.Background(), f)
+	if err != nil || len(refs) != 1 || refs[0] != probeRef {
+		t.Fatalf("ImportImage = %v, %v; want [%s]", refs, err, probeRef)
+	}
+}
+
+// start creates a sandbox and waits until it serves.
+func start(t *testing.T, r *Runtime, id string, f *spec.Function) *runtime.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	inst, err := r.Create(ctx, runtime.Spec{ID: id, Function: f})
+	if err != nil {
+		t.Fatalf("Create %s: %v", id, err)
+	}
+	if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+		log, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", f.Name, id+".log"))
+		t.Fatalf("sandbox %s not ready: %v (exit: %v); log:\n%s", id, err, inst.ExitErr(), log)
+	}
+	return inst
+}
+
+func probe(t *testing.T, addr string) map[string]any {
+	t.Helper()
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatalf("GET %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("probe reply %q: %v", b, err)
+	}
+	return m
+}
+
+func TestIsolation(t *testing.T) {
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	inst := start(t, r, "iso-1", probeFn("iso"))
+	got := probe(t, inst.Addr)
+	want := map[string]any{
+		"uid": 65534.0, "gid": 65534.0, "pid": 1.0, "hostname": "iso-1", "cap_eff": "0000000000000000",
+		"no_new_privs": "1", "seccomp": "2", "unshare_errno": 1.0, // EPERM from the seccomp profile
+		"tmp_writable": true, "root_writable": false, "sandbox": "iso-1",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	// Only the default capabilities stay in the bounding set.
+	if bnd := got["cap_bnd"]; bnd != "00000000a80425fb" {
+		t.Errorf("cap_bnd = %v, want runc's default set 00000000a80425fb", bnd)
+	}
+	if n := got["pids"].(float64); n > 2 {
+		t.Errorf("the sandbox sees %v processes, want only its own (PID namespace)", n)
+	}
+	if ifs := fmt.Sprint(got["interfaces"]); !strings.Contains(ifs, "eth0") || strings.Contains(ifs, netPrefix+"br") {
+		t.Errorf("interfaces %s: want the pool's eth0 and not the host's", ifs)
+	}
+	// The sandbox's writes stay in its own layer.
+	if _, err := os.Stat("/tmp/written-by-probe"); err == nil {
+		t.Error("a write to the sandbox's /tmp reached the host's /tmp")
+	}
+}
+
+func TestImage(t *testing.T) {
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	importProbe(t, r)
+	f := &spec.Function{Name: "img", Revision: 2, Image: probeRef, Port: 9000}
+	inst := start(t, r, "img-1", f)
+	got := probe(t, inst.Addr)
+	if got["image_env"] != "from-image" || got["uid"] != 65534.0 || got["pid"] != 1.0 {
+		t.Errorf("probe in image = %v", got)
+	}
+	if !strings.HasSuffix(inst.Addr, ":9000") {
+		t.Errorf("addr %s, want the function's port 9000", inst.Addr)
+	}
+	ctx := context.Background()
+	if _, err := r.Create(ctx, runtime.Spec{ID: "img-2", Function: &spec.Function{Name: "img", Image: "brisk.local/missing:latest", Port: 8080}}); err == nil ||
+		!strings.Contains(err.Error(), "not on this worker") {
+		t.Errorf("Create of a missing image = %v, want 'not on this worker'", err)
+	}
+}
+
+func TestKillAndCrash(t *testing.T) {
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	inst := start(t, r, "k-1", probeFn("k"))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := r.Kill(ctx, "k-1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inst.Exited:
+	case <-ctx.Done():
+		t.Fatal("Exited did not close after Kill")
+	}
+	if err := inst.ExitErr(); !errors.Is(err, runtime.ErrKilled) {
+		t.Errorf("ExitErr after Kill = %v, want ErrKilled", err)
+	}
+	if err := r.Kill(ctx, "k-1"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("second Kill = %v, want ErrNotFound", err)
+	}
+	f := probeFn("crash")
+	f.Env = map[string]string{"PROBE_MODE": "exit"}
+	crash, err := r.Create(ctx, runtime.Spec{ID: "c-1", Function: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-crash.Exited:
+	case <-ctx.Done():
+		t.Fatal("a crashing sandbox's Exited did not close")
+	}
+	if err := crash.ExitErr(); err == nil || errors.Is(err, runtime.ErrKilled) || !strings.Contains(err.Error(), "status 3") {
+		t.Errorf("crash ExitErr = %v, want exit status 3", err)
+	}
+	// A missing command is reported by Create, from inside the sandbox.
+	bad := probeFn("bad")
+	bad.Command = []string{"/no/such/binary"}
+	if _, err := r.Create(ctx, runtime.Spec{ID: "b-1", Function: bad}); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("Create of a missing binary = %v, want 'no such file'", err)
+	}
+}
+
+// TestRestartAdopts abandons a runtime with a sandbox and parked shells, as
+// kill -9 of the worker would, and starts another on the same state: the
+// sandbox is adopted and still serves, the parked shells are reaped.
+func TestRestartAdopts(t *testing.T) {
+	testutil.RequiresRoot(t)
+	state, pcfg := t.TempDir(), poolConfig()
+	p1, err := netpool.New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p1.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	r1, err := New(Config{StateDir: state, Pool: p1, Shells: 3, InitArgv: []string{exe, nsinit.Subcommand}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1.Start()
+	inst := start(t, r1, "a-1", probeFn("a"))
+	waitFor(t, "3 parked shells", func() bool { return len(r1.ready) == 3 })
+	parked := []int{}
+	for range 3 {
+		sh := <-r1.ready
+		parked = append(parked, sh.pid)
+		r1.ready <- sh
+	}
+	r1.stop() // stop the refiller; the shells and the sandbox stay, as after kill -9
+
+	r2 := newRuntime(t, newPool(t, pcfg), state, true)
+	ls, err := r2.List(context.Background())
+	if err != nil || len(ls) != 1 || ls[0].ID != "a-1" || !ls[0].Running || ls[0].Addr != inst.Addr || ls[0].Function != "a" || ls[0].Revision != 1 {
+		t.Fatalf("List after restart = %+v, %v", ls, err)
+	}
+	if got := probe(t, inst.Addr); got["sandbox"] != "a-1" {
+		t.Errorf("adopted sandbox answers %v", got)
+	}
+	for _, pid := range parked {
+		waitFor(t, fmt.Sprintf("parked init %d reaped", pid), func() bool {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || strings.Contains(string(b), ") Z ")
+		})
+	}
+	gone, _, ok := r2.Watch("a-1")
+	if !ok {
+		t.Fatal("Watch of an adopted sandbox: not ok")
+	}
+	if err := r2.Kill(context.Background(), "a-1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-gone:
+	case <-time.After(waitLong):
+		t.Fatal("Watch channel did not close after Kill")
+	}
+	if names := r2.cg.List(r2.prefix); len(names) > len(r2.ready)+1 {
+		t.Errorf("cgroups left: %v", names)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestSeccompProfile(t *testing.T) {
+	prog, err := defaultSeccomp()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prog) < 100 {
+		t.Errorf("default profile compiled to %d instructions; want the whole allow list", len(prog))
+	}
+}

@@ -1,0 +1,318 @@
+// Package nsinit is the first program of a native sandbox: a parked process,
+// already in the sandbox's namespaces and cgroup, that waits for the worker
+// to bind it to a function and then builds the root file system, drops its
+// privileges and execs the function's entrypoint. It links only the standard
+// library and x/sys, so that it starts in about a millisecond; the worker
+// does everything that needs more (image resolution, the seccomp program).
+package nsinit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Subcommand is the hidden brisk subcommand that runs Main when the lean
+// brisk-sandbox-init binary is not installed.
+const Subcommand = "__native-init"
+
+// BinaryName is the lean init binary the worker prefers (cmd/brisk-sandbox-init).
+const BinaryName = "brisk-sandbox-init"
+
+// ControlFD is the descriptor of the init's end of the control socket.
+const ControlFD = 3
+
+// MaxMessage bounds the bind message (the seccomp program is most of it).
+const MaxMessage = 256 << 10
+
+// Bind is what the worker sends to bind a parked init to a function. The
+// message carries the log file (for stdout and stderr) and, with ExecFD, the
+// executable as SCM_RIGHTS descriptors, in that order.
+type Bind struct {
+	// Lower is the read-only lower layer of the root file system: an
+	// unpacked image, or "/" to run on the host's root file system.
+	Lower string `json:"lower"`
+	// Staging is an empty host directory on which the init mounts its
+	// tmpfs (the writable upper layer and the merged root) inside its own
+	// mount namespace.
+	Staging string `json:"staging"`
+	// TmpfsMB bounds the writable layer.
+	TmpfsMB int `json:"tmpfs_mb"`
+	// Argv, Env and Dir are the entrypoint; Argv[0] is looked up in the
+	// PATH of Env inside the new root when it has no slash.
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+	// ExecFD says Argv[0] is to be executed from the passed descriptor (a
+	// binary the sandbox's user could not reach by path).
+	ExecFD   bool   `json:"exec_fd"`
+	UID      uint32 `json:"uid"`
+	GID      uint32 `json:"gid"`
+	Hostname string `json:"hostname"`
+	// Caps are the capabilities kept in the bounding set, and, for uid 0,
+	// in the effective, permitted and inheritable sets.
+	Caps []int `json:"caps"`
+	// Seccomp is the classic BPF filter loaded just before exec, as
+	// (code, jt, jf, k) quadruples; empty means none.
+	Seccomp []unix.SockFilter `json:"seccomp"`
+}
+
+// Main is the init's whole life; it never returns.
+func Main() {
+	// One thread does everything: the seccomp filter and the credentials
+	// it sets apply to the thread that execs.
+	goruntime.LockOSThread()
+	ctl := os.NewFile(ControlFD, "control")
+	b, fds, err := receive(ctl)
+	if err == nil {
+		err = start(b, fds)
+	}
+	// Only a failure gets here: say why and end; the worker sees the
+	// message, or EOF when the exec went through.
+	msg := "init: " + err.Error()
+	_, _ = ctl.Write([]byte(msg))
+	fmt.Fprintln(os.Stderr, "brisk sandbox", msg)
+	os.Exit(127)
+}
+
+func receive(ctl *os.File) (*Bind, []int, error) {
+	buf := make([]byte, MaxMessage)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	n, oobn, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receive: %w", err)
+	}
+	if n == 0 {
+		return nil, nil, errors.New("the worker closed the control socket")
+	}
+	var fds []int
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return nil, nil, fmt.Errorf("receive: %w", err)
+	}
+	for _, m := range msgs {
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("receive: %w", err)
+		}
+		fds = append(fds, got...)
+	}
+	var b Bind
+	if err := json.Unmarshal(buf[:n], &b); err != nil {
+		return nil, nil, fmt.Errorf("bind message: %w", err)
+	}
+	want := 1
+	if b.ExecFD {
+		want = 2
+	}
+	if len(fds) != want || len(b.Argv) == 0 {
+		return nil, nil, fmt.Errorf("bind message: %d descriptors and %d arguments", len(fds), len(b.Argv))
+	}
+	return &b, fds, nil
+}
+
+// start builds the sandbox and execs its entrypoint; it returns only on
+// failure.
+func start(b *Bind, fds []int) error {
+	logFD := fds[0]
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(logFD, fd, 0); err != nil {
+			return fmt.Errorf("log: %w", err)
+		}
+	}
+	_ = unix.Close(logFD)
+	if err := buildRoot(b); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte(b.Hostname)); err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	path := b.Argv[0]
+	if b.ExecFD {
+		path = "/proc/self/fd/" + strconv.Itoa(fds[1])
+	} else if !strings.Contains(path, "/") {
+		p, err := lookPath(path, b.Env)
+		if err != nil {
+			return err
+		}
+		path = p
+	}
+	dir := b.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	if err := unix.Chdir(dir); err != nil {
+		return fmt.Errorf("working directory %s: %w", dir, err)
+	}
+	if err := dropPrivileges(b); err != nil {
+		return err
+	}
+	if len(b.Seccomp) > 0 {
+		prog := unix.SockFprog{Len: uint16(len(b.Seccomp)), Filter: &b.Seccomp[0]}
+		if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); e != 0 {
+			return fmt.Errorf("seccomp: %w", e)
+		}
+	}
+	unix.CloseOnExec(ControlFD)
+	err := unix.Exec(path, b.Argv, b.Env)
+	return fmt.Errorf("exec %s: %w", b.Argv[0], err)
+}
+
+// buildRoot mounts the sandbox's root file system and pivots into it: a
+// tmpfs (the writable upper layer, bounded) over the read-only lower layer,
+// then /proc of the sandbox's PID namespace, a minimal /dev and a read-only
+// /sys. Every mount lives in the sandbox's mount namespace and ends with it.
+func buildRoot(b *Bind) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	st := b.Staging
+	if err := unix.Mount("tmpfs", st, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+strconv.Itoa(max(b.TmpfsMB, 1))+"m"); err != nil {
+		return fmt.Errorf("tmpfs on %s: %w", st, err)
+	}
+	upper, work, root := filepath.Join(st, "upper"), filepath.Join(st, "work"), filepath.Join(st, "root")
+	for _, d := range []string{upper, work, root} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	opts := "lowerdir=" + b.Lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("overlay root over %s: %w", b.Lower, err)
+	}
+	type mnt struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+		optional         bool
+	}
+	for _, m := range []mnt{
+		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", false},
+		{"tmpfs", "dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k", false},
+		{"shm", "dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "mode=1777,size=65536k", false},
+		{"sysfs", "sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY, "", true},
+	} {
+		dst := filepath.Join(root, m.dst)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil && !m.optional {
+			return fmt.Errorf("mount %s on /%s: %w", m.fstype, m.dst, err)
+		}
+	}
+	for _, dev := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		dst := filepath.Join(root, "dev", dev)
+		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		if err := unix.Mount("/dev/"+dev, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", dev, err)
+		}
+	}
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := os.Symlink(target, filepath.Join(root, "dev", name)); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	// pivot_root(".", ".") stacks the old root under the new one; unmounting
+	// "." then drops it, with no directory needed for it.
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// dropPrivileges leaves the process with what runc gives a container: the
+// bounding set cut to b.Caps, no supplementary groups, the sandbox's uid and
+// gid (a non-root uid then has no capabilities at all), and no_new_privs.
+func dropPrivileges(b *Bind) error {
+	keep := map[int]bool{}
+	for _, c := range b.Caps {
+		keep[c] = true
+	}
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		if keep[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("drop capability %d: %w", c, err)
+		}
+	}
+	// Raw syscalls: they must change only this thread, the one that execs
+	// (the syscall package's versions change every thread, which is not
+	// needed and not possible once a thread is stuck in the kernel).
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(b.GID), uintptr(b.GID), uintptr(b.GID)); e != 0 {
+		return fmt.Errorf("setresgid %d: %w", b.GID, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(b.UID), uintptr(b.UID), uintptr(b.UID)); e != 0 {
+		return fmt.Errorf("setresuid %d: %w", b.UID, e)
+	}
+	if b.UID == 0 {
+		if err := setCaps(b.Caps); err != nil {
+			return err
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	return nil
+}
+
+// setCaps sets the effective, permitted and inheritable sets to caps.
+func setCaps(caps []int) error {
+	var data [2]unix.CapUserData
+	for _, c := range caps {
+		data[c/32].Effective |= 1 << (uint(c) % 32)
+	}
+	for i := range data {
+		data[i].Permitted, data[i].Inheritable = data[i].Effective, data[i].Effective
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return nil
+}
+
+// lookPath finds name in env's PATH inside the new root.
+func lookPath(name string, env []string) (string, error) {
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q not found in the sandbox's PATH %q: %w", name, path, syscall.ENOENT)
+}

@@ -1,0 +1,256 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/worker/netpool"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+)
+
+// shell is a pre-created sandbox: a network namespace with its address, a
+// cgroup, and a parked init process already in both and in fresh mount,
+// PID, UTS and IPC namespaces, waiting on its control socket to be bound.
+type shell struct {
+	name string // the cgroup's name under brisk/
+	ep   *netpool.Endpoint
+	cg   *cgroups.Cgroup
+	ctl  *os.File // the worker's end of the control socket; nil once bound
+	pid  int
+	// start is the init's start time (procs.Stat), which with pid names it.
+	start uint64
+
+	exited  chan struct{} // closed once the worker has reaped the init
+	exitErr error         // how it ended, set before exited closes
+	bound   atomic.Bool
+}
+
+func (sh *shell) hasExited() bool {
+	select {
+	case <-sh.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// spawn makes one shell: it takes a network namespace from the pool, makes
+// a cgroup, and starts the init in both from a thread that has entered the
+// namespace (a child inherits the forking thread's network namespace and,
+// on cgroup v1, its cgroups; on v2 it is cloned into its cgroup).
+func (r *Runtime) spawn(ctx context.Context) (sh *shell, err error) {
+	ep, err := r.cfg.Pool.Take(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	name := r.prefix + strconv.FormatUint(r.seq.Add(1), 10)
+	sh = &shell{name: name, ep: ep, exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			r.cfg.Pool.Release(ep)
+			if sh.cg != nil {
+				_ = sh.cg.RemoveNow()
+			}
+		}
+	}()
+	if r.cg != nil {
+		if sh.cg, err = r.cg.Create(name, spec.Resources{}); err != nil {
+			return nil, err
+		}
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, err
+	}
+	parent, child := os.NewFile(uintptr(fds[0]), "control"), os.NewFile(uintptr(fds[1]), "control-child")
+	defer child.Close()
+	var cmd *exec.Cmd
+	procs.SpawnThread(func() { cmd, err = r.startInit(sh, child) })
+	if err != nil {
+		parent.Close()
+		return nil, fmt.Errorf("start init: %w", err)
+	}
+	sh.ctl, sh.pid = parent, cmd.Process.Pid
+	// Not reaped before the goroutine below waits: the entry exists.
+	_, sh.start, _ = procs.Stat(sh.pid)
+	go func() {
+		err := cmd.Wait()
+		sh.exitErr = err
+		close(sh.exited)
+	}()
+	return sh, nil
+}
+
+// startInit runs on a thread of its own (procs.SpawnThread), which it
+// moves into the shell's network namespace and, on cgroup v1, cgroups.
+func (r *Runtime) startInit(sh *shell, child *os.File) (*exec.Cmd, error) {
+	ns, err := os.Open(sh.ep.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)
+	ns.Close()
+	if err != nil {
+		return nil, fmt.Errorf("enter %s: %w", sh.ep.NetNS, err)
+	}
+	attr := &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+	}
+	if sh.cg != nil {
+		if r.cg.V2() {
+			fd, err := sh.cg.OpenDir()
+			if err != nil {
+				return nil, err
+			}
+			defer syscall.Close(fd)
+			attr.UseCgroupFD, attr.CgroupFD = true, fd
+		} else if _, err := sh.cg.JoinThread(); err != nil {
+			return nil, err // the thread ends with this call: no need to leave
+		}
+	}
+	cmd := exec.Command(r.initArgv[0], r.initArgv[1:]...)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.ExtraFiles = []*os.File{child} // fd 3: nsinit.ControlFD
+	cmd.SysProcAttr = attr
+	return cmd, cmd.Start()
+}
+
+// bind sends the shell its function and waits until the init has exec'd
+// the entrypoint (the control socket closes on exec) or reported why not.
+func (r *Runtime) bind(ctx context.Context, sh *shell, b *nsinit.Bind, files []*os.File) error {
+	msg, err := json.Marshal(b)
+	if err != nil {
+		return err
+	}
+	if len(msg) > nsinit.MaxMessage {
+		return fmt.Errorf("bind message of %d bytes", len(msg))
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	rc, err := sh.ctl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), msg, unix.UnixRights(fds...), nil, 0)
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("bind: %w", serr)
+	}
+	sh.bound.Store(true)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = sh.ctl.SetReadDeadline(dl)
+	} else {
+		_ = sh.ctl.SetReadDeadline(time.Now().Add(bindTimeout))
+	}
+	buf := make([]byte, 4096)
+	n, err := sh.ctl.Read(buf)
+	sh.ctl.Close()
+	switch {
+	case n > 0:
+		return errors.New(string(buf[:n]))
+	case errors.Is(err, io.EOF):
+		// The socket closed: on exec, or because the init died.
+		if sh.hasExited() {
+			return fmt.Errorf("init ended before exec: %v", sh.exitErr)
+		}
+		return nil
+	default:
+		return fmt.Errorf("bind: %w", err)
+	}
+}
+
+// bindTimeout bounds a bind when ctx has no deadline.
+const bindTimeout = 30 * time.Second
+
+// destroy ends a shell's processes and gives back what it held. It waits for
+// the init to be reaped when the worker started it.
+func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
+	if sh.ctl != nil {
+		sh.ctl.Close()
+	}
+	if sh.cg != nil {
+		sh.cg.Kill()
+	}
+	if sh.pid > 0 && procs.Alive(sh.pid, sh.start) {
+		_ = syscall.Kill(sh.pid, syscall.SIGKILL)
+	}
+	if sh.exited != nil {
+		select {
+		case <-sh.exited:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	} else if err := waitGone(ctx, sh.pid, sh.start); err != nil {
+		return err
+	}
+	if sh.cg != nil {
+		if err := sh.cg.Remove(ctx); err != nil {
+			return err
+		}
+	}
+	if sh.ep != nil {
+		r.cfg.Pool.Release(sh.ep)
+		sh.ep = nil
+	}
+	return nil
+}
+
+// waitGone polls until the process (pid, start), not a child of this
+// worker, has ended.
+func waitGone(ctx context.Context, pid int, start uint64) error {
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for procs.Alive(pid, start) {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// catchesSIGTERM reports whether pid has a SIGTERM handler. The first
+// process of a PID namespace gets only the signals it handles (and
+// SIGKILL), so a SIGTERM to one without a handler would only cost the grace.
+func catchesSIGTERM(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigCgt:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(uint(syscall.SIGTERM)-1)) != 0
+		}
+	}
+	return false
+}

@@ -1,0 +1,74 @@
+// Command probe is the native runtime tests' function: a static HTTP server
+// on 0.0.0.0:$PORT that replies to every request with what it can see of its
+// sandbox as JSON: who it runs as, its capability and seccomp state, its
+// PID namespace, hostname, and which writes and syscalls succeed. With
+// PROBE_MODE=exit it exits with status 3 at once.
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	if os.Getenv("PROBE_MODE") == "exit" {
+		os.Exit(3)
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort("0.0.0.0", os.Getenv("PORT")))
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(1)
+	}
+	os.Stdout.WriteString("probe listening\n")
+	_ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(probe())
+	}))
+}
+
+func probe() map[string]any {
+	status := map[string]string{}
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok {
+				status[k] = strings.TrimSpace(v)
+			}
+		}
+	}
+	host, _ := os.Hostname()
+	pids := 0
+	if ents, err := os.ReadDir("/proc"); err == nil {
+		for _, e := range ents {
+			if e.Name()[0] >= '0' && e.Name()[0] <= '9' {
+				pids++
+			}
+		}
+	}
+	write := func(p string) bool {
+		f, err := os.Create(p)
+		if err != nil {
+			return false
+		}
+		f.Close()
+		return true
+	}
+	// unshare(CLONE_NEWUSER) needs no privilege on this kernel; the default
+	// seccomp profile denies it.
+	_, _, unshareErr := syscall.RawSyscall(syscall.SYS_UNSHARE, syscall.CLONE_NEWUSER, 0, 0)
+	ifaces := []string{}
+	if is, err := net.Interfaces(); err == nil {
+		for _, i := range is {
+			ifaces = append(ifaces, i.Name)
+		}
+	}
+	return map[string]any{
+		"uid": os.Getuid(), "gid": os.Getgid(), "pid": os.Getpid(), "pids": pids, "hostname": host,
+		"cap_eff": status["CapEff"], "cap_bnd": status["CapBnd"], "no_new_privs": status["NoNewPrivs"],
+		"seccomp": status["Seccomp"], "unshare_errno": int(unshareErr),
+		"tmp_writable": write("/tmp/written-by-probe"), "root_writable": write("/written-by-probe"),
+		"sandbox": os.Getenv("BRISK_SANDBOX_ID"), "image_env": os.Getenv("IMAGE_ENV"), "interfaces": ifaces,
+	}
+}
