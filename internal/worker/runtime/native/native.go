@@ -97,6 +97,7 @@ type Runtime struct {
 
 	ready    chan *shell // parked shells
 	refill   chan struct{}
+	dirty    chan struct{} // the table has changed
 	bg       context.Context
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
@@ -173,7 +174,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		initArgv: cfg.InitArgv, caps: defaultCapNumbers(), uid: nobody, gid: nobody,
-		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), refill: make(chan struct{}, 1),
+		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), refill: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
 		sandboxes: map[string]*sandbox{}, creating: map[string]struct{}{}}
 	if len(r.initArgv) == 0 {
 		r.initArgv = []string{exe, nsinit.Subcommand}
@@ -207,6 +208,8 @@ func New(cfg Config) (*Runtime, error) {
 	if err := r.adopt(); err != nil {
 		return nil, fmt.Errorf("native runtime: %w", err)
 	}
+	r.wg.Add(1)
+	go r.tableWriter()
 	return r, nil
 }
 
@@ -381,20 +384,17 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if exe != nil {
 		files = append(files, exe)
 	}
-	// The table entry goes first: a worker killed during the bind must
-	// find this shell again.
 	r.mu.Lock()
 	r.sandboxes[s.ID] = sb
 	r.mu.Unlock()
-	if err := r.persist(); err != nil {
-		r.forget(sb)
-		return fail(err)
-	}
 	if err := r.bind(ctx, sh, b, files); err != nil {
 		r.forget(sb)
-		_ = r.persist()
 		return fail(err)
 	}
+	// The table is written off the start's path: a worker killed before
+	// the write reaps this sandbox on restart (its cgroup is unrecorded)
+	// instead of adopting it, and nothing leaks.
+	r.markDirty()
 	r.log.Debug("sandbox started", "sandbox", s.ID, "function", s.Function.Name, "addr", sb.rec.Addr, "netns", sh.ep.Name)
 	return &runtime.Instance{ID: s.ID, Addr: sb.rec.Addr, Exited: sh.exited, ExitErr: func() error { return r.exitErr(sb) }}, nil
 }
@@ -448,7 +448,7 @@ func (r *Runtime) exitErr(sb *sandbox) error {
 // descriptor (the builtin), to be closed by the caller.
 func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err error) {
 	f := s.Function
-	b = &nsinit.Bind{Lower: "/", Staging: r.staging, TmpfsMB: r.cfg.TmpfsMB, UID: r.uid, GID: r.gid,
+	b = &nsinit.Bind{Lower: "/", UID: r.uid, GID: r.gid,
 		Caps: r.caps, Seccomp: r.seccomp}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/"}
 	switch {
@@ -601,7 +601,8 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 	}
 	r.forget(sb)
 	r.log.Debug("sandbox killed", "sandbox", id)
-	return r.persist()
+	r.markDirty()
+	return nil
 }
 
 func (r *Runtime) waitExit(ctx context.Context, sb *sandbox, d time.Duration) {
@@ -649,9 +650,7 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Listed, error) {
 		<-sb.lock
 	}
 	if dropped {
-		if err := r.persist(); err != nil {
-			return nil, err
-		}
+		r.markDirty()
 	}
 	return out, nil
 }
@@ -679,6 +678,33 @@ func (r *Runtime) Watch(id string) (<-chan struct{}, func() error, bool) {
 }
 
 const tableFile = "sandboxes.json"
+
+// markDirty asks the table writer to write the table soon; writes coalesce.
+func (r *Runtime) markDirty() {
+	select {
+	case r.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// tableWriter writes the table whenever it is marked dirty, and once more
+// at Close.
+func (r *Runtime) tableWriter() {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.dirty:
+			if err := r.persist(); err != nil {
+				r.log.Warn("cannot write the sandbox table", "err", err)
+			}
+		case <-r.bg.Done():
+			if err := r.persist(); err != nil {
+				r.log.Warn("cannot write the sandbox table", "err", err)
+			}
+			return
+		}
+	}
+}
 
 // persist writes the sandbox table (temp file and rename).
 func (r *Runtime) persist() error {

@@ -302,7 +302,15 @@ func TestRestartAdopts(t *testing.T) {
 		parked = append(parked, sh.pid)
 		r1.ready <- sh
 	}
-	r1.stop() // stop the refiller; the shells and the sandbox stay, as after kill -9
+	r1.stop() // stop the refiller and the table writer; the shells and the sandbox stay, as after kill -9
+	r1.wg.Wait()
+	// A sandbox started after the last table write is reaped, not adopted.
+	sh := <-r1.ready
+	lost, err := r1.Create(context.Background(), runtime.Spec{ID: "lost-1", Function: probeFn("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sh
 
 	r2 := newRuntime(t, newPool(t, pcfg), state, true)
 	ls, err := r2.List(context.Background())
@@ -311,6 +319,11 @@ func TestRestartAdopts(t *testing.T) {
 	}
 	if got := probe(t, inst.Addr); got["sandbox"] != "a-1" {
 		t.Errorf("adopted sandbox answers %v", got)
+	}
+	select {
+	case <-lost.Exited:
+	case <-time.After(waitLong):
+		t.Fatal("an unrecorded sandbox of the earlier worker was not reaped")
 	}
 	for _, pid := range parked {
 		waitFor(t, fmt.Sprintf("parked init %d reaped", pid), func() bool {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -128,7 +129,8 @@ func (r *Runtime) startInit(sh *shell, child *os.File) (*exec.Cmd, error) {
 			return nil, err // the thread ends with this call: no need to leave
 		}
 	}
-	cmd := exec.Command(r.initArgv[0], r.initArgv[1:]...)
+	argv := append(slices.Clone(r.initArgv), r.staging, strconv.Itoa(r.cfg.TmpfsMB))
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = []*os.File{child} // fd 3: nsinit.ControlFD

@@ -41,12 +41,6 @@ type Bind struct {
 	// Lower is the read-only lower layer of the root file system: an
 	// unpacked image, or "/" to run on the host's root file system.
 	Lower string `json:"lower"`
-	// Staging is an empty host directory on which the init mounts its
-	// tmpfs (the writable upper layer and the merged root) inside its own
-	// mount namespace.
-	Staging string `json:"staging"`
-	// TmpfsMB bounds the writable layer.
-	TmpfsMB int `json:"tmpfs_mb"`
 	// Argv, Env and Dir are the entrypoint; Argv[0] is looked up in the
 	// PATH of Env inside the new root when it has no slash.
 	Argv []string `json:"argv"`
@@ -66,15 +60,30 @@ type Bind struct {
 	Seccomp []unix.SockFilter `json:"seccomp"`
 }
 
-// Main is the init's whole life; it never returns.
+// Main is the init's whole life; it never returns. Its arguments (after
+// the subcommand, if any) are the staging directory and the size of the
+// writable layer in MiB: the init prepares everything that does not depend
+// on the function while it is parked.
 func Main() {
 	// One thread does everything: the seccomp filter and the credentials
 	// it sets apply to the thread that execs.
 	goruntime.LockOSThread()
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == Subcommand {
+		args = args[1:]
+	}
 	ctl := os.NewFile(ControlFD, "control")
+	perr := errors.New("usage: init STAGING TMPFS-MB")
+	if len(args) == 2 {
+		perr = prepare(args[0], args[1])
+	}
 	b, fds, err := receive(ctl)
-	if err == nil {
-		err = start(b, fds)
+	switch {
+	case err != nil:
+	case perr != nil:
+		err = perr
+	default:
+		err = start(b, fds, args[0])
 	}
 	// Only a failure gets here: say why and end; the worker sees the
 	// message, or EOF when the exec went through.
@@ -122,7 +131,7 @@ func receive(ctl *os.File) (*Bind, []int, error) {
 
 // start builds the sandbox and execs its entrypoint; it returns only on
 // failure.
-func start(b *Bind, fds []int) error {
+func start(b *Bind, fds []int, staging string) error {
 	logFD := fds[0]
 	for _, fd := range []int{1, 2} {
 		if err := unix.Dup3(logFD, fd, 0); err != nil {
@@ -130,7 +139,7 @@ func start(b *Bind, fds []int) error {
 		}
 	}
 	_ = unix.Close(logFD)
-	if err := buildRoot(b); err != nil {
+	if err := buildRoot(b, staging); err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(b.Hostname)); err != nil {
@@ -167,27 +176,21 @@ func start(b *Bind, fds []int) error {
 	return fmt.Errorf("exec %s: %w", b.Argv[0], err)
 }
 
-// buildRoot mounts the sandbox's root file system and pivots into it: a
-// tmpfs (the writable upper layer, bounded) over the read-only lower layer,
-// then /proc of the sandbox's PID namespace, a minimal /dev and a read-only
-// /sys. Every mount lives in the sandbox's mount namespace and ends with it.
-func buildRoot(b *Bind) error {
+// prepare builds, while the init is parked, what does not depend on the
+// function, all inside its mount namespace: a tmpfs on staging holding the
+// writable layer's directories, /proc of its PID namespace, a minimal /dev
+// and a read-only /sys, to be moved under the root at bind.
+func prepare(staging, sizeMB string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	st := b.Staging
-	if err := unix.Mount("tmpfs", st, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+strconv.Itoa(max(b.TmpfsMB, 1))+"m"); err != nil {
-		return fmt.Errorf("tmpfs on %s: %w", st, err)
+	if err := unix.Mount("tmpfs", staging, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+sizeMB+"m"); err != nil {
+		return fmt.Errorf("tmpfs on %s: %w", staging, err)
 	}
-	upper, work, root := filepath.Join(st, "upper"), filepath.Join(st, "work"), filepath.Join(st, "root")
-	for _, d := range []string{upper, work, root} {
-		if err := os.Mkdir(d, 0o755); err != nil {
+	for _, d := range []string{"upper", "work", "root", "proc", "dev", "sys"} {
+		if err := os.Mkdir(filepath.Join(staging, d), 0o755); err != nil {
 			return err
 		}
-	}
-	opts := "lowerdir=" + b.Lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("overlay root over %s: %w", b.Lower, err)
 	}
 	type mnt struct {
 		src, dst, fstype string
@@ -201,7 +204,7 @@ func buildRoot(b *Bind) error {
 		{"shm", "dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "mode=1777,size=65536k", false},
 		{"sysfs", "sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RDONLY, "", true},
 	} {
-		dst := filepath.Join(root, m.dst)
+		dst := filepath.Join(staging, m.dst)
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return err
 		}
@@ -210,7 +213,7 @@ func buildRoot(b *Bind) error {
 		}
 	}
 	for _, dev := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
-		dst := filepath.Join(root, "dev", dev)
+		dst := filepath.Join(staging, "dev", dev)
 		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
 		if err != nil {
 			return err
@@ -221,8 +224,30 @@ func buildRoot(b *Bind) error {
 		}
 	}
 	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := os.Symlink(target, filepath.Join(root, "dev", name)); err != nil {
+		if err := os.Symlink(target, filepath.Join(staging, "dev", name)); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// buildRoot mounts the sandbox's root file system — the tmpfs upper layer
+// over the read-only lower layer — moves the prepared /proc, /dev and /sys
+// under it and pivots into it. Every mount lives in the sandbox's mount
+// namespace and ends with it.
+func buildRoot(b *Bind, st string) error {
+	upper, work, root := filepath.Join(st, "upper"), filepath.Join(st, "work"), filepath.Join(st, "root")
+	opts := "lowerdir=" + b.Lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("overlay root over %s: %w", b.Lower, err)
+	}
+	for _, d := range []string{"proc", "dev", "sys"} {
+		dst := filepath.Join(root, d)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(filepath.Join(st, d), dst, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move /%s: %w", d, err)
 		}
 	}
 	if err := os.MkdirAll(filepath.Join(root, "tmp"), 0o1777); err != nil {
