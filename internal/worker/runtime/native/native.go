@@ -96,6 +96,7 @@ type Runtime struct {
 	seq      atomic.Uint64
 
 	ready    chan *shell // parked shells
+	parked   sync.Map    // names of the shells in ready (tests' leak checks)
 	refill   chan struct{}
 	dirty    chan struct{} // the table has changed
 	bg       context.Context
@@ -259,9 +260,11 @@ func (r *Runtime) refiller() {
 				}
 				break
 			}
+			r.parked.Store(sh.name, struct{}{})
 			select {
 			case r.ready <- sh:
 			default:
+				r.parked.Delete(sh.name)
 				_ = r.destroy(r.bg, sh)
 			}
 		}
@@ -294,6 +297,7 @@ func (r *Runtime) takeShell(ctx context.Context) (*shell, error) {
 	for {
 		select {
 		case sh := <-r.ready:
+			r.parked.Delete(sh.name)
 			r.kick()
 			if sh.hasExited() { // died parked (OOM of the host, a stray kill)
 				_ = r.destroy(ctx, sh)
