@@ -86,7 +86,7 @@ func TestConformance(t *testing.T) {
 			}
 			r.mu.Unlock()
 			for _, name := range r.cg.List(r.prefix) {
-				if _, ok := r.parked.Load(name); !ok {
+				if _, ok := r.unbound.Load(name); !ok {
 					out = append(out, "cgroup "+name)
 				}
 			}

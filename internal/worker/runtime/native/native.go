@@ -96,7 +96,7 @@ type Runtime struct {
 	seq      atomic.Uint64
 
 	ready    chan *shell // parked shells
-	parked   sync.Map    // names of the shells in ready (tests' leak checks)
+	unbound  sync.Map    // names of shells being made or parked (tests' leak checks)
 	refill   chan struct{}
 	dirty    chan struct{} // the table has changed
 	bg       context.Context
@@ -260,11 +260,9 @@ func (r *Runtime) refiller() {
 				}
 				break
 			}
-			r.parked.Store(sh.name, struct{}{})
 			select {
 			case r.ready <- sh:
 			default:
-				r.parked.Delete(sh.name)
 				_ = r.destroy(r.bg, sh)
 			}
 		}
@@ -297,7 +295,6 @@ func (r *Runtime) takeShell(ctx context.Context) (*shell, error) {
 	for {
 		select {
 		case sh := <-r.ready:
-			r.parked.Delete(sh.name)
 			r.kick()
 			if sh.hasExited() { // died parked (OOM of the host, a stray kill)
 				_ = r.destroy(ctx, sh)
@@ -359,6 +356,9 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	defer logf.Close()
 
 	sh, err := r.takeShell(ctx)
+	if err == nil {
+		r.unbound.Delete(sh.name)
+	}
 	if err != nil {
 		_ = os.Remove(logPath)
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)

@@ -61,8 +61,10 @@ func (r *Runtime) spawn(ctx context.Context) (sh *shell, err error) {
 	}
 	name := r.prefix + strconv.FormatUint(r.seq.Add(1), 10)
 	sh = &shell{name: name, ep: ep, exited: make(chan struct{})}
+	r.unbound.Store(name, struct{}{})
 	defer func() {
 		if err != nil {
+			r.unbound.Delete(name)
 			r.cfg.Pool.Release(ep)
 			if sh.cg != nil {
 				_ = sh.cg.RemoveNow()
@@ -195,6 +197,7 @@ const bindTimeout = 30 * time.Second
 // destroy ends a shell's processes and gives back what it held. It waits for
 // the init to be reaped when the worker started it.
 func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
+	defer r.unbound.Delete(sh.name)
 	if sh.ctl != nil {
 		sh.ctl.Close()
 	}

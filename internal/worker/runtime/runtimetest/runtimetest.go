@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,9 +23,13 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 )
 
-// IDPrefix starts every sandbox id the suite uses, so that a Harness's Leaks
-// may look only at what belongs to sandboxes of the suite.
-const IDPrefix = "rtconf-"
+// IDPrefix starts every sandbox id the suite uses in this process, so that
+// a Harness's Leaks may look only at what belongs to these sandboxes: other
+// packages' tests may run the suite at the same time on the same host (the
+// process runtime's Leaks would otherwise see the containerd runtime's
+// sandbox processes). The pid also keeps ids unique across runs, as
+// containerd, whose containers outlive a test process, needs.
+var IDPrefix = "rtconf-" + strconv.Itoa(os.Getpid()) + "-"
 
 // Harness tells the suite how to make and restart a runtime under test.
 type Harness struct {
@@ -157,10 +162,9 @@ func (e *env) killAll() {
 
 var idSeq atomic.Int64
 
-// newID is unique across the runs of the suite on one machine, as
-// containerd, whose containers outlive a test process, needs.
+// newID is unique across the runs of the suite on one machine.
 func (e *env) newID() string {
-	id := fmt.Sprintf("%s%d-%d", IDPrefix, os.Getpid(), idSeq.Add(1))
+	id := IDPrefix + strconv.FormatInt(idSeq.Add(1), 10)
 	e.mu.Lock()
 	e.ids = append(e.ids, id)
 	e.mu.Unlock()
@@ -328,7 +332,7 @@ func (e *env) awaitLeaks(before []string, what string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Errorf("%s: left on the host after %v:\n  %s\nbefore:\n  %s", what, wait,
+			e.t.Errorf("%s: Leaks still differs from before after %v; now:\n  %s\nbefore:\n  %s", what, wait,
 				strings.Join(now, "\n  "), strings.Join(before, "\n  "))
 			return
 		}
