@@ -5,6 +5,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
 	"testing"
 	"time"
 )
@@ -122,4 +125,23 @@ func RawExchange(t testing.TB, addr, raw string) string {
 		t.Fatalf("reading until %s closes: %v (got %q)", addr, err, b)
 	}
 	return string(b)
+}
+
+// GoBuild builds the Go package pkg (as the go tool takes it, relative to
+// the test's directory) into out, with CGO_ENABLED=0 when static: for
+// TestMains that need a function binary or brisk itself. The go tool's
+// output is in the error.
+func GoBuild(pkg, out string, static bool) error {
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	build := exec.Command(gotool, "build", "-o", out, pkg)
+	if static {
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -40,18 +41,13 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	briskBin = filepath.Join(dir, "brisk")
-	build := exec.Command("go", "build", "-o", briskBin, "../../cmd/brisk")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building brisk:", err)
-		os.Exit(1)
+	err = testutil.GoBuild("../../cmd/brisk", briskBin, false)
+	if err == nil {
+		// The lean trace function beside brisk, as make build installs it.
+		err = testutil.GoBuild("../../cmd/brisk-trace", filepath.Join(dir, "brisk-trace"), true)
 	}
-	// The lean trace function beside brisk, as make build installs it.
-	build = exec.Command("go", "build", "-o", filepath.Join(dir, "brisk-trace"), "../../cmd/brisk-trace")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building brisk-trace:", err)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	// Every HTTP client of the tests (pkg/client included) authenticates

@@ -5,8 +5,12 @@ package runtime
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strconv"
 
 	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/tracefn"
 )
 
 // ErrNotFound is returned by Kill for an id the runtime does not know; callers
@@ -76,4 +80,37 @@ type Runtime interface {
 	// List returns the sandboxes this runtime manages, including those left
 	// running by an earlier worker process when the runtime can find them.
 	List(ctx context.Context) ([]Listed, error)
+}
+
+// ValidName accepts sandbox ids and function names that are safe as one
+// path element and one cgroup directory name: 1-128 letters, digits, '.',
+// '_' or '-', not starting with '.'.
+func ValidName(s string) bool {
+	if s == "" || len(s) > 128 || s[0] == '.' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// FunctionEnv appends to base the function's variables (sorted by name),
+// then the sandbox's own: PORT, and the sandbox id and function name the
+// builtin trace function reports. Later entries win, so a function may set
+// PATH and HOME but not PORT.
+func FunctionEnv(base []string, s Spec, port int) []string {
+	env := base
+	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
+		env = append(env, k+"="+s.Function.Env[k])
+	}
+	return append(env,
+		tracefn.EnvPort+"="+strconv.Itoa(port),
+		tracefn.EnvSandboxID+"="+s.ID,
+		tracefn.EnvFunction+"="+s.Function.Name,
+	)
 }

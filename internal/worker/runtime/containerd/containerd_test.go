@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,14 +56,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	echoBin = filepath.Join(dir, "echo")
-	gotool, err := exec.LookPath("go")
-	if err != nil {
-		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(gotool, "build", "-o", echoBin, "./testdata/echo")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building testdata/echo: %v\n%s", err, out)
+	if err := testutil.GoBuild("./testdata/echo", echoBin, true); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -27,6 +27,9 @@ import (
 type imageStore struct {
 	dir string
 	mu  sync.Mutex // serialises imports and refs.json
+	// cache holds what lookup read from disk, ref → *unpackedImage, so a
+	// cold start reads no file; Import drops the refs it rewrites.
+	cache sync.Map
 }
 
 // imageConfig is what a sandbox needs of an image's configuration.
@@ -68,6 +71,9 @@ func (s *imageStore) refs() (map[string]string, error) {
 
 // lookup returns the unpacked image ref names.
 func (s *imageStore) lookup(ref string) (*unpackedImage, error) {
+	if u, ok := s.cache.Load(ref); ok {
+		return u.(*unpackedImage), nil
+	}
 	s.mu.Lock()
 	refs, err := s.refs()
 	s.mu.Unlock()
@@ -87,6 +93,7 @@ func (s *imageStore) lookup(ref string) (*unpackedImage, error) {
 	if err := json.Unmarshal(b, &u.Config); err != nil {
 		return nil, fmt.Errorf("image %q: %w", ref, err)
 	}
+	s.cache.Store(ref, u)
 	return u, nil
 }
 
@@ -140,6 +147,7 @@ func (s *imageStore) Import(ctx context.Context, r io.Reader) ([]string, error) 
 	for ref, hex := range named {
 		refs[ref] = hex
 		out = append(out, ref)
+		s.cache.Delete(ref)
 	}
 	b, _ := json.Marshal(refs)
 	if err := writeFileAtomic(filepath.Join(s.dir, "refs.json"), b); err != nil {

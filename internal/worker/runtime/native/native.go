@@ -24,8 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
@@ -88,7 +86,7 @@ type Runtime struct {
 	images   *imageStore
 	initArgv []string
 	trace    []string // argv of the builtin trace function
-	seccomp  []unix.SockFilter
+	seccomp  []byte   // the compiled profile, as nsinit.Bind carries it
 	caps     []int
 	uid, gid uint32
 	staging  string
@@ -199,9 +197,11 @@ func New(cfg Config) (*Runtime, error) {
 	if r.images, err = newImageStore(filepath.Join(dir, "images")); err != nil {
 		return nil, fmt.Errorf("native runtime: %w", err)
 	}
-	if r.seccomp, err = defaultSeccomp(); err != nil {
+	prog, err := defaultSeccomp()
+	if err != nil {
 		return nil, fmt.Errorf("native runtime: %w", err)
 	}
+	r.seccomp = nsinit.EncodeFilter(prog)
 	if r.cg, err = cgroups.Detect(cmp.Or(cfg.CgroupRoot, cgroups.DefaultRoot), r.log.Warn); err != nil {
 		return nil, fmt.Errorf("native runtime: cgroups: %w", err)
 	}
@@ -488,14 +488,7 @@ func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err err
 	if len(b.Argv) == 0 {
 		return nil, nil, fmt.Errorf("image %s has no entrypoint and the function no command", f.Image)
 	}
-	for _, k := range slices.Sorted(maps.Keys(f.Env)) {
-		env = append(env, k+"="+f.Env[k])
-	}
-	b.Env = append(env,
-		tracefn.EnvPort+"="+strconv.Itoa(f.Port),
-		tracefn.EnvSandboxID+"="+s.ID,
-		tracefn.EnvFunction+"="+f.Name,
-	)
+	b.Env = runtime.FunctionEnv(env, s, f.Port)
 	return b, exe, nil
 }
 
@@ -551,23 +544,12 @@ func lookupPasswd(rootfs, name string) (uint64, uint32, bool) {
 // validate accepts ids and function names safe as a path element and a
 // cgroup name.
 func validate(s runtime.Spec) error {
-	ok := func(v string) bool {
-		if v == "" || len(v) > 128 || v[0] == '.' {
-			return false
-		}
-		for _, c := range []byte(v) {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-				return false
-			}
-		}
-		return true
-	}
 	switch {
-	case !ok(s.ID):
+	case !runtime.ValidName(s.ID):
 		return fmt.Errorf("sandbox %q: id must be 1-128 letters, digits, '.', '_' or '-', not starting with '.'", s.ID)
 	case s.Function == nil:
 		return fmt.Errorf("sandbox %s: no function spec", s.ID)
-	case !ok(s.Function.Name):
+	case !runtime.ValidName(s.Function.Name):
 		return fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, s.Function.Name)
 	}
 	return nil

@@ -9,9 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,14 +46,8 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755)
 	probeBin = filepath.Join(dir, "probe")
-	gotool, err := exec.LookPath("go")
-	if err != nil {
-		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(gotool, "build", "-o", probeBin, "./testdata/probe")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building testdata/probe: %v\n%s", err, out)
+	if err := testutil.GoBuild("./testdata/probe", probeBin, true); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

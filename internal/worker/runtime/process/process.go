@@ -333,11 +333,11 @@ func (sb *sandbox) ownExitErr() error {
 func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 	f := s.Function
 	switch {
-	case !validName(s.ID):
+	case !runtime.ValidName(s.ID):
 		return nil, fmt.Errorf("sandbox %q: id must be 1-128 letters, digits, '.', '_' or '-', not starting with '.'", s.ID)
 	case f == nil:
 		return nil, fmt.Errorf("sandbox %s: no function spec", s.ID)
-	case !validName(f.Name):
+	case !runtime.ValidName(f.Name):
 		return nil, fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, f.Name)
 	case len(f.Command) > 0:
 		return f.Command, nil
@@ -683,20 +683,4 @@ func openLog(path string) (*os.File, error) {
 		return nil, err
 	}
 	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-}
-
-// validName accepts ids and function names that are safe as one path
-// element and one cgroup directory name.
-func validName(s string) bool {
-	if s == "" || len(s) > 128 || s[0] == '.' {
-		return false
-	}
-	for _, c := range []byte(s) {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
 }

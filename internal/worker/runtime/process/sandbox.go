@@ -4,17 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
-	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 )
 
@@ -139,15 +136,7 @@ func fromUser(u *user.User) (identity, error) {
 // winning: a function may set PATH and HOME but not PORT. Nothing of the
 // worker's environment gets in.
 func sandboxEnv(s runtime.Spec, port int) []string {
-	env := []string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}
-	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
-		env = append(env, k+"="+s.Function.Env[k])
-	}
-	return append(env,
-		tracefn.EnvPort+"="+strconv.Itoa(port),
-		tracefn.EnvSandboxID+"="+s.ID,
-		tracefn.EnvFunction+"="+s.Function.Name,
-	)
+	return runtime.FunctionEnv([]string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}, s, port)
 }
 
 // resolveCommand makes argv[0] a path the child can exec from /, its
