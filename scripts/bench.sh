@@ -41,7 +41,7 @@ done
 run register bench register --local --functions "$reg" --clients 16
 run scale-one bench scale --local --functions 1 --sandboxes 800 --workers 80 --create-delay 200ms
 run scale-many bench scale --local --functions "$scale_k" --sandboxes "$scale_n" --workers "$scale_m" --create-delay 200ms
-traces=${TRACES:-../shared/traces}
+traces=${TRACES:-traces}
 if [ -d "$traces/azure_500" ]; then
   run replay-azure500 replay "$traces/azure_500" --minutes "$replay_min" --local
 fi

@@ -1,6 +1,6 @@
 package controlplane
 
-// The deterministic failure suite of CHAIN.md §3.10 (issue 5): each test
+// The deterministic failure suite of docs/reliability.md ("Cases") (issue 5): each test
 // drives an in-process cluster (control plane, worker daemons on the emulated
 // runtime, a real endpoint stream and data plane) through one failure with
 // the faultNet link and asserts the end state: what the runtimes run, what
@@ -22,7 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
-// CHAIN.md §3.10 case 1, "Anomaly #1 (revival): worker W is cut off from the
+// docs/reliability.md, case 1, "Anomaly #1 (revival): worker W is cut off from the
 // CP and evicts sandbox S; the CP reconnects. Expect S marked Invalid at the
 // CP, a replacement under a new id, and S never running again on W (a Create
 // with S's id is refused)."
@@ -165,7 +165,7 @@ const (
 	refused    = "sandbox id was already terminated"
 )
 
-// CHAIN.md §3.10 case 3, "Create delivered twice (retransmit after a lost
+// docs/reliability.md, case 3, "Create delivered twice (retransmit after a lost
 // ack): exactly one sandbox."
 func TestCase3DuplicateCreateMakesOneSandbox(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -220,7 +220,7 @@ func TestCase3DuplicateCreateMakesOneSandbox(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 4, "Create accepted, link drops before Ready: adopted
+// docs/reliability.md, case 4, "Create accepted, link drops before Ready: adopted
 // at the reset handshake, not duplicated."
 func TestCase4CreateAcceptedThenLinkDropsIsAdopted(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -272,7 +272,7 @@ func TestCase4CreateAcceptedThenLinkDropsIsAdopted(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 5, "Create lost before reaching the worker: id goes
+// docs/reliability.md, case 5, "Create lost before reaching the worker: id goes
 // Invalid, one replacement; a late Create for the old id under the old
 // epoch is rejected."
 func TestCase5LostCreateIsReplacedAndLateCreateRejected(t *testing.T) {
@@ -312,7 +312,7 @@ func TestCase5LostCreateIsReplacedAndLateCreateRejected(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 6, "Sandbox start slower than the link/RPC timeout: it
+// docs/reliability.md, case 6, "Sandbox start slower than the link/RPC timeout: it
 // still completes, no second sandbox."
 func TestCase6SlowStartOutlivesTheLink(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -339,7 +339,7 @@ func TestCase6SlowStartOutlivesTheLink(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 7, "Tombstone overtakes Create for the same id: the
+// docs/reliability.md, case 7, "Tombstone overtakes Create for the same id: the
 // sandbox never starts, and the id ends in the terminated set."
 func TestCase7TombstoneOvertakesCreate(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -380,7 +380,7 @@ func TestCase7TombstoneOvertakesCreate(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 8, "Leader crashes right after a downscale decision
+// docs/reliability.md, case 8, "Leader crashes right after a downscale decision
 // (Tombstone lost): the new leader adopts, re-decides, and the count
 // converges to desired." Here with one replica: the control plane restarts.
 func TestCase8RestartAfterDownscaleConverges(t *testing.T) {
@@ -422,7 +422,7 @@ func TestCase8RestartAfterDownscaleConverges(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 9, "Tombstone delivered, worker restarts before
+// docs/reliability.md, case 9, "Tombstone delivered, worker restarts before
 // killing: no revival; Tombstone dropped once the id is absent."
 func TestCase9TombstonedSandboxNotRevivedByWorkerRestart(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -463,7 +463,7 @@ func TestCase9TombstonedSandboxNotRevivedByWorkerRestart(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 10, "Late Update{Ready} for an Invalid id: ignored,
+// docs/reliability.md, case 10, "Late Update{Ready} for an Invalid id: ignored,
 // never broadcast."
 func TestCase10LateReadyForInvalidIDIgnored(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -518,7 +518,7 @@ func TestCase10LateReadyForInvalidIDIgnored(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 11, "Message with an old epoch after a new handshake:
+// docs/reliability.md, case 11, "Message with an old epoch after a new handshake:
 // rejected, state unchanged."
 func TestCase11OldEpochMessagesRejected(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -573,7 +573,7 @@ func TestCase11OldEpochMessagesRejected(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 13, "Handshake cut after round 1 or round 2: the
+// docs/reliability.md, case 13, "Handshake cut after round 1 or round 2: the
 // retry starts clean, and the CP table equals the worker's set."
 func TestCase13HandshakeCutRetriesClean(t *testing.T) {
 	e := newEnv(t, envOpts{dataPlane: true})
@@ -644,7 +644,7 @@ func TestCase13HandshakeCutRetriesClean(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 14, "Worker daemon restart (new bootID): old
+// docs/reliability.md, case 14, "Worker daemon restart (new bootID): old
 // sandboxes reported gone; leftovers reaped or re-adopted per policy, never
 // leaked."
 func TestCase14WorkerDaemonRestart(t *testing.T) {
@@ -699,7 +699,7 @@ func TestCase14WorkerDaemonRestart(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 15, "Teardown half fails (network release): retried
+// docs/reliability.md, case 15, "Teardown half fails (network release): retried
 // until Gone; slot/port not reused meanwhile."
 func TestCase15TeardownRetriedSlotNotReused(t *testing.T) {
 	e := newEnv(t, envOpts{maxSandboxes: 1, dataPlane: true})
@@ -740,7 +740,7 @@ func TestCase15TeardownRetriedSlotNotReused(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 16, "Drain mark set, worker returns: every managed
+// docs/reliability.md, case 16, "Drain mark set, worker returns: every managed
 // sandbox killed and reported before any new Create is accepted; no drain
 // while the mark is unset."
 func TestCase16DrainMark(t *testing.T) {
@@ -829,7 +829,7 @@ func (e *env) drainMarked(node string) bool {
 	return false
 }
 
-// CHAIN.md §3.10 case 17, "Desired 10 -> 3 -> 8 in quick succession:
+// docs/reliability.md, case 17, "Desired 10 -> 3 -> 8 in quick succession:
 // tombstoned sandboxes never counted as available; final count exactly 8."
 func TestCase17RapidRescale(t *testing.T) {
 	e := newEnv(t, envOpts{nodes: 2, dataPlane: true})
@@ -880,7 +880,7 @@ func TestCase17RapidRescale(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 18, "Data plane reconnects: full endpoint snapshot;
+// docs/reliability.md, case 18, "Data plane reconnects: full endpoint snapshot;
 // no Tombstoned/Invalid entries routed."
 func TestCase18DataPlaneResync(t *testing.T) {
 	e := newEnv(t, envOpts{nodes: 2, dataPlane: true})
@@ -1029,7 +1029,7 @@ func TestSilentWorkerIsWithdrawnAtOnceAndRestored(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 2, anomaly #2 (double placement): S runs on W; the
+// docs/reliability.md, case 2, anomaly #2 (double placement): S runs on W; the
 // control plane restarts (a new leader) and reaches every worker but W.
 // Expect W fenced (a durable drain mark) before anything is placed, exactly
 // one replacement for S, S killed when W returns and before W takes work,
@@ -1077,7 +1077,7 @@ func TestAnomaly2DoublePlacementIsPrevented(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 12, split brain: a new leader (term 2) takes the
+// docs/reliability.md, case 12, split brain: a new leader (term 2) takes the
 // worker over while the deposed leader (term 1) still runs and keeps trying.
 // The worker refuses every session of term 1 from then on, so the deposed
 // leader's scale-up never reaches it; the new leader adopts what runs and

@@ -349,7 +349,7 @@ func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *sessi
 	}
 }
 
-// handshakeLocked folds a worker's full state into the table (CHAIN.md §3.6):
+// handshakeLocked folds a worker's full state into the table (docs/architecture.md, "The control plane ↔ worker link"):
 // ids only we hold become invalid (replaced under new ids, never re-sent),
 // ids only the worker holds are adopted, ids at both take the worker's
 // record, and Tombstones the worker still reports are sent again.

@@ -186,7 +186,7 @@ func testutilCounter(cp *ControlPlane) int {
 }
 
 // Desired 10 -> 3 -> 8: tombstoned sandboxes are never counted as
-// available, and the final count is exactly 8 (CHAIN.md §3.10 case 17).
+// available, and the final count is exactly 8 (docs/reliability.md, case 17).
 func TestRapidRescaleConverges(t *testing.T) {
 	cp, _ := startCP(t, t.TempDir())
 	startWorkers(t, cp.GRPCAddr(), "w", 2)

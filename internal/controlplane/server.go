@@ -332,7 +332,7 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 	return nil
 }
 
-// fenceSilentNodes handles anomaly #2 (CHAIN.md §3.10 case 2): a worker
+// fenceSilentNodes handles anomaly #2 (docs/reliability.md, case 2): a worker
 // that has not answered since this control plane (a restart, or a new
 // leader) started may run sandboxes nobody here knows of. Placement is about
 // to resume and replace them, so the worker is fenced first: its drain mark

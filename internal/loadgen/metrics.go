@@ -121,7 +121,7 @@ func Summarize(recs []Record) Summary {
 }
 
 // SlowdownOptions are the papers' filters for the Dirigent and KubeDirect
-// variants (LOADGEN.md §5).
+// variants (docs/benchmarks.md, "Metric definitions").
 type SlowdownOptions struct {
 	// WarmupColumns is subtracted from an invocation id's column number to
 	// give its minute of the measured phase.

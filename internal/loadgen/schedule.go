@@ -16,7 +16,7 @@ import (
 // IAT is an inter-arrival-time distribution inside one column.
 type IAT int
 
-// The loader's distributions (LOADGEN.md §4).
+// The loader's distributions (docs/benchmarks.md, "brisk replay").
 const (
 	Exponential IAT = iota // Exp(1) gaps rescaled to fill the column
 	Uniform                // U[0,1) gaps rescaled to fill the column
@@ -308,7 +308,7 @@ func drawBracket(r *rand.Rand, levels, vals []float64) int64 {
 
 // ResourceRequest is the loader's per-function resource request: the
 // function's pct100 memory and one vCPU, both divided by the overcommit
-// factor 10 (LOADGEN.md §4), memory clamped to [1, 10240] MiB.
+// factor 10 (docs/benchmarks.md, "brisk replay"), memory clamped to [1, 10240] MiB.
 func ResourceRequest(f *Function) (milliCPU, memoryMB int64) {
 	const overcommit = 10
 	mem := int64(math.Ceil(f.Memory.P100 / overcommit))

@@ -57,7 +57,7 @@ func (f *Function) Total() int {
 }
 
 // DurationStats is a durations.csv row, in milliseconds. The percentiles
-// are weighted percentiles of 30-second averages (LOADGEN.md §2).
+// are weighted percentiles of 30-second averages (traces/README.md).
 type DurationStats struct {
 	Average, Count, Minimum, Maximum float64
 	P0, P1, P25, P50, P75, P99, P100 float64

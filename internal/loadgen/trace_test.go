@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// traceDir returns ../shared/traces/name relative to the module root, or
-// skips the test when the traces are not there (they are in CI).
+// traceDir returns traces/name under the module root (the repository
+// carries the trace samples).
 func traceDir(t *testing.T, name string) string {
 	t.Helper()
 	dir, err := os.Getwd()
@@ -30,9 +30,9 @@ func traceDir(t *testing.T, name string) string {
 		}
 		dir = parent
 	}
-	p := filepath.Join(dir, "..", "shared", "traces", name)
+	p := filepath.Join(dir, "traces", name)
 	if _, err := os.Stat(filepath.Join(p, InvocationsFile)); err != nil {
-		t.Skipf("trace %s not available: %v", p, err)
+		t.Fatalf("trace %s: %v", p, err)
 	}
 	return p
 }

@@ -27,7 +27,7 @@ const (
 	DefaultMaxBody = 1 << 20
 )
 
-// The InVitro loader's HTTP headers (LOADGEN.md §4). requested_cpu carries
+// The InVitro loader's HTTP headers (docs/benchmarks.md, "Method"). requested_cpu carries
 // the runtime in milliseconds despite its name.
 const (
 	HeaderRuntime = "requested_cpu"

@@ -64,7 +64,7 @@ func pendingStates(n *Node, id string) []briskv1.SandboxState {
 	return out
 }
 
-// CHAIN.md §3.10 case 3: a Create delivered twice makes one sandbox.
+// docs/reliability.md, case 3: a Create delivered twice makes one sandbox.
 func TestDuplicateCreateMakesOneSandbox(t *testing.T) {
 	n := newTestNode(t, 5*time.Millisecond)
 	n.apply(context.Background(), n.currentEpoch(), create("a"))
@@ -79,7 +79,7 @@ func TestDuplicateCreateMakesOneSandbox(t *testing.T) {
 	}
 }
 
-// CHAIN.md §3.10 case 7: a Tombstone that overtakes its Create means the
+// docs/reliability.md, case 7: a Tombstone that overtakes its Create means the
 // sandbox never starts, and a later Create for the id is refused.
 func TestTombstoneBeforeCreateNeverStarts(t *testing.T) {
 	n := newTestNode(t, 0)

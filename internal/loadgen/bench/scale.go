@@ -15,8 +15,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 )
 
-// ScaleConfig is `brisk bench scale`, KubeDirect's harness (CHAIN.md
-// §3.11): K functions deployed at zero, then all set to min = N/K at once
+// ScaleConfig is `brisk bench scale`, KubeDirect's harness (docs/benchmarks.md,
+// "brisk bench scale"): K functions deployed at zero, then all set to min = N/K at once
 // through PUT /v1/functions/NAME; the clock starts at the first update and
 // each sandbox's ready time is when the control plane first announces it
 // ready.

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// want is the decider of Knative's autoscaler.Scale (POLICIES.md §1.3) for a revision
-// that is always reachable: rate limits, activation scale, panic mode and the
-// scale-down delay, before bounds.
+// want is the decider of Knative's autoscaler.Scale (docs/policies.md, KPA: decider)
+// for a revision that is always reachable: rate limits, activation scale, panic mode
+// and the scale-down delay, before bounds.
 func (k *KPA) want(now time.Time, ready int, stableAvg, panicAvg float64) int {
 	c := &k.cfg
 	// With no ready sandboxes the rates work from 1, so scale-from-zero can move.

@@ -14,7 +14,8 @@ type Decision struct {
 	NoData    bool    // nothing recorded within the stable window: Desired is the previous decision
 }
 
-// KPA is the per-function Knative Pod Autoscaler state machine (POLICIES.md §1).
+// KPA is the per-function Knative Pod Autoscaler state machine (docs/policies.md,
+// Autoscaling: KPA).
 // It is not safe for concurrent use; the caller owns the only goroutine that steps it.
 type KPA struct {
 	cfg                 Config

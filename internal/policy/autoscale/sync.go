@@ -6,10 +6,11 @@ import "time"
 // the commonly quoted 10 minutes.
 const DefaultKeepAlive = 10 * time.Minute
 
-// Sync is the AWS-Lambda-like synchronous policy ("Kn-Sync", POLICIES.md §7) for
-// instance concurrency 1: a request takes an idle warm instance or creates one and
-// waits for it (a cold start); an instance idle for KeepAlive is destroyed. There is no
-// autoscaler loop, panic mode or grace period, so scale == busy + idle.
+// Sync is the AWS-Lambda-like synchronous policy ("Kn-Sync"; docs/policies.md,
+// Autoscaling: Sync) for instance concurrency 1: a request takes an idle warm instance
+// or creates one and waits for it (a cold start); an instance idle for KeepAlive is
+// destroyed. There is no autoscaler loop, panic mode or grace period, so
+// scale == busy + idle.
 type Sync struct {
 	KeepAlive time.Duration // >= 0; 0 destroys an instance as soon as it is idle
 }

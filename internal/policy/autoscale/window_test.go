@@ -58,7 +58,8 @@ func TestAvgWindowEmptyAfterMoreThanAWindow(t *testing.T) {
 }
 
 // refWindow is a dumb reference for avgWindow: it keeps every accepted observation in
-// a slice and recomputes everything from the rules in POLICIES.md §1.2 on each query.
+// a slice and recomputes everything on each query from the rules in docs/policies.md,
+// KPA: windows.
 type refWindow struct {
 	n           int64
 	obs         []refObs // accepted observations of the current run

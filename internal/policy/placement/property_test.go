@@ -8,9 +8,9 @@ import (
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 )
 
-// refKubernetesScore is a deliberately plain transcription of POLICIES.md §3
-// (LeastAllocated + BalancedAllocation, weights 1 and 1) that shares no code
-// with the package.
+// refKubernetesScore is a deliberately plain transcription of docs/policies.md,
+// Placement: Kubernetes scoring (LeastAllocated + BalancedAllocation, weights 1
+// and 1) that shares no code with the package.
 func refKubernetesScore(n placement.Node, req res) int64 {
 	alloc := []int64{n.Allocatable.MilliCPU, n.Allocatable.MemoryMB}
 	reqs := []int64{req.MilliCPU, req.MemoryMB}
