@@ -434,7 +434,8 @@ func newUp(g *globals) *cobra.Command {
 		Short: "Run a whole cluster on this machine: control plane, data plane and worker",
 		Long: `Run a whole cluster in one process on embedded defaults: a control plane
 (admin API on --admin), a data plane (invocations on --invoke) and a worker
-using the process runtime (or --runtime emulated). State lives in --data-dir.
+using the process runtime (or --runtime emulated, containerd or native). State
+lives in --data-dir.
 The components talk gRPC over TLS with certificates of the cluster CA the
 first start creates in --data-dir; nothing needs joining.
 
