@@ -107,15 +107,17 @@ func (t *imageTarget) importFile(ctx context.Context, path string) ([]string, er
 func newImage(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "image",
-		Short: "Build OCI images for functions and import them into containerd, without a registry",
+		Short: "Build OCI images for functions and get them to the workers, without a registry",
 		Long: `Build single-layer OCI images from a static binary or a directory, and get
-them into the containerd of the workers that run them (--runtime containerd).
-No registry and no Docker engine are involved: images travel as OCI archives.
+them to the workers that run them (--runtime containerd or native). build
+also imports the image into this host's containerd unless --no-import is
+given (a native-runtime host has no containerd: use push). No registry and no
+Docker engine are involved: images travel as OCI archives.
 
   brisk image build hello ./hello-server --entrypoint "/hello-server --flag"
   brisk image build trace                      # the built-in trace function
   brisk image import hello.tar                 # on a worker machine
-  brisk image push hello --to-workers          # to every worker of the cluster
+  brisk image push hello --to-workers          # to every worker of the cluster (containerd or native)
   brisk fn deploy hello --image brisk.local/hello:latest --port 8080`,
 	}
 	c.AddCommand(newImageBuild(g), newImageImport(), newImagePush(g))
@@ -224,7 +226,7 @@ machine can run it at once; with --out only the archive is written unless
 			}
 			refs, err := tgt.importFile(ctx, archive)
 			if err != nil {
-				return fmt.Errorf("%w\n(the archive is written; import it later with 'brisk image import %s', or pass --out FILE to skip the import)", err, archive)
+				return fmt.Errorf("%w\n(the archive is written; import it later with 'brisk image import %s', send it to the workers with 'brisk image push %s --to-workers', or pass --no-import to skip the import)", err, archive, name)
 			}
 			fmt.Fprintf(c.OutOrStdout(), "imported %s into containerd (namespace %s)\n", strings.Join(refs, ", "), tgt.namespace)
 			return nil

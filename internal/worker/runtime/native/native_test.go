@@ -213,7 +213,7 @@ func TestImage(t *testing.T) {
 	f := &spec.Function{Name: "img", Revision: 2, Image: probeRef, Port: 9000}
 	inst := start(t, r, "img-1", f)
 	got := probe(t, inst.Addr)
-	if got["image_env"] != "from-image" || got["uid"] != 65534.0 || got["pid"] != 1.0 {
+	if got["image_env"] != "from-image" || got["uid"] != 65534.0 || got["pid"] != 1.0 || got["tmp_writable"] != true {
 		t.Errorf("probe in image = %v", got)
 	}
 	if !strings.HasSuffix(inst.Addr, ":9000") {

@@ -274,8 +274,14 @@ func buildRoot(b *Bind, st string) error {
 			return fmt.Errorf("move /%s: %w", d, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, "tmp"), 0o1777); err != nil {
-		return err
+	// An image without /tmp gets one anyone can write to, as in a container.
+	if tmp := filepath.Join(root, "tmp"); !exists(tmp) {
+		if err := os.Mkdir(tmp, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(tmp, 0o1777); err != nil { // Mkdir's mode is cut by the umask
+			return err
+		}
 	}
 	// pivot_root(".", ".") stacks the old root under the new one; unmounting
 	// "." then drops it, with no directory needed for it.
@@ -289,6 +295,11 @@ func buildRoot(b *Bind, st string) error {
 		return fmt.Errorf("detach the old root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+func exists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
 }
 
 // dropPrivileges leaves the process with what runc gives a container: the
