@@ -9,6 +9,7 @@ import (
 	mrand "math/rand/v2"
 	"runtime"
 	"sort"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -148,6 +149,9 @@ type Cluster struct {
 
 	idPrefix string
 	idSeq    atomic.Uint64
+	// emergencyKey is the emergency worker list data planes last got
+	// (emergency.go).
+	emergencyKey string
 
 	metrics *cpMetrics
 }
@@ -159,6 +163,9 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	p, err := placement.New(cfg.Placement, rng)
 	if err != nil {
 		return nil, err
+	}
+	if !slices.Contains(spec.ScalingModes, cfg.ScalingMode) {
+		return nil, fmt.Errorf("scaling mode %q: want one of %v", cfg.ScalingMode, spec.ScalingModes)
 	}
 	c := &Cluster{
 		clk: clock.Or(cfg.Clock), log: cfg.Logger, cfg: cfg,
@@ -233,7 +240,7 @@ func (c *Cluster) upsertFunction(f *spec.Function) {
 		fs.kpa.SetConfig(c.kpaConfig(f))
 		fs.failures, fs.backoffUntil = 0, time.Time{}
 	}
-	pf := f.ToProto()
+	pf := c.wireSpec(f)
 	c.publishLocked(func(b *briskv1.EndpointBatch) {
 		b.DeletedFunctions = without(b.DeletedFunctions, f.Name)
 		b.Functions = append(withoutFn(b.Functions, f.Name), pf)

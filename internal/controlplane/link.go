@@ -269,6 +269,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 			n.sess = nil
 			n.downSince = c.clk.Now()
 			c.place[n.idx].Schedulable = false
+			c.refreshEmergencyLocked()
 			// Not when the control plane itself is stopping (a deposed
 			// leader, a shutdown): data planes keep routing on what they
 			// have until the next leader's snapshot.

@@ -38,6 +38,9 @@ type Config struct {
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's
 	// target; default 1.0 (Dirigent's choice; Knative uses 0.7).
 	TargetUtilization float64
+	// ScalingMode is the default of functions whose spec names none:
+	// spec.ModeAsync (the default) or spec.ModeDual.
+	ScalingMode string
 	TickInterval      time.Duration // autoscaler period; default 2s (Knative)
 	DrainDelay        time.Duration // endpoint withdrawn -> Tombstone sent; default 500ms
 	NodeGrace         time.Duration // unreachable worker -> its sandboxes replaced, node fenced; default 10s
@@ -101,6 +104,9 @@ func (c *Config) defaults() {
 	}
 	if c.TargetUtilization == 0 {
 		c.TargetUtilization = 1.0
+	}
+	if c.ScalingMode == "" {
+		c.ScalingMode = spec.ModeAsync
 	}
 	if c.TickInterval == 0 {
 		c.TickInterval = 2 * time.Second

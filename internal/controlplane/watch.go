@@ -31,7 +31,7 @@ func (c *Cluster) subscribe(dpID string) *watcher {
 	defer c.mu.Unlock()
 	snap := &briskv1.EndpointBatch{Snapshot: true, Auth: c.auth}
 	for _, fs := range c.fns {
-		snap.Functions = append(snap.Functions, fs.spec.ToProto())
+		snap.Functions = append(snap.Functions, c.wireSpec(fs.spec))
 		if fs.cond.reason != "" {
 			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message})
 		}
@@ -41,6 +41,7 @@ func (c *Cluster) subscribe(dpID string) *watcher {
 			}
 		}
 	}
+	snap.EmergencyWorkers, snap.EmergencySet = c.emergencyWorkersLocked(), true
 	w := &watcher{dpID: dpID, pending: snap, notify: make(chan struct{}, 1)}
 	w.notify <- struct{}{}
 	c.watchers[w] = struct{}{}

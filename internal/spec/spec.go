@@ -80,7 +80,24 @@ type Scaling struct {
 	ScaleToZeroGrace  Duration `json:"scale_to_zero_grace,omitzero"`
 	MaxScaleUpRate    float64  `json:"max_scale_up_rate,omitempty"`
 	MaxScaleDownRate  float64  `json:"max_scale_down_rate,omitempty"`
+	// Mode is how calls meet capacity: ModeAsync or ModeDual; "" means the
+	// cluster default (the control plane's --scaling-mode).
+	Mode string `json:"mode,omitempty"`
 }
+
+// Scaling modes.
+const (
+	// ModeAsync: every call waits for a regular sandbox, which the
+	// autoscaler adds asynchronously (Knative).
+	ModeAsync = "async"
+	// ModeDual: a call that finds no free regular sandbox is served at once
+	// by a one-shot emergency sandbox on a worker, while regular sandboxes
+	// keep scaling asynchronously (PulseNet).
+	ModeDual = "dual"
+)
+
+// ScalingModes are the modes a spec or a cluster may choose.
+var ScalingModes = []string{ModeAsync, ModeDual}
 
 // Queue bounds the requests one data plane holds for a function while no
 // sandbox slot is free.
@@ -281,6 +298,8 @@ func (s *Scaling) validate(bad func(field, format string, args ...any) error) er
 		return bad("scaling.max_scale_up_rate", "%g out of range (1, 1000000]", s.MaxScaleUpRate)
 	case s.MaxScaleDownRate != 0 && (s.MaxScaleDownRate <= 1 || s.MaxScaleDownRate > 1e6):
 		return bad("scaling.max_scale_down_rate", "%g out of range (1, 1000000]", s.MaxScaleDownRate)
+	case s.Mode != "" && !contains(ScalingModes, s.Mode):
+		return bad("scaling.mode", "%q: want one of %v", s.Mode, ScalingModes)
 	}
 	return nil
 }
@@ -335,6 +354,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		StreamRequests: f.StreamRequests,
 		Auth:           f.Auth,
 		Namespace:      f.Namespace,
+		ScalingMode:    f.Scaling.Mode,
 	}
 }
 

@@ -31,6 +31,9 @@ type NodeConfig struct {
 	Runtime      runtime.Runtime
 	Capacity     spec.Resources
 	MaxSandboxes int // 0 = unlimited
+	// EmergencySlots is how many one-shot emergency sandboxes the node runs
+	// at once for data planes (the dual track); 0 takes no emergency calls.
+	EmergencySlots int
 }
 
 // Config configures a worker daemon.
@@ -114,6 +117,7 @@ func New(cfg Config) (*Daemon, error) {
 			return nil, fmt.Errorf("worker: duplicate node id %q", nc.ID)
 		}
 		n := newNode(nc.ID, boot, nc.Runtime, nc.Capacity, nc.MaxSandboxes, cfg.CreateTimeout, cfg.Logger)
+		n.em.slots = max(0, nc.EmergencySlots)
 		d.nodes[nc.ID] = n
 		if d.first == nil {
 			d.first = n
@@ -166,18 +170,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var tlsCfg *tls.Config
 	if id := d.cfg.Identity; id != nil {
 		// Only a control plane of the cluster may open sessions or push
-		// images.
-		tlsCfg = id.ServerTLS(true, pki.KindControlPlane)
+		// images (the stream interceptor below); data planes may make
+		// emergency calls (unary).
+		tlsCfg = id.ServerTLS(true, pki.KindControlPlane, pki.KindDataPlane)
 	}
 	opts := rpc.ServerOptions(tlsCfg)
-	if ic := d.cfg.SessionInterceptor; ic != nil {
-		opts = append(opts, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			if info.FullMethod != briskv1.Worker_Session_FullMethodName {
-				return h(srv, ss)
-			}
+	opts = append(opts, grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := onlyControlPlane(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		if ic := d.cfg.SessionInterceptor; ic != nil && info.FullMethod == briskv1.Worker_Session_FullMethodName {
 			return ic(srv, ss, info, h)
-		}))
-	}
+		}
+		return h(srv, ss)
+	}), grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != briskv1.Worker_Emergency_FullMethodName {
+			if err := onlyControlPlane(ctx, info.FullMethod); err != nil {
+				return nil, err
+			}
+		}
+		return h(ctx, req)
+	}))
 	srv := grpc.NewServer(opts...)
 	briskv1.RegisterWorkerServer(srv, d)
 	close(d.ready)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,8 +54,9 @@ type Node struct {
 	specs      map[specKey]*spec.Function
 	pending    []*briskv1.SandboxRecord // updates not yet sent
 	notify     chan struct{}            // signalled when pending grows
-	used       spec.Resources
-	lastLive   time.Time // last time a session was connected
+	used       spec.Resources // regular sandboxes'
+	em         emergencyState // the emergency track (emergency.go)
+	lastLive   time.Time      // last time a session was connected
 	connected  bool
 }
 
@@ -78,10 +80,18 @@ func (n *Node) adopt(ctx context.Context) {
 		n.log.Warn("listing sandboxes left by an earlier worker", "err", err)
 		return
 	}
+	for _, l := range listed {
+		if strings.HasPrefix(l.ID, EmergencyPrefix) {
+			// A one-shot sandbox whose call died with the earlier daemon.
+			if err := n.rt.Kill(ctx, l.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+				n.log.Warn("killing an emergency sandbox left by an earlier worker", "sandbox", l.ID, "err", err)
+			}
+		}
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, l := range listed {
-		if !l.Running {
+		if !l.Running || strings.HasPrefix(l.ID, EmergencyPrefix) {
 			continue
 		}
 		sb := &sandbox{
@@ -437,8 +447,9 @@ func (n *Node) heartbeat() *briskv1.Heartbeat {
 	return &briskv1.Heartbeat{
 		UnixMs:    time.Now().UnixMilli(),
 		Capacity:  &briskv1.Resources{MilliCpu: n.capacity.MilliCPU, MemoryMb: n.capacity.MemoryMB},
-		Used:      &briskv1.Resources{MilliCpu: n.used.MilliCPU, MemoryMb: n.used.MemoryMB},
+		Used:      &briskv1.Resources{MilliCpu: n.used.MilliCPU + n.em.used.MilliCPU, MemoryMb: n.used.MemoryMB + n.em.used.MemoryMB},
 		Sandboxes: int32(len(n.sandboxes)),
+		Emergency: n.emergencyStatsLocked(),
 	}
 }
 

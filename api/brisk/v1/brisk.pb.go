@@ -207,8 +207,17 @@ type FunctionSpec struct {
 	StreamRequests bool                   `protobuf:"varint,16,opt,name=stream_requests,json=streamRequests,proto3" json:"stream_requests,omitempty"` // request bodies stream to the function (full duplex), not read first
 	Auth           string                 `protobuf:"bytes,17,opt,name=auth,proto3" json:"auth,omitempty"`                                            // who may call: "public", or "token" (an invoke token for it)
 	Namespace      string                 `protobuf:"bytes,18,opt,name=namespace,proto3" json:"namespace,omitempty"`                                  // the tenant it belongs to
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How the function scales: "async" (Knative: every call waits for a
+	// regular sandbox) or "dual" (PulseNet: a call that finds no free
+	// regular sandbox is served at once by a one-shot emergency sandbox on a
+	// worker). Set by the control plane from the spec or its default.
+	ScalingMode string `protobuf:"bytes,19,opt,name=scaling_mode,json=scalingMode,proto3" json:"scaling_mode,omitempty"`
+	// How long an idle regular sandbox lives (the autoscaler's stable window
+	// plus the scale-to-zero grace): the data plane's emergency metric filter
+	// compares it with the function's inter-arrival times.
+	KeepAliveMs   int64 `protobuf:"varint,20,opt,name=keep_alive_ms,json=keepAliveMs,proto3" json:"keep_alive_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FunctionSpec) Reset() {
@@ -367,6 +376,20 @@ func (x *FunctionSpec) GetNamespace() string {
 	return ""
 }
 
+func (x *FunctionSpec) GetScalingMode() string {
+	if x != nil {
+		return x.ScalingMode
+	}
+	return ""
+}
+
+func (x *FunctionSpec) GetKeepAliveMs() int64 {
+	if x != nil {
+		return x.KeepAliveMs
+	}
+	return 0
+}
+
 // SandboxRecord is the worker's (authoritative) view of one sandbox.
 type SandboxRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -468,6 +491,303 @@ func (x *SandboxRecord) GetCreateUs() int64 {
 	return 0
 }
 
+type Header struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Header) Reset() {
+	*x = Header{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Header) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Header) ProtoMessage() {}
+
+func (x *Header) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Header.ProtoReflect.Descriptor instead.
+func (*Header) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Header) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Header) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+type EmergencyRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	NodeId         string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"` // the node to serve it (one process may host several)
+	Spec           *FunctionSpec          `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	CallId         string                 `protobuf:"bytes,3,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	DeadlineUnixMs int64                  `protobuf:"varint,4,opt,name=deadline_unix_ms,json=deadlineUnixMs,proto3" json:"deadline_unix_ms,omitempty"` // the caller's deadline for the whole call
+	Method         string                 `protobuf:"bytes,5,opt,name=method,proto3" json:"method,omitempty"`
+	Path           string                 `protobuf:"bytes,6,opt,name=path,proto3" json:"path,omitempty"` // path and query the function sees
+	Headers        []*Header              `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
+	Body           []byte                 `protobuf:"bytes,8,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EmergencyRequest) Reset() {
+	*x = EmergencyRequest{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmergencyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmergencyRequest) ProtoMessage() {}
+
+func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmergencyRequest.ProtoReflect.Descriptor instead.
+func (*EmergencyRequest) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EmergencyRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *EmergencyRequest) GetSpec() *FunctionSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *EmergencyRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *EmergencyRequest) GetDeadlineUnixMs() int64 {
+	if x != nil {
+		return x.DeadlineUnixMs
+	}
+	return 0
+}
+
+func (x *EmergencyRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *EmergencyRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *EmergencyRequest) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *EmergencyRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+type EmergencyReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	Headers       []*Header              `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
+	Body          []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	SandboxId     string                 `protobuf:"bytes,4,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	StartUs       int64                  `protobuf:"varint,5,opt,name=start_us,json=startUs,proto3" json:"start_us,omitempty"` // from the request's arrival to the sandbox answering its port
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmergencyReply) Reset() {
+	*x = EmergencyReply{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmergencyReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmergencyReply) ProtoMessage() {}
+
+func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmergencyReply.ProtoReflect.Descriptor instead.
+func (*EmergencyReply) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *EmergencyReply) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *EmergencyReply) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *EmergencyReply) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *EmergencyReply) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *EmergencyReply) GetStartUs() int64 {
+	if x != nil {
+		return x.StartUs
+	}
+	return 0
+}
+
+// EmergencyStats is a worker node's emergency track, in its heartbeats.
+type EmergencyStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slots         int32                  `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"` // the most one-shot sandboxes at once
+	InUse         int32                  `protobuf:"varint,2,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	Started       int64                  `protobuf:"varint,3,opt,name=started,proto3" json:"started,omitempty"` // since the daemon started
+	Failed        int64                  `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`   // could not start or serve
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmergencyStats) Reset() {
+	*x = EmergencyStats{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmergencyStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmergencyStats) ProtoMessage() {}
+
+func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmergencyStats.ProtoReflect.Descriptor instead.
+func (*EmergencyStats) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EmergencyStats) GetSlots() int32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
+func (x *EmergencyStats) GetInUse() int32 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *EmergencyStats) GetStarted() int64 {
+	if x != nil {
+		return x.Started
+	}
+	return 0
+}
+
+func (x *EmergencyStats) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 // ImageChunk is the next piece of an OCI archive, in order.
 type ImageChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -478,7 +798,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +810,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +823,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -523,7 +843,7 @@ type ImportImageReply struct {
 
 func (x *ImportImageReply) Reset() {
 	*x = ImportImageReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +855,7 @@ func (x *ImportImageReply) String() string {
 func (*ImportImageReply) ProtoMessage() {}
 
 func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +868,7 @@ func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
 func (*ImportImageReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ImportImageReply) GetRefs() []string {
@@ -580,7 +900,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +912,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +925,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -686,7 +1006,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +1018,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +1031,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -790,7 +1110,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +1122,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +1135,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -863,7 +1183,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +1195,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +1208,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -918,7 +1238,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1250,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1263,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -983,7 +1303,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1315,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1328,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -1027,7 +1347,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1359,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1372,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -1073,7 +1393,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1405,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1418,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1140,7 +1460,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1472,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1485,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1200,15 +1520,16 @@ type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UnixMs        int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
 	Capacity      *Resources             `protobuf:"bytes,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Used          *Resources             `protobuf:"bytes,3,opt,name=used,proto3" json:"used,omitempty"`
-	Sandboxes     int32                  `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Used          *Resources             `protobuf:"bytes,3,opt,name=used,proto3" json:"used,omitempty"`            // regular and emergency sandboxes
+	Sandboxes     int32                  `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // regular sandboxes
+	Emergency     *EmergencyStats        `protobuf:"bytes,5,opt,name=emergency,proto3" json:"emergency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1541,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1554,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1264,6 +1585,13 @@ func (x *Heartbeat) GetSandboxes() int32 {
 	return 0
 }
 
+func (x *Heartbeat) GetEmergency() *EmergencyStats {
+	if x != nil {
+		return x.Emergency
+	}
+	return nil
+}
+
 // Updates is the worker's soft invalidations: state changes since the last batch.
 type Updates struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1275,7 +1603,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1615,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1628,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -1329,7 +1657,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1669,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1682,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -1395,7 +1723,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1735,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1748,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -1451,7 +1779,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1791,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1804,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -1530,7 +1858,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1870,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1883,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -1575,7 +1903,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1915,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1928,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -1626,7 +1954,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1966,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1979,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -1670,7 +1998,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +2010,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +2023,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -1717,7 +2045,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +2057,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +2070,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -1786,14 +2114,18 @@ type EndpointBatch struct {
 	Conditions []*FunctionCondition `protobuf:"bytes,6,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// The tokens data planes accept for calls; set in a snapshot and whenever
 	// the tokens change (absent: unchanged).
-	Auth          *AuthConfig `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Auth *AuthConfig `protobuf:"bytes,7,opt,name=auth,proto3" json:"auth,omitempty"`
+	// The workers that take emergency calls; when emergency_set is true the
+	// list replaces the previous one (set in every snapshot).
+	EmergencyWorkers []*EmergencyWorker `protobuf:"bytes,8,rep,name=emergency_workers,json=emergencyWorkers,proto3" json:"emergency_workers,omitempty"`
+	EmergencySet     bool               `protobuf:"varint,9,opt,name=emergency_set,json=emergencySet,proto3" json:"emergency_set,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +2137,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +2150,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -1870,6 +2202,80 @@ func (x *EndpointBatch) GetAuth() *AuthConfig {
 	return nil
 }
 
+func (x *EndpointBatch) GetEmergencyWorkers() []*EmergencyWorker {
+	if x != nil {
+		return x.EmergencyWorkers
+	}
+	return nil
+}
+
+func (x *EndpointBatch) GetEmergencySet() bool {
+	if x != nil {
+		return x.EmergencySet
+	}
+	return false
+}
+
+type EmergencyWorker struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"` // the worker's gRPC address
+	Free          int32                  `protobuf:"varint,3,opt,name=free,proto3" json:"free,omitempty"`      // free emergency slots at its last heartbeat
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EmergencyWorker) Reset() {
+	*x = EmergencyWorker{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EmergencyWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EmergencyWorker) ProtoMessage() {}
+
+func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
+func (*EmergencyWorker) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *EmergencyWorker) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *EmergencyWorker) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *EmergencyWorker) GetFree() int32 {
+	if x != nil {
+		return x.Free
+	}
+	return 0
+}
+
 type AuthConfig struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"` // false: every function is public (auth off on the control plane)
@@ -1880,7 +2286,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2298,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2311,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -1936,7 +2342,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2354,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2367,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -2010,7 +2416,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2428,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2441,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -2072,7 +2478,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2490,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2503,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2148,7 +2554,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2566,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2579,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -2219,7 +2625,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2637,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2650,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 type UnreachableEndpoint struct {
@@ -2259,7 +2665,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2677,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2690,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -2325,7 +2731,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2743,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2756,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -2375,7 +2781,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2793,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2806,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -2410,7 +2816,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x9a\x05\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe1\x05\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -2432,7 +2838,9 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rwritable_root\x18\x0f \x01(\bR\fwritableRoot\x12'\n" +
 	"\x0fstream_requests\x18\x10 \x01(\bR\x0estreamRequests\x12\x12\n" +
 	"\x04auth\x18\x11 \x01(\tR\x04auth\x12\x1c\n" +
-	"\tnamespace\x18\x12 \x01(\tR\tnamespace\x1a6\n" +
+	"\tnamespace\x18\x12 \x01(\tR\tnamespace\x12!\n" +
+	"\fscaling_mode\x18\x13 \x01(\tR\vscalingMode\x12\"\n" +
+	"\rkeep_alive_ms\x18\x14 \x01(\x03R\vkeepAliveMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
@@ -2444,7 +2852,31 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12\x18\n" +
 	"\aaddress\x18\x06 \x01(\tR\aaddress\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
-	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\" \n" +
+	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\"2\n" +
+	"\x06Header\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x86\x02\n" +
+	"\x10EmergencyRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12*\n" +
+	"\x04spec\x18\x02 \x01(\v2\x16.brisk.v1.FunctionSpecR\x04spec\x12\x17\n" +
+	"\acall_id\x18\x03 \x01(\tR\x06callId\x12(\n" +
+	"\x10deadline_unix_ms\x18\x04 \x01(\x03R\x0edeadlineUnixMs\x12\x16\n" +
+	"\x06method\x18\x05 \x01(\tR\x06method\x12\x12\n" +
+	"\x04path\x18\x06 \x01(\tR\x04path\x12*\n" +
+	"\aheaders\x18\a \x03(\v2\x10.brisk.v1.HeaderR\aheaders\x12\x12\n" +
+	"\x04body\x18\b \x01(\fR\x04body\"\xa2\x01\n" +
+	"\x0eEmergencyReply\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\x05R\x06status\x12*\n" +
+	"\aheaders\x18\x02 \x03(\v2\x10.brisk.v1.HeaderR\aheaders\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x12\x19\n" +
+	"\bstart_us\x18\x05 \x01(\x03R\astartUs\"o\n" +
+	"\x0eEmergencyStats\x12\x14\n" +
+	"\x05slots\x18\x01 \x01(\x05R\x05slots\x12\x15\n" +
+	"\x06in_use\x18\x02 \x01(\x05R\x05inUse\x12\x18\n" +
+	"\astarted\x18\x03 \x01(\x03R\astarted\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\x03R\x06failed\" \n" +
 	"\n" +
 	"ImageChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"?\n" +
@@ -2492,12 +2924,13 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\n" +
 	"tombstones\x18\x03 \x03(\tR\n" +
 	"tombstones\x12\x16\n" +
-	"\x06verify\x18\x04 \x03(\tR\x06verify\"\x9c\x01\n" +
+	"\x06verify\x18\x04 \x03(\tR\x06verify\"\xd4\x01\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12/\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x13.brisk.v1.ResourcesR\bcapacity\x12'\n" +
 	"\x04used\x18\x03 \x01(\v2\x13.brisk.v1.ResourcesR\x04used\x12\x1c\n" +
-	"\tsandboxes\x18\x04 \x01(\x05R\tsandboxes\"o\n" +
+	"\tsandboxes\x18\x04 \x01(\x05R\tsandboxes\x126\n" +
+	"\temergency\x18\x05 \x01(\v2\x18.brisk.v1.EmergencyStatsR\temergency\"o\n" +
 	"\aUpdates\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.brisk.v1.SandboxRecordR\arecords\x121\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"d\n" +
@@ -2530,7 +2963,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x17\n" +
-	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\xb9\x02\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\xa6\x03\n" +
 	"\rEndpointBatch\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x124\n" +
 	"\tfunctions\x18\x02 \x03(\v2\x16.brisk.v1.FunctionSpecR\tfunctions\x12+\n" +
@@ -2540,7 +2973,13 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\n" +
 	"conditions\x18\x06 \x03(\v2\x1b.brisk.v1.FunctionConditionR\n" +
 	"conditions\x12(\n" +
-	"\x04auth\x18\a \x01(\v2\x14.brisk.v1.AuthConfigR\x04auth\"T\n" +
+	"\x04auth\x18\a \x01(\v2\x14.brisk.v1.AuthConfigR\x04auth\x12F\n" +
+	"\x11emergency_workers\x18\b \x03(\v2\x19.brisk.v1.EmergencyWorkerR\x10emergencyWorkers\x12#\n" +
+	"\remergency_set\x18\t \x01(\bR\femergencySet\"X\n" +
+	"\x0fEmergencyWorker\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04free\x18\x03 \x01(\x05R\x04free\"T\n" +
 	"\n" +
 	"AuthConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12,\n" +
@@ -2593,10 +3032,11 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rHandshakeMode\x12\x1e\n" +
 	"\x1aHANDSHAKE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16HANDSHAKE_MODE_RECOVER\x10\x01\x12\x18\n" +
-	"\x14HANDSHAKE_MODE_RESET\x10\x022\x84\x01\n" +
+	"\x14HANDSHAKE_MODE_RESET\x10\x022\xc7\x01\n" +
 	"\x06Worker\x127\n" +
 	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
-	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x012\xd2\x03\n" +
+	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x01\x12A\n" +
+	"\tEmergency\x12\x1a.brisk.v1.EmergencyRequest\x1a\x18.brisk.v1.EmergencyReply2\xd2\x03\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
@@ -2618,96 +3058,108 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
 	(*Resources)(nil),                 // 2: brisk.v1.Resources
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
 	(*SandboxRecord)(nil),             // 4: brisk.v1.SandboxRecord
-	(*ImageChunk)(nil),                // 5: brisk.v1.ImageChunk
-	(*ImportImageReply)(nil),          // 6: brisk.v1.ImportImageReply
-	(*ToWorker)(nil),                  // 7: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 8: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 9: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 10: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 11: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 12: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 13: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 14: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 15: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 16: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 17: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 18: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 19: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 20: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 21: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 22: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 23: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 24: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 25: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 26: brisk.v1.EndpointBatch
-	(*AuthConfig)(nil),                // 27: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 28: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 29: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 30: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 31: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 32: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 33: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 34: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 35: brisk.v1.UnreachableAck
-	nil,                               // 36: brisk.v1.FunctionSpec.EnvEntry
+	(*Header)(nil),                    // 5: brisk.v1.Header
+	(*EmergencyRequest)(nil),          // 6: brisk.v1.EmergencyRequest
+	(*EmergencyReply)(nil),            // 7: brisk.v1.EmergencyReply
+	(*EmergencyStats)(nil),            // 8: brisk.v1.EmergencyStats
+	(*ImageChunk)(nil),                // 9: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 10: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 11: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 12: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 13: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 14: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 15: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 16: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 17: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 18: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 19: brisk.v1.Commands
+	(*Heartbeat)(nil),                 // 20: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 21: brisk.v1.Updates
+	(*JoinRequest)(nil),               // 22: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 23: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 24: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 25: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 26: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 27: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 28: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 29: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 30: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 31: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 32: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 33: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 34: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 35: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 36: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 37: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 38: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 39: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 40: brisk.v1.UnreachableAck
+	nil,                               // 41: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	36, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	41, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	9,  // 4: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	12, // 5: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	15, // 6: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	11, // 7: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	13, // 8: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	17, // 9: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 10: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	10, // 11: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	4,  // 12: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	4,  // 13: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 14: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	14, // 15: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 16: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 17: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	4,  // 18: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	16, // 19: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 20: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 21: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	25, // 22: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	29, // 23: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	27, // 24: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	28, // 25: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	30, // 26: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	33, // 27: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	7,  // 28: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	5,  // 29: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	20, // 30: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	22, // 31: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	24, // 32: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	31, // 33: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	34, // 34: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	18, // 35: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	8,  // 36: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	6,  // 37: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	21, // 38: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	23, // 39: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	26, // 40: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	32, // 41: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	35, // 42: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	19, // 43: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	3,  // 4: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
+	5,  // 5: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	5,  // 6: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	13, // 7: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	16, // 8: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	19, // 9: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	15, // 10: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	17, // 11: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	21, // 12: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 13: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	14, // 14: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	4,  // 15: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	4,  // 16: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 17: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	18, // 18: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	2,  // 19: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 20: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	8,  // 21: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	4,  // 22: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	20, // 23: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 24: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 25: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	29, // 26: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	34, // 27: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	32, // 28: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	31, // 29: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	33, // 30: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	35, // 31: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	38, // 32: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	11, // 33: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	9,  // 34: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	6,  // 35: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	24, // 36: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	26, // 37: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	28, // 38: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	36, // 39: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	39, // 40: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	22, // 41: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	12, // 42: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	10, // 43: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	7,  // 44: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	25, // 45: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	27, // 46: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	30, // 47: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	37, // 48: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	40, // 49: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	23, // 50: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	42, // [42:51] is the sub-list for method output_type
+	33, // [33:42] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -2715,12 +3167,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[5].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[9].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[6].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[10].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -2731,7 +3183,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   35,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Worker_Session_FullMethodName     = "/brisk.v1.Worker/Session"
 	Worker_ImportImage_FullMethodName = "/brisk.v1.Worker/ImportImage"
+	Worker_Emergency_FullMethodName   = "/brisk.v1.Worker/Emergency"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -37,6 +38,12 @@ type WorkerClient interface {
 	// --to-workers`. Only runtimes that run images (containerd) accept it;
 	// others answer FAILED_PRECONDITION.
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, ImportImageReply], error)
+	// Emergency serves one call in a one-shot sandbox started for it and torn
+	// down after it (PulseNet's emergency instance); data planes call it
+	// directly. RESOURCE_EXHAUSTED (no free emergency slot), UNAVAILABLE and
+	// FAILED_PRECONDITION mean the call never reached a sandbox and may go
+	// elsewhere; ABORTED means it did and must not be retried.
+	Emergency(ctx context.Context, in *EmergencyRequest, opts ...grpc.CallOption) (*EmergencyReply, error)
 }
 
 type workerClient struct {
@@ -73,6 +80,16 @@ func (c *workerClient) ImportImage(ctx context.Context, opts ...grpc.CallOption)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_ImportImageClient = grpc.ClientStreamingClient[ImageChunk, ImportImageReply]
 
+func (c *workerClient) Emergency(ctx context.Context, in *EmergencyRequest, opts ...grpc.CallOption) (*EmergencyReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EmergencyReply)
+	err := c.cc.Invoke(ctx, Worker_Emergency_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -85,6 +102,12 @@ type WorkerServer interface {
 	// --to-workers`. Only runtimes that run images (containerd) accept it;
 	// others answer FAILED_PRECONDITION.
 	ImportImage(grpc.ClientStreamingServer[ImageChunk, ImportImageReply]) error
+	// Emergency serves one call in a one-shot sandbox started for it and torn
+	// down after it (PulseNet's emergency instance); data planes call it
+	// directly. RESOURCE_EXHAUSTED (no free emergency slot), UNAVAILABLE and
+	// FAILED_PRECONDITION mean the call never reached a sandbox and may go
+	// elsewhere; ABORTED means it did and must not be retried.
+	Emergency(context.Context, *EmergencyRequest) (*EmergencyReply, error)
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -100,6 +123,9 @@ func (UnimplementedWorkerServer) Session(grpc.BidiStreamingServer[ToWorker, From
 }
 func (UnimplementedWorkerServer) ImportImage(grpc.ClientStreamingServer[ImageChunk, ImportImageReply]) error {
 	return status.Error(codes.Unimplemented, "method ImportImage not implemented")
+}
+func (UnimplementedWorkerServer) Emergency(context.Context, *EmergencyRequest) (*EmergencyReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Emergency not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -136,13 +162,36 @@ func _Worker_ImportImage_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_ImportImageServer = grpc.ClientStreamingServer[ImageChunk, ImportImageReply]
 
+func _Worker_Emergency_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EmergencyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServer).Emergency(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Worker_Emergency_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServer).Emergency(ctx, req.(*EmergencyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Worker_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "brisk.v1.Worker",
 	HandlerType: (*WorkerServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Emergency",
+			Handler:    _Worker_Emergency_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Session",

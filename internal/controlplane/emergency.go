@@ -1,0 +1,58 @@
+package controlplane
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// The dual track (PulseNet, docs/architecture.md "Dual track"): the control
+// plane neither places nor records emergency sandboxes. It only tells data
+// planes which workers take emergency calls, from their heartbeats, and
+// gives each function's effective scaling mode and keep-alive.
+
+// wireSpec is f as data planes and workers get it: the spec with the
+// effective scaling mode and the keep-alive of an idle regular sandbox.
+func (c *Cluster) wireSpec(f *spec.Function) *briskv1.FunctionSpec {
+	pf := f.ToProto()
+	if pf.ScalingMode == "" {
+		pf.ScalingMode = c.cfg.ScalingMode
+	}
+	k := c.kpaConfig(f)
+	pf.KeepAliveMs = (k.StableWindow + k.ScaleToZeroGrace).Milliseconds()
+	return pf
+}
+
+// emergencyWorkersLocked lists the live workers offering emergency slots,
+// sorted by node id.
+func (c *Cluster) emergencyWorkersLocked() []*briskv1.EmergencyWorker {
+	var out []*briskv1.EmergencyWorker
+	for _, n := range c.nodeList {
+		em := n.heartbeat.GetEmergency()
+		if n.sess == nil || n.rec.Drain || em.GetSlots() <= 0 || n.rec.Address == "" {
+			continue
+		}
+		out = append(out, &briskv1.EmergencyWorker{NodeId: n.id, Address: n.rec.Address, Free: max(0, em.GetSlots()-em.GetInUse())})
+	}
+	slices.SortFunc(out, func(a, b *briskv1.EmergencyWorker) int { return strings.Compare(a.NodeId, b.NodeId) })
+	return out
+}
+
+// refreshEmergencyLocked sends data planes the emergency worker list when
+// it changed (a heartbeat, a session up or down).
+func (c *Cluster) refreshEmergencyLocked() {
+	list := c.emergencyWorkersLocked()
+	var b strings.Builder
+	for _, w := range list {
+		fmt.Fprintf(&b, "%s|%s|%d;", w.NodeId, w.Address, w.Free)
+	}
+	if key := b.String(); key != c.emergencyKey {
+		c.emergencyKey = key
+		c.publishLocked(func(batch *briskv1.EndpointBatch) {
+			batch.EmergencyWorkers, batch.EmergencySet = list, true
+		})
+	}
+}

@@ -1,0 +1,187 @@
+package worker
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+)
+
+// newEmergencyNode is a node on the emulated runtime offering slots
+// emergency slots, and its runtime.
+func newEmergencyNode(t *testing.T, delay time.Duration, slots int) (*Node, runtime.Runtime) {
+	t.Helper()
+	host, err := emulated.NewHost("127.0.0.1:0", quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { host.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	rt := host.Runtime("n1", delay)
+	n := newNode("n1", "boot-1", rt, spec.Resources{MilliCPU: 4000, MemoryMB: 4096}, 0, time.Minute, quiet)
+	n.em.slots = slots
+	n.install(ctx, &briskv1.Hello{Epoch: 1, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER})
+	return n, rt
+}
+
+func emergencyCall() *briskv1.EmergencyRequest {
+	return &briskv1.EmergencyRequest{NodeId: "n1", Spec: fnSpec, CallId: "c1", Method: "GET", Path: "/",
+		DeadlineUnixMs: time.Now().Add(time.Minute).UnixMilli()}
+}
+
+func listed(t *testing.T, rt runtime.Runtime) int {
+	ls, err := rt.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ls)
+}
+
+// One call, one sandbox: served, never in the node's table or its updates
+// (so never in the control plane's table or the endpoint stream), counted
+// in the heartbeat while it runs, torn down after (docs/reliability.md,
+// cases 20 and 23).
+func TestEmergencyServesOneCallInAOneShotSandbox(t *testing.T) {
+	n, rt := newEmergencyNode(t, 200*time.Millisecond, 2)
+	type result struct {
+		r   *briskv1.EmergencyReply
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := n.emergency(context.Background(), emergencyCall())
+		done <- result{r, err}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() bool { return n.heartbeat().GetEmergency().GetInUse() == 1 }, "the call holds a slot")
+	hb := n.heartbeat()
+	if hb.GetUsed().GetMilliCpu() != 100 || hb.GetUsed().GetMemoryMb() != 64 || hb.GetSandboxes() != 0 {
+		t.Errorf("heartbeat during the call: used %v, sandboxes %d; want the emergency sandbox's 100m/64MiB and no regular sandbox", hb.GetUsed(), hb.GetSandboxes())
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if res.r.GetStatus() != 200 || !strings.HasPrefix(res.r.GetSandboxId(), EmergencyPrefix) || res.r.GetStartUs() <= 0 {
+		t.Errorf("reply status %d, sandbox %q, start %d µs", res.r.GetStatus(), res.r.GetSandboxId(), res.r.GetStartUs())
+	}
+	if len(n.Snapshot()) != 0 {
+		t.Errorf("the emergency sandbox is in the node's table: %v", n.Snapshot())
+	}
+	if recs, _ := n.takePending(n.currentEpoch()); len(recs) != 0 {
+		t.Errorf("the emergency sandbox produced updates for the control plane: %v", recs)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return listed(t, rt) == 0 && n.heartbeat().GetEmergency().GetInUse() == 0 }, "teardown")
+	if em := n.heartbeat().GetEmergency(); em.GetStarted() != 1 || em.GetFailed() != 0 || n.heartbeat().GetUsed().GetMilliCpu() != 0 {
+		t.Errorf("after the call: %v, used %v", em, n.heartbeat().GetUsed())
+	}
+}
+
+// Concurrent first calls are each served and each torn down.
+func TestEmergencyConcurrentCallsAllTornDown(t *testing.T) {
+	n, rt := newEmergencyNode(t, 20*time.Millisecond, 8)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := n.emergency(context.Background(), emergencyCall())
+			if err == nil && r.GetStatus() != 200 {
+				err = status.Errorf(codes.Internal, "status %d", r.GetStatus())
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return listed(t, rt) == 0 }, "all 8 torn down")
+	if em := n.heartbeat().GetEmergency(); em.GetStarted() != 8 || em.GetInUse() != 0 {
+		t.Errorf("stats %v, want 8 started, none in use", em)
+	}
+}
+
+// With every slot taken the call is refused at once, as RESOURCE_EXHAUSTED
+// (the data plane tries another worker or queues: case 21); a node without
+// slots refuses with FAILED_PRECONDITION.
+func TestEmergencyRefusedWhenSlotsAreFull(t *testing.T) {
+	n, _ := newEmergencyNode(t, 500*time.Millisecond, 1)
+	go func() { _, _ = n.emergency(context.Background(), emergencyCall()) }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return n.heartbeat().GetEmergency().GetInUse() == 1 }, "first call holds the slot")
+	if _, err := n.emergency(context.Background(), emergencyCall()); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("second call: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	off, _ := newEmergencyNode(t, 0, 0)
+	if _, err := off.emergency(context.Background(), emergencyCall()); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("node without slots: %v, want FAILED_PRECONDITION", err)
+	}
+	bad := emergencyCall()
+	bad.Path = "no-slash"
+	if _, err := n.emergency(context.Background(), bad); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("bad path: %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+// A daemon that restarts kills the emergency sandboxes an earlier one left
+// (their calls died with it) instead of adopting them (case 19).
+func TestRestartKillsLeftoverEmergencySandboxes(t *testing.T) {
+	n, rt := newEmergencyNode(t, 0, 1)
+	f := spec.FromProto(fnSpec)
+	for _, id := range []string{EmergencyPrefix + "old-1", "regular-1"} {
+		if _, err := rt.Create(context.Background(), runtime.Spec{ID: id, Function: f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n2 := newNode("n1", "boot-2", rt, n.capacity, 0, time.Minute, quiet)
+	n2.adopt(context.Background())
+	ls, _ := rt.List(context.Background())
+	if len(ls) != 1 || ls[0].ID != "regular-1" {
+		t.Errorf("runtime after restart: %+v, want only regular-1", ls)
+	}
+	if snap := n2.Snapshot(); len(snap) != 1 || snap[0].GetId() != "regular-1" {
+		t.Errorf("adopted %v, want only regular-1", snap)
+	}
+}
+
+// Data planes may make emergency calls; sessions and image pushes stay the
+// control plane's.
+func TestOnlyControlPlanesOpenSessions(t *testing.T) {
+	ca, err := pki.CreateCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(kind string) context.Context {
+		id, err := ca.Issue(kind, []string{"x"}, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := tls.ConnectionState{PeerCertificates: []*x509.Certificate{id.Cert.Leaf}}
+		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: st}})
+	}
+	if err := onlyControlPlane(as(pki.KindDataPlane), briskv1.Worker_Session_FullMethodName); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("data plane opening a session: %v, want PERMISSION_DENIED", err)
+	}
+	if err := onlyControlPlane(as(pki.KindControlPlane), briskv1.Worker_Session_FullMethodName); err != nil {
+		t.Errorf("control plane opening a session: %v", err)
+	}
+}
