@@ -40,12 +40,12 @@ type Config struct {
 	TargetUtilization float64
 	// ScalingMode is the default of functions whose spec names none:
 	// spec.ModeAsync (the default) or spec.ModeDual.
-	ScalingMode string
-	TickInterval      time.Duration // autoscaler period; default 2s (Knative)
-	DrainDelay        time.Duration // endpoint withdrawn -> Tombstone sent; default 500ms
-	NodeGrace         time.Duration // unreachable worker -> its sandboxes replaced, node fenced; default 10s
-	StartupGrace      time.Duration // restart: wait this long for workers before placing; default 5s
-	HandshakeTimeout  time.Duration // default 10s
+	ScalingMode      string
+	TickInterval     time.Duration // autoscaler period; default 2s (Knative)
+	DrainDelay       time.Duration // endpoint withdrawn -> Tombstone sent; default 500ms
+	NodeGrace        time.Duration // unreachable worker -> its sandboxes replaced, node fenced; default 10s
+	StartupGrace     time.Duration // restart: wait this long for workers before placing; default 5s
+	HandshakeTimeout time.Duration // default 10s
 	// HeartbeatTimeout ends a worker session that has sent nothing (workers
 	// heartbeat every second) for this long; default 5s.
 	HeartbeatTimeout  time.Duration

@@ -54,9 +54,9 @@ type Node struct {
 	specs      map[specKey]*spec.Function
 	pending    []*briskv1.SandboxRecord // updates not yet sent
 	notify     chan struct{}            // signalled when pending grows
-	used       spec.Resources // regular sandboxes'
-	em         emergencyState // the emergency track (emergency.go)
-	lastLive   time.Time      // last time a session was connected
+	used       spec.Resources           // regular sandboxes'
+	em         emergencyState           // the emergency track (emergency.go)
+	lastLive   time.Time                // last time a session was connected
 	connected  bool
 }
 
