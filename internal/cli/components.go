@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 // cpFlags are the control plane's flags, shared by `up` and `controlplane`.
 type cpFlags struct {
 	dataDir, admin, grpc, placement string
+	scalingMode                     string
 	tick, drainDelay, nodeGrace     time.Duration
 	startupGrace                    time.Duration
 	caps                            spec.Caps
@@ -38,6 +40,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.admin, "admin", "127.0.0.1:9090", "admin HTTP/JSON API listen address")
 	fl.StringVar(&f.grpc, "grpc", "127.0.0.1:9091", "gRPC listen address for workers and data planes")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing")
+	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
@@ -78,7 +81,10 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if f.tlsGenerate && f.noTLS {
 		return controlplane.Config{}, usageError{errors.New("--tls-generate issues certificates from the cluster CA, which --insecure-no-tls turns off")}
 	}
-	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement,
+	if !slices.Contains(spec.ScalingModes, f.scalingMode) {
+		return controlplane.Config{}, usageError{fmt.Errorf("--scaling-mode %q: want one of %v", f.scalingMode, spec.ScalingModes)}
+	}
+	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
 }
@@ -144,6 +150,7 @@ type wkFlags struct {
 	createDelay                             time.Duration
 	cpu                                     string
 	memoryMB, maxSandboxes                  int64
+	emergencySlots                          int
 	stopOnExit                              bool
 	ctr                                     ctrFlags // --runtime containerd
 }
@@ -157,6 +164,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
+	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native, none otherwise; -1 = none)")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
@@ -183,7 +191,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
-		SandboxUser: f.sandboxUser}
+		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots}
 	return w, f.ctr.apply(&w)
 }
 

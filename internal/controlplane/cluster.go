@@ -872,6 +872,19 @@ type NodeStatus struct {
 	Capacity    spec.Resources `json:"capacity"`
 	Requested   spec.Resources `json:"requested"`
 	HeartbeatMs int64          `json:"heartbeat_age_ms"`
+	// Used is what the worker's last heartbeat said its regular and
+	// emergency sandboxes use; Emergency is its emergency track (the dual
+	// track's one-shot sandboxes, which are in no table).
+	Used      spec.Resources   `json:"used"`
+	Emergency *EmergencyStatus `json:"emergency,omitempty"`
+}
+
+// EmergencyStatus is a worker node's emergency track at its last heartbeat.
+type EmergencyStatus struct {
+	Slots   int   `json:"slots"`
+	InUse   int   `json:"in_use"`
+	Started int64 `json:"started"`
+	Failed  int64 `json:"failed"`
 }
 
 func (c *Cluster) nodeStatus() []NodeStatus {
@@ -886,6 +899,12 @@ func (c *Cluster) nodeStatus() []NodeStatus {
 			Requested: spec.Resources{MilliCPU: p.Requested.MilliCPU, MemoryMB: p.Requested.MemoryMB}, HeartbeatMs: -1}
 		if !n.lastHeartbeat.IsZero() {
 			ns.HeartbeatMs = now.Sub(n.lastHeartbeat).Milliseconds()
+		}
+		if hb := n.heartbeat; hb != nil {
+			ns.Used = spec.Resources{MilliCPU: hb.GetUsed().GetMilliCpu(), MemoryMB: hb.GetUsed().GetMemoryMb()}
+			if em := hb.GetEmergency(); em.GetSlots() > 0 {
+				ns.Emergency = &EmergencyStatus{Slots: int(em.GetSlots()), InUse: int(em.GetInUse()), Started: em.GetStarted(), Failed: em.GetFailed()}
+			}
 		}
 		out = append(out, ns)
 	}

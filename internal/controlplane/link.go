@@ -251,6 +251,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	for _, u := range early {
 		c.applyUpdatesLocked(n, u)
 	}
+	c.refreshEmergencyLocked() // the session is up: its emergency slots count
 	if drain {
 		n.rec.Drain = false
 		c.persistDrain(n.rec)
@@ -332,6 +333,9 @@ func (c *Cluster) applyUpdatesLocked(n *nodeState, u *briskv1.Updates) {
 	if hb := u.GetHeartbeat(); hb != nil {
 		n.heartbeat = hb
 		n.lastHeartbeat = c.clk.Now()
+		if hb.GetEmergency().GetSlots() > 0 || c.emergencyKey != "" {
+			c.refreshEmergencyLocked()
+		}
 	}
 }
 

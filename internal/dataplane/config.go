@@ -47,6 +47,11 @@ type Config struct {
 	// MinBodyRate is the rate (bytes/s) a body streamed past the buffer
 	// must keep up, after 2 s of grace; slower clients get 408. Default 64 KiB/s.
 	MinBodyRate int64
+	// EmergencyPercentile is the dual track's metric filter: an emergency
+	// call counts toward regular scaling when the function's keep-alive
+	// exceeds this percentile of its inter-arrival times over the last
+	// hour. Default 50 (PulseNet's choice).
+	EmergencyPercentile float64
 
 	// HTTP server limits. WriteTimeout bounds a whole response, so by default
 	// it is above the default function timeout plus queue timeout; requests of
@@ -102,6 +107,9 @@ func (c Config) Default() Config {
 	}
 	if c.BodyBufferTotal == 0 {
 		c.BodyBufferTotal = DefaultBodyBufferTotal
+	}
+	if c.EmergencyPercentile == 0 {
+		c.EmergencyPercentile = 50
 	}
 	if c.MinBodyRate == 0 {
 		c.MinBodyRate = DefaultMinBodyRate

@@ -51,6 +51,8 @@ type DataPlane struct {
 	authOn atomic.Bool
 	// bodiesReading counts requests reading their body ahead of the call.
 	bodiesReading atomic.Int64
+	// em is the dual track's emergency path (emergency.go).
+	em emergencyTrack
 
 	// Routing table: name -> *function. Lookups take no lock; Apply writes
 	// entries one by one under applyMu, so a batch costs what it changes,
@@ -233,6 +235,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	stopLink()
 	wg.Wait()
 	d.transport.CloseIdleConnections()
+	d.em.close()
 	d.applyMu.Lock()
 	for _, p := range d.pools {
 		p.close()

@@ -140,6 +140,9 @@ func (c *frontConn) parse() *function {
 			fn = c.f.d.lookup(label)
 		}
 	}
+	if fn != nil && fn.set.Load().conf.dual {
+		return nil // the emergency track is on the net/http path (emergency.go)
+	}
 	return fn
 }
 
@@ -168,7 +171,7 @@ func (c *frontConn) call(fn *function) bool {
 		return c.answerError(f, callID)
 	}
 	st.keepAuth = keepAuth
-	if f := d.admit(c.ctx, st, set); f.code != 0 {
+	if f := d.admit(c.ctx, st, set, nil); f.code != 0 {
 		if f.code == statusClientGone {
 			c.leaveCall()
 			return false

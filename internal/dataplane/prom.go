@@ -38,7 +38,8 @@ type promMetrics struct {
 	// (front.go).
 	accepted, handedOff, refused prometheus.Counter
 	errors                       *reasonCounters // brisk-generated errors by reason
-	handler                      http.Handler    // /metrics; nil when the Registerer cannot be gathered
+	emergency                    *prometheus.CounterVec
+	handler                      http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
 
 func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function], reading *atomic.Int64) (*promMetrics, error) {
@@ -60,12 +61,16 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Name: "brisk_dataplane_connections_handed_off_total",
 			Help: "Client connections the HTTP/1.1 front end handed to the net/http server (h2c, upgrades, Expect, chunked or large bodies, /metrics, unknown functions, input it would reject).",
 		}),
+		emergency: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "brisk_dataplane_emergency_calls_total",
+			Help: "Calls of dual-mode functions sent to a worker's emergency track, by result: served, refused (by a worker, before reaching a sandbox: tried elsewhere or queued) or failed (after reaching it: answered 502/504, not retried).",
+		}, []string{"result"}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brisk_dataplane_connections_refused_total",
 			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
+	for _, c := range []prometheus.Collector{m.queueWait, m.emergency, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "brisk_dataplane_bodies_reading",
 			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",
@@ -80,11 +85,12 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 // fnMetrics is one function's counters. Queue length and endpoint count
 // are read from the function itself at scrape time.
 type fnMetrics struct {
-	used     atomic.Bool // exported once it had an endpoint or a call
-	cold     atomic.Uint64
-	inflight atomic.Int64
-	codes    codeCounts
-	duration latencyHisto
+	used      atomic.Bool // exported once it had an endpoint or a call
+	cold      atomic.Uint64
+	emergency atomic.Uint64 // calls served on the emergency track
+	inflight  atomic.Int64
+	codes     codeCounts
+	duration  latencyHisto
 }
 
 // codeCounts counts requests by status code: a few codes in lock-free

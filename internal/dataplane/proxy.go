@@ -255,7 +255,18 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 			}
 		}
 	}
-	if f := d.admit(r.Context(), st, set); f.code != 0 {
+	// Dual mode: a call that finds no free sandbox takes the emergency
+	// track when a worker offers one (emergency.go).
+	var pre *endpoint
+	if set.conf.dual && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
+		rt.fn.iat.observe(time.Now())
+		if ep, ok := rt.fn.tryAcquire(set); ok {
+			pre = ep
+		} else if d.em.any() && d.emergency(w, r, st, set.conf, rb.data) {
+			return
+		}
+	}
+	if f := d.admit(r.Context(), st, set, pre); f.code != 0 {
 		if f.code != statusClientGone {
 			d.writeError(w, callID, f)
 		}
@@ -282,18 +293,22 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 }
 
 // admit starts a call of st.fn: it counts the arrival and reserves a slot
-// on one of set's sandboxes, queueing while none is free, and fills st.
+// on one of set's sandboxes (pre, when the caller reserved one already),
+// queueing while none is free, and fills st.
 // A call that gets no slot is accounted for here and admit returns the
 // failure to answer with (statusClientGone: answer nothing). Once admitted,
 // the call ends with finish.
-func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet) failure {
+func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *endpoint) failure {
 	fn := st.fn
 	fn.m.used.Store(true)
 	arrival := d.nanotime()
 	seq := d.epSeq.Load() // endpoints added later than this are cold for us
 	st.conf, st.arrival = set.conf, arrival
 	fn.stats.arrive(arrival)
-	ep, waited, err := fn.acquire(ctx, set, d.markUrgent)
+	ep, waited, err := pre, false, error(nil)
+	if ep == nil {
+		ep, waited, err = fn.acquire(ctx, set, d.markUrgent)
+	}
 	acquired := arrival
 	if waited {
 		acquired = d.nanotime()

@@ -41,13 +41,21 @@ func putWaiter(w *waiter) {
 // waited reports whether the request went through the queue; onQueued runs
 // once if it had to wait with no free slot anywhere.
 func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*function)) (ep *endpoint, waited bool, err error) {
-	if fn.nwait.Load() == 0 {
-		if i, ok := set.conf.policy.Pick(set.trackers); ok {
-			return set.eps[i], false, nil
-		}
+	if ep, ok := fn.tryAcquire(set); ok {
+		return ep, false, nil
 	}
 	ep, err = fn.wait(ctx, set.conf, onQueued)
 	return ep, true, err
+}
+
+// tryAcquire reserves a free slot without queueing, unless others wait.
+func (fn *function) tryAcquire(set *epSet) (*endpoint, bool) {
+	if fn.nwait.Load() == 0 {
+		if i, ok := set.conf.policy.Pick(set.trackers); ok {
+			return set.eps[i], true
+		}
+	}
+	return nil, false
 }
 
 func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*function)) (*endpoint, error) {

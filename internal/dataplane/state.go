@@ -42,6 +42,11 @@ type fnConf struct {
 	public bool
 	// namespace: the function's tenant, for namespaced tokens.
 	namespace string
+	// dual: calls that find no free sandbox take the emergency track
+	// (emergency.go), which needs the wire spec and the keep-alive.
+	dual      bool
+	wire      *briskv1.FunctionSpec
+	keepAlive time.Duration
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -73,6 +78,8 @@ type function struct {
 	// cond is the control plane's word on why the function lacks
 	// sandboxes (nil: nothing wrong); calls that find none say it.
 	cond atomic.Pointer[fnCondition]
+	// iat: inter-arrival times of a dual-mode function (emergency.go).
+	iat iatTracker
 }
 
 // fnCondition is a function's condition from the control plane.
@@ -129,6 +136,9 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.streamRequests = p.GetStreamRequests()
 	c.public = p.GetAuth() == spec.AuthPublic
 	c.namespace = p.GetNamespace()
+	if p.GetScalingMode() == spec.ModeDual {
+		c.dual, c.wire, c.keepAlive = true, p, time.Duration(p.GetKeepAliveMs())*time.Millisecond
+	}
 	if c.namespace == "" {
 		c.namespace = spec.DefaultNamespace
 	}
@@ -192,6 +202,9 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		return p
 	}
 
+	if b.GetEmergencySet() {
+		d.em.setWorkers(b.GetEmergencyWorkers())
+	}
 	if b.GetSnapshot() {
 		defer d.synced.Store(true)
 		for _, ps := range b.GetFunctions() {

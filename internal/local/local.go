@@ -53,6 +53,11 @@ type Workers struct {
 	CA   *pki.CA
 	Join *pki.Joiner
 
+	// EmergencySlots is how many one-shot emergency sandboxes each node
+	// runs at once for dual-mode functions; 0: the runtime's default
+	// (DefaultEmergencySlots for native, none for the others); negative:
+	// none.
+	EmergencySlots int
 	// NativeShells is how many parked shells the native runtime keeps
 	// ready (native.Config.Shells); 0: its default.
 	NativeShells int
@@ -74,6 +79,21 @@ type Sidecars struct {
 	ctr        *ctrd.Runtime
 	nat        *native.Runtime
 	stopOnExit bool
+}
+
+// DefaultEmergencySlots is the native runtime's default emergency slots per
+// node: two per core, at least 4.
+func DefaultEmergencySlots() int { return max(4, 2*runtime.NumCPU()) }
+
+// emergencySlots resolves Workers.EmergencySlots for runtime rt.
+func (w Workers) emergencySlots(rt string) int {
+	switch {
+	case w.EmergencySlots != 0:
+		return max(0, w.EmergencySlots)
+	case rt == "native":
+		return DefaultEmergencySlots()
+	}
+	return 0
 }
 
 // ErrUsage marks a Workers value that cannot be built; the message says why.
@@ -105,7 +125,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if err != nil {
 			return nil, nil, err
 		}
-		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
+		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
 	case "emulated":
 		n := max(w.Nodes, 1)
 		if n > 100000 {
@@ -125,7 +145,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 				id = w.NodeID + "-" + strconv.Itoa(i)
 			}
 			var rt brt.Runtime = host.Runtime(id, w.CreateDelay)
-			cfg.Nodes = append(cfg.Nodes, worker.NodeConfig{ID: id, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes})
+			cfg.Nodes = append(cfg.Nodes, worker.NodeConfig{ID: id, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
 		}
 	case "containerd":
 		if w.Nodes > 1 {
@@ -135,7 +155,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if side, err = buildContainerd(w, log); err != nil {
 			return nil, nil, err
 		}
-		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
+		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
 	case "native":
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
@@ -144,7 +164,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if side, err = buildNative(w, log); err != nil {
 			return nil, nil, err
 		}
-		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.nat, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes}}
+		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.nat, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
 	default:
 		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated, containerd or native", ErrUsage, w.Runtime)
 	}
