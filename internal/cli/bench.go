@@ -32,6 +32,7 @@ type benchFlags struct {
 	out              string
 	h2c, force, keep bool
 	noTLS            bool
+	emergencySlots   int
 	clients          int
 	maxLate          time.Duration
 	maxLateFraction  float64
@@ -48,6 +49,7 @@ func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Du
 	fl.DurationVar(&f.createDelay, "create-delay", createDelay, "with --local --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.nodeCPU, "node-cpu", "", "with --local: CPU per node, e.g. 64 or 1500m (emulated default 1000 cores, process default all cores)")
 	fl.Int64Var(&f.nodeMemoryMB, "node-memory", 0, "with --local: memory per node in MiB (emulated default 4 TiB, process default all memory)")
+	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "with --local: one-shot emergency sandboxes per node for dual-mode functions (0: none)")
 	fl.BoolVar(&f.noTLS, "insecure-no-tls", false, "with --local: plaintext gRPC between the components (default: mutual TLS with the cluster CA, as brisk up)")
 	fl.BoolVar(&f.keep, "keep", false, "on an existing cluster, keep the functions the run registered")
 	fl.IntVar(&f.clients, "clients", 16, "concurrent admin API clients (registration, updates)")
@@ -148,7 +150,8 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 		fmt.Fprintf(stderr, "starting a local cluster: %s runtime, %d worker node(s)\n", f.runtime, f.workers)
 	}
 	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Token: g.apiToken(), Runtime: f.runtime,
-		Workers: f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log, InsecureNoTLS: f.noTLS})
+		EmergencySlots: f.emergencySlots,
+		Workers:        f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log, InsecureNoTLS: f.noTLS})
 	if err != nil {
 		return err
 	}

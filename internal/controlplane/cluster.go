@@ -885,6 +885,8 @@ type EmergencyStatus struct {
 	InUse   int   `json:"in_use"`
 	Started int64 `json:"started"`
 	Failed  int64 `json:"failed"`
+	// MemoryMBSeconds is Σ requested MiB × lifetime of the ended ones.
+	MemoryMBSeconds float64 `json:"memory_mb_seconds"`
 }
 
 func (c *Cluster) nodeStatus() []NodeStatus {
@@ -903,7 +905,8 @@ func (c *Cluster) nodeStatus() []NodeStatus {
 		if hb := n.heartbeat; hb != nil {
 			ns.Used = spec.Resources{MilliCPU: hb.GetUsed().GetMilliCpu(), MemoryMB: hb.GetUsed().GetMemoryMb()}
 			if em := hb.GetEmergency(); em.GetSlots() > 0 {
-				ns.Emergency = &EmergencyStatus{Slots: int(em.GetSlots()), InUse: int(em.GetInUse()), Started: em.GetStarted(), Failed: em.GetFailed()}
+				ns.Emergency = &EmergencyStatus{Slots: int(em.GetSlots()), InUse: int(em.GetInUse()), Started: em.GetStarted(), Failed: em.GetFailed(),
+					MemoryMBSeconds: em.GetMemoryMbSeconds()}
 			}
 		}
 		out = append(out, ns)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -44,8 +45,11 @@ type emergencyState struct {
 	inUse           int
 	started, failed int64
 	used            spec.Resources
-	seq             uint64
+	mibSeconds      float64 // Σ MiB × lifetime of ended emergency sandboxes
 }
+
+// emergencySeq numbers emergency sandboxes (their ids).
+var emergencySeq atomic.Uint64
 
 // emergencyClient talks to one-shot sandboxes: one request per connection.
 var emergencyClient = &http.Client{
@@ -57,7 +61,8 @@ var emergencyClient = &http.Client{
 
 // emergencyStatsLocked is the heartbeat's view of the track.
 func (n *Node) emergencyStatsLocked() *briskv1.EmergencyStats {
-	return &briskv1.EmergencyStats{Slots: int32(n.em.slots), InUse: int32(n.em.inUse), Started: n.em.started, Failed: n.em.failed}
+	return &briskv1.EmergencyStats{Slots: int32(n.em.slots), InUse: int32(n.em.inUse), Started: n.em.started, Failed: n.em.failed,
+		MemoryMbSeconds: n.em.mibSeconds}
 }
 
 // reserveEmergency takes a slot and the sandbox's resources, or says why not.
@@ -78,13 +83,15 @@ func (n *Node) reserveEmergency(res spec.Resources) (string, error) {
 	n.em.started++
 	n.em.used.MilliCPU += res.MilliCPU
 	n.em.used.MemoryMB += res.MemoryMB
-	n.em.seq++
-	return EmergencyPrefix + n.bootID[:min(8, len(n.bootID))] + "-" + strconv.FormatUint(n.em.seq, 36), nil
+	// One counter for the process: nodes of one daemon (emulated) share a
+	// boot id and may share a runtime.
+	return EmergencyPrefix + n.bootID[:min(8, len(n.bootID))] + "-" + strconv.FormatUint(emergencySeq.Add(1), 36), nil
 }
 
-func (n *Node) releaseEmergency(res spec.Resources, failed bool) {
+func (n *Node) releaseEmergency(res spec.Resources, failed bool, lived time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.em.mibSeconds += float64(res.MemoryMB) * lived.Seconds()
 	n.em.inUse--
 	n.em.used.MilliCPU -= res.MilliCPU
 	n.em.used.MemoryMB -= res.MemoryMB
@@ -118,7 +125,7 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 	failed := true
 	inst, err := n.rt.Create(ctx, runtime.Spec{ID: id, Function: f})
 	if err != nil {
-		n.releaseEmergency(res, true)
+		n.releaseEmergency(res, true, time.Since(t0))
 		n.log.Warn("emergency sandbox did not start", "function", f.Name, "sandbox", id, "err", err)
 		if errors.Is(err, errors.ErrUnsupported) {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s: %v", n.id, err)
@@ -134,7 +141,7 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 			if err := n.rt.Kill(kctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				n.log.Warn("emergency sandbox teardown", "sandbox", id, "err", err)
 			}
-			n.releaseEmergency(res, failed)
+			n.releaseEmergency(res, failed, time.Since(t0))
 		}()
 	}()
 	if !inst.Ready {

@@ -185,3 +185,23 @@ func TestOnlyControlPlanesOpenSessions(t *testing.T) {
 		t.Errorf("control plane opening a session: %v", err)
 	}
 }
+
+// Nodes of one daemon share a boot id (and, emulated, a runtime): their
+// emergency sandboxes still get distinct ids (found replaying a trace on
+// four emulated nodes).
+func TestEmergencyIDsAreUniqueAcrossNodes(t *testing.T) {
+	a, rt := newEmergencyNode(t, 0, 1)
+	b := newNode("n2", "boot-1", rt, a.capacity, 0, time.Minute, quiet)
+	b.em.slots = 1
+	ida, err := a.reserveEmergency(spec.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idb, err := b.reserveEmergency(spec.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ida == idb {
+		t.Errorf("both nodes named their emergency sandbox %s", ida)
+	}
+}

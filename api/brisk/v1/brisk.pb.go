@@ -721,13 +721,16 @@ func (x *EmergencyReply) GetStartUs() int64 {
 
 // EmergencyStats is a worker node's emergency track, in its heartbeats.
 type EmergencyStats struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Slots         int32                  `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"` // the most one-shot sandboxes at once
-	InUse         int32                  `protobuf:"varint,2,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
-	Started       int64                  `protobuf:"varint,3,opt,name=started,proto3" json:"started,omitempty"` // since the daemon started
-	Failed        int64                  `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`   // could not start or serve
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Slots   int32                  `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"` // the most one-shot sandboxes at once
+	InUse   int32                  `protobuf:"varint,2,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	Started int64                  `protobuf:"varint,3,opt,name=started,proto3" json:"started,omitempty"` // since the daemon started
+	Failed  int64                  `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`   // could not start or serve
+	// Σ requested MiB × lifetime (s) of the emergency sandboxes ended since
+	// the daemon started: their memory cost, which no table shows.
+	MemoryMbSeconds float64 `protobuf:"fixed64,5,opt,name=memory_mb_seconds,json=memoryMbSeconds,proto3" json:"memory_mb_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *EmergencyStats) Reset() {
@@ -784,6 +787,13 @@ func (x *EmergencyStats) GetStarted() int64 {
 func (x *EmergencyStats) GetFailed() int64 {
 	if x != nil {
 		return x.Failed
+	}
+	return 0
+}
+
+func (x *EmergencyStats) GetMemoryMbSeconds() float64 {
+	if x != nil {
+		return x.MemoryMbSeconds
 	}
 	return 0
 }
@@ -2871,12 +2881,13 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x04 \x01(\tR\tsandboxId\x12\x19\n" +
-	"\bstart_us\x18\x05 \x01(\x03R\astartUs\"o\n" +
+	"\bstart_us\x18\x05 \x01(\x03R\astartUs\"\x9b\x01\n" +
 	"\x0eEmergencyStats\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\x05R\x05slots\x12\x15\n" +
 	"\x06in_use\x18\x02 \x01(\x05R\x05inUse\x12\x18\n" +
 	"\astarted\x18\x03 \x01(\x03R\astarted\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\x03R\x06failed\" \n" +
+	"\x06failed\x18\x04 \x01(\x03R\x06failed\x12*\n" +
+	"\x11memory_mb_seconds\x18\x05 \x01(\x01R\x0fmemoryMbSeconds\" \n" +
 	"\n" +
 	"ImageChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"?\n" +

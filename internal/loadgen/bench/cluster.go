@@ -44,6 +44,8 @@ type ClusterOptions struct {
 	Logger *slog.Logger
 	// InsecureNoTLS: plaintext gRPC between the local cluster's components.
 	InsecureNoTLS bool
+	// EmergencySlots per node for dual-mode functions (local.Workers).
+	EmergencySlots int
 }
 
 // Emulated nodes' default capacity.
@@ -120,7 +122,7 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 			Logger: log.With("component", "controlplane")},
 		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Logger: log.With("component", "dataplane")},
 		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
-			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true},
+			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true, EmergencySlots: o.EmergencySlots},
 		Logger:        log,
 		InsecureNoTLS: o.InsecureNoTLS,
 	})

@@ -30,6 +30,12 @@ type ReplayConfig struct {
 	// and KubeDirect slowdown variants; 0 means 10, negative none.
 	SkipMinutes int
 	MaxRuntime  time.Duration // runtime clamp; 0: 60 s
+	// ScalingMode and StableWindow go into every registered function's
+	// spec ("" and 0: the cluster's defaults). The stable window plus the
+	// scale-to-zero grace is how long an idle sandbox lives: the keep-alive
+	// of the dual-track comparison (docs/benchmarks.md).
+	ScalingMode  string
+	StableWindow time.Duration
 }
 
 // Schedule loads the trace window and draws the schedule.
@@ -77,8 +83,17 @@ type ReplaySummary struct {
 	SandboxesCreated int64              `json:"sandboxes_created"`
 	PeakSandboxes    int                `json:"peak_sandboxes"`
 	MemoryCost       loadgen.MemoryCost `json:"memory_cost"`
-	Config           ReplayConfigJSON   `json:"config"`
-	Host             HostInfo           `json:"host"`
+	// Emergency is the dual track's one-shot sandboxes during the run
+	// (from the workers' heartbeats; -1 when not known): how many started,
+	// and their memory cost, which MemoryCost (the control plane's table)
+	// does not see. TotalGBs adds it to MemoryCost.GBs.
+	Emergency struct {
+		Sandboxes int64   `json:"sandboxes"`
+		GBs       float64 `json:"gb_s"`
+	} `json:"emergency"`
+	TotalGBs float64          `json:"total_gb_s"`
+	Config   ReplayConfigJSON `json:"config"`
+	Host     HostInfo         `json:"host"`
 }
 
 // ReplayConfigJSON records the replay's parameters.
@@ -94,6 +109,8 @@ type ReplayConfigJSON struct {
 	Functions       int     `json:"functions"`
 	ActiveFunctions int     `json:"active_functions"`
 	H2C             bool    `json:"h2c"`
+	ScalingMode     string  `json:"scaling_mode,omitempty"`
+	StableWindowS   float64 `json:"stable_window_s,omitempty"`
 }
 
 // Replay registers the trace's functions and replays the schedule.
@@ -118,7 +135,8 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		f := &s.Functions[i]
 		cpu, mem := loadgen.ResourceRequest(f)
 		names[i] = f.Name()
-		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem}}
+		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem},
+			Scaling: spec.Scaling{Mode: cfg.ScalingMode, StableWindow: spec.Duration(cfg.StableWindow)}}
 		memMB[f.Name()] = float64(mem)
 		if f.Total() > 0 {
 			active++
@@ -142,6 +160,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	}
 
 	created0, cerr0 := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
+	em0, emErr0 := emergencyTotals(ctx, c)
 	mon := &monitor{c: c, memMB: memMB, interval: time.Second}
 	monCtx, stopMon := context.WithCancel(ctx)
 	monDone := make(chan struct{})
@@ -154,6 +173,20 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		return nil, "", err
 	}
 	created1, cerr1 := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
+	// The workers report ended emergency sandboxes with their next
+	// heartbeat (every second): wait for those of the last calls.
+	var em1 emergencyTotal
+	emErr1 := emErr0
+	if emErr0 == nil {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			em1, emErr1 = emergencyTotals(ctx, c)
+			if emErr1 != nil || em1.inUse == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 
 	cpm := 1
 	if cfg.Granularity == "second" {
@@ -163,7 +196,14 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		PeakSandboxes: mon.peak, MemoryCost: loadgen.ComputeMemoryCost(mon.samples),
 		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
-			ActiveFunctions: active, H2C: o.HTTP.H2C}}
+			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds()}}
+	out.Emergency.Sandboxes, out.Emergency.GBs = -1, -1
+	out.TotalGBs = out.MemoryCost.GBs
+	if emErr0 == nil && emErr1 == nil {
+		out.Emergency.Sandboxes = em1.started - em0.started
+		out.Emergency.GBs = (em1.mibSeconds - em0.mibSeconds) / 1024
+		out.TotalGBs += out.Emergency.GBs
+	}
 	out.MemoryCost.Method = "1 s samples of GET /v1/status (ready+pending sandboxes × requested MiB) and the data plane's brisk_dataplane_inflight gauges (busy = min(in flight, ready) × MiB)"
 	if mon.failures > 0 {
 		out.MemoryCost.Method += fmt.Sprintf("; %d samples failed, last: %v", mon.failures, mon.lastError)
@@ -203,6 +243,9 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	}
 	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle",
 		out.ColdStarts, out.ColdStartsAll, out.SandboxesCreated, out.PeakSandboxes, out.MemoryCost.GBs, 100*out.MemoryCost.IdleShare)
+	if out.Emergency.Sandboxes > 0 {
+		fmt.Fprintf(&b, "\n  emergency sandboxes %d, %.2f GiB·s; total memory %.1f GiB·s", out.Emergency.Sandboxes, out.Emergency.GBs, out.TotalGBs)
+	}
 
 	b.WriteString("\n" + out.Host.String())
 	return out, b.String(), errors.Join(verr, writeReplayOutputs(o.Out, out, recs, s, cfg.TimeScale, pf, sched, schedPerFn))
@@ -226,4 +269,26 @@ func writeReplayOutputs(dir string, out *ReplaySummary, recs []loadgen.Record, s
 		return err
 	}
 	return writeFile(dir+"/schedule.csv", func(w io.Writer) error { return s.WriteCSV(w, timeScale) })
+}
+
+// emergencyTotal sums the workers' emergency tracks.
+type emergencyTotal struct {
+	started, inUse int64
+	mibSeconds     float64
+}
+
+func emergencyTotals(ctx context.Context, c *Cluster) (emergencyTotal, error) {
+	st, err := c.Client.Status(ctx)
+	if err != nil {
+		return emergencyTotal{}, err
+	}
+	var t emergencyTotal
+	for _, n := range st.Nodes {
+		if em := n.Emergency; em != nil {
+			t.started += em.Started
+			t.inUse += int64(em.InUse)
+			t.mibSeconds += em.MemoryMBSeconds
+		}
+	}
+	return t, nil
 }
