@@ -337,6 +337,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	var genTLS genTLSFlags
 	var maxConns int
 	var bodyBuffer, bodyTotal, minRate int64
+	var emPct float64
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
@@ -360,6 +361,9 @@ so needs its key (--tls-ca-dir: run it on the control plane's host).`,
 			if bodyBuffer < 0 || bodyTotal < 0 || minRate < 1 {
 				return usageError{fmt.Errorf("--body-buffer %d, --body-buffer-total %d and --min-body-rate %d: must not be negative (the rate at least 1)", bodyBuffer, bodyTotal, minRate)}
 			}
+			if emPct <= 0 || emPct > 100 {
+				return usageError{fmt.Errorf("--emergency-percentile %g: want (0, 100]", emPct)}
+			}
 			if stateDir == "" {
 				stateDir = filepath.Join(defaultDataDir(), "dataplane", id)
 			}
@@ -375,7 +379,7 @@ so needs its key (--tls-ca-dir: run it on the control plane's host).`,
 				return err
 			}
 			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, TLS: invokeTLS, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
-				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate,
+				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate, EmergencyPercentile: emPct,
 				Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
@@ -394,6 +398,7 @@ so needs its key (--tls-ca-dir: run it on the control plane's host).`,
 	c.Flags().IntVar(&maxConns, "max-connections", dataplane.DefaultMaxConnections, "client connections open at once; more are closed as they are accepted")
 	c.Flags().Int64Var(&bodyBuffer, "body-buffer", 0, "bytes of a request body read before the call takes a sandbox slot (0: the whole body, up to the 6 MiB limit)")
 	c.Flags().Int64Var(&bodyTotal, "body-buffer-total", dataplane.DefaultBodyBufferTotal, "bytes all buffered request bodies may hold at once; past it, bodies stream")
+	c.Flags().Float64Var(&emPct, "emergency-percentile", 50, "dual track's metric filter: a call served by an emergency sandbox counts toward regular scaling only if the function's keep-alive exceeds this percentile of its inter-arrival times over the last hour (PulseNet: 50)")
 	c.Flags().Int64Var(&minRate, "min-body-rate", dataplane.DefaultMinBodyRate, "bytes/s a streamed request body must keep up (after 2 s); slower clients get 408")
 	return c
 }
