@@ -19,6 +19,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 )
 
 var benchConcurrency = []int{1, 10, 50, 100}
@@ -282,4 +283,17 @@ func report(b *testing.B, lat []time.Duration, timed time.Duration) {
 	b.ReportMetric(pct(0.5), "p50-ms")
 	b.ReportMetric(pct(0.99), "p99-ms")
 	b.ReportMetric(float64(len(lat))/timed.Seconds(), "creates/s")
+}
+
+// BenchmarkRuntimeColdStart is runtimetest.ColdStart on this runtime (echo
+// image, a pool with a namespace per sandbox of a batch pre-created),
+// comparable with the native and process runtimes'.
+func BenchmarkRuntimeColdStart(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, conc := range runtimetest.ColdStartConcurrency {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			r := newRuntime(b, newPool(b, conc), "")
+			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, nil)
+		})
+	}
 }

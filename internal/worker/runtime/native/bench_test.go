@@ -13,6 +13,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 )
 
@@ -122,4 +123,19 @@ func coldStart(r *Runtime, id string, f *spec.Function) error {
 		return fmt.Errorf("sandbox %s: status %d", id, resp.StatusCode)
 	}
 	return nil
+}
+
+// BenchmarkRuntimeColdStart is runtimetest.ColdStart on this runtime, with
+// the tests' 4 parked shells and the pool not waited for between batches,
+// comparable with the containerd and process runtimes'.
+func BenchmarkRuntimeColdStart(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, conc := range runtimetest.ColdStartConcurrency {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			cfg := poolConfig()
+			cfg.Size = 16 + conc
+			r := newRuntime(b, newPool(b, cfg), b.TempDir(), true)
+			runtimetest.ColdStart(b, r, &spec.Function{Name: "bench", Revision: 1, Command: []string{probeBin}, Port: 8080}, conc, nil)
+		})
+	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 )
 
@@ -40,12 +41,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	helper = filepath.Join(dir, "echoserver")
-	gotool, err := exec.LookPath("go")
-	if err != nil {
-		gotool = filepath.Join(goruntime.GOROOT(), "bin", "go")
-	}
-	if out, err := exec.Command(gotool, "build", "-o", helper, "./testdata/echoserver").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building testdata/echoserver: %v\n%s", err, out)
+	if err := testutil.GoBuild("./testdata/echoserver", helper, false); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -635,5 +632,17 @@ func BenchmarkColdStart(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRuntimeColdStart is runtimetest.ColdStart on this runtime (as
+// root with cgroups), comparable with the native and containerd runtimes'.
+func BenchmarkRuntimeColdStart(b *testing.B) {
+	r, err := New(Config{StateDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, conc := range runtimetest.ColdStartConcurrency {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) { runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, nil) })
 	}
 }

@@ -1,0 +1,109 @@
+package runtimetest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+)
+
+// ColdStartConcurrency are the batch sizes every runtime's cold-start
+// benchmark measures, so that runtimes compare at the same points.
+var ColdStartConcurrency = []int{1, 10, 50, 100}
+
+var benchSeq atomic.Uint64
+
+var benchClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Minute}
+
+// ColdStart benchmarks rt the same way for every runtime: each iteration
+// starts conc sandboxes of f at once and measures, per sandbox, Create →
+// readiness → first HTTP 2xx (request in, response out). Teardown is
+// outside the timer. It reports p50-ms, p99-ms and sandboxes/s (sandboxes
+// over the timed batches' wall time). route prepares a request to a sandbox
+// (nil: none needed).
+func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, route func(*http.Request, string)) {
+	var lat []time.Duration
+	var timed time.Duration
+	for i := -1; i < b.N; i++ { // one untimed warm-up batch
+		b.StopTimer()
+		ids := make([]string, conc)
+		for j := range ids {
+			ids[j] = IDPrefix + "bench-" + strconv.FormatUint(benchSeq.Add(1), 10)
+		}
+		d := make([]time.Duration, conc)
+		errs := make([]error, conc)
+		var wg sync.WaitGroup
+		b.StartTimer()
+		t0 := time.Now()
+		for j := range conc {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				errs[j] = coldStart(rt, ids[j], f, route)
+				d[j] = time.Since(start)
+			}()
+		}
+		wg.Wait()
+		if i >= 0 {
+			timed += time.Since(t0)
+			lat = append(lat, d...)
+		}
+		b.StopTimer()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		for j, id := range ids {
+			if err := rt.Kill(ctx, id); err != nil && errs[j] == nil {
+				errs[j] = err
+			}
+		}
+		cancel()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+	b.ReportMetric(float64(len(lat))/timed.Seconds(), "sandboxes/s")
+}
+
+func coldStart(rt runtime.Runtime, id string, f *spec.Function, route func(*http.Request, string)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	inst, err := rt.Create(ctx, runtime.Spec{ID: id, Function: f})
+	if err != nil {
+		return err
+	}
+	if !inst.Ready {
+		if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+inst.Addr+"/", nil)
+	if err != nil {
+		return err
+	}
+	if route != nil {
+		route(req, id)
+	}
+	resp, err := benchClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("sandbox %s: status %d", id, resp.StatusCode)
+	}
+	return nil
+}
