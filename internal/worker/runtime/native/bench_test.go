@@ -13,8 +13,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 )
 
 // BenchmarkColdStart measures a cold start as a caller sees it — Create,

@@ -22,8 +22,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 )
 
 // helper is testdata/echoserver, built once for the package.
