@@ -40,7 +40,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.admin, "admin", "127.0.0.1:9090", "admin HTTP/JSON API listen address")
 	fl.StringVar(&f.grpc, "grpc", "127.0.0.1:9091", "gRPC listen address for workers and data planes")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing")
-	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
+	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")

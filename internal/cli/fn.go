@@ -120,7 +120,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.queueTimeout, "queue-timeout", 0, "how long a request may wait for a sandbox (default 30s)")
 	fl.Float64Var(&f.target, "target", 0, "autoscaler target in-flight requests per sandbox (default: --concurrency)")
 	fl.Float64Var(&f.utilization, "target-utilization", 0, "fraction of the target to aim for, (0,1] (default 1.0)")
-	fl.StringVar(&f.scalingMode, "scaling-mode", "", "async (calls wait for regular sandboxes) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox on a worker); default: the control plane's --scaling-mode")
+	fl.StringVar(&f.scalingMode, "scaling-mode", "", "async (calls wait for regular sandboxes), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive = stable window + grace) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox on a worker); default: the control plane's --scaling-mode")
 	fl.DurationVar(&f.window, "stable-window", 0, "autoscaler stable window (default 60s)")
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
 	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))

@@ -62,7 +62,7 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	fl.IntVar(&cfg.Functions, "functions", 0, "replay only the N busiest functions of the window (0: all)")
 	fl.IntVar(&cfg.SkipMinutes, "skip-minutes", 10, "first measured minutes the Dirigent and KubeDirect slowdown variants drop (0: none)")
 	fl.DurationVar(&cfg.MaxRuntime, "max-runtime", 60*time.Second, "clamp drawn runtimes to at most this")
-	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async or dual (with --local, give workers --emergency-slots); default: the cluster's")
+	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
 	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
 	return c

@@ -222,7 +222,27 @@ func (c *Cluster) kpaConfig(f *spec.Function) autoscale.Config {
 	if s.MaxScaleDownRate > 0 {
 		k.MaxScaleDownRate = s.MaxScaleDownRate
 	}
+	if c.modeOf(f) == spec.ModeSync {
+		k = autoscale.SyncConfig(k, keepAlive(k))
+	}
 	return k
+}
+
+// keepAlive is how long an idle sandbox lives under k: the stable window
+// plus the scale-to-zero grace (sync mode holds its peak that long).
+func keepAlive(k autoscale.Config) time.Duration {
+	if k.HoldPeaks {
+		return k.ScaleDownDelay
+	}
+	return k.StableWindow + k.ScaleToZeroGrace
+}
+
+// modeOf is f's effective scaling mode.
+func (c *Cluster) modeOf(f *spec.Function) string {
+	if f.Scaling.Mode != "" {
+		return f.Scaling.Mode
+	}
+	return c.cfg.ScalingMode
 }
 
 // upsertFunction installs a new or updated function (already durable).

@@ -18,11 +18,8 @@ import (
 // effective scaling mode and the keep-alive of an idle regular sandbox.
 func (c *Cluster) wireSpec(f *spec.Function) *briskv1.FunctionSpec {
 	pf := f.ToProto()
-	if pf.ScalingMode == "" {
-		pf.ScalingMode = c.cfg.ScalingMode
-	}
-	k := c.kpaConfig(f)
-	pf.KeepAliveMs = (k.StableWindow + k.ScaleToZeroGrace).Milliseconds()
+	pf.ScalingMode = c.modeOf(f)
+	pf.KeepAliveMs = keepAlive(c.kpaConfig(f)).Milliseconds()
 	return pf
 }
 

@@ -80,8 +80,8 @@ type Scaling struct {
 	ScaleToZeroGrace  Duration `json:"scale_to_zero_grace,omitzero"`
 	MaxScaleUpRate    float64  `json:"max_scale_up_rate,omitempty"`
 	MaxScaleDownRate  float64  `json:"max_scale_down_rate,omitempty"`
-	// Mode is how calls meet capacity: ModeAsync or ModeDual; "" means the
-	// cluster default (the control plane's --scaling-mode).
+	// Mode is how calls meet capacity: ModeAsync, ModeSync or ModeDual; ""
+	// means the cluster default (the control plane's --scaling-mode).
 	Mode string `json:"mode,omitempty"`
 }
 
@@ -90,6 +90,10 @@ const (
 	// ModeAsync: every call waits for a regular sandbox, which the
 	// autoscaler adds asynchronously (Knative).
 	ModeAsync = "async"
+	// ModeSync: Lambda-like: a waiting call gets a sandbox at once, and
+	// the function keeps the most sandboxes any second's demand needed for
+	// its keep-alive (the stable window plus the scale-to-zero grace).
+	ModeSync = "sync"
 	// ModeDual: a call that finds no free regular sandbox is served at once
 	// by a one-shot emergency sandbox on a worker, while regular sandboxes
 	// keep scaling asynchronously (PulseNet).
@@ -97,7 +101,7 @@ const (
 )
 
 // ScalingModes are the modes a spec or a cluster may choose.
-var ScalingModes = []string{ModeAsync, ModeDual}
+var ScalingModes = []string{ModeAsync, ModeSync, ModeDual}
 
 // Queue bounds the requests one data plane holds for a function while no
 // sandbox slot is free.

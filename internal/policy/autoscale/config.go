@@ -35,6 +35,10 @@ type Config struct {
 	ActivationScale    int           // default 1; minimum scale when waking from zero
 	ScaleDownDelay     time.Duration // default 0; whole seconds in [0, 1h]
 	PanicDisabled      bool          // PulseNet-style regular track: panic mode off
+	// HoldPeaks feeds every recorded concurrency, not only each decision's
+	// want, into the scale-down delay's maximum, so that one second's peak
+	// is kept for the whole delay (sync mode: SyncConfig). Needs a delay.
+	HoldPeaks bool
 }
 
 // DefaultConfig returns Knative's defaults: CC=1 at 70% utilization, 60s stable window,

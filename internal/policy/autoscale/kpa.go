@@ -89,6 +89,9 @@ func (k *KPA) Record(now time.Time, concurrency float64) {
 	sec := now.Unix()
 	k.stableWin.record(sec, concurrency)
 	k.panicWin.record(sec, concurrency)
+	if k.cfg.HoldPeaks && k.delay != nil && concurrency > 0 {
+		k.delay.record(sec, clampCount(math.Ceil(concurrency/k.cfg.TargetConcurrency), 0, math.MaxInt32))
+	}
 }
 
 // WantsPoke reports whether a report of concurrency should trigger an immediate Decide

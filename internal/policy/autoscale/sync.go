@@ -55,3 +55,21 @@ func (s Sync) Expired(now, lastUsed time.Time) bool {
 func (s Sync) ExpiresAt(lastUsed time.Time) time.Time {
 	return lastUsed.Add(s.KeepAlive)
 }
+
+// SyncConfig turns a function's KPA config into brisk's Lambda-like
+// synchronous mode (spec scaling.mode "sync"): the function keeps, for
+// keepAlive, the most sandboxes its demand needed in any one second (one
+// per in-flight request at concurrency 1), and goes to zero keepAlive after
+// its last call. There is no averaging window (1 s), no panic mode, no
+// scale-down rate limit and no extra grace; keepAlive is rounded to whole
+// seconds within [1s, 1h]. Requests waiting with no sandbox get theirs at
+// once, as in every mode (the control plane's urgent path).
+func SyncConfig(c Config, keepAlive time.Duration) Config {
+	c.StableWindow = time.Second
+	c.PanicDisabled = true
+	c.ScaleToZeroGrace = 0
+	c.MaxScaleDownRate = 1e6
+	c.ScaleDownDelay = min(max(keepAlive.Round(time.Second), time.Second), maxDelay)
+	c.HoldPeaks = true
+	return c
+}

@@ -67,3 +67,35 @@ func TestSyncValidate(t *testing.T) {
 		t.Fatalf("Validate() = %v, want %q matching ErrInvalidConfig", err, want)
 	}
 }
+
+// Sync mode: a burst's peak is held for the keep-alive, then the function
+// goes to zero; a later, smaller burst does not lower the held peak.
+func TestSyncConfigHoldsThePeakForTheKeepAlive(t *testing.T) {
+	cfg := SyncConfig(DefaultConfig(), 30*time.Second)
+	cfg.TargetConcurrency = 1
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	k := NewKPA(cfg, t0)
+	k.Record(t0, 5)
+	if d := k.Decide(t0.Add(time.Second), 0); d.Desired != 5 || d.Panic {
+		t.Fatalf("after a burst of 5: %+v, want 5 at once, no panic", d)
+	}
+	now := t0.Add(time.Second)
+	for range 20 { // idle for 20 s, then one call
+		now = now.Add(time.Second)
+		k.Record(now, 0)
+	}
+	k.Record(now, 1)
+	if d := k.Decide(now, 5); d.Desired != 5 {
+		t.Errorf("20 s after the burst: %d, want the peak 5 kept for the 30 s keep-alive", d.Desired)
+	}
+	for range 31 {
+		now = now.Add(time.Second)
+		k.Record(now, 0)
+	}
+	if d := k.Decide(now, 5); d.Desired != 0 {
+		t.Errorf("31 s after the last call: %d, want 0", d.Desired)
+	}
+}

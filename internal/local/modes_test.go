@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,4 +138,45 @@ func TestAsyncFunctionWaitsForARegularSandbox(t *testing.T) {
 	if r.StatusCode != 200 || r.Header.Get("X-Brisk-Track") != "" || strings.HasPrefix(r.Header.Get("X-Brisk-Sandbox"), "ei-") {
 		t.Errorf("async call: %d, track %q, sandbox %q", r.StatusCode, r.Header.Get("X-Brisk-Track"), r.Header.Get("X-Brisk-Sandbox"))
 	}
+}
+
+// Sync mode (Lambda-like): four overlapping calls get four sandboxes, the
+// peak is kept for the keep-alive (stable window + grace = 6 s) although
+// no call runs any more, and then the function goes to zero.
+func TestSyncModeHoldsThePeakForTheKeepAlive(t *testing.T) {
+	cl := startCluster(t, Workers{NodeID: "w", CreateDelay: 50 * time.Millisecond})
+	deploy(t, cl, `{"name":"s","builtin":"trace","scaling":{"mode":"sync","stable_window":"5s","scale_to_zero_grace":"1s"}}`)
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post("http://"+cl.InvokeAddr()+"/function/s", "application/json", strings.NewReader(`{"ms":1500}`))
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	for _, c := range codes {
+		if c != 200 {
+			t.Fatalf("calls answered %v", codes)
+		}
+	}
+	desired := func() int {
+		for _, f := range status(t, cl).Functions {
+			if f.Name == "s" {
+				return f.Desired
+			}
+		}
+		return -1
+	}
+	if d := desired(); d != 4 {
+		t.Errorf("right after the calls: desired %d, want the peak 4 held", d)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return desired() == 0 }, "zero after the keep-alive")
 }
