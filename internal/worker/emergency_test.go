@@ -19,25 +19,14 @@ import (
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
 )
 
 // newEmergencyNode is a node on the emulated runtime offering slots
 // emergency slots, and its runtime.
 func newEmergencyNode(t *testing.T, delay time.Duration, slots int) (*Node, runtime.Runtime) {
 	t.Helper()
-	host, err := emulated.NewHost("127.0.0.1:0", quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { host.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	rt := host.Runtime("n1", delay)
-	n := newNode("n1", "boot-1", rt, spec.Resources{MilliCPU: 4000, MemoryMB: 4096}, 0, time.Minute, quiet)
+	n, rt := newTestNodeRT(t, delay)
 	n.em.slots = slots
-	n.install(ctx, &briskv1.Hello{Epoch: 1, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER})
 	return n, rt
 }
 

@@ -10,6 +10,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
 )
 
@@ -19,6 +20,13 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // runtime, served by a real HTTP host) and a session epoch installed.
 func newTestNode(t *testing.T, delay time.Duration) *Node {
 	t.Helper()
+	n, _ := newTestNodeRT(t, delay)
+	return n
+}
+
+// newTestNodeRT is newTestNode with its runtime.
+func newTestNodeRT(t *testing.T, delay time.Duration) (*Node, runtime.Runtime) {
+	t.Helper()
 	host, err := emulated.NewHost("127.0.0.1:0", quiet)
 	if err != nil {
 		t.Fatal(err)
@@ -27,9 +35,10 @@ func newTestNode(t *testing.T, delay time.Duration) *Node {
 	done := make(chan struct{})
 	go func() { host.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	n := newNode("n1", "boot-1", host.Runtime("n1", delay), spec.Resources{MilliCPU: 4000, MemoryMB: 4096}, 0, time.Minute, quiet)
+	rt := host.Runtime("n1", delay)
+	n := newNode("n1", "boot-1", rt, spec.Resources{MilliCPU: 4000, MemoryMB: 4096}, 0, time.Minute, quiet)
 	n.install(ctx, &briskv1.Hello{Epoch: 1, Mode: briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER})
-	return n
+	return n, rt
 }
 
 var fnSpec = &briskv1.FunctionSpec{Name: "f", Revision: 1, Builtin: "trace", Port: 8080, Concurrency: 1,

@@ -293,7 +293,7 @@ func BenchmarkRuntimeColdStart(b *testing.B) {
 	for _, conc := range runtimetest.ColdStartConcurrency {
 		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
 			r := newRuntime(b, newPool(b, conc), "")
-			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, nil)
+			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, runtimetest.ColdStartOptions{})
 		})
 	}
 }

@@ -643,6 +643,8 @@ func BenchmarkRuntimeColdStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, conc := range runtimetest.ColdStartConcurrency {
-		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) { runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, nil) })
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, runtimetest.ColdStartOptions{})
+		})
 	}
 }

@@ -23,17 +23,28 @@ var benchSeq atomic.Uint64
 
 var benchClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Minute}
 
+// ColdStartOptions tune ColdStart for one runtime.
+type ColdStartOptions struct {
+	// Route prepares a request to sandbox id (nil: none needed).
+	Route func(req *http.Request, id string)
+	// BeforeBatch runs, untimed, before each batch (i is -1 for the
+	// warm-up batch): a runtime with a pool may wait for it to refill.
+	BeforeBatch func(i int)
+}
+
 // ColdStart benchmarks rt the same way for every runtime: each iteration
 // starts conc sandboxes of f at once and measures, per sandbox, Create →
 // readiness → first HTTP 2xx (request in, response out). Teardown is
 // outside the timer. It reports p50-ms, p99-ms and sandboxes/s (sandboxes
-// over the timed batches' wall time). route prepares a request to a sandbox
-// (nil: none needed).
-func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, route func(*http.Request, string)) {
+// over the timed batches' wall time).
+func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, o ColdStartOptions) {
 	var lat []time.Duration
 	var timed time.Duration
 	for i := -1; i < b.N; i++ { // one untimed warm-up batch
 		b.StopTimer()
+		if o.BeforeBatch != nil {
+			o.BeforeBatch(i)
+		}
 		ids := make([]string, conc)
 		for j := range ids {
 			ids[j] = IDPrefix + "bench-" + strconv.FormatUint(benchSeq.Add(1), 10)
@@ -48,7 +59,7 @@ func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, rou
 			go func() {
 				defer wg.Done()
 				start := time.Now()
-				errs[j] = coldStart(rt, ids[j], f, route)
+				errs[j] = coldStart(rt, ids[j], f, o.Route)
 				d[j] = time.Since(start)
 			}()
 		}
