@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 )
@@ -52,6 +53,16 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	}
 	f.register(c, 10, 40*time.Millisecond)
 	fl := c.Flags()
+	registerReplayFlags(fl, &cfg)
+	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
+	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
+	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
+	return c
+}
+
+// registerReplayFlags registers the trace and schedule flags of replay and
+// bench modes.
+func registerReplayFlags(fl *pflag.FlagSet, cfg *bench.ReplayConfig) {
 	fl.IntVar(&cfg.Minutes, "minutes", 30, "measured minutes of the trace")
 	fl.IntVar(&cfg.Warmup, "warmup", 0, "warm-up minutes before them (phase 1, not measured)")
 	fl.IntVar(&cfg.StartMinute, "start-minute", 0, "trace minutes to skip at the start")
@@ -62,8 +73,4 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	fl.IntVar(&cfg.Functions, "functions", 0, "replay only the N busiest functions of the window (0: all)")
 	fl.IntVar(&cfg.SkipMinutes, "skip-minutes", 10, "first measured minutes the Dirigent and KubeDirect slowdown variants drop (0: none)")
 	fl.DurationVar(&cfg.MaxRuntime, "max-runtime", 60*time.Second, "clamp drawn runtimes to at most this")
-	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
-	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
-	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
-	return c
 }

@@ -95,3 +95,50 @@ func clampLog(x float64, logX bool, floor float64) float64 {
 	}
 	return x
 }
+
+// XYSeries is one line of points of a trade-off plot.
+type XYSeries struct {
+	Name string
+	X, Y []float64
+}
+
+// PlotTradeoff draws each series as a line through its points (in the
+// order given) into a PNG: the memory-versus-slowdown plot of `brisk bench
+// modes`.
+func PlotTradeoff(path, title, xLabel, yLabel string, series ...XYSeries) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("plotting %s: %v", path, r)
+		}
+	}()
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
+	p.Add(plotter.NewGrid())
+	for i, s := range series {
+		pts := make(plotter.XYs, 0, len(s.X))
+		for j := range s.X {
+			if j < len(s.Y) && !math.IsNaN(s.X[j]) && !math.IsNaN(s.Y[j]) {
+				pts = append(pts, plotter.XY{X: s.X[j], Y: s.Y[j]})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		l, sc, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return fmt.Errorf("plotting %s: %w", path, err)
+		}
+		l.Color, sc.Color = plotutil.Color(i), plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i)
+		sc.Shape = plotutil.Shape(i)
+		p.Add(l, sc)
+		p.Legend.Add(s.Name, l, sc)
+	}
+	// Room around the extreme points, which would sit on the axes.
+	padX, padY := (p.X.Max-p.X.Min)*0.05+0.01, (p.Y.Max-p.Y.Min)*0.05+0.01
+	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = p.X.Min-padX, p.X.Max+padX, p.Y.Min-padY, p.Y.Max+padY
+	p.Legend.Top = true
+	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
