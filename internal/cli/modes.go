@@ -47,7 +47,7 @@ normalized to the cheapest run. A function's keep-alive is its stable window
 plus the 30 s scale-to-zero grace. Writes DIR/<mode>-<window>/ (each
 replay's files), DIR/modes.csv and DIR/modes.png.`,
 		Example: `  brisk bench modes traces/azure_100 --minutes 5 --time-scale 0.5 --local --workers 4 --emergency-slots 8 --out results/modes`,
-		Args: exactArgs(1),
+		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			if f.out == "" {
 				return usageError{fmt.Errorf("--out DIR is required: each replay writes its files under it")}
