@@ -261,6 +261,7 @@ func (c *Cluster) upsertFunction(f *spec.Function) {
 		fs.failures, fs.backoffUntil = 0, time.Time{}
 	}
 	pf := c.wireSpec(f)
+	c.offerToAllLocked(f)
 	c.publishLocked(func(b *briskv1.EndpointBatch) {
 		b.DeletedFunctions = without(b.DeletedFunctions, f.Name)
 		b.Functions = append(withoutFn(b.Functions, f.Name), pf)

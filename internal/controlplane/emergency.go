@@ -53,3 +53,29 @@ func (c *Cluster) refreshEmergencyLocked() {
 		})
 	}
 }
+
+// offerDualLocked sends node n's session every dual-mode function's spec,
+// which its emergency track needs (and checks calls against).
+func (c *Cluster) offerDualLocked(n *nodeState) {
+	if n.sess == nil {
+		return
+	}
+	for _, fs := range c.fns {
+		if c.modeOf(fs.spec) == spec.ModeDual {
+			n.sess.offer(fs.spec)
+		}
+	}
+}
+
+// offerToAllLocked sends f's spec to every live session when f is in dual
+// mode.
+func (c *Cluster) offerToAllLocked(f *spec.Function) {
+	if c.modeOf(f) != spec.ModeDual {
+		return
+	}
+	for _, n := range c.nodeList {
+		if n.sess != nil {
+			n.sess.offer(f)
+		}
+	}
+}

@@ -61,6 +61,22 @@ func (s *session) create(f *spec.Function, id string) {
 	s.signal()
 }
 
+// offer queues f's spec alone, once per session: a worker serves
+// emergency calls only for functions the control plane offered it.
+func (s *session) offer(f *spec.Function) {
+	s.mu.Lock()
+	k := specKey{f.Name, f.Revision}
+	_, sent := s.sent[k]
+	if !sent {
+		s.sent[k] = struct{}{}
+		s.specs = append(s.specs, f.ToProto())
+	}
+	s.mu.Unlock()
+	if !sent {
+		s.signal()
+	}
+}
+
 // tombstone queues a Tombstone, after delay when one is given.
 func (s *session) tombstone(id string, delay time.Duration) {
 	if delay > 0 {
@@ -252,6 +268,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		c.applyUpdatesLocked(n, u)
 	}
 	c.refreshEmergencyLocked() // the session is up: its emergency slots count
+	c.offerDualLocked(n)
 	if drain {
 		n.rec.Drain = false
 		c.persistDrain(n.rec)

@@ -116,7 +116,15 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(dl))
 		defer cancel()
 	}
-	f := spec.FromProto(req.GetSpec())
+	// Only a spec the control plane sent this node runs: a data plane names
+	// the function and revision, it does not choose what runs.
+	n.mu.Lock()
+	f := n.specs[specKey{req.GetSpec().GetName(), req.GetSpec().GetRevision()}]
+	n.mu.Unlock()
+	if f == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s: function %s revision %d was not offered by the control plane",
+			n.id, req.GetSpec().GetName(), req.GetSpec().GetRevision())
+	}
 	res := f.Resources
 	id, err := n.reserveEmergency(res)
 	if err != nil {

@@ -27,6 +27,7 @@ func newEmergencyNode(t *testing.T, delay time.Duration, slots int) (*Node, runt
 	t.Helper()
 	n, rt := newTestNodeRT(t, delay)
 	n.em.slots = slots
+	n.apply(context.Background(), 1, &briskv1.Commands{Specs: []*briskv1.FunctionSpec{fnSpec}}) // as the control plane offers it
 	return n, rt
 }
 
@@ -192,5 +193,25 @@ func TestEmergencyIDsAreUniqueAcrossNodes(t *testing.T) {
 	}
 	if ida == idb {
 		t.Errorf("both nodes named their emergency sandbox %s", ida)
+	}
+}
+
+// A data plane names the function; it cannot choose what runs: a spec the
+// control plane never offered the node (another function, another
+// revision) is refused before anything starts.
+func TestEmergencyRunsOnlyOfferedSpecs(t *testing.T) {
+	n, rt := newEmergencyNode(t, 0, 2)
+	for _, spec := range []*briskv1.FunctionSpec{
+		{Name: "other", Revision: 1, Command: []string{"/bin/sh", "-c", "echo pwned"}},
+		{Name: "f", Revision: 2, Command: []string{"/bin/sh", "-c", "echo pwned"}},
+	} {
+		req := emergencyCall()
+		req.Spec = spec
+		if _, err := n.emergency(context.Background(), req); status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("spec %s rev %d: %v, want FAILED_PRECONDITION", spec.Name, spec.Revision, err)
+		}
+	}
+	if listed(t, rt) != 0 || n.heartbeat().GetEmergency().GetStarted() != 0 {
+		t.Error("a refused emergency call started something")
 	}
 }
