@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -139,6 +140,22 @@ func PlotTradeoff(path, title, xLabel, yLabel string, series ...XYSeries) (err e
 	// Room around the extreme points, which would sit on the axes.
 	padX, padY := (p.X.Max-p.X.Min)*0.05+0.01, (p.Y.Max-p.Y.Min)*0.05+0.01
 	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = p.X.Min-padX, p.X.Max+padX, p.Y.Min-padY, p.Y.Max+padY
+	p.X.Tick.Marker, p.Y.Tick.Marker = preciseTicks{}, preciseTicks{}
 	p.Legend.Top = true
 	return p.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// preciseTicks are gonum's default ticks labelled with two decimals: the
+// default labels round 2.625 to "2.6" and 2.75 to "2.8", which misplaces
+// close values on a zoomed axis.
+type preciseTicks struct{}
+
+func (preciseTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'f', 2, 64)
+		}
+	}
+	return ts
 }
