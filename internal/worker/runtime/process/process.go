@@ -102,6 +102,10 @@ type Runtime struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	creating  map[string]struct{} // ids reserved by a Create in progress
+	// ports are the loopback ports of the sandboxes in the table and of
+	// Creates in progress: a port the kernel hands out again before its
+	// sandbox has bound it is not given to a second sandbox.
+	ports map[int]struct{}
 }
 
 var (
@@ -177,6 +181,7 @@ func New(cfg Config) (*Runtime, error) {
 		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		sandboxes: map[string]*sandbox{},
 		creating:  map[string]struct{}{},
+		ports:     map[int]struct{}{},
 	}
 	// Logs are the worker's: sandboxes write theirs through the file the
 	// worker opened, and read none.
@@ -219,6 +224,7 @@ func New(cfg Config) (*Runtime, error) {
 			sb.cg = r.cg.Open(rec.Cgroup)
 		}
 		r.sandboxes[rec.ID] = sb
+		r.ports[portOf(rec.Addr)] = struct{}{}
 	}
 	return r, nil
 }
@@ -254,11 +260,19 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.mu.Unlock()
 	}()
 
-	port, err := freePort()
+	port, err := r.reservePort()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	created := false
+	defer func() {
+		if !created {
+			r.mu.Lock()
+			delete(r.ports, port)
+			r.mu.Unlock()
+		}
+	}()
 	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
 	logf, err := openLog(logPath)
 	if err != nil {
@@ -315,6 +329,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		_ = r.persist()
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
+	created = true
 	r.log.Debug("sandbox started", "sandbox", s.ID, "function", s.Function.Name, "pid", sb.rec.PID, "addr", addr)
 	return &runtime.Instance{ID: s.ID, Addr: addr, Exited: sb.exited, ExitErr: sb.ownExitErr}, nil
 }
@@ -519,6 +534,7 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 	}
 	r.mu.Lock()
 	delete(r.sandboxes, id)
+	delete(r.ports, portOf(sb.rec.Addr))
 	r.mu.Unlock()
 	r.log.Debug("sandbox killed", "sandbox", id)
 	return r.persist()
@@ -649,6 +665,7 @@ func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
 		return false
 	}
 	delete(r.sandboxes, sb.rec.ID)
+	delete(r.ports, portOf(sb.rec.Addr))
 	return true
 }
 
@@ -664,6 +681,33 @@ func (r *Runtime) persist() error {
 	r.mu.Unlock()
 	slices.SortFunc(recs, func(a, b record) int { return cmp.Compare(a.ID, b.ID) })
 	return writeTable(r.cfg.StateDir, recs)
+}
+
+// reservePort returns a free loopback port no sandbox of this runtime holds.
+func (r *Runtime) reservePort() (int, error) {
+	for range 64 {
+		port, err := freePort()
+		if err != nil {
+			return 0, err
+		}
+		r.mu.Lock()
+		_, taken := r.ports[port]
+		if !taken {
+			r.ports[port] = struct{}{}
+		}
+		r.mu.Unlock()
+		if !taken {
+			return port, nil
+		}
+	}
+	return 0, errors.New("no free loopback port after 64 tries")
+}
+
+// portOf is the port of a host:port address, 0 if it has none.
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
 }
 
 // freePort asks the kernel for a free loopback port. The port is free only
