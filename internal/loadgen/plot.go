@@ -26,13 +26,7 @@ const maxCDFPoints = 2000
 // logarithmic and values ≤ 0 are drawn at the smallest positive value.
 // Empty series are skipped; with none left it draws an empty plot.
 func PlotCDF(path, title, xLabel string, logX bool, series ...Series) (err error) {
-	// gonum/plot panics on some degenerate axes; a plot must never take a
-	// benchmark's results down with it.
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("plotting %s: %v", path, r)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xLabel
@@ -107,11 +101,7 @@ type XYSeries struct {
 // order given) into a PNG: the memory-versus-slowdown plot of `brisk bench
 // modes`.
 func PlotTradeoff(path, title, xLabel, yLabel string, series ...XYSeries) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("plotting %s: %v", path, r)
-		}
-	}()
+	defer recoverPlot(path, &err)
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xLabel
@@ -158,4 +148,12 @@ func (preciseTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ts
+}
+
+// recoverPlot turns a gonum/plot panic (it panics on some degenerate axes)
+// into err: a plot must never take a benchmark's results down with it.
+func recoverPlot(path string, err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("plotting %s: %v", path, r)
+	}
 }

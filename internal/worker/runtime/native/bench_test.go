@@ -3,12 +3,10 @@ package native
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
-	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 )
 
@@ -36,8 +34,8 @@ func benchCold(b *testing.B, conc, shells int, refill bool) {
 	if err := pool.Start(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	exe, _ := os.Executable()
-	r, err := New(Config{StateDir: b.TempDir(), Pool: pool, Shells: shells, InitArgv: []string{exe, nsinit.Subcommand}})
+	// The lean init, as `make build` installs it beside brisk.
+	r, err := New(Config{StateDir: b.TempDir(), Pool: pool, Shells: shells, InitArgv: []string{leanInit}})
 	if err != nil {
 		b.Fatal(err)
 	}

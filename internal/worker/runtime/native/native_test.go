@@ -31,6 +31,7 @@ const (
 
 var (
 	probeBin string // testdata/probe, static
+	leanInit string // cmd/brisk-sandbox-init, static: the init production uses
 	poolSeq  atomic.Int32
 )
 
@@ -46,9 +47,12 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755)
 	probeBin = filepath.Join(dir, "probe")
-	if err := testutil.GoBuild("./testdata/probe", probeBin, true); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	leanInit = filepath.Join(dir, nsinit.BinaryName)
+	for pkg, out := range map[string]string{"./testdata/probe": probeBin, "../../../../cmd/brisk-sandbox-init": leanInit} {
+		if err := testutil.GoBuild(pkg, out, true); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
