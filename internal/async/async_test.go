@@ -1,0 +1,382 @@
+package async
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
+)
+
+// scripted is an Invoker whose replies the test chooses per call.
+type scripted struct {
+	mu     sync.Mutex
+	calls  map[string]int // call id -> attempts seen
+	reply  func(c *Call, attempt int) Result
+	policy Policy
+	known  map[string]bool
+}
+
+func newScripted(reply func(*Call, int) Result) *scripted {
+	return &scripted{calls: map[string]int{}, reply: reply, known: map[string]bool{"fn": true},
+		policy: Policy{MaxAttempts: 3, MaxAge: time.Hour, Backoff: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Concurrency: 8}}
+}
+
+func (s *scripted) Policy(_ context.Context, fn string) (Policy, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.policy, s.known[fn]
+}
+
+func (s *scripted) Invoke(_ context.Context, c *Call, _ int) Result {
+	s.mu.Lock()
+	s.calls[c.ID]++
+	n := s.calls[c.ID]
+	s.mu.Unlock()
+	return s.reply(c, n)
+}
+
+func (s *scripted) attempts(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[id]
+}
+
+func ok(body string) Result {
+	return Result{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(body)}
+}
+
+type env struct {
+	srv *Server
+	q   *Queue
+	dir string
+}
+
+func start(t *testing.T, dir string, cfg Config) *env {
+	t.Helper()
+	srv, err := StartServer(ServerConfig{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := srv.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := Open(context.Background(), nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{srv: srv, q: q, dir: dir}
+	t.Cleanup(func() { nc.Close(); srv.Shutdown() })
+	return e
+}
+
+func run(t *testing.T, q *Queue, inv Invoker) context.CancelFunc {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- q.Run(ctx, inv) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return cancel
+}
+
+func submit(t *testing.T, q *Queue, id, cb string) {
+	t.Helper()
+	c := &Call{ID: id, Function: "fn", Method: "POST", Path: "/x", Query: "a=1", Header: http.Header{"X-Test": {id}}, Body: []byte("body-" + id), CallbackURL: cb}
+	if err := q.Submit(context.Background(), c); err != nil {
+		t.Fatalf("submit %s: %v", id, err)
+	}
+}
+
+func waitStatus(t *testing.T, q *Queue, id string, want Status) *Record {
+	t.Helper()
+	var last *Record
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := q.Get(context.Background(), id)
+		if err != nil {
+			return false
+		}
+		last = r
+		return r.Status == want
+	}, "call %s never reached %s (last: %+v)", id, want, last)
+	return last
+}
+
+func TestSubmitRunSucceeds(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	var got *Call
+	var mu sync.Mutex
+	inv := newScripted(func(c *Call, _ int) Result {
+		mu.Lock()
+		got = c
+		mu.Unlock()
+		return ok("hello " + string(c.Body))
+	})
+	submit(t, e.q, "c1", "")
+	// Before any consumer runs, the call is queued.
+	if r, err := e.q.Get(context.Background(), "c1"); err != nil || r.Status != StatusQueued || r.Function != "fn" {
+		t.Fatalf("before run: %+v %v", r, err)
+	}
+	run(t, e.q, inv)
+	r := waitStatus(t, e.q, "c1", StatusSucceeded)
+	if r.Attempts != 1 || r.Result == nil || string(r.Result.Body) != "hello body-c1" || r.Result.Status != 200 {
+		t.Fatalf("record: %+v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got.Method != "POST" || got.Path != "/x" || got.Query != "a=1" || got.Header.Get("X-Test") != "c1" {
+		t.Fatalf("the invoker saw %+v", got)
+	}
+	if _, err := e.q.Get(context.Background(), "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown call: %v", err)
+	}
+	if _, err := e.q.Get(context.Background(), "bad.id"); !errors.Is(err, ErrBadID) {
+		t.Fatalf("bad id: %v", err)
+	}
+}
+
+func TestQueuedFoundWithoutRecord(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	submit(t, e.q, "lost-record", "")
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, err := e.q.status.Get(context.Background(), "lost-record")
+		return err == nil
+	}, "queued record never written")
+	if err := e.q.status.Purge(context.Background(), "lost-record"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.q.Get(context.Background(), "lost-record")
+	if err != nil || r.Status != StatusQueued || r.Function != "fn" {
+		t.Fatalf("from the stream: %+v %v", r, err)
+	}
+}
+
+func TestPlatformFailuresRetryThenDeadThenRetryByHand(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	var fail atomic.Bool
+	fail.Store(true)
+	inv := newScripted(func(c *Call, n int) Result {
+		if fail.Load() {
+			return Result{Status: 503, PlatformError: "no-capacity"}
+		}
+		return ok("fine")
+	})
+	run(t, e.q, inv)
+	start := time.Now()
+	submit(t, e.q, "d1", "")
+	r := waitStatus(t, e.q, "d1", StatusDead)
+	if inv.attempts("d1") != 3 || r.Attempts != 3 {
+		t.Fatalf("attempts: invoker %d, record %d; want 3", inv.attempts("d1"), r.Attempts)
+	}
+	// Back-off 20 ms then 40 ms at least.
+	if el := time.Since(start); el < 60*time.Millisecond {
+		t.Fatalf("three attempts in %v: back-off not applied", el)
+	}
+	if r.Error == "" || r.Result == nil || r.Result.PlatformError != "no-capacity" {
+		t.Fatalf("dead record: %+v", r)
+	}
+	if n, err := e.q.dead.Info(context.Background()); err != nil || n.State.Msgs != 1 {
+		t.Fatalf("dead letters: %+v %v", n, err)
+	}
+	fail.Store(false)
+	if _, err := e.q.Retry(context.Background(), "d1"); err != nil {
+		t.Fatal(err)
+	}
+	r = waitStatus(t, e.q, "d1", StatusSucceeded)
+	if r.Attempts != 1 || inv.attempts("d1") != 4 {
+		t.Fatalf("after retry: record attempts %d, invoker %d", r.Attempts, inv.attempts("d1"))
+	}
+	if n, _ := e.q.dead.Info(context.Background()); n.State.Msgs != 0 {
+		t.Fatalf("retried call still in the dead-letter stream: %d", n.State.Msgs)
+	}
+	if _, err := e.q.Retry(context.Background(), "d1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("retry of a call not dead: %v", err)
+	}
+}
+
+func TestFunctionErrors(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	inv := newScripted(func(c *Call, n int) Result { return Result{Status: 500, Body: []byte("boom")} })
+	run(t, e.q, inv)
+	submit(t, e.q, "f1", "")
+	r := waitStatus(t, e.q, "f1", StatusFailed)
+	if inv.attempts("f1") != 1 || r.Result.Status != 500 {
+		t.Fatalf("a function's 500 is not retried by default: %d attempts, %+v", inv.attempts("f1"), r)
+	}
+	inv.mu.Lock()
+	inv.policy.RetryFunctionErrors = true
+	inv.mu.Unlock()
+	submit(t, e.q, "f2", "")
+	waitStatus(t, e.q, "f2", StatusDead)
+	if inv.attempts("f2") != 3 {
+		t.Fatalf("retry_function_errors: %d attempts, want 3", inv.attempts("f2"))
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		res         Result
+		retryFnErrs bool
+		retry       bool
+	}{
+		{Result{Status: 200}, false, false},
+		{Result{Status: 404}, true, false},
+		{Result{Status: 429}, false, true},
+		{Result{Status: 500}, false, false},
+		{Result{Status: 500}, true, true},
+		{Result{Status: 503, PlatformError: "no-capacity"}, false, true},
+		{Result{Status: 504, PlatformError: "queue-timeout"}, false, true},
+		{Result{Status: 502, PlatformError: "sandbox-failed"}, false, true},
+		{Result{Status: 0, PlatformError: "connection refused"}, false, true},
+		{Result{Status: 504, PlatformError: "function-timeout"}, false, false},
+		{Result{Status: 504, PlatformError: "function-timeout"}, true, true},
+		{Result{Status: 404, PlatformError: "function-deleted"}, true, false},
+	} {
+		if got, why := classify(&c.res, Policy{RetryFunctionErrors: c.retryFnErrs}); got != c.retry {
+			t.Errorf("%+v (retry function errors %v): retry %v (%s), want %v", c.res, c.retryFnErrs, got, why, c.retry)
+		}
+	}
+	p := Policy{Backoff: time.Second, BackoffMax: 5 * time.Second}
+	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 5 * time.Second, 10: 5 * time.Second} {
+		if d := backoff(p, n); d < want || d > want+want/10 {
+			t.Errorf("backoff after attempt %d: %v, want %v plus at most 10%%", n, d, want)
+		}
+	}
+}
+
+func TestUnknownFunctionAndExpiry(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	inv := newScripted(func(c *Call, n int) Result { return ok("x") })
+	inv.known = map[string]bool{}
+	run(t, e.q, inv)
+	submit(t, e.q, "gone", "")
+	r := waitStatus(t, e.q, "gone", StatusDead)
+	if inv.attempts("gone") != 0 || r.Error == "" {
+		t.Fatalf("a call of a deleted function ran or has no reason: %+v", r)
+	}
+	inv.mu.Lock()
+	inv.known["fn"] = true
+	inv.policy.MaxAge = time.Minute
+	inv.mu.Unlock()
+	old := &Call{ID: "old", Function: "fn", Method: "GET", Path: "/", Submitted: time.Now().Add(-2 * time.Minute)}
+	if err := e.q.Submit(context.Background(), old); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e.q, "old", StatusDead)
+	if inv.attempts("old") != 0 {
+		t.Fatal("an expired call ran")
+	}
+}
+
+func TestCallback(t *testing.T) {
+	type got struct {
+		h    http.Header
+		body string
+	}
+	ch := make(chan got, 4)
+	var fails atomic.Int32
+	fails.Store(1)
+	cb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fails.Add(-1) >= 0 {
+			w.WriteHeader(500) // the first try fails: it must be retried
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		ch <- got{r.Header.Clone(), string(b)}
+	}))
+	defer cb.Close()
+	e := start(t, t.TempDir(), Config{CallbackAllow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	inv := newScripted(func(c *Call, n int) Result { return ok("result of " + c.ID) })
+	run(t, e.q, inv)
+	submit(t, e.q, "cb1", cb.URL+"/done")
+	select {
+	case g := <-ch:
+		if g.body != "result of cb1" || g.h.Get("X-Call-Id") != "cb1" || g.h.Get("X-Function-Name") != "fn" ||
+			g.h.Get("X-Function-Status") != "200" || g.h.Get("X-Duration-Seconds") == "" {
+			t.Fatalf("callback: %+v", g)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no callback")
+	}
+	r := waitStatus(t, e.q, "cb1", StatusSucceeded)
+	if r.Callback != "delivered" {
+		t.Fatalf("record callback %q", r.Callback)
+	}
+}
+
+func TestCallbackToLoopbackRefusedByDefault(t *testing.T) {
+	hit := make(chan struct{}, 1)
+	cb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hit <- struct{}{} }))
+	defer cb.Close()
+	e := start(t, t.TempDir(), Config{CallbackAttempts: 1})
+	run(t, e.q, newScripted(func(c *Call, n int) Result { return ok("x") }))
+	submit(t, e.q, "ssrf", cb.URL)
+	r := waitStatus(t, e.q, "ssrf", StatusSucceeded)
+	if r.Callback == "delivered" || len(hit) != 0 {
+		t.Fatalf("callback to loopback went through: %q", r.Callback)
+	}
+}
+
+func TestDuplicateSubmitStoredOnce(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	submit(t, e.q, "dup", "")
+	submit(t, e.q, "dup", "")
+	d, err := e.q.Depth(context.Background())
+	if err != nil || d["fn"] != 1 {
+		t.Fatalf("depth %v %v, want 1", d, err)
+	}
+}
+
+func TestQueueFull(t *testing.T) {
+	e := start(t, t.TempDir(), Config{MaxQueued: 2})
+	submit(t, e.q, "a", "")
+	submit(t, e.q, "b", "")
+	err := e.q.Submit(context.Background(), &Call{ID: "c", Function: "fn", Method: "GET", Path: "/"})
+	if !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third submit: %v, want ErrQueueFull", err)
+	}
+}
+
+func TestPurge(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	for i := range 5 {
+		submit(t, e.q, fmt.Sprintf("p%d", i), "")
+	}
+	n, err := e.q.Purge(context.Background(), "fn", false)
+	if err != nil || n != 5 {
+		t.Fatalf("purged %d %v", n, err)
+	}
+	if d, _ := e.q.Depth(context.Background()); d["fn"] != 0 {
+		t.Fatalf("depth after purge %v", d)
+	}
+}
+
+// Accepted calls survive the server stopping (and its process dying:
+// test/e2e kills it with SIGKILL) and run after it restarts.
+func TestSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	e := start(t, dir, Config{})
+	for i := range 50 {
+		submit(t, e.q, fmt.Sprintf("r%d", i), "")
+	}
+	e.q.nc.Close()
+	e.srv.Shutdown()
+	e2 := start(t, dir, Config{})
+	inv := newScripted(func(c *Call, n int) Result { return ok("x") })
+	run(t, e2.q, inv)
+	for i := range 50 {
+		waitStatus(t, e2.q, fmt.Sprintf("r%d", i), StatusSucceeded)
+	}
+}

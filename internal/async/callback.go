@@ -1,0 +1,124 @@
+package async
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// errCallbackAddr refuses a callback to an address outside the allowed
+// ranges.
+var errCallbackAddr = errors.New("callback address not allowed")
+
+// newCallbackClient returns the client callbacks use. It checks the address
+// each connection actually dials (after DNS), so a name that resolves to a
+// refused address is refused too.
+func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client {
+	d := &net.Dialer{
+		Timeout: timeout,
+		Control: func(_, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return err
+			}
+			if !callbackAllowed(ap.Addr().Unmap(), allow) {
+				return fmt.Errorf("%w: %s (see --async-callback-allow)", errCallbackAddr, ap.Addr())
+			}
+			return nil
+		},
+	}
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext:         d.DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     30 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// callbackAllowed: loopback, link-local (cloud metadata), unspecified and
+// multicast addresses only when an allowed range holds them.
+func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
+	for _, p := range allow {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return !(a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast())
+}
+
+// ValidCallbackURL checks a callback URL at submit: http or https with a
+// host.
+func ValidCallbackURL(s string) error {
+	req, err := http.NewRequest(http.MethodPost, s, nil)
+	if err != nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "" {
+		return fmt.Errorf("X-Callback-Url %q: want an absolute http or https URL", s)
+	}
+	return nil
+}
+
+// callback POSTs a finished call's result to its callback URL with
+// OpenFaaS's headers, retrying with back-off; it returns what to record.
+func (q *Queue) callback(ctx context.Context, c *Call, rec *Record) string {
+	res := rec.Result
+	var last string
+	delay := time.Second
+	for try := 1; try <= q.cfg.CallbackAttempts; try++ {
+		code, err := q.postCallback(ctx, c, rec, res)
+		switch {
+		case err == nil && code < 300:
+			q.m.callbacks.WithLabelValues("delivered").Inc()
+			return "delivered"
+		case err != nil:
+			last = err.Error()
+			if errors.Is(err, errCallbackAddr) {
+				try = q.cfg.CallbackAttempts // no point retrying
+			}
+		default:
+			last = "callback answered " + strconv.Itoa(code)
+		}
+		if try == q.cfg.CallbackAttempts {
+			break
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return "not delivered: " + last
+		}
+		delay *= 2
+	}
+	q.m.callbacks.WithLabelValues("failed").Inc()
+	return "not delivered: " + last
+}
+
+func (q *Queue) postCallback(ctx context.Context, c *Call, rec *Record, res *Result) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.CallbackURL, bytes.NewReader(res.Body))
+	if err != nil {
+		return 0, err
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "" {
+		req.Header.Set("Content-Type", ct)
+	}
+	req.Header.Set("X-Call-Id", c.ID)
+	req.Header.Set("X-Function-Name", c.Function)
+	req.Header.Set("X-Function-Status", strconv.Itoa(res.Status))
+	req.Header.Set("X-Duration-Seconds", strconv.FormatFloat(res.Seconds, 'f', 6, 64))
+	req.Header.Set("X-Brisk-Call-Status", string(rec.Status))
+	resp, err := q.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}

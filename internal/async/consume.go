@@ -1,0 +1,283 @@
+package async
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Policy is one function's async settings (spec `async:` block).
+type Policy struct {
+	MaxAttempts int           // attempts in all, the first included
+	MaxAge      time.Duration // from submit; older calls are dead
+	Backoff     time.Duration // delay before the second attempt; doubles
+	BackoffMax  time.Duration // cap of the delay
+	// RetryFunctionErrors retries the function's own 5xx replies, not
+	// only the platform's failures.
+	RetryFunctionErrors bool
+	// Concurrency bounds this consumer's running calls of the function.
+	Concurrency int
+}
+
+// Invoker runs calls: the data plane, through its normal invocation path.
+type Invoker interface {
+	// Policy returns the function's settings; false: no such function.
+	Policy(ctx context.Context, fn string) (Policy, bool)
+	// Invoke runs c once and returns the reply, its body cut at maxBody.
+	// A call that could not be sent at all has a Result with
+	// PlatformError set (and Status 0 when there was no reply).
+	Invoke(ctx context.Context, c *Call, maxBody int) Result
+}
+
+const hdrDeadReason = "Brisk-Dead-Reason"
+
+// Run delivers calls to inv until ctx ends. Every data plane runs one; the
+// shared durable consumer gives each call to one of them at a time.
+func (q *Queue) Run(ctx context.Context, inv Invoker) error {
+	it, err := q.cons.Messages(jetstream.PullMaxMessages(min(q.cfg.MaxInFlight, 256)))
+	if err != nil {
+		return fmt.Errorf("async: consume: %w", err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-stopped:
+		}
+		it.Stop()
+	}()
+	defer close(stopped)
+	go q.watchDepth(ctx)
+
+	slots := make(chan struct{}, q.cfg.MaxInFlight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	lim := &fnLimits{m: map[string]chan struct{}{}}
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		msg, err := it.Next()
+		if err != nil {
+			<-slots
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			q.cfg.Logger.Warn("async: consume", "err", err)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			q.deliver(ctx, inv, lim, msg)
+		}()
+	}
+}
+
+// fnLimits holds each function's concurrency semaphore on this consumer.
+type fnLimits struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+func (l *fnLimits) get(fn string, n int) chan struct{} {
+	if n <= 0 {
+		n = 1
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.m[fn]
+	if !ok || cap(s) != n {
+		s = make(chan struct{}, n)
+		l.m[fn] = s
+	}
+	return s
+}
+
+// deliver makes one attempt of one call and settles its message.
+func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jetstream.Msg) {
+	c, err := decodeCall(msg.Subject(), msg.Headers(), msg.Data())
+	if err != nil {
+		q.cfg.Logger.Error("async: dropping a malformed call", "subject", msg.Subject(), "err", err)
+		_ = msg.TermWithReason("malformed")
+		return
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Nak()
+		return
+	}
+	attempt := int(meta.NumDelivered)
+	// Keep the message ours while it waits and runs.
+	alive := q.keepInProgress(msg)
+	defer alive()
+
+	pol, ok := inv.Policy(ctx, c.Function)
+	if !ok {
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			return
+		}
+		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1, Error: "function " + c.Function + " no longer exists"}, nil)
+		return
+	}
+	if age := q.now().Sub(c.Submitted); pol.MaxAge > 0 && age > pol.MaxAge {
+		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1, Error: fmt.Sprintf("older than the function's async.max_age %s", pol.MaxAge)}, nil)
+		return
+	}
+	sem := lim.get(c.Function, pol.Concurrency)
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		_ = msg.Nak()
+		return
+	}
+	start := q.now()
+	q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
+	<-sem
+	end := q.now()
+	res.Seconds = end.Sub(start).Seconds()
+	if ctx.Err() != nil && res.Status == 0 {
+		_ = msg.Nak() // we are stopping: another consumer takes it
+		return
+	}
+	rec := &Record{Attempts: attempt, StartedAt: &start, FinishedAt: &end, Result: &res}
+	retry, why := classify(&res, pol)
+	switch {
+	case !retry && res.Status >= 200 && res.Status < 400:
+		rec.Status = StatusSucceeded
+		q.m.delivered.WithLabelValues(c.Function, string(StatusSucceeded)).Inc()
+		q.settle(ctx, msg, c, rec, inv)
+		return
+	case !retry:
+		rec.Status, rec.Error = StatusFailed, why
+		q.settle(ctx, msg, c, rec, inv)
+		return
+	}
+	delay := backoff(pol, attempt)
+	next := end.Add(delay)
+	switch {
+	case pol.MaxAttempts > 0 && attempt >= pol.MaxAttempts:
+		rec.Status, rec.Error = StatusDead, fmt.Sprintf("%s; gave up after %d attempts (async.max_attempts)", why, attempt)
+		q.settle(ctx, msg, c, rec, inv)
+	case pol.MaxAge > 0 && next.Sub(c.Submitted) > pol.MaxAge:
+		rec.Status, rec.Error = StatusDead, fmt.Sprintf("%s; the next attempt would be past async.max_age %s", why, pol.MaxAge)
+		q.settle(ctx, msg, c, rec, inv)
+	default:
+		rec.ID, rec.Function, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.Submitted, c.CallbackURL
+		rec.Status, rec.Error, rec.NextAttemptAt = StatusQueued, why, &next
+		q.putStatusAsync(rec)
+		q.m.retried.WithLabelValues(c.Function).Inc()
+		_ = msg.NakWithDelay(delay)
+	}
+}
+
+// classify says whether an attempt's outcome is worth another attempt, and
+// why it failed.
+func classify(res *Result, pol Policy) (retry bool, why string) {
+	if res.PlatformError != "" {
+		why = fmt.Sprintf("brisk answered %d %s", res.Status, res.PlatformError)
+		switch res.PlatformError {
+		case "function-timeout":
+			return pol.RetryFunctionErrors, why
+		case "no-function", "function-deleted", "bad-request", "body-too-large", "unauthorized", "forbidden":
+			return false, why
+		}
+		return true, why // capacity, queueing, sandbox failures, shutdown: the platform's
+	}
+	switch {
+	case res.Status == http.StatusTooManyRequests:
+		return true, "the function answered 429"
+	case res.Status >= 500:
+		return pol.RetryFunctionErrors, fmt.Sprintf("the function answered %d", res.Status)
+	case res.Status >= 400:
+		return false, fmt.Sprintf("the function answered %d", res.Status)
+	}
+	return false, ""
+}
+
+// backoff is the delay after attempt n (1-based): Backoff·2^(n-1), capped,
+// plus up to 10% jitter so that calls failed together do not return
+// together.
+func backoff(p Policy, n int) time.Duration {
+	d := p.Backoff
+	if d <= 0 {
+		d = time.Second
+	}
+	for i := 1; i < n && d < p.BackoffMax; i++ {
+		d *= 2
+	}
+	if p.BackoffMax > 0 && d > p.BackoffMax {
+		d = p.BackoffMax
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/10+1))
+}
+
+// settle ends a call: final record, dead letter when it did not succeed,
+// callback, then the message leaves the queue. Each step is safe to repeat
+// if this consumer dies before the ack (the dead letter is de-duplicated).
+func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Record, inv Invoker) {
+	rec.ID, rec.Function, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.Submitted, c.CallbackURL
+	if rec.Status != StatusSucceeded {
+		dm := nats.NewMsg(deadPrefix + c.Function + "." + c.ID)
+		dm.Header = msg.Headers()
+		dm.Header.Del(jetstream.MsgIDHeader)
+		meta, _ := msg.Metadata()
+		seq := uint64(0)
+		if meta != nil {
+			seq = meta.Sequence.Stream
+		}
+		dm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dead-%s-%d", c.ID, seq))
+		dm.Header.Set(hdrDeadReason, rec.Error)
+		dm.Data = msg.Data()
+		if _, err := q.js.PublishMsg(ctx, dm); err != nil {
+			q.cfg.Logger.Warn("async: dead letter not stored; the call stays queued", "call", c.ID, "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			return
+		}
+		if rec.Status == StatusDead {
+			q.m.dead.WithLabelValues(c.Function).Inc()
+		} else {
+			q.m.delivered.WithLabelValues(c.Function, string(StatusFailed)).Inc()
+		}
+	}
+	if c.CallbackURL != "" && rec.Result != nil {
+		rec.Callback = q.callback(ctx, c, rec)
+	}
+	if err := q.putStatus(ctx, rec); err != nil {
+		q.cfg.Logger.Warn("async: status record not stored", "call", c.ID, "err", err)
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		q.cfg.Logger.Warn("async: ack", "call", c.ID, "err", err)
+	}
+}
+
+// keepInProgress tells JetStream every AckWait/3 that msg is still being
+// worked on; the returned func stops it.
+func (q *Queue) keepInProgress(msg jetstream.Msg) func() {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(q.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = msg.InProgress()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done) }
+}

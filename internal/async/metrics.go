@@ -1,0 +1,92 @@
+package async
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	accepted  *prometheus.CounterVec
+	delivered *prometheus.CounterVec
+	retried   *prometheus.CounterVec
+	dead      *prometheus.CounterVec
+	callbacks *prometheus.CounterVec
+	depth     *prometheus.GaugeVec
+	age       *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_accepted_total",
+			Help: "Asynchronous calls stored in the queue (answered 202)."}, []string{"function"}),
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_delivered_total",
+			Help: "Asynchronous calls finished by this process, by outcome (succeeded, failed)."}, []string{"function", "outcome"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_retried_total",
+			Help: "Attempts of asynchronous calls that failed and were queued again (and calls re-queued by hand)."}, []string{"function"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_dead_lettered_total",
+			Help: "Asynchronous calls moved to the dead-letter stream after their last attempt."}, []string{"function"}),
+		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_callbacks_total",
+			Help: "Callbacks of finished asynchronous calls, by result (delivered, failed)."}, []string{"result"}),
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "brisk_async_queue_depth",
+			Help: "Asynchronous calls waiting or running, per function (refreshed every 5s)."}, []string{"function"}),
+		age: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "brisk_async_queue_oldest_seconds",
+			Help: "Age of the oldest queued asynchronous call, per function (refreshed every 5s)."}, []string{"function"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.accepted, m.delivered, m.retried, m.dead, m.callbacks, m.depth, m.age} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// Depth returns the calls waiting or running per function.
+func (q *Queue) Depth(ctx context.Context) (map[string]uint64, error) {
+	info, err := q.calls.Info(ctx, jetstream.WithSubjectFilter(callsPrefix+">"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for s, n := range info.State.Subjects {
+		if fn, _, ok := splitSubject(s); ok {
+			out[fn] += n
+		}
+	}
+	return out, nil
+}
+
+// watchDepth refreshes the depth and age gauges every 5 s.
+func (q *Queue) watchDepth(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		depth, err := q.Depth(ctx)
+		if err != nil {
+			continue
+		}
+		q.m.depth.Reset()
+		q.m.age.Reset()
+		now := q.now()
+		for fn, n := range depth {
+			q.m.depth.WithLabelValues(fn).Set(float64(n))
+			if m, err := q.calls.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(callsPrefix+fn+".*")); err == nil {
+				q.m.age.WithLabelValues(fn).Set(now.Sub(m.Time).Seconds())
+			}
+		}
+	}
+}

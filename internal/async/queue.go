@@ -1,0 +1,324 @@
+package async
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// JetStream names.
+const (
+	CallsStream  = "BRISK_CALLS"
+	DeadStream   = "BRISK_DEAD"
+	StatusBucket = "BRISK_CALL_STATUS"
+	consumerName = "brisk-dispatch"
+	callsPrefix  = "brisk.calls."
+	deadPrefix   = "brisk.dead."
+	hdrCall      = "Brisk-Call"
+)
+
+// Errors Submit and the lookups return.
+var (
+	ErrQueueFull = errors.New("async queue is at its limit")
+	ErrNotFound  = errors.New("no such call")
+	ErrTooLarge  = errors.New("call too large for the queue")
+	ErrBadID     = errors.New("call id must be 1-64 letters, digits, '-' or '_'")
+)
+
+// Config configures a Queue. Zero fields take the defaults below.
+type Config struct {
+	// Replicas of each stream and the status bucket: 1 on one server, 3 on
+	// a NATS cluster (docs/operations.md).
+	Replicas int
+	// MaxQueued and MaxQueuedBytes bound the calls waiting at once; a
+	// submit past either is refused (503) before it is accepted.
+	MaxQueued      int64
+	MaxQueuedBytes int64
+	// ResultTTL is how long a call's status record and result are kept
+	// after its last change; DeadTTL how long a dead letter is kept.
+	ResultTTL time.Duration
+	DeadTTL   time.Duration
+	// AckWait is how long a delivered call may go without a sign of life
+	// before JetStream delivers it again (a consumer that died). Running
+	// calls send one every AckWait/3, so a long call is not re-delivered.
+	AckWait time.Duration
+	// MaxInFlight bounds the calls one consumer holds at once.
+	MaxInFlight int
+	// MaxResultBytes bounds the body kept in a status record (and posted
+	// to a callback); longer bodies are cut and marked truncated.
+	MaxResultBytes int
+	// CallbackAllow lists address ranges callbacks may reach beyond the
+	// default: loopback, link-local, unspecified and multicast addresses
+	// are refused unless listed here (a callback is a request the platform
+	// makes on a caller's behalf).
+	CallbackAllow []netip.Prefix
+	// CallbackAttempts and CallbackTimeout: each callback is tried this
+	// many times (back-off 1 s, 2 s, ...), each try within the timeout.
+	CallbackAttempts int
+	CallbackTimeout  time.Duration
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Defaults.
+const (
+	DefaultMaxQueued        = 1_000_000
+	DefaultMaxQueuedBytes   = 4 << 30
+	DefaultResultTTL        = 24 * time.Hour
+	DefaultDeadTTL          = 7 * 24 * time.Hour
+	DefaultAckWait          = 30 * time.Second
+	DefaultMaxInFlight      = 1024
+	DefaultMaxResultBytes   = 1 << 20
+	DefaultCallbackAttempts = 5
+	DefaultCallbackTimeout  = 10 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	def := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	def(&c.MaxQueued, DefaultMaxQueued)
+	def(&c.MaxQueuedBytes, DefaultMaxQueuedBytes)
+	if c.ResultTTL == 0 {
+		c.ResultTTL = DefaultResultTTL
+	}
+	if c.DeadTTL == 0 {
+		c.DeadTTL = DefaultDeadTTL
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if c.CallbackAttempts == 0 {
+		c.CallbackAttempts = DefaultCallbackAttempts
+	}
+	if c.CallbackTimeout == 0 {
+		c.CallbackTimeout = DefaultCallbackTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Queue is the async queue as one process sees it: submit, look up, retry,
+// purge, and (Run) consume.
+type Queue struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	calls  jetstream.Stream
+	dead   jetstream.Stream
+	status jetstream.KeyValue
+	cons   jetstream.Consumer
+	m      *metrics
+	hc     *http.Client // callbacks
+	now    func() time.Time
+}
+
+// Open creates or updates the streams, the status bucket and the shared
+// consumer, and returns a Queue using nc.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	q := &Queue{cfg: cfg, nc: nc, js: js, now: time.Now}
+	q.calls, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        CallsStream,
+		Description: "brisk: asynchronous calls waiting or running",
+		Subjects:    []string{callsPrefix + ">"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxMsgs:     cfg.MaxQueued,
+		MaxBytes:    cfg.MaxQueuedBytes,
+		Discard:     jetstream.DiscardNew,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("async: stream %s: %w", CallsStream, err)
+	}
+	q.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        DeadStream,
+		Description: "brisk: asynchronous calls that failed for good",
+		Subjects:    []string{deadPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.DeadTTL,
+		MaxBytes:    cfg.MaxQueuedBytes,
+		Discard:     jetstream.DiscardOld,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("async: stream %s: %w", DeadStream, err)
+	}
+	q.status, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      StatusBucket,
+		Description: "brisk: asynchronous call status and results",
+		History:     1,
+		TTL:         cfg.ResultTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("async: bucket %s: %w", StatusBucket, err)
+	}
+	q.cons, err = q.calls.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       consumerName,
+		Description:   "brisk data planes deliver asynchronous calls",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    -1, // attempts are counted against the function's policy
+		MaxAckPending: 100_000,
+		FilterSubject: callsPrefix + ">",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("async: consumer: %w", err)
+	}
+	q.m, err = newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	q.hc = newCallbackClient(cfg.CallbackAllow, cfg.CallbackTimeout)
+	return q, nil
+}
+
+// MaxBody is the largest request body a call may carry: the NATS server's
+// payload limit less room for the request head.
+func (q *Queue) MaxBody() int64 {
+	return q.nc.MaxPayload() - 64<<10
+}
+
+// Call is one asynchronous invocation as stored in the queue.
+type Call struct {
+	ID       string
+	Function string
+	Method   string
+	Path     string // what the function sees, escaped (URL.EscapedPath form)
+	Query    string // raw query, without '?'
+	Header   http.Header
+	Body     []byte
+	// CallbackURL, when set, receives the result (X-Callback-Url).
+	CallbackURL string
+	Submitted   time.Time
+}
+
+// callMeta is a Call's head as stored in the Brisk-Call header.
+type callMeta struct {
+	Method   string      `json:"m"`
+	Path     string      `json:"p"`
+	Query    string      `json:"q,omitempty"`
+	Header   http.Header `json:"h,omitempty"`
+	Callback string      `json:"cb,omitempty"`
+	Submit   int64       `json:"t"`
+}
+
+// ValidID reports whether id may name a call: it becomes a NATS subject
+// token and a key.
+func ValidID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Submit stores c durably: when it returns nil, JetStream has the call and
+// it will run at least once. A call id submitted twice within two minutes
+// is stored once (a client retrying its submit does not run it twice).
+func (q *Queue) Submit(ctx context.Context, c *Call) error {
+	if !ValidID(c.ID) {
+		return ErrBadID
+	}
+	if int64(len(c.Body)) > q.MaxBody() {
+		return ErrTooLarge
+	}
+	if c.Submitted.IsZero() {
+		c.Submitted = q.now()
+	}
+	meta, err := json.Marshal(callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano()})
+	if err != nil {
+		return err
+	}
+	// The queued record goes first and only where none exists, so that it
+	// can neither overwrite a later state nor be missing when the
+	// consumer writes one.
+	q.putStatusIfAbsent(&Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
+	msg.Header.Set(hdrCall, string(meta))
+	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
+	msg.Data = c.Body
+	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
+		if isLimit(err) {
+			return ErrQueueFull
+		}
+		return fmt.Errorf("async: store call: %w", err)
+	}
+	q.m.accepted.WithLabelValues(c.Function).Inc()
+	return nil
+}
+
+func isLimit(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		s := strings.ToLower(apiErr.Description)
+		return strings.Contains(s, "maximum messages") || strings.Contains(s, "maximum bytes") || strings.Contains(s, "resource limits")
+	}
+	s := strings.ToLower(err.Error())
+	return strings.Contains(s, "maximum messages") || strings.Contains(s, "maximum bytes")
+}
+
+// decodeCall rebuilds a Call from a stored message.
+func decodeCall(subject string, h nats.Header, data []byte) (*Call, error) {
+	fn, id, ok := splitSubject(subject)
+	if !ok {
+		return nil, fmt.Errorf("async: malformed subject %q", subject)
+	}
+	var m callMeta
+	if err := json.Unmarshal([]byte(h.Get(hdrCall)), &m); err != nil {
+		return nil, fmt.Errorf("async: call %s: malformed head: %w", id, err)
+	}
+	return &Call{ID: id, Function: fn, Method: m.Method, Path: m.Path, Query: m.Query, Header: m.Header,
+		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit)}, nil
+}
+
+// splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID.
+func splitSubject(s string) (fn, id string, ok bool) {
+	rest, found := strings.CutPrefix(s, callsPrefix)
+	if !found {
+		if rest, found = strings.CutPrefix(s, deadPrefix); !found {
+			return "", "", false
+		}
+	}
+	fn, id, ok = strings.Cut(rest, ".")
+	return fn, id, ok && fn != "" && id != ""
+}

@@ -1,0 +1,241 @@
+package async
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Status is where a call is.
+type Status string
+
+// A call is queued (waiting, or waiting for its next attempt), running,
+// then succeeded (a 2xx or 3xx reply), failed (the function's own error,
+// not retried) or dead (retries used up, too old, or its function gone).
+// Failed and dead calls are also in the dead-letter stream.
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusDead      Status = "dead"
+)
+
+// Final reports whether s is an end state.
+func (s Status) Final() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusDead
+}
+
+// Record is a call's status as GET /v1/calls/ID shows it.
+type Record struct {
+	ID            string     `json:"id"`
+	Function      string     `json:"function"`
+	Status        Status     `json:"status"`
+	Attempts      int        `json:"attempts"`
+	SubmittedAt   time.Time  `json:"submitted_at"`
+	StartedAt     *time.Time `json:"started_at,omitempty"`  // of the last attempt
+	FinishedAt    *time.Time `json:"finished_at,omitempty"` // of the last attempt
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	// Error says why the last attempt failed (or why the call is dead).
+	Error       string  `json:"error,omitempty"`
+	Result      *Result `json:"result,omitempty"`
+	CallbackURL string  `json:"callback_url,omitempty"`
+	// Callback is "delivered" or why the last callback try failed.
+	Callback string `json:"callback,omitempty"`
+}
+
+// Result is the reply of a call's last attempt.
+type Result struct {
+	Status    int         `json:"status"`
+	Header    http.Header `json:"headers,omitempty"`
+	Body      []byte      `json:"body,omitempty"` // base64 in JSON
+	Truncated bool        `json:"body_truncated,omitempty"`
+	// PlatformError is brisk's reason (X-Brisk-Error) when brisk, not the
+	// function, answered: no-capacity, queue-timeout, sandbox-failed, ...
+	PlatformError string  `json:"platform_error,omitempty"`
+	Seconds       float64 `json:"duration_seconds"`
+}
+
+func (q *Queue) putStatus(ctx context.Context, r *Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = q.status.Put(ctx, r.ID, b)
+	return err
+}
+
+// putStatusAsync writes a transient state without waiting: losing it
+// loses only a progress report.
+func (q *Queue) putStatusAsync(r *Record) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	_, _ = q.js.PublishAsync("$KV."+StatusBucket+"."+r.ID, b)
+}
+
+// putStatusIfAbsent writes r unless the call has a record already.
+func (q *Queue) putStatusIfAbsent(r *Record) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	m := nats.NewMsg("$KV." + StatusBucket + "." + r.ID)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	m.Data = b
+	_, _ = q.js.PublishMsgAsync(m)
+}
+
+// Get returns the status of call id.
+func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
+	if !ValidID(id) {
+		return nil, ErrBadID
+	}
+	e, err := q.status.Get(ctx, id)
+	if err == nil {
+		var r Record
+		if err := json.Unmarshal(e.Value(), &r); err != nil {
+			return nil, fmt.Errorf("async: record %s: %w", id, err)
+		}
+		return &r, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	// No record (its write was lost, or it expired): the streams say.
+	if m, err := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+id); err == nil {
+		c, err := decodeCall(m.Subject, m.Header, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &Record{ID: id, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}, nil
+	}
+	if m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id); err == nil {
+		c, err := decodeCall(m.Subject, m.Header, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &Record{ID: id, Function: c.Function, Status: StatusDead, SubmittedAt: c.Submitted, Error: m.Header.Get(hdrDeadReason)}, nil
+	}
+	return nil, ErrNotFound
+}
+
+// Filter selects calls for List; zero fields match all.
+type Filter struct {
+	Function string
+	Status   Status
+	Limit    int // default 100
+}
+
+// List returns the status records matching f, newest first.
+func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	w, err := q.status.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []Record
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case e = <-w.Updates():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if e == nil {
+			break // the initial values are all in
+		}
+		var r Record
+		if json.Unmarshal(e.Value(), &r) != nil {
+			continue
+		}
+		if (f.Function == "" || r.Function == f.Function) && (f.Status == "" || r.Status == f.Status) {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b Record) int { return b.SubmittedAt.Compare(a.SubmittedAt) })
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// Retry queues a failed or dead call again with its attempts reset; it
+// leaves the dead-letter stream.
+func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
+	if !ValidID(id) {
+		return nil, ErrBadID
+	}
+	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	c, err := decodeCall(m.Subject, m.Header, m.Data)
+	if err != nil {
+		return nil, err
+	}
+	out := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
+	out.Header.Set(hdrCall, m.Header.Get(hdrCall))
+	out.Header.Set(jetstream.MsgIDHeader, c.ID+"-retry-"+strconv.FormatUint(m.Sequence, 10))
+	out.Data = m.Data
+	r := &Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
+	if err := q.putStatus(ctx, r); err != nil {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	if _, err := q.js.PublishMsg(ctx, out); err != nil {
+		if isLimit(err) {
+			return nil, ErrQueueFull
+		}
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	if err := q.dead.DeleteMsg(ctx, m.Sequence); err != nil {
+		q.cfg.Logger.Warn("async: retried call stays in the dead-letter stream", "call", id, "err", err)
+	}
+	q.m.retried.WithLabelValues(c.Function).Inc()
+	return r, nil
+}
+
+// Purge drops the queued calls (or, with dead, the dead letters) of fn
+// ("" = every function) and returns how many.
+func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error) {
+	st, prefix := q.calls, callsPrefix
+	if dead {
+		st, prefix = q.dead, deadPrefix
+	}
+	subj := prefix + ">"
+	if fn != "" {
+		subj = prefix + fn + ".>"
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return 0, fmt.Errorf("async: %w", err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		return 0, fmt.Errorf("async: %w", err)
+	}
+	// Their records would say queued (or dead) until they expire.
+	for s := range info.State.Subjects {
+		if _, id, ok := splitSubject(s); ok {
+			_ = q.status.Delete(ctx, id)
+		}
+	}
+	return n, nil
+}
