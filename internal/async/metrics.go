@@ -50,6 +50,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// Collectors are the queue's metrics, for a registry Open was not given.
+func (q *Queue) Collectors() []prometheus.Collector {
+	m := q.m
+	return []prometheus.Collector{m.accepted, m.delivered, m.retried, m.dead, m.callbacks, m.depth, m.age}
+}
+
 // Depth returns the calls waiting or running per function.
 func (q *Queue) Depth(ctx context.Context) (map[string]uint64, error) {
 	info, err := q.calls.Info(ctx, jetstream.WithSubjectFilter(callsPrefix+">"))

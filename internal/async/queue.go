@@ -77,7 +77,7 @@ const (
 	DefaultMaxQueuedBytes   = 4 << 30
 	DefaultResultTTL        = 24 * time.Hour
 	DefaultDeadTTL          = 7 * 24 * time.Hour
-	DefaultAckWait          = 30 * time.Second
+	DefaultAckWait          = 10 * time.Second
 	DefaultMaxInFlight      = 1024
 	DefaultMaxResultBytes   = 1 << 20
 	DefaultCallbackAttempts = 5
@@ -222,6 +222,10 @@ type Call struct {
 	Query    string // raw query, without '?'
 	Header   http.Header
 	Body     []byte
+	// Host and Remote are the submitting request's Host and client
+	// address, for the X-Forwarded-* headers the function sees.
+	Host   string
+	Remote string
 	// CallbackURL, when set, receives the result (X-Callback-Url).
 	CallbackURL string
 	Submitted   time.Time
@@ -235,6 +239,8 @@ type callMeta struct {
 	Header   http.Header `json:"h,omitempty"`
 	Callback string      `json:"cb,omitempty"`
 	Submit   int64       `json:"t"`
+	Host     string      `json:"host,omitempty"`
+	Remote   string      `json:"ra,omitempty"`
 }
 
 // ValidID reports whether id may name a call: it becomes a NATS subject
@@ -265,7 +271,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if c.Submitted.IsZero() {
 		c.Submitted = q.now()
 	}
-	meta, err := json.Marshal(callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano()})
+	meta, err := json.Marshal(callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano(), Host: c.Host, Remote: c.Remote})
 	if err != nil {
 		return err
 	}
@@ -308,7 +314,7 @@ func decodeCall(subject string, h nats.Header, data []byte) (*Call, error) {
 		return nil, fmt.Errorf("async: call %s: malformed head: %w", id, err)
 	}
 	return &Call{ID: id, Function: fn, Method: m.Method, Path: m.Path, Query: m.Query, Header: m.Header,
-		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit)}, nil
+		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit), Host: m.Host, Remote: m.Remote}, nil
 }
 
 // splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID.

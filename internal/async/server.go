@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -58,17 +58,17 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("async: %w", err)
 	}
 	opts := &server.Options{
-		ServerName:   "brisk",
-		JetStream:    true,
-		StoreDir:     dir,
-		SyncAlways:   cfg.SyncAlways,
-		MaxPayload:   cfg.MaxPayload,
-		NoSigs:       true,
-		NoLog:        true,
-		DontListen:   cfg.Listen == "",
-		Host:         "127.0.0.1",
-		Port:         -1,
-		HTTPPort:     0,
+		ServerName:    "brisk",
+		JetStream:     true,
+		StoreDir:      dir,
+		SyncAlways:    cfg.SyncAlways,
+		MaxPayload:    cfg.MaxPayload,
+		NoSigs:        true,
+		NoLog:         true,
+		DontListen:    cfg.Listen == "",
+		Host:          "127.0.0.1",
+		Port:          -1,
+		HTTPPort:      0,
 		WriteDeadline: 10 * time.Second,
 	}
 	if cfg.Listen != "" {

@@ -338,6 +338,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	var maxConns int
 	var bodyBuffer, bodyTotal, minRate int64
 	var emPct float64
+	var af asyncFlags
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
@@ -348,7 +349,11 @@ balancing. It joins the cluster with --join-token and --ca-cert or --ca-pin
 Invocations are plain HTTP/1.1 and h2c on --invoke, or HTTPS (HTTP/1.1 only,
 TLS 1.2 or later; no h2) with --tls-cert and --tls-key, or with
 --tls-generate, which issues a certificate from the cluster CA at start and
-so needs its key (--tls-ca-dir: run it on the control plane's host).`,
+so needs its key (--tls-ca-dir: run it on the control plane's host).
+
+Asynchronous calls (/async-function/NAME, Prefer: respond-async, /v1/calls)
+need --nats: a NATS server with JetStream shared by every data plane
+(brisk nats, or a NATS cluster with --nats-replicas 3).`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			log, err := g.logger()
@@ -378,9 +383,14 @@ so needs its key (--tls-ca-dir: run it on the control plane's host).`,
 			if err != nil {
 				return err
 			}
+			q, closeQueue, err := af.open(c.Context(), "", log.With("component", "async"))
+			if err != nil {
+				return err
+			}
+			defer closeQueue()
 			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, TLS: invokeTLS, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
 				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate, EmergencyPercentile: emPct,
-				Logger: log.With("component", "dataplane")})
+				Async: q, Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
 			}
@@ -400,6 +410,7 @@ so needs its key (--tls-ca-dir: run it on the control plane's host).`,
 	c.Flags().Int64Var(&bodyTotal, "body-buffer-total", dataplane.DefaultBodyBufferTotal, "bytes all buffered request bodies may hold at once; past it, bodies stream")
 	c.Flags().Float64Var(&emPct, "emergency-percentile", 50, "dual track's metric filter: a call served by an emergency sandbox counts toward regular scaling only if the function's keep-alive exceeds this percentile of its inter-arrival times over the last hour (PulseNet: 50)")
 	c.Flags().Int64Var(&minRate, "min-body-rate", dataplane.DefaultMinBodyRate, "bytes/s a streamed request body must keep up (after 2 s); slower clients get 408")
+	af.register(c, false)
 	return c
 }
 
@@ -442,6 +453,7 @@ func newUp(g *globals) *cobra.Command {
 	wf := &wkFlags{}
 	var invoke string
 	var invokeTLS httpTLSFlags
+	var af asyncFlags
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run a whole cluster on this machine: control plane, data plane and worker",
@@ -464,7 +476,12 @@ trust <data-dir>/ca.crt: brisk --ca-cert or BRISK_CA_CERT); --tls-cert and
 --tls-key serve the admin API with your certificate, --invoke-tls-cert and
 --invoke-tls-key the invoke listener (a listener without one of its own
 gets the generated certificate with --tls-generate). The invoke listener
-over TLS speaks HTTP/1.1 only.`,
+over TLS speaks HTTP/1.1 only.
+
+Asynchronous calls (/async-function/NAME, Prefer: respond-async, brisk
+invoke --async, brisk calls) are kept in an embedded NATS server with
+JetStream storing under <data-dir>/nats (no listener), or in the NATS
+server given with --nats.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := cf.config(g)
@@ -500,8 +517,13 @@ over TLS speaks HTTP/1.1 only.`,
 			if err != nil {
 				return err
 			}
+			q, closeQueue, err := af.open(c.Context(), cf.dataDir, log.With("component", "async"))
+			if err != nil {
+				return err
+			}
+			defer closeQueue()
 			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log, InsecureNoTLS: cf.noTLS,
-				DataPlane: dataplane.Config{ID: host, Listen: invoke, TLS: dpTLS, Logger: log.With("component", "dataplane")}})
+				DataPlane: dataplane.Config{ID: host, Listen: invoke, TLS: dpTLS, Async: q, Logger: log.With("component", "dataplane")}})
 			if err != nil {
 				return err
 			}
@@ -534,5 +556,6 @@ over TLS speaks HTTP/1.1 only.`,
 	wf.register(c, false)
 	c.Flags().StringVar(&invoke, "invoke", "127.0.0.1:8080", "data plane invocation listen address")
 	invokeTLS.register(c, "invoke-", "invocations")
+	af.register(c, true)
 	return c
 }

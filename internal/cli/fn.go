@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +35,10 @@ type deployFlags struct {
 	target, utilization                    float64
 	writableRoot, streamRequests, public   bool
 	namespace, scalingMode                 string
+	// async: block
+	asyncAttempts, asyncConcurrency int
+	asyncMaxAge, asyncBackoff       time.Duration
+	asyncRetryFnErrors              bool
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -128,6 +134,11 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.namespace, "namespace", "", "the namespace (tenant) to deploy into (default: the token's, or \"default\")")
 	fl.BoolVar(&f.public, "public", false, "anyone who reaches a data plane may call the function (default: calls need a token with the invoke scope)")
 	fl.BoolVar(&f.streamRequests, "stream-requests", false, "send request bodies to the function as they arrive (full-duplex calls); by default a body is read before the call takes a sandbox")
+	fl.IntVar(&f.asyncAttempts, "async-max-attempts", 0, fmt.Sprintf("attempts of an asynchronous call, the first included, before it is dead (default %d)", spec.DefaultAsyncMaxAttempts))
+	fl.DurationVar(&f.asyncMaxAge, "async-max-age", 0, fmt.Sprintf("an asynchronous call older than this is not tried again (default %s)", spec.DefaultAsyncMaxAge))
+	fl.DurationVar(&f.asyncBackoff, "async-backoff", 0, fmt.Sprintf("delay before an asynchronous call's second attempt; it doubles up to 5m (default %s)", spec.DefaultAsyncBackoff))
+	fl.BoolVar(&f.asyncRetryFnErrors, "async-retry-function-errors", false, "retry asynchronous calls after the function's own 5xx too (by default only after the platform's failures and 429)")
+	fl.IntVar(&f.asyncConcurrency, "async-concurrency", 0, fmt.Sprintf("asynchronous calls of the function running at once per data plane (default %d)", spec.DefaultAsyncConcurrency))
 }
 
 func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
@@ -237,6 +248,21 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("lb") {
 		fn.LoadBalancing = f.lb
+	}
+	if set("async-max-attempts") {
+		fn.Async.MaxAttempts = f.asyncAttempts
+	}
+	if set("async-max-age") {
+		fn.Async.MaxAge = spec.Duration(f.asyncMaxAge)
+	}
+	if set("async-backoff") {
+		fn.Async.Backoff = spec.Duration(f.asyncBackoff)
+	}
+	if set("async-retry-function-errors") {
+		fn.Async.RetryFunctionErrors = f.asyncRetryFnErrors
+	}
+	if set("async-concurrency") {
+		fn.Async.Concurrency = f.asyncConcurrency
 	}
 	// Validate here too, so a bad flag fails with a usage error before any
 	// network round trip; the server validates again.
@@ -394,12 +420,15 @@ func newStatus(g *globals) *cobra.Command {
 func newInvoke(g *globals) *cobra.Command {
 	var data, dataFile, method string
 	var headers []string
-	var verbose bool
+	var verbose, async, wait bool
+	var callback string
 	c := &cobra.Command{
 		Use:   "invoke NAME",
-		Short: "Call a function synchronously and print its response",
+		Short: "Call a function and print its response (--async: queue the call and print its id)",
 		Example: `  brisk invoke hello --data '{"ms": 50}'
-  brisk invoke hello -v --data '{"ms": 50}'`,
+  brisk invoke hello -v --data '{"ms": 50}'
+  brisk invoke hello --async --data '{"ms": 50}'         # prints the call id
+  brisk invoke hello --async --wait --data '{"ms": 50}'  # and waits for its result`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			body := []byte(data)
@@ -424,6 +453,12 @@ func newInvoke(g *globals) *cobra.Command {
 			}
 			if len(body) > 0 && h.Get("Content-Type") == "" {
 				h.Set("Content-Type", "application/json")
+			}
+			if async {
+				return invokeAsync(c.Context(), g, args[0], method, body, h, callback, wait)
+			}
+			if wait || callback != "" {
+				return usageError{errors.New("--wait and --callback need --async")}
 			}
 			res, err := g.client().InvokeFunction(c.Context(), args[0], method, body, h)
 			if err != nil {
@@ -461,7 +496,48 @@ func newInvoke(g *globals) *cobra.Command {
 	c.Flags().StringVarP(&method, "method", "X", http.MethodPost, "HTTP method")
 	c.Flags().StringArrayVarP(&headers, "header", "H", nil, "request header 'Name: value' (repeatable)")
 	c.Flags().BoolVarP(&verbose, "verbose", "v", false, "print status, timing and cold/warm to stderr")
+	c.Flags().BoolVar(&async, "async", false, "queue the call (202) and print its id; brisk calls get ID shows its result")
+	c.Flags().BoolVar(&wait, "wait", false, "with --async: wait for the call to finish and print its result")
+	c.Flags().StringVar(&callback, "callback", "", "with --async: URL to POST the result to (X-Callback-Url)")
 	return c
+}
+
+// invokeAsync submits a call and prints its id, or with wait its result.
+func invokeAsync(ctx context.Context, g *globals, name, method string, body []byte, h http.Header, callback string, wait bool) error {
+	cl := g.client()
+	id, err := cl.InvokeAsync(ctx, name, method, body, h, callback)
+	if err != nil {
+		return err
+	}
+	if !wait {
+		fmt.Println(id)
+		return nil
+	}
+	fmt.Fprintf(os.Stderr, "call id: %s\n", id)
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		r, err := cl.Call(ctx, id)
+		if err != nil {
+			return err
+		}
+		if r.Status.Final() {
+			fmt.Fprintf(os.Stderr, "status: %s after %d attempt(s)\n", r.Status, r.Attempts)
+			if r.Result != nil {
+				os.Stdout.Write(r.Result.Body)
+				if len(r.Result.Body) > 0 && r.Result.Body[len(r.Result.Body)-1] != '\n' {
+					fmt.Println()
+				}
+			}
+			if r.Status != "succeeded" {
+				return fmt.Errorf("call %s %s: %s", id, r.Status, r.Error)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
 }
 
 func printJSON(v any) error {

@@ -116,7 +116,7 @@ func BenchmarkRouteAndPick(b *testing.B) {
 			ctx := context.Background()
 			routeAndPick := func() {
 				rt := d.resolve(req)
-				ep, _, err := rt.fn.acquire(ctx, rt.fn.set.Load(), d.markUrgent)
+				ep, _, err := rt.fn.acquire(ctx, rt.fn.set.Load(), d.markUrgent, false)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"crypto/tls"
 	"fmt"
+	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"log/slog"
 	"time"
@@ -52,6 +53,11 @@ type Config struct {
 	// exceeds this percentile of its inter-arrival times over the last
 	// hour. Default 50 (PulseNet's choice).
 	EmergencyPercentile float64
+	// Async is the queue of asynchronous calls (internal/async): with it
+	// the data plane accepts them (/async-function/NAME, Prefer:
+	// respond-async), serves /v1/calls and runs a consumer. Nil: those
+	// answer 501.
+	Async *async.Queue
 
 	// HTTP server limits. WriteTimeout bounds a whole response, so by default
 	// it is above the default function timeout plus queue timeout; requests of

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/internal/pki"
@@ -105,7 +107,11 @@ func New(cfg Config) (*DataPlane, error) {
 	}
 	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
 	d.tokens = auth.NewChecker()
-	prom, err := newPromMetrics(cfg.Registerer, d.functions, &d.bodiesReading)
+	var extra []prometheus.Collector
+	if cfg.Async != nil {
+		extra = cfg.Async.Collectors()
+	}
+	prom, err := newPromMetrics(cfg.Registerer, d.functions, &d.bodiesReading, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -216,6 +222,12 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		wg.Go(func() { l.reportPeriodic(linkCtx) })
 		wg.Go(func() { l.reportUrgent(linkCtx) })
 		wg.Go(func() { l.reportUnreachable(linkCtx) })
+	}
+	if d.cfg.Async != nil {
+		// The consumer stops with ctx: its running attempts end and their
+		// calls go back to the queue for another data plane (or this one
+		// after a restart).
+		wg.Go(func() { d.runAsync(ctx) })
 	}
 	d.log.Info("data plane serving", "id", d.ID(), "addr", addr, "control_plane", d.cfg.ControlPlane)
 

@@ -16,42 +16,48 @@ import (
 type errReason uint8
 
 const (
-	reasonNone            errReason = iota
-	reasonNoFunction                // 404: no such function
-	reasonFunctionDeleted           // 404: deleted while the call waited
-	reasonBadRequest                // 400: malformed request or body framing
-	reasonBodyTooLarge              // 413
-	reasonBodyTooSlow               // 408: a streamed body fell below the minimum rate
-	reasonQueueFull                 // 503: the function's queue is at its depth
-	reasonQueueTimeout              // 504: no sandbox slot within the queue timeout
-	reasonNoCapacity                // 503/504: the control plane finds no node with room
-	reasonFunctionFailing           // 503/504: the function's sandboxes fail to start
-	reasonQuotaExceeded             // 504: its namespace's quota has no room for a sandbox
-	reasonSandboxFailed             // 502: the sandbox refused, reset or broke its reply
-	reasonFunctionTimeout           // 504: the function ran past its timeout
-	reasonShuttingDown              // 503: the data plane is draining
-	reasonUnauthorized              // 401: no valid token for a function that needs one
-	reasonForbidden                 // 403: the token may not call this function
+	reasonNone             errReason = iota
+	reasonNoFunction                 // 404: no such function
+	reasonFunctionDeleted            // 404: deleted while the call waited
+	reasonBadRequest                 // 400: malformed request or body framing
+	reasonBodyTooLarge               // 413
+	reasonBodyTooSlow                // 408: a streamed body fell below the minimum rate
+	reasonQueueFull                  // 503: the function's queue is at its depth
+	reasonQueueTimeout               // 504: no sandbox slot within the queue timeout
+	reasonNoCapacity                 // 503/504: the control plane finds no node with room
+	reasonFunctionFailing            // 503/504: the function's sandboxes fail to start
+	reasonQuotaExceeded              // 504: its namespace's quota has no room for a sandbox
+	reasonSandboxFailed              // 502: the sandbox refused, reset or broke its reply
+	reasonFunctionTimeout            // 504: the function ran past its timeout
+	reasonShuttingDown               // 503: the data plane is draining
+	reasonUnauthorized               // 401: no valid token for a function that needs one
+	reasonForbidden                  // 403: the token may not call this function
+	reasonAsyncDisabled              // 501: no async queue configured
+	reasonAsyncUnavailable           // 503: the async queue failed to store or answer
+	reasonNoCall                     // 404: no such asynchronous call
 	nReasons
 )
 
 var errReasonNames = [nReasons]string{
-	reasonNone:            "",
-	reasonNoFunction:      "no-function",
-	reasonFunctionDeleted: "function-deleted",
-	reasonBadRequest:      "bad-request",
-	reasonBodyTooLarge:    "body-too-large",
-	reasonBodyTooSlow:     "body-too-slow",
-	reasonQueueFull:       "queue-full",
-	reasonQueueTimeout:    "queue-timeout",
-	reasonNoCapacity:      "no-capacity",
-	reasonFunctionFailing: "function-failing",
-	reasonQuotaExceeded:   "quota-exceeded",
-	reasonSandboxFailed:   "sandbox-failed",
-	reasonFunctionTimeout: "function-timeout",
-	reasonShuttingDown:    "shutting-down",
-	reasonUnauthorized:    "unauthorized",
-	reasonForbidden:       "forbidden",
+	reasonNone:             "",
+	reasonNoFunction:       "no-function",
+	reasonFunctionDeleted:  "function-deleted",
+	reasonBadRequest:       "bad-request",
+	reasonBodyTooLarge:     "body-too-large",
+	reasonBodyTooSlow:      "body-too-slow",
+	reasonQueueFull:        "queue-full",
+	reasonQueueTimeout:     "queue-timeout",
+	reasonNoCapacity:       "no-capacity",
+	reasonFunctionFailing:  "function-failing",
+	reasonQuotaExceeded:    "quota-exceeded",
+	reasonSandboxFailed:    "sandbox-failed",
+	reasonFunctionTimeout:  "function-timeout",
+	reasonShuttingDown:     "shutting-down",
+	reasonUnauthorized:     "unauthorized",
+	reasonForbidden:        "forbidden",
+	reasonAsyncDisabled:    "async-disabled",
+	reasonAsyncUnavailable: "async-unavailable",
+	reasonNoCall:           "no-call",
 }
 
 func (r errReason) String() string { return errReasonNames[r] }

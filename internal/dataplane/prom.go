@@ -42,7 +42,7 @@ type promMetrics struct {
 	handler                      http.Handler // /metrics; nil when the Registerer cannot be gathered
 }
 
-func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function], reading *atomic.Int64) (*promMetrics, error) {
+func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function], reading *atomic.Int64, extra []prometheus.Collector) (*promMetrics, error) {
 	reg, handler := httpx.Metrics(reg)
 	errVec, errs := newReasonCounters()
 	m := &promMetrics{
@@ -70,11 +70,11 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, m.emergency, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
+	for _, c := range append(extra, m.queueWait, m.emergency, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "brisk_dataplane_bodies_reading",
 			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",
-		}, func() float64 { return float64(reading.Load()) })} {
+		}, func() float64 { return float64(reading.Load()) })) {
 		if err := httpx.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}

@@ -43,6 +43,7 @@ type route struct {
 	byPath  bool   // named by /function/NAME (the Host is not consulted)
 	rest    string // path the sandbox sees
 	rawRest string // its escaped form when it differs from the default (url.URL.RawPath)
+	async   bool   // an attempt of an asynchronous call (async.go): token checked at submit, low priority
 }
 
 // resolve maps a request to a function without allocating: OpenFaaS-style
@@ -82,8 +83,15 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// either to misread (RFC 9112 §6.1).
 		w.Header()["Connection"] = hdrClose
 	}
+	if d.serveAsyncRoute(w, r) {
+		return
+	}
 	rt := d.resolve(r)
 	if rt.fn != nil {
+		if _, ok := r.Header["Prefer"]; ok && preferAsync(r.Header) {
+			d.submitAsync(w, r, rt)
+			return
+		}
 		d.invoke(w, r, rt)
 		return
 	}
@@ -118,6 +126,10 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		if r.URL.Path == callsPath || strings.HasPrefix(r.URL.Path, callsPath+"/") {
+			d.serveCalls(w, r)
+			return
+		}
 		if !httpx.NamesFunction(rt.name) {
 			d.writeError(w, callID, failure{http.StatusNotFound, reasonNoFunction, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name"})
 			return
@@ -125,6 +137,10 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if fn := d.awaitFunction(r.Context(), rt.name); fn != nil {
 		rt.fn = fn
+		if _, ok := r.Header["Prefer"]; ok && preferAsync(r.Header) {
+			d.submitAsync(w, r, rt)
+			return
+		}
 		d.invoke(w, r, rt)
 		return
 	}
@@ -180,6 +196,7 @@ type reqState struct {
 	cold       bool
 	code       int
 	keepAuth   bool // the Authorization header goes on to the function
+	low        bool // an asynchronous call (async.go): it queues behind synchronous ones
 }
 
 type stateKey struct{}
@@ -215,6 +232,9 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	set := rt.fn.set.Load()
 	f, keepAuth := authorize(d, rt.fn, set.conf, r.Header.Get("Authorization"))
+	if rt.async {
+		f, keepAuth = failure{}, true // checked at submit, and dropped then unless public
+	}
 	if f.code != 0 {
 		rt.fn.m.used.Store(true)
 		rt.fn.m.codes.inc(f.code)
@@ -233,6 +253,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		rest:    rt.rest,
 		rawRest: rt.rawRest,
 		callID:  callID,
+		low:     rt.async,
 	}
 	// The body comes first: a slow client must not hold a sandbox slot
 	// (body.go). Upgrades stream both ways and are left alone.
@@ -258,7 +279,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	// Dual mode: a call that finds no free sandbox takes the emergency
 	// track when a worker offers one (emergency.go).
 	var pre *endpoint
-	if set.conf.dual && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
+	if set.conf.dual && !rt.async && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
 		rt.fn.iat.observe(time.Now())
 		if ep, ok := rt.fn.tryAcquire(set); ok {
 			pre = ep
@@ -307,7 +328,7 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *en
 	fn.stats.arrive(arrival)
 	ep, waited, err := pre, false, error(nil)
 	if ep == nil {
-		ep, waited, err = fn.acquire(ctx, set, d.markUrgent)
+		ep, waited, err = fn.acquire(ctx, set, d.markUrgent, st.low)
 	}
 	acquired := arrival
 	if waited {

@@ -23,6 +23,7 @@ var (
 type waiter struct {
 	prev, next *waiter
 	queued     bool // guarded by function.mu
+	low        bool // an asynchronous call: it waits behind every synchronous one
 	ready      chan struct{}
 	ep         *endpoint
 	err        error
@@ -31,7 +32,7 @@ type waiter struct {
 var waiterPool = sync.Pool{New: func() any { return &waiter{ready: make(chan struct{}, 1)} }}
 
 func putWaiter(w *waiter) {
-	w.ep, w.err, w.prev, w.next = nil, nil, nil, nil
+	w.ep, w.err, w.prev, w.next, w.low = nil, nil, nil, nil, false
 	waiterPool.Put(w)
 }
 
@@ -39,12 +40,14 @@ func putWaiter(w *waiter) {
 // free. The fast path is one atomic load of the set plus the policy's Pick;
 // it is skipped while others wait so that arrivals cannot overtake the queue.
 // waited reports whether the request went through the queue; onQueued runs
-// once if it had to wait with no free slot anywhere.
-func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*function)) (ep *endpoint, waited bool, err error) {
+// once if it had to wait with no free slot anywhere. A low-priority
+// (asynchronous) call waits behind every synchronous one, and does not
+// count against the queue depth synchronous calls see.
+func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*function), low bool) (ep *endpoint, waited bool, err error) {
 	if ep, ok := fn.tryAcquire(set); ok {
 		return ep, false, nil
 	}
-	ep, err = fn.wait(ctx, set.conf, onQueued)
+	ep, err = fn.wait(ctx, set.conf, onQueued, low)
 	return ep, true, err
 }
 
@@ -58,17 +61,18 @@ func (fn *function) tryAcquire(set *epSet) (*endpoint, bool) {
 	return nil, false
 }
 
-func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*function)) (*endpoint, error) {
+func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*function), low bool) (*endpoint, error) {
 	fn.mu.Lock()
 	if fn.deleted {
 		fn.mu.Unlock()
 		return nil, errFunctionDeleted
 	}
-	if int(fn.nwait.Load()) >= conf.queueDepth {
+	if !low && int(fn.nwait.Load()-fn.nlow) >= conf.queueDepth {
 		fn.mu.Unlock()
 		return nil, errQueueFull
 	}
 	w := waiterPool.Get().(*waiter)
+	w.low = low
 	fn.pushLocked(w)
 	// nwait was raised before this Pick, so a concurrent release either
 	// shows up here or sees nwait > 0 and dispatches: no lost wake-up.
@@ -158,8 +162,26 @@ func (fn *function) fail(err error) {
 	}
 }
 
+// pushLocked queues w: a synchronous call before the first asynchronous
+// one (the low-priority waiters form the tail), an asynchronous one last.
 func (fn *function) pushLocked(w *waiter) {
 	w.queued = true
+	fn.nwait.Add(1)
+	if w.low {
+		fn.nlow++
+		if fn.firstLow == nil {
+			fn.firstLow = w
+		}
+	} else if at := fn.firstLow; at != nil {
+		w.prev, w.next = at.prev, at
+		if at.prev != nil {
+			at.prev.next = w
+		} else {
+			fn.head = w
+		}
+		at.prev = w
+		return
+	}
 	w.prev, w.next = fn.tail, nil
 	if fn.tail != nil {
 		fn.tail.next = w
@@ -167,10 +189,15 @@ func (fn *function) pushLocked(w *waiter) {
 		fn.head = w
 	}
 	fn.tail = w
-	fn.nwait.Add(1)
 }
 
 func (fn *function) removeLocked(w *waiter) {
+	if w == fn.firstLow {
+		fn.firstLow = w.next // the rest of the tail is low too
+	}
+	if w.low {
+		fn.nlow--
+	}
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/spec"
 )
@@ -47,6 +48,8 @@ type fnConf struct {
 	dual      bool
 	wire      *briskv1.FunctionSpec
 	keepAlive time.Duration
+	// async: how its asynchronous calls are retried (async.go).
+	async async.Policy
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -70,6 +73,8 @@ type function struct {
 	nwait      atomic.Int32
 	mu         sync.Mutex
 	head, tail *waiter
+	firstLow   *waiter // the first asynchronous waiter; guarded by mu
+	nlow       int32   // asynchronous waiters; guarded by mu
 	deleted    bool
 
 	stats  loadStats
@@ -136,6 +141,9 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.streamRequests = p.GetStreamRequests()
 	c.public = p.GetAuth() == spec.AuthPublic
 	c.namespace = p.GetNamespace()
+	a := spec.AsyncFromProto(p.GetAsync())
+	c.async = async.Policy{MaxAttempts: a.MaxAttempts, MaxAge: time.Duration(a.MaxAge), Backoff: time.Duration(a.Backoff),
+		BackoffMax: time.Duration(a.BackoffMax), RetryFunctionErrors: a.RetryFunctionErrors, Concurrency: a.Concurrency}
 	if p.GetScalingMode() == spec.ModeDual {
 		c.dual, c.wire, c.keepAlive = true, p, time.Duration(p.GetKeepAliveMs())*time.Millisecond
 	}

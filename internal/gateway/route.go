@@ -17,7 +17,11 @@ const functionPrefix = httpx.FunctionPrefix
 // /function/NAME[/rest] first, else the first label of the Host (Knative:
 // NAME.namespace.example.com, NAME:8080). byPath says which rule applied.
 func functionOf(r *http.Request) (name string, byPath bool) {
-	if tail, ok := strings.CutPrefix(r.URL.Path, functionPrefix); ok {
+	tail, ok := strings.CutPrefix(r.URL.Path, functionPrefix)
+	if !ok {
+		tail, ok = strings.CutPrefix(r.URL.Path, httpx.AsyncPrefix)
+	}
+	if ok {
 		if i := strings.IndexByte(tail, '/'); i >= 0 {
 			tail = tail[:i]
 		}

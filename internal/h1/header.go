@@ -8,7 +8,7 @@ type Kind uint8
 const (
 	Fwd              Kind = iota // passed on
 	Drop                         // hop-by-hop, or replaced by the proxy's own
-	Handoff                      // request: a header the minimal path does not serve (Upgrade, Expect)
+	Handoff                      // request: a header the minimal path does not serve (Upgrade, Expect, Prefer)
 	Host                         // request: Host
 	Length                       // Content-Length
 	Connection                   // Connection
@@ -61,6 +61,7 @@ const (
 	hXIdempotencyKey
 	hDate
 	hAuthorization
+	hPrefer
 	nHeaderNames
 )
 
@@ -71,7 +72,7 @@ var headerNames = [nHeaderNames]string{
 	hProxyAuthorization: "proxy-authorization", hXForwardedFor: "x-forwarded-for", hXForwardedHost: "x-forwarded-host",
 	hXForwardedProto: "x-forwarded-proto", hXBriskSandbox: "x-brisk-sandbox", hXBriskTiming: "x-brisk-timing",
 	hXCallID: "x-call-id", hIdempotencyKey: "idempotency-key", hXIdempotencyKey: "x-idempotency-key", hDate: "date",
-	hAuthorization: "authorization",
+	hAuthorization: "authorization", hPrefer: "prefer",
 }
 
 var (
@@ -81,6 +82,7 @@ var (
 		hProxyConnection: Drop, hProxyAuthenticate: Drop, hProxyAuthorization: Drop,
 		hXForwardedFor: XFF, hXForwardedHost: Drop, hXForwardedProto: Drop, hXBriskSandbox: Drop,
 		hXCallID: CallID, hIdempotencyKey: Idem, hXIdempotencyKey: Idem, hAuthorization: Authorization,
+		hPrefer: Handoff, // Prefer: respond-async makes a call asynchronous (the data plane's net/http path)
 	}
 	replyKinds = [nHeaderNames]Kind{
 		hContentLength: Length, hTransferEncoding: TransferEncoding, hConnection: Connection, hUpgrade: Drop,

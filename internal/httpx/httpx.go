@@ -14,6 +14,9 @@ import (
 // FunctionPrefix starts an OpenFaaS-style path: /function/NAME[/rest].
 const FunctionPrefix = "/function/"
 
+// AsyncPrefix starts an OpenFaaS-style asynchronous call: /async-function/NAME[/rest].
+const AsyncPrefix = "/async-function/"
+
 // HostLabel returns the first DNS label of a Host header, lower-cased
 // (Knative style: NAME.namespace.example.com, NAME:8080). It allocates only
 // for a Host with upper-case letters.

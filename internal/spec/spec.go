@@ -53,6 +53,8 @@ type Function struct {
 	// with the invoke scope for it) or AuthPublic (anyone who reaches a
 	// data plane).
 	Auth string `json:"auth,omitempty"`
+	// Async is how the function's asynchronous calls are retried.
+	Async Async `json:"async,omitzero"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -102,6 +104,74 @@ const (
 
 // ScalingModes are the modes a spec or a cluster may choose.
 var ScalingModes = []string{ModeAsync, ModeSync, ModeDual}
+
+// Async is a function's policy for asynchronous calls (POST
+// /async-function/NAME, Prefer: respond-async). Zero fields take the
+// defaults below (Async.WithDefaults).
+type Async struct {
+	// MaxAttempts counts every attempt, the first included.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// MaxAge: a call older than this (from its submit) is not tried again.
+	MaxAge Duration `json:"max_age,omitzero"`
+	// Backoff is the delay before the second attempt; it doubles after
+	// each failed attempt up to BackoffMax.
+	Backoff    Duration `json:"backoff,omitzero"`
+	BackoffMax Duration `json:"backoff_max,omitzero"`
+	// RetryFunctionErrors retries the function's own 5xx replies too; by
+	// default only the platform's failures (no capacity, queue timeout, a
+	// sandbox that failed, 429) are retried.
+	RetryFunctionErrors bool `json:"retry_function_errors,omitempty"`
+	// Concurrency bounds the function's asynchronous calls running at once
+	// per data plane; they wait behind synchronous calls in its queue.
+	Concurrency int `json:"concurrency,omitempty"`
+}
+
+// Async defaults.
+const (
+	DefaultAsyncMaxAttempts = 5
+	DefaultAsyncMaxAge      = 6 * time.Hour
+	DefaultAsyncBackoff     = time.Second
+	DefaultAsyncBackoffMax  = 5 * time.Minute
+	DefaultAsyncConcurrency = 100
+)
+
+// WithDefaults returns a with zero fields set to the defaults.
+func (a Async) WithDefaults() Async {
+	if a.MaxAttempts == 0 {
+		a.MaxAttempts = DefaultAsyncMaxAttempts
+	}
+	if a.MaxAge == 0 {
+		a.MaxAge = Duration(DefaultAsyncMaxAge)
+	}
+	if a.Backoff == 0 {
+		a.Backoff = Duration(DefaultAsyncBackoff)
+	}
+	if a.BackoffMax == 0 {
+		a.BackoffMax = Duration(DefaultAsyncBackoffMax)
+	}
+	if a.Concurrency == 0 {
+		a.Concurrency = DefaultAsyncConcurrency
+	}
+	return a
+}
+
+func (a Async) validate(bad func(field, format string, args ...any) error) error {
+	switch {
+	case a.MaxAttempts < 0 || a.MaxAttempts > 1000:
+		return bad("async.max_attempts", "%d out of range [0, 1000] (0 = %d)", a.MaxAttempts, DefaultAsyncMaxAttempts)
+	case a.MaxAge < 0 || a.MaxAge > Duration(7*24*time.Hour):
+		return bad("async.max_age", "%s out of range [0, 168h]", a.MaxAge)
+	case a.Backoff < 0 || a.Backoff > Duration(time.Hour):
+		return bad("async.backoff", "%s out of range [0, 1h]", a.Backoff)
+	case a.BackoffMax < 0 || a.BackoffMax > Duration(24*time.Hour):
+		return bad("async.backoff_max", "%s out of range [0, 24h]", a.BackoffMax)
+	case a.Backoff > 0 && a.BackoffMax > 0 && a.BackoffMax < a.Backoff:
+		return bad("async.backoff_max", "%s is below async.backoff %s", a.BackoffMax, a.Backoff)
+	case a.Concurrency < 0 || a.Concurrency > 100_000:
+		return bad("async.concurrency", "%d out of range [0, 100000] (0 = %d)", a.Concurrency, DefaultAsyncConcurrency)
+	}
+	return nil
+}
 
 // Queue bounds the requests one data plane holds for a function while no
 // sandbox slot is free.
@@ -241,6 +311,9 @@ func (f *Function) Validate() error {
 	if err := f.Scaling.validate(bad); err != nil {
 		return err
 	}
+	if err := f.Async.validate(bad); err != nil {
+		return err
+	}
 	if f.Queue.Depth < 0 || f.Queue.Depth > 1_000_000 {
 		return bad("queue.depth", "%d out of range [0, 1000000]", f.Queue.Depth)
 	}
@@ -359,7 +432,33 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		Auth:           f.Auth,
 		Namespace:      f.Namespace,
 		ScalingMode:    f.Scaling.Mode,
+		Async:          f.Async.WithDefaults().toProto(),
 	}
+}
+
+func (a Async) toProto() *briskv1.AsyncPolicy {
+	return &briskv1.AsyncPolicy{
+		MaxAttempts:         int32(a.MaxAttempts),
+		MaxAgeMs:            time.Duration(a.MaxAge).Milliseconds(),
+		BackoffMs:           time.Duration(a.Backoff).Milliseconds(),
+		BackoffMaxMs:        time.Duration(a.BackoffMax).Milliseconds(),
+		RetryFunctionErrors: a.RetryFunctionErrors,
+		Concurrency:         int32(a.Concurrency),
+	}
+}
+
+// AsyncFromProto converts the wire form back, defaults filling what a
+// sender left zero.
+func AsyncFromProto(p *briskv1.AsyncPolicy) Async {
+	ms := func(v int64) Duration { return Duration(time.Duration(v) * time.Millisecond) }
+	return Async{
+		MaxAttempts:         int(p.GetMaxAttempts()),
+		MaxAge:              ms(p.GetMaxAgeMs()),
+		Backoff:             ms(p.GetBackoffMs()),
+		BackoffMax:          ms(p.GetBackoffMaxMs()),
+		RetryFunctionErrors: p.GetRetryFunctionErrors(),
+		Concurrency:         int(p.GetConcurrency()),
+	}.WithDefaults()
 }
 
 // FromProto converts the wire form back. Scaling is not on the wire: only
@@ -383,6 +482,7 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		StreamRequests: p.GetStreamRequests(),
 		Auth:           p.GetAuth(),
 		Namespace:      p.GetNamespace(),
+		Async:          AsyncFromProto(p.GetAsync()),
 	}
 	return f
 }

@@ -123,6 +123,11 @@ func baseURL(a string) string {
 // do sends in (a value to encode, or JSON already encoded as []byte) and
 // decodes the reply into out unless out is nil.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	return c.doAt(ctx, c.Admin, "control plane", method, path, in, out)
+}
+
+// doAt is do against base (the admin API or a data plane).
+func (c *Client) doAt(ctx context.Context, base, what, method, path string, in, out any) error {
 	var body io.Reader
 	switch in := in.(type) {
 	case nil:
@@ -135,7 +140,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Admin+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
 	if err != nil {
 		return err
 	}
@@ -145,7 +150,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	c.authorize(req)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
+		return fmt.Errorf("cannot reach the %s at %s: %w", what, base, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

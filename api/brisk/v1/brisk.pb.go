@@ -215,7 +215,9 @@ type FunctionSpec struct {
 	// How long an idle regular sandbox lives (the autoscaler's stable window
 	// plus the scale-to-zero grace): the data plane's emergency metric filter
 	// compares it with the function's inter-arrival times.
-	KeepAliveMs   int64 `protobuf:"varint,20,opt,name=keep_alive_ms,json=keepAliveMs,proto3" json:"keep_alive_ms,omitempty"`
+	KeepAliveMs int64 `protobuf:"varint,20,opt,name=keep_alive_ms,json=keepAliveMs,proto3" json:"keep_alive_ms,omitempty"`
+	// Asynchronous calls' retry policy (spec.Async, defaults applied).
+	Async         *AsyncPolicy `protobuf:"bytes,21,opt,name=async,proto3" json:"async,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -390,6 +392,98 @@ func (x *FunctionSpec) GetKeepAliveMs() int64 {
 	return 0
 }
 
+func (x *FunctionSpec) GetAsync() *AsyncPolicy {
+	if x != nil {
+		return x.Async
+	}
+	return nil
+}
+
+// AsyncPolicy is how a function's asynchronous calls are retried.
+type AsyncPolicy struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	MaxAttempts         int32                  `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`                           // attempts in all, the first included
+	MaxAgeMs            int64                  `protobuf:"varint,2,opt,name=max_age_ms,json=maxAgeMs,proto3" json:"max_age_ms,omitempty"`                                  // from submit; older calls are dead
+	BackoffMs           int64                  `protobuf:"varint,3,opt,name=backoff_ms,json=backoffMs,proto3" json:"backoff_ms,omitempty"`                                 // delay before the second attempt; doubles
+	BackoffMaxMs        int64                  `protobuf:"varint,4,opt,name=backoff_max_ms,json=backoffMaxMs,proto3" json:"backoff_max_ms,omitempty"`                      // cap of the delay
+	RetryFunctionErrors bool                   `protobuf:"varint,5,opt,name=retry_function_errors,json=retryFunctionErrors,proto3" json:"retry_function_errors,omitempty"` // retry the function's own 5xx too
+	Concurrency         int32                  `protobuf:"varint,6,opt,name=concurrency,proto3" json:"concurrency,omitempty"`                                              // running async calls per data plane
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *AsyncPolicy) Reset() {
+	*x = AsyncPolicy{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AsyncPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AsyncPolicy) ProtoMessage() {}
+
+func (x *AsyncPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AsyncPolicy.ProtoReflect.Descriptor instead.
+func (*AsyncPolicy) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AsyncPolicy) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *AsyncPolicy) GetMaxAgeMs() int64 {
+	if x != nil {
+		return x.MaxAgeMs
+	}
+	return 0
+}
+
+func (x *AsyncPolicy) GetBackoffMs() int64 {
+	if x != nil {
+		return x.BackoffMs
+	}
+	return 0
+}
+
+func (x *AsyncPolicy) GetBackoffMaxMs() int64 {
+	if x != nil {
+		return x.BackoffMaxMs
+	}
+	return 0
+}
+
+func (x *AsyncPolicy) GetRetryFunctionErrors() bool {
+	if x != nil {
+		return x.RetryFunctionErrors
+	}
+	return false
+}
+
+func (x *AsyncPolicy) GetConcurrency() int32 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
 // SandboxRecord is the worker's (authoritative) view of one sandbox.
 type SandboxRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -407,7 +501,7 @@ type SandboxRecord struct {
 
 func (x *SandboxRecord) Reset() {
 	*x = SandboxRecord{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +513,7 @@ func (x *SandboxRecord) String() string {
 func (*SandboxRecord) ProtoMessage() {}
 
 func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +526,7 @@ func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRecord.ProtoReflect.Descriptor instead.
 func (*SandboxRecord) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SandboxRecord) GetId() string {
@@ -501,7 +595,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +607,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +620,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Header) GetName() string {
@@ -559,7 +653,7 @@ type EmergencyRequest struct {
 
 func (x *EmergencyRequest) Reset() {
 	*x = EmergencyRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -571,7 +665,7 @@ func (x *EmergencyRequest) String() string {
 func (*EmergencyRequest) ProtoMessage() {}
 
 func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -584,7 +678,7 @@ func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyRequest.ProtoReflect.Descriptor instead.
 func (*EmergencyRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EmergencyRequest) GetNodeId() string {
@@ -656,7 +750,7 @@ type EmergencyReply struct {
 
 func (x *EmergencyReply) Reset() {
 	*x = EmergencyReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +762,7 @@ func (x *EmergencyReply) String() string {
 func (*EmergencyReply) ProtoMessage() {}
 
 func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +775,7 @@ func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyReply.ProtoReflect.Descriptor instead.
 func (*EmergencyReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EmergencyReply) GetStatus() int32 {
@@ -735,7 +829,7 @@ type EmergencyStats struct {
 
 func (x *EmergencyStats) Reset() {
 	*x = EmergencyStats{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +841,7 @@ func (x *EmergencyStats) String() string {
 func (*EmergencyStats) ProtoMessage() {}
 
 func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +854,7 @@ func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyStats.ProtoReflect.Descriptor instead.
 func (*EmergencyStats) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EmergencyStats) GetSlots() int32 {
@@ -808,7 +902,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +914,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +927,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -853,7 +947,7 @@ type ImportImageReply struct {
 
 func (x *ImportImageReply) Reset() {
 	*x = ImportImageReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +959,7 @@ func (x *ImportImageReply) String() string {
 func (*ImportImageReply) ProtoMessage() {}
 
 func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +972,7 @@ func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
 func (*ImportImageReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ImportImageReply) GetRefs() []string {
@@ -910,7 +1004,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1016,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1029,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -1016,7 +1110,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1122,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1135,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -1120,7 +1214,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1226,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1239,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -1193,7 +1287,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1299,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1312,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -1248,7 +1342,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1354,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1367,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1313,7 +1407,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1419,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1432,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -1357,7 +1451,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1463,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1476,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -1403,7 +1497,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1509,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1522,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1470,7 +1564,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1576,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1589,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1539,7 +1633,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1645,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1658,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1613,7 +1707,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1719,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1732,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -1667,7 +1761,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1773,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1786,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -1733,7 +1827,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1839,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1852,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -1789,7 +1883,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1895,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1908,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -1868,7 +1962,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1974,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1987,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -1913,7 +2007,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2019,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2032,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -1964,7 +2058,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2070,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2083,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2008,7 +2102,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2114,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2127,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2055,7 +2149,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2161,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2174,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2135,7 +2229,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2241,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2254,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2237,7 +2331,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2343,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2356,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -2296,7 +2390,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2402,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2415,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -2352,7 +2446,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2458,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2471,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -2426,7 +2520,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2532,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2545,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -2488,7 +2582,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2594,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2607,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2564,7 +2658,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2670,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2683,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -2635,7 +2729,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2741,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2754,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 type UnreachableEndpoint struct {
@@ -2675,7 +2769,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2781,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2794,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -2741,7 +2835,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2847,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2860,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -2791,7 +2885,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2897,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2910,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -2826,7 +2920,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe1\x05\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x8e\x06\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -2850,10 +2944,20 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x04auth\x18\x11 \x01(\tR\x04auth\x12\x1c\n" +
 	"\tnamespace\x18\x12 \x01(\tR\tnamespace\x12!\n" +
 	"\fscaling_mode\x18\x13 \x01(\tR\vscalingMode\x12\"\n" +
-	"\rkeep_alive_ms\x18\x14 \x01(\x03R\vkeepAliveMs\x1a6\n" +
+	"\rkeep_alive_ms\x18\x14 \x01(\x03R\vkeepAliveMs\x12+\n" +
+	"\x05async\x18\x15 \x01(\v2\x15.brisk.v1.AsyncPolicyR\x05async\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\vAsyncPolicy\x12!\n" +
+	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1c\n" +
+	"\n" +
+	"max_age_ms\x18\x02 \x01(\x03R\bmaxAgeMs\x12\x1d\n" +
+	"\n" +
+	"backoff_ms\x18\x03 \x01(\x03R\tbackoffMs\x12$\n" +
+	"\x0ebackoff_max_ms\x18\x04 \x01(\x03R\fbackoffMaxMs\x122\n" +
+	"\x15retry_function_errors\x18\x05 \x01(\bR\x13retryFunctionErrors\x12 \n" +
+	"\vconcurrency\x18\x06 \x01(\x05R\vconcurrency\"\xf0\x01\n" +
 	"\rSandboxRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x1a\n" +
@@ -3069,108 +3173,110 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
 	(*Resources)(nil),                 // 2: brisk.v1.Resources
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
-	(*SandboxRecord)(nil),             // 4: brisk.v1.SandboxRecord
-	(*Header)(nil),                    // 5: brisk.v1.Header
-	(*EmergencyRequest)(nil),          // 6: brisk.v1.EmergencyRequest
-	(*EmergencyReply)(nil),            // 7: brisk.v1.EmergencyReply
-	(*EmergencyStats)(nil),            // 8: brisk.v1.EmergencyStats
-	(*ImageChunk)(nil),                // 9: brisk.v1.ImageChunk
-	(*ImportImageReply)(nil),          // 10: brisk.v1.ImportImageReply
-	(*ToWorker)(nil),                  // 11: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 12: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 13: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 14: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 15: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 16: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 17: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 18: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 19: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 20: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 21: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 22: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 23: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 24: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 25: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 26: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 27: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 28: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 29: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 30: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 31: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 32: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 33: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 34: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 35: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 36: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 37: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 38: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 39: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 40: brisk.v1.UnreachableAck
-	nil,                               // 41: brisk.v1.FunctionSpec.EnvEntry
+	(*AsyncPolicy)(nil),               // 4: brisk.v1.AsyncPolicy
+	(*SandboxRecord)(nil),             // 5: brisk.v1.SandboxRecord
+	(*Header)(nil),                    // 6: brisk.v1.Header
+	(*EmergencyRequest)(nil),          // 7: brisk.v1.EmergencyRequest
+	(*EmergencyReply)(nil),            // 8: brisk.v1.EmergencyReply
+	(*EmergencyStats)(nil),            // 9: brisk.v1.EmergencyStats
+	(*ImageChunk)(nil),                // 10: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 11: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 12: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 13: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 14: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 15: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 16: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 17: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 18: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 19: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 20: brisk.v1.Commands
+	(*Heartbeat)(nil),                 // 21: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 22: brisk.v1.Updates
+	(*JoinRequest)(nil),               // 23: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 24: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 25: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 26: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 27: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 28: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 29: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 30: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 31: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 32: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 33: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 34: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 35: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 36: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 37: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 38: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 39: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 40: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 41: brisk.v1.UnreachableAck
+	nil,                               // 42: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	41, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	42, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
-	0,  // 3: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	3,  // 4: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
-	5,  // 5: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
-	5,  // 6: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
-	13, // 7: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	16, // 8: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	19, // 9: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	15, // 10: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	17, // 11: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	21, // 12: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 13: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	14, // 14: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	4,  // 15: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	4,  // 16: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 17: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	18, // 18: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 19: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 20: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	8,  // 21: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	4,  // 22: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	20, // 23: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 24: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 25: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	29, // 26: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	34, // 27: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	32, // 28: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	31, // 29: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	33, // 30: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	35, // 31: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	38, // 32: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	11, // 33: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	9,  // 34: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	6,  // 35: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	24, // 36: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	26, // 37: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	28, // 38: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	36, // 39: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	39, // 40: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	22, // 41: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	12, // 42: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	10, // 43: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	7,  // 44: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	25, // 45: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	27, // 46: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	30, // 47: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	37, // 48: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	40, // 49: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	23, // 50: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	42, // [42:51] is the sub-list for method output_type
-	33, // [33:42] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	4,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
+	0,  // 4: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
+	3,  // 5: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
+	6,  // 6: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	6,  // 7: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	14, // 8: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	17, // 9: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	20, // 10: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	16, // 11: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	18, // 12: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	22, // 13: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 14: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	15, // 15: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	5,  // 16: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	5,  // 17: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 18: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	19, // 19: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	2,  // 20: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 21: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	9,  // 22: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	5,  // 23: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	21, // 24: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 25: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 26: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	30, // 27: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	35, // 28: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	33, // 29: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	32, // 30: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	34, // 31: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	36, // 32: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	39, // 33: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	12, // 34: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	10, // 35: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	7,  // 36: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	25, // 37: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	27, // 38: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	29, // 39: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	37, // 40: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	40, // 41: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	23, // 42: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	13, // 43: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	11, // 44: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	8,  // 45: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	26, // 46: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	28, // 47: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	31, // 48: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	38, // 49: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	41, // 50: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	24, // 51: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	43, // [43:52] is the sub-list for method output_type
+	34, // [34:43] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -3178,12 +3284,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[9].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[10].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[10].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[11].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -3194,7 +3300,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

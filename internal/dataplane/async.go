@@ -1,0 +1,397 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/httpx"
+)
+
+// Asynchronous calls (internal/async): the data plane accepts them
+// (POST /async-function/NAME[/rest], or any call with Prefer:
+// respond-async), answers 202 once JetStream has stored them, and runs
+// them, as a consumer of the shared queue, through the same invoke path
+// as synchronous calls — queue, load balancing, autoscaling metrics —
+// with lower priority in each function's queue. /v1/calls serves their
+// status, retry and purge.
+
+const (
+	asyncPrefix = httpx.AsyncPrefix
+	callsPath   = "/v1/calls"
+)
+
+// preferAsync reports whether a Prefer header asks for respond-async
+// (RFC 7240).
+func preferAsync(h http.Header) bool {
+	for _, v := range h["Prefer"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if name, _, _ := strings.Cut(strings.TrimSpace(tok), ";"); strings.EqualFold(strings.TrimSpace(name), "respond-async") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serveAsyncRoute answers /async-function/NAME[/rest]; ok false: not such
+// a path.
+func (d *DataPlane) serveAsyncRoute(w http.ResponseWriter, r *http.Request) bool {
+	tail, ok := strings.CutPrefix(r.URL.Path, asyncPrefix)
+	if !ok {
+		return false
+	}
+	rt := route{name: tail, rest: "/", byPath: true}
+	if i := strings.IndexByte(tail, '/'); i >= 0 {
+		rt.name, rt.rest = tail[:i], tail[i:]
+	}
+	if raw := r.URL.RawPath; raw != "" {
+		if pre := len(asyncPrefix) + len(rt.name); strings.HasPrefix(raw, asyncPrefix+rt.name) {
+			rt.rawRest = raw[pre:]
+			if rt.rawRest == "" {
+				rt.rawRest = "/"
+			}
+		}
+	}
+	rt.fn = d.lookup(rt.name)
+	d.submitAsync(w, r, rt)
+	return true
+}
+
+// submitAsync stores one asynchronous call and answers 202, or says why
+// it did not: everything a client can get wrong is answered before the
+// call is accepted.
+func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route) {
+	callID := r.Header["X-Call-Id"]
+	if len(callID) == 0 || callID[0] == "" {
+		callID = []string{newCallID()}
+	} else if !async.ValidID(callID[0]) {
+		d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "X-Call-Id %q: an asynchronous call's id must be 1-64 letters, digits, '-' or '_'", callID[0]))
+		return
+	} else {
+		callID = callID[:1:1]
+	}
+	q := d.cfg.Async
+	if q == nil {
+		d.writeError(w, callID, fail(http.StatusNotImplemented, reasonAsyncDisabled, "asynchronous calls are not enabled on this data plane (it has no queue: --nats)"))
+		return
+	}
+	fn := rt.fn
+	if fn == nil && httpx.NamesFunction(rt.name) {
+		fn = d.awaitFunction(r.Context(), rt.name)
+	}
+	if fn == nil {
+		d.writeError(w, callID, fail(http.StatusNotFound, reasonNoFunction, "function %q not found", rt.name))
+		return
+	}
+	set := fn.set.Load()
+	f, keepAuth := authorize(d, fn, set.conf, r.Header.Get("Authorization"))
+	if f.code != 0 {
+		d.writeError(w, callID, f)
+		return
+	}
+	if _, up := r.Header["Upgrade"]; up || r.Method == http.MethodConnect {
+		d.writeError(w, callID, fail(http.StatusBadRequest, reasonBadRequest, "an upgrade or CONNECT cannot be asynchronous"))
+		return
+	}
+	limit := min(d.cfg.MaxBodyBytes, q.MaxBody())
+	if r.ContentLength > limit {
+		d.writeError(w, callID, fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body larger than %d bytes (the asynchronous limit)", limit))
+		return
+	}
+	cb := r.Header.Get("X-Callback-Url")
+	if cb != "" {
+		if err := async.ValidCallbackURL(cb); err != nil {
+			d.writeError(w, callID, fail(http.StatusBadRequest, reasonBadRequest, "%v", err))
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			d.writeError(w, callID, fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body larger than %d bytes (the asynchronous limit)", limit))
+		} else {
+			d.writeError(w, callID, fail(http.StatusBadRequest, reasonBadRequest, "reading the body: %v", err))
+		}
+		return
+	}
+	h := r.Header.Clone()
+	for _, k := range []string{"X-Callback-Url", "Prefer", "X-Call-Id", "Content-Length"} {
+		delete(h, k)
+	}
+	if !keepAuth {
+		delete(h, "Authorization")
+	}
+	path := rt.rawRest
+	if path == "" {
+		path = escapePath(rt.rest)
+	}
+	c := &async.Call{ID: callID[0], Function: fn.name, Method: r.Method, Path: path, Query: r.URL.RawQuery,
+		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr, CallbackURL: cb}
+	if err := q.Submit(r.Context(), c); err != nil {
+		switch {
+		case errors.Is(err, async.ErrQueueFull):
+			d.writeError(w, callID, fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit; try again later"))
+		case errors.Is(err, async.ErrTooLarge):
+			d.writeError(w, callID, fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body too large for the asynchronous queue"))
+		default:
+			d.log.Warn("async submit failed", "function", fn.name, "err", err)
+			d.writeError(w, callID, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "the asynchronous queue did not store the call: %v", err))
+		}
+		return
+	}
+	loc := callsPath + "/" + c.ID
+	hdr := w.Header()
+	hdr["X-Call-Id"] = callID
+	hdr["Location"] = []string{loc}
+	hdr["Content-Type"] = hdrJSON
+	w.WriteHeader(http.StatusAccepted)
+	_ = json.NewEncoder(w).Encode(map[string]string{"call_id": c.ID, "status": string(async.StatusQueued), "location": loc})
+}
+
+// escapePath is rest as a request line carries it.
+func escapePath(rest string) string {
+	var b bytes.Buffer
+	for i := 0; i < len(rest); i++ {
+		c := rest[i]
+		if c > 0x20 && c < 0x7f && c != '?' && c != '#' && c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteString("%" + strings.ToUpper(strconv.FormatUint(uint64(c)>>4, 16)+strconv.FormatUint(uint64(c)&0xf, 16)))
+	}
+	return b.String()
+}
+
+// Policy implements async.Invoker: the function's async settings, waiting
+// briefly for a function the data plane has not heard of yet.
+func (d *DataPlane) Policy(ctx context.Context, name string) (async.Policy, bool) {
+	fn := d.lookup(name)
+	if fn == nil {
+		if fn = d.awaitFunction(ctx, name); fn == nil {
+			return async.Policy{}, false
+		}
+	}
+	return fn.set.Load().conf.async, true
+}
+
+// Invoke implements async.Invoker: one attempt of c through the invoke
+// path, as a low-priority call whose token was checked at submit.
+func (d *DataPlane) Invoke(ctx context.Context, c *async.Call, maxBody int) (res async.Result) {
+	fn := d.lookup(c.Function)
+	if fn == nil {
+		return async.Result{Status: http.StatusNotFound, PlatformError: reasonFunctionDeleted.String()}
+	}
+	target := "http://async" + c.Path
+	if c.Query != "" {
+		target += "?" + c.Query
+	}
+	r, err := http.NewRequestWithContext(ctx, c.Method, target, bytes.NewReader(c.Body))
+	if err != nil {
+		return async.Result{Status: http.StatusBadRequest, PlatformError: reasonBadRequest.String()}
+	}
+	if c.Header != nil {
+		r.Header = c.Header.Clone()
+	}
+	r.Header["X-Call-Id"] = []string{c.ID}
+	r.Host, r.RemoteAddr = c.Host, c.Remote
+	rec := &resultRecorder{h: http.Header{}, max: maxBody}
+	defer func() {
+		if p := recover(); p != nil {
+			if p != http.ErrAbortHandler {
+				panic(p)
+			}
+			res = async.Result{Status: http.StatusBadGateway, PlatformError: reasonSandboxFailed.String()}
+		}
+	}()
+	d.invoke(rec, r, route{fn: fn, name: fn.name, byPath: true, rest: r.URL.Path, rawRest: r.URL.RawPath, async: true})
+	return rec.result()
+}
+
+// resultRecorder is the ResponseWriter of an asynchronous attempt: it
+// keeps the status, the headers and the body up to max.
+type resultRecorder struct {
+	h         http.Header
+	status    int
+	body      bytes.Buffer
+	max       int
+	truncated bool
+}
+
+func (rr *resultRecorder) Header() http.Header { return rr.h }
+
+func (rr *resultRecorder) WriteHeader(code int) {
+	if code >= 200 && rr.status == 0 {
+		rr.status = code
+	}
+}
+
+func (rr *resultRecorder) Write(p []byte) (int, error) {
+	if rr.status == 0 {
+		rr.status = http.StatusOK
+	}
+	if room := rr.max - rr.body.Len(); room < len(p) {
+		rr.body.Write(p[:max(room, 0)])
+		rr.truncated = true
+	} else {
+		rr.body.Write(p)
+	}
+	return len(p), nil
+}
+
+func (rr *resultRecorder) Flush() {}
+
+func (rr *resultRecorder) result() async.Result {
+	res := async.Result{Status: rr.status, Header: rr.h, Body: rr.body.Bytes(), Truncated: rr.truncated}
+	if why := rr.h.Get("X-Brisk-Error"); why != "" {
+		res.PlatformError = why
+		rr.h.Del("X-Brisk-Error")
+	} else if rr.status == 0 {
+		res.PlatformError = "no-reply"
+	}
+	return res
+}
+
+// runAsync consumes the queue once the data plane knows its functions.
+func (d *DataPlane) runAsync(ctx context.Context) {
+	for d.cfg.ControlPlane != "" && !d.synced.Load() {
+		ch := d.applied.Load()
+		select {
+		case <-*ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+	if err := d.cfg.Async.Run(ctx, d); err != nil {
+		d.log.Error("async consumer stopped", "err", err)
+	}
+}
+
+// serveCalls answers /v1/calls[/ID[/retry]].
+func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
+	q := d.cfg.Async
+	if q == nil {
+		d.writeError(w, nil, fail(http.StatusNotImplemented, reasonAsyncDisabled, "asynchronous calls are not enabled on this data plane (it has no queue: --nats)"))
+		return
+	}
+	rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, callsPath), "/")
+	id, action, _ := strings.Cut(rest, "/")
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	switch {
+	case id == "" && r.Method == http.MethodGet:
+		fnName := r.URL.Query().Get("function")
+		if f := d.authCalls(r, fnName, auth.ScopeInvoke); f.code != 0 {
+			d.writeError(w, nil, f)
+			return
+		}
+		limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+		recs, err := q.List(ctx, async.Filter{Function: fnName, Status: async.Status(r.URL.Query().Get("status")), Limit: limit})
+		if err != nil {
+			d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"calls": recs})
+	case id == "" && r.Method == http.MethodDelete:
+		fnName := r.URL.Query().Get("function")
+		if f := d.authCalls(r, "", auth.ScopeAdmin); f.code != 0 {
+			d.writeError(w, nil, f)
+			return
+		}
+		dead := r.URL.Query().Get("dead") == "true"
+		n, err := q.Purge(ctx, fnName, dead)
+		if err != nil {
+			d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"purged": n})
+	case id != "" && action == "" && r.Method == http.MethodGet:
+		rec, err := q.Get(ctx, id)
+		if d.callError(w, err) {
+			return
+		}
+		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke); f.code != 0 {
+			d.writeError(w, nil, f)
+			return
+		}
+		writeJSON(w, http.StatusOK, rec)
+	case id != "" && action == "retry" && r.Method == http.MethodPost:
+		rec, err := q.Get(ctx, id)
+		if d.callError(w, err) {
+			return
+		}
+		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke); f.code != 0 {
+			d.writeError(w, nil, f)
+			return
+		}
+		if rec, err = q.Retry(ctx, id); d.callError(w, err) {
+			return
+		}
+		writeJSON(w, http.StatusAccepted, rec)
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		d.writeError(w, nil, fail(http.StatusMethodNotAllowed, reasonBadRequest, "%s %s: use GET /v1/calls[?function=&status=&limit=], GET /v1/calls/ID, POST /v1/calls/ID/retry, DELETE /v1/calls?function=[&dead=true]", r.Method, r.URL.Path))
+	}
+}
+
+// callError answers a lookup's error; it reports whether it did.
+func (d *DataPlane) callError(w http.ResponseWriter, err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, async.ErrNotFound):
+		d.writeError(w, nil, fail(http.StatusNotFound, reasonNoCall, "no such call (or it is not in the dead-letter stream, for a retry)"))
+	case errors.Is(err, async.ErrBadID):
+		d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "%v", err))
+	case errors.Is(err, async.ErrQueueFull):
+		d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit"))
+	default:
+		d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
+	}
+	return true
+}
+
+// authCalls checks a /v1/calls request's token: scope for function fnName
+// (its namespace), or an admin token; nothing while auth is off. A call of
+// a public function is readable with its id alone.
+func (d *DataPlane) authCalls(r *http.Request, fnName, scope string) failure {
+	if !d.authOn.Load() {
+		return failure{}
+	}
+	ns := ""
+	if fn := d.lookup(fnName); fn != nil {
+		conf := fn.set.Load().conf
+		if conf.public && scope == auth.ScopeInvoke && r.Method == http.MethodGet && fnName != "" && r.URL.Path != callsPath {
+			return failure{}
+		}
+		ns = conf.namespace
+	} else if scope != auth.ScopeAdmin {
+		scope = auth.ScopeAdmin // a function that is gone: its calls are the admins'
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	err := auth.Check(d.tokens, tok, scope, ns, fnName)
+	switch {
+	case err == nil:
+		return failure{}
+	case errors.Is(err, auth.ErrForbidden):
+		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", scope, fnName)
+	}
+	return fail(http.StatusUnauthorized, reasonUnauthorized, "%s: %v", callsPath, err)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header()["Content-Type"] = hdrJSON
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,91 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/brisk-faas/brisk/internal/async"
+)
+
+// CallRecord is an asynchronous call's status (GET /v1/calls/ID).
+type CallRecord = async.Record
+
+// InvokeAsync submits an asynchronous call (POST /async-function/NAME) and
+// returns its call id once the data plane has stored it (202). A
+// callbackURL, when set, receives the result.
+func (c *Client) InvokeAsync(ctx context.Context, name, method string, body []byte, header http.Header, callbackURL string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.Invoke+"/async-function/"+name, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	for k, vs := range header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	if callbackURL != "" {
+		req.Header.Set("X-Callback-Url", callbackURL)
+	}
+	c.authorize(req)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("cannot reach the data plane at %s: %w", c.Invoke, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusAccepted {
+		return "", replyError(resp.StatusCode, data)
+	}
+	return resp.Header.Get("X-Call-Id"), nil
+}
+
+// Call returns an asynchronous call's status and result.
+func (c *Client) Call(ctx context.Context, id string) (*CallRecord, error) {
+	var r CallRecord
+	return &r, c.doAt(ctx, c.Invoke, "data plane", http.MethodGet, "/v1/calls/"+url.PathEscape(id), nil, &r)
+}
+
+// Calls lists asynchronous calls, newest first; empty filters match all.
+func (c *Client) Calls(ctx context.Context, function, status string, limit int) ([]CallRecord, error) {
+	q := url.Values{}
+	if function != "" {
+		q.Set("function", function)
+	}
+	if status != "" {
+		q.Set("status", status)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var out struct {
+		Calls []CallRecord `json:"calls"`
+	}
+	return out.Calls, c.doAt(ctx, c.Invoke, "data plane", http.MethodGet, "/v1/calls?"+q.Encode(), nil, &out)
+}
+
+// RetryCall queues a failed or dead call again.
+func (c *Client) RetryCall(ctx context.Context, id string) (*CallRecord, error) {
+	var r CallRecord
+	return &r, c.doAt(ctx, c.Invoke, "data plane", http.MethodPost, "/v1/calls/"+url.PathEscape(id)+"/retry", nil, &r)
+}
+
+// PurgeCalls drops the queued calls (dead: the dead letters) of function
+// ("" = all) and returns how many.
+func (c *Client) PurgeCalls(ctx context.Context, function string, dead bool) (uint64, error) {
+	q := url.Values{}
+	if function != "" {
+		q.Set("function", function)
+	}
+	if dead {
+		q.Set("dead", "true")
+	}
+	var out struct {
+		Purged uint64 `json:"purged"`
+	}
+	return out.Purged, c.doAt(ctx, c.Invoke, "data plane", http.MethodDelete, "/v1/calls?"+q.Encode(), nil, &out)
+}
