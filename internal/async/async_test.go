@@ -380,3 +380,31 @@ func TestSurvivesRestart(t *testing.T) {
 		waitStatus(t, e2.q, fmt.Sprintf("r%d", i), StatusSucceeded)
 	}
 }
+
+// A call running longer than the ack wait is kept in progress: it is not
+// delivered a second time while it runs.
+func TestLongCallNotRedelivered(t *testing.T) {
+	e := start(t, t.TempDir(), Config{AckWait: 300 * time.Millisecond})
+	release := make(chan struct{})
+	inv := newScripted(func(c *Call, n int) Result {
+		<-release
+		return ok("slow")
+	})
+	run(t, e.q, inv)
+	submit(t, e.q, "long", "")
+	waitStatus(t, e.q, "long", StatusRunning)
+	// Five ack waits pass with the call running: a redelivery would show
+	// as a second attempt starting.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := inv.attempts("long"); n != 1 {
+			t.Fatalf("the running call was delivered again: %d attempts", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(release)
+	r := waitStatus(t, e.q, "long", StatusSucceeded)
+	if r.Attempts != 1 || inv.attempts("long") != 1 {
+		t.Fatalf("attempts %d / %d, want 1", r.Attempts, inv.attempts("long"))
+	}
+}
