@@ -391,6 +391,9 @@ func TestLongCallNotRedelivered(t *testing.T) {
 		return ok("slow")
 	})
 	run(t, e.q, inv)
+	var once sync.Once
+	done := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(done) // before Run's cleanup, which waits for the attempts
 	submit(t, e.q, "long", "")
 	waitStatus(t, e.q, "long", StatusRunning)
 	// Five ack waits pass with the call running: a redelivery would show
@@ -402,7 +405,7 @@ func TestLongCallNotRedelivered(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	close(release)
+	done()
 	r := waitStatus(t, e.q, "long", StatusSucceeded)
 	if r.Attempts != 1 || inv.attempts("long") != 1 {
 		t.Fatalf("attempts %d / %d, want 1", r.Attempts, inv.attempts("long"))
