@@ -10,6 +10,7 @@
 package auth
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -52,6 +53,35 @@ type Grant struct {
 	Scopes    []string // of Scopes
 	Functions []string // the functions it may touch; empty: any
 	Namespace string   // the namespace it is bound to; empty: all
+	// SigningKey is the AWS secret access key of the token for SigV4
+	// (SigningKeyOf): what a data plane checks Lambda API signatures with.
+	// Empty for tokens made before brisk spoke the Lambda API.
+	SigningKey string
+}
+
+// sigV4Label separates the SigV4 key from any other use of the secret.
+const sigV4Label = "brisk-aws-sigv4-v1"
+
+// SigningKeyOf derives a token's AWS secret access key from its secret:
+// clients compute it from their token (AWSCredentials), the control plane
+// when it makes the token. Unlike the secret's hash, which proves nothing
+// by itself, this key is a credential for SigV4-signed calls; the data
+// planes hold it, as AWS's front ends hold secret keys.
+func SigningKeyOf(secret string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(sigV4Label))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// AWSCredentials returns the access key id and secret access key an AWS
+// client (boto3, the aws CLI, the AWS SDKs) signs Lambda API calls with
+// for token tok.
+func AWSCredentials(tok string) (keyID, secretKey string, ok bool) {
+	id, secret, ok := split(tok)
+	if !ok {
+		return "", "", false
+	}
+	return prefix + id, SigningKeyOf(secret), true
 }
 
 // New makes a token: the string to hand to its user, and its grant. A
@@ -77,7 +107,7 @@ func New(scopes, functions []string, ns string) (token string, g Grant, err erro
 		return "", Grant{}, err
 	}
 	s := base64.RawURLEncoding.EncodeToString(secret[:])
-	g = Grant{ID: hex.EncodeToString(id[:]), Hash: HashSecret(s), Scopes: slices.Clone(scopes), Functions: slices.Clone(functions), Namespace: ns}
+	g = Grant{ID: hex.EncodeToString(id[:]), Hash: HashSecret(s), Scopes: slices.Clone(scopes), Functions: slices.Clone(functions), Namespace: ns, SigningKey: SigningKeyOf(s)}
 	return prefix + g.ID + "_" + s, g, nil
 }
 
@@ -124,10 +154,11 @@ func FromHeader(v string) (string, bool) {
 
 // entry is a grant ready for checks.
 type entry struct {
-	hash   [sha256.Size]byte
-	scopes uint8 // bits: 1<<index in Scopes
-	fns    map[string]bool
-	ns     string
+	hash    [sha256.Size]byte
+	scopes  uint8 // bits: 1<<index in Scopes
+	fns     map[string]bool
+	ns      string
+	signKey string
 }
 
 func scopeBit(s string) uint8 {
@@ -155,7 +186,7 @@ func NewChecker() *Checker {
 func (c *Checker) Replace(grants []Grant) {
 	m := make(map[string]*entry, len(grants))
 	for _, g := range grants {
-		e := &entry{ns: g.Namespace}
+		e := &entry{ns: g.Namespace, signKey: g.SigningKey}
 		if b, err := hex.DecodeString(g.Hash); err != nil || len(b) != sha256.Size {
 			continue
 		} else {
@@ -204,15 +235,8 @@ func lookup[S string | []byte](c *Checker, tok S) (*entry, error) {
 	return e, nil
 }
 
-// Check checks a token (as sent) for scope on function fn of namespace ns;
-// ns and fn empty ask about the cluster as a whole (a token limited to a
-// namespace or to functions is refused it), fn empty about the namespace.
-// Admin tokens pass every check. It does not allocate.
-func Check[S string | []byte](c *Checker, tok S, scope, ns, fn string) error {
-	e, err := lookup(c, tok)
-	if err != nil {
-		return err
-	}
+// allows reports whether e grants scope on function fn of namespace ns.
+func (e *entry) allows(scope, ns, fn string) error {
 	if e.scopes&scopeBit(ScopeAdmin) != 0 {
 		return nil
 	}
@@ -226,6 +250,33 @@ func Check[S string | []byte](c *Checker, tok S, scope, ns, fn string) error {
 		return ErrForbidden
 	}
 	return nil
+}
+
+// SigningKey returns the SigV4 secret key of the token whose access key id
+// is keyID ("brisk_" + its id), and a func checking that token's grant as
+// Check does; ok is false for an unknown token or one without a key.
+func (c *Checker) SigningKey(keyID string) (key string, allows func(scope, ns, fn string) error, ok bool) {
+	id, found := strings.CutPrefix(keyID, prefix)
+	if !found {
+		return "", nil, false
+	}
+	e := (*c.grants.Load())[id]
+	if e == nil || e.signKey == "" {
+		return "", nil, false
+	}
+	return e.signKey, e.allows, true
+}
+
+// Check checks a token (as sent) for scope on function fn of namespace ns;
+// ns and fn empty ask about the cluster as a whole (a token limited to a
+// namespace or to functions is refused it), fn empty about the namespace.
+// Admin tokens pass every check. It does not allocate.
+func Check[S string | []byte](c *Checker, tok S, scope, ns, fn string) error {
+	e, err := lookup(c, tok)
+	if err != nil {
+		return err
+	}
+	return e.allows(scope, ns, fn)
 }
 
 // HasScope checks a token for scope alone, whatever namespace or

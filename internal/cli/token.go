@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 )
 
@@ -21,7 +22,42 @@ functions, read status), invoke (call functions). A token may be limited
 to some functions with --function. The first admin token of a new cluster
 is in <data-dir>/admin.token, which the CLI reads by default.`,
 	}
-	c.AddCommand(newTokenCreate(g), newTokenList(g), newTokenRevoke(g))
+	c.AddCommand(newTokenCreate(g), newTokenList(g), newTokenRevoke(g), newTokenAWS(g))
+	return c
+}
+
+func newTokenAWS(g *globals) *cobra.Command {
+	var envFormat bool
+	c := &cobra.Command{
+		Use:   "aws [TOKEN]",
+		Short: "Print a token's AWS credentials, for Lambda API clients (boto3, the aws CLI, AWS SDKs)",
+		Long: `Print the access key id and secret access key with which AWS clients sign
+Lambda Invoke API calls (POST /2015-03-31/functions/NAME/invocations) for a
+token: the one given, else --token or --token-file's. They are derived from
+the token; a token made before brisk spoke the Lambda API has no key on
+the data planes (create a new one). The call has the
+token's scopes.`,
+		Example: `  eval "$(brisk token aws --env)"
+  aws lambda invoke --endpoint-url http://127.0.0.1:8080 --function-name hello out.json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			tok := g.apiToken()
+			if len(args) == 1 {
+				tok = strings.TrimSpace(args[0])
+			}
+			id, secret, ok := auth.AWSCredentials(tok)
+			if !ok {
+				return usageError{fmt.Errorf("no brisk token to derive keys from (give one, or --token / --token-file)")}
+			}
+			if envFormat {
+				fmt.Printf("export AWS_ACCESS_KEY_ID=%s\nexport AWS_SECRET_ACCESS_KEY=%s\n", id, secret)
+				return nil
+			}
+			fmt.Printf("aws_access_key_id = %s\naws_secret_access_key = %s\n", id, secret)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&envFormat, "env", false, "print shell export lines (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
 	return c
 }
 

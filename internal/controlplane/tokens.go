@@ -80,7 +80,7 @@ func (cp *ControlPlane) loadTokens() error {
 	}
 	grants := make([]auth.Grant, len(toks))
 	for i, t := range toks {
-		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace}
+		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, SigningKey: t.SigningKey}
 	}
 	cp.tokens.Replace(grants)
 	cp.cluster.setAuth(!cp.cfg.AuthDisabled, grants)
@@ -102,7 +102,7 @@ func (cp *ControlPlane) bootstrapToken() error {
 	if err := writeSecret(path, tok+"\n"); err != nil {
 		return fmt.Errorf("controlplane: writing the first admin token: %w", err)
 	}
-	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, CreatedAt: time.Now().UTC()}
+	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "scopes: "+err.Error())
 		return
 	}
-	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, Hash: g.Hash, CreatedAt: time.Now().UTC()}
+	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {
 		writeStoreError(w, "storing the token: ", err)
 		return

@@ -81,7 +81,7 @@ func (c *Cluster) publishLocked(edit func(b *briskv1.EndpointBatch)) {
 func (c *Cluster) setAuth(enabled bool, grants []auth.Grant) {
 	a := &briskv1.AuthConfig{Enabled: enabled}
 	for _, g := range grants {
-		a.Tokens = append(a.Tokens, &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace})
+		a.Tokens = append(a.Tokens, &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, SigningKey: g.SigningKey})
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

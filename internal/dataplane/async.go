@@ -124,29 +124,14 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 		}
 		return
 	}
-	h := r.Header.Clone()
-	for _, k := range []string{"X-Callback-Url", "Prefer", "X-Call-Id", "Content-Length"} {
-		delete(h, k)
-	}
-	if !keepAuth {
-		delete(h, "Authorization")
-	}
 	path := rt.rawRest
 	if path == "" {
 		path = escapePath(rt.rest)
 	}
-	c := &async.Call{ID: callID[0], Function: fn.name, Method: r.Method, Path: path, Query: r.URL.RawQuery,
-		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr, CallbackURL: cb}
-	if err := q.Submit(r.Context(), c); err != nil {
-		switch {
-		case errors.Is(err, async.ErrQueueFull):
-			d.writeError(w, callID, fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit; try again later"))
-		case errors.Is(err, async.ErrTooLarge):
-			d.writeError(w, callID, fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body too large for the asynchronous queue"))
-		default:
-			d.log.Warn("async submit failed", "function", fn.name, "err", err)
-			d.writeError(w, callID, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "the asynchronous queue did not store the call: %v", err))
-		}
+	c := d.asyncCall(r, fn, callID[0], path, body, keepAuth)
+	c.CallbackURL = cb
+	if f := d.storeAsync(r.Context(), c); f.code != 0 {
+		d.writeError(w, callID, f)
 		return
 	}
 	loc := callsPath + "/" + c.ID
@@ -156,6 +141,35 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	hdr["Content-Type"] = hdrJSON
 	w.WriteHeader(http.StatusAccepted)
 	_ = json.NewEncoder(w).Encode(map[string]string{"call_id": c.ID, "status": string(async.StatusQueued), "location": loc})
+}
+
+// asyncCall is the call to store for request r of fn, whose token was
+// checked (keepAuth: its Authorization goes on to the function).
+func (d *DataPlane) asyncCall(r *http.Request, fn *function, id, path string, body []byte, keepAuth bool) *async.Call {
+	h := r.Header.Clone()
+	for _, k := range []string{"X-Callback-Url", "Prefer", "X-Call-Id", "Content-Length"} {
+		delete(h, k)
+	}
+	if !keepAuth {
+		delete(h, "Authorization")
+	}
+	return &async.Call{ID: id, Function: fn.name, Method: r.Method, Path: path, Query: r.URL.RawQuery,
+		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr}
+}
+
+// storeAsync submits c and says what failed, if anything.
+func (d *DataPlane) storeAsync(ctx context.Context, c *async.Call) failure {
+	err := d.cfg.Async.Submit(ctx, c)
+	switch {
+	case err == nil:
+		return failure{}
+	case errors.Is(err, async.ErrQueueFull):
+		return fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit; try again later")
+	case errors.Is(err, async.ErrTooLarge):
+		return fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body too large for the asynchronous queue")
+	}
+	d.log.Warn("async submit failed", "function", c.Function, "err", err)
+	return fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "the asynchronous queue did not store the call: %v", err)
 }
 
 // escapePath is rest as a request line carries it.

@@ -23,7 +23,7 @@ func (d *DataPlane) applyAuth(a *briskv1.AuthConfig) {
 	}
 	grants := make([]auth.Grant, len(a.GetTokens()))
 	for i, t := range a.GetTokens() {
-		grants[i] = auth.Grant{ID: t.GetId(), Hash: t.GetHash(), Scopes: t.GetScopes(), Functions: t.GetFunctions(), Namespace: t.GetNamespace()}
+		grants[i] = auth.Grant{ID: t.GetId(), Hash: t.GetHash(), Scopes: t.GetScopes(), Functions: t.GetFunctions(), Namespace: t.GetNamespace(), SigningKey: t.GetSigningKey()}
 	}
 	d.tokens.Replace(grants)
 	d.authOn.Store(a.GetEnabled())

@@ -134,8 +134,8 @@ func (c *frontConn) parse() *function {
 			return nil
 		}
 		fn = c.f.d.lookup(string(name))
-	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) {
-		return nil // asynchronous: submitted on the net/http path (async.go)
+	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) || bytes.HasPrefix(path, []byte(lambdaPrefix)) {
+		return nil // asynchronous calls and the Lambda API: the net/http path (async.go, lambda.go)
 	} else {
 		rq.rest = path
 		if label := httpx.HostLabel(string(rq.host)); httpx.NamesFunction(label) {

@@ -44,6 +44,7 @@ type route struct {
 	rest    string // path the sandbox sees
 	rawRest string // its escaped form when it differs from the default (url.URL.RawPath)
 	async   bool   // an attempt of an asynchronous call (async.go): token checked at submit, low priority
+	checked bool   // the caller checked the token already (the Lambda API's SigV4: lambda.go)
 }
 
 // resolve maps a request to a function without allocating: OpenFaaS-style
@@ -83,7 +84,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// either to misread (RFC 9112 §6.1).
 		w.Header()["Connection"] = hdrClose
 	}
-	if d.serveAsyncRoute(w, r) {
+	if d.serveAsyncRoute(w, r) || d.serveLambda(w, r) {
 		return
 	}
 	rt := d.resolve(r)
@@ -232,8 +233,8 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	set := rt.fn.set.Load()
 	f, keepAuth := authorize(d, rt.fn, set.conf, r.Header.Get("Authorization"))
-	if rt.async {
-		f, keepAuth = failure{}, true // checked at submit, and dropped then unless public
+	if rt.async || rt.checked {
+		f, keepAuth = failure{}, true // checked already, and dropped then unless public
 	}
 	if f.code != 0 {
 		rt.fn.m.used.Store(true)

@@ -2439,7 +2439,8 @@ type TokenGrant struct {
 	Hash          string                 `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"` // hex SHA-256 of the secret
 	Scopes        []string               `protobuf:"bytes,3,rep,name=scopes,proto3" json:"scopes,omitempty"`
 	Functions     []string               `protobuf:"bytes,4,rep,name=functions,proto3" json:"functions,omitempty"`
-	Namespace     string                 `protobuf:"bytes,5,opt,name=namespace,proto3" json:"namespace,omitempty"` // "": any; else only that namespace's functions
+	Namespace     string                 `protobuf:"bytes,5,opt,name=namespace,proto3" json:"namespace,omitempty"`                     // "": any; else only that namespace's functions
+	SigningKey    string                 `protobuf:"bytes,6,opt,name=signing_key,json=signingKey,proto3" json:"signing_key,omitempty"` // the token's SigV4 secret key (Lambda API); "" if none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2505,6 +2506,13 @@ func (x *TokenGrant) GetFunctions() []string {
 func (x *TokenGrant) GetNamespace() string {
 	if x != nil {
 		return x.Namespace
+	}
+	return ""
+}
+
+func (x *TokenGrant) GetSigningKey() string {
+	if x != nil {
+		return x.SigningKey
 	}
 	return ""
 }
@@ -3098,14 +3106,16 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\n" +
 	"AuthConfig\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12,\n" +
-	"\x06tokens\x18\x02 \x03(\v2\x14.brisk.v1.TokenGrantR\x06tokens\"\x84\x01\n" +
+	"\x06tokens\x18\x02 \x03(\v2\x14.brisk.v1.TokenGrantR\x06tokens\"\xa5\x01\n" +
 	"\n" +
 	"TokenGrant\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x16\n" +
 	"\x06scopes\x18\x03 \x03(\tR\x06scopes\x12\x1c\n" +
 	"\tfunctions\x18\x04 \x03(\tR\tfunctions\x12\x1c\n" +
-	"\tnamespace\x18\x05 \x01(\tR\tnamespace\"a\n" +
+	"\tnamespace\x18\x05 \x01(\tR\tnamespace\x12\x1f\n" +
+	"\vsigning_key\x18\x06 \x01(\tR\n" +
+	"signingKey\"a\n" +
 	"\x11FunctionCondition\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +

@@ -55,13 +55,16 @@ type Worker struct {
 // stored: only its SHA-256 (the secret is 256 random bits, so a plain hash
 // is as hard to reverse as a slow one, and cheap enough to check per call).
 type Token struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Scopes    []string  `json:"scopes"`
-	Functions []string  `json:"functions,omitempty"` // invoke only these; empty: any
-	Namespace string    `json:"namespace,omitempty"` // only this namespace's functions; empty: any
-	Hash      string    `json:"hash"`                // hex SHA-256 of the secret
-	CreatedAt time.Time `json:"created_at"`
+	ID        string   `json:"id"`
+	Name      string   `json:"name"`
+	Scopes    []string `json:"scopes"`
+	Functions []string `json:"functions,omitempty"` // invoke only these; empty: any
+	Namespace string   `json:"namespace,omitempty"` // only this namespace's functions; empty: any
+	Hash      string   `json:"hash"`                // hex SHA-256 of the secret
+	// SigningKey is the token's SigV4 secret key (auth.SigningKeyOf), for
+	// the Lambda API; empty for tokens made before it.
+	SigningKey string    `json:"signing_key,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
 }
 
 // Namespace is the durable record of a tenant's namespace and its quota.
