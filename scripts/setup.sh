@@ -20,6 +20,8 @@ command -v curl >/dev/null 2>&1 || pkgs+=(curl)
 # The containerd runtime (--runtime containerd) and its tests.
 command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
 command -v runc >/dev/null 2>&1 || pkgs+=(runc)
+# The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
 if ! command -v go >/dev/null 2>&1; then pkgs+=(golang-go); fi
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -58,4 +60,12 @@ if ! containerd_answers; then
     exit 1
   fi
 fi
-echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3))"
+# boto3 and the aws CLI (v1, the one on PyPI) in a venv of the checkout:
+# test/e2e/lambda_test.go calls brisk with them, unmodified.
+PYCLIENTS="$(cd "$(dirname "$0")/.." && pwd)/.cache/pyclients"
+if ! "$PYCLIENTS/bin/python" -c 'import boto3' >/dev/null 2>&1 || [ ! -x "$PYCLIENTS/bin/aws" ]; then
+  echo "setup: installing boto3 and awscli into $PYCLIENTS"
+  python3 -m venv "$PYCLIENTS"
+  "$PYCLIENTS/bin/pip" install -q --disable-pip-version-check 'boto3>=1.34' 'awscli>=1.32'
+fi
+echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3); $("$PYCLIENTS/bin/aws" --version 2>&1 | cut -d' ' -f1))"
