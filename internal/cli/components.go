@@ -32,6 +32,7 @@ type cpFlags struct {
 	tlsSANs                         []string
 	adminTLS                        httpTLSFlags
 	tlsGenerate                     bool
+	dirigent, dirigentImages        string
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -39,6 +40,8 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(), "directory for the durable registry (and worker state under `up`)")
 	fl.StringVar(&f.admin, "admin", "127.0.0.1:9090", "admin HTTP/JSON API listen address")
 	fl.StringVar(&f.grpc, "grpc", "127.0.0.1:9091", "gRPC listen address for workers and data planes")
+	fl.StringVar(&f.dirigent, "dirigent-registration", "", "also serve Dirigent's registration contract on this address (the InVitro loader's form POST: give it DirigentControlPlaneIP user:TOKEN@ADDR; docs/compatibility.md); off by default")
+	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing")
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
@@ -84,7 +87,11 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if !slices.Contains(spec.ScalingModes, f.scalingMode) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--scaling-mode %q: want one of %v", f.scalingMode, spec.ScalingModes)}
 	}
+	if f.dirigentImages != controlplane.DirigentImagesTrace && f.dirigentImages != controlplane.DirigentImagesKeep {
+		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
+	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode,
+		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
 }

@@ -31,6 +31,12 @@ import (
 type Config struct {
 	DataDir   string // registry location (required)
 	AdminAddr string // HTTP/JSON admin API; default 127.0.0.1:9090
+	// DirigentAddr, when set, serves Dirigent's registration contract
+	// there (dirigent.go) for the InVitro loader; DirigentImages is what a
+	// registered image runs as (DirigentImagesTrace, the default, or
+	// DirigentImagesKeep).
+	DirigentAddr   string
+	DirigentImages string
 	GRPCAddr  string // gRPC for workers and data planes; default 127.0.0.1:9091
 	Placement string // placement policy; default "kubernetes"
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
@@ -149,6 +155,9 @@ type ControlPlane struct {
 	store   store.Registry
 	tokens  *auth.Checker // the registry's tokens, for the admin API
 
+	dirigentLis    net.Listener
+	dirigentImages sync.Map // images logged as mapped to the trace function
+
 	linkCtx context.Context
 	linkWG  sync.WaitGroup
 	kicks   sync.Map // node id -> chan struct{}
@@ -174,6 +183,13 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err := cfg.Autoscale.Validate(); err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
+	switch cfg.DirigentImages {
+	case "":
+		cfg.DirigentImages = DirigentImagesTrace
+	case DirigentImagesTrace, DirigentImagesKeep:
+	default:
+		return nil, fmt.Errorf("controlplane: dirigent images %q: want %q or %q", cfg.DirigentImages, DirigentImagesTrace, DirigentImagesKeep)
+	}
 	m := newMetrics()
 	c, err := newCluster(cfg, m)
 	if err != nil {
@@ -187,6 +203,14 @@ func (cp *ControlPlane) Ready() <-chan struct{} { return cp.ready }
 
 // AdminAddr is the bound admin address (after Ready).
 func (cp *ControlPlane) AdminAddr() string { return cp.adminLis.Addr().String() }
+
+// DirigentAddr is the bound registration address ("" without one).
+func (cp *ControlPlane) DirigentAddr() string {
+	if cp.dirigentLis == nil {
+		return ""
+	}
+	return cp.dirigentLis.Addr().String()
+}
 
 // GRPCAddr is the bound gRPC address (after Ready).
 func (cp *ControlPlane) GRPCAddr() string { return cp.grpcLis.Addr().String() }
@@ -235,6 +259,13 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		cp.grpcLis.Close()
 		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.AdminAddr, err)
 	}
+	if cp.cfg.DirigentAddr != "" {
+		if cp.dirigentLis, err = net.Listen("tcp", cp.cfg.DirigentAddr); err != nil {
+			cp.grpcLis.Close()
+			cp.adminLis.Close()
+			return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.DirigentAddr, err)
+		}
+	}
 	gs := grpc.NewServer(append(rpc.ServerOptions(tlsCfg), IdentityInterceptors(cp.cfg.CA)...)...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
@@ -246,6 +277,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 	}
 	close(cp.ready)
+	if cp.dirigentLis != nil {
+		cp.log.Info("Dirigent registration listener", "addr", cp.dirigentLis.Addr().String(), "images", cp.cfg.DirigentImages)
+	}
 	cp.log.Info("control plane serving", "admin", cp.AdminAddr(), "grpc", cp.GRPCAddr(), "data_dir", cp.cfg.DataDir,
 		"grpc_tls", cp.cfg.CA != nil, "admin_tls", cp.cfg.AdminTLS != nil)
 
@@ -266,6 +300,28 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if cp.dirigentLis != nil {
+		ds := &http.Server{
+			Handler:           cp.authenticate(cp.dirigentHandler()),
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    64 << 10,
+		}
+		g.Go(func() error {
+			if err := ds.Serve(cp.dirigentLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return ds.Shutdown(sctx)
+		})
+	}
 	g.Go(func() error { cp.every(gctx, cp.cfg.TickInterval, cp.cluster.tick); return nil })
 	g.Go(func() error { cp.every(gctx, time.Second, cp.cluster.sampleLoad); return nil })
 	g.Go(func() error {
