@@ -1,0 +1,412 @@
+// Package knative converts between Knative Serving's Service
+// (serving.knative.dev/v1) and brisk's function spec, so that `brisk
+// apply -f service.yaml` deploys what `kubectl apply` would give Knative,
+// and `brisk get -o yaml` gives a Service back (docs/compatibility.md).
+package knative
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// APIVersion and Kind of what is converted.
+const (
+	APIVersion = "serving.knative.dev/v1"
+	Kind       = "Service"
+)
+
+// Annotations brisk reads (Knative's autoscaler's) and its own.
+const (
+	annMinScale    = "autoscaling.knative.dev/min-scale"
+	annMaxScale    = "autoscaling.knative.dev/max-scale"
+	annTarget      = "autoscaling.knative.dev/target"
+	annUtilization = "autoscaling.knative.dev/target-utilization-percentage"
+	annWindow      = "autoscaling.knative.dev/window"
+	annMetric      = "autoscaling.knative.dev/metric"
+	annClass       = "autoscaling.knative.dev/class"
+	// AnnBuiltin runs a brisk built-in function instead of the image
+	// ("trace"), for clusters without the image.
+	AnnBuiltin = "brisk.dev/builtin"
+	// AnnPublic "true": anyone may call the function (brisk's auth: public).
+	AnnPublic = "brisk.dev/public"
+)
+
+// Service is the part of a Knative Service brisk understands.
+type Service struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Metadata   Metadata `json:"metadata"`
+	Spec       struct {
+		Template struct {
+			Metadata Metadata     `json:"metadata,omitzero"`
+			Spec     RevisionSpec `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+	Status *Status `json:"status,omitempty"`
+}
+
+// Metadata is a Kubernetes object's metadata, as far as brisk uses it.
+type Metadata struct {
+	Name        string            `json:"name,omitempty"`
+	Namespace   string            `json:"namespace,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// RevisionSpec is a revision template's spec.
+type RevisionSpec struct {
+	ContainerConcurrency *int64      `json:"containerConcurrency,omitempty"`
+	TimeoutSeconds       *int64      `json:"timeoutSeconds,omitempty"`
+	Containers           []Container `json:"containers"`
+}
+
+// Container is the one container of a revision.
+type Container struct {
+	Name      string        `json:"name,omitempty"`
+	Image     string        `json:"image"`
+	Command   []string      `json:"command,omitempty"`
+	Args      []string      `json:"args,omitempty"`
+	Env       []EnvVar      `json:"env,omitempty"`
+	Ports     []Port        `json:"ports,omitempty"`
+	Resources *Requirements `json:"resources,omitempty"`
+}
+
+// EnvVar is a literal environment variable (valueFrom is not supported).
+type EnvVar struct {
+	Name      string `json:"name"`
+	Value     string `json:"value,omitempty"`
+	ValueFrom any    `json:"valueFrom,omitempty"`
+}
+
+// Port is a container port; Knative allows one.
+type Port struct {
+	Name          string `json:"name,omitempty"`
+	ContainerPort int    `json:"containerPort"`
+}
+
+// Requirements are a container's requests and limits.
+type Requirements struct {
+	Requests map[string]string `json:"requests,omitempty"`
+	Limits   map[string]string `json:"limits,omitempty"`
+}
+
+// Status is what `brisk get -o yaml` reports of a Service.
+type Status struct {
+	URL        string      `json:"url,omitempty"`
+	Conditions []Condition `json:"conditions,omitempty"`
+}
+
+// Condition is a Knative status condition.
+type Condition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// Parse reads one or more YAML (or JSON) documents of Knative Services and
+// returns their brisk specs; an error names the document and the field.
+func Parse(data []byte) ([]*spec.Function, error) {
+	var out []*spec.Function
+	for i, doc := range docSep.Split(string(data), -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var s Service
+		if err := yaml.UnmarshalStrict([]byte(doc), &s); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		f, err := s.ToSpec()
+		if err != nil {
+			return nil, fmt.Errorf("document %d (%s): %w", i+1, s.Metadata.Name, err)
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no Knative Service in the input")
+	}
+	return out, nil
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for line := range strings.SplitSeq(doc, "\n") {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+			b.WriteString(line)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// ToSpec converts a Service to a brisk spec.
+func (s *Service) ToSpec() (*spec.Function, error) {
+	if s.APIVersion != APIVersion || s.Kind != Kind {
+		return nil, fmt.Errorf("apiVersion %q kind %q: brisk applies %s %s only", s.APIVersion, s.Kind, APIVersion, Kind)
+	}
+	if s.Metadata.Name == "" {
+		return nil, errors.New("metadata.name is required")
+	}
+	f := &spec.Function{Name: s.Metadata.Name, Namespace: s.Metadata.Namespace}
+	rs := s.Spec.Template.Spec
+	if len(rs.Containers) != 1 {
+		return nil, fmt.Errorf("spec.template.spec.containers: want exactly one container (got %d)", len(rs.Containers))
+	}
+	c := rs.Containers[0]
+	ann := merge(s.Metadata.Annotations, s.Spec.Template.Metadata.Annotations)
+	switch b := ann[AnnBuiltin]; {
+	case b != "":
+		f.Builtin = b
+	case c.Image == "":
+		return nil, errors.New("containers[0].image is required")
+	default:
+		f.Image = c.Image
+		if len(c.Command) > 0 || len(c.Args) > 0 {
+			return nil, errors.New("containers[0].command/args: brisk runs an image's own entrypoint (set it in the image)")
+		}
+	}
+	if ann[AnnPublic] == "true" {
+		f.Auth = spec.AuthPublic
+	}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			return nil, fmt.Errorf("env %s: valueFrom is not supported; give a value", e.Name)
+		}
+		if f.Env == nil {
+			f.Env = map[string]string{}
+		}
+		f.Env[e.Name] = e.Value
+	}
+	switch len(c.Ports) {
+	case 0:
+	case 1:
+		f.Port = c.Ports[0].ContainerPort
+	default:
+		return nil, errors.New("containers[0].ports: Knative allows one port")
+	}
+	if r := c.Resources; r != nil {
+		var err error
+		if f.Resources.MilliCPU, err = milliCPU(r.Requests["cpu"]); err != nil {
+			return nil, fmt.Errorf("resources.requests.cpu: %w", err)
+		}
+		if f.Resources.MemoryMB, err = memoryMB(r.Requests["memory"]); err != nil {
+			return nil, fmt.Errorf("resources.requests.memory: %w", err)
+		}
+		if f.Limits.MilliCPU, err = milliCPU(r.Limits["cpu"]); err != nil {
+			return nil, fmt.Errorf("resources.limits.cpu: %w", err)
+		}
+		if f.Limits.MemoryMB, err = memoryMB(r.Limits["memory"]); err != nil {
+			return nil, fmt.Errorf("resources.limits.memory: %w", err)
+		}
+	}
+	if cc := rs.ContainerConcurrency; cc != nil {
+		if *cc == 0 {
+			return nil, errors.New("containerConcurrency 0 (unlimited) is not supported yet: give a limit")
+		}
+		f.Concurrency = int(*cc)
+	}
+	if ts := rs.TimeoutSeconds; ts != nil {
+		f.Timeout = spec.Duration(time.Duration(*ts) * time.Second)
+	}
+	var err error
+	num := func(key string, set func(float64)) {
+		if v, ok := ann[key]; ok && err == nil {
+			x, perr := strconv.ParseFloat(v, 64)
+			if perr != nil || math.IsNaN(x) || x < 0 {
+				err = fmt.Errorf("annotation %s: %q is not a non-negative number", key, v)
+				return
+			}
+			set(x)
+		}
+	}
+	num(annMinScale, func(x float64) { f.Scaling.Min = int(x) })
+	num(annMaxScale, func(x float64) { f.Scaling.Max = int(x) })
+	num(annTarget, func(x float64) { f.Scaling.Target = x })
+	num(annUtilization, func(x float64) { f.Scaling.TargetUtilization = x / 100 })
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := ann[annWindow]; ok {
+		d, perr := time.ParseDuration(v)
+		if perr != nil {
+			return nil, fmt.Errorf("annotation %s: %q is not a duration", annWindow, v)
+		}
+		f.Scaling.StableWindow = spec.Duration(d)
+	}
+	if m, ok := ann[annMetric]; ok && m != "concurrency" {
+		return nil, fmt.Errorf("annotation %s: %q: brisk scales on concurrency only", annMetric, m)
+	}
+	if cl, ok := ann[annClass]; ok && cl != "kpa.autoscaling.knative.dev" {
+		return nil, fmt.Errorf("annotation %s: %q: brisk's autoscaler is the KPA", annClass, cl)
+	}
+	return f, nil
+}
+
+func merge(a, b map[string]string) map[string]string {
+	m := map[string]string{}
+	for k, v := range a {
+		m[k] = v
+	}
+	for k, v := range b {
+		m[k] = v
+	}
+	return m
+}
+
+// milliCPU parses a Kubernetes CPU quantity ("250m", "0.5", "2").
+func milliCPU(q string) (int64, error) {
+	if q == "" {
+		return 0, nil
+	}
+	if v, ok := strings.CutSuffix(q, "m"); ok {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("%q is not a CPU quantity", q)
+		}
+		return n, nil
+	}
+	x, err := strconv.ParseFloat(q, 64)
+	if err != nil || x < 0 || x > 1e6 {
+		return 0, fmt.Errorf("%q is not a CPU quantity", q)
+	}
+	return int64(math.Round(x * 1000)), nil
+}
+
+// memoryMB parses a Kubernetes memory quantity ("128Mi", "1Gi", "500M",
+// bytes) into MiB, rounding up.
+func memoryMB(q string) (int64, error) {
+	if q == "" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		bytes  float64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}}
+	mult, num := 1.0, q
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(q, u.suffix); ok {
+			mult, num = u.bytes, v
+			break
+		}
+	}
+	x, err := strconv.ParseFloat(num, 64)
+	if err != nil || x < 0 || x*mult > 1<<50 {
+		return 0, fmt.Errorf("%q is not a memory quantity", q)
+	}
+	return int64(math.Ceil(x * mult / (1 << 20))), nil
+}
+
+// FromSpec renders a brisk function as a Knative Service; url and ready
+// fill its status (url empty: no status).
+func FromSpec(f *spec.Function, url string, ready bool, message string) *Service {
+	s := &Service{APIVersion: APIVersion, Kind: Kind}
+	s.Metadata = Metadata{Name: f.Name, Namespace: f.Namespace}
+	ann := map[string]string{}
+	if f.Scaling.Min != 0 {
+		ann[annMinScale] = strconv.Itoa(f.Scaling.Min)
+	}
+	if f.Scaling.Max != 0 {
+		ann[annMaxScale] = strconv.Itoa(f.Scaling.Max)
+	}
+	if f.Scaling.Target != 0 {
+		ann[annTarget] = strconv.FormatFloat(f.Scaling.Target, 'f', -1, 64)
+	}
+	if f.Scaling.TargetUtilization != 0 {
+		ann[annUtilization] = strconv.FormatFloat(f.Scaling.TargetUtilization*100, 'f', -1, 64)
+	}
+	if f.Scaling.StableWindow != 0 {
+		ann[annWindow] = time.Duration(f.Scaling.StableWindow).String()
+	}
+	if f.Builtin != "" {
+		ann[AnnBuiltin] = f.Builtin
+	}
+	if f.Auth == spec.AuthPublic {
+		ann[AnnPublic] = "true"
+	}
+	if len(ann) > 0 {
+		s.Spec.Template.Metadata.Annotations = ann
+	}
+	c := Container{Image: f.Image}
+	if f.Builtin != "" && c.Image == "" {
+		c.Image = "brisk.dev/builtin/" + f.Builtin // for Knative tools: brisk runs the built-in (annotation)
+	}
+	for k, v := range f.Env {
+		c.Env = append(c.Env, EnvVar{Name: k, Value: v})
+	}
+	sortEnv(c.Env)
+	if f.Port != 0 {
+		c.Ports = []Port{{ContainerPort: f.Port}}
+	}
+	req := map[string]string{}
+	if f.Resources.MilliCPU != 0 {
+		req["cpu"] = strconv.FormatInt(f.Resources.MilliCPU, 10) + "m"
+	}
+	if f.Resources.MemoryMB != 0 {
+		req["memory"] = strconv.FormatInt(f.Resources.MemoryMB, 10) + "Mi"
+	}
+	lim := map[string]string{}
+	if f.Limits.MilliCPU != 0 {
+		lim["cpu"] = strconv.FormatInt(f.Limits.MilliCPU, 10) + "m"
+	}
+	if f.Limits.MemoryMB != 0 {
+		lim["memory"] = strconv.FormatInt(f.Limits.MemoryMB, 10) + "Mi"
+	}
+	if len(req) > 0 || len(lim) > 0 {
+		c.Resources = &Requirements{Requests: req, Limits: lim}
+	}
+	s.Spec.Template.Spec.Containers = []Container{c}
+	if f.Concurrency != 0 {
+		cc := int64(f.Concurrency)
+		s.Spec.Template.Spec.ContainerConcurrency = &cc
+	}
+	if f.Timeout != 0 {
+		ts := int64(time.Duration(f.Timeout) / time.Second)
+		s.Spec.Template.Spec.TimeoutSeconds = &ts
+	}
+	if url != "" {
+		st := &Status{URL: url}
+		cond := Condition{Type: "Ready", Status: "True"}
+		if !ready {
+			cond.Status, cond.Reason, cond.Message = "Unknown", "NoReadySandbox", message
+		}
+		st.Conditions = []Condition{cond}
+		s.Status = st
+	}
+	return s
+}
+
+func sortEnv(e []EnvVar) {
+	for i := 1; i < len(e); i++ {
+		for j := i; j > 0 && e[j].Name < e[j-1].Name; j-- {
+			e[j], e[j-1] = e[j-1], e[j]
+		}
+	}
+}
+
+// YAML renders services as YAML documents separated by ---.
+func YAML(svcs ...*Service) ([]byte, error) {
+	var b bytes.Buffer
+	for i, s := range svcs {
+		if i > 0 {
+			b.WriteString("---\n")
+		}
+		y, err := yaml.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(y)
+	}
+	return b.Bytes(), nil
+}
