@@ -55,6 +55,11 @@ type Function struct {
 	Auth string `json:"auth,omitempty"`
 	// Async is how the function's asynchronous calls are retried.
 	Async Async `json:"async,omitzero"`
+	// Labels and Annotations are the user's metadata, kept as given (the
+	// OpenFaaS API's labels and annotations; brisk reads none of them
+	// except where docs/compatibility.md says).
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`

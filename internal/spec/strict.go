@@ -36,6 +36,12 @@ func controlByte(s string, text bool) int {
 // validateStrings refuses NUL and control bytes where a process's argv,
 // environment or an image reference would carry them, and bounds their
 // sizes.
+// Bounds of labels and annotations (each map).
+const (
+	maxMetaEntries = 64
+	maxMetaBytes   = 64 << 10
+)
+
 func (f *Function) validateStrings(bad func(field, format string, args ...any) error) error {
 	if len(f.Command) > maxCommandArgs {
 		return bad("command", "%d arguments, more than %d", len(f.Command), maxCommandArgs)
@@ -65,6 +71,27 @@ func (f *Function) validateStrings(bad func(field, format string, args ...any) e
 	}
 	if size > maxEnvBytes {
 		return bad("env", "%d bytes, more than %d", size, maxEnvBytes)
+	}
+	for _, m := range []struct {
+		field string
+		kv    map[string]string
+	}{{"labels", f.Labels}, {"annotations", f.Annotations}} {
+		if len(m.kv) > maxMetaEntries {
+			return bad(m.field, "%d entries, more than %d", len(m.kv), maxMetaEntries)
+		}
+		size := 0
+		for k, v := range m.kv {
+			size += len(k) + len(v)
+			if k == "" || len(k) > 253 || controlByte(k, false) >= 0 {
+				return bad(m.field, "key %q: want 1-253 bytes without control bytes", k)
+			}
+			if j := controlByte(v, true); j >= 0 {
+				return bad(m.field+"."+k, "control byte %#02x at offset %d", v[j], j)
+			}
+		}
+		if size > maxMetaBytes {
+			return bad(m.field, "%d bytes, more than %d", size, maxMetaBytes)
+		}
 	}
 	if len(f.Image) > maxImageBytes {
 		return bad("image", "%d bytes, more than %d", len(f.Image), maxImageBytes)
