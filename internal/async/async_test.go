@@ -191,7 +191,10 @@ func TestPlatformFailuresRetryThenDeadThenRetryByHand(t *testing.T) {
 		t.Fatalf("dead letters: %+v %v", n, err)
 	}
 	fail.Store(false)
-	if _, err := e.q.Retry(context.Background(), "d1"); err != nil {
+	if _, err := e.q.Retry(context.Background(), "d1", "other"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("retry as another function's call: %v", err)
+	}
+	if _, err := e.q.Retry(context.Background(), "d1", "fn"); err != nil {
 		t.Fatal(err)
 	}
 	r = waitStatus(t, e.q, "d1", StatusSucceeded)
@@ -201,7 +204,7 @@ func TestPlatformFailuresRetryThenDeadThenRetryByHand(t *testing.T) {
 	if n, _ := e.q.dead.Info(context.Background()); n.State.Msgs != 0 {
 		t.Fatalf("retried call still in the dead-letter stream: %d", n.State.Msgs)
 	}
-	if _, err := e.q.Retry(context.Background(), "d1"); !errors.Is(err, ErrNotFound) {
+	if _, err := e.q.Retry(context.Background(), "d1", "fn"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("retry of a call not dead: %v", err)
 	}
 }

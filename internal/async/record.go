@@ -83,18 +83,6 @@ func (q *Queue) putStatusAsync(r *Record) {
 	_, _ = q.js.PublishAsync("$KV."+StatusBucket+"."+r.ID, b)
 }
 
-// putStatusIfAbsent writes r unless the call has a record already.
-func (q *Queue) putStatusIfAbsent(r *Record) {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return
-	}
-	m := nats.NewMsg("$KV." + StatusBucket + "." + r.ID)
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-	m.Data = b
-	_, _ = q.js.PublishMsgAsync(m)
-}
-
 // Get returns the status of call id.
 func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 	if !ValidID(id) {
@@ -172,13 +160,15 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 	return out, nil
 }
 
-// Retry queues a failed or dead call again with its attempts reset; it
-// leaves the dead-letter stream.
-func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
-	if !ValidID(id) {
+// Retry queues failed or dead call id of function fn again with its
+// attempts reset; it leaves the dead-letter stream. fn is the function the
+// caller may retry calls of: a dead letter of another function under the
+// same id (its record expired, and the id was used again) is not this call.
+func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
+	if !ValidID(id) || !ValidID(fn) {
 		return nil, ErrBadID
 	}
-	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id)
+	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+fn+"."+id)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNotFound
 	} else if err != nil {
@@ -212,6 +202,9 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
 // Purge drops the queued calls (or, with dead, the dead letters) of fn
 // ("" = every function) and returns how many.
 func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error) {
+	if fn != "" && !ValidID(fn) {
+		return 0, ErrBadID // a subject token: no wildcards or dots
+	}
 	st, prefix := q.calls, callsPrefix
 	if dead {
 		st, prefix = q.dead, deadPrefix
