@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -381,5 +382,78 @@ func TestSurvivesRestart(t *testing.T) {
 	run(t, e2.q, inv)
 	for i := range 50 {
 		waitStatus(t, e2.q, fmt.Sprintf("r%d", i), StatusSucceeded)
+	}
+}
+
+// Callbacks do not reach the platform's own addresses in any spelling the
+// dialer takes (names, mapped IPv6, userinfo), nor through a redirect.
+func TestCallbackAddressesRefused(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
+	hc := newCallbackClient(nil, 5*time.Second)
+	for _, host := range []string{"127.0.0.1", "127.0.0.2", "localhost", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]",
+		"user:pw@127.0.0.1", "evil.example@127.0.0.1", "0.0.0.0", "[::]", "[::ffff:0.0.0.0]"} {
+		resp, err := hc.Post("http://"+host+":"+port+"/cb", "text/plain", nil)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		if !errors.Is(err, errCallbackAddr) {
+			t.Errorf("callback to %s: %v, want refused", host, err)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("%d callbacks reached a loopback server", n)
+	}
+
+	// Addresses never dialled here (no network beyond loopback in tests):
+	// the check itself.
+	for _, tc := range []struct {
+		addr  string
+		allow string
+		ok    bool
+	}{
+		{"169.254.169.254", "", false}, // cloud metadata
+		{"::ffff:169.254.169.254", "", false},
+		{"fe80::1", "", false},
+		{"fd00:ec2::254", "", false},      // AWS's IPv6 metadata service (not link-local)
+		{"100.100.100.200", "", false},    // Alibaba Cloud's metadata service
+		{"64:ff9b::a9fe:a9fe", "", false}, // NAT64 for 169.254.169.254
+		{"64:ff9b::7f00:1", "", false},    // NAT64 for 127.0.0.1
+		{"224.0.0.1", "", false},
+		{"ff02::1", "", false},
+		{"93.184.216.34", "", true},
+		{"10.1.2.3", "", true}, // private ranges are the operator's to refuse (docs/security.md)
+		{"2001:db8::1", "", true},
+		{"64:ff9b::5db8:d822", "", true}, // NAT64 for a public address
+		{"127.0.0.1", "127.0.0.0/8", true},
+		{"169.254.169.254", "169.254.0.0/16", true},
+	} {
+		var allow []netip.Prefix
+		if tc.allow != "" {
+			allow = []netip.Prefix{netip.MustParsePrefix(tc.allow)}
+		}
+		if got := callbackAllowed(netip.MustParseAddr(tc.addr), allow); got != tc.ok {
+			t.Errorf("callbackAllowed(%s, %q) = %v, want %v", tc.addr, tc.allow, got, tc.ok)
+		}
+	}
+}
+
+// A callback's redirect is not followed: the 3xx is its answer.
+func TestCallbackRedirectNotFollowed(t *testing.T) {
+	var hits atomic.Int32
+	inner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer inner.Close()
+	outer := httptest.NewServer(http.RedirectHandler(inner.URL+"/latest/meta-data/", http.StatusTemporaryRedirect))
+	defer outer.Close()
+	hc := newCallbackClient([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, 5*time.Second)
+	resp, err := hc.Post(outer.URL, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusTemporaryRedirect || hits.Load() != 0 {
+		t.Fatalf("redirect: %d, %d hits on its target", resp.StatusCode, hits.Load())
 	}
 }

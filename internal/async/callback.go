@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -47,15 +48,32 @@ func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client
 }
 
 // callbackAllowed: loopback, link-local (cloud metadata), unspecified and
-// multicast addresses only when an allowed range holds them.
+// multicast addresses, and the metadata services outside link-local, only
+// when an allowed range holds them. A NAT64 address is also checked as the
+// IPv4 address a NAT64 gateway would forward it to.
 func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
+	if nat64.Contains(a) {
+		b := a.As16()
+		if !callbackAllowed(netip.AddrFrom4([4]byte(b[12:])), allow) {
+			return false
+		}
+	}
 	for _, p := range allow {
 		if p.Contains(a) {
 			return true
 		}
 	}
-	return !(a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast())
+	return !(a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
+		slices.Contains(metadataAddrs, a.Unmap()))
 }
+
+var (
+	// metadataAddrs are cloud metadata services outside link-local: AWS's
+	// IPv6 endpoint, Alibaba Cloud's.
+	metadataAddrs = []netip.Addr{netip.MustParseAddr("fd00:ec2::254"), netip.MustParseAddr("100.100.100.200")}
+	// nat64 is the well-known NAT64 prefix (RFC 6052).
+	nat64 = netip.MustParsePrefix("64:ff9b::/96")
+)
 
 // ValidCallbackURL checks a callback URL at submit: http or https with a
 // host.

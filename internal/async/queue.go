@@ -62,7 +62,8 @@ type Config struct {
 	MaxResultBytes int
 	// CallbackAllow lists address ranges callbacks may reach beyond the
 	// default: loopback, link-local, unspecified and multicast addresses
-	// are refused unless listed here (a callback is a request the platform
+	// (and metadata services elsewhere, and NAT64 forms of refused IPv4
+	// addresses) are refused unless listed here (a callback is a request the platform
 	// makes on a caller's behalf).
 	CallbackAllow []netip.Prefix
 	// CallbackAttempts and CallbackTimeout: each callback is tried this
