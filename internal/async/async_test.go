@@ -457,3 +457,30 @@ func TestCallbackRedirectNotFollowed(t *testing.T) {
 		t.Fatalf("redirect: %d, %d hits on its target", resp.StatusCode, hits.Load())
 	}
 }
+
+// A list holds at most MaxList records, however many match and whatever
+// limit is asked: the newest.
+func TestListIsBounded(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	base := time.Now()
+	n := MaxList + 50
+	for i := range n {
+		c := &Call{ID: fmt.Sprintf("l%d", i), Function: "fn", Method: "GET", Path: "/", Submitted: base.Add(time.Duration(i) * time.Second)}
+		if err := e.q.Submit(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, limit := range []int{1 << 30, MaxList + 1} {
+		recs, err := e.q.List(context.Background(), Filter{Function: "fn", Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != MaxList || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[MaxList-1].ID != fmt.Sprintf("l%d", n-MaxList) {
+			t.Fatalf("limit %d: %d records, %s .. %s", limit, len(recs), recs[0].ID, recs[len(recs)-1].ID)
+		}
+	}
+	recs, err := e.q.List(context.Background(), Filter{Function: "fn", Limit: 3})
+	if err != nil || len(recs) != 3 || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[2].ID != fmt.Sprintf("l%d", n-3) {
+		t.Fatalf("limit 3: %v %+v", err, recs)
+	}
+}

@@ -121,14 +121,18 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 type Filter struct {
 	Function string
 	Status   Status
-	Limit    int // default 100
+	Limit    int // default 100, at most MaxList
 }
+
+// MaxList bounds the records one List returns.
+const MaxList = 1000
 
 // List returns the status records matching f, newest first.
 func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
+	f.Limit = min(f.Limit, MaxList)
 	w, err := q.status.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("async: %w", err)
@@ -152,12 +156,21 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 		if (f.Function == "" || r.Function == f.Function) && (f.Status == "" || r.Status == f.Status) {
 			out = append(out, r)
 		}
+		if len(out) >= 2*f.Limit {
+			out = newest(out, f.Limit) // records hold results: keep only those that may be listed
+		}
 	}
-	slices.SortFunc(out, func(a, b Record) int { return b.SubmittedAt.Compare(a.SubmittedAt) })
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
+	return newest(out, f.Limit), nil
+}
+
+// newest sorts rs newest first and keeps n.
+func newest(rs []Record, n int) []Record {
+	slices.SortFunc(rs, func(a, b Record) int { return b.SubmittedAt.Compare(a.SubmittedAt) })
+	if len(rs) > n {
+		clear(rs[n:])
+		rs = rs[:n]
 	}
-	return out, nil
+	return rs
 }
 
 // Retry queues failed or dead call id of function fn again with its
