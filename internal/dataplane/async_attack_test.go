@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,7 @@ func as(t *testing.T, method, url, authz string, hdr http.Header, body string) r
 }
 
 // rawCall writes a request as it is and reads the one reply.
-func rawCall(t *testing.T, base, req string) *http.Response {
+func rawCall(t *testing.T, base, req string) (*http.Response, string) {
 	t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
@@ -87,9 +88,9 @@ func rawCall(t *testing.T, base, req string) *http.Response {
 	if err != nil {
 		t.Fatalf("%q: %v", req, err)
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	b, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	return resp
+	return resp, string(b)
 }
 
 // hits counts the calls a sandbox got, by X-Call-Id.
@@ -334,4 +335,134 @@ func TestAsyncAttackSubmitBodiesWithinTheBudget(t *testing.T) {
 	}
 	awaitCall(t, e.ts.URL, "fits", async.StatusSucceeded)
 	waitFor(t, "the budget back whole", func() bool { return e.d.bodyBudget.left.Load() == total })
+}
+
+// Attacks that found nothing to fix, pinned: each is refused before
+// anything is stored, with its status and reason.
+func TestAsyncAttackRefusals(t *testing.T) {
+	tn := newTenants(t, func(c *Config) { c.MaxBodyBytes = 1 << 20 }, async.Config{}, 200)
+	base := tn.ts.URL
+	if r := as(t, "POST", base+"/async-function/b", tn.b, http.Header{"X-Call-Id": {"b-call"}}, "victim"); r.code != http.StatusAccepted {
+		t.Fatalf("victim submit: %d %s", r.code, r.body)
+	}
+	tn.await(t, "b-call", async.StatusSucceeded)
+	id := func(s string) http.Header { return http.Header{"X-Call-Id": {s}} }
+	cb := func(i, u string) http.Header { return http.Header{"X-Call-Id": {i}, "X-Callback-Url": {u}} }
+	big := strings.Repeat("x", 1<<20+1)
+	for _, tc := range []struct {
+		name, method, path, authz string
+		hdr                       http.Header
+		body                      string
+		code                      int
+		reason                    string
+	}{
+		// Ids that would break a NATS subject or a key.
+		{"id with a dot", "POST", "/async-function/a", tn.a, id("x.y"), "", 400, "bad-request"},
+		{"id with *", "POST", "/async-function/a", tn.a, id("x*"), "", 400, "bad-request"},
+		{"id with >", "POST", "/async-function/a", tn.a, id(">"), "", 400, "bad-request"},
+		{"id with unicode", "POST", "/async-function/a", tn.a, id("caf\u00e9"), "", 400, "bad-request"},
+		{"id with a slash", "POST", "/async-function/a", tn.a, id("../b-call"), "", 400, "bad-request"},
+		{"id of 65", "POST", "/async-function/a", tn.a, id(strings.Repeat("i", 65)), "", 400, "bad-request"},
+		{"get id with a dot", "GET", "/v1/calls/b.b-call", tn.admin, nil, "", 400, "bad-request"},
+		{"get id *", "GET", "/v1/calls/*", tn.admin, nil, "", 400, "bad-request"},
+		{"get id > escaped", "GET", "/v1/calls/%3E", tn.admin, nil, "", 400, "bad-request"},
+		{"retry id *", "POST", "/v1/calls/*/retry", tn.admin, nil, "", 400, "bad-request"},
+		// Another tenant's calls.
+		{"read b's call with a's token", "GET", "/v1/calls/b-call", tn.a, nil, "", 403, "forbidden"},
+		{"read b's call without a token", "GET", "/v1/calls/b-call", "", nil, "", 401, "unauthorized"},
+		{"retry b's call with a's token", "POST", "/v1/calls/b-call/retry", tn.a, nil, "", 403, "forbidden"},
+		{"list b with a's token", "GET", "/v1/calls?function=b", tn.a, nil, "", 403, "forbidden"},
+		{"list all with a's token", "GET", "/v1/calls", tn.a, nil, "", 403, "forbidden"},
+		{"list by status with a's token", "GET", "/v1/calls?status=succeeded", tn.a, nil, "", 403, "forbidden"},
+		{"list a gone function", "GET", "/v1/calls?function=ghost", tn.a, nil, "", 403, "forbidden"},
+		{"purge with an invoke token", "DELETE", "/v1/calls?function=a", tn.a, nil, "", 403, "forbidden"},
+		{"purge without a token", "DELETE", "/v1/calls", "", nil, "", 401, "unauthorized"},
+		{"submit to b with a's token", "POST", "/async-function/b", tn.a, id("r-1"), "", 403, "forbidden"},
+		{"Prefer to b with a's token", "POST", "/function/b", tn.a, http.Header{"X-Call-Id": {"r-2"}, "Prefer": {"respond-async"}}, "", 403, "forbidden"},
+		{"submit without a token", "POST", "/async-function/b", "", id("r-3"), "", 401, "unauthorized"},
+		// Callbacks that are no URL to POST to.
+		{"callback ftp", "POST", "/async-function/a", tn.a, cb("r-4", "ftp://example.com/x"), "", 400, "bad-request"},
+		{"callback file", "POST", "/async-function/a", tn.a, cb("r-5", "file:///etc/passwd"), "", 400, "bad-request"},
+		{"callback javascript", "POST", "/async-function/a", tn.a, cb("r-6", "javascript:alert(1)"), "", 400, "bad-request"},
+		{"callback without host", "POST", "/async-function/a", tn.a, cb("r-7", "http:///cb"), "", 400, "bad-request"},
+		{"callback scheme-relative", "POST", "/async-function/a", tn.a, cb("r-8", "//example.com/cb"), "", 400, "bad-request"},
+		{"callback broken IPv6", "POST", "/async-function/a", tn.a, cb("r-9", "http://[::1"), "", 400, "bad-request"},
+		// Upgrades, bodies, names.
+		{"upgrade", "POST", "/async-function/a", tn.a, http.Header{"X-Call-Id": {"r-10"}, "Connection": {"Upgrade"}, "Upgrade": {"websocket"}}, "", 400, "bad-request"},
+		{"body over the limit", "POST", "/async-function/a", tn.a, id("r-11"), big, 413, "body-too-large"},
+		{"no name", "POST", "/async-function/", tn.a, id("r-12"), "", 404, "no-function"},
+		{"no such function", "POST", "/async-function/ghost", tn.a, id("r-13"), "", 404, "no-function"},
+		{"no trailing slash", "POST", "/async-function", tn.a, id("r-14"), "", 404, "no-function"},
+		{"double slash", "POST", "//async-function/a", tn.a, id("r-15"), "", 404, "no-function"},
+		// Methods /v1/calls does not serve.
+		{"PUT /v1/calls", "PUT", "/v1/calls", tn.admin, nil, "", 405, "bad-request"},
+		{"POST a call", "POST", "/v1/calls/b-call", tn.admin, nil, "", 405, "bad-request"},
+		{"GET retry", "GET", "/v1/calls/b-call/retry", tn.admin, nil, "", 405, "bad-request"},
+		{"retry and more", "POST", "/v1/calls/b-call/retry/x", tn.admin, nil, "", 405, "bad-request"},
+		{"retry a call not dead", "POST", "/v1/calls/b-call/retry", tn.b, nil, "", 404, "no-call"},
+	} {
+		r := as(t, tc.method, base+tc.path, tc.authz, tc.hdr, tc.body)
+		if r.err != nil || r.code != tc.code || r.header.Get("X-Brisk-Error") != tc.reason {
+			t.Errorf("%s: %d %q %v, want %d %q (%s)", tc.name, r.code, r.header.Get("X-Brisk-Error"), r.err, tc.code, tc.reason, r.body)
+		}
+	}
+	// The same oversized body, chunked, and a CONNECT asking for async.
+	req, _ := http.NewRequest("POST", base+"/async-function/a", strings.NewReader(big))
+	req.ContentLength = -1
+	req.Header.Set("X-Call-Id", "r-16")
+	req.Header.Set("Authorization", tn.a)
+	wantReason(t, do(t, req), 413, "body-too-large", "")
+	if resp, _ := rawCall(t, base, "CONNECT a:80 HTTP/1.1\r\nHost: a:80\r\nPrefer: respond-async\r\nX-Call-Id: r-17\r\nAuthorization: "+tn.a+"\r\n\r\n"); resp.StatusCode != 400 || resp.Header.Get("X-Brisk-Error") != "bad-request" {
+		t.Errorf("CONNECT: %d %q", resp.StatusCode, resp.Header.Get("X-Brisk-Error"))
+	}
+	// Nothing refused left a record, and nothing ran.
+	for i := 1; i <= 17; i++ {
+		wantReason(t, as(t, "GET", base+"/v1/calls/r-"+strconv.Itoa(i), tn.admin, nil, ""), 404, "no-call", "")
+	}
+	if r := as(t, "GET", base+"/v1/calls?function=a", tn.admin, nil, ""); r.code != 200 || !strings.Contains(r.body, `"calls": null`) {
+		t.Fatalf("function a's calls: %d %s", r.code, r.body)
+	}
+}
+
+// The front end and net/http agree on what is asynchronous: Prefer in any
+// case (name and value), /async-function/ under any Host; /v1/calls under
+// a Host that names a function is the function's own path.
+func TestAsyncAttackBothPathsAgree(t *testing.T) {
+	e := newAsyncEnv(t, nil, async.Config{})
+	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("echo")}, Added: []*briskv1.Endpoint{ep("echo", "sb-1", newSandbox(t, echo))}})
+	addr := strings.TrimPrefix(e.ts.URL, "http://")
+	for _, tc := range []struct {
+		name, head string
+		code       int
+		path       string // the function's path, for a synchronous call
+	}{
+		{"Prefer upper case", "POST /function/echo HTTP/1.1\r\nHost: x\r\nPrefer: RESPOND-ASYNC\r\n", 202, ""},
+		{"prefer lower-case name", "POST /function/echo HTTP/1.1\r\nHost: x\r\nprefer: respond-async\r\n", 202, ""},
+		{"Prefer among others", "POST /function/echo HTTP/1.1\r\nHost: x\r\nPrefer: return=minimal\r\nPrefer: wait=5, respond-async\r\n", 202, ""},
+		{"Prefer by Host", "POST /x HTTP/1.1\r\nHost: echo.fns.example\r\nPrefer: respond-async\r\n", 202, ""},
+		{"async path under a function's Host", "POST /async-function/echo HTTP/1.1\r\nHost: other.fns.example\r\n", 202, ""},
+		{"another Prefer", "POST /function/echo HTTP/1.1\r\nHost: x\r\nPrefer: respond-asyncly\r\n", 200, "/"},
+		{"/v1/calls of a function's Host", "GET /v1/calls HTTP/1.1\r\nHost: echo.fns.example\r\n", 200, "/v1/calls"},
+		{"/v1/calls/ID of a function's Host", "GET /v1/calls/x HTTP/1.1\r\nHost: echo:8080\r\n", 200, "/v1/calls/x"},
+	} {
+		for _, chunked := range []bool{false, true} {
+			body := "Content-Length: 1\r\n\r\nx"
+			if chunked { // net/http's path
+				body = "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n"
+			}
+			resp, got := rawCall(t, "http://"+addr, tc.head+body)
+			if resp.StatusCode != tc.code {
+				t.Errorf("%s (chunked %v): %d, want %d", tc.name, chunked, resp.StatusCode, tc.code)
+				continue
+			}
+			if tc.code == 202 {
+				awaitCall(t, e.ts.URL, resp.Header.Get("X-Call-Id"), async.StatusSucceeded)
+				continue
+			}
+			var s seen
+			if err := json.Unmarshal([]byte(got), &s); err != nil || s.Path != tc.path {
+				t.Errorf("%s (chunked %v): the function saw %+v (%v), want path %s", tc.name, chunked, s, err, tc.path)
+			}
+		}
+	}
 }
