@@ -196,8 +196,13 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	out.Header.Set(jetstream.MsgIDHeader, c.ID+"-retry-"+strconv.FormatUint(m.Sequence, 10))
 	out.Data = m.Data
 	r := &Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
-	if err := q.putStatus(ctx, r); err != nil {
-		return nil, fmt.Errorf("async: %w", err)
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var prev uint64 // the record's revision before the retry; 0: none
+	if e, err := q.status.Get(ctx, id); err == nil {
+		prev = e.Revision()
 	}
 	if _, err := q.js.PublishMsg(ctx, out); err != nil {
 		if isLimit(err) {
@@ -205,6 +210,10 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 		}
 		return nil, fmt.Errorf("async: %w", err)
 	}
+	// Only once the call is stored (a refused retry leaves the record as
+	// it was), and only over the record read before: the consumer may
+	// have written a later state already.
+	_, _ = q.status.Update(ctx, id, b, prev)
 	if err := q.dead.DeleteMsg(ctx, m.Sequence); err != nil {
 		q.cfg.Logger.Warn("async: retried call stays in the dead-letter stream", "call", id, "err", err)
 	}

@@ -466,3 +466,32 @@ func TestAsyncAttackBothPathsAgree(t *testing.T) {
 		}
 	}
 }
+
+// A retry refused for a full queue leaves the call's record as it was
+// (failed, in the dead-letter stream), not saying it is queued again.
+func TestAsyncAttackRefusedRetryLeavesTheRecord(t *testing.T) {
+	e := newAsyncEnv(t, nil, async.Config{MaxQueued: 1})
+	g := newGate(t)
+	bad := &hits{}
+	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("slow"), fnSpec("bad")},
+		Added: []*briskv1.Endpoint{ep("slow", "sb-1", g.addr), ep("bad", "sb-2", bad.sandbox(t, http.StatusBadRequest))}})
+	if r := submitAsync(t, "POST", e.ts.URL+"/async-function/bad", http.Header{"X-Call-Id": {"d-1"}}, ""); r.code != http.StatusAccepted {
+		t.Fatalf("submit: %d %s", r.code, r.body)
+	}
+	awaitCall(t, e.ts.URL, "d-1", async.StatusFailed)
+	if r := submitAsync(t, "POST", e.ts.URL+"/async-function/slow", http.Header{"X-Call-Id": {"held"}}, ""); r.code != http.StatusAccepted {
+		t.Fatalf("held: %d %s", r.code, r.body)
+	}
+	recv(t, g.arrived, "the held call")
+	wantReason(t, submitAsync(t, "POST", e.ts.URL+"/v1/calls/d-1/retry", nil, ""), http.StatusServiceUnavailable, "queue-full", "")
+	if rec, code := callRecord(t, e.ts.URL, "d-1"); code != http.StatusOK || rec.Status != async.StatusFailed {
+		t.Fatalf("after a refused retry: %d %+v", code, rec)
+	}
+	g.release <- struct{}{}
+	awaitCall(t, e.ts.URL, "held", async.StatusSucceeded)
+	if r := submitAsync(t, "POST", e.ts.URL+"/v1/calls/d-1/retry", nil, ""); r.code != http.StatusAccepted {
+		t.Fatalf("retry with room: %d %s", r.code, r.body)
+	}
+	waitFor(t, "the retried call to run", func() bool { return bad.of("d-1") == 2 })
+	awaitCall(t, e.ts.URL, "d-1", async.StatusFailed)
+}
