@@ -353,7 +353,16 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 			d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "function %q: not a function name", fnName))
 			return
 		}
-		dead := r.URL.Query().Get("dead") == "true"
+		dead := false
+		if v := r.URL.Query().Get("dead"); v != "" {
+			var err error
+			if dead, err = strconv.ParseBool(v); err != nil {
+				// Not a false: a purge that meant the dead letters must
+				// not drop the live queue.
+				d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "dead=%q: want true or false", v))
+				return
+			}
+		}
 		n, err := q.Purge(ctx, fnName, dead)
 		if err != nil {
 			d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
@@ -375,7 +384,7 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		if d.callError(w, err) {
 			return
 		}
-		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, false); f.code != 0 {
+		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
 		}
@@ -407,9 +416,10 @@ func (d *DataPlane) callError(w http.ResponseWriter, err error) bool {
 }
 
 // authCalls checks a /v1/calls request's token: scope for function fnName
-// (its namespace), or an admin token; nothing while auth is off. A call of
-// a public function is readable with its id alone (byID: GET /v1/calls/ID),
-// but not listed: the list would hand out the ids.
+// (its namespace), or an admin token; nothing while auth is off. byID: the
+// request names one call (GET /v1/calls/ID, a retry), whose function is
+// then not named in a refusal. A call of a public function is readable
+// with its id alone, but not listed: the list would hand out the ids.
 func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) failure {
 	if !d.authOn.Load() {
 		return failure{}
@@ -429,6 +439,9 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) 
 	switch {
 	case err == nil:
 		return failure{}
+	case errors.Is(err, auth.ErrForbidden) && byID:
+		// The call's function is not the caller's to learn.
+		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for the call's function, or admin)", scope)
 	case errors.Is(err, auth.ErrForbidden):
 		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", scope, fnName)
 	}

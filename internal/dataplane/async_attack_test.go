@@ -495,3 +495,52 @@ func TestAsyncAttackRefusedRetryLeavesTheRecord(t *testing.T) {
 	waitFor(t, "the retried call to run", func() bool { return bad.of("d-1") == 2 })
 	awaitCall(t, e.ts.URL, "d-1", async.StatusFailed)
 }
+
+// A purge's dead= is read strictly: "dead=1" or "dead=yes" meant the dead
+// letters, and must never drop the live queue instead.
+func TestAsyncAttackPurgeDeadIsStrict(t *testing.T) {
+	e := newAsyncEnv(t, nil, async.Config{})
+	g := newGate(t)
+	bad := &hits{}
+	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("slow"), fnSpec("bad")},
+		Added: []*briskv1.Endpoint{ep("slow", "sb-1", g.addr), ep("bad", "sb-2", bad.sandbox(t, http.StatusBadRequest))}})
+	for _, id := range []string{"d-1", "d-2"} {
+		if r := submitAsync(t, "POST", e.ts.URL+"/async-function/bad", http.Header{"X-Call-Id": {id}}, ""); r.code != http.StatusAccepted {
+			t.Fatalf("submit: %d %s", r.code, r.body)
+		}
+		awaitCall(t, e.ts.URL, id, async.StatusFailed)
+	}
+	if r := submitAsync(t, "POST", e.ts.URL+"/async-function/slow", http.Header{"X-Call-Id": {"live"}}, ""); r.code != http.StatusAccepted {
+		t.Fatalf("live: %d %s", r.code, r.body)
+	}
+	recv(t, g.arrived, "the live call")
+	for _, v := range []string{"yes", "on", "2", "dead"} {
+		wantReason(t, submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?dead="+v, nil, ""), http.StatusBadRequest, "bad-request", "dead")
+	}
+	if d, err := e.q.Depth(context.Background()); err != nil || d["slow"] != 1 {
+		t.Fatalf("the live queue after the purges: %v %v", d, err)
+	}
+	r := submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?function=bad&dead=1", nil, "")
+	if r.code != http.StatusOK || !strings.Contains(r.body, `"purged": 2`) {
+		t.Fatalf("dead=1: %d %s", r.code, r.body)
+	}
+	g.release <- struct{}{}
+	awaitCall(t, e.ts.URL, "live", async.StatusSucceeded)
+}
+
+// Probing call ids with a token for another function tells nothing about
+// the call's function.
+func TestAsyncAttackRefusalNamesNoOtherFunction(t *testing.T) {
+	tn := newTenants(t, nil, async.Config{}, 200)
+	if r := as(t, "POST", tn.ts.URL+"/async-function/b", tn.b, http.Header{"X-Call-Id": {"payroll-2025"}}, ""); r.code != http.StatusAccepted {
+		t.Fatalf("submit: %d %s", r.code, r.body)
+	}
+	tn.await(t, "payroll-2025", async.StatusSucceeded)
+	for _, req := range []struct{ method, path string }{{"GET", "/v1/calls/payroll-2025"}, {"POST", "/v1/calls/payroll-2025/retry"}} {
+		r := as(t, req.method, tn.ts.URL+req.path, tn.a, nil, "")
+		wantReason(t, r, http.StatusForbidden, "forbidden", "")
+		if strings.Contains(r.body, `\"b\"`) {
+			t.Fatalf("%s %s: the refusal names the call's function: %s", req.method, req.path, r.body)
+		}
+	}
+}
