@@ -421,14 +421,25 @@ func TestCallbackAddressesRefused(t *testing.T) {
 		{"100.100.100.200", "", false},    // Alibaba Cloud's metadata service
 		{"64:ff9b::a9fe:a9fe", "", false}, // NAT64 for 169.254.169.254
 		{"64:ff9b::7f00:1", "", false},    // NAT64 for 127.0.0.1
+		{"64:ff9b::a00:1", "", false},     // NAT64 for 10.0.0.1
 		{"224.0.0.1", "", false},
 		{"ff02::1", "", false},
+		// The cluster's own network: callbacks go to public addresses
+		// unless --async-callback-allow lists a range.
+		{"10.1.2.3", "", false},
+		{"172.16.0.1", "", false},
+		{"192.168.1.1", "", false},
+		{"::ffff:192.168.1.1", "", false},
+		{"fd12:3456::1", "", false},
+		{"100.64.0.1", "", false}, // carrier-grade NAT, and many overlay networks
+		{"0.1.2.3", "", false},
 		{"93.184.216.34", "", true},
-		{"10.1.2.3", "", true}, // private ranges are the operator's to refuse (docs/security.md)
 		{"2001:db8::1", "", true},
 		{"64:ff9b::5db8:d822", "", true}, // NAT64 for a public address
 		{"127.0.0.1", "127.0.0.0/8", true},
 		{"169.254.169.254", "169.254.0.0/16", true},
+		{"10.1.2.3", "10.0.0.0/8", true},
+		{"64:ff9b::a00:1", "10.0.0.0/8", true},
 	} {
 		var allow []netip.Prefix
 		if tc.allow != "" {

@@ -47,10 +47,11 @@ func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client
 	}
 }
 
-// callbackAllowed: loopback, link-local (cloud metadata), unspecified and
-// multicast addresses, and the metadata services outside link-local, only
-// when an allowed range holds them. A NAT64 address is also checked as the
-// IPv4 address a NAT64 gateway would forward it to.
+// callbackAllowed: public addresses, and others only when an allowed range
+// holds them: loopback, private (the cluster's own network), carrier-grade
+// NAT, link-local (cloud metadata), unspecified and multicast ones are
+// refused. A NAT64 address is also checked as the IPv4 address a NAT64
+// gateway would forward it to.
 func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
 	if nat64.Contains(a) {
 		b := a.As16()
@@ -63,14 +64,15 @@ func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
 			return true
 		}
 	}
-	return !(a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
-		slices.Contains(metadataAddrs, a.Unmap()))
+	return !(a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
+		slices.ContainsFunc(notPublic, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }))
 }
 
 var (
-	// metadataAddrs are cloud metadata services outside link-local: AWS's
-	// IPv6 endpoint, Alibaba Cloud's.
-	metadataAddrs = []netip.Addr{netip.MustParseAddr("fd00:ec2::254"), netip.MustParseAddr("100.100.100.200")}
+	// notPublic are the ranges beyond netip's tests that are no public
+	// address: carrier-grade NAT (overlay networks; Alibaba Cloud's
+	// metadata service is 100.100.100.200) and "this network".
+	notPublic = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("0.0.0.0/8")}
 	// nat64 is the well-known NAT64 prefix (RFC 6052).
 	nat64 = netip.MustParsePrefix("64:ff9b::/96")
 )

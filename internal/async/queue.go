@@ -61,10 +61,10 @@ type Config struct {
 	// to a callback); longer bodies are cut and marked truncated.
 	MaxResultBytes int
 	// CallbackAllow lists address ranges callbacks may reach beyond the
-	// default: loopback, link-local, unspecified and multicast addresses
-	// (and metadata services elsewhere, and NAT64 forms of refused IPv4
-	// addresses) are refused unless listed here (a callback is a request the platform
-	// makes on a caller's behalf).
+	// default, public addresses: loopback, private, carrier-grade NAT,
+	// link-local, unspecified and multicast addresses (and NAT64 forms of
+	// refused IPv4 addresses) are refused unless listed here (a callback
+	// is a request the platform makes on a caller's behalf).
 	CallbackAllow []netip.Prefix
 	// CallbackAttempts and CallbackTimeout: each callback is tried this
 	// many times (back-off 1 s, 2 s, ...), each try within the timeout.
