@@ -193,7 +193,9 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	}
 	out := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
 	out.Header.Set(hdrCall, m.Header.Get(hdrCall))
-	out.Header.Set(jetstream.MsgIDHeader, c.ID+"-retry-"+strconv.FormatUint(m.Sequence, 10))
+	// '.' is in no call id: a submit's message id (its call id) cannot be
+	// this one and have the retry de-duplicated away.
+	out.Header.Set(jetstream.MsgIDHeader, c.ID+".retry."+strconv.FormatUint(m.Sequence, 10))
 	out.Data = m.Data
 	r := &Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
 	b, err := json.Marshal(r)

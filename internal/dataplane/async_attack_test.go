@@ -544,3 +544,27 @@ func TestAsyncAttackRefusalNamesNoOtherFunction(t *testing.T) {
 		}
 	}
 }
+
+// A retry's message id cannot be taken by a submit: a call id made like
+// it ("ID-retry-SEQ", the id and the dead letter's sequence) would have
+// had the retry de-duplicated away while its dead letter was deleted,
+// losing the victim's call.
+func TestAsyncAttackRetryMessageIDCannotBeTaken(t *testing.T) {
+	tn := newTenants(t, nil, async.Config{}, http.StatusBadRequest)
+	base := tn.ts.URL
+	if r := as(t, "POST", base+"/async-function/b", tn.b, http.Header{"X-Call-Id": {"job"}}, "victim"); r.code != http.StatusAccepted {
+		t.Fatalf("victim submit: %d %s", r.code, r.body)
+	}
+	tn.await(t, "job", async.StatusFailed)
+	for seq := 1; seq <= 3; seq++ {
+		id := "job-retry-" + strconv.Itoa(seq)
+		if r := as(t, "POST", base+"/async-function/a", tn.a, http.Header{"X-Call-Id": {id}}, "attacker"); r.code != http.StatusAccepted {
+			t.Fatalf("attacker submit %s: %d %s", id, r.code, r.body)
+		}
+	}
+	if r := as(t, "POST", base+"/v1/calls/job/retry", tn.b, nil, ""); r.code != http.StatusAccepted {
+		t.Fatalf("victim retry: %d %s", r.code, r.body)
+	}
+	waitFor(t, "the victim's retried call to run", func() bool { return tn.hitsB.of("job") == 2 })
+	tn.await(t, "job", async.StatusFailed)
+}
