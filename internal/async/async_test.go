@@ -385,8 +385,8 @@ func TestSurvivesRestart(t *testing.T) {
 	}
 }
 
-// Callbacks do not reach the platform's own addresses in any spelling the
-// dialer takes (names, mapped IPv6, userinfo), nor through a redirect.
+// Callbacks reach public addresses only, in any spelling the dialer takes
+// (names, mapped IPv6, userinfo, NAT64).
 func TestCallbackAddressesRefused(t *testing.T) {
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
