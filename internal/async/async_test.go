@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -191,7 +192,10 @@ func TestPlatformFailuresRetryThenDeadThenRetryByHand(t *testing.T) {
 		t.Fatalf("dead letters: %+v %v", n, err)
 	}
 	fail.Store(false)
-	if _, err := e.q.Retry(context.Background(), "d1"); err != nil {
+	if _, err := e.q.Retry(context.Background(), "d1", "other"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("retry as another function's call: %v", err)
+	}
+	if _, err := e.q.Retry(context.Background(), "d1", "fn"); err != nil {
 		t.Fatal(err)
 	}
 	r = waitStatus(t, e.q, "d1", StatusSucceeded)
@@ -201,7 +205,7 @@ func TestPlatformFailuresRetryThenDeadThenRetryByHand(t *testing.T) {
 	if n, _ := e.q.dead.Info(context.Background()); n.State.Msgs != 0 {
 		t.Fatalf("retried call still in the dead-letter stream: %d", n.State.Msgs)
 	}
-	if _, err := e.q.Retry(context.Background(), "d1"); !errors.Is(err, ErrNotFound) {
+	if _, err := e.q.Retry(context.Background(), "d1", "fn"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("retry of a call not dead: %v", err)
 	}
 }
@@ -409,5 +413,116 @@ func TestLongCallNotRedelivered(t *testing.T) {
 	r := waitStatus(t, e.q, "long", StatusSucceeded)
 	if r.Attempts != 1 || inv.attempts("long") != 1 {
 		t.Fatalf("attempts %d / %d, want 1", r.Attempts, inv.attempts("long"))
+	}
+}
+
+// Callbacks reach public addresses only, in any spelling the dialer takes
+// (names, mapped IPv6, userinfo, NAT64).
+func TestCallbackAddressesRefused(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer srv.Close()
+	port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
+	hc := newCallbackClient(nil, 5*time.Second)
+	for _, host := range []string{"127.0.0.1", "127.0.0.2", "localhost", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]",
+		"user:pw@127.0.0.1", "evil.example@127.0.0.1", "0.0.0.0", "[::]", "[::ffff:0.0.0.0]"} {
+		resp, err := hc.Post("http://"+host+":"+port+"/cb", "text/plain", nil)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		if !errors.Is(err, errCallbackAddr) {
+			t.Errorf("callback to %s: %v, want refused", host, err)
+		}
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("%d callbacks reached a loopback server", n)
+	}
+
+	// Addresses never dialled here (no network beyond loopback in tests):
+	// the check itself.
+	for _, tc := range []struct {
+		addr  string
+		allow string
+		ok    bool
+	}{
+		{"169.254.169.254", "", false}, // cloud metadata
+		{"::ffff:169.254.169.254", "", false},
+		{"fe80::1", "", false},
+		{"fd00:ec2::254", "", false},      // AWS's IPv6 metadata service (not link-local)
+		{"100.100.100.200", "", false},    // Alibaba Cloud's metadata service
+		{"64:ff9b::a9fe:a9fe", "", false}, // NAT64 for 169.254.169.254
+		{"64:ff9b::7f00:1", "", false},    // NAT64 for 127.0.0.1
+		{"64:ff9b::a00:1", "", false},     // NAT64 for 10.0.0.1
+		{"224.0.0.1", "", false},
+		{"ff02::1", "", false},
+		// The cluster's own network: callbacks go to public addresses
+		// unless --async-callback-allow lists a range.
+		{"10.1.2.3", "", false},
+		{"172.16.0.1", "", false},
+		{"192.168.1.1", "", false},
+		{"::ffff:192.168.1.1", "", false},
+		{"fd12:3456::1", "", false},
+		{"100.64.0.1", "", false}, // carrier-grade NAT, and many overlay networks
+		{"0.1.2.3", "", false},
+		{"93.184.216.34", "", true},
+		{"2001:db8::1", "", true},
+		{"64:ff9b::5db8:d822", "", true}, // NAT64 for a public address
+		{"127.0.0.1", "127.0.0.0/8", true},
+		{"169.254.169.254", "169.254.0.0/16", true},
+		{"10.1.2.3", "10.0.0.0/8", true},
+		{"64:ff9b::a00:1", "10.0.0.0/8", true},
+	} {
+		var allow []netip.Prefix
+		if tc.allow != "" {
+			allow = []netip.Prefix{netip.MustParsePrefix(tc.allow)}
+		}
+		if got := callbackAllowed(netip.MustParseAddr(tc.addr), allow); got != tc.ok {
+			t.Errorf("callbackAllowed(%s, %q) = %v, want %v", tc.addr, tc.allow, got, tc.ok)
+		}
+	}
+}
+
+// A callback's redirect is not followed: the 3xx is its answer.
+func TestCallbackRedirectNotFollowed(t *testing.T) {
+	var hits atomic.Int32
+	inner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer inner.Close()
+	outer := httptest.NewServer(http.RedirectHandler(inner.URL+"/latest/meta-data/", http.StatusTemporaryRedirect))
+	defer outer.Close()
+	hc := newCallbackClient([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, 5*time.Second)
+	resp, err := hc.Post(outer.URL, "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusTemporaryRedirect || hits.Load() != 0 {
+		t.Fatalf("redirect: %d, %d hits on its target", resp.StatusCode, hits.Load())
+	}
+}
+
+// A list holds at most MaxList records, however many match and whatever
+// limit is asked: the newest.
+func TestListIsBounded(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	base := time.Now()
+	n := MaxList + 50
+	for i := range n {
+		c := &Call{ID: fmt.Sprintf("l%d", i), Function: "fn", Method: "GET", Path: "/", Submitted: base.Add(time.Duration(i) * time.Second)}
+		if err := e.q.Submit(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, limit := range []int{1 << 30, MaxList + 1} {
+		recs, err := e.q.List(context.Background(), Filter{Function: "fn", Limit: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != MaxList || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[MaxList-1].ID != fmt.Sprintf("l%d", n-MaxList) {
+			t.Fatalf("limit %d: %d records, %s .. %s", limit, len(recs), recs[0].ID, recs[len(recs)-1].ID)
+		}
+	}
+	recs, err := e.q.List(context.Background(), Filter{Function: "fn", Limit: 3})
+	if err != nil || len(recs) != 3 || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[2].ID != fmt.Sprintf("l%d", n-3) {
+		t.Fatalf("limit 3: %v %+v", err, recs)
 	}
 }

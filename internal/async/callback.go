@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -46,16 +47,35 @@ func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client
 	}
 }
 
-// callbackAllowed: loopback, link-local (cloud metadata), unspecified and
-// multicast addresses only when an allowed range holds them.
+// callbackAllowed: public addresses, and others only when an allowed range
+// holds them: loopback, private (the cluster's own network), carrier-grade
+// NAT, link-local (cloud metadata), unspecified and multicast ones are
+// refused. A NAT64 address is also checked as the IPv4 address a NAT64
+// gateway would forward it to.
 func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
+	if nat64.Contains(a) {
+		b := a.As16()
+		if !callbackAllowed(netip.AddrFrom4([4]byte(b[12:])), allow) {
+			return false
+		}
+	}
 	for _, p := range allow {
 		if p.Contains(a) {
 			return true
 		}
 	}
-	return !(a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast())
+	return !(a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
+		slices.ContainsFunc(notPublic, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }))
 }
+
+var (
+	// notPublic are the ranges beyond netip's tests that are no public
+	// address: carrier-grade NAT (overlay networks; Alibaba Cloud's
+	// metadata service is 100.100.100.200) and "this network".
+	notPublic = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("0.0.0.0/8")}
+	// nat64 is the well-known NAT64 prefix (RFC 6052).
+	nat64 = netip.MustParsePrefix("64:ff9b::/96")
+)
 
 // ValidCallbackURL checks a callback URL at submit: http or https with a
 // host.

@@ -33,6 +33,9 @@ var (
 	ErrNotFound  = errors.New("no such call")
 	ErrTooLarge  = errors.New("call too large for the queue")
 	ErrBadID     = errors.New("call id must be 1-64 letters, digits, '-' or '_'")
+	// ErrIDTaken: the id names a call of another function (while its
+	// record lives).
+	ErrIDTaken = errors.New("call id in use by another function's call")
 )
 
 // Config configures a Queue. Zero fields take the defaults below.
@@ -58,9 +61,10 @@ type Config struct {
 	// to a callback); longer bodies are cut and marked truncated.
 	MaxResultBytes int
 	// CallbackAllow lists address ranges callbacks may reach beyond the
-	// default: loopback, link-local, unspecified and multicast addresses
-	// are refused unless listed here (a callback is a request the platform
-	// makes on a caller's behalf).
+	// default, public addresses: loopback, private, carrier-grade NAT,
+	// link-local, unspecified and multicast addresses (and NAT64 forms of
+	// refused IPv4 addresses) are refused unless listed here (a callback
+	// is a request the platform makes on a caller's behalf).
 	CallbackAllow []netip.Prefix
 	// CallbackAttempts and CallbackTimeout: each callback is tried this
 	// many times (back-off 1 s, 2 s, ...), each try within the timeout.
@@ -213,6 +217,10 @@ func (q *Queue) MaxBody() int64 {
 	return q.nc.MaxPayload() - 64<<10
 }
 
+// headRoom is kept free in a stored call's message beyond its head and
+// body: the other header lines, and a dead letter's reason.
+const headRoom = 4 << 10
+
 // Call is one asynchronous invocation as stored in the queue.
 type Call struct {
 	ID       string
@@ -275,15 +283,40 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if err != nil {
 		return err
 	}
+	// The head counts against the payload limit too (headers escaped in
+	// JSON grow), with room for the dead letter's reason: a call stored
+	// at the limit must still fit in the dead-letter stream.
+	if int64(len(meta)+len(c.Body))+headRoom > q.nc.MaxPayload() {
+		return ErrTooLarge
+	}
 	// The queued record goes first and only where none exists, so that it
 	// can neither overwrite a later state nor be missing when the
-	// consumer writes one.
-	q.putStatusIfAbsent(&Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+	// consumer writes one. It claims the id: an id whose record names
+	// another function is refused, not de-duplicated away or run over
+	// that call's record.
+	rec, err := json.Marshal(&Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+	if err != nil {
+		return err
+	}
+	rev, err := q.status.Create(ctx, c.ID, rec)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyExists):
+		if r, err := q.Get(ctx, c.ID); err == nil && r.Function != c.Function {
+			return ErrIDTaken
+		}
+		rev = 0 // a client retrying its submit: the record is not ours
+	case err != nil:
+		return fmt.Errorf("async: store call: %w", err)
+	}
 	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
 	msg.Header.Set(hdrCall, string(meta))
 	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
 	msg.Data = c.Body
 	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
+		if rev != 0 {
+			// A refused call leaves no record saying it is queued.
+			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
+		}
 		if isLimit(err) {
 			return ErrQueueFull
 		}

@@ -83,18 +83,6 @@ func (q *Queue) putStatusAsync(r *Record) {
 	_, _ = q.js.PublishAsync("$KV."+StatusBucket+"."+r.ID, b)
 }
 
-// putStatusIfAbsent writes r unless the call has a record already.
-func (q *Queue) putStatusIfAbsent(r *Record) {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return
-	}
-	m := nats.NewMsg("$KV." + StatusBucket + "." + r.ID)
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-	m.Data = b
-	_, _ = q.js.PublishMsgAsync(m)
-}
-
 // Get returns the status of call id.
 func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 	if !ValidID(id) {
@@ -133,14 +121,18 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 type Filter struct {
 	Function string
 	Status   Status
-	Limit    int // default 100
+	Limit    int // default 100, at most MaxList
 }
+
+// MaxList bounds the records one List returns.
+const MaxList = 1000
 
 // List returns the status records matching f, newest first.
 func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
+	f.Limit = min(f.Limit, MaxList)
 	w, err := q.status.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("async: %w", err)
@@ -164,21 +156,32 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 		if (f.Function == "" || r.Function == f.Function) && (f.Status == "" || r.Status == f.Status) {
 			out = append(out, r)
 		}
+		if len(out) >= 2*f.Limit {
+			out = newest(out, f.Limit) // records hold results: keep only those that may be listed
+		}
 	}
-	slices.SortFunc(out, func(a, b Record) int { return b.SubmittedAt.Compare(a.SubmittedAt) })
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
-	}
-	return out, nil
+	return newest(out, f.Limit), nil
 }
 
-// Retry queues a failed or dead call again with its attempts reset; it
-// leaves the dead-letter stream.
-func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
-	if !ValidID(id) {
+// newest sorts rs newest first and keeps n.
+func newest(rs []Record, n int) []Record {
+	slices.SortFunc(rs, func(a, b Record) int { return b.SubmittedAt.Compare(a.SubmittedAt) })
+	if len(rs) > n {
+		clear(rs[n:])
+		rs = rs[:n]
+	}
+	return rs
+}
+
+// Retry queues failed or dead call id of function fn again with its
+// attempts reset; it leaves the dead-letter stream. fn is the function the
+// caller may retry calls of: a dead letter of another function under the
+// same id (its record expired, and the id was used again) is not this call.
+func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
+	if !ValidID(id) || !ValidID(fn) {
 		return nil, ErrBadID
 	}
-	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id)
+	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+fn+"."+id)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNotFound
 	} else if err != nil {
@@ -190,11 +193,18 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
 	}
 	out := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
 	out.Header.Set(hdrCall, m.Header.Get(hdrCall))
-	out.Header.Set(jetstream.MsgIDHeader, c.ID+"-retry-"+strconv.FormatUint(m.Sequence, 10))
+	// '.' is in no call id: a submit's message id (its call id) cannot be
+	// this one and have the retry de-duplicated away.
+	out.Header.Set(jetstream.MsgIDHeader, c.ID+".retry."+strconv.FormatUint(m.Sequence, 10))
 	out.Data = m.Data
 	r := &Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
-	if err := q.putStatus(ctx, r); err != nil {
-		return nil, fmt.Errorf("async: %w", err)
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var prev uint64 // the record's revision before the retry; 0: none
+	if e, err := q.status.Get(ctx, id); err == nil {
+		prev = e.Revision()
 	}
 	if _, err := q.js.PublishMsg(ctx, out); err != nil {
 		if isLimit(err) {
@@ -202,6 +212,10 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
 		}
 		return nil, fmt.Errorf("async: %w", err)
 	}
+	// Only once the call is stored (a refused retry leaves the record as
+	// it was), and only over the record read before: the consumer may
+	// have written a later state already.
+	_, _ = q.status.Update(ctx, id, b, prev)
 	if err := q.dead.DeleteMsg(ctx, m.Sequence); err != nil {
 		q.cfg.Logger.Warn("async: retried call stays in the dead-letter stream", "call", id, "err", err)
 	}
@@ -212,6 +226,9 @@ func (q *Queue) Retry(ctx context.Context, id string) (*Record, error) {
 // Purge drops the queued calls (or, with dead, the dead letters) of fn
 // ("" = every function) and returns how many.
 func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error) {
+	if fn != "" && !ValidID(fn) {
+		return 0, ErrBadID // a subject token: no wildcards or dots
+	}
 	st, prefix := q.calls, callsPrefix
 	if dead {
 		st, prefix = q.dead, deadPrefix

@@ -44,7 +44,7 @@ func (f *asyncFlags) register(c *cobra.Command, embedded bool) {
 	c.Flags().Int64Var(&f.maxQueued, "async-max-queued", async.DefaultMaxQueued, "asynchronous calls waiting at once; past it, submits get 503")
 	c.Flags().DurationVar(&f.resultTTL, "async-result-ttl", async.DefaultResultTTL, "how long an asynchronous call's status and result are kept")
 	c.Flags().DurationVar(&f.ackWait, "async-ack-wait", async.DefaultAckWait, "how long a call delivered to a data plane that died waits before another data plane takes it")
-	c.Flags().StringSliceVar(&f.callbackAllow, "async-callback-allow", nil, "address ranges (CIDR) X-Callback-Url may reach besides public ones; loopback and link-local are refused unless listed, e.g. 127.0.0.0/8")
+	c.Flags().StringSliceVar(&f.callbackAllow, "async-callback-allow", nil, "address ranges (CIDR) X-Callback-Url may reach besides public ones; loopback, private, link-local and the like are refused unless listed, e.g. 10.0.0.0/8")
 }
 
 // open returns the queue (nil when asynchronous calls are off) and a func

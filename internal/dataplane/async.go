@@ -114,12 +114,16 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 			return
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, held, err := d.readAsyncBody(w, r, limit)
+	defer d.bodyBudget.give(held)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			d.writeError(w, callID, fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body larger than %d bytes (the asynchronous limit)", limit))
-		} else {
+		case errors.Is(err, errAsyncBudget):
+			d.writeError(w, callID, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
+		default:
 			d.writeError(w, callID, fail(http.StatusBadRequest, reasonBadRequest, "reading the body: %v", err))
 		}
 		return
@@ -166,10 +170,48 @@ func (d *DataPlane) storeAsync(ctx context.Context, c *async.Call) failure {
 	case errors.Is(err, async.ErrQueueFull):
 		return fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit; try again later")
 	case errors.Is(err, async.ErrTooLarge):
-		return fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request body too large for the asynchronous queue")
+		return fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request (body and headers) too large for the asynchronous queue")
+	case errors.Is(err, async.ErrIDTaken):
+		return fail(http.StatusConflict, reasonCallIDTaken, "X-Call-Id %q names a call of another function; choose another id", c.ID)
 	}
 	d.log.Warn("async submit failed", "function", c.Function, "err", err)
 	return fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "the asynchronous queue did not store the call: %v", err)
+}
+
+var errAsyncBudget = errors.New("the data plane holds as many request bodies as it may (its body buffer budget); try again later")
+
+// readAsyncBody reads a submit's body whole, up to limit. Its buffer is
+// charged to the data plane's body budget as it grows, as readBody's is: a
+// submit holds its body in memory until JetStream has it, and slow submits
+// must not hold more than the budget. The caller gives back held.
+func (d *DataPlane) readAsyncBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, held int64, err error) {
+	if r.ContentLength == 0 {
+		return nil, 0, nil
+	}
+	want := limit + 1 // room to see the end
+	if r.ContentLength > 0 {
+		want = min(want, r.ContentLength+1)
+	}
+	src := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(body) == cap(body) {
+			grow := min(max(int64(cap(body)), 64<<10), want-int64(cap(body)))
+			if grow <= 0 || !d.bodyBudget.take(grow) {
+				return nil, held, errAsyncBudget
+			}
+			held += grow
+			nb := make([]byte, len(body), int64(cap(body))+grow)
+			copy(nb, body)
+			body = nb
+		}
+		k, err := src.Read(body[len(body):cap(body)])
+		body = body[:len(body)+k]
+		if err == io.EOF {
+			return body, held, nil
+		} else if err != nil {
+			return nil, held, err
+		}
+	}
 }
 
 // escapePath is rest as a request line carries it.
@@ -304,7 +346,7 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case id == "" && r.Method == http.MethodGet:
 		fnName := r.URL.Query().Get("function")
-		if f := d.authCalls(r, fnName, auth.ScopeInvoke); f.code != 0 {
+		if f := d.authCalls(r, fnName, auth.ScopeInvoke, false); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
 		}
@@ -317,11 +359,24 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"calls": recs})
 	case id == "" && r.Method == http.MethodDelete:
 		fnName := r.URL.Query().Get("function")
-		if f := d.authCalls(r, "", auth.ScopeAdmin); f.code != 0 {
+		if f := d.authCalls(r, "", auth.ScopeAdmin, false); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
 		}
-		dead := r.URL.Query().Get("dead") == "true"
+		if fnName != "" && !async.ValidID(fnName) {
+			d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "function %q: not a function name", fnName))
+			return
+		}
+		dead := false
+		if v := r.URL.Query().Get("dead"); v != "" {
+			var err error
+			if dead, err = strconv.ParseBool(v); err != nil {
+				// Not a false: a purge that meant the dead letters must
+				// not drop the live queue.
+				d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "dead=%q: want true or false", v))
+				return
+			}
+		}
 		n, err := q.Purge(ctx, fnName, dead)
 		if err != nil {
 			d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
@@ -333,7 +388,7 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		if d.callError(w, err) {
 			return
 		}
-		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke); f.code != 0 {
+		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
 		}
@@ -343,11 +398,11 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		if d.callError(w, err) {
 			return
 		}
-		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke); f.code != 0 {
+		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
 		}
-		if rec, err = q.Retry(ctx, id); d.callError(w, err) {
+		if rec, err = q.Retry(ctx, id, rec.Function); d.callError(w, err) {
 			return
 		}
 		writeJSON(w, http.StatusAccepted, rec)
@@ -375,16 +430,18 @@ func (d *DataPlane) callError(w http.ResponseWriter, err error) bool {
 }
 
 // authCalls checks a /v1/calls request's token: scope for function fnName
-// (its namespace), or an admin token; nothing while auth is off. A call of
-// a public function is readable with its id alone.
-func (d *DataPlane) authCalls(r *http.Request, fnName, scope string) failure {
+// (its namespace), or an admin token; nothing while auth is off. byID: the
+// request names one call (GET /v1/calls/ID, a retry), whose function is
+// then not named in a refusal. A call of a public function is readable
+// with its id alone, but not listed: the list would hand out the ids.
+func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) failure {
 	if !d.authOn.Load() {
 		return failure{}
 	}
 	ns := ""
 	if fn := d.lookup(fnName); fn != nil {
 		conf := fn.set.Load().conf
-		if conf.public && scope == auth.ScopeInvoke && r.Method == http.MethodGet && fnName != "" && r.URL.Path != callsPath {
+		if conf.public && byID && scope == auth.ScopeInvoke && r.Method == http.MethodGet {
 			return failure{}
 		}
 		ns = conf.namespace
@@ -396,6 +453,9 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string) failure {
 	switch {
 	case err == nil:
 		return failure{}
+	case errors.Is(err, auth.ErrForbidden) && byID:
+		// The call's function is not the caller's to learn.
+		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for the call's function, or admin)", scope)
 	case errors.Is(err, auth.ErrForbidden):
 		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", scope, fnName)
 	}

@@ -35,6 +35,7 @@ const (
 	reasonAsyncDisabled              // 501: no async queue configured
 	reasonAsyncUnavailable           // 503: the async queue failed to store or answer
 	reasonNoCall                     // 404: no such asynchronous call
+	reasonCallIDTaken                // 409: the call id names another function's asynchronous call
 	nReasons
 )
 
@@ -58,6 +59,7 @@ var errReasonNames = [nReasons]string{
 	reasonAsyncDisabled:    "async-disabled",
 	reasonAsyncUnavailable: "async-unavailable",
 	reasonNoCall:           "no-call",
+	reasonCallIDTaken:      "call-id-taken",
 }
 
 func (r errReason) String() string { return errReasonNames[r] }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -87,12 +86,16 @@ func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 		lambdaError(w, reqID, http.StatusRequestEntityTooLarge, "RequestTooLargeException", "Request must be smaller than %d bytes for the InvokeFunction operation", d.cfg.MaxBodyBytes)
 		return true
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, d.cfg.MaxBodyBytes))
+	body, held, err := d.readAsyncBody(w, r, d.cfg.MaxBodyBytes) // charged to the body budget
+	defer d.bodyBudget.give(held)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			lambdaError(w, reqID, http.StatusRequestEntityTooLarge, "RequestTooLargeException", "Request must be smaller than %d bytes for the InvokeFunction operation", d.cfg.MaxBodyBytes)
-		} else {
+		case errors.Is(err, errAsyncBudget):
+			lambdaError(w, reqID, http.StatusTooManyRequests, "TooManyRequestsException", "Rate Exceeded: %v", err)
+		default:
 			lambdaError(w, reqID, http.StatusBadRequest, "InvalidRequestContentException", "reading the body: %v", err)
 		}
 		return true
