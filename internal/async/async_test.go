@@ -526,3 +526,57 @@ func TestListIsBounded(t *testing.T) {
 		t.Fatalf("limit 3: %v %+v", err, recs)
 	}
 }
+
+// One function's backlog, stuck behind its concurrency, does not hold the
+// consumer's slots: another function's call still runs, and calls put back
+// meanwhile are not counted as attempts.
+func TestBusyFunctionDoesNotBlockOthers(t *testing.T) {
+	e := start(t, t.TempDir(), Config{MaxInFlight: 4})
+	release := make(chan struct{})
+	var once sync.Once
+	done := func() { once.Do(func() { close(release) }) }
+	inv := newScripted(func(c *Call, n int) Result {
+		if c.Function == "slow" {
+			<-release
+		}
+		return ok("x")
+	})
+	inv.known["slow"] = true
+	inv.known["other"] = true
+	inv.policy.Concurrency = 1
+	run(t, e.q, inv)
+	t.Cleanup(done)
+	for i := range 10 {
+		if err := e.q.Submit(context.Background(), &Call{ID: fmt.Sprintf("s%d", i), Function: "slow", Method: "POST", Path: "/"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.q.Submit(context.Background(), &Call{ID: "o1", Function: "other", Method: "POST", Path: "/"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e.q, "o1", StatusSucceeded)
+	done()
+	for i := range 10 {
+		r := waitStatus(t, e.q, fmt.Sprintf("s%d", i), StatusSucceeded)
+		if r.Attempts != 1 {
+			t.Fatalf("s%d: %d attempts; calls put back while their function was busy are not attempts", i, r.Attempts)
+		}
+	}
+}
+
+// A call id submitted again once its call ran is the same call: accepted,
+// not run a second time.
+func TestResubmitIsIdempotent(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	inv := newScripted(func(c *Call, n int) Result { return ok("once") })
+	run(t, e.q, inv)
+	submit(t, e.q, "idem", "")
+	waitStatus(t, e.q, "idem", StatusSucceeded)
+	submit(t, e.q, "idem", "")
+	// Another call after it, to know the consumer had its chance.
+	submit(t, e.q, "after", "")
+	waitStatus(t, e.q, "after", StatusSucceeded)
+	if n := inv.attempts("idem"); n != 1 {
+		t.Fatalf("resubmitted call ran %d times", n)
+	}
+}

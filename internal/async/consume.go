@@ -2,6 +2,7 @@ package async
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -38,6 +39,10 @@ type Invoker interface {
 
 const hdrDeadReason = "Brisk-Dead-Reason"
 
+// deferDelay (plus up to as much jitter) is how long a call its function's
+// concurrency put back waits before it is delivered again.
+const deferDelay = 250 * time.Millisecond
+
 // Run delivers calls to inv until ctx ends. Every data plane runs one; the
 // shared durable consumer gives each call to one of them at a time.
 func (q *Queue) Run(ctx context.Context, inv Invoker) error {
@@ -59,7 +64,7 @@ func (q *Queue) Run(ctx context.Context, inv Invoker) error {
 	slots := make(chan struct{}, q.cfg.MaxInFlight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	lim := &fnLimits{m: map[string]chan struct{}{}}
+	lim := &fnLimits{m: map[string]*fnLimit{}}
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -85,23 +90,72 @@ func (q *Queue) Run(ctx context.Context, inv Invoker) error {
 }
 
 // fnLimits holds each function's concurrency semaphore on this consumer.
+// A call that finds its function at its concurrency waits on this
+// consumer only while few others do; past that it goes back to the queue
+// for a moment, so that one function's backlog cannot hold the consumer's
+// slots while other functions' calls wait behind it.
 type fnLimits struct {
 	mu sync.Mutex
-	m  map[string]chan struct{}
+	m  map[string]*fnLimit
 }
 
-func (l *fnLimits) get(fn string, n int) chan struct{} {
-	if n <= 0 {
-		n = 1
-	}
+type fnLimit struct {
+	sem     chan struct{}
+	waiting int // guarded by fnLimits.mu
+}
+
+// maxWaiting is how many calls of one function may wait for its slots on
+// one consumer.
+func maxWaiting(concurrency int) int { return max(1, min(concurrency, 8)) }
+
+// enter takes a running slot of fn (concurrency n). ok false: too many of
+// fn's calls wait already, or ctx ended.
+func (l *fnLimits) enter(ctx context.Context, fn string, n int) (release func(), ok bool) {
+	n = max(n, 1)
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	s, ok := l.m[fn]
-	if !ok || cap(s) != n {
-		s = make(chan struct{}, n)
-		l.m[fn] = s
+	fl, found := l.m[fn]
+	if !found || cap(fl.sem) != n {
+		fl = &fnLimit{sem: make(chan struct{}, n)}
+		l.m[fn] = fl
 	}
-	return s
+	select {
+	case fl.sem <- struct{}{}:
+		l.mu.Unlock()
+		return func() { <-fl.sem }, true
+	default:
+	}
+	if fl.waiting >= maxWaiting(n) {
+		l.mu.Unlock()
+		return nil, false
+	}
+	fl.waiting++
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		fl.waiting--
+		l.mu.Unlock()
+	}()
+	select {
+	case fl.sem <- struct{}{}:
+		return func() { <-fl.sem }, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+// priorAttempts reads a call's record: the attempts made so far, and
+// whether the call was settled already (its consumer died between the
+// final record and the acknowledgement).
+func (q *Queue) priorAttempts(ctx context.Context, id string) (int, bool) {
+	e, err := q.status.Get(ctx, id)
+	if err != nil {
+		return 0, false
+	}
+	var r Record
+	if json.Unmarshal(e.Value(), &r) != nil {
+		return 0, false
+	}
+	return r.Attempts, r.Status.Final()
 }
 
 // deliver makes one attempt of one call and settles its message.
@@ -112,12 +166,15 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		_ = msg.TermWithReason("malformed")
 		return
 	}
-	meta, err := msg.Metadata()
-	if err != nil {
-		_ = msg.Nak()
+	// Attempts are counted in the call's record, not by JetStream's
+	// deliveries: a call put back because its function was busy here has
+	// not been attempted.
+	prior, settled := q.priorAttempts(ctx, c.ID)
+	if settled {
+		_ = msg.DoubleAck(ctx)
 		return
 	}
-	attempt := int(meta.NumDelivered)
+	attempt := prior + 1
 	// Keep the message ours while it waits and runs.
 	alive := q.keepInProgress(msg)
 	defer alive()
@@ -135,17 +192,18 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1, Error: fmt.Sprintf("older than the function's async.max_age %s", pol.MaxAge)}, nil)
 		return
 	}
-	sem := lim.get(c.Function, pol.Concurrency)
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		_ = msg.Nak()
+	release, ok := lim.enter(ctx, c.Function, pol.Concurrency)
+	if !ok {
+		if ctx.Err() == nil {
+			q.m.deferred.WithLabelValues(c.Function).Inc()
+		}
+		_ = msg.NakWithDelay(deferDelay + time.Duration(rand.Int64N(int64(deferDelay))))
 		return
 	}
 	start := q.now()
 	q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
 	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
-	<-sem
+	release()
 	end := q.now()
 	res.Seconds = end.Sub(start).Seconds()
 	if ctx.Err() != nil && res.Status == 0 {

@@ -13,6 +13,7 @@ type metrics struct {
 	accepted  *prometheus.CounterVec
 	delivered *prometheus.CounterVec
 	retried   *prometheus.CounterVec
+	deferred  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	callbacks *prometheus.CounterVec
 	depth     *prometheus.GaugeVec
@@ -27,6 +28,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Asynchronous calls finished by this process, by outcome (succeeded, failed)."}, []string{"function", "outcome"}),
 		retried: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_retried_total",
 			Help: "Attempts of asynchronous calls that failed and were queued again (and calls re-queued by hand)."}, []string{"function"}),
+		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_deferred_total",
+			Help: "Deliveries of asynchronous calls put back for a moment because their function was at its async.concurrency on this data plane (not attempts)."}, []string{"function"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_dead_lettered_total",
 			Help: "Asynchronous calls moved to the dead-letter stream after their last attempt."}, []string{"function"}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_callbacks_total",
@@ -39,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.delivered, m.retried, m.dead, m.callbacks, m.depth, m.age} {
+	for _, c := range []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -53,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // Collectors are the queue's metrics, for a registry Open was not given.
 func (q *Queue) Collectors() []prometheus.Collector {
 	m := q.m
-	return []prometheus.Collector{m.accepted, m.delivered, m.retried, m.dead, m.callbacks, m.depth, m.age}
+	return []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age}
 }
 
 // Depth returns the calls waiting or running per function.

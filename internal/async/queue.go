@@ -301,8 +301,12 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	rev, err := q.status.Create(ctx, c.ID, rec)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyExists):
-		if r, err := q.Get(ctx, c.ID); err == nil && r.Function != c.Function {
+		r, err := q.Get(ctx, c.ID)
+		if err == nil && r.Function != c.Function {
 			return ErrIDTaken
+		}
+		if err == nil && r.Status != StatusQueued {
+			return nil // the same call again (running or finished): submits are idempotent by id
 		}
 		rev = 0 // a client retrying its submit: the record is not ours
 	case err != nil:

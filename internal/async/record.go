@@ -202,20 +202,32 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	var prev uint64 // the record's revision before the retry; 0: none
+	// The record says queued before the call is stored: the consumer
+	// that takes it must not find it settled (and drop it). A refused
+	// retry puts the record back as it was.
+	var prevRec []byte
+	var rev uint64
 	if e, err := q.status.Get(ctx, id); err == nil {
-		prev = e.Revision()
+		prevRec = e.Value()
+		rev, err = q.status.Update(ctx, id, b, e.Revision())
+		if err != nil {
+			return nil, fmt.Errorf("async: call %s changed meanwhile; retry again: %w", id, err)
+		}
+	} else if rev, err = q.status.Create(ctx, id, b); err != nil {
+		return nil, fmt.Errorf("async: %w", err)
 	}
 	if _, err := q.js.PublishMsg(ctx, out); err != nil {
+		restore := context.WithoutCancel(ctx)
+		if prevRec != nil {
+			_, _ = q.status.Update(restore, id, prevRec, rev)
+		} else {
+			_ = q.status.Delete(restore, id, jetstream.LastRevision(rev))
+		}
 		if isLimit(err) {
 			return nil, ErrQueueFull
 		}
 		return nil, fmt.Errorf("async: %w", err)
 	}
-	// Only once the call is stored (a refused retry leaves the record as
-	// it was), and only over the record read before: the consumer may
-	// have written a later state already.
-	_, _ = q.status.Update(ctx, id, b, prev)
 	if err := q.dead.DeleteMsg(ctx, m.Sequence); err != nil {
 		q.cfg.Logger.Warn("async: retried call stays in the dead-letter stream", "call", id, "err", err)
 	}
