@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,12 +13,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/compat/openfaas"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/client"
 )
 
 // cpFlags are the control plane's flags, shared by `up` and `controlplane`.
@@ -346,6 +349,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	var bodyBuffer, bodyTotal, minRate int64
 	var emPct float64
 	var af asyncFlags
+	var systemAPI string
 	c := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Run a data plane (invocation proxy, queues, load balancing)",
@@ -395,9 +399,21 @@ need --nats: a NATS server with JetStream shared by every data plane
 				return err
 			}
 			defer closeQueue()
+			var system http.Handler
+			if systemAPI != "" {
+				hc := &http.Client{Timeout: time.Minute}
+				if g.caCert != "" {
+					cl := client.New(systemAPI, "")
+					if err := cl.TrustCAFile(g.caCert); err != nil {
+						return usageError{err}
+					}
+					hc = cl.HTTP
+				}
+				system = openfaas.New(client.New(systemAPI, "").Admin, hc, local.BuildInfo())
+			}
 			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, TLS: invokeTLS, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
 				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate, EmergencyPercentile: emPct,
-				Async: q, Logger: log.With("component", "dataplane")})
+				Async: q, System: system, Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
 			}
@@ -418,6 +434,7 @@ need --nats: a NATS server with JetStream shared by every data plane
 	c.Flags().Float64Var(&emPct, "emergency-percentile", 50, "dual track's metric filter: a call served by an emergency sandbox counts toward regular scaling only if the function's keep-alive exceeds this percentile of its inter-arrival times over the last hour (PulseNet: 50)")
 	c.Flags().Int64Var(&minRate, "min-body-rate", dataplane.DefaultMinBodyRate, "bytes/s a streamed request body must keep up (after 2 s); slower clients get 408")
 	af.register(c, false)
+	c.Flags().StringVar(&systemAPI, "openfaas-admin", "", "serve the OpenFaaS management API (/system/..., for faas-cli) on the invoke listener, forwarding each request with its caller's credentials to this admin API URL (https: trusts --ca-cert)")
 	return c
 }
 

@@ -37,8 +37,8 @@ type Config struct {
 	// DirigentImagesKeep).
 	DirigentAddr   string
 	DirigentImages string
-	GRPCAddr  string // gRPC for workers and data planes; default 127.0.0.1:9091
-	Placement string // placement policy; default "kubernetes"
+	GRPCAddr       string // gRPC for workers and data planes; default 127.0.0.1:9091
+	Placement      string // placement policy; default "kubernetes"
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
 	Autoscale autoscale.Config
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's

@@ -45,22 +45,10 @@ func preferAsync(h http.Header) bool {
 // serveAsyncRoute answers /async-function/NAME[/rest]; ok false: not such
 // a path.
 func (d *DataPlane) serveAsyncRoute(w http.ResponseWriter, r *http.Request) bool {
-	tail, ok := strings.CutPrefix(r.URL.Path, asyncPrefix)
-	if !ok {
+	if !strings.HasPrefix(r.URL.Path, asyncPrefix) {
 		return false
 	}
-	rt := route{name: tail, rest: "/", byPath: true}
-	if i := strings.IndexByte(tail, '/'); i >= 0 {
-		rt.name, rt.rest = tail[:i], tail[i:]
-	}
-	if raw := r.URL.RawPath; raw != "" {
-		if pre := len(asyncPrefix) + len(rt.name); strings.HasPrefix(raw, asyncPrefix+rt.name) {
-			rt.rawRest = raw[pre:]
-			if rt.rawRest == "" {
-				rt.rawRest = "/"
-			}
-		}
-	}
+	rt := prefixRoute(r, asyncPrefix)
 	rt.fn = d.lookup(rt.name)
 	d.submitAsync(w, r, rt)
 	return true

@@ -6,6 +6,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,6 +59,10 @@ type Config struct {
 	// respond-async), serves /v1/calls and runs a consumer. Nil: those
 	// answer 501.
 	Async *async.Queue
+	// System serves the OpenFaaS gateway's management API (/system/...,
+	// internal/compat/openfaas) on the invocation listener, for requests
+	// whose Host names no function; nil answers those 501.
+	System http.Handler
 
 	// HTTP server limits. WriteTimeout bounds a whole response, so by default
 	// it is above the default function timeout plus queue timeout; requests of

@@ -130,6 +130,7 @@ func (c *frontConn) parse() *function {
 		if i := bytes.IndexByte(name, '/'); i >= 0 {
 			name, rq.rest = name[:i], name[i:]
 		}
+		name = httpx.PathName(name) // NAME.NAMESPACE (faas-cli)
 		if len(name) == 0 {
 			return nil
 		}

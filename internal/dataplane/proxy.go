@@ -53,25 +53,32 @@ type route struct {
 func (d *DataPlane) resolve(r *http.Request) route {
 	p := r.URL.Path
 	if strings.HasPrefix(p, functionPrefix) {
-		tail := p[len(functionPrefix):]
-		rt := route{name: tail, rest: "/", byPath: true}
-		if i := strings.IndexByte(tail, '/'); i >= 0 {
-			rt.name, rt.rest = tail[:i], tail[i:]
-		}
-		if raw := r.URL.RawPath; raw != "" {
-			if pre := len(functionPrefix) + len(rt.name); strings.HasPrefix(raw, functionPrefix+rt.name) {
-				// Allocates only for paths with unusual escaping.
-				rt.rawRest = raw[pre:]
-				if rt.rawRest == "" {
-					rt.rawRest = "/"
-				}
-			}
-		}
+		rt := prefixRoute(r, functionPrefix)
 		rt.fn = d.lookup(rt.name)
 		return rt
 	}
 	rt := route{name: httpx.HostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
 	rt.fn = d.lookup(rt.name)
+	return rt
+}
+
+// prefixRoute splits a /PREFIX/NAME[.NAMESPACE][/rest] path.
+func prefixRoute(r *http.Request, prefix string) route {
+	tail := r.URL.Path[len(prefix):]
+	seg, rest := tail, "/"
+	if i := strings.IndexByte(tail, '/'); i >= 0 {
+		seg, rest = tail[:i], tail[i:]
+	}
+	rt := route{name: httpx.PathName(seg), rest: rest, byPath: true}
+	if raw := r.URL.RawPath; raw != "" {
+		if pre := len(prefix) + len(seg); strings.HasPrefix(raw, prefix+seg) {
+			// Allocates only for paths with unusual escaping.
+			rt.rawRest = raw[pre:]
+			if rt.rawRest == "" {
+				rt.rawRest = "/"
+			}
+		}
+	}
 	return rt
 }
 
@@ -129,6 +136,14 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if r.URL.Path == callsPath || strings.HasPrefix(r.URL.Path, callsPath+"/") {
 			d.serveCalls(w, r)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, "/system/") {
+			if d.cfg.System == nil {
+				d.writeError(w, callID, fail(http.StatusNotImplemented, reasonBadRequest, "the OpenFaaS management API (/system/...) is not enabled on this data plane (brisk dataplane --admin-url)"))
+				return
+			}
+			d.cfg.System.ServeHTTP(w, r)
 			return
 		}
 		if !httpx.NamesFunction(rt.name) {

@@ -25,7 +25,7 @@ func functionOf(r *http.Request) (name string, byPath bool) {
 		if i := strings.IndexByte(tail, '/'); i >= 0 {
 			tail = tail[:i]
 		}
-		return tail, true
+		return httpx.PathName(tail), true
 	}
 	return httpx.HostLabel(r.Host), false
 }

@@ -17,6 +17,17 @@ const FunctionPrefix = "/function/"
 // AsyncPrefix starts an OpenFaaS-style asynchronous call: /async-function/NAME[/rest].
 const AsyncPrefix = "/async-function/"
 
+// PathName is the function a path segment names: OpenFaaS clients append
+// the namespace (/function/NAME.NAMESPACE), and function names have no dot.
+func PathName[S string | []byte](seg S) S {
+	for i := 0; i < len(seg); i++ {
+		if seg[i] == '.' {
+			return seg[:i]
+		}
+	}
+	return seg
+}
+
 // HostLabel returns the first DNS label of a Host header, lower-cased
 // (Knative style: NAME.namespace.example.com, NAME:8080). It allocates only
 // for a Host with upper-case letters.

@@ -5,13 +5,16 @@ package local
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/brisk-faas/brisk/internal/compat/openfaas"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/pki"
@@ -372,6 +376,40 @@ func New(cfg Config) (*Cluster, error) {
 	return &Cluster{cfg: cfg, cp: cp, ready: make(chan struct{})}, nil
 }
 
+// openFaaS is the OpenFaaS management API over this cluster's admin API,
+// served on the data plane (faas-cli points at one gateway URL).
+func (c *Cluster) openFaaS() http.Handler {
+	base := "http://" + c.cp.AdminAddr()
+	hc := &http.Client{Timeout: time.Minute}
+	if c.cfg.ControlPlane.AdminTLS != nil {
+		base = "https://" + c.cp.AdminAddr()
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		if ca := c.cfg.ControlPlane.CA; ca != nil {
+			tr.TLSClientConfig.RootCAs = ca.Pool()
+		}
+		hc.Transport = tr
+	}
+	return openfaas.New(base, hc, BuildInfo())
+}
+
+// BuildInfo is the brisk binary's version and commit, from the Go build
+// information ("dev" and "unknown" when it has none).
+func BuildInfo() openfaas.Info {
+	info := openfaas.Info{Version: "dev", SHA: "unknown"}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v := bi.Main.Version; v != "" && v != "(devel)" {
+			info.Version = v
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && s.Value != "" {
+				info.SHA = s.Value
+			}
+		}
+	}
+	return info
+}
+
 // Credentials are gRPC client credentials for calling the control plane as
 // data plane id (benchmarks that watch endpoints); nil without TLS.
 func (c *Cluster) Credentials(id string) (credentials.TransportCredentials, error) {
@@ -412,6 +450,9 @@ func (c *Cluster) Run(ctx context.Context) error {
 		}
 		dcfg := c.cfg.DataPlane
 		dcfg.ControlPlane = c.cp.GRPCAddr()
+		if dcfg.System == nil {
+			dcfg.System = c.openFaaS()
+		}
 		dp, err := dataplane.New(dcfg)
 		if err != nil {
 			return err

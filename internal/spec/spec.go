@@ -19,6 +19,10 @@ var ErrInvalid = errors.New("invalid function spec")
 // Builtins are the functions a worker can run without any artifact.
 var Builtins = []string{"trace"}
 
+// BuiltinImagePrefix names a built-in function where a client's format
+// wants an image (OpenFaaS, Knative): "brisk.dev/builtin/trace".
+const BuiltinImagePrefix = "brisk.dev/builtin/"
+
 // Function is a registered function as users see it in the admin API.
 type Function struct {
 	Name string `json:"name"`

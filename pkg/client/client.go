@@ -50,11 +50,21 @@ type Client struct {
 	// admin.token). A caller's own Authorization header on an invocation
 	// wins.
 	Token string
-	HTTP  *http.Client
+	// Authorization, when set, is sent as the Authorization header as is
+	// (a caller's own basic or bearer credentials, passed through by a
+	// front end); it wins over Token.
+	Authorization string
+	HTTP          *http.Client
 }
 
 func (c *Client) authorize(req *http.Request) {
-	if c.Token != "" && req.Header.Get("Authorization") == "" {
+	if req.Header.Get("Authorization") != "" {
+		return
+	}
+	switch {
+	case c.Authorization != "":
+		req.Header.Set("Authorization", c.Authorization)
+	case c.Token != "":
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 }

@@ -169,6 +169,8 @@ func (s *Service) ToSpec() (*spec.Function, error) {
 	switch b := ann[AnnBuiltin]; {
 	case b != "":
 		f.Builtin = b
+	case strings.HasPrefix(c.Image, spec.BuiltinImagePrefix):
+		f.Builtin = strings.TrimPrefix(c.Image, spec.BuiltinImagePrefix)
 	case c.Image == "":
 		return nil, errors.New("containers[0].image is required")
 	default:
@@ -198,16 +200,16 @@ func (s *Service) ToSpec() (*spec.Function, error) {
 	}
 	if r := c.Resources; r != nil {
 		var err error
-		if f.Resources.MilliCPU, err = milliCPU(r.Requests["cpu"]); err != nil {
+		if f.Resources.MilliCPU, err = spec.ParseMilliCPU(r.Requests["cpu"]); err != nil {
 			return nil, fmt.Errorf("resources.requests.cpu: %w", err)
 		}
-		if f.Resources.MemoryMB, err = memoryMB(r.Requests["memory"]); err != nil {
+		if f.Resources.MemoryMB, err = spec.ParseMemoryMB(r.Requests["memory"]); err != nil {
 			return nil, fmt.Errorf("resources.requests.memory: %w", err)
 		}
-		if f.Limits.MilliCPU, err = milliCPU(r.Limits["cpu"]); err != nil {
+		if f.Limits.MilliCPU, err = spec.ParseMilliCPU(r.Limits["cpu"]); err != nil {
 			return nil, fmt.Errorf("resources.limits.cpu: %w", err)
 		}
-		if f.Limits.MemoryMB, err = memoryMB(r.Limits["memory"]); err != nil {
+		if f.Limits.MemoryMB, err = spec.ParseMemoryMB(r.Limits["memory"]); err != nil {
 			return nil, fmt.Errorf("resources.limits.memory: %w", err)
 		}
 	}
@@ -265,49 +267,6 @@ func merge(a, b map[string]string) map[string]string {
 	return m
 }
 
-// milliCPU parses a Kubernetes CPU quantity ("250m", "0.5", "2").
-func milliCPU(q string) (int64, error) {
-	if q == "" {
-		return 0, nil
-	}
-	if v, ok := strings.CutSuffix(q, "m"); ok {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("%q is not a CPU quantity", q)
-		}
-		return n, nil
-	}
-	x, err := strconv.ParseFloat(q, 64)
-	if err != nil || x < 0 || x > 1e6 {
-		return 0, fmt.Errorf("%q is not a CPU quantity", q)
-	}
-	return int64(math.Round(x * 1000)), nil
-}
-
-// memoryMB parses a Kubernetes memory quantity ("128Mi", "1Gi", "500M",
-// bytes) into MiB, rounding up.
-func memoryMB(q string) (int64, error) {
-	if q == "" {
-		return 0, nil
-	}
-	units := []struct {
-		suffix string
-		bytes  float64
-	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}}
-	mult, num := 1.0, q
-	for _, u := range units {
-		if v, ok := strings.CutSuffix(q, u.suffix); ok {
-			mult, num = u.bytes, v
-			break
-		}
-	}
-	x, err := strconv.ParseFloat(num, 64)
-	if err != nil || x < 0 || x*mult > 1<<50 {
-		return 0, fmt.Errorf("%q is not a memory quantity", q)
-	}
-	return int64(math.Ceil(x * mult / (1 << 20))), nil
-}
-
 // FromSpec renders a brisk function as a Knative Service; url and ready
 // fill its status (url empty: no status).
 func FromSpec(f *spec.Function, url string, ready bool, message string) *Service {
@@ -340,7 +299,7 @@ func FromSpec(f *spec.Function, url string, ready bool, message string) *Service
 	}
 	c := Container{Image: f.Image}
 	if f.Builtin != "" && c.Image == "" {
-		c.Image = "brisk.dev/builtin/" + f.Builtin // for Knative tools: brisk runs the built-in (annotation)
+		c.Image = spec.BuiltinImagePrefix + f.Builtin // for Knative tools: brisk runs the built-in
 	}
 	for k, v := range f.Env {
 		c.Env = append(c.Env, EnvVar{Name: k, Value: v})

@@ -115,12 +115,12 @@ func TestParseRefusals(t *testing.T) {
 
 func TestQuantities(t *testing.T) {
 	for q, want := range map[string]int64{"250m": 250, "0.5": 500, "2": 2000, "": 0} {
-		if got, err := milliCPU(q); err != nil || got != want {
+		if got, err := spec.ParseMilliCPU(q); err != nil || got != want {
 			t.Errorf("cpu %q: %d %v, want %d", q, got, err, want)
 		}
 	}
 	for q, want := range map[string]int64{"128Mi": 128, "1Gi": 1024, "500M": 477, "1048576": 1, "1": 1, "": 0} {
-		if got, err := memoryMB(q); err != nil || got != want {
+		if got, err := spec.ParseMemoryMB(q); err != nil || got != want {
 			t.Errorf("memory %q: %d %v, want %d", q, got, err, want)
 		}
 	}

@@ -1,0 +1,437 @@
+// Package openfaas serves the OpenFaaS gateway's management API
+// (/system/...) over brisk's admin API, so that faas-cli and other OpenFaaS
+// tools manage brisk functions unmodified (docs/compatibility.md). Each
+// request is forwarded with the caller's own credentials (basic auth with a
+// brisk token as the password, as faas-cli login sends, or a bearer token):
+// the admin API checks them as for any client.
+package openfaas
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/client"
+)
+
+// DefaultNamespace is OpenFaaS's function namespace; brisk maps it to its
+// own default namespace both ways.
+const DefaultNamespace = "openfaas-fn"
+
+// Label and annotation keys brisk reads or keeps.
+const (
+	labelScaleMin = "com.openfaas.scale.min"
+	labelScaleMax = "com.openfaas.scale.max"
+	labelZero     = "com.openfaas.scale.zero"
+	labelFunction = "faas_function"
+	annAuth       = "brisk.dev/auth"
+	// Fields of a FunctionDeployment brisk has no place for are kept in
+	// annotations under this prefix (and hidden from what is returned).
+	keepPrefix = "openfaas.brisk.dev/"
+)
+
+// FunctionDeployment is what faas-cli deploys (POST/PUT /system/functions).
+type FunctionDeployment struct {
+	Service                string            `json:"service"`
+	Image                  string            `json:"image"`
+	Namespace              string            `json:"namespace,omitempty"`
+	EnvProcess             string            `json:"envProcess,omitempty"`
+	EnvVars                map[string]string `json:"envVars,omitempty"`
+	Constraints            []string          `json:"constraints,omitempty"`
+	Secrets                []string          `json:"secrets,omitempty"`
+	Labels                 map[string]string `json:"labels,omitempty"`
+	Annotations            map[string]string `json:"annotations,omitempty"`
+	Limits                 *Resources        `json:"limits,omitempty"`
+	Requests               *Resources        `json:"requests,omitempty"`
+	ReadOnlyRootFilesystem bool              `json:"readOnlyRootFilesystem"`
+}
+
+// Resources are OpenFaaS's quantity strings ("64Mi", "100m").
+type Resources struct {
+	Memory string `json:"memory,omitempty"`
+	CPU    string `json:"cpu,omitempty"`
+}
+
+// FunctionStatus is what the gateway reports of a function.
+type FunctionStatus struct {
+	Name                   string            `json:"name"`
+	Image                  string            `json:"image"`
+	Namespace              string            `json:"namespace,omitempty"`
+	EnvProcess             string            `json:"envProcess,omitempty"`
+	EnvVars                map[string]string `json:"envVars,omitempty"`
+	Constraints            []string          `json:"constraints,omitempty"`
+	Secrets                []string          `json:"secrets,omitempty"`
+	Labels                 map[string]string `json:"labels,omitempty"`
+	Annotations            map[string]string `json:"annotations,omitempty"`
+	Limits                 *Resources        `json:"limits,omitempty"`
+	Requests               *Resources        `json:"requests,omitempty"`
+	ReadOnlyRootFilesystem bool              `json:"readOnlyRootFilesystem"`
+	InvocationCount        float64           `json:"invocationCount"`
+	Replicas               uint64            `json:"replicas"`
+	AvailableReplicas      uint64            `json:"availableReplicas"`
+	CreatedAt              time.Time         `json:"createdAt"`
+}
+
+// Info is /system/info's provider version.
+type Info struct {
+	Version, SHA string
+}
+
+// Handler serves /system/* by calling the admin API at admin with
+// httpClient (which must trust the admin API's certificate, if any).
+type Handler struct {
+	admin string
+	hc    *http.Client
+	info  Info
+}
+
+// New returns the handler.
+func New(admin string, hc *http.Client, info Info) *Handler {
+	if hc == nil {
+		hc = &http.Client{Timeout: time.Minute}
+	}
+	return &Handler{admin: admin, hc: hc, info: info}
+}
+
+func (h *Handler) client(r *http.Request) *client.Client {
+	c := client.New(h.admin, "")
+	c.HTTP = h.hc
+	c.Authorization = r.Header.Get("Authorization")
+	return c
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	switch {
+	case p == "/system/functions":
+		switch r.Method {
+		case http.MethodGet:
+			h.list(w, r)
+		case http.MethodPost, http.MethodPut:
+			h.deploy(w, r)
+		case http.MethodDelete:
+			h.remove(w, r)
+		default:
+			fail(w, http.StatusMethodNotAllowed, "GET, POST, PUT or DELETE")
+		}
+	case strings.HasPrefix(p, "/system/function/") && r.Method == http.MethodGet:
+		h.get(w, r, strings.TrimPrefix(p, "/system/function/"))
+	case strings.HasPrefix(p, "/system/scale-function/") && r.Method == http.MethodPost:
+		h.scale(w, r, strings.TrimPrefix(p, "/system/scale-function/"))
+	case p == "/system/info" && r.Method == http.MethodGet:
+		writeJSON(w, http.StatusOK, map[string]any{
+			"provider": map[string]any{"provider": "brisk", "orchestration": "brisk", "version": map[string]string{"release": h.info.Version, "sha": h.info.SHA}},
+			"version":  map[string]string{"release": h.info.Version, "sha": h.info.SHA},
+			"arch":     "x86_64",
+		})
+	case p == "/system/namespaces" && r.Method == http.MethodGet:
+		h.namespaces(w, r)
+	case p == "/system/secrets", p == "/system/logs":
+		fail(w, http.StatusNotImplemented, p+" is not served by brisk yet (docs/compatibility.md)")
+	default:
+		fail(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+p)
+	}
+}
+
+// fail answers as the gateway does: a plain-text message.
+func fail(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, msg+"\n")
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// failFrom answers an admin API error with its status and message.
+func failFrom(w http.ResponseWriter, err error) {
+	var e *client.Error
+	if errors.As(err, &e) {
+		fail(w, e.Status, e.Message)
+		return
+	}
+	fail(w, http.StatusBadGateway, err.Error())
+}
+
+// briskNS and faasNS map namespaces between the two.
+func briskNS(ns string) string {
+	if ns == DefaultNamespace {
+		return ""
+	}
+	return ns
+}
+
+func faasNS(ns string) string {
+	if ns == "" || ns == spec.DefaultNamespace {
+		return DefaultNamespace
+	}
+	return ns
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
+	views, err := h.client(r).List(r.Context())
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	want := r.URL.Query().Get("namespace")
+	out := []FunctionStatus{}
+	for i := range views {
+		st := ToStatus(&views[i])
+		if want == "" || st.Namespace == want {
+			out = append(out, st)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request, name string) {
+	v, err := h.client(r).Get(r.Context(), name)
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ToStatus(v))
+}
+
+func (h *Handler) deploy(w http.ResponseWriter, r *http.Request) {
+	var d FunctionDeployment
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err := dec.Decode(&d); err != nil {
+		fail(w, http.StatusBadRequest, "FunctionDeployment: "+err.Error())
+		return
+	}
+	f, err := ToSpec(&d)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	cl := h.client(r)
+	if r.Method == http.MethodPut {
+		// faas-cli updates first and creates on 404.
+		if _, err := cl.Update(r.Context(), f); err != nil {
+			failFrom(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	if _, err := cl.Create(r.Context(), f); err != nil {
+		failFrom(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (h *Handler) remove(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		FunctionName string `json:"functionName"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.FunctionName == "" {
+		fail(w, http.StatusBadRequest, `want {"functionName": "NAME"}`)
+		return
+	}
+	if err := h.client(r).Delete(r.Context(), req.FunctionName); err != nil {
+		failFrom(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// scale sets the function's minimum to the replicas asked for (brisk's
+// autoscaler keeps at least that many and may add more up to the maximum).
+func (h *Handler) scale(w http.ResponseWriter, r *http.Request, name string) {
+	var req struct {
+		Replicas uint64 `json:"replicas"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Replicas > math.MaxInt32 {
+		fail(w, http.StatusBadRequest, `want {"serviceName": "NAME", "replicas": N}`)
+		return
+	}
+	cl := h.client(r)
+	v, err := cl.Get(r.Context(), name)
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	f := v.Function
+	f.Scaling.Min = int(req.Replicas)
+	if f.Scaling.Max != 0 && f.Scaling.Max < f.Scaling.Min {
+		f.Scaling.Max = f.Scaling.Min
+	}
+	if _, err := cl.Update(r.Context(), f); err != nil {
+		failFrom(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+}
+
+func (h *Handler) namespaces(w http.ResponseWriter, r *http.Request) {
+	nss, err := h.client(r).Namespaces(r.Context())
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	out := []string{}
+	for _, n := range nss {
+		out = append(out, faasNS(n.Name))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ToSpec converts a deployment to a brisk spec.
+func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
+	if d.Service == "" {
+		return nil, errors.New("service (the function's name) is required")
+	}
+	// OpenFaaS functions are public: faas-cli and the gateway's callers
+	// send no credentials. The annotation brisk.dev/auth: token keeps
+	// brisk's default.
+	f := &spec.Function{Name: d.Service, Namespace: briskNS(d.Namespace), Image: d.Image, WritableRoot: !d.ReadOnlyRootFilesystem, Auth: spec.AuthPublic}
+	if d.Annotations[annAuth] == spec.AuthToken {
+		f.Auth = spec.AuthToken
+	}
+	switch b, ok := strings.CutPrefix(d.Image, spec.BuiltinImagePrefix); {
+	case d.Image == "":
+		return nil, errors.New("image is required")
+	case ok:
+		f.Image, f.Builtin = "", b
+	}
+	if len(d.EnvVars) > 0 || d.EnvProcess != "" {
+		f.Env = map[string]string{}
+		for k, v := range d.EnvVars {
+			f.Env[k] = v
+		}
+		if d.EnvProcess != "" {
+			f.Env["fprocess"] = d.EnvProcess // what the classic watchdog reads
+		}
+	}
+	f.Labels = copyMap(d.Labels)
+	f.Annotations = copyMap(d.Annotations)
+	for k := range f.Annotations {
+		if strings.HasPrefix(k, keepPrefix) {
+			return nil, fmt.Errorf("annotation %s: the prefix %s is brisk's", k, keepPrefix)
+		}
+	}
+	keep := func(k string, v []string) {
+		if len(v) > 0 {
+			if f.Annotations == nil {
+				f.Annotations = map[string]string{}
+			}
+			b, _ := json.Marshal(v)
+			f.Annotations[keepPrefix+k] = string(b)
+		}
+	}
+	keep("constraints", d.Constraints)
+	keep("secrets", d.Secrets)
+	if v, ok := d.Labels[labelScaleMin]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("label %s: %q is not a count", labelScaleMin, v)
+		}
+		f.Scaling.Min = n
+	}
+	if v, ok := d.Labels[labelScaleMax]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("label %s: %q is not a count", labelScaleMax, v)
+		}
+		f.Scaling.Max = n
+	}
+	if d.Labels[labelZero] == "false" && f.Scaling.Min == 0 {
+		f.Scaling.Min = 1
+	}
+	var err error
+	if r := d.Requests; r != nil {
+		if f.Resources.MilliCPU, err = spec.ParseMilliCPU(r.CPU); err == nil {
+			f.Resources.MemoryMB, err = spec.ParseMemoryMB(r.Memory)
+		}
+	}
+	if r := d.Limits; r != nil && err == nil {
+		if f.Limits.MilliCPU, err = spec.ParseMilliCPU(r.CPU); err == nil {
+			f.Limits.MemoryMB, err = spec.ParseMemoryMB(r.Memory)
+		}
+	}
+	return f, err
+}
+
+// ToStatus converts a brisk function to the gateway's status.
+func ToStatus(v *controlplane.FunctionView) FunctionStatus {
+	f := v.Function
+	st := FunctionStatus{Name: f.Name, Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot,
+		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(v.Status.Ready, 0)), CreatedAt: f.CreatedAt}
+	if st.Image == "" && f.Builtin != "" {
+		st.Image = spec.BuiltinImagePrefix + f.Builtin
+	}
+	for k, val := range f.Env {
+		if k == "fprocess" {
+			st.EnvProcess = val
+			continue
+		}
+		if st.EnvVars == nil {
+			st.EnvVars = map[string]string{}
+		}
+		st.EnvVars[k] = val
+	}
+	st.Labels = copyMap(f.Labels)
+	if st.Labels == nil {
+		st.Labels = map[string]string{}
+	}
+	st.Labels[labelFunction] = f.Name
+	for k, val := range f.Annotations {
+		switch k {
+		case keepPrefix + "constraints":
+			_ = json.Unmarshal([]byte(val), &st.Constraints)
+		case keepPrefix + "secrets":
+			_ = json.Unmarshal([]byte(val), &st.Secrets)
+		default:
+			if st.Annotations == nil {
+				st.Annotations = map[string]string{}
+			}
+			st.Annotations[k] = val
+		}
+	}
+	if f.Resources != (spec.Resources{}) {
+		st.Requests = &Resources{Memory: memString(f.Resources.MemoryMB), CPU: cpuString(f.Resources.MilliCPU)}
+	}
+	if f.Limits != (spec.Resources{}) {
+		st.Limits = &Resources{Memory: memString(f.Limits.MemoryMB), CPU: cpuString(f.Limits.MilliCPU)}
+	}
+	return st
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func memString(mb int64) string {
+	if mb == 0 {
+		return ""
+	}
+	return strconv.FormatInt(mb, 10) + "Mi"
+}
+
+func cpuString(m int64) string {
+	if m == 0 {
+		return ""
+	}
+	return strconv.FormatInt(m, 10) + "m"
+}

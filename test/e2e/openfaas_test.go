@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/controlplane"
+)
+
+// The OpenFaaS gateway API as faas-cli drives it: login, deploy (PUT, then
+// POST on 404), list, describe, invoke and async invoke with the namespace
+// suffix and no credentials, scale, info, namespaces, remove. faas-cli
+// cannot be fetched here, so the test sends the requests it sends (as
+// recorded from faas-cli against a recording server), with its headers.
+func TestOpenFaaSGatewayAPI(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	tok, err := os.ReadFile(filepath.Join(c.dataDir, controlplane.AdminTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := "http://" + c.invokeAddr
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+strings.TrimSpace(string(tok))))
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{}} // no token added by the harness
+	do := func(method, path, authz, body string) (int, http.Header, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, gw+path, strings.NewReader(body))
+		req.Header.Set("User-Agent", "faas-cli/0.17.0")
+		if authz != "" {
+			req.Header.Set("Authorization", authz)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+
+	// faas-cli login checks the credentials with a list.
+	if code, _, _ := do("GET", "/system/functions", basic, ""); code != 200 {
+		t.Fatalf("login: %d", code)
+	}
+	if code, _, _ := do("GET", "/system/functions", "Basic "+base64.StdEncoding.EncodeToString([]byte("admin:wrong")), ""); code != 401 {
+		t.Fatalf("login with a wrong password: %d, want 401", code)
+	}
+	dep := `{"service":"env-test","image":"brisk.dev/builtin/trace","namespace":"openfaas-fn","envVars":{"custom_env":"custom_env_value"},
+	  "labels":{"com.openfaas.scale.min":"1","com.openfaas.scale.max":"4","team":"a"},"annotations":{"topic":"x.y","json":"{\"a\":1}"},
+	  "constraints":["node.platform.os == linux"],"limits":{"memory":"256Mi","cpu":"500m"},"requests":{"memory":"64Mi","cpu":"100m"}}`
+	// deploy: PUT first (an update); 404 for a new function makes faas-cli POST.
+	if code, _, body := do("PUT", "/system/functions", basic, dep); code != 404 {
+		t.Fatalf("PUT of an unknown function: %d %s, want 404", code, body)
+	}
+	if code, _, body := do("POST", "/system/functions", basic, dep); code/100 != 2 {
+		t.Fatalf("deploy: %d %s", code, body)
+	}
+	code, _, body := do("GET", "/system/functions?namespace=openfaas-fn", basic, "")
+	var list []map[string]any
+	if code != 200 || json.Unmarshal([]byte(body), &list) != nil || len(list) != 1 {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	code, _, body = do("GET", "/system/function/env-test?namespace=openfaas-fn&usage=1", basic, "")
+	var st struct {
+		Name, Image, Namespace string
+		EnvVars                map[string]string
+		Labels                 map[string]string
+		Annotations            map[string]string
+		Constraints            []string
+		Limits, Requests       struct{ Memory, CPU string }
+		Replicas               int
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
+		t.Fatalf("describe: %d %s", code, body)
+	}
+	if st.Name != "env-test" || st.Image != "brisk.dev/builtin/trace" || st.Namespace != "openfaas-fn" || st.EnvVars["custom_env"] != "custom_env_value" ||
+		st.Labels["faas_function"] != "env-test" || st.Labels["team"] != "a" || st.Annotations["json"] != `{"a":1}` ||
+		len(st.Constraints) != 1 || st.Limits.Memory != "256Mi" || st.Requests.CPU != "100m" {
+		t.Fatalf("describe: %+v", st)
+	}
+	if v := c.fn(t, "env-test"); v.Scaling.Min != 1 || v.Scaling.Max != 4 {
+		t.Fatalf("scale labels not applied: %+v", v.Scaling)
+	}
+	// invoke: /function/NAME.NAMESPACE, no credentials.
+	eventually(t, 30*time.Second, "env-test answers", func() bool {
+		code, h, body := do("POST", "/function/env-test.openfaas-fn?q=1", "", `{"ms": 1}`)
+		return code == 200 && h.Get("X-Call-Id") != "" && strings.Contains(body, "requested_ms")
+	})
+	code, h, _ := do("POST", "/async-function/env-test.openfaas-fn", "", `{"ms": 1}`)
+	if code != 202 || h.Get("X-Call-Id") == "" {
+		t.Fatalf("async invoke: %d %v", code, h)
+	}
+	if code, _, body := do("POST", "/system/scale-function/env-test", basic, `{"serviceName":"env-test","replicas":2,"namespace":"openfaas-fn"}`); code/100 != 2 {
+		t.Fatalf("scale: %d %s", code, body)
+	}
+	if v := c.fn(t, "env-test"); v.Scaling.Min != 2 {
+		t.Fatalf("scale to 2: min %d", v.Scaling.Min)
+	}
+	code, _, body = do("GET", "/system/info", basic, "")
+	var info struct {
+		Provider struct {
+			Provider, Orchestration string
+			Version                 struct{ Release, SHA string }
+		}
+		Version struct{ Release, SHA string }
+	}
+	if code != 200 || json.Unmarshal([]byte(body), &info) != nil || info.Provider.Provider == "" || info.Provider.Orchestration == "" ||
+		info.Provider.Version.Release == "" || info.Provider.Version.SHA == "" || info.Version.Release == "" || info.Version.SHA == "" {
+		t.Fatalf("info: %d %s", code, body)
+	}
+	if code, _, body := do("GET", "/system/namespaces", basic, ""); code != 200 || !strings.Contains(body, `"openfaas-fn"`) {
+		t.Fatalf("namespaces: %d %s", code, body)
+	}
+	if code, _, _ := do("POST", "/function/.openfaas-fn", "", ""); code != 404 && code != 502 {
+		t.Fatalf("invoke with an empty name: %d, want 404 or 502", code)
+	}
+	if code, _, body := do("DELETE", "/system/functions", basic, `{"functionName":"env-test","namespace":"openfaas-fn"}`); code/100 != 2 {
+		t.Fatalf("remove: %d %s", code, body)
+	}
+	if code, _, _ := do("DELETE", "/system/functions", basic, `{"functionName":"env-test"}`); code != 404 {
+		t.Fatalf("remove again: %d, want 404", code)
+	}
+	if code, _, _ := do("GET", "/system/functions", "", ""); code != 401 {
+		t.Fatalf("list without credentials: %d, want 401", code)
+	}
+}
