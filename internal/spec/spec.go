@@ -17,7 +17,9 @@ import (
 var ErrInvalid = errors.New("invalid function spec")
 
 // Builtins are the functions a worker can run without any artifact.
-var Builtins = []string{"trace"}
+// "watchdog" is OpenFaaS's classic watchdog: it forks the command in the
+// env variable fprocess for each request (process runtime).
+var Builtins = []string{"trace", "watchdog"}
 
 // BuiltinImagePrefix names a built-in function where a client's format
 // wants an image (OpenFaaS, Knative): "brisk.dev/builtin/trace".
@@ -287,6 +289,9 @@ func (f *Function) Validate() error {
 	}
 	if f.Builtin != "" && !contains(Builtins, f.Builtin) {
 		return bad("builtin", "%q is not one of %s", f.Builtin, strings.Join(Builtins, ", "))
+	}
+	if f.Builtin == "watchdog" && strings.TrimSpace(f.Env["fprocess"]) == "" {
+		return bad("env.fprocess", "the watchdog built-in runs the command in env fprocess: it is required")
 	}
 	if len(f.Command) > 0 && strings.TrimSpace(f.Command[0]) == "" {
 		return bad("command", "first element (the program) is empty")

@@ -38,8 +38,15 @@ func Serve(ctx context.Context, addr string, cfg Config) error {
 }
 
 func serve(ctx context.Context, l net.Listener, cfg Config) error {
+	var h http.Handler = New(cfg)
+	if cfg.FProcess != "" {
+		var err error
+		if h, err = NewWatchdog(cfg.FProcess, cfg.getenv, os.Stderr); err != nil {
+			return err
+		}
+	}
 	srv := &http.Server{
-		Handler:           New(cfg),
+		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
@@ -89,6 +96,12 @@ func FromEnv(getenv func(string) string) (addr string, cfg Config, err error) {
 		host = "127.0.0.1"
 	}
 	cfg = Config{SandboxID: getenv(EnvSandboxID), Function: getenv(EnvFunction)}
+	if getenv(EnvBuiltin) == Watchdog {
+		if cfg.FProcess = getenv("fprocess"); cfg.FProcess == "" {
+			return "", Config{}, fmt.Errorf("tracefn: the watchdog needs fprocess in its environment")
+		}
+		cfg.getenv = getenv
+	}
 	return net.JoinHostPort(host, p), cfg, nil
 }
 

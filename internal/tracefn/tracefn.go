@@ -44,6 +44,10 @@ type Config struct {
 	Sleep bool
 	// MaxBody bounds the request body in bytes; zero means DefaultMaxBody.
 	MaxBody int64
+	// FProcess, when set, serves the classic watchdog running it instead
+	// of the trace function (watchdog.go); getenv gives its settings.
+	FProcess string
+	getenv   func(string) string
 }
 
 const (

@@ -234,7 +234,7 @@ func TestServeBadAddr(t *testing.T) {
 func TestFromEnv(t *testing.T) {
 	env := map[string]string{"PORT": "8123", "BRISK_SANDBOX_ID": "sb-9", "BRISK_FUNCTION": "fn"}
 	addr, cfg, err := FromEnv(func(k string) string { return env[k] })
-	if err != nil || addr != "127.0.0.1:8123" || cfg != (Config{SandboxID: "sb-9", Function: "fn"}) {
+	if err != nil || addr != "127.0.0.1:8123" || cfg.SandboxID != "sb-9" || cfg.Function != "fn" || cfg.FProcess != "" {
 		t.Fatalf("FromEnv = %q %+v %v", addr, cfg, err)
 	}
 	env["BRISK_LISTEN_HOST"] = "::1"

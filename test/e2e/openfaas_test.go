@@ -124,6 +124,25 @@ func TestOpenFaaSGatewayAPI(t *testing.T) {
 	if code, _, _ := do("POST", "/function/.openfaas-fn", "", ""); code != 404 && code != 502 {
 		t.Fatalf("invoke with an empty name: %d, want 404 or 502", code)
 	}
+	// A classic-watchdog function (the certifier's env-test-verbs): no
+	// image brisk can run, an fprocess it forks per request.
+	if code, _, body := do("POST", "/system/functions", basic, `{"service":"env-verbs","image":"functions/alpine:latest","envProcess":"env"}`); code/100 != 2 {
+		t.Fatalf("deploy env-verbs: %d %s", code, body)
+	}
+	for _, verb := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+		var body string
+		eventually(t, 30*time.Second, "env-verbs answers "+verb, func() bool {
+			var code int
+			code, h, body = do(verb, "/function/env-verbs.openfaas-fn?testing=1", "", "")
+			return code == 200 && h.Get("X-Call-Id") != ""
+		})
+		if !strings.Contains(body, "Http_Method="+verb) || !strings.Contains(body, "Http_Query=testing=1") {
+			t.Fatalf("%s: the watchdog's environment lacks the request:\n%s", verb, body)
+		}
+	}
+	if _, _, body := do("GET", "/system/function/env-verbs", basic, ""); !strings.Contains(body, `"image":"functions/alpine:latest"`) || !strings.Contains(body, `"envProcess":"env"`) {
+		t.Fatalf("env-verbs as described: %s", body)
+	}
 	if code, _, body := do("DELETE", "/system/functions", basic, `{"functionName":"env-test","namespace":"openfaas-fn"}`); code/100 != 2 {
 		t.Fatalf("remove: %d %s", code, body)
 	}

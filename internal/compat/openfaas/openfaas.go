@@ -33,6 +33,7 @@ const (
 	labelZero     = "com.openfaas.scale.zero"
 	labelFunction = "faas_function"
 	annAuth       = "brisk.dev/auth"
+	annRunImage   = "brisk.dev/run-image" // "true": run the image even with an envProcess
 	// Fields of a FunctionDeployment brisk has no place for are kept in
 	// annotations under this prefix (and hidden from what is returned).
 	keepPrefix = "openfaas.brisk.dev/"
@@ -307,6 +308,16 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 		return nil, errors.New("image is required")
 	case ok:
 		f.Image, f.Builtin = "", b
+	case d.EnvProcess != "" && d.Annotations[annRunImage] != "true":
+		// A classic-watchdog function: brisk forks its fprocess itself,
+		// with no image (the image is kept for what is shown).
+		f.Image, f.Builtin = "", "watchdog"
+		defer func() {
+			if f.Annotations == nil {
+				f.Annotations = map[string]string{}
+			}
+			f.Annotations[keepPrefix+"image"] = d.Image
+		}()
 	}
 	if len(d.EnvVars) > 0 || d.EnvProcess != "" {
 		f.Env = map[string]string{}
@@ -395,6 +406,8 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 			_ = json.Unmarshal([]byte(val), &st.Constraints)
 		case keepPrefix + "secrets":
 			_ = json.Unmarshal([]byte(val), &st.Secrets)
+		case keepPrefix + "image":
+			st.Image = val
 		default:
 			if st.Annotations == nil {
 				st.Annotations = map[string]string{}

@@ -108,6 +108,9 @@ func FunctionEnv(base []string, s Spec, port int) []string {
 	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
 		env = append(env, k+"="+s.Function.Env[k])
 	}
+	if s.Function.Builtin != "" {
+		env = append(env, tracefn.EnvBuiltin+"="+s.Function.Builtin)
+	}
 	return append(env,
 		tracefn.EnvPort+"="+strconv.Itoa(port),
 		tracefn.EnvSandboxID+"="+s.ID,

@@ -356,8 +356,8 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 		return nil, fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, f.Name)
 	case len(f.Command) > 0:
 		return f.Command, nil
-	case f.Builtin == "trace":
-		return r.traceArgv, nil
+	case f.Builtin == "trace", f.Builtin == tracefn.Watchdog:
+		return r.traceArgv, nil // the same binary; BRISK_BUILTIN picks the watchdog
 	case f.Builtin != "":
 		return nil, fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
 	case f.Image != "":
