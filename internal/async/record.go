@@ -5,64 +5,29 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Status is where a call is.
-type Status string
-
-// A call is queued (waiting, or waiting for its next attempt), running,
-// then succeeded (a 2xx or 3xx reply), failed (the function's own error,
-// not retried) or dead (retries used up, too old, or its function gone).
-// Failed and dead calls are also in the dead-letter stream.
-const (
-	StatusQueued    Status = "queued"
-	StatusRunning   Status = "running"
-	StatusSucceeded Status = "succeeded"
-	StatusFailed    Status = "failed"
-	StatusDead      Status = "dead"
+// A call's status and result are pkg/api's types (clients read them).
+type (
+	Status = api.CallStatus
+	Record = api.CallRecord
+	Result = api.CallResult
 )
 
-// Final reports whether s is an end state.
-func (s Status) Final() bool {
-	return s == StatusSucceeded || s == StatusFailed || s == StatusDead
-}
-
-// Record is a call's status as GET /v1/calls/ID shows it.
-type Record struct {
-	ID            string     `json:"id"`
-	Function      string     `json:"function"`
-	Status        Status     `json:"status"`
-	Attempts      int        `json:"attempts"`
-	SubmittedAt   time.Time  `json:"submitted_at"`
-	StartedAt     *time.Time `json:"started_at,omitempty"`  // of the last attempt
-	FinishedAt    *time.Time `json:"finished_at,omitempty"` // of the last attempt
-	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
-	// Error says why the last attempt failed (or why the call is dead).
-	Error       string  `json:"error,omitempty"`
-	Result      *Result `json:"result,omitempty"`
-	CallbackURL string  `json:"callback_url,omitempty"`
-	// Callback is "delivered" or why the last callback try failed.
-	Callback string `json:"callback,omitempty"`
-}
-
-// Result is the reply of a call's last attempt.
-type Result struct {
-	Status    int         `json:"status"`
-	Header    http.Header `json:"headers,omitempty"`
-	Body      []byte      `json:"body,omitempty"` // base64 in JSON
-	Truncated bool        `json:"body_truncated,omitempty"`
-	// PlatformError is brisk's reason (X-Brisk-Error) when brisk, not the
-	// function, answered: no-capacity, queue-timeout, sandbox-failed, ...
-	PlatformError string  `json:"platform_error,omitempty"`
-	Seconds       float64 `json:"duration_seconds"`
-}
+// The statuses (api.CallStatus).
+const (
+	StatusQueued    = api.CallQueued
+	StatusRunning   = api.CallRunning
+	StatusSucceeded = api.CallSucceeded
+	StatusFailed    = api.CallFailed
+	StatusDead      = api.CallDead
+)
 
 func (q *Queue) putStatus(ctx context.Context, r *Record) error {
 	b, err := json.Marshal(r)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"hash/fnv"
 	"io"
 	"net/http"
@@ -16,46 +17,28 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// The admin API's types are pkg/api's.
+type (
+	FunctionView     = api.FunctionView
+	FunctionStatus   = api.FunctionStatus
+	SandboxStatus    = api.SandboxStatus
+	StatusView       = api.StatusView
+	NodeStatus       = api.NodeStatus
+	EmergencyStatus  = api.EmergencyStatus
+	DataPlaneStatus  = api.DataPlaneStatus
+	FunctionSummary  = api.FunctionSummary
+	NamespaceRequest = api.NamespaceRequest
+	NamespaceView    = api.NamespaceView
+	NamespaceUsage   = api.NamespaceUsage
+	TokenRequest     = api.TokenRequest
+	TokenView        = api.TokenView
 )
 
 // maxSpecBytes bounds an admin request body.
 const maxSpecBytes = 1 << 20
-
-// FunctionView is a function as the admin API returns it: its spec and its
-// scaling status.
-type FunctionView struct {
-	*spec.Function
-	Status FunctionStatus `json:"status"`
-}
-
-// StatusView is the cluster overview of GET /v1/status.
-type StatusView struct {
-	ControlPlane string            `json:"control_plane"`
-	Nodes        []NodeStatus      `json:"nodes"`
-	DataPlanes   []DataPlaneStatus `json:"data_planes"`
-	Functions    []FunctionSummary `json:"functions"`
-}
-
-// DataPlaneStatus is one registered data plane and whether it follows the
-// endpoint stream now.
-type DataPlaneStatus struct {
-	*store.DataPlane
-	Connected    bool  `json:"connected"`
-	LastReportMs int64 `json:"last_report_age_ms"` // -1: never reported
-}
-
-// FunctionSummary is one line of the status overview.
-type FunctionSummary struct {
-	Name     string `json:"name"`
-	Revision uint64 `json:"revision"`
-	Desired  int    `json:"desired"`
-	Ready    int    `json:"ready"`
-	Pending  int    `json:"pending"`
-	// Condition: why the function lacks sandboxes (FunctionStatus).
-	Condition string `json:"condition,omitempty"`
-	Message   string `json:"message,omitempty"`
-}
 
 func (cp *ControlPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()

@@ -20,7 +20,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // sbState is the control plane's (cached) view of a sandbox; the worker's
@@ -831,30 +831,6 @@ func (c *Cluster) checkNodesLocked(now time.Time) {
 
 // ---------------------------------------------------------------- status
 
-// FunctionStatus is a function's scaling state for the admin API.
-type FunctionStatus struct {
-	Desired     int    `json:"desired"`
-	Ready       int    `json:"ready"`
-	Pending     int    `json:"pending"`
-	Terminating int    `json:"terminating"`
-	LastFailure string `json:"last_failure,omitempty"`
-	// Condition is why the function lacks sandboxes ("no-capacity",
-	// "function-failing"; empty: nothing wrong), Message the detail. Calls
-	// that find no sandbox carry the same reason in X-Brisk-Error.
-	Condition string          `json:"condition,omitempty"`
-	Message   string          `json:"message,omitempty"`
-	Sandboxes []SandboxStatus `json:"sandboxes"`
-}
-
-// SandboxStatus is one sandbox as the control plane sees it.
-type SandboxStatus struct {
-	ID       string `json:"id"`
-	Node     string `json:"node"`
-	State    string `json:"state"`
-	Address  string `json:"address,omitempty"`
-	Revision uint64 `json:"revision"`
-}
-
 func (c *Cluster) functionStatus(name string) (FunctionStatus, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -880,34 +856,6 @@ func (fs *fnState) statusLocked() FunctionStatus {
 	}
 	sort.Slice(st.Sandboxes, func(i, j int) bool { return st.Sandboxes[i].ID < st.Sandboxes[j].ID })
 	return st
-}
-
-// NodeStatus is one worker node for the admin API.
-type NodeStatus struct {
-	ID          string         `json:"id"`
-	Address     string         `json:"address"`
-	Runtime     string         `json:"runtime"`
-	Connected   bool           `json:"connected"`
-	Drain       bool           `json:"drain"`
-	Sandboxes   int            `json:"sandboxes"`
-	Capacity    spec.Resources `json:"capacity"`
-	Requested   spec.Resources `json:"requested"`
-	HeartbeatMs int64          `json:"heartbeat_age_ms"`
-	// Used is what the worker's last heartbeat said its regular and
-	// emergency sandboxes use; Emergency is its emergency track (the dual
-	// track's one-shot sandboxes, which are in no table).
-	Used      spec.Resources   `json:"used"`
-	Emergency *EmergencyStatus `json:"emergency,omitempty"`
-}
-
-// EmergencyStatus is a worker node's emergency track at its last heartbeat.
-type EmergencyStatus struct {
-	Slots   int   `json:"slots"`
-	InUse   int   `json:"in_use"`
-	Started int64 `json:"started"`
-	Failed  int64 `json:"failed"`
-	// MemoryMBSeconds is Σ requested MiB × lifetime of the ended ones.
-	MemoryMBSeconds float64 `json:"memory_mb_seconds"`
 }
 
 func (c *Cluster) nodeStatus() []NodeStatus {

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // A function no node has room for is marked no-capacity, in its status and

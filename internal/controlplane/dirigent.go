@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Dirigent's registration contract (SOSP'24), so that the InVitro loader

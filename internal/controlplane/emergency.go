@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The dual track (PulseNet, docs/architecture.md "Dual track"): the control

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // docs/reliability.md, case 1, "Anomaly #1 (revival): worker W is cut off from the

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -10,7 +10,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Namespaces are tenants: each function belongs to one, tokens may be bound
@@ -88,19 +88,6 @@ func (cp *ControlPlane) loadQuotas() error {
 	}
 	cp.cluster.setQuotas(q)
 	return nil
-}
-
-// NamespaceRequest is the body of PUT /v1/namespaces/{name}.
-type NamespaceRequest struct {
-	Quota spec.Quota `json:"quota"`
-}
-
-// NamespaceView is a namespace with its quota and current use.
-type NamespaceView struct {
-	Name      string         `json:"name"`
-	Quota     spec.Quota     `json:"quota"`
-	Usage     NamespaceUsage `json:"usage"`
-	CreatedAt time.Time      `json:"created_at,omitzero"`
 }
 
 func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {

@@ -3,7 +3,7 @@ package controlplane
 import (
 	"fmt"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Namespaces' quotas at scheduling time: what a namespace's sandboxes hold
@@ -87,14 +87,6 @@ func namespaceOf(f *spec.Function) string {
 		return spec.DefaultNamespace
 	}
 	return f.Namespace
-}
-
-// NamespaceUsage is a namespace's current use for the admin API.
-type NamespaceUsage struct {
-	Functions int   `json:"functions"`
-	Sandboxes int   `json:"sandboxes"`
-	MilliCPU  int64 `json:"cpu_milli"`
-	MemoryMB  int64 `json:"memory_mb"`
 }
 
 func (c *Cluster) usage(ns string) NamespaceUsage {

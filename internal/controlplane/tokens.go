@@ -132,26 +132,6 @@ func writeSecret(path, data string) error {
 	return os.Rename(tmp, path)
 }
 
-// TokenRequest is the body of POST /v1/tokens.
-type TokenRequest struct {
-	Name      string   `json:"name"`
-	Scopes    []string `json:"scopes"`
-	Functions []string `json:"functions,omitempty"`
-	Namespace string   `json:"namespace,omitempty"`
-}
-
-// TokenView is a token as the admin API shows it: never its secret, but
-// for the answer to its creation (Token).
-type TokenView struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Scopes    []string  `json:"scopes"`
-	Functions []string  `json:"functions,omitempty"`
-	Namespace string    `json:"namespace,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	Token     string    `json:"token,omitempty"`
-}
-
 func viewOf(t *store.Token) TokenView {
 	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, CreatedAt: t.CreatedAt}
 }

@@ -26,7 +26,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/pki"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"

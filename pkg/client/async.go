@@ -8,12 +8,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
-	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // CallRecord is an asynchronous call's status (GET /v1/calls/ID).
-type CallRecord = async.Record
+type CallRecord = api.CallRecord
 
 // InvokeAsync submits an asynchronous call (POST /async-function/NAME) and
 // returns its call id once the data plane has stored it (202). A
@@ -88,4 +89,42 @@ func (c *Client) PurgeCalls(ctx context.Context, function string, dead bool) (ui
 		Purged uint64 `json:"purged"`
 	}
 	return out.Purged, c.doAt(ctx, c.Invoke, "data plane", http.MethodDelete, "/v1/calls?"+q.Encode(), nil, &out)
+}
+
+// WaitCall polls an asynchronous call until it has finished (succeeded,
+// failed or dead) or ctx ends, and returns its last record.
+func (c *Client) WaitCall(ctx context.Context, id string) (*CallRecord, error) {
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		r, err := c.Call(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if r.Status.Final() {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// WaitReady polls a function until at least n of its sandboxes are ready
+// or ctx ends (a watch for scripts: deploy, then wait).
+func (c *Client) WaitReady(ctx context.Context, name string, n int) (*api.FunctionView, error) {
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		v, err := c.Get(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if v.Status.Ready >= n {
+			return v, nil
+		}
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
 }

@@ -1,5 +1,14 @@
-// Package client is the Go SDK for brisk's admin API (HTTP/JSON) and its
-// invocation endpoint.
+// Package client is the Go SDK for brisk: its admin API (functions,
+// status, tokens, namespaces) and its data planes (synchronous and
+// asynchronous calls, their status). Its types are pkg/api's and
+// pkg/spec's, so other modules can use it.
+//
+//	c := client.New("127.0.0.1:9090", "127.0.0.1:8080")
+//	c.Token = "brisk_..." // brisk token create, or <data-dir>/admin.token
+//	_, err := c.Create(ctx, &spec.Function{Name: "hello", Builtin: "trace"})
+//	res, err := c.InvokeFunction(ctx, "hello", "POST", []byte(`{"ms": 5}`), nil)
+//	id, err := c.InvokeAsync(ctx, "hello", "POST", []byte(`{"ms": 5}`), nil, "")
+//	rec, err := c.WaitCall(ctx, id) // its status, attempts and result
 package client
 
 import (
@@ -17,8 +26,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Error is a non-2xx answer from brisk, with the server's message.
@@ -233,14 +242,14 @@ func (c *Client) Update(ctx context.Context, f *spec.Function) (*spec.Function, 
 }
 
 // Get returns a function with its scaling status.
-func (c *Client) Get(ctx context.Context, name string) (*controlplane.FunctionView, error) {
-	var out controlplane.FunctionView
+func (c *Client) Get(ctx context.Context, name string) (*api.FunctionView, error) {
+	var out api.FunctionView
 	return &out, c.do(ctx, http.MethodGet, "/v1/functions/"+name, nil, &out)
 }
 
 // List returns every function.
-func (c *Client) List(ctx context.Context) ([]controlplane.FunctionView, error) {
-	var out []controlplane.FunctionView
+func (c *Client) List(ctx context.Context) ([]api.FunctionView, error) {
+	var out []api.FunctionView
 	return out, c.do(ctx, http.MethodGet, "/v1/functions", nil, &out)
 }
 
@@ -250,8 +259,8 @@ func (c *Client) Delete(ctx context.Context, name string) error {
 }
 
 // Status returns the cluster overview.
-func (c *Client) Status(ctx context.Context) (*controlplane.StatusView, error) {
-	var out controlplane.StatusView
+func (c *Client) Status(ctx context.Context) (*api.StatusView, error) {
+	var out api.StatusView
 	return &out, c.do(ctx, http.MethodGet, "/v1/status", nil, &out)
 }
 
@@ -290,15 +299,15 @@ func (c *Client) InvokeFunction(ctx context.Context, name, method string, body [
 
 // CreateToken makes an API token (admin scope needed); the answer's Token
 // is its secret, shown this once.
-func (c *Client) CreateToken(ctx context.Context, req controlplane.TokenRequest) (*controlplane.TokenView, error) {
-	var out controlplane.TokenView
+func (c *Client) CreateToken(ctx context.Context, req api.TokenRequest) (*api.TokenView, error) {
+	var out api.TokenView
 	err := c.do(ctx, http.MethodPost, "/v1/tokens", req, &out)
 	return &out, err
 }
 
 // Tokens lists the API tokens (never their secrets).
-func (c *Client) Tokens(ctx context.Context) ([]controlplane.TokenView, error) {
-	var out []controlplane.TokenView
+func (c *Client) Tokens(ctx context.Context) ([]api.TokenView, error) {
+	var out []api.TokenView
 	err := c.do(ctx, http.MethodGet, "/v1/tokens", nil, &out)
 	return out, err
 }
@@ -309,15 +318,15 @@ func (c *Client) RevokeToken(ctx context.Context, id string) error {
 }
 
 // PutNamespace creates a namespace or replaces its quota (admin scope).
-func (c *Client) PutNamespace(ctx context.Context, name string, q spec.Quota) (*controlplane.NamespaceView, error) {
-	var out controlplane.NamespaceView
-	err := c.do(ctx, http.MethodPut, "/v1/namespaces/"+url.PathEscape(name), controlplane.NamespaceRequest{Quota: q}, &out)
+func (c *Client) PutNamespace(ctx context.Context, name string, q spec.Quota) (*api.NamespaceView, error) {
+	var out api.NamespaceView
+	err := c.do(ctx, http.MethodPut, "/v1/namespaces/"+url.PathEscape(name), api.NamespaceRequest{Quota: q}, &out)
 	return &out, err
 }
 
 // Namespaces lists the namespaces with their quotas and use.
-func (c *Client) Namespaces(ctx context.Context) ([]controlplane.NamespaceView, error) {
-	var out []controlplane.NamespaceView
+func (c *Client) Namespaces(ctx context.Context) ([]api.NamespaceView, error) {
+	var out []api.NamespaceView
 	err := c.do(ctx, http.MethodGet, "/v1/namespaces", nil, &out)
 	return out, err
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Failover benchmarks of issue 5, on separate brisk processes on loopback:

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 const twoServices = `

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func TestDeploymentRoundTrip(t *testing.T) {

@@ -37,7 +37,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // ErrNotLeader marks a write sent to a replica that is not the leader. The

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Generous bounds: the race detector on two busy cores slows elections.

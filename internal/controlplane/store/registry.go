@@ -3,7 +3,7 @@ package store
 import (
 	"io"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Registry is the durable registry the control plane writes through: the

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Sentinel errors; callers map them to HTTP and gRPC codes at the edge.
@@ -67,19 +68,15 @@ type Token struct {
 	CreatedAt  time.Time `json:"created_at"`
 }
 
+// DataPlane is the durable record of a data plane (pkg/api's type: the
+// admin API shows it as it is stored).
+type DataPlane = api.DataPlane
+
 // Namespace is the durable record of a tenant's namespace and its quota.
 type Namespace struct {
 	Name      string     `json:"name"`
 	Quota     spec.Quota `json:"quota"`
 	CreatedAt time.Time  `json:"created_at"`
-}
-
-// DataPlane is the durable record of a data plane.
-type DataPlane struct {
-	ID           string    `json:"id"`
-	Address      string    `json:"address"`
-	RegisteredAt time.Time `json:"registered_at"`
-	KeyID        string    `json:"key_id,omitempty"` // as Worker.KeyID
 }
 
 // Store is a bbolt-backed registry. It is safe for concurrent use; concurrent

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func fn(name string) *spec.Function {

@@ -19,7 +19,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 

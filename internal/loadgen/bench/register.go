@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // RegisterConfig is `brisk bench register`: closed-loop registrations by

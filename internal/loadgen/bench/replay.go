@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // ReplayConfig is `brisk replay`: an Azure trace replayed the loader's way.

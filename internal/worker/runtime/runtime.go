@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 )
 

@@ -25,7 +25,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"

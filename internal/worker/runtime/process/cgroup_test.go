@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 

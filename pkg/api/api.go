@@ -1,0 +1,197 @@
+// Package api holds the types of brisk's admin API and of its
+// asynchronous calls' status, as clients see them (pkg/client). The
+// function spec itself is pkg/spec.
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// FunctionView is a function as the admin API returns it: its spec and its
+// scaling status.
+type FunctionView struct {
+	*spec.Function
+	Status FunctionStatus `json:"status"`
+}
+
+// FunctionStatus is a function's scaling state.
+type FunctionStatus struct {
+	Desired     int    `json:"desired"`
+	Ready       int    `json:"ready"`
+	Pending     int    `json:"pending"`
+	Terminating int    `json:"terminating"`
+	LastFailure string `json:"last_failure,omitempty"`
+	// Condition is why the function lacks sandboxes ("no-capacity",
+	// "function-failing"; empty: nothing wrong), Message the detail. Calls
+	// that find no sandbox carry the same reason in X-Brisk-Error.
+	Condition string          `json:"condition,omitempty"`
+	Message   string          `json:"message,omitempty"`
+	Sandboxes []SandboxStatus `json:"sandboxes"`
+}
+
+// SandboxStatus is one sandbox as the control plane sees it.
+type SandboxStatus struct {
+	ID       string `json:"id"`
+	Node     string `json:"node"`
+	State    string `json:"state"`
+	Address  string `json:"address,omitempty"`
+	Revision uint64 `json:"revision"`
+}
+
+// StatusView is the cluster overview of GET /v1/status.
+type StatusView struct {
+	ControlPlane string            `json:"control_plane"`
+	Nodes        []NodeStatus      `json:"nodes"`
+	DataPlanes   []DataPlaneStatus `json:"data_planes"`
+	Functions    []FunctionSummary `json:"functions"`
+}
+
+// NodeStatus is one worker node.
+type NodeStatus struct {
+	ID          string         `json:"id"`
+	Address     string         `json:"address"`
+	Runtime     string         `json:"runtime"`
+	Connected   bool           `json:"connected"`
+	Drain       bool           `json:"drain"`
+	Sandboxes   int            `json:"sandboxes"`
+	Capacity    spec.Resources `json:"capacity"`
+	Requested   spec.Resources `json:"requested"`
+	HeartbeatMs int64          `json:"heartbeat_age_ms"`
+	// Used is what the worker's last heartbeat said its regular and
+	// emergency sandboxes use; Emergency is its emergency track (the dual
+	// track's one-shot sandboxes, which are in no table).
+	Used      spec.Resources   `json:"used"`
+	Emergency *EmergencyStatus `json:"emergency,omitempty"`
+}
+
+// EmergencyStatus is a worker node's emergency track at its last heartbeat.
+type EmergencyStatus struct {
+	Slots   int   `json:"slots"`
+	InUse   int   `json:"in_use"`
+	Started int64 `json:"started"`
+	Failed  int64 `json:"failed"`
+	// MemoryMBSeconds is Σ requested MiB × lifetime of the ended ones.
+	MemoryMBSeconds float64 `json:"memory_mb_seconds"`
+}
+
+// DataPlane is a registered data plane.
+type DataPlane struct {
+	ID           string    `json:"id"`
+	Address      string    `json:"address"`
+	RegisteredAt time.Time `json:"registered_at"`
+	KeyID        string    `json:"key_id,omitempty"` // the key its certificate was issued for
+}
+
+// DataPlaneStatus is one registered data plane and whether it follows the
+// endpoint stream now.
+type DataPlaneStatus struct {
+	*DataPlane
+	Connected    bool  `json:"connected"`
+	LastReportMs int64 `json:"last_report_age_ms"` // -1: never reported
+}
+
+// FunctionSummary is one line of the status overview.
+type FunctionSummary struct {
+	Name     string `json:"name"`
+	Revision uint64 `json:"revision"`
+	Desired  int    `json:"desired"`
+	Ready    int    `json:"ready"`
+	Pending  int    `json:"pending"`
+	// Condition: why the function lacks sandboxes (FunctionStatus).
+	Condition string `json:"condition,omitempty"`
+	Message   string `json:"message,omitempty"`
+}
+
+// NamespaceRequest creates or changes a namespace (PUT /v1/namespaces/NAME).
+type NamespaceRequest struct {
+	Quota spec.Quota `json:"quota"`
+}
+
+// NamespaceView is a namespace with its quota and current use.
+type NamespaceView struct {
+	Name      string         `json:"name"`
+	Quota     spec.Quota     `json:"quota"`
+	Usage     NamespaceUsage `json:"usage"`
+	CreatedAt time.Time      `json:"created_at,omitzero"`
+}
+
+// NamespaceUsage is what a namespace's functions hold now.
+type NamespaceUsage struct {
+	Functions int   `json:"functions"`
+	Sandboxes int   `json:"sandboxes"`
+	MilliCPU  int64 `json:"cpu_milli"`
+	MemoryMB  int64 `json:"memory_mb"`
+}
+
+// TokenRequest creates an API token (POST /v1/tokens).
+type TokenRequest struct {
+	Name      string   `json:"name"`
+	Scopes    []string `json:"scopes"`
+	Functions []string `json:"functions,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
+}
+
+// TokenView is a token as the admin API shows it: never its secret, but
+// for the answer to its creation (Token).
+type TokenView struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Scopes    []string  `json:"scopes"`
+	Functions []string  `json:"functions,omitempty"`
+	Namespace string    `json:"namespace,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	Token     string    `json:"token,omitempty"`
+}
+
+// CallStatus is where an asynchronous call is.
+type CallStatus string
+
+// A call is queued (waiting, or waiting for its next attempt), running,
+// then succeeded (a 2xx or 3xx reply), failed (the function's own error,
+// not retried) or dead (retries used up, too old, or its function gone).
+// Failed and dead calls are also in the dead-letter stream.
+const (
+	CallQueued    CallStatus = "queued"
+	CallRunning   CallStatus = "running"
+	CallSucceeded CallStatus = "succeeded"
+	CallFailed    CallStatus = "failed"
+	CallDead      CallStatus = "dead"
+)
+
+// Final reports whether s is an end state.
+func (s CallStatus) Final() bool {
+	return s == CallSucceeded || s == CallFailed || s == CallDead
+}
+
+// CallRecord is an asynchronous call's status (GET /v1/calls/ID).
+type CallRecord struct {
+	ID            string     `json:"id"`
+	Function      string     `json:"function"`
+	Status        CallStatus `json:"status"`
+	Attempts      int        `json:"attempts"`
+	SubmittedAt   time.Time  `json:"submitted_at"`
+	StartedAt     *time.Time `json:"started_at,omitempty"`  // of the last attempt
+	FinishedAt    *time.Time `json:"finished_at,omitempty"` // of the last attempt
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	// Error says why the last attempt failed (or why the call is dead).
+	Error       string      `json:"error,omitempty"`
+	Result      *CallResult `json:"result,omitempty"`
+	CallbackURL string      `json:"callback_url,omitempty"`
+	// Callback is "delivered" or why the last callback try failed.
+	Callback string `json:"callback,omitempty"`
+}
+
+// CallResult is the reply of a call's last attempt.
+type CallResult struct {
+	Status    int         `json:"status"`
+	Header    http.Header `json:"headers,omitempty"`
+	Body      []byte      `json:"body,omitempty"` // base64 in JSON
+	Truncated bool        `json:"body_truncated,omitempty"`
+	// PlatformError is brisk's reason (X-Brisk-Error) when brisk, not the
+	// function, answered: no-capacity, queue-timeout, sandbox-failed, ...
+	PlatformError string  `json:"platform_error,omitempty"`
+	Seconds       float64 `json:"duration_seconds"`
+}
