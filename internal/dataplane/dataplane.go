@@ -39,6 +39,7 @@ type DataPlane struct {
 	cfg          Config
 	log          *slog.Logger
 	epoch        time.Time // base of nanotime
+	epochNs      int64     // epoch in Unix ns: X-Start-Time = epochNs + a call's arrival
 	rnd          func() uint64
 	prom         *promMetrics
 	transport    *http.Transport
@@ -105,6 +106,7 @@ func New(cfg Config) (*DataPlane, error) {
 	if cfg.TLS != nil {
 		d.fwdProto = "https"
 	}
+	d.epochNs = d.epoch.UnixNano()
 	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
 	d.tokens = auth.NewChecker()
 	var extra []prometheus.Collector

@@ -190,6 +190,7 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 			h["X-Brisk-Sandbox"] = []string{reply.GetSandboxId()}
 			h["X-Brisk-Track"] = hdrEmergency
 			h["X-Brisk-Timing"] = []string{timing(reply.GetStartUs(), true, (end-arrival)/1e3)}
+			h["X-Start-Time"] = []string{strconv.FormatInt(d.epochNs+arrival, 10)}
 			h["Content-Length"] = []string{strconv.Itoa(len(reply.GetBody()))}
 			w.WriteHeader(int(reply.GetStatus()))
 			_, _ = w.Write(reply.GetBody())

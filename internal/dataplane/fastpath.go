@@ -435,6 +435,8 @@ func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, k
 	bw.WriteString(st.ep.id)
 	bw.WriteString("\r\nX-Brisk-Timing: ")
 	bw.Write(appendTiming(bw.AvailableBuffer(), st.queueNs/1e3, st.cold, (c.f.d.nanotime()-st.proxyStart)/1e3))
+	bw.WriteString("\r\nX-Start-Time: ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), c.f.d.epochNs+st.arrival, 10))
 	bw.WriteString("\r\n")
 	if !rh.parsed.HasDate {
 		h1.WriteDate(bw)

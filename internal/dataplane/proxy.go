@@ -437,6 +437,7 @@ func (d *DataPlane) modifyResponse(resp *http.Response) error {
 	h["X-Call-Id"] = st.callID
 	h["X-Brisk-Sandbox"] = st.ep.idHdr
 	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (now-st.proxyStart)/1e3)}
+	h["X-Start-Time"] = []string{strconv.FormatInt(d.epochNs+st.arrival, 10)}
 	return nil
 }
 

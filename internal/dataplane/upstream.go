@@ -302,6 +302,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	h["X-Call-Id"] = st.callID
 	h["X-Brisk-Sandbox"] = st.ep.idHdr
 	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (d.nanotime()-st.proxyStart)/1e3)}
+	h["X-Start-Time"] = []string{strconv.FormatInt(d.epochNs+st.arrival, 10)}
 	if resp.Length < 0 {
 		delete(h, "Content-Length")
 	}

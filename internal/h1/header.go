@@ -62,6 +62,7 @@ const (
 	hDate
 	hAuthorization
 	hPrefer
+	hXStartTime
 	nHeaderNames
 )
 
@@ -72,7 +73,7 @@ var headerNames = [nHeaderNames]string{
 	hProxyAuthorization: "proxy-authorization", hXForwardedFor: "x-forwarded-for", hXForwardedHost: "x-forwarded-host",
 	hXForwardedProto: "x-forwarded-proto", hXBriskSandbox: "x-brisk-sandbox", hXBriskTiming: "x-brisk-timing",
 	hXCallID: "x-call-id", hIdempotencyKey: "idempotency-key", hXIdempotencyKey: "x-idempotency-key", hDate: "date",
-	hAuthorization: "authorization", hPrefer: "prefer",
+	hAuthorization: "authorization", hPrefer: "prefer", hXStartTime: "x-start-time",
 }
 
 var (
@@ -88,6 +89,7 @@ var (
 		hContentLength: Length, hTransferEncoding: TransferEncoding, hConnection: Connection, hUpgrade: Drop,
 		hTe: Drop, hKeepAlive: Drop, hProxyConnection: Drop, hProxyAuthenticate: Drop,
 		hProxyAuthorization: Drop, hXBriskSandbox: Drop, hXBriskTiming: Drop, hXCallID: Drop, hDate: Date,
+		hXStartTime: Drop, // the data plane sends its own
 	}
 	// namesByLen lists the names of each length: a lookup compares one to
 	// three of them.
