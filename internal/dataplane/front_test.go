@@ -93,7 +93,7 @@ func send(t *testing.T, base string, mk func(base string) *http.Request) exchang
 		t.Fatalf("%s %s: reading the reply: %v", req.Method, req.URL, err)
 	}
 	h := resp.Header.Clone()
-	for _, k := range []string{"Date", "X-Brisk-Timing"} {
+	for _, k := range []string{"Date", "X-Brisk-Timing", "X-Start-Time"} {
 		if _, ok := h[k]; !ok {
 			t.Errorf("%s %s: reply has no %s", req.Method, req.URL, k)
 		}
