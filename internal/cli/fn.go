@@ -15,14 +15,15 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func newFn(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "fn", Short: "Manage functions: deploy, list, get, delete", Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() }}
-	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g))
+	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g), newFnLogs(g))
 	return c
 }
 
@@ -538,6 +539,41 @@ func invokeAsync(ctx context.Context, g *globals, name, method string, body []by
 		case <-time.After(delay):
 		}
 	}
+}
+
+func newFnLogs(g *globals) *cobra.Command {
+	var o client.LogOptions
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "logs NAME",
+		Short: "Print the output of a function's sandboxes (every runtime but emulated)",
+		Long: `Print what a function's sandboxes wrote to stdout and stderr, gathered by
+the control plane from every worker (each keeps the logs of the sandboxes it
+ran, rotated past 10 MiB per sandbox). Lines are prefixed with their
+sandbox; --json prints each as a JSON object (function, sandbox, node,
+time, text).`,
+		Example: "  brisk fn logs hello --tail 20\n  brisk fn logs hello -f\n  brisk fn logs hello --since 10m --sandbox SANDBOX",
+		Args:    exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			if o.Tail < 0 {
+				return usageError{fmt.Errorf("--tail %d: must not be negative", o.Tail)}
+			}
+			enc := json.NewEncoder(os.Stdout)
+			return g.client().Logs(c.Context(), args[0], o, func(l api.LogLine) error {
+				if asJSON {
+					return enc.Encode(l)
+				}
+				_, err := fmt.Printf("[%s] %s\n", l.Sandbox, l.Text)
+				return err
+			})
+		},
+	}
+	c.Flags().BoolVarP(&o.Follow, "follow", "f", false, "keep printing new lines until interrupted")
+	c.Flags().IntVar(&o.Tail, "tail", 0, "the last lines of each sandbox's log (0: all that is kept)")
+	c.Flags().StringVar(&o.Since, "since", "", "only logs written since: a duration (10m) or an RFC 3339 time")
+	c.Flags().StringVar(&o.Sandbox, "sandbox", "", "one sandbox's logs only")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	return c
 }
 
 func printJSON(v any) error {

@@ -47,6 +47,7 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/functions/{name}", cp.getFunction)
 	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
 	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
+	mux.HandleFunc("GET /v1/functions/{name}/logs", cp.functionLogs)
 	mux.HandleFunc("GET /v1/status", cp.status)
 	mux.HandleFunc("GET /v1/backup", cp.backup)
 	mux.HandleFunc("PUT /v1/namespaces/{name}", cp.putNamespace)

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
@@ -102,6 +104,9 @@ const (
 
 type nodeState struct {
 	id        string // immutable; rec may be replaced under the lock
+	// conn is the link's gRPC connection to the worker (nil while none),
+	// for calls beside the session: logs.
+	conn      atomic.Pointer[grpc.ClientConn]
 	rec       *store.Worker
 	idx       int // index in cluster.place / cluster.nodeList
 	sess      *session

@@ -116,6 +116,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 	var conn *grpc.ClientConn
 	var addr string
 	defer func() {
+		n.conn.Store(nil)
 		if conn != nil {
 			conn.Close()
 		}
@@ -134,6 +135,7 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 			if err != nil {
 				cp.log.Warn("worker address", "node", n.id, "address", want, "err", err)
 			}
+			n.conn.Store(conn)
 			addr = want
 		}
 		start := time.Now()

@@ -201,6 +201,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	wg.Add(1)
 	go func() { defer wg.Done(); d.registerLoop(rctx, adv) }()
+	dirs := map[string]bool{}
+	for _, n := range d.nodes {
+		if lk, ok := n.rt.(LogKeeper); ok && !dirs[lk.LogDir()] {
+			dirs[lk.LogDir()] = true
+			wg.Add(1)
+			go func(dir string) { defer wg.Done(); rotateLogs(rctx, dir, MaxLogBytes) }(lk.LogDir())
+		}
+	}
 	select {
 	case <-ctx.Done():
 	case err = <-errc:

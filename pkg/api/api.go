@@ -195,3 +195,14 @@ type CallResult struct {
 	PlatformError string  `json:"platform_error,omitempty"`
 	Seconds       float64 `json:"duration_seconds"`
 }
+
+// LogLine is one line of a sandbox's output (GET /v1/functions/NAME/logs,
+// NDJSON). Time is when the worker read it: for lines already in a log,
+// the log's last write (lines carry no time of their own).
+type LogLine struct {
+	Function string    `json:"function"`
+	Sandbox  string    `json:"sandbox"`
+	Node     string    `json:"node"`
+	Time     time.Time `json:"time"`
+	Text     string    `json:"text"`
+}

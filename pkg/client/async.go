@@ -3,6 +3,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -125,6 +127,62 @@ func (c *Client) WaitReady(ctx context.Context, name string, n int) (*api.Functi
 		case <-ctx.Done():
 			return v, ctx.Err()
 		case <-time.After(delay):
+		}
+	}
+}
+
+// LogOptions select the logs Logs returns.
+type LogOptions struct {
+	Tail    int    // the last lines of each sandbox's log; 0: all that is kept
+	Since   string // a duration ("10m") or an RFC 3339 time
+	Sandbox string // one sandbox's only
+	Follow  bool   // keep streaming new lines until ctx ends
+}
+
+// Logs calls fn with each line of a function's sandboxes' output, gathered
+// from its workers, until they have all been sent (or, with Follow, until
+// ctx ends or fn returns an error).
+func (c *Client) Logs(ctx context.Context, name string, o LogOptions, fn func(api.LogLine) error) error {
+	q := url.Values{}
+	if o.Tail > 0 {
+		q.Set("tail", strconv.Itoa(o.Tail))
+	}
+	if o.Since != "" {
+		q.Set("since", o.Since)
+	}
+	if o.Sandbox != "" {
+		q.Set("sandbox", o.Sandbox)
+	}
+	if o.Follow {
+		q.Set("follow", "true")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Admin+"/v1/functions/"+url.PathEscape(name)+"/logs?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	c.authorize(req)
+	hc := *c.HTTP
+	hc.Timeout = 0 // a followed stream lasts as long as ctx
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return replyError(resp.StatusCode, data)
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var l api.LogLine
+		if err := dec.Decode(&l); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := fn(l); err != nil {
+			return err
 		}
 	}
 }

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/client"
 )
 
 // The OpenFaaS gateway API as faas-cli drives it: login, deploy (PUT, then
@@ -142,6 +146,42 @@ func TestOpenFaaSGatewayAPI(t *testing.T) {
 	}
 	if _, _, body := do("GET", "/system/function/env-verbs", basic, ""); !strings.Contains(body, `"image":"functions/alpine:latest"`) || !strings.Contains(body, `"envProcess":"env"`) {
 		t.Fatalf("env-verbs as described: %s", body)
+	}
+	// Logs: the watchdog's lines, through /system/logs (the certifier's
+	// Test_FunctionLogs) and brisk fn logs.
+	eventually(t, 30*time.Second, "the watchdog's log lines", func() bool {
+		code, _, body := do("GET", "/system/logs?name=env-verbs&tail=100", basic, "")
+		return code == 200 && strings.Contains(body, "Forking fprocess") && strings.Contains(body, "Wrote ") && strings.Contains(body, `"namespace":"openfaas-fn"`)
+	})
+	if out := c.mustBrisk(t, "fn", "logs", "env-verbs", "--tail", "2"); !strings.Contains(out, "Wrote ") || strings.Count(out, "\n") > 2*5 {
+		t.Fatalf("brisk fn logs --tail 2:\n%s", out)
+	}
+	// Follow: a line written after the stream began arrives.
+	fctx, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	seen := make(chan struct{})
+	go func() {
+		_ = c.cl.Logs(fctx, "env-verbs", client.LogOptions{Follow: true, Tail: 1}, func(l api.LogLine) error {
+			if strings.Contains(l.Text, "Forking") && l.Time.After(time.Now().Add(-5*time.Second)) {
+				close(seen)
+				return errors.New("done")
+			}
+			return nil
+		})
+	}()
+	// Calls until one's lines arrive on the stream (the first may come
+	// before the stream has started).
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for following := true; following; {
+		do("POST", "/function/env-verbs.openfaas-fn", "", "")
+		select {
+		case <-seen:
+			following = false
+		case <-fctx.Done():
+			t.Fatal("a followed log did not show a new call's lines")
+		case <-tick.C:
+		}
 	}
 	if code, _, body := do("DELETE", "/system/functions", basic, `{"functionName":"env-test","namespace":"openfaas-fn"}`); code/100 != 2 {
 		t.Fatalf("remove: %d %s", code, body)

@@ -585,6 +585,169 @@ func (x *SandboxRecord) GetCreateUs() int64 {
 	return 0
 }
 
+type LogsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`                   // "" = every node the process hosts
+	Function      string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`                             // required
+	Sandbox       string                 `protobuf:"bytes,3,opt,name=sandbox,proto3" json:"sandbox,omitempty"`                               // "" = every sandbox of the function
+	Tail          int32                  `protobuf:"varint,4,opt,name=tail,proto3" json:"tail,omitempty"`                                    // the last lines of each sandbox's log; <= 0: all (up to the kept size)
+	SinceUnixMs   int64                  `protobuf:"varint,5,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"` // only logs written since (by the file's last write); 0: all
+	Follow        bool                   `protobuf:"varint,6,opt,name=follow,proto3" json:"follow,omitempty"`                                // then keep sending new lines until the call ends
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsRequest) Reset() {
+	*x = LogsRequest{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsRequest) ProtoMessage() {}
+
+func (x *LogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
+func (*LogsRequest) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LogsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LogsRequest) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *LogsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *LogsRequest) GetTail() int32 {
+	if x != nil {
+		return x.Tail
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+func (x *LogsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+type LogLine struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	NodeId   string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Function string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
+	Sandbox  string                 `protobuf:"bytes,3,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// When the line was read: for lines already in the log, its file's last
+	// write (lines carry no time of their own); for followed lines, when
+	// the worker saw them.
+	TimeUnixMs    int64  `protobuf:"varint,4,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	Text          string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogLine) Reset() {
+	*x = LogLine{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogLine) ProtoMessage() {}
+
+func (x *LogLine) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
+func (*LogLine) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *LogLine) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LogLine) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *LogLine) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *LogLine) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *LogLine) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -595,7 +758,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +770,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +783,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Header) GetName() string {
@@ -653,7 +816,7 @@ type EmergencyRequest struct {
 
 func (x *EmergencyRequest) Reset() {
 	*x = EmergencyRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +828,7 @@ func (x *EmergencyRequest) String() string {
 func (*EmergencyRequest) ProtoMessage() {}
 
 func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +841,7 @@ func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyRequest.ProtoReflect.Descriptor instead.
 func (*EmergencyRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EmergencyRequest) GetNodeId() string {
@@ -750,7 +913,7 @@ type EmergencyReply struct {
 
 func (x *EmergencyReply) Reset() {
 	*x = EmergencyReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +925,7 @@ func (x *EmergencyReply) String() string {
 func (*EmergencyReply) ProtoMessage() {}
 
 func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +938,7 @@ func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyReply.ProtoReflect.Descriptor instead.
 func (*EmergencyReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EmergencyReply) GetStatus() int32 {
@@ -829,7 +992,7 @@ type EmergencyStats struct {
 
 func (x *EmergencyStats) Reset() {
 	*x = EmergencyStats{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1004,7 @@ func (x *EmergencyStats) String() string {
 func (*EmergencyStats) ProtoMessage() {}
 
 func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1017,7 @@ func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyStats.ProtoReflect.Descriptor instead.
 func (*EmergencyStats) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EmergencyStats) GetSlots() int32 {
@@ -902,7 +1065,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1077,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1090,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -947,7 +1110,7 @@ type ImportImageReply struct {
 
 func (x *ImportImageReply) Reset() {
 	*x = ImportImageReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1122,7 @@ func (x *ImportImageReply) String() string {
 func (*ImportImageReply) ProtoMessage() {}
 
 func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1135,7 @@ func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
 func (*ImportImageReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ImportImageReply) GetRefs() []string {
@@ -1004,7 +1167,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1179,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1192,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -1110,7 +1273,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1285,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1298,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -1214,7 +1377,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1389,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1402,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -1287,7 +1450,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1462,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1475,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -1342,7 +1505,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1517,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1530,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1407,7 +1570,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1582,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1595,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -1451,7 +1614,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1626,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1639,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -1497,7 +1660,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1672,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1685,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1564,7 +1727,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1739,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1752,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1633,7 +1796,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1808,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1821,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1707,7 +1870,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1882,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1895,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -1761,7 +1924,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1936,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1949,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -1827,7 +1990,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2002,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2015,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -1883,7 +2046,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2058,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2071,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -1962,7 +2125,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2137,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2150,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -2007,7 +2170,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2182,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2195,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -2058,7 +2221,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2233,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2246,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2102,7 +2265,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2114,7 +2277,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2127,7 +2290,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2149,7 +2312,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2324,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2337,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2229,7 +2392,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2404,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2417,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2331,7 +2494,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2506,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2519,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -2390,7 +2553,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2565,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2578,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -2447,7 +2610,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2622,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2635,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -2528,7 +2691,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2703,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2716,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -2590,7 +2753,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2765,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2778,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2666,7 +2829,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2841,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2854,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -2737,7 +2900,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2912,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2925,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 type UnreachableEndpoint struct {
@@ -2777,7 +2940,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +2952,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +2965,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -2843,7 +3006,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3018,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3031,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -2893,7 +3056,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2905,7 +3068,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2918,7 +3081,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -2974,7 +3137,21 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12\x18\n" +
 	"\aaddress\x18\x06 \x01(\tR\aaddress\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
-	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\"2\n" +
+	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\"\xac\x01\n" +
+	"\vLogsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
+	"\asandbox\x18\x03 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04tail\x18\x04 \x01(\x05R\x04tail\x12\"\n" +
+	"\rsince_unix_ms\x18\x05 \x01(\x03R\vsinceUnixMs\x12\x16\n" +
+	"\x06follow\x18\x06 \x01(\bR\x06follow\"\x8e\x01\n" +
+	"\aLogLine\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
+	"\asandbox\x18\x03 \x01(\tR\asandbox\x12 \n" +
+	"\ftime_unix_ms\x18\x04 \x01(\x03R\n" +
+	"timeUnixMs\x12\x12\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"\x86\x02\n" +
@@ -3157,11 +3334,12 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rHandshakeMode\x12\x1e\n" +
 	"\x1aHANDSHAKE_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16HANDSHAKE_MODE_RECOVER\x10\x01\x12\x18\n" +
-	"\x14HANDSHAKE_MODE_RESET\x10\x022\xc7\x01\n" +
+	"\x14HANDSHAKE_MODE_RESET\x10\x022\xfb\x01\n" +
 	"\x06Worker\x127\n" +
 	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
 	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x01\x12A\n" +
-	"\tEmergency\x12\x1a.brisk.v1.EmergencyRequest\x1a\x18.brisk.v1.EmergencyReply2\xd2\x03\n" +
+	"\tEmergency\x12\x1a.brisk.v1.EmergencyRequest\x1a\x18.brisk.v1.EmergencyReply\x122\n" +
+	"\x04Logs\x12\x15.brisk.v1.LogsRequest\x1a\x11.brisk.v1.LogLine0\x012\xd2\x03\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
@@ -3183,7 +3361,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -3191,99 +3369,103 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
 	(*AsyncPolicy)(nil),               // 4: brisk.v1.AsyncPolicy
 	(*SandboxRecord)(nil),             // 5: brisk.v1.SandboxRecord
-	(*Header)(nil),                    // 6: brisk.v1.Header
-	(*EmergencyRequest)(nil),          // 7: brisk.v1.EmergencyRequest
-	(*EmergencyReply)(nil),            // 8: brisk.v1.EmergencyReply
-	(*EmergencyStats)(nil),            // 9: brisk.v1.EmergencyStats
-	(*ImageChunk)(nil),                // 10: brisk.v1.ImageChunk
-	(*ImportImageReply)(nil),          // 11: brisk.v1.ImportImageReply
-	(*ToWorker)(nil),                  // 12: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 13: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 14: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 15: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 16: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 17: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 18: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 19: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 20: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 21: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 22: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 23: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 24: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 25: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 26: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 27: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 28: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 29: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 30: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 31: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 32: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 33: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 34: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 35: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 36: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 37: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 38: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 39: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 40: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 41: brisk.v1.UnreachableAck
-	nil,                               // 42: brisk.v1.FunctionSpec.EnvEntry
+	(*LogsRequest)(nil),               // 6: brisk.v1.LogsRequest
+	(*LogLine)(nil),                   // 7: brisk.v1.LogLine
+	(*Header)(nil),                    // 8: brisk.v1.Header
+	(*EmergencyRequest)(nil),          // 9: brisk.v1.EmergencyRequest
+	(*EmergencyReply)(nil),            // 10: brisk.v1.EmergencyReply
+	(*EmergencyStats)(nil),            // 11: brisk.v1.EmergencyStats
+	(*ImageChunk)(nil),                // 12: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 13: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 14: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 15: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 16: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 17: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 18: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 19: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 20: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 21: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 22: brisk.v1.Commands
+	(*Heartbeat)(nil),                 // 23: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 24: brisk.v1.Updates
+	(*JoinRequest)(nil),               // 25: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 26: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 27: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 28: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 29: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 30: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 31: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 32: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 33: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 34: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 35: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 36: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 37: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 38: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 39: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 40: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 41: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 42: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 43: brisk.v1.UnreachableAck
+	nil,                               // 44: brisk.v1.FunctionSpec.EnvEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	42, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	44, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	4,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
 	0,  // 4: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
 	3,  // 5: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
-	6,  // 6: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
-	6,  // 7: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
-	14, // 8: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	17, // 9: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	20, // 10: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	16, // 11: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	18, // 12: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	22, // 13: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	8,  // 6: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	8,  // 7: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	16, // 8: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	19, // 9: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	22, // 10: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	18, // 11: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	20, // 12: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	24, // 13: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
 	1,  // 14: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	15, // 15: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	17, // 15: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
 	5,  // 16: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
 	5,  // 17: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
 	3,  // 18: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	19, // 19: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	21, // 19: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
 	2,  // 20: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
 	2,  // 21: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	9,  // 22: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	11, // 22: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
 	5,  // 23: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	21, // 24: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	23, // 24: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
 	2,  // 25: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
 	3,  // 26: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	30, // 27: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	35, // 28: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	33, // 29: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	32, // 30: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	34, // 31: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	36, // 32: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	39, // 33: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	12, // 34: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	10, // 35: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	7,  // 36: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	25, // 37: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	27, // 38: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	29, // 39: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	37, // 40: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	40, // 41: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	23, // 42: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	13, // 43: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	11, // 44: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	8,  // 45: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	26, // 46: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	28, // 47: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	31, // 48: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	38, // 49: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	41, // 50: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	24, // 51: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	43, // [43:52] is the sub-list for method output_type
-	34, // [34:43] is the sub-list for method input_type
+	32, // 27: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	37, // 28: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	35, // 29: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	34, // 30: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	36, // 31: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	38, // 32: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	41, // 33: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	14, // 34: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	12, // 35: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	9,  // 36: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	6,  // 37: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	27, // 38: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	29, // 39: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	31, // 40: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	39, // 41: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	42, // 42: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	25, // 43: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	15, // 44: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	13, // 45: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	10, // 46: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	7,  // 47: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	28, // 48: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	30, // 49: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	33, // 50: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	40, // 51: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	43, // 52: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	26, // 53: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	44, // [44:54] is the sub-list for method output_type
+	34, // [34:44] is the sub-list for method input_type
 	34, // [34:34] is the sub-list for extension type_name
 	34, // [34:34] is the sub-list for extension extendee
 	0,  // [0:34] is the sub-list for field type_name
@@ -3294,12 +3476,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[10].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[12].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[11].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[13].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -3310,7 +3492,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

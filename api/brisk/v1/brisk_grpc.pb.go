@@ -24,6 +24,7 @@ const (
 	Worker_Session_FullMethodName     = "/brisk.v1.Worker/Session"
 	Worker_ImportImage_FullMethodName = "/brisk.v1.Worker/ImportImage"
 	Worker_Emergency_FullMethodName   = "/brisk.v1.Worker/Emergency"
+	Worker_Logs_FullMethodName        = "/brisk.v1.Worker/Logs"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -44,6 +45,10 @@ type WorkerClient interface {
 	// FAILED_PRECONDITION mean the call never reached a sandbox and may go
 	// elsewhere; ABORTED means it did and must not be retried.
 	Emergency(ctx context.Context, in *EmergencyRequest, opts ...grpc.CallOption) (*EmergencyReply, error)
+	// Logs streams the output of a function's sandboxes on this worker
+	// (every runtime that keeps it: process, native, containerd): the last
+	// lines of each sandbox's log, then, with follow, new lines as they come.
+	Logs(ctx context.Context, in *LogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogLine], error)
 }
 
 type workerClient struct {
@@ -90,6 +95,25 @@ func (c *workerClient) Emergency(ctx context.Context, in *EmergencyRequest, opts
 	return out, nil
 }
 
+func (c *workerClient) Logs(ctx context.Context, in *LogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogLine], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Worker_ServiceDesc.Streams[2], Worker_Logs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[LogsRequest, LogLine]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_LogsClient = grpc.ServerStreamingClient[LogLine]
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -108,6 +132,10 @@ type WorkerServer interface {
 	// FAILED_PRECONDITION mean the call never reached a sandbox and may go
 	// elsewhere; ABORTED means it did and must not be retried.
 	Emergency(context.Context, *EmergencyRequest) (*EmergencyReply, error)
+	// Logs streams the output of a function's sandboxes on this worker
+	// (every runtime that keeps it: process, native, containerd): the last
+	// lines of each sandbox's log, then, with follow, new lines as they come.
+	Logs(*LogsRequest, grpc.ServerStreamingServer[LogLine]) error
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -126,6 +154,9 @@ func (UnimplementedWorkerServer) ImportImage(grpc.ClientStreamingServer[ImageChu
 }
 func (UnimplementedWorkerServer) Emergency(context.Context, *EmergencyRequest) (*EmergencyReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method Emergency not implemented")
+}
+func (UnimplementedWorkerServer) Logs(*LogsRequest, grpc.ServerStreamingServer[LogLine]) error {
+	return status.Error(codes.Unimplemented, "method Logs not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -180,6 +211,17 @@ func _Worker_Emergency_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Worker_Logs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(LogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkerServer).Logs(m, &grpc.GenericServerStream[LogsRequest, LogLine]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_LogsServer = grpc.ServerStreamingServer[LogLine]
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -203,6 +245,11 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "ImportImage",
 			Handler:       _Worker_ImportImage_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Logs",
+			Handler:       _Worker_Logs_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "api/brisk/v1/brisk.proto",

@@ -18,8 +18,9 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
-	"github.com/brisk-faas/brisk/pkg/spec"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // DefaultNamespace is OpenFaaS's function namespace; brisk maps it to its
@@ -135,7 +136,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		})
 	case p == "/system/namespaces" && r.Method == http.MethodGet:
 		h.namespaces(w, r)
-	case p == "/system/secrets", p == "/system/logs":
+	case p == "/system/logs" && r.Method == http.MethodGet:
+		h.logs(w, r)
+	case p == "/system/secrets":
 		fail(w, http.StatusNotImplemented, p+" is not served by brisk yet (docs/compatibility.md)")
 	default:
 		fail(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+p)
@@ -276,6 +279,56 @@ func (h *Handler) scale(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// logs answers /system/logs?name=&follow=&since=&tail=&instance= with the
+// gateway's NDJSON lines.
+func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	name := q.Get("name")
+	if name == "" {
+		fail(w, http.StatusBadRequest, "name is required")
+		return
+	}
+	o := client.LogOptions{Follow: q.Get("follow") == "true", Sandbox: q.Get("instance"), Since: q.Get("since")}
+	if v := q.Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			fail(w, http.StatusBadRequest, "tail: want a line count")
+			return
+		}
+		o.Tail = n
+	}
+	cl := h.client(r)
+	v, err := cl.Get(r.Context(), name)
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	ns := faasNS(v.Namespace)
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	started := false
+	err = cl.Logs(r.Context(), name, o, func(l api.LogLine) error {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			_ = rc.SetWriteDeadline(time.Time{})
+			started = true
+		}
+		if err := enc.Encode(map[string]any{"name": name, "namespace": ns, "instance": l.Sandbox, "timestamp": l.Time, "text": l.Text}); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	if !started {
+		if err != nil {
+			failFrom(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+	}
 }
 
 func (h *Handler) namespaces(w http.ResponseWriter, r *http.Request) {

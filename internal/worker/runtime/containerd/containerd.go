@@ -662,3 +662,7 @@ func ownedFilter(stateDir string) string {
 func (r *Runtime) ImportImage(ctx context.Context, rd io.Reader) ([]string, error) {
 	return image.Import(ctx, r.client, r.cfg.Namespace, r.cfg.Snapshotter, rd)
 }
+
+// LogDir is where the sandboxes' output is kept: LogDir/FUNCTION/ID.log
+// (worker.LogKeeper).
+func (r *Runtime) LogDir() string { return filepath.Join(r.cfg.StateDir, "logs") }

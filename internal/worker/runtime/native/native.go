@@ -767,3 +767,7 @@ func (r *Runtime) adopt() error {
 	}
 	return r.persist()
 }
+
+// LogDir is where the sandboxes' output is kept: LogDir/FUNCTION/ID.log
+// (worker.LogKeeper).
+func (r *Runtime) LogDir() string { return filepath.Join(r.cfg.StateDir, "logs") }

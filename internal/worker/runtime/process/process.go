@@ -728,3 +728,7 @@ func openLog(path string) (*os.File, error) {
 	}
 	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 }
+
+// LogDir is where the sandboxes' output is kept: LogDir/FUNCTION/ID.log
+// (worker.LogKeeper).
+func (r *Runtime) LogDir() string { return filepath.Join(r.cfg.StateDir, "logs") }

@@ -1,0 +1,109 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/pkg/api"
+)
+
+// functionLogs serves GET /v1/functions/NAME/logs: the output of the
+// function's sandboxes, gathered from every connected worker (each keeps
+// the logs of the sandboxes it ran), as NDJSON api.LogLine, flushed line
+// by line. Query: tail (lines per sandbox), since (a duration, or RFC 3339
+// time), sandbox, follow=true (keep streaming until the client leaves).
+func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+		return
+	}
+	if cp.cluster.spec(name) == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	q := r.URL.Query()
+	req := &briskv1.LogsRequest{Function: name, Sandbox: q.Get("sandbox"), Follow: q.Get("follow") == "true"}
+	if v := q.Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1_000_000 {
+			writeError(w, http.StatusBadRequest, "tail "+quote(v)+": want a line count")
+			return
+		}
+		req.Tail = int32(n)
+	}
+	if v := q.Get("since"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+			req.SinceUnixMs = time.Now().Add(-d).UnixMilli()
+		} else if t, err := time.Parse(time.RFC3339, v); err == nil {
+			req.SinceUnixMs = t.UnixMilli()
+		} else {
+			writeError(w, http.StatusBadRequest, "since "+quote(v)+": want a duration (10m) or an RFC 3339 time")
+			return
+		}
+	}
+	ctx := r.Context()
+	if !req.Follow {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	lines := make(chan *briskv1.LogLine, 256)
+	var wg sync.WaitGroup
+	c := cp.cluster
+	c.mu.Lock()
+	for _, n := range c.nodeList {
+		conn := n.conn.Load()
+		if conn == nil || n.sess == nil {
+			continue
+		}
+		wg.Add(1)
+		go func(id string) {
+			defer wg.Done()
+			cctx := metadata.AppendToOutgoingContext(ctx, "brisk-node", id)
+			nreq := &briskv1.LogsRequest{NodeId: id, Function: req.Function, Sandbox: req.Sandbox, Tail: req.Tail, SinceUnixMs: req.SinceUnixMs, Follow: req.Follow}
+			stream, err := briskv1.NewWorkerClient(conn).Logs(cctx, nreq)
+			if err != nil {
+				return
+			}
+			for {
+				l, err := stream.Recv()
+				if err != nil {
+					if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+						cp.log.Debug("logs from a worker ended", "node", id, "err", err)
+					}
+					return
+				}
+				select {
+				case lines <- l:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}(n.id)
+	}
+	c.mu.Unlock()
+	go func() { wg.Wait(); close(lines) }()
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{}) // a followed stream outlives the server's write timeout
+	enc := json.NewEncoder(w)
+	for l := range lines {
+		_ = enc.Encode(api.LogLine{Function: l.GetFunction(), Sandbox: l.GetSandbox(), Node: l.GetNodeId(),
+			Time: time.UnixMilli(l.GetTimeUnixMs()).UTC(), Text: l.GetText()})
+		if len(lines) == 0 {
+			_ = rc.Flush()
+		}
+	}
+}
