@@ -168,13 +168,18 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	}
 	// Attempts are counted in the call's record, not by JetStream's
 	// deliveries: a call put back because its function was busy here has
-	// not been attempted.
-	prior, settled := q.priorAttempts(ctx, c.ID)
-	if settled {
-		_ = msg.DoubleAck(ctx)
-		return
+	// not been attempted. A first delivery has no attempts before it (a
+	// retry by hand is a new message whose record says 0), so only a
+	// redelivery reads the record.
+	attempt := 1
+	if meta, err := msg.Metadata(); err != nil || meta.NumDelivered > 1 {
+		prior, settled := q.priorAttempts(ctx, c.ID)
+		if settled {
+			_ = msg.Ack()
+			return
+		}
+		attempt = prior + 1
 	}
-	attempt := prior + 1
 	// Keep the message ours while it waits and runs.
 	alive := q.keepInProgress(msg)
 	defer alive()
@@ -316,7 +321,9 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 	if err := q.putStatus(ctx, rec); err != nil {
 		q.cfg.Logger.Warn("async: status record not stored", "call", c.ID, "err", err)
 	}
-	if err := msg.DoubleAck(ctx); err != nil {
+	// The final record is stored: a lost ack only redelivers a call that
+	// the record shows settled, and that is acknowledged without running.
+	if err := msg.Ack(); err != nil {
 		q.cfg.Logger.Warn("async: ack", "call", c.ID, "err", err)
 	}
 }
