@@ -39,6 +39,9 @@ type benchFlags struct {
 	grace            time.Duration
 	cpuProfile       string
 	memProfile       string
+	// async gives a --local cluster an asynchronous-call queue (embedded
+	// NATS); natsSyncAlways makes it fsync every write.
+	async, natsSyncAlways bool
 }
 
 func (f *benchFlags) register(c *cobra.Command, workers int, createDelay time.Duration) {
@@ -151,7 +154,8 @@ func (f *benchFlags) run(c *cobra.Command, g *globals, body func(ctx context.Con
 	}
 	cl, err := bench.Open(ctx, bench.ClusterOptions{Local: f.local, Admin: g.admin, Invoke: g.invoke, Token: g.apiToken(), Runtime: f.runtime,
 		EmergencySlots: f.emergencySlots,
-		Workers:        f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log, InsecureNoTLS: f.noTLS})
+		Workers:        f.workers, CreateDelay: f.createDelay, NodeCapacity: capacity, Logger: log, InsecureNoTLS: f.noTLS,
+		Async: f.async, AsyncSyncAlways: f.natsSyncAlways})
 	if err != nil {
 		return err
 	}
@@ -217,7 +221,7 @@ func (f *benchFlags) clusterLogger(g *globals) (*slog.Logger, error) {
 func newBench(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmark a cluster: warm calls, cold starts, registration, scale-up",
+		Short: "Benchmark a cluster: warm calls, cold starts, registration, scale-up, asynchronous calls",
 		Long: `Benchmark a brisk cluster the way the Dirigent and KubeDirect papers do.
 
 Each benchmark targets the cluster at --admin-url/--invoke-url, or starts its
@@ -228,7 +232,7 @@ docs/benchmarks.md.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g), newBenchHTTP(), newBenchModes(g))
+	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g), newBenchHTTP(), newBenchModes(g), newBenchAsync(g))
 	return c
 }
 

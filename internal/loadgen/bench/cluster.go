@@ -16,6 +16,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
@@ -46,6 +50,10 @@ type ClusterOptions struct {
 	InsecureNoTLS bool
 	// EmergencySlots per node for dual-mode functions (local.Workers).
 	EmergencySlots int
+	// Async gives the local data plane an asynchronous-call queue: an
+	// embedded NATS server with JetStream storing in the run's directory,
+	// as brisk up embeds one. AsyncSyncAlways makes it fsync every write.
+	Async, AsyncSyncAlways bool
 }
 
 // Emulated nodes' default capacity.
@@ -69,6 +77,11 @@ type Cluster struct {
 	stop  context.CancelFunc
 	done  chan error
 	dir   string
+	// queue is a local cluster's asynchronous-call queue
+	// (ClusterOptions.Async), on the connection nc.
+	queue     *async.Queue
+	nc        *nats.Conn
+	closeNATS func()
 }
 
 // Open connects to the cluster, starting it first with Local, and waits
@@ -117,10 +130,15 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 		return err
 	}
 	c.dir = dir
+	if o.Async {
+		if err := c.openQueue(ctx, filepath.Join(dir, "nats"), o.AsyncSyncAlways, log.With("component", "async")); err != nil {
+			return err
+		}
+	}
 	cl, err := local.New(local.Config{
 		ControlPlane: controlplane.Config{DataDir: filepath.Join(dir, "cp"), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 			Logger: log.With("component", "controlplane")},
-		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Logger: log.With("component", "dataplane")},
+		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Async: c.queue, Logger: log.With("component", "dataplane")},
 		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
 			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true, EmergencySlots: o.EmergencySlots},
 		Logger:        log,
@@ -154,6 +172,84 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 	return c.waitNodes(ctx, nodes, time.Minute)
 }
 
+// openQueue starts an embedded NATS server storing under dir and opens the
+// queue on it, as brisk up does.
+func (c *Cluster) openQueue(ctx context.Context, dir string, syncAlways bool, log *slog.Logger) error {
+	srv, err := async.StartServer(async.ServerConfig{Dir: dir, SyncAlways: syncAlways})
+	if err != nil {
+		return fmt.Errorf("local cluster: %w", err)
+	}
+	nc, err := srv.Connect("brisk-bench")
+	if err != nil {
+		srv.Shutdown()
+		return fmt.Errorf("local cluster: nats: %w", err)
+	}
+	c.nc, c.closeNATS = nc, func() { nc.Close(); srv.Shutdown() }
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if c.queue, err = async.Open(octx, nc, async.Config{Logger: log}); err != nil {
+		return fmt.Errorf("local cluster: %w", err)
+	}
+	return nil
+}
+
+// pauseAsync stops a local cluster's queue from handing out calls (it
+// pauses the JetStream consumers of the calls stream) for at most d; the
+// returned func lets them resume and returns when they do. Only a local
+// cluster's queue can be paused.
+func (c *Cluster) pauseAsync(ctx context.Context, d time.Duration) (resume func(context.Context) (time.Time, error), err error) {
+	if c.nc == nil {
+		return nil, errors.New("only a --local cluster's queue can be paused")
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, async.CallsStream)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	lister := st.ConsumerNames(ctx)
+	for n := range lister.Name() {
+		names = append(names, n)
+	}
+	if err := lister.Err(); err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("stream %s has no consumer", async.CallsStream)
+	}
+	pause := func(ctx context.Context, until time.Time) error {
+		var errs []error
+		for _, n := range names {
+			if _, err := st.PauseConsumer(ctx, n, until); err != nil {
+				errs = append(errs, fmt.Errorf("consumer %s: %w", n, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	if err := pause(ctx, time.Now().Add(d)); err != nil {
+		_ = pause(context.WithoutCancel(ctx), time.Now().Add(resumeDelay))
+		return nil, fmt.Errorf("pausing: %w", err)
+	}
+	// Resuming (PauseUntil cleared) does not wake a consumer whose pull
+	// requests wait (nats-server 2.15: only the pause deadline's timer
+	// signals); a deadline just ahead does.
+	return func(ctx context.Context) (time.Time, error) {
+		until := time.Now().Add(resumeDelay)
+		if err := pause(ctx, until); err != nil {
+			return time.Time{}, fmt.Errorf("resuming: %w", err)
+		}
+		time.Sleep(time.Until(until))
+		return until, nil
+	}, nil
+}
+
+// resumeDelay is how far ahead a pause's new deadline is set to resume a
+// consumer: beyond the update's round trip.
+const resumeDelay = 20 * time.Millisecond
+
 // waitNodes polls the status until n nodes are connected.
 func (c *Cluster) waitNodes(ctx context.Context, n int, timeout time.Duration) error {
 	return poll(ctx, timeout, 20*time.Millisecond, func() (bool, error) {
@@ -181,6 +277,9 @@ func (c *Cluster) Close() error {
 		case <-time.After(30 * time.Second):
 			err = errors.New("local cluster did not stop within 30s")
 		}
+	}
+	if c.closeNATS != nil {
+		c.closeNATS() // after the data plane, whose consumer uses it
 	}
 	if c.dir != "" {
 		os.RemoveAll(c.dir)

@@ -1,0 +1,929 @@
+package bench
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/spec"
+)
+
+// AsyncConfig is `brisk bench async`: asynchronous calls
+// (POST /async-function/NAME) in four phases — accept rate, queueing
+// overhead at light load, drain rate of a backlog, and synchronous warm
+// throughput of the same function for comparison.
+type AsyncConfig struct {
+	// Clients submit calls as fast as they can in the accept and backlog
+	// phases; default 16.
+	Clients int
+	// AcceptDuration bounds the accept phase in time (default 10s) and
+	// AcceptMax in calls (default 100,000).
+	AcceptDuration time.Duration
+	AcceptMax      int
+	// LightCalls are submitted one at a time, LightGap apart (defaults 50
+	// and 20ms), to a warm function.
+	LightCalls int
+	LightGap   time.Duration
+	// Backlog calls are submitted at once and drained (default 20,000).
+	Backlog int
+	// Concurrency is the function's async.concurrency (the calls one data
+	// plane runs at once) and the number of closed-loop callers of the
+	// synchronous phase, so that both have as many calls in flight;
+	// default 64.
+	Concurrency int
+	// SyncDuration is the synchronous phase's measured time (default 10s),
+	// after SyncWarmup (default 1s).
+	SyncDuration, SyncWarmup time.Duration
+	// ExecMs is the work each call asks for: body {"ms": ExecMs}.
+	ExecMs int
+	// Sandboxes are pre-warmed (scaling min = max), each with unlimited
+	// concurrency; default 2.
+	Sandboxes int
+	// Timeout bounds the wait for one phase's calls to finish (default 3m).
+	Timeout time.Duration
+}
+
+func (cfg AsyncConfig) withDefaults() AsyncConfig {
+	cfg.Clients = cmp.Or(cfg.Clients, 16)
+	cfg.AcceptDuration = cmp.Or(cfg.AcceptDuration, 10*time.Second)
+	cfg.AcceptMax = cmp.Or(cfg.AcceptMax, 100_000)
+	cfg.LightCalls = cmp.Or(cfg.LightCalls, 50)
+	cfg.LightGap = cmp.Or(cfg.LightGap, 20*time.Millisecond)
+	cfg.Backlog = cmp.Or(cfg.Backlog, 20_000)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 64)
+	cfg.SyncDuration = cmp.Or(cfg.SyncDuration, 10*time.Second)
+	cfg.Sandboxes = cmp.Or(cfg.Sandboxes, 2)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 3*time.Minute)
+	return cfg
+}
+
+// Validate reports the first parameter out of range.
+func (cfg AsyncConfig) Validate() error {
+	switch {
+	case cfg.Clients < 1 || cfg.Clients > 4096:
+		return fmt.Errorf("--clients %d out of range [1, 4096]", cfg.Clients)
+	case cfg.AcceptDuration <= 0 || cfg.AcceptDuration > time.Hour:
+		return fmt.Errorf("--accept-duration %s: want (0, 1h]", cfg.AcceptDuration)
+	case cfg.AcceptMax < 1 || cfg.AcceptMax > 10_000_000:
+		return fmt.Errorf("--accept-max %d out of range [1, 10000000]", cfg.AcceptMax)
+	case cfg.LightCalls < 1 || cfg.LightCalls > 100_000:
+		return fmt.Errorf("--light-calls %d out of range [1, 100000]", cfg.LightCalls)
+	case cfg.LightGap < 0 || cfg.LightGap > time.Minute:
+		return fmt.Errorf("--light-gap %s: want [0, 1m]", cfg.LightGap)
+	case cfg.Backlog < 1 || cfg.Backlog > 1_000_000:
+		return fmt.Errorf("--backlog %d out of range [1, 1000000] (the queue's default limit)", cfg.Backlog)
+	case cfg.Concurrency < 1 || cfg.Concurrency > 10_000:
+		return fmt.Errorf("--concurrency %d out of range [1, 10000]", cfg.Concurrency)
+	case cfg.SyncDuration <= 0 || cfg.SyncDuration > time.Hour || cfg.SyncWarmup < 0:
+		return fmt.Errorf("--sync-duration %s: want (0, 1h], and --sync-warmup %s not negative", cfg.SyncDuration, cfg.SyncWarmup)
+	case cfg.ExecMs < 0 || cfg.ExecMs > 60_000:
+		return fmt.Errorf("--exec-ms %d out of range [0, 60000]", cfg.ExecMs)
+	case cfg.Sandboxes < 1 || cfg.Sandboxes > 10_000:
+		return fmt.Errorf("--sandboxes %d out of range [1, 10000]", cfg.Sandboxes)
+	case cfg.Timeout <= 0:
+		return fmt.Errorf("--timeout %s must be positive", cfg.Timeout)
+	}
+	return nil
+}
+
+// AsyncSummary is summary.json of bench async.
+type AsyncSummary struct {
+	Command  string          `json:"command"`
+	Function string          `json:"function"`
+	Config   AsyncConfigJSON `json:"config"`
+	Accept   AcceptPhase     `json:"accept"`
+	Light    LightPhase      `json:"light"`
+	Drain    DrainPhase      `json:"drain"`
+	Sync     SyncPhase       `json:"sync"`
+	// DrainOverSync is the backlog's drain rate over the synchronous
+	// throughput with as many calls in flight.
+	DrainOverSync float64 `json:"drain_over_sync"`
+	// CPURatio is the sync phase's CPU per call over the drain's (a local
+	// cluster, where this process is the whole load): the drain/sync ratio
+	// where CPU is the limit, steadier on a shared host than two rates.
+	CPURatio float64 `json:"cpu_ratio,omitempty"`
+	// Goals are the issue's targets next to what was measured; a run
+	// reports them, it does not fail on them.
+	Goals []Goal   `json:"goals"`
+	Host  HostInfo `json:"host"`
+}
+
+// AsyncConfigJSON records the run's parameters.
+type AsyncConfigJSON struct {
+	Clients         int     `json:"clients"`
+	AcceptDurationS float64 `json:"accept_duration_s"`
+	AcceptMax       int     `json:"accept_max"`
+	LightCalls      int     `json:"light_calls"`
+	LightGapMs      float64 `json:"light_gap_ms"`
+	Backlog         int     `json:"backlog"`
+	Concurrency     int     `json:"concurrency"`
+	SyncDurationS   float64 `json:"sync_duration_s"`
+	ExecMs          int     `json:"exec_ms"`
+	Sandboxes       int     `json:"sandboxes"`
+	H2C             bool    `json:"h2c"`
+}
+
+// CallOutcome counts how a phase's accepted calls ended, from their status
+// records.
+type CallOutcome struct {
+	Accepted  int `json:"accepted"`
+	Succeeded int `json:"succeeded"`
+	// Failed ended failed or dead.
+	Failed int `json:"failed"`
+	// Unfinished were not in an end state when the wait gave up.
+	Unfinished int `json:"unfinished"`
+	// Retried took more than one attempt.
+	Retried int `json:"retried"`
+}
+
+// AcceptPhase is phase 1: clients submitting as fast as they can.
+type AcceptPhase struct {
+	Clients int `json:"clients"`
+	// DurationS runs from the first send to the last reply.
+	DurationS float64 `json:"duration_s"`
+	Sent      int     `json:"sent"`
+	// Statuses counts the replies by HTTP status ("0": no reply).
+	Statuses     map[string]int `json:"statuses"`
+	AcceptedPerS float64        `json:"accepted_per_s"`
+	// LatencyMs is the client's time from send to the 202 (accepted
+	// calls).
+	LatencyMs loadgen.Dist `json:"accept_latency_ms"`
+	Calls     CallOutcome  `json:"calls"`
+	// FinishedWhileSubmitting counts calls that finished before the last
+	// one was submitted: the consumer runs while the clients submit.
+	FinishedWhileSubmitting int `json:"finished_while_submitting"`
+	// DrainedS runs from the first submit to the last finish (server
+	// clock).
+	DrainedS float64 `json:"drained_s"`
+}
+
+// LightPhase is phase 2: calls one at a time to a warm function.
+type LightPhase struct {
+	Count int     `json:"count"`
+	GapMs float64 `json:"gap_ms"`
+	// OverheadMs is accept to function start: dispatch plus the data
+	// plane's queue wait.
+	OverheadMs loadgen.Dist `json:"accept_to_start_ms"`
+	// DispatchMs is StartedAt − SubmittedAt: the queue stored the call,
+	// the consumer pulled it and took a slot.
+	DispatchMs loadgen.Dist `json:"dispatch_ms"`
+	// QueueWaitMs is the data plane's queue wait (X-Brisk-Timing
+	// queue_us of the attempt).
+	QueueWaitMs loadgen.Dist `json:"dataplane_queue_ms"`
+	// EndToEndMs is FinishedAt − SubmittedAt.
+	EndToEndMs loadgen.Dist `json:"submit_to_finish_ms"`
+	LatencyMs  loadgen.Dist `json:"accept_latency_ms"`
+	Outcome    CallOutcome  `json:"calls"`
+	// NoTiming counts succeeded calls whose result lacks X-Brisk-Timing
+	// (their queue wait counts as 0).
+	NoTiming int `json:"without_timing_header"`
+}
+
+// DrainPhase is phase 3: a backlog submitted at once, then drained.
+type DrainPhase struct {
+	Backlog int `json:"backlog"`
+	Clients int `json:"clients"`
+	// Paused: the queue handed out no call while the backlog was
+	// submitted (a local cluster); the drain then runs from the resume.
+	Paused bool `json:"paused"`
+	// SubmitS is the client's time from the first send to the last 202.
+	SubmitS    float64 `json:"submit_s"`
+	SubmitPerS float64 `json:"submitted_per_s"`
+	// SubmitCPUPerCallUs is this process's CPU time per submit while the
+	// queue was paused (a local cluster): the accept path alone.
+	SubmitCPUPerCallUs float64        `json:"submit_cpu_per_call_us,omitempty"`
+	Statuses           map[string]int `json:"statuses"`
+	LatencyMs          loadgen.Dist   `json:"accept_latency_ms"`
+	Calls              CallOutcome    `json:"calls"`
+	// DrainS runs from the resume (Paused) or else the first call's
+	// SubmittedAt to the last call's FinishedAt; DrainedPerS is the calls
+	// that succeeded over it.
+	DrainS      float64 `json:"drain_s"`
+	DrainedPerS float64 `json:"drained_per_s"`
+	// Without a pause, TailCalls finished after the last submit and
+	// TailPerS is their rate from the last submit to the last finish:
+	// draining with no submits competing.
+	TailCalls int     `json:"tail_calls"`
+	TailPerS  float64 `json:"tail_per_s"`
+	// CPUPerCallUs is this process's CPU time over the drain per call
+	// drained (a local cluster with the queue paused: generator, cluster,
+	// NATS and emulated sandboxes).
+	CPUPerCallUs float64 `json:"cpu_per_call_us,omitempty"`
+}
+
+// SyncPhase is phase 4: synchronous calls of the same function.
+type SyncPhase struct {
+	Callers       int          `json:"callers"`
+	DurationS     float64      `json:"duration_s"`
+	Completed     int          `json:"completed"`
+	Failed        int          `json:"failed"`
+	ThroughputRPS float64      `json:"throughput_rps"`
+	LatencyMs     loadgen.Dist `json:"latency_ms"`
+	// CPUPerCallUs is this process's CPU time per call, warm-up included
+	// (a local cluster).
+	CPUPerCallUs float64 `json:"cpu_per_call_us,omitempty"`
+}
+
+// Goal is one target next to the measured value.
+type Goal struct {
+	Name     string  `json:"name"`
+	Target   string  `json:"target"`
+	Measured float64 `json:"measured"`
+	Met      bool    `json:"met"`
+}
+
+// Async runs bench async.
+func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncSummary, string, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, "", fmt.Errorf("bench async: %w", err)
+	}
+	host := hostInfo()
+	name := "bench-async-" + runID()
+	fn := &spec.Function{Name: name, Builtin: "trace", Concurrency: 10000, // unlimited: nothing queues for a slot
+		Scaling: spec.Scaling{Min: cfg.Sandboxes, Max: cfg.Sandboxes},
+		Async:   spec.Async{Concurrency: cfg.Concurrency}}
+	defer cleanup(c, &o, []string{name})
+	o.logf("registering %s with %d sandboxes, async concurrency %d", name, cfg.Sandboxes, cfg.Concurrency)
+	if err := firstError(registerAll(ctx, c.Client, []*spec.Function{fn}, 1, false, nil), "registering"); err != nil {
+		return nil, "", err
+	}
+	if _, err := c.waitReady(ctx, name, cfg.Sandboxes, 2*time.Minute); err != nil {
+		return nil, "", err
+	}
+	httpc := loadgen.NewHTTPClient(o.HTTP)
+	syncInv := &loadgen.HTTPInvoker{Client: httpc, Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
+	if err := primeDataPlane(ctx, syncInv, []string{name}); err != nil {
+		return nil, "", err
+	}
+	sub, err := newAsyncSubmitter(httpc, c.Invoke, name, c.InvokeHeader(), cfg.ExecMs)
+	if err != nil {
+		return nil, "", err
+	}
+	out := &AsyncSummary{Command: "bench async", Function: name, Config: AsyncConfigJSON{Clients: cfg.Clients,
+		AcceptDurationS: cfg.AcceptDuration.Seconds(), AcceptMax: cfg.AcceptMax, LightCalls: cfg.LightCalls,
+		LightGapMs: ms(cfg.LightGap), Backlog: cfg.Backlog, Concurrency: cfg.Concurrency, SyncDurationS: cfg.SyncDuration.Seconds(),
+		ExecMs: cfg.ExecMs, Sandboxes: cfg.Sandboxes, H2C: o.HTTP.H2C}}
+	var text []string
+	var phases []phaseRecords
+	finish := func(err error) (*AsyncSummary, string, error) {
+		out.Goals = asyncGoals(out)
+		out.Host = host()
+		if werr := writeOutputs(o.Out, out, nil, nil); werr != nil {
+			err = errors.Join(err, werr)
+		} else if o.Out != "" {
+			err = errors.Join(err, writeFile(filepath.Join(o.Out, "calls.csv"), func(w io.Writer) error { return writeCallsCSV(w, phases) }))
+		}
+		text = append(text, formatGoals(out.Goals), out.Host.String())
+		return out, strings.Join(text, "\n"), err
+	}
+
+	// A first call through the queue, so that the consumer has pulled and
+	// the function's policy is known before anything is measured.
+	o.logf("warm-up: one asynchronous call")
+	id, _, _, err := sub.submit(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("bench async: the warm-up call: %w", err)
+	}
+	if recs, err := c.awaitCalls(ctx, []string{id}, cfg.Timeout, 1); err != nil {
+		return nil, "", fmt.Errorf("bench async: the warm-up call: %w", err)
+	} else if recs[0].Status != async.StatusSucceeded {
+		return nil, "", fmt.Errorf("bench async: the warm-up call ended %s: %s", recs[0].Status, recs[0].Error)
+	}
+
+	// Phase 1: accept rate.
+	o.logf("phase 1: %d clients submit for %s (at most %d calls)", cfg.Clients, cfg.AcceptDuration, cfg.AcceptMax)
+	acc := sub.run(ctx, &o, "accept ", cfg.Clients, cfg.AcceptMax, cfg.AcceptDuration)
+	if err := acc.err(); err != nil {
+		return nil, "", err
+	}
+	out.Accept = AcceptPhase{Clients: cfg.Clients, DurationS: acc.elapsed.Seconds(), Sent: acc.sent, Statuses: acc.statuses,
+		AcceptedPerS: rate(len(acc.ids), acc.elapsed), LatencyMs: loadgen.NewDist(acc.lat)}
+	o.logf("phase 1: waiting for %d calls to finish", len(acc.ids))
+	recs, werr := c.awaitCalls(ctx, acc.ids, cfg.Timeout, cfg.Clients)
+	phases = append(phases, phaseRecords{"accept", acc.ids, recs})
+	out.Accept.Calls = outcome(recs)
+	first, lastSubmit, lastFinish := span(recs)
+	out.Accept.DrainedS = lastFinish.Sub(first).Seconds()
+	out.Accept.FinishedWhileSubmitting = finishedBy(recs, lastSubmit)
+	text = append(text, formatAccept(&out.Accept))
+	if werr != nil {
+		return finish(werr)
+	}
+
+	// Phase 2: queueing overhead at light load.
+	o.logf("phase 2: %d calls, %s apart", cfg.LightCalls, cfg.LightGap)
+	light, err := sub.oneByOne(ctx, cfg.LightCalls, cfg.LightGap)
+	if err != nil {
+		return finish(err)
+	}
+	recs, werr = c.awaitCalls(ctx, light.ids, cfg.Timeout, cfg.Clients)
+	phases = append(phases, phaseRecords{"light", light.ids, recs})
+	out.Light = lightPhase(recs, cfg, light.lat)
+	text = append(text, formatLight(&out.Light))
+	if werr != nil {
+		return finish(werr)
+	}
+
+	// Phase 3: drain a backlog. A local cluster's queue is paused while
+	// the backlog is submitted, so that it is all there when the drain
+	// starts; on another cluster the consumer drains while the clients
+	// submit, and the drain rate cannot exceed the submit rate.
+	o.logf("phase 3: a backlog of %d calls", cfg.Backlog)
+	resume, perr := c.pauseAsync(ctx, time.Hour) // resumed below, or deferred on failure
+	if perr != nil {
+		o.logf("phase 3: the queue is not paused (%v): it drains while the backlog is submitted", perr)
+	} else {
+		defer func() {
+			if resume != nil {
+				_, _ = resume(context.WithoutCancel(ctx))
+			}
+		}()
+	}
+	cpu0 := processCPU()
+	bl := sub.run(ctx, &o, "backlog", cfg.Clients, cfg.Backlog, 0)
+	submitCPU := processCPU() - cpu0
+	var resumed time.Time
+	if resume != nil {
+		var err error
+		if resumed, err = resume(ctx); err != nil {
+			return finish(err)
+		}
+		resume = nil
+	}
+	if err := bl.err(); err != nil {
+		return finish(err)
+	}
+	out.Drain = DrainPhase{Backlog: cfg.Backlog, Clients: cfg.Clients, Paused: !resumed.IsZero(), SubmitS: bl.elapsed.Seconds(),
+		SubmitPerS: rate(len(bl.ids), bl.elapsed), Statuses: bl.statuses, LatencyMs: loadgen.NewDist(bl.lat)}
+	if c.IsLocal() && !resumed.IsZero() {
+		out.Drain.SubmitCPUPerCallUs = cpuPerCall(submitCPU, bl.sent)
+	}
+	o.logf("phase 3: waiting for %d calls to finish", len(bl.ids))
+	cpu := startCPUTrace(20 * time.Millisecond)
+	recs, werr = c.awaitCalls(ctx, bl.ids, cfg.Timeout, cfg.Clients)
+	cpu.stop()
+	phases = append(phases, phaseRecords{"backlog", bl.ids, recs})
+	out.Drain.Calls = outcome(recs)
+	first, lastSubmit, lastFinish = span(recs)
+	if !resumed.IsZero() {
+		first = resumed
+	}
+	if d := lastFinish.Sub(first); d > 0 {
+		out.Drain.DrainS = d.Seconds()
+		out.Drain.DrainedPerS = float64(out.Drain.Calls.Succeeded) / d.Seconds()
+		if c.IsLocal() && !resumed.IsZero() {
+			out.Drain.CPUPerCallUs = cpuPerCall(cpu.at(lastFinish)-cpu.at(first), out.Drain.Calls.Succeeded)
+		}
+	}
+	if resumed.IsZero() {
+		out.Drain.TailCalls = out.Drain.Calls.Accepted - out.Drain.Calls.Unfinished - finishedBy(recs, lastSubmit)
+		if d := lastFinish.Sub(lastSubmit); d > 0 {
+			out.Drain.TailPerS = float64(out.Drain.TailCalls) / d.Seconds()
+		}
+	}
+	text = append(text, formatDrain(&out.Drain))
+	if werr != nil {
+		return finish(werr)
+	}
+
+	// Phase 4: synchronous throughput with as many calls in flight.
+	o.logf("phase 4: %d closed-loop synchronous callers for %s", cfg.Concurrency, cfg.SyncDuration)
+	ld := load{closed: cfg.Concurrency, names: []string{name}, execMs: cfg.ExecMs}
+	cpu0 = processCPU()
+	srecs, err := ld.send(ctx, &o, "sync   ", syncInv, cfg.SyncWarmup, cfg.SyncDuration)
+	if err != nil {
+		return finish(err)
+	}
+	syncCPU := processCPU() - cpu0
+	s := loadgen.Summarize(srecs)
+	out.Sync = SyncPhase{Callers: cfg.Concurrency, DurationS: cfg.SyncDuration.Seconds(), Completed: s.Completed, Failed: s.Failed,
+		ThroughputRPS: s.ThroughputRPS, LatencyMs: s.LatencyMs}
+	if c.IsLocal() {
+		out.Sync.CPUPerCallUs = cpuPerCall(syncCPU, len(srecs))
+	}
+	if s.ThroughputRPS > 0 {
+		out.DrainOverSync = out.Drain.DrainedPerS / s.ThroughputRPS
+	}
+	if out.Drain.CPUPerCallUs > 0 && out.Sync.CPUPerCallUs > 0 {
+		out.CPURatio = out.Sync.CPUPerCallUs / out.Drain.CPUPerCallUs
+	}
+	text = append(text, fmt.Sprintf("sync:    %d closed-loop callers, %s: %d ok, %d failed, %.0f calls/s; latency ms p50 %.3f p99 %.3f",
+		cfg.Concurrency, cfg.SyncDuration, s.Completed, s.Failed, s.ThroughputRPS, s.LatencyMs.P50, s.LatencyMs.P99))
+	ratio := fmt.Sprintf("drain/sync: %.3f", out.DrainOverSync)
+	if out.CPURatio > 0 {
+		ratio += fmt.Sprintf("; CPU per call (this process, cluster included): drained %.1f µs, sync %.1f µs, sync/drained %.3f",
+			out.Drain.CPUPerCallUs, out.Sync.CPUPerCallUs, out.CPURatio)
+	}
+	text = append(text, ratio)
+	var failed error
+	for _, p := range []struct {
+		what string
+		o    CallOutcome
+	}{{"accept", out.Accept.Calls}, {"light", out.Light.Outcome}, {"backlog", out.Drain.Calls}} {
+		if p.o.Succeeded != p.o.Accepted {
+			failed = errors.Join(failed, fmt.Errorf("bench async: %s phase: %d of %d accepted calls did not succeed", p.what, p.o.Accepted-p.o.Succeeded, p.o.Accepted))
+		}
+	}
+	return finish(failed)
+}
+
+// asyncSubmitter posts asynchronous calls of one function.
+type asyncSubmitter struct {
+	client *http.Client
+	u      *url.URL
+	header http.Header
+	body   []byte
+}
+
+func newAsyncSubmitter(hc *http.Client, invoke, name string, header http.Header, execMs int) (*asyncSubmitter, error) {
+	base := invoke
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(strings.TrimRight(base, "/") + "/async-function/" + name)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{"Content-Type": {"application/json"}}
+	for k, v := range header {
+		h[k] = v
+	}
+	return &asyncSubmitter{client: hc, u: u, header: h, body: []byte(`{"ms":` + strconv.Itoa(execMs) + `}`)}, nil
+}
+
+// submit posts one call and returns its id once it is accepted, the
+// reply's status and the time to it.
+func (s *asyncSubmitter) submit(ctx context.Context) (id string, status int, took time.Duration, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "", bytes.NewReader(s.body))
+	if err != nil {
+		return "", 0, 0, err
+	}
+	req.URL, req.Host = s.u, s.u.Host
+	for k, v := range s.header {
+		req.Header[k] = v
+	}
+	start := time.Now()
+	var resp *http.Response
+	if rt := s.client.Transport; rt != nil && s.client.Timeout == 0 {
+		resp, err = rt.RoundTrip(req)
+	} else {
+		resp, err = s.client.Do(req)
+	}
+	if err != nil {
+		return "", 0, time.Since(start), err
+	}
+	var buf [512]byte
+	n, _ := io.ReadFull(resp.Body, buf[:])
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	took = time.Since(start)
+	if resp.StatusCode != http.StatusAccepted {
+		return "", resp.StatusCode, took, fmt.Errorf("POST %s: HTTP %d: %s", s.u.Path, resp.StatusCode, strings.TrimSpace(string(buf[:n])))
+	}
+	id = resp.Header.Get("X-Call-Id")
+	if id == "" {
+		return "", resp.StatusCode, took, errors.New("a 202 without X-Call-Id")
+	}
+	return id, resp.StatusCode, took, nil
+}
+
+// submitRun is what a run of submits saw.
+type submitRun struct {
+	ids      []string  // accepted, in no particular order
+	lat      []float64 // ms to the 202, accepted calls
+	sent     int
+	statuses map[string]int
+	failed   int
+	first    error
+	elapsed  time.Duration // first send to last reply
+}
+
+// err is the run's failure when no call at all was accepted.
+func (r *submitRun) err() error {
+	if len(r.ids) == 0 {
+		return fmt.Errorf("bench async: no call was accepted (%d sent): %w", r.sent, cmp.Or(r.first, errors.New("none sent")))
+	}
+	return nil
+}
+
+// run submits with clients until max calls are sent or d (0: no limit)
+// has passed.
+func (s *asyncSubmitter) run(ctx context.Context, o *Options, label string, clients, max int, d time.Duration) submitRun {
+	var next, done atomic.Int64
+	start := time.Now()
+	end := start.Add(d)
+	per := make([]submitRun, clients)
+	total := int64(max)
+	if d > 0 {
+		// The bar runs on time; the count caps it too.
+		total = int64(d / time.Millisecond)
+	}
+	bar := loadgen.StartProgress(o.Progress, label, total, func() (int64, string) {
+		if d > 0 {
+			return min(int64(time.Since(start)/time.Millisecond), total), fmt.Sprintf("accepted %d", done.Load())
+		}
+		return done.Load(), ""
+	})
+	var wg sync.WaitGroup
+	for k := range per {
+		r := &per[k]
+		r.statuses = map[string]int{}
+		wg.Go(func() {
+			for ctx.Err() == nil && (d <= 0 || time.Now().Before(end)) && next.Add(1) <= int64(max) {
+				id, st, took, err := s.submit(ctx)
+				r.sent++
+				r.statuses[strconv.Itoa(st)]++
+				if err != nil {
+					r.failed++
+					r.first = cmp.Or(r.first, err)
+					continue
+				}
+				r.ids = append(r.ids, id)
+				r.lat = append(r.lat, ms(took))
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	bar.Stop()
+	all := submitRun{statuses: map[string]int{}, elapsed: time.Since(start)}
+	for i := range per {
+		r := &per[i]
+		all.ids = append(all.ids, r.ids...)
+		all.lat = append(all.lat, r.lat...)
+		all.sent += r.sent
+		all.failed += r.failed
+		all.first = cmp.Or(all.first, r.first)
+		for k, v := range r.statuses {
+			all.statuses[k] += v
+		}
+	}
+	if all.failed > 0 {
+		o.logf("%s: %d of %d submits not accepted, first: %v", strings.TrimSpace(label), all.failed, all.sent, all.first)
+	}
+	return all
+}
+
+// oneByOne submits n calls, gap apart, each after the last was accepted.
+func (s *asyncSubmitter) oneByOne(ctx context.Context, n int, gap time.Duration) (submitRun, error) {
+	r := submitRun{statuses: map[string]int{}}
+	start := time.Now()
+	for i := range n {
+		if i > 0 {
+			select {
+			case <-time.After(gap):
+			case <-ctx.Done():
+				return r, ctx.Err()
+			}
+		}
+		id, st, took, err := s.submit(ctx)
+		r.sent++
+		r.statuses[strconv.Itoa(st)]++
+		if err != nil {
+			return r, fmt.Errorf("bench async: light-load call %d: %w", i, err)
+		}
+		r.ids = append(r.ids, id)
+		r.lat = append(r.lat, ms(took))
+	}
+	r.elapsed = time.Since(start)
+	return r, nil
+}
+
+// awaitCalls waits until every call in ids is in an end state, or timeout
+// passes, and returns their records (nil where none could be read). The
+// queue hands calls out about in order, so it first waits for the last
+// one and only then reads them all, with workers concurrent reads: the
+// polling costs the run under way next to nothing.
+func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Duration, workers int) ([]*async.Record, error) {
+	recs := make([]*async.Record, len(ids))
+	if len(ids) == 0 {
+		return recs, nil
+	}
+	deadline := time.Now().Add(timeout)
+	last := ids[len(ids)-1]
+	_ = poll(ctx, timeout, 50*time.Millisecond, func() (bool, error) {
+		r, err := c.Client.Call(ctx, last)
+		return err == nil && r.Status.Final(), nil
+	}, func() string { return "" })
+	pending := make([]int, len(ids))
+	for i := range pending {
+		pending[i] = i
+	}
+	var lastErr error
+	for {
+		var mu sync.Mutex
+		var still []int
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range min(max(workers, 1), len(pending)) {
+			wg.Go(func() {
+				for j := int(next.Add(1) - 1); j < len(pending) && ctx.Err() == nil; j = int(next.Add(1) - 1) {
+					i := pending[j]
+					r, err := c.Client.Call(ctx, ids[i])
+					if err == nil {
+						recs[i] = r
+					}
+					if err != nil || !r.Status.Final() {
+						mu.Lock()
+						still = append(still, i)
+						if err != nil {
+							lastErr = err
+						}
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := ctx.Err(); err != nil {
+			return recs, err
+		}
+		if len(still) == 0 {
+			return recs, nil
+		}
+		if time.Now().After(deadline) {
+			err := fmt.Errorf("bench async: %d of %d calls not finished after %s", len(still), len(ids), timeout)
+			if lastErr != nil {
+				err = fmt.Errorf("%w (last error reading a call: %w)", err, lastErr)
+			}
+			return recs, err
+		}
+		pending = still
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			return recs, ctx.Err()
+		}
+	}
+}
+
+// cpuTrace samples this process's CPU time until stopped, to read it at
+// times known only afterwards (a call's FinishedAt).
+type cpuTrace struct {
+	mu   sync.Mutex
+	t    []time.Time
+	cpu  []time.Duration
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startCPUTrace(every time.Duration) *cpuTrace {
+	ct := &cpuTrace{done: make(chan struct{})}
+	ct.sample()
+	ct.wg.Go(func() {
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ct.done:
+				return
+			case <-tk.C:
+				ct.sample()
+			}
+		}
+	})
+	return ct
+}
+
+func (ct *cpuTrace) sample() {
+	now, cpu := time.Now(), processCPU()
+	ct.mu.Lock()
+	ct.t, ct.cpu = append(ct.t, now), append(ct.cpu, cpu)
+	ct.mu.Unlock()
+}
+
+func (ct *cpuTrace) stop() {
+	close(ct.done)
+	ct.wg.Wait()
+	ct.sample()
+}
+
+// at is the CPU time at t, interpolated between the samples around it.
+func (ct *cpuTrace) at(t time.Time) time.Duration {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	n := len(ct.t)
+	if n == 0 {
+		return 0
+	}
+	if !t.After(ct.t[0]) {
+		return ct.cpu[0]
+	}
+	for i := 1; i < n; i++ {
+		if !t.After(ct.t[i]) {
+			span := ct.t[i].Sub(ct.t[i-1])
+			if span <= 0 {
+				return ct.cpu[i]
+			}
+			f := float64(t.Sub(ct.t[i-1])) / float64(span)
+			return ct.cpu[i-1] + time.Duration(f*float64(ct.cpu[i]-ct.cpu[i-1]))
+		}
+	}
+	return ct.cpu[n-1]
+}
+
+// phaseRecords are one phase's calls and their records.
+type phaseRecords struct {
+	phase string
+	ids   []string
+	recs  []*async.Record
+}
+
+// writeCallsCSV writes one row per call: its phase, id, end state,
+// attempts, and times (µs since the Unix epoch; empty when unknown) and
+// the data plane's queue wait of the last attempt.
+func writeCallsCSV(w io.Writer, phases []phaseRecords) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"phase", "call_id", "status", "attempts", "submitted_us", "started_us", "finished_us", "queue_us"})
+	us := func(t *time.Time) string {
+		if t == nil || t.IsZero() {
+			return ""
+		}
+		return strconv.FormatInt(t.UnixMicro(), 10)
+	}
+	for _, p := range phases {
+		for i, id := range p.ids {
+			r := p.recs[i]
+			if r == nil {
+				_ = cw.Write([]string{p.phase, id, "unknown", "", "", "", "", ""})
+				continue
+			}
+			q := ""
+			if r.Result != nil {
+				if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
+					q = strconv.FormatInt(timingQueueUs(t), 10)
+				}
+			}
+			_ = cw.Write([]string{p.phase, id, string(r.Status), strconv.Itoa(r.Attempts), us(&r.SubmittedAt), us(r.StartedAt), us(r.FinishedAt), q})
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// outcome counts how the calls ended.
+func outcome(recs []*async.Record) CallOutcome {
+	o := CallOutcome{Accepted: len(recs)}
+	for _, r := range recs {
+		switch {
+		case r == nil || !r.Status.Final():
+			o.Unfinished++
+		case r.Status == async.StatusSucceeded:
+			o.Succeeded++
+		default:
+			o.Failed++
+		}
+		if r != nil && r.Attempts > 1 {
+			o.Retried++
+		}
+	}
+	return o
+}
+
+// span returns the first and last SubmittedAt and the last FinishedAt of
+// the finished calls.
+func span(recs []*async.Record) (first, lastSubmit, lastFinish time.Time) {
+	for _, r := range recs {
+		if r == nil || r.FinishedAt == nil {
+			continue
+		}
+		if first.IsZero() || r.SubmittedAt.Before(first) {
+			first = r.SubmittedAt
+		}
+		if r.SubmittedAt.After(lastSubmit) {
+			lastSubmit = r.SubmittedAt
+		}
+		if r.FinishedAt.After(lastFinish) {
+			lastFinish = *r.FinishedAt
+		}
+	}
+	return first, lastSubmit, lastFinish
+}
+
+// finishedBy counts the calls finished by t.
+func finishedBy(recs []*async.Record, t time.Time) int {
+	n := 0
+	for _, r := range recs {
+		if r != nil && r.FinishedAt != nil && !r.FinishedAt.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// lightPhase computes phase 2's latencies from the records.
+func lightPhase(recs []*async.Record, cfg AsyncConfig, acceptMs []float64) LightPhase {
+	var over, disp, wait, e2e []float64
+	noTiming := 0
+	for _, r := range recs {
+		if r == nil || r.StartedAt == nil || r.FinishedAt == nil || r.Result == nil || r.Status != async.StatusSucceeded {
+			continue
+		}
+		d := ms(r.StartedAt.Sub(r.SubmittedAt))
+		q := 0.0
+		if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
+			q = float64(timingQueueUs(t)) / 1000
+		} else {
+			noTiming++
+		}
+		disp, wait, over = append(disp, d), append(wait, q), append(over, d+q)
+		e2e = append(e2e, ms(r.FinishedAt.Sub(r.SubmittedAt)))
+	}
+	return LightPhase{Count: cfg.LightCalls, GapMs: ms(cfg.LightGap), OverheadMs: loadgen.NewDist(over), DispatchMs: loadgen.NewDist(disp),
+		QueueWaitMs: loadgen.NewDist(wait), EndToEndMs: loadgen.NewDist(e2e), LatencyMs: loadgen.NewDist(acceptMs), Outcome: outcome(recs), NoTiming: noTiming}
+}
+
+// timingQueueUs reads queue_us from an X-Brisk-Timing value.
+func timingQueueUs(s string) int64 {
+	for kv := range strings.SplitSeq(s, ",") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "queue_us="); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func rate(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+func formatOutcome(o CallOutcome) string {
+	if o.Succeeded == o.Accepted {
+		s := fmt.Sprintf("all %d succeeded", o.Accepted)
+		if o.Retried > 0 {
+			s += fmt.Sprintf(" (%d after a retry)", o.Retried)
+		}
+		return s
+	}
+	return fmt.Sprintf("%d of %d succeeded, %d failed, %d unfinished", o.Succeeded, o.Accepted, o.Failed, o.Unfinished)
+}
+
+func formatAccept(a *AcceptPhase) string {
+	return fmt.Sprintf("accept:  %d clients, %.1f s: %d accepted of %d sent, %.0f/s; accept latency ms p50 %.3f p99 %.3f max %.3f\n"+
+		"         %s; %d finished while submitting, the last %.1f s after the first submit",
+		a.Clients, a.DurationS, a.Calls.Accepted, a.Sent, a.AcceptedPerS, a.LatencyMs.P50, a.LatencyMs.P99, a.LatencyMs.Max,
+		formatOutcome(a.Calls), a.FinishedWhileSubmitting, a.DrainedS)
+}
+
+func formatLight(l *LightPhase) string {
+	return fmt.Sprintf("light:   %d calls %g ms apart: accept→start ms p50 %.3f p99 %.3f max %.3f (dispatch p50 %.3f, data-plane queue p50 %.3f); submit→finish p50 %.3f; %s",
+		l.Count, l.GapMs, l.OverheadMs.P50, l.OverheadMs.P99, l.OverheadMs.Max, l.DispatchMs.P50, l.QueueWaitMs.P50, l.EndToEndMs.P50, formatOutcome(l.Outcome))
+}
+
+func formatDrain(d *DrainPhase) string {
+	if d.Paused {
+		cpu := ""
+		if d.SubmitCPUPerCallUs > 0 {
+			cpu = fmt.Sprintf(", CPU %.1f µs per submit", d.SubmitCPUPerCallUs)
+		}
+		return fmt.Sprintf("drain:   backlog %d submitted with the queue paused in %.1f s (%.0f/s, accept latency ms p50 %.3f p99 %.3f%s); drained in %.1f s from the resume: %.0f calls/s; %s",
+			d.Backlog, d.SubmitS, d.SubmitPerS, d.LatencyMs.P50, d.LatencyMs.P99, cpu, d.DrainS, d.DrainedPerS, formatOutcome(d.Calls))
+	}
+	return fmt.Sprintf("drain:   backlog %d submitted in %.1f s (%.0f/s, accept p99 %.3f ms) while the queue drained (only a --local cluster's queue can be paused,\n"+
+		"         so the drain rate is at most the submit rate); drained in %.1f s from the first submit: %.0f calls/s (%.0f/s for the %d after the last submit); %s",
+		d.Backlog, d.SubmitS, d.SubmitPerS, d.LatencyMs.P99, d.DrainS, d.DrainedPerS, d.TailPerS, d.TailCalls, formatOutcome(d.Calls))
+}
+
+// asyncGoals are the issue's targets against the run.
+func asyncGoals(s *AsyncSummary) []Goal {
+	return []Goal{
+		{Name: "accepted per second", Target: "≥ 10000", Measured: s.Accept.AcceptedPerS, Met: s.Accept.AcceptedPerS >= 10_000},
+		{Name: "accept latency p99 (ms)", Target: "≤ 5", Measured: s.Accept.LatencyMs.P99, Met: s.Accept.LatencyMs.N > 0 && s.Accept.LatencyMs.P99 <= 5},
+		{Name: "accept→start p50 at light load (ms)", Target: "≤ 2", Measured: s.Light.OverheadMs.P50, Met: s.Light.OverheadMs.N > 0 && s.Light.OverheadMs.P50 <= 2},
+		{Name: "drain rate / sync throughput", Target: "≥ 0.5", Measured: s.DrainOverSync, Met: s.DrainOverSync >= 0.5},
+	}
+}
+
+func formatGoals(goals []Goal) string {
+	var b strings.Builder
+	b.WriteString("goals:")
+	for _, g := range goals {
+		mark := "not met"
+		if g.Met {
+			mark = "met"
+		}
+		fmt.Fprintf(&b, "\n  %-38s %-8s measured %-10.3f %s", g.Name, g.Target, g.Measured, mark)
+	}
+	return b.String()
+}
