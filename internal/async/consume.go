@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -39,9 +40,36 @@ type Invoker interface {
 
 const hdrDeadReason = "Brisk-Dead-Reason"
 
-// deferDelay (plus up to as much jitter) is how long a call its function's
-// concurrency put back waits before it is delivered again.
-const deferDelay = 250 * time.Millisecond
+// hdrRequeued marks a call put back at the queue's tail (requeue): its
+// attempts so far are in its record.
+const hdrRequeued = "Brisk-Requeued"
+
+// requeue stores msg's call again at the stream's tail.
+func (q *Queue) requeue(ctx context.Context, msg jetstream.Msg) error {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return err
+	}
+	out := nats.NewMsg(msg.Subject())
+	for k, v := range msg.Headers() {
+		out.Header[k] = v
+	}
+	_, id, _ := splitSubject(msg.Subject())
+	out.Header.Set(jetstream.MsgIDHeader, id+".requeue."+strconv.FormatUint(meta.Sequence.Stream, 10))
+	out.Header.Set(hdrRequeued, "1")
+	out.Data = msg.Data()
+	_, err = q.js.PublishMsg(ctx, out)
+	return err
+}
+
+// runningAfter is how long an attempt runs before its record says running.
+const runningAfter = 50 * time.Millisecond
+
+// deferHold (plus up to a quarter more) is how long a call whose function
+// holds its share of a consumer's slots waits, holding its own, before it
+// goes back to the queue, and how long it stays there before it is
+// delivered again.
+const deferHold = time.Second
 
 // Run delivers calls to inv until ctx ends. Every data plane runs one; the
 // shared durable consumer gives each call to one of them at a time.
@@ -64,7 +92,7 @@ func (q *Queue) Run(ctx context.Context, inv Invoker) error {
 	slots := make(chan struct{}, q.cfg.MaxInFlight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	lim := &fnLimits{m: map[string]*fnLimit{}}
+	lim := &fnLimits{m: map[string]*fnLimit{}, slots: q.cfg.MaxInFlight}
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -90,26 +118,25 @@ func (q *Queue) Run(ctx context.Context, inv Invoker) error {
 }
 
 // fnLimits holds each function's concurrency semaphore on this consumer.
-// A call that finds its function at its concurrency waits on this
-// consumer only while few others do; past that it goes back to the queue
-// for a moment, so that one function's backlog cannot hold the consumer's
-// slots while other functions' calls wait behind it.
+// A function's calls may hold at most half of a consumer's slots (running
+// or waiting for the function's concurrency), so that one function's
+// backlog cannot keep other functions' calls from being fetched. A call
+// past that waits a moment (deferHold) holding its slot, which bounds how
+// fast such calls cycle through the queue, and then goes back to it.
 type fnLimits struct {
-	mu sync.Mutex
-	m  map[string]*fnLimit
+	mu    sync.Mutex
+	m     map[string]*fnLimit
+	slots int // the consumer's MaxInFlight
 }
 
 type fnLimit struct {
-	sem     chan struct{}
-	waiting int // guarded by fnLimits.mu
+	sem  chan struct{}
+	held int // calls of the function holding a slot: running or waiting; guarded by fnLimits.mu
 }
 
-// maxWaiting is how many calls of one function may wait for its slots on
-// one consumer.
-func maxWaiting(concurrency int) int { return max(1, min(concurrency, 8)) }
-
-// enter takes a running slot of fn (concurrency n). ok false: too many of
-// fn's calls wait already, or ctx ended.
+// enter takes a running slot of fn (concurrency n), waiting for it while
+// the function holds fewer than its share of the consumer's slots. ok
+// false: it holds its share already, or ctx ended.
 func (l *fnLimits) enter(ctx context.Context, fn string, n int) (release func(), ok bool) {
 	n = max(n, 1)
 	l.mu.Lock()
@@ -118,27 +145,22 @@ func (l *fnLimits) enter(ctx context.Context, fn string, n int) (release func(),
 		fl = &fnLimit{sem: make(chan struct{}, n)}
 		l.m[fn] = fl
 	}
-	select {
-	case fl.sem <- struct{}{}:
-		l.mu.Unlock()
-		return func() { <-fl.sem }, true
-	default:
-	}
-	if fl.waiting >= maxWaiting(n) {
+	if fl.held >= max(n, l.slots/2) {
 		l.mu.Unlock()
 		return nil, false
 	}
-	fl.waiting++
+	fl.held++
 	l.mu.Unlock()
-	defer func() {
+	leave := func() {
 		l.mu.Lock()
-		fl.waiting--
+		fl.held--
 		l.mu.Unlock()
-	}()
+	}
 	select {
 	case fl.sem <- struct{}{}:
-		return func() { <-fl.sem }, true
+		return func() { <-fl.sem; leave() }, true
 	case <-ctx.Done():
+		leave()
 		return nil, false
 	}
 }
@@ -172,7 +194,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	// retry by hand is a new message whose record says 0), so only a
 	// redelivery reads the record.
 	attempt := 1
-	if meta, err := msg.Metadata(); err != nil || meta.NumDelivered > 1 {
+	if meta, err := msg.Metadata(); err != nil || meta.NumDelivered > 1 || msg.Headers().Get(hdrRequeued) != "" {
 		prior, settled := q.priorAttempts(ctx, c.ID)
 		if settled {
 			_ = msg.Ack()
@@ -201,13 +223,32 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	if !ok {
 		if ctx.Err() == nil {
 			q.m.deferred.WithLabelValues(c.Function).Inc()
+			t := time.NewTimer(deferHold + time.Duration(rand.Int64N(int64(deferHold)/4)))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
 		}
-		_ = msg.NakWithDelay(deferDelay + time.Duration(rand.Int64N(int64(deferDelay))))
+		// To the queue's tail, not back in place: JetStream redelivers
+		// before it delivers new messages, so a call put back in place
+		// would come back ahead of the other functions' calls forever.
+		if ctx.Err() == nil && q.requeue(ctx, msg) == nil {
+			_ = msg.Ack()
+			return
+		}
+		_ = msg.NakWithDelay(deferHold)
 		return
 	}
 	start := q.now()
-	q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+	// The running record is written only for a call still running after
+	// runningAfter: a short call's final record follows at once, and one
+	// write fewer is a third of what the queue costs a call.
+	running := time.AfterFunc(runningAfter, func() {
+		q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+	})
 	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
+	running.Stop()
 	release()
 	end := q.now()
 	res.Seconds = end.Sub(start).Seconds()
@@ -331,18 +372,21 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 // keepInProgress tells JetStream every AckWait/3 that msg is still being
 // worked on; the returned func stops it.
 func (q *Queue) keepInProgress(msg jetstream.Msg) func() {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(q.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				_ = msg.InProgress()
-			case <-done:
-				return
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	t = time.AfterFunc(q.cfg.AckWait/3, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			_ = msg.InProgress()
+			t.Reset(q.cfg.AckWait / 3)
 		}
-	}()
-	return func() { close(done) }
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
+	}
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/spec"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // AsyncConfig is `brisk bench async`: asynchronous calls
