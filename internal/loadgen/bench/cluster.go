@@ -236,14 +236,40 @@ func (c *Cluster) pauseAsync(ctx context.Context, d time.Duration) (resume func(
 	// Resuming (PauseUntil cleared) does not wake a consumer whose pull
 	// requests wait (nats-server 2.15: only the pause deadline's timer
 	// signals); a deadline just ahead does.
+	// Even so a waiting pull is sometimes not woken (the drain then stalls
+	// until the pull expires): until a consumer has calls out, nudge again.
 	return func(ctx context.Context) (time.Time, error) {
-		until := time.Now().Add(resumeDelay)
-		if err := pause(ctx, until); err != nil {
-			return time.Time{}, fmt.Errorf("resuming: %w", err)
+		var first time.Time
+		for try := 0; try < 20; try++ {
+			until := time.Now().Add(resumeDelay)
+			if err := pause(ctx, until); err != nil {
+				return time.Time{}, fmt.Errorf("resuming: %w", err)
+			}
+			if first.IsZero() {
+				first = until
+			}
+			time.Sleep(time.Until(until) + 250*time.Millisecond)
+			if delivering(ctx, st, names) {
+				break
+			}
 		}
-		time.Sleep(time.Until(until))
-		return until, nil
+		return first, nil
 	}, nil
+}
+
+// delivering reports whether a consumer hands out calls (or has none left).
+func delivering(ctx context.Context, st jetstream.Stream, names []string) bool {
+	for _, n := range names {
+		c, err := st.Consumer(ctx, n)
+		if err != nil {
+			continue
+		}
+		info, err := c.Info(ctx)
+		if err == nil && (info.NumAckPending > 0 || info.NumPending == 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // resumeDelay is how far ahead a pause's new deadline is set to resume a
