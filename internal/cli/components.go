@@ -19,8 +19,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/pki"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // cpFlags are the control plane's flags, shared by `up` and `controlplane`.

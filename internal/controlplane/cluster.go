@@ -103,7 +103,7 @@ const (
 )
 
 type nodeState struct {
-	id        string // immutable; rec may be replaced under the lock
+	id string // immutable; rec may be replaced under the lock
 	// conn is the link's gRPC connection to the worker (nil while none),
 	// for calls beside the session: logs.
 	conn      atomic.Pointer[grpc.ClientConn]

@@ -26,7 +26,6 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/pki"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
@@ -34,6 +33,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Workers describes the worker nodes a daemon hosts.

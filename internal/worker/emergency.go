@@ -18,8 +18,8 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/pki"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The emergency track (PulseNet's Pulselet): a data plane sends a call that

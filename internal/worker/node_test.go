@@ -8,10 +8,10 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -10,9 +10,9 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/rpc"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // A deposed control-plane leader (lower term) that has not noticed yet must

@@ -12,10 +12,10 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // pendingRecords drains the node's queued updates for one id.

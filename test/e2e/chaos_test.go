@@ -19,8 +19,8 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/pki"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // haCluster is a cluster of separate brisk processes on loopback: control

@@ -23,8 +23,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // ClusterOptions say which cluster a benchmark runs against.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Options are shared by every benchmark.

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/tracefn"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // ErrNotFound is returned by Kill for an id the runtime does not know; callers

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func readTrim(t *testing.T, path string) string {

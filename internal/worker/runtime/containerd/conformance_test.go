@@ -11,11 +11,11 @@ import (
 	"github.com/containerd/containerd/snapshots"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // conformancePool is the network pool of one state directory's runtimes:

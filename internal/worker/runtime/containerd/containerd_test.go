@@ -25,10 +25,10 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The tests run in a namespace of their own, so that they neither see nor

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The emulated runtime passes the conformance suite, within what it is:

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 var fn = &spec.Function{Name: "trace-func-0", Builtin: "trace", Revision: 3}

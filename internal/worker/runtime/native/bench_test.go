@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // BenchmarkColdStart is runtimetest.ColdStart on this runtime — Create,

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The native runtime passes the conformance suite with the probe function.

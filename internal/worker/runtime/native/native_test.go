@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 const (

@@ -17,11 +17,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // shell is a pre-created sandbox: a network namespace with its address, a

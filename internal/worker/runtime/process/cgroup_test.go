@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func readTrim(t *testing.T, path string) string {

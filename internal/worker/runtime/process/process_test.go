@@ -19,11 +19,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // helper is testdata/echoserver, built once for the package.

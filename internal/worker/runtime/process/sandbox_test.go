@@ -12,10 +12,10 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Issue 18, least-privilege sandboxes: what a sandbox's processes are

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // ColdStartConcurrency are the batch sizes every runtime's cold-start

@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // IDPrefix starts every sandbox id the suite uses in this process, so that
