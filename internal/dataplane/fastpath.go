@@ -135,7 +135,7 @@ func (c *frontConn) parse() *function {
 			return nil
 		}
 		fn = c.f.d.lookup(string(name))
-	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) || bytes.HasPrefix(path, []byte(lambdaPrefix)) {
+	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) || bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
 		return nil // asynchronous calls and the Lambda API: the net/http path (async.go, lambda.go)
 	} else {
 		rq.rest = path

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,12 +56,22 @@ func lambdaName(s string) (name, qual string, ok bool) {
 func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 	rest, ok := strings.CutPrefix(r.URL.Path, lambdaPrefix)
 	if !ok {
-		return false
+		if r.URL.Path != strings.TrimSuffix(lambdaPrefix, "/") { // ListFunctions' path
+			return false
+		}
+		rest = ""
 	}
 	reqID := newCallID()
 	target, action, _ := strings.Cut(rest, "/")
-	if action != "invocations" || r.Method != http.MethodPost {
-		lambdaError(w, reqID, http.StatusNotFound, "UnknownOperationException", "brisk serves the Lambda API's Invoke only: POST %sNAME/invocations", lambdaPrefix)
+	switch {
+	case r.Method == http.MethodGet && target == "":
+		d.lambdaList(w, r, reqID)
+		return true
+	case r.Method == http.MethodGet && action == "":
+		d.lambdaGet(w, r, reqID, target)
+		return true
+	case action != "invocations" || r.Method != http.MethodPost:
+		lambdaError(w, reqID, http.StatusNotFound, "UnknownOperationException", "brisk serves the Lambda API's Invoke, GetFunction and ListFunctions only")
 		return true
 	}
 	name, qual, ok := lambdaName(target)
@@ -123,6 +135,96 @@ func qualSuffix(q string) string {
 		return ""
 	}
 	return ":" + q
+}
+
+// lambdaConfig is a function as GetFunction and ListFunctions show it.
+func lambdaConfig(fn *function, region string) map[string]any {
+	conf := fn.set.Load().conf
+	return map[string]any{
+		"FunctionName": fn.name,
+		"FunctionArn":  "arn:aws:lambda:" + region + ":000000000000:function:" + fn.name,
+		"Runtime":      "provided",
+		"PackageType":  "Image",
+		"MemorySize":   conf.memoryMB,
+		"Timeout":      int64(conf.timeout / time.Second),
+		"Version":      "$LATEST",
+		"State":        "Active",
+		"RevisionId":   strconv.FormatUint(conf.revision, 10),
+	}
+}
+
+// lambdaCaller checks a management call's signature (or token) and returns
+// what it may see: allows(fn) is nil for a function the token may invoke;
+// region is the signature's (us-east-1 without one). It answers and
+// returns ok false when the caller is not authenticated.
+func (d *DataPlane) lambdaCaller(w http.ResponseWriter, r *http.Request, reqID string) (allows func(*function) bool, region string, ok bool) {
+	region = "us-east-1"
+	if !d.authOn.Load() {
+		return func(*function) bool { return true }, region, true
+	}
+	authz := r.Header.Get("Authorization")
+	if !auth.IsSigV4(authz) {
+		tok, _ := auth.FromHeader(authz)
+		if err := auth.HasScope(d.tokens, tok, auth.ScopeInvoke); err != nil {
+			lambdaError(w, reqID, http.StatusForbidden, "UnrecognizedClientException", "%v", err)
+			return nil, "", false
+		}
+		return func(fn *function) bool {
+			c := fn.set.Load().conf
+			return c.public || auth.Check(d.tokens, tok, auth.ScopeInvoke, c.namespace, fn.name) == nil
+		}, region, true
+	}
+	sig, err := auth.ParseSigV4(authz)
+	if err != nil {
+		lambdaError(w, reqID, http.StatusBadRequest, "IncompleteSignatureException", "%v", err)
+		return nil, "", false
+	}
+	key, check, found := d.tokens.SigningKey(sig.KeyID)
+	if !found {
+		lambdaError(w, reqID, http.StatusForbidden, "UnrecognizedClientException", "The security token included in the request is invalid: access key %q is not a brisk token's", sig.KeyID)
+		return nil, "", false
+	}
+	if err := sig.Verify(r, nil, key, time.Now()); err != nil {
+		lambdaError(w, reqID, http.StatusForbidden, "InvalidSignatureException", "%v", err)
+		return nil, "", false
+	}
+	return func(fn *function) bool {
+		c := fn.set.Load().conf
+		return c.public || check(auth.ScopeInvoke, c.namespace, fn.name) == nil
+	}, sig.Region, true
+}
+
+// lambdaList answers ListFunctions: the functions the caller may invoke.
+func (d *DataPlane) lambdaList(w http.ResponseWriter, r *http.Request, reqID string) {
+	allows, region, ok := d.lambdaCaller(w, r, reqID)
+	if !ok {
+		return
+	}
+	var fns []map[string]any
+	for _, fn := range d.functions() {
+		if allows(fn) {
+			fns = append(fns, lambdaConfig(fn, region))
+		}
+	}
+	slices.SortFunc(fns, func(a, b map[string]any) int { return strings.Compare(a["FunctionName"].(string), b["FunctionName"].(string)) })
+	w.Header()["X-Amzn-Requestid"] = []string{reqID}
+	writeJSON(w, http.StatusOK, map[string]any{"Functions": fns})
+}
+
+// lambdaGet answers GetFunction.
+func (d *DataPlane) lambdaGet(w http.ResponseWriter, r *http.Request, reqID, target string) {
+	allows, region, ok := d.lambdaCaller(w, r, reqID)
+	if !ok {
+		return
+	}
+	name, qual, valid := lambdaName(target)
+	fn := d.lookup(name)
+	if !valid || fn == nil || (qual != "" && qual != "$LATEST") || !allows(fn) {
+		lambdaError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s", target)
+		return
+	}
+	w.Header()["X-Amzn-Requestid"] = []string{reqID}
+	writeJSON(w, http.StatusOK, map[string]any{"Configuration": lambdaConfig(fn, region), "Code": map[string]string{"RepositoryType": "brisk"}})
 }
 
 // lambdaAuth checks the call's SigV4 signature (or a brisk token) for the

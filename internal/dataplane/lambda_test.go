@@ -54,7 +54,10 @@ func apiErrorCode(err error) string {
 func TestLambdaInvokeWithTheAWSSDK(t *testing.T) {
 	d, ts := newAsyncDP(t)
 	addr := newSandbox(t, lambdaSandbox)
-	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("hello")}, Added: []*briskv1.Endpoint{ep("hello", "sb-1", addr)}})
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("hello", func(s *briskv1.FunctionSpec) {
+		s.Resources = &briskv1.Resources{MemoryMb: 256}
+		s.TimeoutMs = 30_000
+	}), fnSpec("secret-fn")}, Added: []*briskv1.Endpoint{ep("hello", "sb-1", addr)}})
 	tok, grant, err := auth.New([]string{auth.ScopeInvoke}, []string{"hello"}, "")
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +101,20 @@ func TestLambdaInvokeWithTheAWSSDK(t *testing.T) {
 	rec := eventResult(t, d, "hello")
 	if !strings.Contains(string(rec.Result.Body), `"got":{"e":2}`) {
 		t.Fatalf("event result %s", rec.Result.Body)
+	}
+
+	// ListFunctions and GetFunction show what the token may invoke.
+	list, err := cl.ListFunctions(ctx, &lambda.ListFunctionsInput{})
+	if err != nil || len(list.Functions) != 1 || aws.ToString(list.Functions[0].FunctionName) != "hello" ||
+		aws.ToInt32(list.Functions[0].MemorySize) != 256 || aws.ToInt32(list.Functions[0].Timeout) != 30 {
+		t.Fatalf("ListFunctions: %v %+v", err, list)
+	}
+	got, err := cl.GetFunction(ctx, &lambda.GetFunctionInput{FunctionName: aws.String("hello")})
+	if err != nil || aws.ToString(got.Configuration.FunctionArn) != "arn:aws:lambda:us-east-1:000000000000:function:hello" {
+		t.Fatalf("GetFunction: %v %+v", err, got)
+	}
+	if _, err := cl.GetFunction(ctx, &lambda.GetFunctionInput{FunctionName: aws.String("secret-fn")}); apiErrorCode(err) != "ResourceNotFoundException" {
+		t.Fatalf("GetFunction of a function the token may not call: %v", err)
 	}
 
 	for _, c := range []struct {

@@ -50,6 +50,8 @@ type fnConf struct {
 	keepAlive time.Duration
 	// async: how its asynchronous calls are retried (async.go).
 	async async.Policy
+	// memoryMB: what a sandbox requests (the Lambda API shows it).
+	memoryMB int64
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -141,6 +143,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.streamRequests = p.GetStreamRequests()
 	c.public = p.GetAuth() == spec.AuthPublic
 	c.namespace = p.GetNamespace()
+	c.memoryMB = s.Resources.MemoryMB
 	a := spec.AsyncFromProto(p.GetAsync())
 	c.async = async.Policy{MaxAttempts: a.MaxAttempts, MaxAge: time.Duration(a.MaxAge), Backoff: time.Duration(a.Backoff),
 		BackoffMax: time.Duration(a.BackoffMax), RetryFunctionErrors: a.RetryFunctionErrors, Concurrency: a.Concurrency}
