@@ -206,7 +206,9 @@ func (d *DataPlane) lambdaList(w http.ResponseWriter, r *http.Request, reqID str
 			fns = append(fns, lambdaConfig(fn, region))
 		}
 	}
-	slices.SortFunc(fns, func(a, b map[string]any) int { return strings.Compare(a["FunctionName"].(string), b["FunctionName"].(string)) })
+	slices.SortFunc(fns, func(a, b map[string]any) int {
+		return strings.Compare(a["FunctionName"].(string), b["FunctionName"].(string))
+	})
 	w.Header()["X-Amzn-Requestid"] = []string{reqID}
 	writeJSON(w, http.StatusOK, map[string]any{"Functions": fns})
 }
