@@ -372,24 +372,15 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"purged": n})
 	case id != "" && action == "" && r.Method == http.MethodGet:
-		rec, err := q.Get(ctx, id)
-		if d.callError(w, err) {
-			return
+		if rec, ok := d.authorizedCall(ctx, w, r, id); ok {
+			writeJSON(w, http.StatusOK, rec)
 		}
-		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
-			d.writeError(w, nil, f)
-			return
-		}
-		writeJSON(w, http.StatusOK, rec)
 	case id != "" && action == "retry" && r.Method == http.MethodPost:
-		rec, err := q.Get(ctx, id)
-		if d.callError(w, err) {
+		rec, ok := d.authorizedCall(ctx, w, r, id)
+		if !ok {
 			return
 		}
-		if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
-			d.writeError(w, nil, f)
-			return
-		}
+		var err error
 		if rec, err = q.Retry(ctx, id, rec.Function); d.callError(w, err) {
 			return
 		}
@@ -398,6 +389,20 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, POST, DELETE")
 		d.writeError(w, nil, fail(http.StatusMethodNotAllowed, reasonBadRequest, "%s %s: use GET /v1/calls[?function=&status=&limit=], GET /v1/calls/ID, POST /v1/calls/ID/retry, DELETE /v1/calls?function=[&dead=true]", r.Method, r.URL.Path))
 	}
+}
+
+// authorizedCall reads call id's record for a caller allowed to see it;
+// otherwise it answers and returns false.
+func (d *DataPlane) authorizedCall(ctx context.Context, w http.ResponseWriter, r *http.Request, id string) (*async.Record, bool) {
+	rec, err := d.cfg.Async.Get(ctx, id)
+	if d.callError(w, err) {
+		return nil, false
+	}
+	if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
+		d.writeError(w, nil, f)
+		return nil, false
+	}
+	return rec, true
 }
 
 // callError answers a lookup's error; it reports whether it did.

@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -12,27 +11,11 @@ import (
 )
 
 // newAsyncDP is a data plane with an async queue on an embedded NATS
-// server, its consumer running.
+// server, its consumer running (newAsyncEnv with the defaults).
 func newAsyncDP(t *testing.T) (*DataPlane, *testServer) {
 	t.Helper()
-	srv, err := async.StartServer(async.ServerConfig{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := srv.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := async.Open(context.Background(), nc, async.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, ts := newTestDP(t, func(c *Config) { c.Async = q })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.runAsync(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; nc.Close(); srv.Shutdown() })
-	return d, ts
+	e := newAsyncEnv(t, nil, async.Config{})
+	return e.d, e.ts
 }
 
 func submitAsync(t *testing.T, method, url string, hdr http.Header, body string) result {
