@@ -244,11 +244,23 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	// The running record is written only for a call still running after
 	// runningAfter: a short call's final record follows at once, and one
 	// write fewer is a third of what the queue costs a call.
+	// The lock orders the two writes: a running record is sent (on the
+	// connection every later write takes too) before the attempt is
+	// marked done, or not at all, so it can never land after the final one.
+	var runMu sync.Mutex
+	attemptDone := false
 	running := time.AfterFunc(runningAfter, func() {
-		q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+		runMu.Lock()
+		defer runMu.Unlock()
+		if !attemptDone {
+			q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+		}
 	})
 	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
 	running.Stop()
+	runMu.Lock()
+	attemptDone = true
+	runMu.Unlock()
 	release()
 	end := q.now()
 	res.Seconds = end.Sub(start).Seconds()

@@ -357,6 +357,10 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 	cpu0 := processCPU()
 	bl := sub.run(ctx, &o, "backlog", cfg.Clients, cfg.Backlog, 0)
 	submitCPU := processCPU() - cpu0
+	// The trace starts before the resume: a small backlog may be drained
+	// before resume returns (it waits to see the consumer deliver).
+	cpu := startCPUTrace(20 * time.Millisecond)
+	defer cpu.stop() // on the early returns; stopping twice is a no-op
 	var resumed time.Time
 	if resume != nil {
 		var err error
@@ -374,7 +378,6 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 		out.Drain.SubmitCPUPerCallUs = cpuPerCall(submitCPU, bl.sent)
 	}
 	o.logf("phase 3: waiting for %d calls to finish", len(bl.ids))
-	cpu := startCPUTrace(20 * time.Millisecond)
 	recs, werr = c.awaitCalls(ctx, bl.ids, cfg.Timeout, cfg.Clients)
 	cpu.stop()
 	phases = append(phases, phaseRecords{"backlog", bl.ids, recs})
@@ -680,6 +683,7 @@ type cpuTrace struct {
 	cpu  []time.Duration
 	done chan struct{}
 	wg   sync.WaitGroup
+	once sync.Once
 }
 
 func startCPUTrace(every time.Duration) *cpuTrace {
@@ -708,9 +712,11 @@ func (ct *cpuTrace) sample() {
 }
 
 func (ct *cpuTrace) stop() {
-	close(ct.done)
-	ct.wg.Wait()
-	ct.sample()
+	ct.once.Do(func() {
+		close(ct.done)
+		ct.wg.Wait()
+		ct.sample()
+	})
 }
 
 // at is the CPU time at t, interpolated between the samples around it.
