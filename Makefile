@@ -6,7 +6,7 @@ TEST_TIMEOUT ?= 20m
 # Each of h1's differential fuzz targets runs this long in `make test`.
 FUZZTIME  ?= 20s
 # package:target pairs (go test fuzzes one target per run)
-FUZZ_TARGETS = h1:FuzzRequestHead h1:FuzzReplyHead h1:FuzzChunked spec:FuzzDecode
+FUZZ_TARGETS = internal/h1:FuzzRequestHead internal/h1:FuzzReplyHead internal/h1:FuzzChunked pkg/spec:FuzzDecode
 
 .PHONY: help build demo up test test-short fuzz vet fmt bench microbench proto setup clean
 
@@ -32,7 +32,7 @@ fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME e
 	@for pt in $(FUZZ_TARGETS); do \
 	  p=$${pt%%:*}; t=$${pt#*:}; \
 	  echo "fuzz $$p $$t for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./internal/$$p || exit 1; \
+	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./$$p || exit 1; \
 	done
 
 test-short: ## unit tests only, no race detector
