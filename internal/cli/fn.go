@@ -515,30 +515,21 @@ func invokeAsync(ctx context.Context, g *globals, name, method string, body []by
 		return nil
 	}
 	fmt.Fprintf(os.Stderr, "call id: %s\n", id)
-	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		r, err := cl.Call(ctx, id)
-		if err != nil {
-			return err
-		}
-		if r.Status.Final() {
-			fmt.Fprintf(os.Stderr, "status: %s after %d attempt(s)\n", r.Status, r.Attempts)
-			if r.Result != nil {
-				os.Stdout.Write(r.Result.Body)
-				if len(r.Result.Body) > 0 && r.Result.Body[len(r.Result.Body)-1] != '\n' {
-					fmt.Println()
-				}
-			}
-			if r.Status != "succeeded" {
-				return fmt.Errorf("call %s %s: %s", id, r.Status, r.Error)
-			}
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
+	r, err := cl.WaitCall(ctx, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "status: %s after %d attempt(s)\n", r.Status, r.Attempts)
+	if r.Result != nil {
+		os.Stdout.Write(r.Result.Body)
+		if len(r.Result.Body) > 0 && r.Result.Body[len(r.Result.Body)-1] != '\n' {
+			fmt.Println()
 		}
 	}
+	if r.Status != api.CallSucceeded {
+		return fmt.Errorf("call %s %s: %s", id, r.Status, r.Error)
+	}
+	return nil
 }
 
 func newFnLogs(g *globals) *cobra.Command {

@@ -174,24 +174,39 @@ func (d *DataPlane) lambdaCaller(w http.ResponseWriter, r *http.Request, reqID s
 			return c.public || auth.Check(d.tokens, tok, auth.ScopeInvoke, c.namespace, fn.name) == nil
 		}, region, true
 	}
-	sig, err := auth.ParseSigV4(authz)
-	if err != nil {
-		lambdaError(w, reqID, http.StatusBadRequest, "IncompleteSignatureException", "%v", err)
-		return nil, "", false
-	}
-	key, check, found := d.tokens.SigningKey(sig.KeyID)
-	if !found {
-		lambdaError(w, reqID, http.StatusForbidden, "UnrecognizedClientException", "The security token included in the request is invalid: access key %q is not a brisk token's", sig.KeyID)
-		return nil, "", false
-	}
-	if err := sig.Verify(r, nil, key, time.Now()); err != nil {
-		lambdaError(w, reqID, http.StatusForbidden, "InvalidSignatureException", "%v", err)
+	sig, check, ok := d.verifySigV4(w, r, reqID, authz, nil)
+	if !ok {
 		return nil, "", false
 	}
 	return func(fn *function) bool {
 		c := fn.set.Load().conf
 		return c.public || check(auth.ScopeInvoke, c.namespace, fn.name) == nil
 	}, sig.Region, true
+}
+
+// verifySigV4 checks a SigV4-signed request (body: its whole body) against
+// the key of the token it names, and returns that token's grant check; it
+// answers and returns false when the signature does not hold.
+func (d *DataPlane) verifySigV4(w http.ResponseWriter, r *http.Request, reqID, authz string, body []byte) (*auth.SigV4, func(scope, ns, fn string) error, bool) {
+	sig, err := auth.ParseSigV4(authz)
+	if err != nil {
+		lambdaError(w, reqID, http.StatusBadRequest, "IncompleteSignatureException", "%v", err)
+		return nil, nil, false
+	}
+	key, check, found := d.tokens.SigningKey(sig.KeyID)
+	if !found {
+		lambdaError(w, reqID, http.StatusForbidden, "UnrecognizedClientException", "The security token included in the request is invalid: access key %q is not a brisk token's (brisk token aws prints a token's keys)", sig.KeyID)
+		return nil, nil, false
+	}
+	if err := sig.Verify(r, body, key, time.Now()); err != nil {
+		typ := "InvalidSignatureException"
+		if errors.Is(err, auth.ErrSigV4Malformed) {
+			typ = "IncompleteSignatureException"
+		}
+		lambdaError(w, reqID, http.StatusForbidden, typ, "%v", err)
+		return nil, nil, false
+	}
+	return sig, check, true
 }
 
 // lambdaList answers ListFunctions: the functions the caller may invoke.
@@ -247,22 +262,8 @@ func (d *DataPlane) lambdaAuth(w http.ResponseWriter, r *http.Request, reqID str
 		}
 		return true
 	}
-	sig, err := auth.ParseSigV4(authz)
-	if err != nil {
-		lambdaError(w, reqID, http.StatusBadRequest, "IncompleteSignatureException", "%v", err)
-		return false
-	}
-	key, allows, ok := d.tokens.SigningKey(sig.KeyID)
+	sig, allows, ok := d.verifySigV4(w, r, reqID, authz, body)
 	if !ok {
-		lambdaError(w, reqID, http.StatusForbidden, "UnrecognizedClientException", "The security token included in the request is invalid: access key %q is not a brisk token's (brisk token aws prints a token's keys)", sig.KeyID)
-		return false
-	}
-	if err := sig.Verify(r, body, key, time.Now()); err != nil {
-		typ := "InvalidSignatureException"
-		if errors.Is(err, auth.ErrSigV4Malformed) {
-			typ = "IncompleteSignatureException"
-		}
-		lambdaError(w, reqID, http.StatusForbidden, typ, "%v", err)
 		return false
 	}
 	if err := allows(auth.ScopeInvoke, conf.namespace, fn.name); err != nil {

@@ -96,32 +96,28 @@ func (c *Client) PurgeCalls(ctx context.Context, function string, dead bool) (ui
 // WaitCall polls an asynchronous call until it has finished (succeeded,
 // failed or dead) or ctx ends, and returns its last record.
 func (c *Client) WaitCall(ctx context.Context, id string) (*CallRecord, error) {
-	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+	return pollUntil(ctx, func() (*CallRecord, bool, error) {
 		r, err := c.Call(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		if r.Status.Final() {
-			return r, nil
-		}
-		select {
-		case <-ctx.Done():
-			return r, ctx.Err()
-		case <-time.After(delay):
-		}
-	}
+		return r, err == nil && r.Status.Final(), err
+	})
 }
 
 // WaitReady polls a function until at least n of its sandboxes are ready
 // or ctx ends (a watch for scripts: deploy, then wait).
 func (c *Client) WaitReady(ctx context.Context, name string, n int) (*api.FunctionView, error) {
-	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+	return pollUntil(ctx, func() (*api.FunctionView, bool, error) {
 		v, err := c.Get(ctx, name)
-		if err != nil {
-			return nil, err
-		}
-		if v.Status.Ready >= n {
-			return v, nil
+		return v, err == nil && v.Status.Ready >= n, err
+	})
+}
+
+// pollUntil calls get, backing off from 10 ms to 1 s, until it reports
+// done, fails, or ctx ends (then with the last value).
+func pollUntil[T any](ctx context.Context, get func() (T, bool, error)) (T, error) {
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		v, done, err := get()
+		if err != nil || done {
+			return v, err
 		}
 		select {
 		case <-ctx.Done():

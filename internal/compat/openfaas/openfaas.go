@@ -40,9 +40,8 @@ const (
 	keepPrefix = "openfaas.brisk.dev/"
 )
 
-// FunctionDeployment is what faas-cli deploys (POST/PUT /system/functions).
-type FunctionDeployment struct {
-	Service                string            `json:"service"`
+// Function is what a deployment and a status say of a function alike.
+type Function struct {
 	Image                  string            `json:"image"`
 	Namespace              string            `json:"namespace,omitempty"`
 	EnvProcess             string            `json:"envProcess,omitempty"`
@@ -54,6 +53,12 @@ type FunctionDeployment struct {
 	Limits                 *Resources        `json:"limits,omitempty"`
 	Requests               *Resources        `json:"requests,omitempty"`
 	ReadOnlyRootFilesystem bool              `json:"readOnlyRootFilesystem"`
+}
+
+// FunctionDeployment is what faas-cli deploys (POST/PUT /system/functions).
+type FunctionDeployment struct {
+	Service string `json:"service"`
+	Function
 }
 
 // Resources are OpenFaaS's quantity strings ("64Mi", "100m").
@@ -64,22 +69,12 @@ type Resources struct {
 
 // FunctionStatus is what the gateway reports of a function.
 type FunctionStatus struct {
-	Name                   string            `json:"name"`
-	Image                  string            `json:"image"`
-	Namespace              string            `json:"namespace,omitempty"`
-	EnvProcess             string            `json:"envProcess,omitempty"`
-	EnvVars                map[string]string `json:"envVars,omitempty"`
-	Constraints            []string          `json:"constraints,omitempty"`
-	Secrets                []string          `json:"secrets,omitempty"`
-	Labels                 map[string]string `json:"labels,omitempty"`
-	Annotations            map[string]string `json:"annotations,omitempty"`
-	Limits                 *Resources        `json:"limits,omitempty"`
-	Requests               *Resources        `json:"requests,omitempty"`
-	ReadOnlyRootFilesystem bool              `json:"readOnlyRootFilesystem"`
-	InvocationCount        float64           `json:"invocationCount"`
-	Replicas               uint64            `json:"replicas"`
-	AvailableReplicas      uint64            `json:"availableReplicas"`
-	CreatedAt              time.Time         `json:"createdAt"`
+	Name string `json:"name"`
+	Function
+	InvocationCount   float64   `json:"invocationCount"`
+	Replicas          uint64    `json:"replicas"`
+	AvailableReplicas uint64    `json:"availableReplicas"`
+	CreatedAt         time.Time `json:"createdAt"`
 }
 
 // Info is /system/info's provider version.
@@ -433,7 +428,7 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 // ToStatus converts a brisk function to the gateway's status.
 func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 	f := v.Function
-	st := FunctionStatus{Name: f.Name, Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot,
+	st := FunctionStatus{Name: f.Name, Function: Function{Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot},
 		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(v.Status.Ready, 0)), CreatedAt: f.CreatedAt}
 	if st.Image == "" && f.Builtin != "" {
 		st.Image = spec.BuiltinImagePrefix + f.Builtin

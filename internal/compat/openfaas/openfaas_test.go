@@ -8,10 +8,10 @@ import (
 )
 
 func TestDeploymentRoundTrip(t *testing.T) {
-	d := &FunctionDeployment{Service: "f", Image: "img:1", Namespace: DefaultNamespace, EnvProcess: "cat",
+	d := &FunctionDeployment{Service: "f", Function: Function{Image: "img:1", Namespace: DefaultNamespace, EnvProcess: "cat",
 		EnvVars: map[string]string{"A": "1"}, Labels: map[string]string{labelScaleMax: "3", "x": "y"},
 		Annotations: map[string]string{"note": "n"}, Constraints: []string{"c"}, Secrets: []string{"s"},
-		Limits: &Resources{Memory: "1Gi", CPU: "2"}, Requests: &Resources{Memory: "64Mi", CPU: "100m"}, ReadOnlyRootFilesystem: true}
+		Limits: &Resources{Memory: "1Gi", CPU: "2"}, Requests: &Resources{Memory: "64Mi", CPU: "100m"}, ReadOnlyRootFilesystem: true}}
 	f, err := ToSpec(d)
 	if err != nil {
 		t.Fatal(err)
@@ -27,17 +27,17 @@ func TestDeploymentRoundTrip(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 	for what, bad := range map[string]*FunctionDeployment{
-		"no name":        {Image: "i"},
+		"no name":        {Function: Function{Image: "i"}},
 		"no image":       {Service: "f"},
-		"bad min":        {Service: "f", Image: "i", Labels: map[string]string{labelScaleMin: "many"}},
-		"bad memory":     {Service: "f", Image: "i", Limits: &Resources{Memory: "lots"}},
-		"reserved annot": {Service: "f", Image: "i", Annotations: map[string]string{keepPrefix + "secrets": "[]"}},
+		"bad min":        {Service: "f", Function: Function{Image: "i", Labels: map[string]string{labelScaleMin: "many"}}},
+		"bad memory":     {Service: "f", Function: Function{Image: "i", Limits: &Resources{Memory: "lots"}}},
+		"reserved annot": {Service: "f", Function: Function{Image: "i", Annotations: map[string]string{keepPrefix + "secrets": "[]"}}},
 	} {
 		if _, err := ToSpec(bad); err == nil {
 			t.Errorf("%s: accepted", what)
 		}
 	}
-	if f, _ := ToSpec(&FunctionDeployment{Service: "t", Image: spec.BuiltinImagePrefix + "trace"}); f.Builtin != "trace" || f.Image != "" {
+	if f, _ := ToSpec(&FunctionDeployment{Service: "t", Function: Function{Image: spec.BuiltinImagePrefix + "trace"}}); f.Builtin != "trace" || f.Image != "" {
 		t.Fatalf("builtin image: %+v", f)
 	}
 }

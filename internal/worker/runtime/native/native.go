@@ -559,24 +559,11 @@ func validate(s runtime.Spec) error {
 // SIGKILL to its cgroup once KillGrace has passed or at once otherwise —
 // then removes its cgroup and returns its network namespace to the pool.
 func (r *Runtime) Kill(ctx context.Context, id string) error {
-	r.mu.Lock()
-	sb := r.sandboxes[id]
-	r.mu.Unlock()
-	if sb == nil {
-		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	sb, unlock, err := runtime.LockEntry(ctx, &r.mu, r.sandboxes, id, func(sb *sandbox) chan struct{} { return sb.lock })
+	if err != nil {
+		return err
 	}
-	select {
-	case sb.lock <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("kill sandbox %s: %w", id, ctx.Err())
-	}
-	defer func() { <-sb.lock }()
-	r.mu.Lock()
-	current := r.sandboxes[id] == sb
-	r.mu.Unlock()
-	if !current {
-		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
-	}
+	defer unlock()
 	sb.stopping.Store(true)
 	if sb.running() && catchesSIGTERM(sb.sh.pid) {
 		_ = syscall.Kill(sb.sh.pid, syscall.SIGTERM)

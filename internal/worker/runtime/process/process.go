@@ -506,24 +506,11 @@ func (r *Runtime) describeExit(sb *sandbox, waitErr error) error {
 // earlier worker started too. If ctx ends first, the group is SIGKILLed and
 // Kill returns ctx's error with the entry kept, so a later Kill can finish.
 func (r *Runtime) Kill(ctx context.Context, id string) error {
-	r.mu.Lock()
-	sb := r.sandboxes[id]
-	r.mu.Unlock()
-	if sb == nil {
-		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
+	sb, unlock, err := runtime.LockEntry(ctx, &r.mu, r.sandboxes, id, func(sb *sandbox) chan struct{} { return sb.lock })
+	if err != nil {
+		return err
 	}
-	select {
-	case sb.lock <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("kill sandbox %s: %w", id, ctx.Err())
-	}
-	defer func() { <-sb.lock }()
-	r.mu.Lock()
-	current := r.sandboxes[id] == sb
-	r.mu.Unlock()
-	if !current { // a concurrent Kill or List finished it
-		return fmt.Errorf("%w: %s", runtime.ErrNotFound, id)
-	}
+	defer unlock()
 	if err := r.stop(ctx, sb); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
