@@ -596,7 +596,7 @@ func (c *Cluster) victimsLocked(fs *fnState, n int) []*sandboxRec {
 // placeLocked chooses a node for one new sandbox and sends the Create.
 func (c *Cluster) placeLocked(fs *fnState) error {
 	req := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
-	idx, err := c.placer.Place(c.place, req)
+	idx, err := c.placer.Place(c.place, placement.Request{Resources: req, Key: fs.spec.Name, Now: c.clk.Now()})
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func BenchmarkPlace(b *testing.B) {
 					req := res{MilliCPU: 250, MemoryMB: 256}
 					b.ReportAllocs()
 					for b.Loop() {
-						if _, err := p.Place(nodes, req); err != nil {
+						if _, err := p.Place(nodes, placement.Request{Resources: req}); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -52,7 +52,7 @@ func TestPlaceDoesNotAllocate(t *testing.T) {
 	}
 	req := res{MilliCPU: 250, MemoryMB: 256}
 	for name, p := range allPolicies(1) {
-		if a := testing.AllocsPerRun(100, func() { _, _ = p.Place(nodes, req) }); a != 0 {
+		if a := testing.AllocsPerRun(100, func() { _, _ = p.Place(nodes, placement.Request{Resources: req}) }); a != 0 {
 			t.Errorf("%s: Place allocates %.1f times per call, want 0", name, a)
 		}
 	}

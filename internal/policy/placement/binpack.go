@@ -14,7 +14,8 @@ func NewBinPack(rng *rand.Rand) Policy {
 	return &binPack{rng: rng}
 }
 
-func (p *binPack) Place(nodes []Node, req Resources) (int, error) {
+func (p *binPack) Place(nodes []Node, r Request) (int, error) {
+	req := r.Resources
 	best, _ := selectBest(nodes, req, 0, len(nodes), MostAllocatedScore, p.rng)
 	if best < 0 {
 		return -1, ErrNoCapacity

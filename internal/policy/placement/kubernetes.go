@@ -39,7 +39,8 @@ func NewKubernetes(rng *rand.Rand) Policy {
 	return &kubernetes{rng: rng}
 }
 
-func (k *kubernetes) Place(nodes []Node, req Resources) (int, error) {
+func (k *kubernetes) Place(nodes []Node, r Request) (int, error) {
+	req := r.Resources
 	n := len(nodes)
 	if n == 0 {
 		return -1, ErrNoCapacity

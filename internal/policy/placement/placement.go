@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"time"
 )
 
 // Resources is an amount of CPU and memory, as a request or a capacity.
@@ -72,8 +73,40 @@ type Policy interface {
 	// Place returns the index in nodes of the node for a sandbox requesting
 	// req, or ErrNoCapacity. It never modifies nodes; the caller records the
 	// placement (Requested, Sandboxes) before the next call.
-	Place(nodes []Node, req Resources) (int, error)
+	Place(nodes []Node, req Request) (int, error)
 }
+
+// Request is one sandbox to place: what it requests, and what the locality
+// policies (sharding, CH-BL, CH-RLU, locality) need to know about its
+// function. Policies that do not use a field ignore it.
+type Request struct {
+	Resources
+	// Key identifies the function ("namespace/name"): hashing policies map
+	// it to its home node.
+	Key string
+	// Now is the control plane's (or the simulator's) clock: policies that
+	// age what they learn read time only from here.
+	Now time.Time
+	// Rate is the function's recent invocation rate (calls/s; 0 unknown):
+	// CH-RLU detects popular functions from it.
+	Rate float64
+	// ColdWarmRatio is the function's cold-start time over its warm
+	// execution time (0 unknown): CH-RLU's cold/warm-aware load bound.
+	ColdWarmRatio float64
+	// Locality, when set, tells how much of the function node i already
+	// holds (its image, an idle sandbox); nil means nothing is known.
+	Locality func(i int) Locality
+}
+
+// Locality is what a node already holds of a function: the more, the
+// cheaper a new sandbox of it starts there.
+type Locality uint8
+
+const (
+	LocalityNone  Locality = iota // nothing: pull and unpack the image
+	LocalityImage                 // the image is unpacked there
+	LocalityWarm                  // a sandbox of the function runs there
+)
 
 // Policy names accepted by New.
 const (

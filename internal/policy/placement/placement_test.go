@@ -114,7 +114,7 @@ func TestNonZeroRequestedCountsRequestlessSandboxes(t *testing.T) {
 	}
 	p := placement.NewKubernetes(seeded(1))
 	for range 20 {
-		if got, err := p.Place([]placement.Node{busy, idle}, res{}); err != nil || got != 1 {
+		if got, err := p.Place([]placement.Node{busy, idle}, placement.Request{}); err != nil || got != 1 {
 			t.Fatalf("Place = %d, %v; want the idle node 1", got, err)
 		}
 	}

@@ -154,7 +154,7 @@ func TestKubernetesMatchesReference(t *testing.T) {
 		for step := range 3 { // successive calls exercise the rotating start
 			req := randomRequest(gen)
 			cands, top := ref.window(nodes, req)
-			got, err := p.Place(nodes, req)
+			got, err := p.Place(nodes, placement.Request{Resources: req})
 			if len(cands) == 0 {
 				if !errors.Is(err, placement.ErrNoCapacity) {
 					t.Fatalf("iter %d step %d: Place = %d, %v; reference finds no feasible node", iter, step, got, err)
@@ -195,7 +195,7 @@ func TestNeverInfeasible(t *testing.T) {
 					for _, nd := range nodes {
 						anyFeasible = anyFeasible || refFeasible(nd, req)
 					}
-					got, err := p.Place(nodes, req)
+					got, err := p.Place(nodes, placement.Request{Resources: req})
 					if !anyFeasible {
 						if !errors.Is(err, placement.ErrNoCapacity) || got != -1 {
 							t.Fatalf("iter %d step %d: Place = %d, %v; want ErrNoCapacity", iter, step, got, err)

@@ -11,7 +11,8 @@ func NewRandom(rng *rand.Rand) Policy {
 	return &random{rng: rng}
 }
 
-func (p *random) Place(nodes []Node, req Resources) (int, error) {
+func (p *random) Place(nodes []Node, r Request) (int, error) {
+	req := r.Resources
 	// Count, draw, then find the k-th feasible node: two cheap passes and a
 	// single draw, instead of one draw per node with reservoir sampling.
 	feasible := 0

@@ -12,7 +12,8 @@ type roundRobin struct {
 // choice.
 func NewRoundRobin() Policy { return &roundRobin{} }
 
-func (p *roundRobin) Place(nodes []Node, req Resources) (int, error) {
+func (p *roundRobin) Place(nodes []Node, r Request) (int, error) {
+	req := r.Resources
 	n := len(nodes)
 	if n == 0 {
 		return -1, ErrNoCapacity
