@@ -171,7 +171,7 @@ func TestPlace(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := p.Place(tt.nodes, req)
+				got, err := p.Place(tt.nodes, placement.Request{Resources: req})
 				if tt.want == nil {
 					if !errors.Is(err, placement.ErrNoCapacity) || got != -1 {
 						t.Fatalf("seed %d: Place = %d, %v; want -1, ErrNoCapacity", seed, got, err)
