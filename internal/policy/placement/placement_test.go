@@ -199,7 +199,7 @@ func contains(xs []int, x int) bool {
 func picks(p placement.Policy, nodes []placement.Node, req res, calls int) []int {
 	out := make([]int, calls)
 	for i := range out {
-		idx, err := p.Place(nodes, req)
+		idx, err := p.Place(nodes, placement.Request{Resources: req})
 		if err != nil {
 			idx = -1
 		}
@@ -303,12 +303,12 @@ func TestKubernetesSamplesFromRotatingIndex(t *testing.T) {
 	req := res{MilliCPU: 100, MemoryMB: 100}
 	p := placement.NewKubernetes(seeded(3))
 	for call, window := range [][2]int{{0, 420}, {420, 840}} {
-		got, err := p.Place(nodes, req)
+		got, err := p.Place(nodes, placement.Request{Resources: req})
 		if err != nil || got < window[0] || got >= window[1] {
 			t.Fatalf("call %d: Place = %d, %v; want a node in [%d,%d)", call, got, err, window[0], window[1])
 		}
 	}
-	if got, err := p.Place(nodes, req); err != nil || got != 999 {
+	if got, err := p.Place(nodes, placement.Request{Resources: req}); err != nil || got != 999 {
 		t.Fatalf("call 2: Place = %d, %v; want 999", got, err)
 	}
 
@@ -318,7 +318,7 @@ func TestKubernetesSamplesFromRotatingIndex(t *testing.T) {
 		nodes[i] = unschedulable(nodes[i])
 	}
 	p = placement.NewKubernetes(seeded(3))
-	if got, err := p.Place(nodes, req); err != nil || got != 999 {
+	if got, err := p.Place(nodes, placement.Request{Resources: req}); err != nil || got != 999 {
 		t.Fatalf("mostly full cluster: Place = %d, %v; want 999", got, err)
 	}
 }
