@@ -264,13 +264,13 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	c := cp.cluster
 	c.mu.Lock()
-	fs := c.fns[name]
 	var v FunctionView
-	if fs != nil {
-		v = FunctionView{Function: fs.spec, Status: fs.statusLocked()}
+	st, ok := c.r.FunctionStatus(name)
+	if ok {
+		v = FunctionView{Function: c.r.Spec(name), Status: st}
 	}
 	c.mu.Unlock()
-	if fs == nil {
+	if !ok {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
@@ -279,7 +279,7 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 	// A token limited to a namespace or to functions lists what it may see.
-	visible := func(*fnState) bool { return true }
+	visible := func(*spec.Function) bool { return true }
 	if !cp.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
@@ -287,22 +287,23 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if auth.Check(cp.tokens, tok, auth.ScopeDeploy, "", "") != nil { // limited: check each function
-			visible = func(fs *fnState) bool {
-				return auth.Check(cp.tokens, tok, auth.ScopeDeploy, namespaceOf(fs.spec), fs.spec.Name) == nil
+			visible = func(f *spec.Function) bool {
+				return auth.Check(cp.tokens, tok, auth.ScopeDeploy, namespaceOf(f), f.Name) == nil
 			}
 		}
 	}
 	ns := r.URL.Query().Get("namespace")
 	c := cp.cluster
 	c.mu.Lock()
-	out := make([]FunctionView, 0, len(c.fns))
-	for _, fs := range c.fns {
-		if (ns != "" && namespaceOf(fs.spec) != ns) || !visible(fs) {
-			continue
+	var out []FunctionView
+	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
+		if (ns != "" && namespaceOf(f) != ns) || !visible(f) {
+			return
 		}
-		st := fs.statusLocked()
-		st.Sandboxes = nil
-		out = append(out, FunctionView{Function: fs.spec, Status: st})
+		out = append(out, FunctionView{Function: f, Status: st})
+	})
+	if out == nil {
+		out = []FunctionView{}
 	}
 	c.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -332,23 +333,13 @@ func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
 		}
 		v.DataPlanes = append(v.DataPlanes, ds)
 	}
-	for _, fs := range c.fns {
-		st := fs.statusLocked()
-		v.Functions = append(v.Functions, FunctionSummary{Name: fs.spec.Name, Revision: fs.spec.Revision,
+	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
+		v.Functions = append(v.Functions, FunctionSummary{Name: f.Name, Revision: f.Revision,
 			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending, Condition: st.Condition, Message: st.Message})
-	}
+	})
 	c.mu.Unlock()
 	sort.Slice(v.Functions, func(i, j int) bool { return v.Functions[i].Name < v.Functions[j].Name })
 	writeJSON(w, http.StatusOK, v)
-}
-
-func (c *Cluster) spec(name string) *spec.Function {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if fs := c.fns[name]; fs != nil {
-		return fs.spec
-	}
-	return nil
 }
 
 func quote(s string) string { b, _ := json.Marshal(s); return string(b) }

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -41,30 +40,6 @@ func TestConditionNoCapacity(t *testing.T) {
 	if st, _ := e.cp.cluster.functionStatus("big"); st.Condition != "" {
 		t.Fatalf("condition %q after the function fits", st.Condition)
 	}
-}
-
-// A function whose starts fail and that has no ready sandbox is marked
-// function-failing with the last error; a ready sandbox clears it, and a
-// new data plane's snapshot carries the mark.
-func TestConditionFunctionFailing(t *testing.T) {
-	e := newEnv(t, envOpts{})
-	e.deploy("f", 0)
-	c := e.cp.cluster
-	c.mu.Lock()
-	fs := c.fns["f"]
-	c.noteFailureLocked(fs, &briskv1.SandboxRecord{Id: "x", Function: "f", Message: "exec: /nope: no such file"})
-	c.reconcileLocked(fs)
-	c.mu.Unlock()
-	testutil.Eventually(t, wait, func() bool {
-		return strings.Contains(e.watch.condition("f"), "function-failing: 1 sandbox starts failed in a row, the last: exec: /nope")
-	}, "function-failing on the stream")
-	late := followEndpoints(t, e.cpAddr)
-	defer late.stop()
-	testutil.Eventually(t, wait, func() bool { return strings.HasPrefix(late.condition("f"), "function-failing") }, "the mark in a new snapshot")
-
-	e.scale("f", 1)
-	e.awaitConverged("f", 1)
-	testutil.Eventually(t, wait, func() bool { return e.watch.condition("f") == "" }, "a ready sandbox clears the mark")
 }
 
 // A namespace's quota bounds the sandboxes its functions hold at once: a

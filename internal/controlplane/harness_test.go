@@ -16,6 +16,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/testutil"
@@ -279,11 +280,7 @@ func (e *env) scale(name string, n int) {
 	}
 	e.cp.cluster.upsertFunction(&f)
 	if n == 0 { // max 0 means unbounded: zero is the autoscaler's decision
-		c := e.cp.cluster
-		c.mu.Lock()
-		c.fns[name].desired = 0
-		c.reconcileLocked(c.fns[name])
-		c.mu.Unlock()
+		e.cp.cluster.step(reconciler.ScaleTo{Function: name, Desired: 0})
 	}
 }
 
@@ -315,12 +312,7 @@ func (e *env) invalid(node, id string) bool {
 	c := e.cp.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := c.nodes[node]
-	if n == nil {
-		return false
-	}
-	_, ok := n.invalid[id]
-	return ok
+	return c.r.Invalid(node, id)
 }
 
 // running lists the sandboxes the node's runtime runs (the truth).

@@ -184,8 +184,8 @@ func (cp *ControlPlane) boundKey(kind, id string) string {
 		c := cp.cluster
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if n := c.nodes[id]; n != nil {
-			return n.rec.KeyID
+		if w, _, ok := c.r.Node(id); ok {
+			return w.KeyID
 		}
 	case pki.KindDataPlane:
 		if v, ok := cp.dpKeys.Load(id); ok {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -112,7 +113,7 @@ func (s *session) take() *briskv1.Commands {
 // runLink keeps a session open to one worker for as long as ctx lives,
 // redialling with backoff. The control plane dials: the downstream (worker)
 // is the source of truth and answers the handshake.
-func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan struct{}) {
+func (cp *ControlPlane) runLink(ctx context.Context, n *nodeLink, kick <-chan struct{}) {
 	var conn *grpc.ClientConn
 	var addr string
 	defer func() {
@@ -124,8 +125,9 @@ func (cp *ControlPlane) runLink(ctx context.Context, n *nodeState, kick <-chan s
 	backoff := 20 * time.Millisecond
 	for ctx.Err() == nil {
 		cp.cluster.mu.Lock()
-		want := n.rec.Address
+		rec, _, _ := cp.cluster.r.Node(n.id)
 		cp.cluster.mu.Unlock()
+		want := rec.Address
 		if conn == nil || want != addr {
 			if conn != nil {
 				conn.Close()
@@ -184,7 +186,7 @@ func (c interceptedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, m
 }
 
 // session runs one link session: the handshake, then live updates.
-func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv1.WorkerClient) error {
+func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1.WorkerClient) error {
 	c := cp.cluster
 	sctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "brisk-node", n.id))
 	defer cancel()
@@ -194,12 +196,9 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	}
 	epoch := randomUint64()
 	c.mu.Lock()
-	mode := briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER
-	if len(n.sandboxes) > 0 {
-		mode = briskv1.HandshakeMode_HANDSHAKE_MODE_RESET
-	}
-	drain := n.rec.Drain
-	prevBoot := n.bootID
+	mode := c.r.HandshakeMode(n.id)
+	rec, prevBoot, _ := c.r.Node(n.id)
+	drain := rec.Drain
 	c.mu.Unlock()
 
 	// Handshake, bounded so a hung worker cannot stall its link forever.
@@ -232,13 +231,8 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	var early []*briskv1.Updates
 	if mode == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
 		// Round 2: fetch only what differs from our cache.
-		var ids []string
 		c.mu.Lock()
-		for _, v := range ack.GetVersions() {
-			if r := n.sandboxes[v.GetId()]; rebooted || r == nil || r.version != v.GetVersion() {
-				ids = append(ids, v.GetId())
-			}
-		}
+		ids := c.r.StaleIDs(n.id, ack.GetVersions(), rebooted)
 		c.mu.Unlock()
 		if len(ids) > 0 {
 			if err := stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Fetch{Fetch: &briskv1.FetchRequest{Ids: ids}}}); err != nil {
@@ -265,16 +259,9 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 	}
 	sess := newSession(epoch)
 	c.mu.Lock()
-	c.handshakeLocked(n, ack, records, sess, rebooted)
-	for _, u := range early {
-		c.applyUpdatesLocked(n, u)
-	}
-	c.refreshEmergencyLocked() // the session is up: its emergency slots count
-	c.offerDualLocked(n)
-	if drain {
-		n.rec.Drain = false
-		c.persistDrain(n.rec)
-	}
+	n.sess = sess
+	c.stepLocked(reconciler.SessionUp{Node: n.id, Versions: ack.GetVersions(), Records: records, BootID: ack.GetBootId(),
+		Rebooted: rebooted, Drained: drain, Early: early})
 	c.mu.Unlock()
 	cp.metrics.handshakes.WithLabelValues(modeName(mode)).Inc()
 	cp.metrics.handshakeSeconds.Observe(time.Since(start).Seconds())
@@ -287,15 +274,10 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		c.mu.Lock()
 		if n.sess == sess {
 			n.sess = nil
-			n.downSince = c.clk.Now()
-			c.place[n.idx].Schedulable = false
-			c.refreshEmergencyLocked()
-			// Not when the control plane itself is stopping (a deposed
-			// leader, a shutdown): data planes keep routing on what they
-			// have until the next leader's snapshot.
-			if ctx.Err() == nil {
-				c.withdrawNodeLocked(n)
-			}
+			// Withdraw not when the control plane itself is stopping (a
+			// deposed leader, a shutdown): data planes keep routing on what
+			// they have until the next leader's snapshot.
+			c.stepLocked(reconciler.SessionDown{Node: n.id, Withdraw: ctx.Err() == nil})
 		}
 		c.mu.Unlock()
 	}()
@@ -332,28 +314,13 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeState, client briskv
 		}
 		c.mu.Lock()
 		if n.sess == sess {
-			c.applyUpdatesLocked(n, u)
+			c.stepLocked(reconciler.WorkerUpdates{Node: n.id, Updates: u})
 		}
 		c.mu.Unlock()
 		select {
 		case err := <-sendErr:
 			return err
 		default:
-		}
-	}
-}
-
-// applyUpdatesLocked folds one batch of soft invalidations and the
-// heartbeat it carries into the table.
-func (c *Cluster) applyUpdatesLocked(n *nodeState, u *briskv1.Updates) {
-	for _, r := range u.GetRecords() {
-		c.applyUpdateLocked(n, r)
-	}
-	if hb := u.GetHeartbeat(); hb != nil {
-		n.heartbeat = hb
-		n.lastHeartbeat = c.clk.Now()
-		if hb.GetEmergency().GetSlots() > 0 || c.emergencyKey != "" {
-			c.refreshEmergencyLocked()
 		}
 	}
 }
@@ -370,73 +337,6 @@ func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *sessi
 				return err
 			}
 		}
-	}
-}
-
-// handshakeLocked folds a worker's full state into the table (docs/architecture.md, "The control plane ↔ worker link"):
-// ids only we hold become invalid (replaced under new ids, never re-sent),
-// ids only the worker holds are adopted, ids at both take the worker's
-// record, and Tombstones the worker still reports are sent again.
-func (c *Cluster) handshakeLocked(n *nodeState, ack *briskv1.HelloAck, records []*briskv1.SandboxRecord, sess *session, rebooted bool) {
-	now := c.clk.Now()
-	reported := make(map[string]struct{}, len(ack.GetVersions()))
-	for _, v := range ack.GetVersions() {
-		reported[v.GetId()] = struct{}{}
-	}
-	n.gen++
-	for id, g := range n.invalid {
-		if g+1 < n.gen { // a whole session without traffic for it
-			delete(n.invalid, id)
-		}
-	}
-	for id, r := range n.sandboxes {
-		if _, ok := reported[id]; !ok {
-			if r.state != sbTombstoned {
-				n.invalid[id] = n.gen
-			}
-			c.dropLocked(r)
-		}
-	}
-	n.sess = sess
-	c.restoreNodeLocked(n)
-	if rebooted {
-		for _, r := range n.sandboxes {
-			r.version = 0 // take the new boot's record as it is (fetched above)
-		}
-	}
-	adopted := map[*fnState]struct{}{}
-	for _, u := range records {
-		known := n.sandboxes[u.GetId()] != nil
-		c.applyUpdateLocked(n, u)
-		if r := n.sandboxes[u.GetId()]; r != nil && !known && r.fn != nil {
-			adopted[r.fn] = struct{}{}
-		}
-	}
-	for _, r := range n.sandboxes {
-		if r.state == sbTombstoned {
-			sess.tombstone(r.id, 0)
-		}
-	}
-	// Recovered sandboxes are not scaled down for one stable window: the
-	// autoscaler has no metrics for them yet.
-	for fs := range adopted {
-		live := 0
-		for _, r := range fs.sandboxes {
-			if r.state != sbTombstoned && r.rev == fs.spec.Revision {
-				live++
-			}
-		}
-		fs.kpa.Adopt(now, live)
-		fs.desired = max(fs.desired, live)
-		c.boundDesiredLocked(fs)
-	}
-	n.bootID = ack.GetBootId()
-	n.downSince = time.Time{}
-	n.lastHeartbeat = now
-	c.place[n.idx].Schedulable = !n.rec.Drain || len(ack.GetVersions()) == 0
-	c.maybeResumeLocked()
-	for _, fs := range c.fns {
-		c.reconcileLocked(fs)
 	}
 }
 

@@ -131,9 +131,7 @@ func TestResetHandshakeReplacesLostSandboxesUnderNewIDs(t *testing.T) {
 		return true
 	})
 	cp.cluster.mu.Lock()
-	n := cp.cluster.nodes["w-0"]
-	invalid := len(n.invalid)
-	total := len(n.sandboxes)
+	total, invalid := cp.cluster.r.NodeCounts("w-0")
 	cp.cluster.mu.Unlock()
 	if invalid != 3 || total != 3 {
 		t.Fatalf("after reset handshake: %d invalid ids, %d sandboxes; want 3 and 3", invalid, total)
@@ -169,7 +167,7 @@ func TestRecoverHandshakeAdoptsWithoutDuplicates(t *testing.T) {
 		t.Fatalf("adopted %v, want the same %v", got, before)
 	}
 	cp2.cluster.mu.Lock()
-	paused := cp2.cluster.paused
+	paused := cp2.cluster.r.Paused()
 	cp2.cluster.mu.Unlock()
 	if paused {
 		t.Fatal("scheduling still paused after every worker answered")

@@ -61,7 +61,11 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	var wg sync.WaitGroup
 	c := cp.cluster
 	c.mu.Lock()
-	for _, n := range c.nodeList {
+	for _, id := range c.r.NodeIDs() {
+		n := c.links[id]
+		if n == nil {
+			continue
+		}
 		conn := n.conn.Load()
 		if conn == nil || n.sess == nil {
 			continue

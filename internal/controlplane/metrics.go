@@ -62,10 +62,10 @@ func (f *functionCollector) Collect(ch chan<- prometheus.Metric) {
 		panicking bool
 	}
 	f.c.mu.Lock()
-	rows := make([]row, 0, len(f.c.fns))
-	for name, fs := range f.c.fns {
-		rows = append(rows, row{name, fs.desired, fs.panicking})
-	}
+	var rows []row
+	f.c.r.Autoscaler(func(name string, desired int, panicking bool) {
+		rows = append(rows, row{name, desired, panicking})
+	})
 	f.c.mu.Unlock()
 	for _, r := range rows {
 		ch <- prometheus.MustNewConstMetric(f.desired, prometheus.GaugeValue, float64(r.desired), r.name)

@@ -26,7 +26,7 @@ func (cp *ControlPlane) namespaceExists(ns string) bool {
 	c := cp.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.quotas[ns]
+	_, ok := c.r.Quota(ns)
 	return ok
 }
 
@@ -37,8 +37,8 @@ func (cp *ControlPlane) namespaceOfFn(name string) string {
 	c := cp.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if fs := c.fns[name]; fs != nil {
-		return namespaceOf(fs.spec)
+	if f := c.r.Spec(name); f != nil {
+		return namespaceOf(f)
 	}
 	return ""
 }
@@ -54,7 +54,7 @@ func (cp *ControlPlane) admitToNamespace(w http.ResponseWriter, f *spec.Function
 	}
 	c := cp.cluster
 	c.mu.Lock()
-	q := c.quotas[ns]
+	q, _ := c.r.Quota(ns)
 	c.mu.Unlock()
 	over := func(what string, v, limit int) bool {
 		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: %s %d is above its quota %d", ns, what, v, limit))
@@ -152,7 +152,7 @@ func (cp *ControlPlane) getNamespace(w http.ResponseWriter, r *http.Request) {
 	}
 	c := cp.cluster
 	c.mu.Lock()
-	q := c.quotas[name]
+	q, _ := c.r.Quota(name)
 	c.mu.Unlock()
 	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: q, Usage: c.usage(name)})
 }

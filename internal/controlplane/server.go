@@ -20,6 +20,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
@@ -335,9 +336,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		case <-gctx.Done():
 		case <-t.C:
 			cp.fenceSilentNodes()
-			cp.cluster.mu.Lock()
-			cp.cluster.resumeLocked("startup grace period over")
-			cp.cluster.mu.Unlock()
+			cp.cluster.step(reconciler.Resume{Why: "startup grace period over"})
 		}
 		return nil
 	})
@@ -373,9 +372,11 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 	}
 	cp.linkCtx = ctx
 	c := cp.cluster
-	c.mu.Lock()
-	c.paused = len(workers) > 0
-	c.mu.Unlock()
+	if len(workers) > 0 {
+		c.mu.Lock()
+		c.r.Pause()
+		c.mu.Unlock()
+	}
 	for _, f := range fns {
 		cp.noteRevision(f.Revision)
 		c.upsertFunction(f)
@@ -386,7 +387,7 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 	// linking them one by one let the first worker's handshake end it while
 	// the others were not registered yet, and the control plane then placed
 	// duplicates of the sandboxes they were about to report.
-	nodes := make([]*nodeState, len(workers))
+	nodes := make([]*nodeLink, len(workers))
 	starts := make([]bool, len(workers))
 	for i, w := range workers {
 		nodes[i], starts[i] = c.registerNode(w)
@@ -409,24 +410,14 @@ func (cp *ControlPlane) fenceSilentNodes() {
 	c := cp.cluster
 	var fenced []store.Worker
 	c.mu.Lock()
-	if !c.paused { // every worker known at the start has answered
-		c.mu.Unlock()
-		return
-	}
-	now := c.clk.Now()
-	for _, n := range c.nodeList {
-		if n.sess == nil && n.gen == 0 && !n.rec.Drain {
-			n.rec.Drain = true
-			c.place[n.idx].Schedulable = false
-			if n.downSince.IsZero() {
-				n.downSince = now
-			}
-			fenced = append(fenced, *n.rec)
+	// Only drain marks come of it; they are written here, synchronously.
+	for _, cmd := range c.r.Step(c.clk.Now(), reconciler.FenceSilent{}) {
+		if p, ok := cmd.(reconciler.PersistWorker); ok {
+			fenced = append(fenced, p.Worker)
 		}
 	}
 	c.mu.Unlock()
 	for i := range fenced {
-		cp.log.Warn("worker silent since the control plane started: fencing it before placing", "node", fenced[i].ID)
 		if err := cp.store.PutWorker(&fenced[i]); err != nil {
 			cp.log.Error("persisting drain mark", "node", fenced[i].ID, "err", err)
 		}
@@ -439,7 +430,7 @@ func (cp *ControlPlane) startNode(w *store.Worker) {
 }
 
 // linkNode starts node n's link (start) or makes the running one redial now.
-func (cp *ControlPlane) linkNode(id string, n *nodeState, start bool) {
+func (cp *ControlPlane) linkNode(id string, n *nodeLink, start bool) {
 	kick, _ := cp.kicks.LoadOrStore(id, make(chan struct{}, 1))
 	if start {
 		cp.linkWG.Add(1)
@@ -490,12 +481,12 @@ func (cp *ControlPlane) RegisterWorker(ctx context.Context, r *briskv1.RegisterW
 	c := cp.cluster
 	c.mu.Lock()
 	drain := false
-	if n := c.nodes[r.GetNodeId()]; n != nil {
-		drain = n.rec.Drain
+	if rec, _, ok := c.r.Node(r.GetNodeId()); ok {
+		drain = rec.Drain
 		switch {
 		case key == "":
-			key = n.rec.KeyID // no TLS: keep the binding
-		case n.rec.KeyID != "" && n.rec.KeyID != key:
+			key = rec.KeyID // no TLS: keep the binding
+		case rec.KeyID != "" && rec.KeyID != key:
 			c.mu.Unlock()
 			cp.log.Warn("worker registration refused: node id bound to another key", "node", r.GetNodeId())
 			return nil, errClaimed(pki.KindWorker, r.GetNodeId())

@@ -29,19 +29,8 @@ func (w *watcher) take() *briskv1.EndpointBatch {
 func (c *Cluster) subscribe(dpID string) *watcher {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	snap := &briskv1.EndpointBatch{Snapshot: true, Auth: c.auth}
-	for _, fs := range c.fns {
-		snap.Functions = append(snap.Functions, c.wireSpec(fs.spec))
-		if fs.cond.reason != "" {
-			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message})
-		}
-		for _, r := range fs.sandboxes {
-			if r.state == sbReady && !r.withdrawn {
-				snap.Added = append(snap.Added, endpointOf(r))
-			}
-		}
-	}
-	snap.EmergencyWorkers, snap.EmergencySet = c.emergencyWorkersLocked(), true
+	snap := c.r.Snapshot()
+	snap.Auth = c.auth
 	w := &watcher{dpID: dpID, pending: snap, notify: make(chan struct{}, 1)}
 	w.notify <- struct{}{}
 	c.watchers[w] = struct{}{}
@@ -54,10 +43,6 @@ func (c *Cluster) unsubscribe(w *watcher) {
 	delete(c.watchers, w)
 	c.metrics.dataPlanes.Set(float64(len(c.watchers)))
 	c.mu.Unlock()
-}
-
-func endpointOf(r *sandboxRec) *briskv1.Endpoint {
-	return &briskv1.Endpoint{SandboxId: r.id, Function: r.fn.spec.Name, Address: r.addr, NodeId: r.node.rec.ID}
 }
 
 // publishLocked applies edit to every watcher's pending batch.
@@ -87,11 +72,6 @@ func (c *Cluster) setAuth(enabled bool, grants []auth.Grant) {
 	defer c.mu.Unlock()
 	c.auth = a
 	c.publishLocked(func(b *briskv1.EndpointBatch) { b.Auth = a })
-}
-
-func (c *Cluster) publishAddLocked(r *sandboxRec) {
-	ep := endpointOf(r)
-	c.publishLocked(func(b *briskv1.EndpointBatch) { b.Added = append(b.Added, ep) })
 }
 
 // publishRemoveLocked withdraws an endpoint. An add still pending in the same

@@ -45,6 +45,11 @@ type Function struct {
 	Queue         Queue             `json:"queue"`
 	Timeout       Duration          `json:"timeout"`
 	LoadBalancing string            `json:"load_balancing,omitempty"`
+	// Placement chooses the worker for each new sandbox (one of
+	// Placements; "" = the cluster's policy). The locality policies
+	// (sharding, ch-bl, ch-rlu, locality) keep a function's sandboxes where
+	// its image and sandboxes already are.
+	Placement string `json:"placement,omitempty"`
 	// WritableRoot gives a container a writable root file system (its own
 	// copy-on-write layer); by default the root is read-only and only /tmp
 	// is writable. Process and emulated sandboxes ignore it.
@@ -346,6 +351,9 @@ func (f *Function) Validate() error {
 	if f.LoadBalancing != "" && !contains(LoadBalancers, f.LoadBalancing) {
 		return bad("load_balancing", "%q is not one of %s", f.LoadBalancing, strings.Join(LoadBalancers, ", "))
 	}
+	if f.Placement != "" && !contains(Placements, f.Placement) {
+		return bad("placement", "%q is not one of %s", f.Placement, strings.Join(Placements, ", "))
+	}
 	return nil
 }
 
@@ -361,6 +369,9 @@ func (f *Function) SandboxLimits() Resources {
 	}
 	return l
 }
+
+// Placements are the placement policy names a spec may choose.
+var Placements = []string{"kubernetes", "random", "round-robin", "bin-packing", "sharding", "ch-bl", "ch-rlu", "locality"}
 
 // LoadBalancers are the data-plane policy names a spec may choose.
 var LoadBalancers = []string{"least-loaded", "knative", "round-robin", "first-available", "power-of-two", "random"}

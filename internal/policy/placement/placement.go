@@ -54,6 +54,11 @@ type Node struct {
 	Sandboxes        int
 	MaxSandboxes     int  // 0 = unlimited
 	Schedulable      bool // false: draining or unhealthy; never chosen
+	// Load is the node's measured load per core (1.0 = every core busy):
+	// from the worker's heartbeats in the real system, the run queue in the
+	// simulator; 0 when unknown. Only the load-bounded policies read it
+	// (ch-bl, ch-rlu); NaN and negative values count as 0 (nodeLoad).
+	Load float64
 }
 
 // ErrNoCapacity is returned when no node can take the sandbox. It is a normal
@@ -114,20 +119,30 @@ const (
 	NameRandom     = "random"
 	NameRoundRobin = "round-robin"
 	NameBinPacking = "bin-packing"
+	NameSharding   = "sharding" // OpenWhisk's ShardingContainerPoolBalancer (sharding.go)
+	NameCHBL       = "ch-bl"    // consistent hashing with bounded loads (chbl.go)
+	NameCHRLU      = "ch-rlu"   // consistent hashing with random load updates (chrlu.go)
+	NameLocality   = "locality" // kubernetes scoring ranked by locality class (locality.go)
 )
 
 // Names lists the policy names New accepts, default first.
 func Names() []string {
-	return []string{NameKubernetes, NameRandom, NameRoundRobin, NameBinPacking}
+	return []string{NameKubernetes, NameRandom, NameRoundRobin, NameBinPacking,
+		NameSharding, NameCHBL, NameCHRLU, NameLocality}
 }
 
-// New returns the policy called name; "" selects the default, "kubernetes".
-// rng may be nil only for "round-robin", which uses no randomness.
+// New returns the policy called name with its default parameters; ""
+// selects the default, "kubernetes". rng may be nil only for the policies
+// that use no randomness: "round-robin", "sharding" and "ch-bl".
 func New(name string, rng *rand.Rand) (Policy, error) {
 	switch name {
 	case NameRoundRobin:
 		return NewRoundRobin(), nil
-	case "", NameKubernetes, NameRandom, NameBinPacking:
+	case NameSharding:
+		return NewSharding(), nil
+	case NameCHBL:
+		return NewCHBL(CHBLConfig{}), nil
+	case "", NameKubernetes, NameRandom, NameBinPacking, NameCHRLU, NameLocality:
 	default:
 		return nil, fmt.Errorf("%w %q (allowed: %s)", ErrUnknownPolicy, name, strings.Join(Names(), ", "))
 	}
@@ -139,6 +154,10 @@ func New(name string, rng *rand.Rand) (Policy, error) {
 		return NewRandom(rng), nil
 	case NameBinPacking:
 		return NewBinPack(rng), nil
+	case NameCHRLU:
+		return NewCHRLU(rng, CHRLUConfig{}), nil
+	case NameLocality:
+		return NewLocality(rng), nil
 	default:
 		return NewKubernetes(rng), nil
 	}
@@ -170,4 +189,19 @@ func mustRNG(rng *rand.Rand, constructor string) {
 		// in the middle of a placement.
 		panic("placement: " + constructor + " needs a non-nil *rand.Rand")
 	}
+}
+
+// maxLoad caps Node.Load so that sums and averages over many nodes stay
+// finite: no real node has a million runnable tasks per core.
+const maxLoad = 1e6
+
+// nodeLoad is n.Load as the load-aware policies use it: NaN and values
+// below 0 (a missing or broken report) read as 0, +Inf and huge values as
+// maxLoad.
+func nodeLoad(n *Node) float64 {
+	l := n.Load
+	if !(l > 0) { // also NaN
+		return 0
+	}
+	return min(l, maxLoad)
 }

@@ -30,13 +30,17 @@ func withSandboxes(n placement.Node, have, limit int) placement.Node {
 	return n
 }
 
+// allPolicies returns every policy New knows, with default parameters.
 func allPolicies(seed uint64) map[string]placement.Policy {
-	return map[string]placement.Policy{
-		placement.NameKubernetes: placement.NewKubernetes(seeded(seed)),
-		placement.NameRandom:     placement.NewRandom(seeded(seed)),
-		placement.NameRoundRobin: placement.NewRoundRobin(),
-		placement.NameBinPacking: placement.NewBinPack(seeded(seed)),
+	out := make(map[string]placement.Policy)
+	for _, name := range placement.Names() {
+		p, err := placement.New(name, seeded(seed))
+		if err != nil {
+			panic(err)
+		}
+		out[name] = p
 	}
+	return out
 }
 
 func TestFeasible(t *testing.T) {
@@ -341,8 +345,15 @@ func TestNew(t *testing.T) {
 	if _, err := placement.New(placement.NameKubernetes, nil); err == nil {
 		t.Error("New(kubernetes, nil rng) succeeded")
 	}
-	if _, err := placement.New(placement.NameRoundRobin, nil); err != nil {
-		t.Errorf("New(round-robin, nil rng) = %v; it needs no rng", err)
+	for _, name := range []string{placement.NameRoundRobin, placement.NameSharding, placement.NameCHBL} {
+		if _, err := placement.New(name, nil); err != nil {
+			t.Errorf("New(%s, nil rng) = %v; it needs no rng", name, err)
+		}
+	}
+	for _, name := range []string{placement.NameCHRLU, placement.NameLocality} {
+		if _, err := placement.New(name, nil); err == nil {
+			t.Errorf("New(%s, nil rng) succeeded; it draws random numbers", name)
+		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package controlplane
+package reconciler
 
 import (
 	"testing"
@@ -14,13 +14,13 @@ func TestLoadIsSummedOverFreshDataPlanes(t *testing.T) {
 	if _, ok := fs.sumLoad(t0); ok {
 		t.Fatal("a function without reports was sampled")
 	}
-	fs.setLoad("dp-a", 2, t0)
-	fs.setLoad("dp-b", 3, t0)
-	fs.setLoad("dp-a", 4, t0.Add(time.Second)) // replaces dp-a's 2
+	fs.setLoad("dp-a", 2, 0, t0)
+	fs.setLoad("dp-b", 3, 0, t0)
+	fs.setLoad("dp-a", 4, 0, t0.Add(time.Second)) // replaces dp-a's 2
 	if sum, ok := fs.sumLoad(t0.Add(time.Second)); !ok || sum != 7 {
 		t.Fatalf("sum %v %v, want 7", sum, ok)
 	}
-	fs.setLoad("dp-a", 1, t0.Add(3*time.Second))
+	fs.setLoad("dp-a", 1, 0, t0.Add(3*time.Second))
 	if sum, ok := fs.sumLoad(t0.Add(3 * time.Second)); !ok || sum != 1 || len(fs.dpLoad) != 1 || fs.dpLoad[0].dataPlane != "dp-a" {
 		t.Fatalf("after dp-b went stale: sum %v %v, reports %+v", sum, ok, fs.dpLoad)
 	}

@@ -1,0 +1,610 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+type fnState struct {
+	spec    *spec.Function
+	kpa     *autoscale.KPA
+	desired int
+	// sandboxes holds every live record of the function, tombstoned included.
+	sandboxes map[string]*sandboxRec
+	deleted   bool
+	pos       int // index in Reconciler.order
+
+	// dpLoad is each data plane's latest reported load (a level, sampled
+	// into the autoscaler once a second). A slice, not a map: a cluster has
+	// a few data planes, and one small map per function was the largest
+	// part of the control plane's live heap with 10,000 functions.
+	dpLoad []dpSample
+	// rate is the function's invocation rate (calls/s) over the data
+	// planes' last reports, for the locality policies' popularity.
+	rate float64
+
+	panicking bool // the autoscaler's last decision was in panic mode
+
+	failures     int       // consecutive failed starts
+	backoffUntil time.Time // no new creates before this (crash-loop protection)
+	lastFailure  string
+	retryArmed   bool
+
+	placeErr string // why the last placement found no node ("": it did not fail)
+	quotaErr string // why its namespace's quota has no room for the next sandbox
+	// cond is the condition last published to data planes.
+	cond fnCondition
+}
+
+type fnCondition struct {
+	reason, message string
+}
+
+// Reasons a function lacks sandboxes, as data planes get them.
+const (
+	CondNoCapacity      = "no-capacity"
+	CondFunctionFailing = "function-failing"
+	CondQuotaExceeded   = "quota-exceeded"
+)
+
+type dpSample struct {
+	dataPlane      string
+	load, requests float64
+	at             time.Time
+}
+
+// KPAConfig is f's autoscaler configuration: the cluster defaults with the
+// spec's overrides, and sync mode's peak holding.
+func (c *Reconciler) KPAConfig(f *spec.Function) autoscale.Config {
+	k := c.cfg.Autoscale
+	s := f.Scaling
+	util := c.cfg.TargetUtilization
+	if s.TargetUtilization > 0 {
+		util = s.TargetUtilization
+	}
+	if s.Target > 0 {
+		t := s.Target
+		if f.Concurrency > 0 {
+			t = min(t, float64(f.Concurrency))
+		}
+		k.TargetConcurrency = max(0.01, t*util)
+	} else {
+		k.TargetConcurrency = autoscale.TargetFor(f.Concurrency, util)
+	}
+	k.MinScale, k.MaxScale = s.Min, s.Max
+	if s.StableWindow > 0 {
+		k.StableWindow = time.Duration(s.StableWindow)
+	}
+	if s.PanicWindowPct > 0 {
+		k.PanicWindowPercent = s.PanicWindowPct
+	}
+	if s.PanicThreshold > 0 {
+		k.PanicThreshold = s.PanicThreshold
+	}
+	if s.ScaleToZeroGrace > 0 {
+		k.ScaleToZeroGrace = time.Duration(s.ScaleToZeroGrace)
+	}
+	if s.MaxScaleUpRate > 0 {
+		k.MaxScaleUpRate = s.MaxScaleUpRate
+	}
+	if s.MaxScaleDownRate > 0 {
+		k.MaxScaleDownRate = s.MaxScaleDownRate
+	}
+	if c.ModeOf(f) == spec.ModeSync {
+		k = autoscale.SyncConfig(k, KeepAlive(k))
+	}
+	return k
+}
+
+// KeepAlive is how long an idle sandbox lives under k: the stable window
+// plus the scale-to-zero grace (sync mode holds its peak that long).
+func KeepAlive(k autoscale.Config) time.Duration {
+	if k.HoldPeaks {
+		return k.ScaleDownDelay
+	}
+	return k.StableWindow + k.ScaleToZeroGrace
+}
+
+// ModeOf is f's effective scaling mode.
+func (c *Reconciler) ModeOf(f *spec.Function) string {
+	if f.Scaling.Mode != "" {
+		return f.Scaling.Mode
+	}
+	return c.cfg.ScalingMode
+}
+
+// PlacementOf is f's effective placement policy name.
+func (c *Reconciler) PlacementOf(f *spec.Function) string {
+	if f.Placement != "" {
+		return f.Placement
+	}
+	if c.cfg.Placement != "" {
+		return c.cfg.Placement
+	}
+	return placement.NameKubernetes
+}
+
+// WireSpec is f as data planes and workers get it: the spec with the
+// effective scaling mode and the keep-alive of an idle regular sandbox.
+func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
+	pf := f.ToProto()
+	pf.ScalingMode = c.ModeOf(f)
+	pf.KeepAliveMs = KeepAlive(c.KPAConfig(f)).Milliseconds()
+	return pf
+}
+
+func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
+	fs := c.fns[f.Name]
+	if fs == nil {
+		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.KPAConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
+		c.fns[f.Name] = fs
+		fs.pos = len(c.order)
+		c.order = append(c.order, fs)
+		fs.desired = f.Scaling.Min
+	} else {
+		fs.spec = f
+		fs.kpa.SetConfig(c.KPAConfig(f))
+		fs.failures, fs.backoffUntil = 0, time.Time{}
+	}
+	c.offerToAll(f)
+	c.emit(PublishFunction{c.WireSpec(f)})
+	c.boundDesired(fs)
+	c.reconcile(now, fs)
+}
+
+func (c *Reconciler) removeFunction(now time.Time, name string) {
+	fs := c.fns[name]
+	if fs == nil {
+		return
+	}
+	fs.deleted, fs.desired = true, 0
+	delete(c.fns, name)
+	last := c.order[len(c.order)-1]
+	c.order[fs.pos], last.pos = last, fs.pos
+	c.order[len(c.order)-1] = nil
+	c.order = c.order[:len(c.order)-1]
+	c.emit(DeleteFunction{name})
+	c.reconcile(now, fs)
+}
+
+func (c *Reconciler) boundDesired(fs *fnState) {
+	s := fs.spec.Scaling
+	if fs.desired < s.Min {
+		fs.desired = s.Min
+	}
+	if maxScale := c.maxScale(fs); maxScale > 0 && fs.desired > maxScale {
+		fs.desired = maxScale // an unbounded max is bounded by the operator's cap and the namespace's
+	}
+	if s.Max > 0 && fs.desired > s.Max {
+		fs.desired = s.Max
+	}
+}
+
+// ---------------------------------------------------------------- scaling
+
+// loadSampleLag bounds how long load takes to reach an autoscaler window:
+// a data plane's periodic report (every second) and the once-a-second sample.
+const loadSampleLag = 2 * time.Second
+
+// loadStaleAfter drops a data plane's report from the sum: data planes stop
+// reporting a function once it is idle, and a data plane may be gone.
+const loadStaleAfter = 2500 * time.Millisecond
+
+func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
+	for _, m := range r.GetFunctions() {
+		fs := c.fns[m.GetFunction()]
+		if fs == nil {
+			continue
+		}
+		if !r.GetUrgent() {
+			iv := float64(r.GetIntervalMs()) / 1000
+			req := 0.0
+			if iv > 0 {
+				req = float64(m.GetRequests()) / iv
+			}
+			fs.setLoad(r.GetDataPlaneId(), m.GetAvgConcurrency(), req, now)
+			continue
+		}
+		if !m.GetNoCapacity() {
+			continue
+		}
+		if fs.desired == 0 && m.GetQueued() > 0 {
+			// Activation: a waiting request always gets a sandbox, and the
+			// autoscaler keeps it for at least a stable window (Knative keeps
+			// a freshly active revision at 1 as long). Its load arrives with
+			// the next periodic report, so nothing is recorded here: that
+			// would count the same request twice in one bucket.
+			fs.kpa.Adopt(now, 1)
+			fs.desired = 1
+			c.boundDesired(fs)
+		} else {
+			c.decide(fs, now) // all busy: let panic mode react now
+			c.coverQueued(fs, now, int(m.GetQueued()))
+		}
+		c.reconcile(now, fs)
+	}
+}
+
+// coverQueued makes room for requests a data plane holds with every slot
+// busy. That demand is here now, while the autoscaler sees it only in its
+// next one-second sample and acts on it at the next tick (up to ~3 s later,
+// plus a cold start, for every queued request: the tail of trace replays).
+// Every busy ready sandbox stays, and each queued request beyond the slots
+// already being created gets one; the scale is held for a stable window
+// after the demand reaches the autoscaler's samples (Adopt), as the
+// autoscaler would hold a scale it reached itself, so that a tick deciding
+// on samples from before the burst does not remove the sandboxes.
+func (c *Reconciler) coverQueued(fs *fnState, now time.Time, queued int) {
+	if queued <= 0 || fs.deleted {
+		return
+	}
+	ready := fs.readyCurrent()
+	cc := max(fs.spec.Concurrency, 1)
+	need := ready + (queued+cc-1)/cc
+	if need <= fs.desired {
+		return
+	}
+	prev := fs.desired
+	fs.desired = need
+	c.boundDesired(fs)
+	if fs.desired > prev {
+		fs.kpa.Adopt(now.Add(loadSampleLag), fs.desired)
+		c.log.Debug("scale up for queued requests", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "queued", queued, "ready", ready)
+	}
+}
+
+func (fs *fnState) readyCurrent() int {
+	ready := 0
+	for _, r := range fs.sandboxes {
+		if r.state == sbReady && r.rev == fs.spec.Revision && !r.withdrawn {
+			ready++
+		}
+	}
+	return ready
+}
+
+func (c *Reconciler) decide(fs *fnState, now time.Time) {
+	ready := fs.readyCurrent()
+	d := fs.kpa.Decide(now, ready)
+	prev := fs.desired
+	fs.desired = d.Desired
+	c.boundDesired(fs)
+	if fs.desired != prev {
+		c.log.Debug("scale decision", "function", fs.spec.Name, "desired", fs.desired, "was", prev, "ready", ready,
+			"stable_avg", d.StableAvg, "panic_avg", d.PanicAvg, "panic", d.Panic, "no_data", d.NoData)
+	}
+	fs.panicking = d.Panic
+}
+
+func (fs *fnState) setLoad(dp string, load, rate float64, now time.Time) {
+	for i := range fs.dpLoad {
+		if fs.dpLoad[i].dataPlane == dp {
+			fs.dpLoad[i].load, fs.dpLoad[i].requests, fs.dpLoad[i].at = load, rate, now
+			return
+		}
+	}
+	fs.dpLoad = append(fs.dpLoad, dpSample{dp, load, rate, now})
+}
+
+// sampleLoad records each function's load, summed over data planes, into its
+// autoscaler: exactly one observation per second. Recording reports as they
+// arrive would put two reports of one data plane into one 1-second bucket
+// whenever its ticker jitters across a second boundary, doubling the load.
+func (c *Reconciler) sampleLoad(now time.Time) {
+	for _, fs := range c.fns {
+		if sum, ok := fs.sumLoad(now); ok {
+			fs.kpa.Record(now, sum)
+		}
+	}
+}
+
+// sumLoad drops stale data planes' reports and sums the rest; false if
+// there was nothing to sum.
+func (fs *fnState) sumLoad(now time.Time) (float64, bool) {
+	if len(fs.dpLoad) == 0 {
+		fs.rate = 0
+		return 0, false
+	}
+	sum, rate := 0.0, 0.0
+	fresh := fs.dpLoad[:0]
+	for _, s := range fs.dpLoad {
+		if now.Sub(s.at) <= loadStaleAfter {
+			fresh = append(fresh, s)
+			sum += s.load
+			rate += s.requests
+		}
+	}
+	clear(fs.dpLoad[len(fresh):]) // no stale data plane ids kept alive
+	if len(fresh) == 0 {
+		fresh = nil
+	}
+	fs.dpLoad, fs.rate = fresh, rate
+	return sum, true
+}
+
+// FunctionNames lists every function, for chunked ticks.
+func (c *Reconciler) FunctionNames() []string {
+	out := make([]string, 0, len(c.order))
+	for _, fs := range c.order {
+		out = append(out, fs.spec.Name)
+	}
+	return out
+}
+
+func (c *Reconciler) tick(now time.Time, names []string) {
+	step := func(fs *fnState) {
+		// A zero marks the bucket as observed: data planes stop reporting
+		// idle functions, and an unobserved window would hold the scale.
+		fs.kpa.Record(now, 0)
+		c.decide(fs, now)
+		c.reconcile(now, fs)
+	}
+	if names == nil {
+		for _, fs := range c.order {
+			step(fs)
+		}
+		return
+	}
+	for _, name := range names {
+		if fs := c.fns[name]; fs != nil {
+			step(fs)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- reconcile
+
+// reconcile moves a function's sandboxes toward its desired count: place
+// new ones, tombstone surplus ones, retire old revisions once the current
+// revision serves.
+func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
+	if c.paused {
+		return
+	}
+	cur := fs.spec.Revision
+	want := fs.desired
+	if fs.deleted {
+		want = 0
+	}
+	var active, readyCur int
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned && r.rev == cur {
+			active++
+			if r.state == sbReady {
+				readyCur++
+			}
+		}
+	}
+	switch {
+	case active < want && now.Before(fs.backoffUntil):
+		c.armRetry(fs, fs.backoffUntil)
+	case active < want:
+		fs.placeErr, fs.quotaErr = "", ""
+		for ; active < want; active++ {
+			if why := c.quotaRoom(fs); why != "" {
+				fs.quotaErr = why
+				break
+			}
+			if err := c.place1(now, fs); err != nil {
+				c.stats.PlacementFailures++
+				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
+				fs.placeErr = c.noRoomMessage(fs, err)
+				c.armRetry(fs, now.Add(500*time.Millisecond))
+				break
+			}
+		}
+	case active > want:
+		fs.placeErr, fs.quotaErr = "", ""
+		for _, r := range c.victims(fs, active-want) {
+			c.tombstone(r)
+		}
+	default:
+		fs.placeErr, fs.quotaErr = "", ""
+	}
+	c.refreshCondition(fs)
+	if readyCur >= want || fs.deleted {
+		var old []*sandboxRec
+		for _, r := range fs.sandboxes {
+			if r.rev != cur && r.state != sbTombstoned {
+				old = append(old, r)
+			}
+		}
+		slices.SortFunc(old, func(a, b *sandboxRec) int { return strings.Compare(a.id, b.id) })
+		for _, r := range old {
+			c.tombstone(r)
+		}
+	}
+}
+
+// armRetry asks to reconcile the function again at t (placement found no
+// room, or a crash-loop backoff is running).
+func (c *Reconciler) armRetry(fs *fnState, at time.Time) {
+	if fs.retryArmed || fs.deleted {
+		return
+	}
+	fs.retryArmed = true
+	c.emit(RetryAt{Function: fs.spec.Name, At: at})
+}
+
+// victims picks n current-revision sandboxes to remove: ones not yet
+// serving first (no request is lost), then the newest ready ones.
+func (c *Reconciler) victims(fs *fnState, n int) []*sandboxRec {
+	var cands []*sandboxRec
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned && r.rev == fs.spec.Revision {
+			cands = append(cands, r)
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if (cands[i].state == sbReady) != (cands[j].state == sbReady) {
+			return cands[j].state == sbReady
+		}
+		if !cands[i].created.Equal(cands[j].created) {
+			return cands[i].created.After(cands[j].created)
+		}
+		return cands[i].id > cands[j].id // deterministic among equals
+	})
+	return cands[:min(n, len(cands))]
+}
+
+// placerFor is the placement policy for fs: the cluster's, or the one its
+// spec names (one instance per policy name, shared by the functions that
+// name it: hashing policies keep their ring and popularity across them).
+func (c *Reconciler) placerFor(fs *fnState) placement.Policy {
+	name := fs.spec.Placement
+	if name == "" || name == c.cfg.Placement {
+		return c.placer
+	}
+	if p := c.placers[name]; p != nil {
+		return p
+	}
+	p, err := placement.New(name, c.rng)
+	if err != nil { // validated with the spec; a stored spec from a newer version
+		c.log.Warn("unknown placement policy: using the cluster's", "function", fs.spec.Name, "placement", name)
+		p = c.placer
+	}
+	c.placers[name] = p
+	return p
+}
+
+// place1 chooses a node for one new sandbox and sends the Create.
+func (c *Reconciler) place1(now time.Time, fs *fnState) error {
+	res := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
+	req := placement.Request{Resources: res, Key: fs.spec.Name, Now: now, Rate: fs.rate, Locality: c.localityFn(fs)}
+	idx, err := c.placerFor(fs).Place(c.place, req)
+	if err != nil {
+		return err
+	}
+	n := c.nodeList[idx]
+	if !n.up {
+		return errors.New("placement chose a node without a session") // invariant: unschedulable
+	}
+	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: now,
+		milliCPU: res.MilliCPU, memoryMB: res.MemoryMB}
+	c.addRecord(r)
+	n.seen[imageKey(fs.spec)] = struct{}{}
+	c.emit(Create{Node: n.id, ID: r.id, Spec: fs.spec})
+	c.stats.Creations++
+	return nil
+}
+
+// localityFn tells the locality policies what each node holds of fs: a
+// running sandbox of it, or its image (a node that ran it since it
+// registered has it unpacked).
+func (c *Reconciler) localityFn(fs *fnState) func(i int) placement.Locality {
+	key := imageKey(fs.spec)
+	var warm map[*nodeState]struct{}
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned {
+			if warm == nil {
+				warm = make(map[*nodeState]struct{})
+			}
+			warm[r.node] = struct{}{}
+		}
+	}
+	return func(i int) placement.Locality {
+		n := c.nodeList[i]
+		if _, ok := warm[n]; ok {
+			return placement.LocalityWarm
+		}
+		if _, ok := n.seen[key]; ok {
+			return placement.LocalityImage
+		}
+		return placement.LocalityNone
+	}
+}
+
+// imageKey is what a node caches for f: its image, or its command/builtin
+// (keyed by the function).
+func imageKey(f *spec.Function) string {
+	if f.Image != "" {
+		return "image:" + f.Image
+	}
+	return "fn:" + f.Name
+}
+
+// tombstone withdraws a sandbox from data planes now and tells its worker
+// to terminate it after the drain delay, so requests already routed to it
+// can finish.
+func (c *Reconciler) tombstone(r *sandboxRec) {
+	if r.state == sbTombstoned {
+		return
+	}
+	if r.state == sbReady && !r.withdrawn {
+		c.emit(RemoveEndpoint{r.id})
+	}
+	r.state = sbTombstoned
+	if r.node.up {
+		c.emit(Tombstone{Node: r.node.id, ID: r.id, After: c.cfg.DrainDelay})
+	}
+}
+
+// noRoomMessage explains a failed placement for people.
+func (c *Reconciler) noRoomMessage(fs *fnState, err error) string {
+	if !errors.Is(err, placement.ErrNoCapacity) {
+		return err.Error()
+	}
+	connected := 0
+	for _, n := range c.nodeList {
+		if n.up && !n.rec.Drain {
+			connected++
+		}
+	}
+	if connected == 0 {
+		return "no worker node is connected"
+	}
+	return fmt.Sprintf("no node has room for a sandbox (cpu %dm, memory %d MiB; %d nodes connected)",
+		fs.spec.Resources.MilliCPU, fs.spec.Resources.MemoryMB, connected)
+}
+
+// condition says why fs lacks sandboxes, if anything is wrong.
+func (fs *fnState) condition() fnCondition {
+	if fs.deleted {
+		return fnCondition{}
+	}
+	if fs.quotaErr != "" {
+		return fnCondition{CondQuotaExceeded, fs.quotaErr}
+	}
+	if fs.placeErr != "" {
+		return fnCondition{CondNoCapacity, fs.placeErr}
+	}
+	if fs.failures > 0 {
+		for _, r := range fs.sandboxes {
+			if r.state == sbReady && r.rev == fs.spec.Revision {
+				return fnCondition{}
+			}
+		}
+		return fnCondition{CondFunctionFailing, fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure)}
+	}
+	return fnCondition{}
+}
+
+// refreshCondition publishes fs's condition when it changed.
+func (c *Reconciler) refreshCondition(fs *fnState) {
+	cond := fs.condition()
+	if cond == fs.cond {
+		return
+	}
+	fs.cond = cond
+	c.emit(SetCondition{&briskv1.FunctionCondition{Function: fs.spec.Name, Reason: cond.reason, Message: cond.message}})
+}
+
+// noteFailure backs off creation for a function whose sandboxes keep
+// dying, so a crash-looping command cannot hammer a worker.
+func (c *Reconciler) noteFailure(now time.Time, fs *fnState, u *briskv1.SandboxRecord) {
+	fs.failures++
+	fs.lastFailure = u.GetMessage()
+	d := c.cfg.FailureBackoff << min(fs.failures-1, 10)
+	d = min(d, c.cfg.MaxFailureBackoff)
+	fs.backoffUntil = now.Add(d)
+	c.emit(SandboxFailed{Function: fs.spec.Name, ID: u.GetId(), State: u.GetState().String(), Reason: u.GetMessage(), Backoff: d})
+}

@@ -1,0 +1,569 @@
+package reconciler
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// sbState is the control plane's (cached) view of a sandbox; the worker's
+// record is the truth and overwrites it at every handshake.
+type sbState int
+
+const (
+	sbAssumed    sbState = iota // placed, Create sent, not yet acknowledged
+	sbPending                   // worker acknowledged: creating
+	sbReady                     // serving: routed by data planes
+	sbTombstoned                // chosen for termination: never counted or routed again
+)
+
+func (s sbState) String() string {
+	return [...]string{"assumed", "pending", "ready", "tombstoned"}[s]
+}
+
+type sandboxRec struct {
+	id      string
+	fn      *fnState
+	rev     uint64
+	node    *nodeState
+	state   sbState
+	version uint64
+	addr    string
+	created time.Time
+	// withdrawn: its node's link is down, so data planes do not route to it
+	// (and the autoscaler does not count it as ready). It is replaced only
+	// once the node is fenced (NodeGrace): a short blip must not churn
+	// sandboxes (docs/reliability.md, case 16). The next handshake restores it.
+	withdrawn bool
+	// verifyAsked: a data plane could not connect to it and its worker was
+	// asked to check it then (zero: no check pending).
+	verifyAsked time.Time
+	// What it requests, as placed: a later spec may ask for other amounts.
+	milliCPU, memoryMB int64
+}
+
+type nodeState struct {
+	id        string
+	rec       *store.Worker
+	idx       int // index in place / nodeList
+	up        bool
+	sandboxes map[string]*sandboxRec
+	// invalid holds ids a handshake found missing at the worker (or that a
+	// fence gave up), so that late updates for them are ignored, with the
+	// session generation that last marked or ignored one. A mark lives
+	// until a whole session has passed without traffic for its id
+	// (docs/reliability.md, case 10).
+	invalid       map[string]uint64
+	gen           uint64 // handshakes completed with this node
+	bootID        string
+	lastHeartbeat time.Time
+	heartbeat     *briskv1.Heartbeat
+	downSince     time.Time // zero while a session is live
+	// seen holds the images (or commands) the node has run since it
+	// registered: it holds them unpacked, which the locality policies use.
+	seen map[string]struct{}
+}
+
+func (c *Reconciler) registerNode(w *store.Worker) {
+	n := c.nodes[w.ID]
+	if n == nil {
+		n = &nodeState{id: w.ID, rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec),
+			invalid: make(map[string]uint64), seen: make(map[string]struct{})}
+		c.nodes[w.ID] = n
+		c.nodeList = append(c.nodeList, n)
+		c.place = append(c.place, placement.Node{ID: w.ID})
+	}
+	n.rec = w
+	p := &c.place[n.idx]
+	p.Allocatable = placement.Resources{MilliCPU: w.Capacity.MilliCPU, MemoryMB: w.Capacity.MemoryMB}
+	p.MaxSandboxes = w.MaxSandboxes
+}
+
+// addRecord enters r in the table and charges its resources.
+func (c *Reconciler) addRecord(r *sandboxRec) {
+	r.fn.sandboxes[r.id] = r
+	r.node.sandboxes[r.id] = r
+	c.charge(r, 1)
+	p := &c.place[r.node.idx]
+	p.Requested.MilliCPU += r.milliCPU
+	p.Requested.MemoryMB += r.memoryMB
+	p.Sandboxes++
+}
+
+// drop forgets a sandbox that is gone (or invalid) and frees its resources
+// in the placement view.
+func (c *Reconciler) drop(r *sandboxRec) {
+	if r.state == sbReady && !r.withdrawn {
+		c.emit(RemoveEndpoint{r.id})
+	}
+	delete(r.fn.sandboxes, r.id)
+	delete(r.node.sandboxes, r.id)
+	c.charge(r, -1)
+	p := &c.place[r.node.idx]
+	p.Requested.MilliCPU -= r.milliCPU
+	p.Requested.MemoryMB -= r.memoryMB
+	p.Sandboxes--
+}
+
+// ---------------------------------------------------------------- sessions
+
+// HandshakeMode is the mode of n's next handshake: reset when the table
+// holds sandboxes of it (a change set follows), recover when it holds none.
+func (c *Reconciler) HandshakeMode(node string) briskv1.HandshakeMode {
+	if n := c.nodes[node]; n != nil && len(n.sandboxes) > 0 {
+		return briskv1.HandshakeMode_HANDSHAKE_MODE_RESET
+	}
+	return briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER
+}
+
+// Node returns a copy of node's durable record and its last boot id.
+func (c *Reconciler) Node(node string) (w store.Worker, bootID string, ok bool) {
+	n := c.nodes[node]
+	if n == nil {
+		return store.Worker{}, "", false
+	}
+	return *n.rec, n.bootID, true
+}
+
+// NodeIDs lists the registered nodes in registration order.
+func (c *Reconciler) NodeIDs() []string {
+	out := make([]string, len(c.nodeList))
+	for i, n := range c.nodeList {
+		out[i] = n.id
+	}
+	return out
+}
+
+// Up reports whether node has a live session.
+func (c *Reconciler) Up(node string) bool {
+	n := c.nodes[node]
+	return n != nil && n.up
+}
+
+// StaleIDs are the sandboxes a reset handshake must fetch: those whose
+// version differs from the table's (all of them after a reboot).
+func (c *Reconciler) StaleIDs(node string, versions []*briskv1.SandboxVersion, rebooted bool) []string {
+	n := c.nodes[node]
+	var ids []string
+	for _, v := range versions {
+		var r *sandboxRec
+		if n != nil {
+			r = n.sandboxes[v.GetId()]
+		}
+		if rebooted || r == nil || r.version != v.GetVersion() {
+			ids = append(ids, v.GetId())
+		}
+	}
+	return ids
+}
+
+// sessionUp folds a worker's full state into the table (docs/architecture.md,
+// "The control plane ↔ worker link"): ids only we hold become invalid
+// (replaced under new ids, never re-sent), ids only the worker holds are
+// adopted, ids at both take the worker's record, and Tombstones the worker
+// still reports are sent again.
+func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
+	n := c.nodes[e.Node]
+	if n == nil {
+		return
+	}
+	reported := make(map[string]struct{}, len(e.Versions))
+	for _, v := range e.Versions {
+		reported[v.GetId()] = struct{}{}
+	}
+	n.gen++
+	for id, g := range n.invalid {
+		if g+1 < n.gen { // a whole session without traffic for it
+			delete(n.invalid, id)
+		}
+	}
+	for _, r := range sortedRecs(n.sandboxes) {
+		if _, ok := reported[r.id]; !ok {
+			if r.state != sbTombstoned {
+				n.invalid[r.id] = n.gen
+			}
+			c.drop(r)
+		}
+	}
+	n.up = true
+	c.restoreNode(n)
+	if e.Rebooted {
+		for _, r := range n.sandboxes {
+			r.version = 0 // take the new boot's record as it is
+		}
+	}
+	var adopted []*fnState
+	for _, u := range e.Records {
+		known := n.sandboxes[u.GetId()] != nil
+		c.applyUpdate(now, n, u)
+		if r := n.sandboxes[u.GetId()]; r != nil && !known && r.fn != nil && !slices.Contains(adopted, r.fn) {
+			adopted = append(adopted, r.fn)
+		}
+	}
+	for _, r := range sortedRecs(n.sandboxes) {
+		if r.state == sbTombstoned {
+			c.emit(Tombstone{Node: n.id, ID: r.id})
+		}
+	}
+	// Recovered sandboxes are not scaled down for one stable window: the
+	// autoscaler has no metrics for them yet.
+	for _, fs := range adopted {
+		live := 0
+		for _, r := range fs.sandboxes {
+			if r.state != sbTombstoned && r.rev == fs.spec.Revision {
+				live++
+			}
+		}
+		fs.kpa.Adopt(now, live)
+		fs.desired = max(fs.desired, live)
+		c.boundDesired(fs)
+	}
+	n.bootID = e.BootID
+	n.downSince = time.Time{}
+	n.lastHeartbeat = now
+	c.place[n.idx].Schedulable = !n.rec.Drain || len(e.Versions) == 0
+	c.maybeResume(now)
+	for _, fs := range c.order {
+		c.reconcile(now, fs)
+	}
+	for _, u := range e.Early {
+		c.applyUpdates(now, n, u)
+	}
+	c.refreshEmergency() // the session is up: its emergency slots count
+	c.offerDual(n)
+	if e.Drained {
+		// The worker drained on Hello: it takes work again.
+		n.rec.Drain = false
+		c.emit(PersistWorker{*n.rec})
+	}
+}
+
+func (c *Reconciler) sessionDown(now time.Time, node string, withdraw bool) {
+	n := c.nodes[node]
+	if n == nil || !n.up {
+		return
+	}
+	n.up = false
+	n.downSince = now
+	c.place[n.idx].Schedulable = false
+	c.refreshEmergency()
+	if withdraw {
+		c.withdrawNode(n)
+	}
+}
+
+// withdrawNode takes a node whose link just went down out of load
+// balancing at once: data planes stop routing to its sandboxes. The records
+// stay until the node's next handshake restores what still runs, or until
+// NodeGrace passes and checkNodes fences the node and replaces them.
+func (c *Reconciler) withdrawNode(n *nodeState) {
+	withdrawn := 0
+	for _, r := range sortedRecs(n.sandboxes) {
+		if r.withdrawn || r.state == sbTombstoned {
+			continue
+		}
+		if r.state == sbReady {
+			c.emit(RemoveEndpoint{r.id})
+			withdrawn++
+		}
+		r.withdrawn = true
+	}
+	if withdrawn > 0 {
+		c.log.Warn("worker link down: its sandboxes are out of load balancing", "node", n.id, "sandboxes", withdrawn)
+	}
+}
+
+// restoreNode undoes withdrawNode for the sandboxes the node still
+// reports (called by the handshake, after dropping the others).
+func (c *Reconciler) restoreNode(n *nodeState) {
+	for _, r := range sortedRecs(n.sandboxes) {
+		if !r.withdrawn {
+			continue
+		}
+		r.withdrawn = false
+		if r.state == sbReady {
+			c.emit(AddEndpoint{Endpoint: endpointOf(r)})
+		}
+	}
+}
+
+// checkNodes fences nodes whose link has been down longer than the grace
+// period: their sandboxes are counted gone and replaced elsewhere, and the
+// node must drain before it takes work again (docs/reliability.md, case 16).
+func (c *Reconciler) checkNodes(now time.Time) {
+	for _, n := range c.nodeList {
+		if n.up || n.downSince.IsZero() || now.Sub(n.downSince) < c.cfg.NodeGrace || len(n.sandboxes) == 0 {
+			continue
+		}
+		c.log.Warn("worker unreachable past the grace period: replacing its sandboxes", "node", n.id, "sandboxes", len(n.sandboxes))
+		n.rec.Drain = true
+		c.emit(PersistWorker{*n.rec})
+		var fns []*fnState
+		for _, r := range sortedRecs(n.sandboxes) {
+			n.invalid[r.id] = n.gen
+			if !slices.Contains(fns, r.fn) {
+				fns = append(fns, r.fn)
+			}
+			c.drop(r)
+		}
+		for _, fs := range fns {
+			c.reconcile(now, fs)
+		}
+	}
+}
+
+// fenceSilent fences every worker that has not answered since the start.
+func (c *Reconciler) fenceSilent(now time.Time) {
+	if !c.paused {
+		return
+	}
+	for _, n := range c.nodeList {
+		if !n.up && n.gen == 0 && !n.rec.Drain {
+			n.rec.Drain = true
+			c.place[n.idx].Schedulable = false
+			if n.downSince.IsZero() {
+				n.downSince = now
+			}
+			c.log.Warn("worker silent since the control plane started: fencing it before placing", "node", n.id)
+			c.emit(PersistWorker{*n.rec})
+		}
+	}
+}
+
+// maybeResume ends the startup pause once every known worker has answered
+// its handshake: until then placing sandboxes could duplicate ones not yet
+// reported.
+func (c *Reconciler) maybeResume(now time.Time) {
+	if !c.paused {
+		return
+	}
+	for _, n := range c.nodeList {
+		if !n.up && !n.rec.Drain {
+			return
+		}
+	}
+	c.resume(now, "every worker answered")
+}
+
+func (c *Reconciler) resume(now time.Time, why string) {
+	if !c.paused {
+		return
+	}
+	c.paused = false
+	c.log.Info("scheduling resumed", "why", why)
+	for _, fs := range c.order {
+		c.reconcile(now, fs)
+	}
+}
+
+// ---------------------------------------------------------------- updates
+
+func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Updates) {
+	for _, r := range u.GetRecords() {
+		c.applyUpdate(now, n, r)
+	}
+	if hb := u.GetHeartbeat(); hb != nil {
+		n.heartbeat = hb
+		n.lastHeartbeat = now
+		if capa := hb.GetCapacity().GetMilliCpu(); capa > 0 {
+			c.place[n.idx].Load = float64(hb.GetUsed().GetMilliCpu()) / float64(capa)
+		}
+		if hb.GetEmergency().GetSlots() > 0 || c.emergencyKey != "" {
+			c.refreshEmergency()
+		}
+	}
+}
+
+// applyUpdate folds one worker record (a soft invalidation) into the
+// table. Records carry versions; stale ones are ignored.
+func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.SandboxRecord) {
+	if _, inv := n.invalid[u.GetId()]; inv {
+		n.invalid[u.GetId()] = n.gen // traffic for the id: keep the mark a session longer
+		return
+	}
+	r := n.sandboxes[u.GetId()]
+	if r == nil {
+		if !terminal(u.GetState()) {
+			c.adopt(now, n, u)
+		}
+		return
+	}
+	if u.GetVersion() != 0 && u.GetVersion() <= r.version {
+		return
+	}
+	r.version = u.GetVersion()
+	switch u.GetState() {
+	case briskv1.SandboxState_SANDBOX_STATE_CREATING:
+		if r.state == sbAssumed {
+			r.state = sbPending
+		}
+	case briskv1.SandboxState_SANDBOX_STATE_READY:
+		r.addr = u.GetAddress()
+		if r.state == sbAssumed || r.state == sbPending {
+			r.state = sbReady
+			r.fn.failures = 0
+			c.emit(AddEndpoint{Endpoint: endpointOf(r), ReadyAfter: max(now.Sub(r.created), time.Nanosecond)})
+			c.refreshCondition(r.fn)
+		} else if r.state == sbReady {
+			c.verified(r)
+		}
+	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+		if r.state != sbTombstoned { // the worker gave up on it on its own
+			if r.state == sbReady {
+				c.emit(RemoveEndpoint{r.id})
+			}
+			r.state = sbTombstoned
+			c.reconcile(now, r.fn)
+		}
+	default: // gone, failed, exited
+		failed := r.state != sbTombstoned
+		c.drop(r)
+		if failed && !r.fn.deleted {
+			c.noteFailure(now, r.fn, u)
+		}
+		c.reconcile(now, r.fn)
+	}
+}
+
+// adopt takes a sandbox the worker reports but the control plane does not
+// know (recover mode, or created by an earlier leader).
+func (c *Reconciler) adopt(now time.Time, n *nodeState, u *briskv1.SandboxRecord) {
+	fs := c.fns[u.GetFunction()]
+	if fs == nil { // function deleted meanwhile: terminate it
+		if n.up {
+			c.emit(Tombstone{Node: n.id, ID: u.GetId()})
+		}
+		return
+	}
+	r := &sandboxRec{id: u.GetId(), fn: fs, rev: u.GetRevision(), node: n, version: u.GetVersion(), addr: u.GetAddress(), created: now,
+		milliCPU: fs.spec.Resources.MilliCPU, memoryMB: fs.spec.Resources.MemoryMB}
+	c.addRecord(r)
+	n.seen[imageKey(fs.spec)] = struct{}{}
+	switch u.GetState() {
+	case briskv1.SandboxState_SANDBOX_STATE_READY:
+		r.state = sbReady
+		c.emit(AddEndpoint{Endpoint: endpointOf(r)})
+	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+		r.state = sbTombstoned
+	default:
+		r.state = sbPending
+	}
+}
+
+func terminal(s briskv1.SandboxState) bool {
+	switch s {
+	case briskv1.SandboxState_SANDBOX_STATE_GONE, briskv1.SandboxState_SANDBOX_STATE_FAILED, briskv1.SandboxState_SANDBOX_STATE_EXITED:
+		return true
+	}
+	return false
+}
+
+func endpointOf(r *sandboxRec) *briskv1.Endpoint {
+	return &briskv1.Endpoint{SandboxId: r.id, Function: r.fn.spec.Name, Address: r.addr, NodeId: r.node.id}
+}
+
+// ---------------------------------------------------------------- unreachable
+
+// verifyAgainAfter bounds how often one sandbox is checked on data planes'
+// reports: a check whose answer was lost is asked again on a report after
+// this long; reports in between are answered by the check in flight.
+const verifyAgainAfter = time.Second
+
+// reportUnreachable asks each reported sandbox's worker to check it: one
+// data plane with a network fault cannot have healthy sandboxes killed.
+func (c *Reconciler) reportUnreachable(now time.Time, rep *briskv1.UnreachableReport) {
+	for _, e := range rep.GetEndpoints() {
+		fs := c.fns[e.GetFunction()]
+		if fs == nil {
+			continue
+		}
+		r := fs.sandboxes[e.GetSandboxId()]
+		switch {
+		case r == nil, r.state != sbReady, r.withdrawn, !r.node.up:
+			continue // gone, on its way out, or its node's link is down
+		case e.GetAddress() != "" && e.GetAddress() != r.addr:
+			continue // about an earlier address of the sandbox
+		case !r.verifyAsked.IsZero() && now.Sub(r.verifyAsked) < verifyAgainAfter:
+			continue // a check is in flight
+		}
+		r.verifyAsked = now
+		c.emit(Verify{Node: r.node.id, ID: r.id})
+		c.log.Info("a data plane could not connect to a sandbox: its worker checks it", "data_plane", rep.GetDataPlaneId(),
+			"function", fs.spec.Name, "sandbox", r.id, "node", r.node.id, "err", e.GetError())
+	}
+}
+
+// verified takes a ready sandbox's record announced again. After a check a
+// data plane asked for, it means the worker found the sandbox serving: it
+// goes back to every data plane.
+func (c *Reconciler) verified(r *sandboxRec) {
+	if r.verifyAsked.IsZero() {
+		return
+	}
+	r.verifyAsked = time.Time{}
+	if !r.withdrawn {
+		c.emit(AddEndpoint{Endpoint: endpointOf(r)})
+	}
+}
+
+// ---------------------------------------------------------------- dual track
+
+// EmergencyWorkers lists the live workers offering emergency slots, sorted
+// by node id.
+func (c *Reconciler) EmergencyWorkers() []*briskv1.EmergencyWorker {
+	var out []*briskv1.EmergencyWorker
+	for _, n := range c.nodeList {
+		em := n.heartbeat.GetEmergency()
+		if !n.up || n.rec.Drain || em.GetSlots() <= 0 || n.rec.Address == "" {
+			continue
+		}
+		out = append(out, &briskv1.EmergencyWorker{NodeId: n.id, Address: n.rec.Address, Free: max(0, em.GetSlots()-em.GetInUse())})
+	}
+	slices.SortFunc(out, func(a, b *briskv1.EmergencyWorker) int { return strings.Compare(a.NodeId, b.NodeId) })
+	return out
+}
+
+// refreshEmergency sends data planes the emergency worker list when it
+// changed (a heartbeat, a session up or down).
+func (c *Reconciler) refreshEmergency() {
+	list := c.EmergencyWorkers()
+	var b strings.Builder
+	for _, w := range list {
+		fmt.Fprintf(&b, "%s|%s|%d;", w.NodeId, w.Address, w.Free)
+	}
+	if key := b.String(); key != c.emergencyKey {
+		c.emergencyKey = key
+		c.emit(SetEmergencyWorkers{list})
+	}
+}
+
+// offerDual sends node n every dual-mode function's spec, which its
+// emergency track needs (and checks calls against).
+func (c *Reconciler) offerDual(n *nodeState) {
+	if !n.up {
+		return
+	}
+	for _, fs := range c.order {
+		if c.ModeOf(fs.spec) == spec.ModeDual {
+			c.emit(Offer{Node: n.id, Spec: fs.spec})
+		}
+	}
+}
+
+// offerToAll sends f's spec to every live session when f is in dual mode.
+func (c *Reconciler) offerToAll(f *spec.Function) {
+	if c.ModeOf(f) != spec.ModeDual {
+		return
+	}
+	for _, n := range c.nodeList {
+		if n.up {
+			c.emit(Offer{Node: n.id, Spec: f})
+		}
+	}
+}
