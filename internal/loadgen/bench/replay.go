@@ -251,7 +251,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	return out, b.String(), errors.Join(verr, writeReplayOutputs(o.Out, out, recs, s, cfg.TimeScale, pf, sched, schedPerFn))
 }
 
-func writeReplayOutputs(dir string, out *ReplaySummary, recs []loadgen.Record, s *loadgen.Schedule, timeScale float64,
+func writeReplayOutputs(dir string, out any, recs []loadgen.Record, s *loadgen.Schedule, timeScale float64,
 	pf loadgen.PerFunction, sched, schedPerFn []float64) error {
 	if dir == "" {
 		return nil

@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/internal/sim"
+)
+
+func newSim() *cobra.Command {
+	cfg := bench.ReplayConfig{}
+	sc := sim.Config{}
+	var out string
+	c := &cobra.Command{
+		Use:   "sim TRACE_DIR",
+		Short: "Simulate a trace replay on a virtual cluster with brisk's own control-plane code",
+		Long: `Simulate brisk replay on a cluster of --nodes emulated workers, on a virtual
+clock: the control plane's real reconciler (autoscaler, placement policy,
+sandbox table) decides, emulated data planes queue and balance calls, and
+emulated workers run them on processor-sharing cores (load makes calls
+slower) after a cold start that is cheaper where the node already holds the
+function's image. The schedule, the metrics and the outputs (summary.json,
+invocations.csv, CDF plots) are replay's. A run is deterministic for --seed.
+See docs/policies.md.`,
+		Example: `  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --out results/sim-1000
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 100 --placement ch-rlu`,
+		Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg.TraceDir = args[0]
+			if cfg.SkipMinutes == 0 {
+				cfg.SkipMinutes = -1
+			}
+			if sc.Nodes <= 0 || sc.Nodes > 1_000_000 {
+				return usageError{fmt.Errorf("--nodes %d: want 1..1000000", sc.Nodes)}
+			}
+			if _, err := placement.New(sc.Placement, rand.New(rand.NewPCG(1, 2))); err != nil {
+				return usageError{err}
+			}
+			sc.Seed = cfg.Seed
+			_, text, err := bench.Sim(cfg, sc, out)
+			fmt.Fprintln(c.OutOrStdout(), text)
+			return err
+		},
+	}
+	fl := c.Flags()
+	registerReplayFlags(fl, &cfg)
+	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the functions' scaling mode: async or sync (dual's emergency track is not simulated yet)")
+	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the functions' autoscaler stable window; 0: 60 s")
+	fl.IntVar(&sc.Nodes, "nodes", 100, "emulated worker nodes")
+	fl.Float64Var(&sc.NodeCores, "node-cores", 16, "processor-sharing cores per node")
+	fl.Int64Var(&sc.NodeMemMB, "node-memory-mb", 64<<10, "memory per node (placement capacity)")
+	fl.StringVar(&sc.Placement, "placement", "", "placement policy: kubernetes (default), random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality")
+	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
+	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
+	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
+	return c
+}

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/sim"
+)
+
+// SimSummary is summary.json of brisk sim: replay's summary, with the
+// simulated cluster and what the run cost.
+type SimSummary struct {
+	ReplaySummary
+	Sim struct {
+		Nodes       int     `json:"nodes"`
+		NodeCores   float64 `json:"node_cores"`
+		Placement   string  `json:"placement"`
+		ColdStartMs float64 `json:"cold_start_ms"`
+		CachedMs    float64 `json:"cached_cold_start_ms"`
+		Events      int64   `json:"events"`
+		WallSeconds float64 `json:"wall_seconds"`
+		// LoadCV is the coefficient of variation of the nodes' busy
+		// core-seconds: how evenly the policy spread the work.
+		LoadCV float64 `json:"load_cv"`
+		// HeapMiB is the Go heap in use at the end of the run.
+		HeapMiB float64 `json:"heap_mib"`
+	} `json:"sim"`
+}
+
+// Sim simulates cfg's schedule on the cluster sc describes and writes the
+// same outputs as Replay to out.
+func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, error) {
+	s, err := cfg.Schedule()
+	if err != nil {
+		return nil, "", err
+	}
+	if sc.StableWindow == 0 {
+		sc.StableWindow = cfg.StableWindow
+	}
+	if sc.ScalingMode == "" {
+		sc.ScalingMode = cfg.ScalingMode
+	}
+	if cfg.TimeScale != 1 {
+		for i := range s.Invocations {
+			s.Invocations[i].Offset = loadgen.ScaleOffset(s.Invocations[i].Offset, cfg.TimeScale)
+		}
+	}
+	host := hostInfo()
+	t0 := time.Now()
+	res, err := sim.Run(s, sc)
+	if err != nil {
+		return nil, "", err
+	}
+	wall := time.Since(t0)
+	cpm := 1
+	if cfg.Granularity == "second" {
+		cpm = 60
+	}
+	skip := cfg.SkipMinutes
+	if skip == 0 {
+		skip = 10
+	} else if skip < 0 {
+		skip = 0
+	}
+	requested := 0
+	for i := range s.Invocations {
+		if s.Phase(&s.Invocations[i]) == 2 {
+			requested++
+		}
+	}
+	o := &SimSummary{}
+	o.Command = "sim"
+	o.Valid = true
+	o.Summary = loadgen.Summarize(res.Records)
+	o.Requested = requested
+	o.SandboxesCreated = res.SandboxesCreated
+	o.PeakSandboxes = res.PeakSandboxes
+	o.MemoryCost = loadgen.ComputeMemoryCost(res.Memory)
+	o.MemoryCost.Method = "simulated: every second, Σ requested MiB of live sandboxes (busy: with a call in flight)"
+	o.TotalGBs = o.MemoryCost.GBs
+	o.Emergency.Sandboxes, o.Emergency.GBs = 0, 0
+	var pf loadgen.PerFunction
+	o.Slowdown, pf = loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
+	sched, schedPerFn := loadgen.SchedulingLatency(res.Records)
+	o.SchedulingLatencyMs = loadgen.NewDist(sched)
+	o.ColdStartsAll = 0
+	for i := range res.Records {
+		if res.Records[i].Cold {
+			o.ColdStartsAll++
+		}
+	}
+	o.Config = ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
+		TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(s.Functions),
+		ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds()}
+	o.Sim.Nodes, o.Sim.NodeCores, o.Sim.Placement = sc.Nodes, sc.NodeCores, sc.Placement
+	o.Sim.ColdStartMs, o.Sim.CachedMs = float64(sc.ColdStart)/1e6, float64(sc.CachedColdStart)/1e6
+	o.Sim.Events, o.Sim.WallSeconds = res.Events, wall.Seconds()
+	o.Sim.LoadCV = cv(res.NodeBusy)
+	o.Sim.HeapMiB = heapMiB()
+	o.Host = host()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "sim: %d nodes, placement %s, %d events in %.1f s of wall time (heap %.0f MiB)\n",
+		sc.Nodes, orDefault(sc.Placement, "kubernetes"), res.Events, wall.Seconds(), o.Sim.HeapMiB)
+	fmt.Fprintf(&b, "  %d measured invocations of %d requested; response ms p50 %.1f p99 %.1f\n",
+		o.Completed, requested, o.LatencyMs.P50, o.LatencyMs.P99)
+	fmt.Fprintf(&b, "  slowdown: geomean of per-function p99 %.3f over %d functions", o.Slowdown.GeomeanP99, o.Slowdown.Functions)
+	if o.Slowdown.DirigentGmeanMedian != nil {
+		fmt.Fprintf(&b, "; Dirigent median gmean %.3f, KubeDirect median mean %.3f", *o.Slowdown.DirigentGmeanMedian, *o.Slowdown.KubeDirectMeanMedian)
+	}
+	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle; load CV %.3f",
+		o.ColdStarts, o.ColdStartsAll, o.SandboxesCreated, o.PeakSandboxes, o.MemoryCost.GBs, 100*o.MemoryCost.IdleShare, o.Sim.LoadCV)
+	return o, b.String(), writeReplayOutputs(out, o, res.Records, s, cfg.TimeScale, pf, sched, schedPerFn)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// cv is the coefficient of variation of v (0 for no spread or no data).
+func cv(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	var sum, sq float64
+	for _, x := range v {
+		sum += x
+	}
+	m := sum / float64(len(v))
+	if m == 0 {
+		return 0
+	}
+	for _, x := range v {
+		sq += (x - m) * (x - m)
+	}
+	return math.Sqrt(sq/float64(len(v))) / m
+}
+
+func heapMiB() float64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapInuse) / (1 << 20)
+}

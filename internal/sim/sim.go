@@ -1,0 +1,539 @@
+// Package sim is brisk's discrete-event simulator: a virtual clock drives
+// the control plane's real reconciler (internal/controlplane/reconciler,
+// with its autoscalers and placement policies) against emulated data
+// planes and workers, so a policy is judged at 10,000 nodes by the same
+// code that runs in the cluster.
+//
+// The emulation: one data plane per cluster holds each function's queue
+// and picks the least-loaded ready sandbox with a free slot (the default
+// endpoint policy); it reports load every second and at once when a call
+// waits with no capacity, as the real data plane does. A worker's cores
+// are processor-sharing: with n calls running on c cores each progresses
+// at min(1, c/n), so load makes calls slower. A sandbox becomes ready a
+// cold-start time after its Create, less where the node already holds the
+// function's image. Nothing reads the wall clock: a run is a function of
+// the schedule and the config.
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// Config is one simulated cluster.
+type Config struct {
+	Nodes       int
+	NodeCores   float64 // processor-sharing cores per node (default 16)
+	NodeMemMB   int64   // memory per node for placement (default 65536)
+	NodeMilliCP int64   // allocatable CPU for placement (default NodeCores×1000)
+	// ColdStart is a sandbox's creation time where the node has never run
+	// the function; CachedColdStart where it has (its image is unpacked).
+	ColdStart, CachedColdStart time.Duration
+	// Placement, ScalingMode, Autoscale, TargetUtilization, StableWindow
+	// and Concurrency are the cluster's (and the functions') settings, as
+	// `brisk replay` would deploy them.
+	Placement         string
+	ScalingMode       string
+	Autoscale         autoscale.Config
+	TargetUtilization float64
+	StableWindow      time.Duration
+	Concurrency       int // per sandbox (default 1, as the trace functions)
+	Seed              uint64
+	// Tick is the autoscaler period (default 2 s, Knative's).
+	Tick time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.Nodes <= 0 {
+		c.Nodes = 1
+	}
+	if c.NodeCores <= 0 {
+		c.NodeCores = 16
+	}
+	if c.NodeMemMB <= 0 {
+		c.NodeMemMB = 64 << 10
+	}
+	if c.NodeMilliCP <= 0 {
+		c.NodeMilliCP = int64(c.NodeCores * 1000)
+	}
+	if c.ColdStart <= 0 {
+		c.ColdStart = 40 * time.Millisecond
+	}
+	if c.CachedColdStart <= 0 || c.CachedColdStart > c.ColdStart {
+		c.CachedColdStart = c.ColdStart
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 1
+	}
+	if c.Tick <= 0 {
+		c.Tick = 2 * time.Second
+	}
+	if c.Autoscale == (autoscale.Config{}) {
+		c.Autoscale = autoscale.DefaultConfig()
+	}
+}
+
+// Result is what a run produced.
+type Result struct {
+	Records          []loadgen.Record
+	SandboxesCreated int64
+	PeakSandboxes    int
+	Memory           []loadgen.MemorySample
+	// NodeBusy is each node's busy core-seconds: the spread of load.
+	NodeBusy []float64
+	Events   int64
+	// Start is the virtual time of the schedule's offset 0.
+	Start time.Time
+}
+
+// event kinds
+const (
+	evArrival = iota
+	evComplete
+	evReady
+	evGone
+	evRetry
+	evSecond // metrics reports, load sample, memory sample
+	evTick
+)
+
+type event struct {
+	at   int64 // ns since start
+	seq  uint64
+	kind uint8
+	i    int32 // arrival: invocation; complete: node; ready/gone: sandbox slot
+	gen  uint64
+	name string // retry: function
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type call struct {
+	inv     int32
+	arrival int64
+	start   int64 // dispatched to a sandbox
+	finishV float64
+	cold    bool
+	sb      *sandbox
+}
+
+type sandbox struct {
+	id        string
+	fn        *function
+	node      *node
+	inflight  int
+	ready     bool // an endpoint on the data plane
+	gone      bool
+	memMB     int64
+	createdAt int64
+}
+
+type function struct {
+	name      string
+	spec      *spec.Function
+	endpoints []*sandbox
+	queue     []*call
+	// load accounting for the data plane's report: ∫(in flight + queued)dt
+	area      float64
+	level     int
+	lastLevel int64
+	requests  int64
+	active    bool
+}
+
+type node struct {
+	id      string
+	idx     int
+	cores   float64
+	v       float64 // virtual work done by every running call (ms)
+	last    int64
+	running callHeap
+	epoch   uint64
+	busy    float64 // core-seconds
+	images  map[string]struct{}
+}
+
+type callHeap []*call
+
+func (h callHeap) Len() int           { return len(h) }
+func (h callHeap) Less(i, j int) bool { return h[i].finishV < h[j].finishV }
+func (h callHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *callHeap) Push(x any)        { *h = append(*h, x.(*call)) }
+func (h *callHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
+
+type simulator struct {
+	cfg   Config
+	s     *loadgen.Schedule
+	r     *reconciler.Reconciler
+	start time.Time
+	now   int64
+	q     eventQueue
+	seq   uint64
+
+	fns       map[string]*function
+	fnByIdx   []*function
+	nodes     map[string]*node
+	nodeList  []*node
+	sandboxes map[string]*sandbox
+	live      int
+	version   uint64
+
+	res Result
+}
+
+// Run simulates s on the cluster cfg describes.
+func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
+	cfg.defaults()
+	r, err := reconciler.New(reconciler.Config{Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization,
+		ScalingMode: cfg.ScalingMode, Placement: cfg.Placement, DrainDelay: 500 * time.Millisecond, NodeGrace: 10 * time.Second,
+		FailureBackoff: 200 * time.Millisecond, MaxFailureBackoff: 30 * time.Second, Seed: cfg.Seed, IDPrefix: "sim"})
+	if err != nil {
+		return nil, err
+	}
+	sm := &simulator{cfg: cfg, s: s, r: r, start: time.Unix(1_700_000_000, 0).UTC(),
+		fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
+	sm.res.Start = sm.start
+	for i := range cfg.Nodes {
+		n := &node{id: fmt.Sprintf("sim-%05d", i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{})}
+		sm.nodes[n.id] = n
+		sm.nodeList = append(sm.nodeList, n)
+		sm.step(reconciler.RegisterNode{Worker: &store.Worker{ID: n.id, Address: n.id, Runtime: "sim",
+			Capacity: spec.Resources{MilliCPU: cfg.NodeMilliCP, MemoryMB: cfg.NodeMemMB}}})
+		sm.step(reconciler.SessionUp{Node: n.id})
+	}
+	for i := range s.Functions {
+		f := &s.Functions[i]
+		cpu, mem := loadgen.ResourceRequest(f)
+		sp := &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: cfg.Concurrency, Revision: 1,
+			Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem}, Scaling: spec.Scaling{Mode: cfg.ScalingMode}}
+		if cfg.StableWindow > 0 {
+			sp.Scaling.StableWindow = spec.Duration(cfg.StableWindow)
+		}
+		fn := &function{name: sp.Name, spec: sp}
+		sm.fns[sp.Name] = fn
+		sm.fnByIdx = append(sm.fnByIdx, fn)
+		sm.step(reconciler.UpsertFunction{Spec: sp})
+	}
+	sm.res.NodeBusy = make([]float64, len(sm.nodeList))
+	var end int64
+	for i := range s.Invocations {
+		sm.push(event{at: int64(s.Invocations[i].Offset), kind: evArrival, i: int32(i)})
+		end = max(end, int64(s.Invocations[i].Offset))
+	}
+	sm.push(event{at: int64(time.Second), kind: evSecond})
+	sm.push(event{at: int64(cfg.Tick), kind: evTick})
+	end += int64(2 * time.Minute) // let the last calls finish (runtimes are clamped to 60 s)
+	done := 0
+	for sm.q.Len() > 0 {
+		e := heap.Pop(&sm.q).(event)
+		sm.now = e.at
+		sm.res.Events++
+		switch e.kind {
+		case evArrival:
+			sm.arrive(e.i)
+		case evComplete:
+			n := sm.nodeList[e.i]
+			if e.gen == n.epoch {
+				done += sm.complete(n)
+			}
+		case evReady:
+			sm.ready(e.name)
+		case evGone:
+			sm.gone(e.name)
+		case evRetry:
+			sm.step(reconciler.Retry{Function: e.name})
+		case evSecond:
+			sm.second()
+			if sm.now < end && (done < len(s.Invocations) || sm.live > 0) {
+				sm.push(event{at: sm.now + int64(time.Second), kind: evSecond})
+			}
+		case evTick:
+			sm.step(reconciler.Tick{})
+			if sm.now < end && (done < len(s.Invocations) || sm.live > 0) {
+				sm.push(event{at: sm.now + int64(cfg.Tick), kind: evTick})
+			}
+		}
+	}
+	for i, n := range sm.nodeList {
+		sm.res.NodeBusy[i] = n.busy
+	}
+	sm.res.SandboxesCreated = int64(r.Stats().Creations)
+	return &sm.res, nil
+}
+
+func (sm *simulator) push(e event) {
+	sm.seq++
+	e.seq = sm.seq
+	heap.Push(&sm.q, e)
+}
+
+func (sm *simulator) at() time.Time { return sm.start.Add(time.Duration(sm.now)) }
+
+// step steps the reconciler and carries its commands out.
+func (sm *simulator) step(ev reconciler.Event) {
+	for _, cmd := range sm.r.Step(sm.at(), ev) {
+		switch x := cmd.(type) {
+		case reconciler.Create:
+			n, fn := sm.nodes[x.Node], sm.fns[x.Spec.Name]
+			if n == nil || fn == nil {
+				continue
+			}
+			key := x.Spec.Name
+			d := sm.cfg.ColdStart
+			if _, ok := n.images[key]; ok {
+				d = sm.cfg.CachedColdStart
+			}
+			n.images[key] = struct{}{}
+			sb := &sandbox{id: x.ID, fn: fn, node: n, memMB: x.Spec.Resources.MemoryMB, createdAt: sm.now}
+			sm.sandboxes[x.ID] = sb
+			sm.live++
+			sm.res.PeakSandboxes = max(sm.res.PeakSandboxes, sm.live)
+			sm.push(event{at: sm.now + int64(d), kind: evReady, name: x.ID})
+		case reconciler.Tombstone:
+			if sb := sm.sandboxes[x.ID]; sb != nil && !sb.gone {
+				sb.gone = true
+				sm.unroute(sb)
+				sm.push(event{at: sm.now + int64(x.After), kind: evGone, name: x.ID})
+			}
+		case reconciler.AddEndpoint:
+			if sb := sm.sandboxes[x.Endpoint.GetSandboxId()]; sb != nil && !sb.gone && !sb.ready {
+				sb.ready = true
+				sb.fn.endpoints = append(sb.fn.endpoints, sb)
+				sm.drain(sb.fn)
+			}
+		case reconciler.RemoveEndpoint:
+			if sb := sm.sandboxes[x.ID]; sb != nil {
+				sm.unroute(sb)
+			}
+		case reconciler.RetryAt:
+			sm.push(event{at: max(sm.now, x.At.Sub(sm.start).Nanoseconds()), kind: evRetry, name: x.Function})
+		}
+	}
+}
+
+func (sm *simulator) unroute(sb *sandbox) {
+	if !sb.ready {
+		return
+	}
+	sb.ready = false
+	eps := sb.fn.endpoints
+	for i, e := range eps {
+		if e == sb {
+			eps[i] = eps[len(eps)-1]
+			sb.fn.endpoints = eps[:len(eps)-1]
+			break
+		}
+	}
+}
+
+// record tells the worker's state of sandbox id to the reconciler.
+func (sm *simulator) record(sb *sandbox, st briskv1.SandboxState) {
+	sm.version++
+	sm.step(reconciler.WorkerUpdates{Node: sb.node.id, Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{
+		Id: sb.id, Function: sb.fn.name, Revision: sb.fn.spec.Revision, State: st, Version: sm.version, Address: sb.id}}}})
+}
+
+func (sm *simulator) ready(id string) {
+	sb := sm.sandboxes[id]
+	if sb == nil || sb.gone {
+		return
+	}
+	sm.record(sb, briskv1.SandboxState_SANDBOX_STATE_READY)
+}
+
+func (sm *simulator) gone(id string) {
+	sb := sm.sandboxes[id]
+	if sb == nil {
+		return
+	}
+	delete(sm.sandboxes, id)
+	sm.live--
+	sm.record(sb, briskv1.SandboxState_SANDBOX_STATE_GONE)
+}
+
+// ---------------------------------------------------------------- data plane
+
+func (f *function) setLevel(now int64, delta int) {
+	f.area += float64(f.level) * float64(now-f.lastLevel) / 1e9
+	f.lastLevel = now
+	f.level += delta
+	f.active = true
+}
+
+func (sm *simulator) arrive(i int32) {
+	inv := &sm.s.Invocations[i]
+	fn := sm.fnByIdx[inv.Func]
+	fn.requests++
+	c := &call{inv: i, arrival: sm.now}
+	fn.setLevel(sm.now, 1)
+	if sb := pick(fn); sb != nil {
+		sm.dispatch(c, sb)
+		return
+	}
+	c.cold = true
+	fn.queue = append(fn.queue, c)
+	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true}}}})
+}
+
+// pick is least-loaded among ready sandboxes with a free slot (ties: the
+// first, which the endpoint order keeps fair enough for the model).
+func pick(fn *function) *sandbox {
+	var best *sandbox
+	for _, sb := range fn.endpoints {
+		if sb.inflight < fn.spec.Concurrency && (best == nil || sb.inflight < best.inflight) {
+			best = sb
+		}
+	}
+	return best
+}
+
+func (sm *simulator) drain(fn *function) {
+	for len(fn.queue) > 0 {
+		sb := pick(fn)
+		if sb == nil {
+			return
+		}
+		c := fn.queue[0]
+		fn.queue[0] = nil
+		fn.queue = fn.queue[1:]
+		sm.dispatch(c, sb)
+	}
+}
+
+func (sm *simulator) dispatch(c *call, sb *sandbox) {
+	c.sb, c.start = sb, sm.now
+	sb.inflight++
+	n := sb.node
+	sm.advance(n)
+	c.finishV = n.v + float64(sm.s.Invocations[c.inv].RuntimeMs)
+	heap.Push(&n.running, c)
+	sm.schedule(n)
+}
+
+// rate is how fast each running call progresses on n (work ms per ms).
+func (n *node) rate() float64 {
+	k := float64(len(n.running))
+	if k <= n.cores {
+		return 1
+	}
+	return n.cores / k
+}
+
+// advance brings n's virtual work up to now.
+func (sm *simulator) advance(n *node) {
+	dt := float64(sm.now-n.last) / 1e6 // ms
+	if dt > 0 && len(n.running) > 0 {
+		n.v += dt * n.rate()
+		n.busy += dt / 1000 * min(float64(len(n.running)), n.cores)
+	}
+	n.last = sm.now
+}
+
+// schedule sets n's next completion event (older ones are void).
+func (sm *simulator) schedule(n *node) {
+	n.epoch++
+	if len(n.running) == 0 {
+		return
+	}
+	left := max(n.running[0].finishV-n.v, 0) / n.rate() // ms
+	sm.push(event{at: sm.now + int64(math.Ceil(left*1e6)), kind: evComplete, i: int32(n.idx), gen: n.epoch})
+}
+
+// complete finishes n's calls that are done at now; it returns how many.
+func (sm *simulator) complete(n *node) int {
+	sm.advance(n)
+	done := 0
+	for len(n.running) > 0 && n.running[0].finishV <= n.v+1e-6 {
+		c := heap.Pop(&n.running).(*call)
+		done++
+		sm.finish(c)
+	}
+	sm.schedule(n)
+	return done
+}
+
+func (sm *simulator) finish(c *call) {
+	inv := &sm.s.Invocations[c.inv]
+	sb := c.sb
+	fn := sb.fn
+	sb.inflight--
+	fn.setLevel(sm.now, -1)
+	sm.res.Records = append(sm.res.Records, loadgen.Record{
+		Phase: sm.s.Phase(inv), Instance: sb.id, InvocationID: sm.s.InvocationID(inv),
+		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
+		RequestedUs: int64(inv.RuntimeMs) * 1000, ConnUs: (c.start - c.arrival) / 1000,
+		ResponseUs: (sm.now - c.arrival) / 1000, ActualUs: (sm.now - c.start) / 1000,
+		MemoryMB: int(inv.MemoryMB), Function: fn.name, Status: 200, Cold: c.cold,
+		QueueUs: (c.start - c.arrival) / 1000, Sandbox: sb.id,
+	})
+	if len(fn.queue) > 0 && !sb.gone && sb.ready {
+		sm.drain(fn)
+	}
+}
+
+// second is the data plane's periodic report, the control plane's
+// once-a-second load sample, and a memory sample.
+func (sm *simulator) second() {
+	var fms []*briskv1.FunctionMetric
+	for _, fn := range sm.fnByIdx {
+		if !fn.active {
+			continue
+		}
+		fn.setLevel(sm.now, 0)
+		fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
+			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && pick(fn) == nil})
+		fn.active = fn.level > 0
+		fn.area, fn.requests = 0, 0
+	}
+	if len(fms) > 0 {
+		sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", IntervalMs: 1000, Functions: fms}})
+	}
+	sm.step(reconciler.SampleLoad{})
+	if sm.now%int64(5*time.Second) == 0 { // heartbeats: the load the locality policies bound
+		for _, n := range sm.nodeList {
+			sm.advance(n)
+			used := int64(min(float64(len(n.running)), n.cores) * 1000)
+			sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
+				Capacity: &briskv1.Resources{MilliCpu: int64(n.cores * 1000)}, Used: &briskv1.Resources{MilliCpu: used}}}})
+		}
+	}
+	var reserved, busy float64
+	for _, sb := range sm.sandboxes {
+		reserved += float64(sb.memMB)
+		if sb.inflight > 0 {
+			busy += float64(sb.memMB)
+		}
+	}
+	sm.res.Memory = append(sm.res.Memory, loadgen.MemorySample{At: float64(sm.now) / 1e9, ReservedMB: reserved, BusyMB: busy})
+}

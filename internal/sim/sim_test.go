@@ -1,0 +1,79 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+)
+
+// schedule is n calls of one function every gap, each runtime long.
+func schedule(n int, gap time.Duration, runtime int32) *loadgen.Schedule {
+	s := &loadgen.Schedule{Functions: []loadgen.Function{{Row: 0, Invocations: []int{n}}}, Columns: 1,
+		Granularity: loadgen.Granularity(0)}
+	for i := range n {
+		s.Invocations = append(s.Invocations, loadgen.Invocation{Offset: time.Duration(i) * gap, Index: int32(i), RuntimeMs: runtime, MemoryMB: 128})
+	}
+	return s
+}
+
+// Every call completes; the first is cold (it waited for a sandbox) and
+// calls spaced wider than a runtime reuse the warm sandbox.
+func TestRunCompletesAndReusesWarmSandboxes(t *testing.T) {
+	res, err := Run(schedule(50, time.Second, 100), Config{Nodes: 4, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 50 {
+		t.Fatalf("%d records, want 50", len(res.Records))
+	}
+	cold := 0
+	for _, r := range res.Records {
+		if r.Cold {
+			cold++
+		}
+		if r.ResponseUs < r.RequestedUs {
+			t.Fatalf("a call answered in %d µs, faster than its %d µs runtime", r.ResponseUs, r.RequestedUs)
+		}
+	}
+	if cold != 1 || res.SandboxesCreated != 1 {
+		t.Fatalf("%d cold calls, %d sandboxes; want 1 and 1", cold, res.SandboxesCreated)
+	}
+}
+
+// Processor sharing: 32 simultaneous 1 s calls on one 16-core node take
+// about 2 s each, on two nodes about 1 s.
+func TestProcessorSharingSlowsLoadedNodes(t *testing.T) {
+	burst := func(nodes int) float64 {
+		s := schedule(32, 0, 1000)
+		res, err := Run(s, Config{Nodes: nodes, NodeCores: 16, Seed: 1, Placement: "bin-packing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exec float64
+		for _, r := range res.Records {
+			exec += float64(r.ActualUs)
+		}
+		return exec / float64(len(res.Records)) / 1e6
+	}
+	one := burst(1)
+	if one < 1.9 || one > 2.1 {
+		t.Fatalf("mean execution on one 16-core node %.3f s, want ~2 s", one)
+	}
+}
+
+// The same schedule and seed give the same run.
+func TestDeterministic(t *testing.T) {
+	s := schedule(300, 37*time.Millisecond, 250)
+	a, _ := Run(s, Config{Nodes: 10, Seed: 7, Placement: "ch-rlu"})
+	b, _ := Run(s, Config{Nodes: 10, Seed: 7, Placement: "ch-rlu"})
+	if len(a.Records) != len(b.Records) || a.SandboxesCreated != b.SandboxesCreated || a.Events != b.Events {
+		t.Fatalf("runs differ: %d/%d records, %d/%d sandboxes, %d/%d events", len(a.Records), len(b.Records),
+			a.SandboxesCreated, b.SandboxesCreated, a.Events, b.Events)
+	}
+	for i := range a.Records {
+		if a.Records[i] != b.Records[i] {
+			t.Fatalf("record %d differs: %+v vs %+v", i, a.Records[i], b.Records[i])
+		}
+	}
+}
