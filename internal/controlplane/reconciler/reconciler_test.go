@@ -9,6 +9,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -306,5 +307,12 @@ func TestDeterministic(t *testing.T) {
 	}
 	if len(a) < 50 {
 		t.Fatalf("only %d commands: the scenario does nothing", len(a))
+	}
+}
+
+// A spec may name exactly the placement policies the reconciler can make.
+func TestSpecPlacementsMatchPolicies(t *testing.T) {
+	if got, want := strings.Join(spec.Placements, ","), strings.Join(placement.Names(), ","); got != want {
+		t.Fatalf("spec.Placements %s, placement.Names() %s", got, want)
 	}
 }

@@ -111,9 +111,10 @@ func (c CHRLUConfig) normalized() CHRLUConfig {
 
 // keyStats is what CH-RLU remembers of one function.
 type keyStats struct {
-	last   time.Time // Request.Now of its last placement
-	ema    float64   // moving average of its inter-arrival time, seconds
-	hasEMA bool      // ema holds at least one sample
+	last    time.Time // Request.Now of its last placement
+	ema     float64   // moving average of its inter-arrival time, seconds
+	hasEMA  bool      // ema holds at least one sample
+	popular bool      // classified popular at the last update
 }
 
 // nodeRef names a node for the load offsets: by ID, or by index when it
@@ -141,10 +142,9 @@ type chrlu struct {
 	updated    bool                // an update has run
 	lastUpdate time.Time
 
-	// Results of the last update.
-	threshold     float64 // a function is popular iff its ema <= threshold
-	anyPopular    bool
-	perServerRate float64 // median function's arrival rate / schedulable nodes
+	// perServerRate is the median function's arrival rate divided by the
+	// schedulable nodes, at the last update (the noise mean).
+	perServerRate float64
 }
 
 // NewCHRLU returns CH-RLU, consistent hashing with random load updates
@@ -158,8 +158,10 @@ type chrlu struct {
 // previous placement (brisk places sandboxes, not invocations, so this is a
 // coarser signal). The moving average weighs a new sample 0.9. Every
 // UpdateInterval of Request.Now the policy forgets functions not placed for
-// ForgetAfter and recomputes the threshold: the PopularFraction of tracked
-// functions with the shortest average IATs (nearest rank) are popular.
+// ForgetAfter and reclassifies the rest: the PopularFraction of tracked
+// functions with the shortest average IATs (nearest rank, so at least one)
+// are popular until the next update; a function first seen since then is
+// unpopular, as in the code. The first Place runs an update at once.
 //
 // Bounds (Load is per core). An unpopular function accepts a node whose
 // load is at most min(ColdWarmRatio, BoundCap): the paper's cold/warm-aware
@@ -295,14 +297,8 @@ func (p *chrlu) observe(r Request) {
 	p.keys[r.Key] = st
 }
 
-// popular reports whether key's average IAT is within the last threshold.
-func (p *chrlu) popular(key string) bool {
-	if !p.anyPopular {
-		return false
-	}
-	st, ok := p.keys[key]
-	return ok && st.hasEMA && st.ema <= p.threshold
-}
+// popular reports whether the last update classified key as popular.
+func (p *chrlu) popular(key string) bool { return p.keys[key].popular }
 
 // update forgets idle functions, recomputes the popularity threshold and
 // the noise mean, and clears the remembered load offsets.
@@ -320,13 +316,19 @@ func (p *chrlu) update(nodes []Node, now time.Time) {
 		}
 	}
 	p.scratch = iats
-	p.anyPopular, p.threshold, p.perServerRate = false, 0, 0
+	p.perServerRate = 0
 	if len(iats) == 0 {
 		return
 	}
 	slices.Sort(iats) // map order is random; sorted, the result is not
 	rank := int(math.Ceil(p.cfg.PopularFraction * float64(len(iats))))
-	p.threshold, p.anyPopular = iats[max(rank, 1)-1], true
+	threshold := iats[max(rank, 1)-1]
+	for k, st := range p.keys {
+		if pop := st.hasEMA && st.ema <= threshold; pop != st.popular {
+			st.popular = pop
+			p.keys[k] = st
+		}
+	}
 
 	median := iats[len(iats)/2]
 	if len(iats)%2 == 0 {
