@@ -32,7 +32,7 @@ fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME e
 	@for pt in $(FUZZ_TARGETS); do \
 	  p=$${pt%%:*}; t=$${pt#*:}; \
 	  echo "fuzz $$p $$t for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./$$p || exit 1; \
+	  GO=$(GO) ./scripts/fuzz.sh $$p $$t $(FUZZTIME) || exit 1; \
 	done
 
 test-short: ## unit tests only, no race detector
