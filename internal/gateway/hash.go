@@ -1,38 +1,21 @@
 package gateway
 
+import "github.com/brisk-faas/brisk/internal/hashx"
+
 // Rendezvous (highest-random-weight) hashing: a function goes to the healthy
 // data plane with the highest score(function, data plane). Taking a data
 // plane away moves only the functions whose top score was on it, each to its
 // runner-up, and every gateway computes the same scores because they depend
 // only on the two strings (no seed, no configuration order).
 
-const (
-	fnvOffset64 = 14695981039346656037
-	fnvPrime64  = 1099511628211
-)
-
 // hashString is 64-bit FNV-1a, inlined so hashing a name never allocates.
-func hashString(s string) uint64 {
-	h := uint64(fnvOffset64)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime64
-	}
-	return h
-}
+func hashString(s string) uint64 { return hashx.FNV1a(hashx.Offset64, s) }
 
 // mix is MurmurHash3's 64-bit finaliser, a bijection with full avalanche.
 // Scoring mix(fn ^ dp) costs one hash of the name per request rather than
 // one per data plane, and still orders the data planes independently for
 // every name.
-func mix(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
-}
+func mix(x uint64) uint64 { return hashx.Mix(x) }
 
 // pick returns the healthy data plane with the highest score for function,
 // skipping those marked in skip (nil: none). Ties, which need a 64-bit

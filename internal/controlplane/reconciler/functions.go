@@ -499,19 +499,23 @@ func (c *Reconciler) place1(now time.Time, fs *fnState) error {
 
 // localityFn tells the locality policies what each node holds of fs: a
 // running sandbox of it, or its image (a node that ran it since it
-// registered has it unpacked).
+// registered has it unpacked). The warm set is built on the first call.
 func (c *Reconciler) localityFn(fs *fnState) func(i int) placement.Locality {
 	key := imageKey(fs.spec)
 	var warm map[*nodeState]struct{}
-	for _, r := range fs.sandboxes {
-		if r.state != sbTombstoned {
-			if warm == nil {
-				warm = make(map[*nodeState]struct{})
-			}
-			warm[r.node] = struct{}{}
-		}
-	}
+	built := false
 	return func(i int) placement.Locality {
+		if !built { // on first use: most policies never ask
+			built = true
+			for _, r := range fs.sandboxes {
+				if r.state != sbTombstoned {
+					if warm == nil {
+						warm = make(map[*nodeState]struct{})
+					}
+					warm[r.node] = struct{}{}
+				}
+			}
+		}
 		n := c.nodeList[i]
 		if _, ok := warm[n]; ok {
 			return placement.LocalityWarm

@@ -3,6 +3,8 @@ package placement
 import (
 	"cmp"
 	"slices"
+
+	"github.com/brisk-faas/brisk/internal/hashx"
 )
 
 // Defaults of NewCHBL.
@@ -146,13 +148,13 @@ func (p *chbl) sync(nodes []Node) {
 	for i := range nodes {
 		id := nodes[i].ID
 		p.ids = append(p.ids, id)
-		h := fnv1a64(fnvOffset64, id)
+		h := hashx.FNV1a(hashx.Offset64, id)
 		if id == "" {
-			h = fnv1a64Uint(fnv1a64(h, "\x00index"), uint64(i))
+			h = hashx.FNV1aUint(hashx.FNV1a(h, "\x00index"), uint64(i))
 		}
-		h = fnv1a64(h, "#")
+		h = hashx.FNV1a(h, "#")
 		for v := range p.vnodes {
-			p.ring = append(p.ring, ringPoint{pos: fmix64(fnv1a64Uint(h, uint64(v))), node: i})
+			p.ring = append(p.ring, ringPoint{pos: hashx.Mix(hashx.FNV1aUint(h, uint64(v))), node: i})
 		}
 	}
 	slices.SortFunc(p.ring, func(a, b ringPoint) int {
