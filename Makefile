@@ -26,7 +26,11 @@ up: build ## run a local cluster (brisk up) in the foreground
 
 test: vet ## run the whole test suite (unit, race, integration, bounded fuzzing) — what CI runs
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	$(MAKE) fidelity
 	$(MAKE) fuzz
+
+fidelity: ## brisk sim against brisk replay on a local cluster (no race detector: it would be what is measured)
+	$(GO) test -count=1 -timeout 10m -run 'TestSimAgreesWithReplay' -v ./internal/loadgen/bench
 
 fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME each
 	@for pt in $(FUZZ_TARGETS); do \

@@ -57,6 +57,7 @@ See docs/policies.md.`,
 	fl.StringVar(&sc.Placement, "placement", "", "placement policy: kubernetes (default), random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality")
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
+	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	return c
 }

@@ -19,6 +19,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
@@ -48,6 +49,12 @@ type Config struct {
 	StableWindow      time.Duration
 	Concurrency       int // per sandbox (default 1, as the trace functions)
 	Seed              uint64
+	// CallOverhead is added to every call's response time: the warm data
+	// path (forwarding, the reply) and the runtime's timing slack, which
+	// hold no core. Measure it on the system the run stands for. With more
+	// than one value, each call draws one (seeded): a measured
+	// distribution rather than its median.
+	CallOverhead []time.Duration
 	// Tick is the autoscaler period (default 2 s, Knative's).
 	Tick time.Duration
 }
@@ -151,6 +158,7 @@ type sandbox struct {
 	gone      bool
 	memMB     int64
 	createdAt int64
+	readyAt   int64 // when its endpoint reached the data plane
 }
 
 type function struct {
@@ -208,6 +216,8 @@ type simulator struct {
 	live      int
 	version   uint64
 
+	rng *rand.Rand
+
 	res Result
 }
 
@@ -221,7 +231,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	sm := &simulator{cfg: cfg, s: s, r: r, start: time.Unix(1_700_000_000, 0).UTC(),
-		fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
+		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
 	sm.res.Start = sm.start
 	for i := range cfg.Nodes {
 		n := &node{id: fmt.Sprintf("sim-%05d", i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{})}
@@ -291,6 +301,18 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	return &sm.res, nil
 }
 
+// overhead is the next call's CallOverhead.
+func (sm *simulator) overhead() int64 {
+	switch o := sm.cfg.CallOverhead; len(o) {
+	case 0:
+		return 0
+	case 1:
+		return int64(o[0])
+	default:
+		return int64(o[sm.rng.IntN(len(o))])
+	}
+}
+
 func (sm *simulator) push(e event) {
 	sm.seq++
 	e.seq = sm.seq
@@ -327,7 +349,7 @@ func (sm *simulator) step(ev reconciler.Event) {
 			}
 		case reconciler.AddEndpoint:
 			if sb := sm.sandboxes[x.Endpoint.GetSandboxId()]; sb != nil && !sb.gone && !sb.ready {
-				sb.ready = true
+				sb.ready, sb.readyAt = true, sm.now
 				sb.fn.endpoints = append(sb.fn.endpoints, sb)
 				sm.drain(sb.fn)
 			}
@@ -400,7 +422,6 @@ func (sm *simulator) arrive(i int32) {
 		sm.dispatch(c, sb)
 		return
 	}
-	c.cold = true
 	fn.queue = append(fn.queue, c)
 	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true,
 		Functions: []*briskv1.FunctionMetric{{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true}}}})
@@ -432,7 +453,9 @@ func (sm *simulator) drain(fn *function) {
 }
 
 func (sm *simulator) dispatch(c *call, sb *sandbox) {
-	c.sb, c.start = sb, sm.now
+	// Cold as the data plane counts it: served by a sandbox whose endpoint
+	// arrived after the call did.
+	c.sb, c.start, c.cold = sb, sm.now, sb.readyAt > c.arrival
 	sb.inflight++
 	n := sb.node
 	sm.advance(n)
@@ -493,7 +516,7 @@ func (sm *simulator) finish(c *call) {
 		Phase: sm.s.Phase(inv), Instance: sb.id, InvocationID: sm.s.InvocationID(inv),
 		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
 		RequestedUs: int64(inv.RuntimeMs) * 1000, ConnUs: (c.start - c.arrival) / 1000,
-		ResponseUs: (sm.now - c.arrival) / 1000, ActualUs: (sm.now - c.start) / 1000,
+		ResponseUs: (sm.now - c.arrival + sm.overhead()) / 1000, ActualUs: (sm.now - c.start) / 1000,
 		MemoryMB: int(inv.MemoryMB), Function: fn.name, Status: 200, Cold: c.cold,
 		QueueUs: (c.start - c.arrival) / 1000, Sandbox: sb.id,
 	})

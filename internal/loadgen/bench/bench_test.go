@@ -144,10 +144,7 @@ func TestBenchmarksOnALocalCluster(t *testing.T) {
 		}
 	})
 	t.Run("replay", func(t *testing.T) {
-		dir := filepath.Join(moduleRoot(t), "..", "shared", "traces", "azure_100")
-		if _, err := os.Stat(dir); err != nil {
-			t.Skipf("trace %s not available", dir)
-		}
+		dir := filepath.Join(moduleRoot(t), "traces", "azure_100")
 		o := opts(t)
 		cfg := ReplayConfig{TraceDir: dir, Minutes: 1, Warmup: 1, TimeScale: 0.02, Seed: 42, IAT: "exponential", Granularity: "minute",
 			Functions: 5, MaxRuntime: 100 * time.Millisecond, SkipMinutes: -1}
