@@ -42,7 +42,7 @@ type Cluster struct {
 
 	idPrefix string
 	// placementFailures is the reconciler's count last exported.
-	placementFailures uint64
+	placementFailures, evictions uint64
 
 	metrics *cpMetrics
 }
@@ -64,7 +64,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	prefix := hex.EncodeToString(seed[:6])
 	r, err := reconciler.New(reconciler.Config{
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,
-		Placement: cfg.Placement, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
+		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
 		FailureBackoff: cfg.FailureBackoff, MaxFailureBackoff: cfg.MaxFailureBackoff,
 		Seed: binary.LittleEndian.Uint64(seed[:]), IDPrefix: prefix, Logger: cfg.Logger,
 	})
@@ -160,6 +160,10 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 	if pf := c.r.Stats().PlacementFailures; pf != c.placementFailures {
 		c.metrics.placementFailures.Add(float64(pf - c.placementFailures))
 		c.placementFailures = pf
+	}
+	if ev := c.r.Stats().Evictions; ev != c.evictions {
+		c.metrics.evictions.Add(float64(ev - c.evictions))
+		c.evictions = ev
 	}
 }
 

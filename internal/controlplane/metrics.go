@@ -8,6 +8,7 @@ type cpMetrics struct {
 	dataPlanes        prometheus.Gauge
 	creations         prometheus.Counter
 	placementFailures prometheus.Counter
+	evictions         prometheus.Counter
 	sandboxFailures   *prometheus.CounterVec
 	readyLatency      prometheus.Histogram
 	handshakes        *prometheus.CounterVec
@@ -23,6 +24,8 @@ func newMetrics() *cpMetrics {
 			Help: "Sandboxes placed (Creates sent to workers)."}),
 		placementFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "brisk_controlplane_placement_failures_total",
 			Help: "Placements that found no node with capacity."}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "brisk_controlplane_keepalive_evictions_total",
+			Help: "Idle sandboxes of keep-alive gd functions evicted to make room for new ones."}),
 		sandboxFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_controlplane_sandbox_failures_total",
 			Help: "Sandboxes that failed to start or exited on their own."}, []string{"function"}),
 		readyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brisk_controlplane_sandbox_ready_seconds",
@@ -32,7 +35,7 @@ func newMetrics() *cpMetrics {
 		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brisk_controlplane_handshake_seconds",
 			Help: "Duration of worker link handshakes.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}),
 	}
-	m.reg.MustRegister(m.functions, m.dataPlanes, m.creations, m.placementFailures, m.sandboxFailures, m.readyLatency, m.handshakes, m.handshakeSeconds,
+	m.reg.MustRegister(m.functions, m.dataPlanes, m.creations, m.placementFailures, m.evictions, m.sandboxFailures, m.readyLatency, m.handshakes, m.handshakeSeconds,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

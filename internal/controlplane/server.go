@@ -44,6 +44,9 @@ type Config struct {
 	DirigentKeepAlive time.Duration
 	GRPCAddr          string // gRPC for workers and data planes; default 127.0.0.1:9091
 	Placement         string // placement policy; default "kubernetes"
+	// KeepAlivePolicy is the default of functions whose spec names none:
+	// spec.KeepAliveTTL (the default) or spec.KeepAliveGD.
+	KeepAlivePolicy string
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
 	Autoscale autoscale.Config
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's

@@ -101,7 +101,29 @@ type Scaling struct {
 	// Mode is how calls meet capacity: ModeAsync, ModeSync or ModeDual; ""
 	// means the cluster default (the control plane's --scaling-mode).
 	Mode string `json:"mode,omitempty"`
+	// KeepAlive is how long an idle sandbox is kept after its function's
+	// demand falls (0: the mode's default: async and dual keep it for the
+	// stable window plus the scale-to-zero grace, sync for the same; gd
+	// until memory is needed). Whole seconds, at most 1h.
+	KeepAlive Duration `json:"keep_alive,omitzero"`
+	// KeepAlivePolicy is KeepAliveTTL or KeepAliveGD; "" means the
+	// cluster's (the control plane's --keep-alive-policy).
+	KeepAlivePolicy string `json:"keep_alive_policy,omitempty"`
 }
+
+// Keep-alive policies (docs/policies.md, Keep-alive).
+const (
+	// KeepAliveTTL: an idle sandbox leaves once its function's demand has
+	// been below it for the keep-alive.
+	KeepAliveTTL = "ttl"
+	// KeepAliveGD: idle sandboxes stay (up to KeepAlive, if set) until a
+	// new sandbox finds no room; then FaasCache's Greedy-Dual-Size-
+	// Frequency order picks which idle ones to evict.
+	KeepAliveGD = "gd"
+)
+
+// KeepAlivePolicies are the keep-alive policies a spec or a cluster may choose.
+var KeepAlivePolicies = []string{KeepAliveTTL, KeepAliveGD}
 
 // Scaling modes.
 const (
@@ -402,6 +424,10 @@ func (s *Scaling) validate(bad func(field, format string, args ...any) error) er
 		return bad("scaling.max_scale_down_rate", "%g out of range (1, 1000000]", s.MaxScaleDownRate)
 	case s.Mode != "" && !contains(ScalingModes, s.Mode):
 		return bad("scaling.mode", "%q: want one of %v", s.Mode, ScalingModes)
+	case s.KeepAlive < 0 || s.KeepAlive > Duration(time.Hour) || time.Duration(s.KeepAlive)%time.Second != 0:
+		return bad("scaling.keep_alive", "%s: want whole seconds in [0, 1h]", s.KeepAlive)
+	case s.KeepAlivePolicy != "" && !contains(KeepAlivePolicies, s.KeepAlivePolicy):
+		return bad("scaling.keep_alive_policy", "%q: want one of %v", s.KeepAlivePolicy, KeepAlivePolicies)
 	}
 	return nil
 }

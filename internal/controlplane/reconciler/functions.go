@@ -39,6 +39,13 @@ type fnState struct {
 	lastFailure  string
 	retryArmed   bool
 
+	// keep-alive: when the function last had calls, what a cold start of
+	// it takes (created to ready), and since when it has held sandboxes
+	// beyond its demand (gd; zero while it does not).
+	lastUsed     time.Time
+	coldStart    time.Duration
+	surplusSince time.Time
+
 	placeErr string // why the last placement found no node ("": it did not fail)
 	quotaErr string // why its namespace's quota has no room for the next sandbox
 	// cond is the condition last published to data planes.
@@ -99,19 +106,39 @@ func (c *Reconciler) KPAConfig(f *spec.Function) autoscale.Config {
 	if s.MaxScaleDownRate > 0 {
 		k.MaxScaleDownRate = s.MaxScaleDownRate
 	}
-	if c.ModeOf(f) == spec.ModeSync {
-		k = autoscale.SyncConfig(k, KeepAlive(k))
+	ka := time.Duration(s.KeepAlive)
+	switch {
+	case c.ModeOf(f) == spec.ModeSync:
+		if ka <= 0 {
+			ka = KeepAlive(k)
+		}
+		k = autoscale.SyncConfig(k, ka)
+	case ka > 0 && c.KeepAlivePolicyOf(f) == spec.KeepAliveTTL:
+		k.ScaleDownDelay = ka // Knative's scale-down delay: the highest scale of the last ka is kept
 	}
 	return k
 }
 
 // KeepAlive is how long an idle sandbox lives under k: the stable window
-// plus the scale-to-zero grace (sync mode holds its peak that long).
+// plus the scale-down delay and the scale-to-zero grace (sync mode holds
+// its peak for the delay).
 func KeepAlive(k autoscale.Config) time.Duration {
 	if k.HoldPeaks {
 		return k.ScaleDownDelay
 	}
-	return k.StableWindow + k.ScaleToZeroGrace
+	return k.StableWindow + k.ScaleDownDelay + k.ScaleToZeroGrace
+}
+
+// KeepAliveOf is how long an idle sandbox of f lives with no memory
+// pressure: gd keeps it for its keep-alive, or an hour if none is set.
+func (c *Reconciler) KeepAliveOf(f *spec.Function) time.Duration {
+	if c.KeepAlivePolicyOf(f) == spec.KeepAliveGD && c.ModeOf(f) != spec.ModeSync {
+		if ka := time.Duration(f.Scaling.KeepAlive); ka > 0 {
+			return ka
+		}
+		return time.Hour
+	}
+	return KeepAlive(c.KPAConfig(f))
 }
 
 // ModeOf is f's effective scaling mode.
@@ -138,7 +165,7 @@ func (c *Reconciler) PlacementOf(f *spec.Function) string {
 func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
 	pf := f.ToProto()
 	pf.ScalingMode = c.ModeOf(f)
-	pf.KeepAliveMs = KeepAlive(c.KPAConfig(f)).Milliseconds()
+	pf.KeepAliveMs = c.KeepAliveOf(f).Milliseconds()
 	return pf
 }
 
@@ -173,6 +200,7 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 	c.order[len(c.order)-1] = nil
 	c.order = c.order[:len(c.order)-1]
 	c.emit(DeleteFunction{name})
+	c.keep.Forget(name)
 	c.reconcile(now, fs)
 }
 
@@ -212,6 +240,7 @@ func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
 				req = float64(m.GetRequests()) / iv
 			}
 			fs.setLoad(r.GetDataPlaneId(), m.GetAvgConcurrency(), req, now)
+			c.touch(now, fs, m.GetRequests())
 			continue
 		}
 		if !m.GetNoCapacity() {
@@ -274,6 +303,11 @@ func (fs *fnState) readyCurrent() int {
 
 func (c *Reconciler) decide(fs *fnState, now time.Time) {
 	ready := fs.readyCurrent()
+	if ready > fs.desired && c.KeepAlivePolicyOf(fs.spec) == spec.KeepAliveGD {
+		// Idle sandboxes gd keeps are a cache, not the autoscaler's scale:
+		// counted as ready they would slow its scale-down (rate limits).
+		ready = fs.desired
+	}
 	d := fs.kpa.Decide(now, ready)
 	prev := fs.desired
 	fs.desired = d.Desired
@@ -395,6 +429,12 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 				break
 			}
 			if err := c.place1(now, fs); err != nil {
+				if errors.Is(err, placement.ErrNoCapacity) && c.evictFor(now, fs) {
+					// Room is coming from evicted idle sandboxes: not a
+					// failure to report, a retry once they are gone.
+					c.armRetry(fs, now.Add(c.cfg.DrainDelay+100*time.Millisecond))
+					break
+				}
 				c.stats.PlacementFailures++
 				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
 				fs.placeErr = c.noRoomMessage(fs, err)
@@ -404,11 +444,17 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		}
 	case active > want:
 		fs.placeErr, fs.quotaErr = "", ""
+		if c.holdSurplus(now, fs) {
+			break
+		}
 		for _, r := range c.victims(fs, active-want) {
 			c.tombstone(r)
 		}
 	default:
 		fs.placeErr, fs.quotaErr = "", ""
+	}
+	if active <= want {
+		fs.surplusSince = time.Time{}
 	}
 	c.refreshCondition(fs)
 	if readyCur >= want || fs.deleted {

@@ -104,6 +104,9 @@ func (c *Reconciler) drop(r *sandboxRec) {
 	}
 	delete(r.fn.sandboxes, r.id)
 	delete(r.node.sandboxes, r.id)
+	if len(r.fn.sandboxes) == 0 {
+		c.keep.Forget(r.fn.spec.Name) // GD's frequency restarts with the next sandbox
+	}
 	c.charge(r, -1)
 	p := &c.place[r.node.idx]
 	p.Requested.MilliCPU -= r.milliCPU
@@ -408,6 +411,7 @@ func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.Sandbox
 		if r.state == sbAssumed || r.state == sbPending {
 			r.state = sbReady
 			r.fn.failures = 0
+			r.fn.observeColdStart(now.Sub(r.created))
 			c.emit(AddEndpoint{Endpoint: endpointOf(r), ReadyAfter: max(now.Sub(r.created), time.Nanosecond)})
 			c.refreshCondition(r.fn)
 		} else if r.state == sbReady {

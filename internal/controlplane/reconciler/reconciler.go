@@ -22,6 +22,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/keepalive"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -33,6 +34,7 @@ type Config struct {
 	TargetUtilization float64
 	ScalingMode       string // default for specs that name none
 	Placement         string // cluster placement policy ("" = kubernetes)
+	KeepAlivePolicy   string // default for specs that name none ("" = ttl)
 	MaxScale          int    // the operator's cap on one function's scale (0 = none)
 	DrainDelay        time.Duration
 	NodeGrace         time.Duration
@@ -60,6 +62,8 @@ type Reconciler struct {
 	placer   placement.Policy
 	placers  map[string]placement.Policy // per-function overrides, by policy name
 	rng      *rand.Rand
+	// keep orders idle sandboxes of gd functions for eviction.
+	keep keepalive.Policy
 
 	quotas map[string]spec.Quota
 	nsUse  map[string]*nsUsage
@@ -78,6 +82,7 @@ type Reconciler struct {
 type Stats struct {
 	Creations         uint64
 	PlacementFailures uint64
+	Evictions         uint64 // idle sandboxes removed to make room (gd)
 }
 
 // New returns an empty reconciler. Paused says whether to hold placement
@@ -92,6 +97,12 @@ func New(cfg Config) (*Reconciler, error) {
 	if !slices.Contains(spec.ScalingModes, cfg.ScalingMode) {
 		return nil, fmt.Errorf("scaling mode %q: want one of %v", cfg.ScalingMode, spec.ScalingModes)
 	}
+	if cfg.KeepAlivePolicy == "" {
+		cfg.KeepAlivePolicy = spec.KeepAliveTTL
+	}
+	if !slices.Contains(spec.KeepAlivePolicies, cfg.KeepAlivePolicy) {
+		return nil, fmt.Errorf("keep-alive policy %q: want one of %v", cfg.KeepAlivePolicy, spec.KeepAlivePolicies)
+	}
 	if cfg.TargetUtilization <= 0 {
 		cfg.TargetUtilization = 1
 	}
@@ -103,7 +114,7 @@ func New(cfg Config) (*Reconciler, error) {
 	return &Reconciler{
 		cfg: cfg, log: cfg.Logger, rng: rng,
 		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage),
-		placer: p, placers: make(map[string]placement.Policy),
+		placer: p, placers: make(map[string]placement.Policy), keep: keepalive.NewGD(0),
 	}, nil
 }
 

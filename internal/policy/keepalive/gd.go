@@ -87,13 +87,16 @@ func (p *GD) Evict(now time.Time, cands []Candidate, needMB int64) []int {
 	return victims
 }
 
-// Touch records an invocation of key: its frequency grows by one and its
-// Clock(f) becomes the current Clock.
-func (p *GD) Touch(now time.Time, key string) {
+// Touch records n invocations of key: its frequency grows by n and its
+// Clock(f) becomes the current Clock. n < 1 does nothing.
+func (p *GD) Touch(now time.Time, key string, n int64) {
 	_ = now // GD ages by the Clock, not by time
+	if n < 1 {
+		return
+	}
 	k := p.keys[key]
 	k.clock = p.clock
-	k.freq++
+	k.freq += n
 	p.keys[key] = k
 }
 

@@ -29,8 +29,8 @@ type Policy interface {
 	// whether evicting is still worth it); needMB <= 0 returns none.
 	// Policies that age (GD) assume the caller removes what is returned.
 	Evict(now time.Time, cands []Candidate, needMB int64) []int
-	// Touch records one invocation of key at now.
-	Touch(now time.Time, key string)
+	// Touch records n invocations of key at now.
+	Touch(now time.Time, key string, n int64)
 	// Forget drops what the policy remembers of key: call it when the
 	// worker no longer holds any sandbox of key (or the function is
 	// deleted), which keeps memory bounded by the functions present.

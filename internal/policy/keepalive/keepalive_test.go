@@ -45,7 +45,7 @@ func TestTTLExpiry(t *testing.T) {
 		if !p.Expired(t0.Add(tt.want), t0) {
 			t.Errorf("ttl %v: not expired at %v", tt.ttl, tt.want)
 		}
-		p.Touch(t0.Add(tt.want), "f") // no effect: the TTL counts from LastUsed
+		p.Touch(t0.Add(tt.want), "f", 1) // no effect: the TTL counts from LastUsed
 		if !p.Expired(t0.Add(tt.want), t0) {
 			t.Errorf("ttl %v: Touch changed expiry", tt.ttl)
 		}
@@ -90,7 +90,7 @@ func TestGDNeverExpiresUnlessConfigured(t *testing.T) {
 
 func touch(p keepalive.Policy, key string, n int) {
 	for range n {
-		p.Touch(t0, key)
+		p.Touch(t0, key, 1)
 	}
 }
 
@@ -198,7 +198,7 @@ func TestEvictProperties(t *testing.T) {
 			p, _ := keepalive.New(name, 0)
 			keys := 1 + gen.IntN(6)
 			for range gen.IntN(30) {
-				p.Touch(t0, fmt.Sprint(gen.IntN(keys)))
+				p.Touch(t0, fmt.Sprint(gen.IntN(keys)), 1)
 			}
 			cands := make([]keepalive.Candidate, gen.IntN(12))
 			var total int64

@@ -39,7 +39,7 @@ func (p *TTL) Evict(now time.Time, cands []Candidate, needMB int64) []int {
 }
 
 // Touch does nothing: the TTL counts from the candidate's LastUsed.
-func (p *TTL) Touch(time.Time, string) {}
+func (p *TTL) Touch(time.Time, string, int64) {}
 
 // Forget does nothing: TTL keeps no per-function state.
 func (p *TTL) Forget(string) {}

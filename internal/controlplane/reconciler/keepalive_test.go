@@ -1,0 +1,114 @@
+package reconciler
+
+import (
+	"testing"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// smallWorld is one node with room for four 128 MiB sandboxes.
+func smallWorld(t *testing.T) *world {
+	w := newWorld(t, 0)
+	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 512}}})
+	w.running["n0"] = map[string]string{}
+	w.step(SessionUp{Node: "n0"})
+	return w
+}
+
+func (w *world) deployKA(name string, memMB int64, policy string, keepAlive time.Duration) {
+	w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: memMB},
+		Scaling:   spec.Scaling{KeepAlivePolicy: policy, KeepAlive: spec.Duration(keepAlive)}}})
+}
+
+// idle advances the clock by d with ticks and no load.
+func (w *world) idle(d time.Duration) {
+	for end := w.now.Add(d); w.now.Before(end); {
+		w.now = w.now.Add(time.Second)
+		w.step(SampleLoad{})
+		w.step(Tick{})
+	}
+}
+
+// Under gd, sandboxes beyond the demand stay until a new sandbox needs
+// their room; then the lowest Greedy-Dual priority goes first (here the
+// function never called), and the new sandbox is placed once they are gone.
+func TestKeepAliveGDEvictsUnderMemoryPressure(t *testing.T) {
+	w := smallWorld(t)
+	w.deployKA("rare", 128, spec.KeepAliveGD, 0)
+	w.deployKA("hot", 128, spec.KeepAliveGD, 0)
+	w.step(ScaleTo{Function: "rare", Desired: 2})
+	w.step(ScaleTo{Function: "hot", Desired: 2})
+	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
+		Functions: []*briskv1.FunctionMetric{{Function: "hot", Requests: 500}}}})
+	w.idle(10 * time.Minute) // no demand: ttl would have removed them all
+	for _, f := range []string{"rare", "hot"} {
+		if r, _, _ := w.status(f); r != 2 {
+			t.Fatalf("%s: %d ready after 10 idle minutes under gd, want 2 kept", f, r)
+		}
+	}
+	// The node is full: a 256 MiB sandbox needs two idle ones evicted.
+	w.deployKA("new", 256, spec.KeepAliveTTL, 0)
+	cmds := w.step(ScaleTo{Function: "new", Desired: 1})
+	var retry *RetryAt
+	for _, c := range cmds {
+		if x, ok := c.(RetryAt); ok {
+			retry = &x
+		}
+		if x, ok := c.(SetCondition); ok && x.Condition.GetReason() != "" {
+			t.Fatalf("condition %v while room is being made", x.Condition)
+		}
+	}
+	if retry == nil || w.r.Stats().Evictions != 2 {
+		t.Fatalf("retry %v, %d evictions; want a retry and 2", retry, w.r.Stats().Evictions)
+	}
+	if r, _, _ := w.status("rare"); r != 0 {
+		t.Fatalf("rare: %d ready, want its idle sandboxes evicted first (never called)", r)
+	}
+	if r, _, _ := w.status("hot"); r != 2 {
+		t.Fatalf("hot: %d ready, want 2 (frequently called: higher priority)", r)
+	}
+	w.now = retry.At
+	if n := count[Create](w.step(Retry{Function: "new"})); n != 1 {
+		t.Fatalf("%d creates on retry, want the new sandbox placed", n)
+	}
+	if r, _, _ := w.status("new"); r != 1 {
+		t.Fatalf("new: %d ready", r)
+	}
+}
+
+// gd with a keep-alive also drops idle sandboxes after it; ttl's keep-alive
+// is Knative's scale-down delay: the peak is kept that long after the
+// demand falls.
+func TestKeepAliveDurations(t *testing.T) {
+	w := smallWorld(t)
+	w.deployKA("gd", 128, spec.KeepAliveGD, 30*time.Second)
+	w.step(ScaleTo{Function: "gd", Desired: 1})
+	w.idle(20 * time.Second)
+	if r, _, _ := w.status("gd"); r != 1 {
+		t.Fatalf("gd: %d ready 20 s into a 30 s keep-alive", r)
+	}
+	w.idle(15 * time.Second)
+	if r, _, term := w.status("gd"); r+term != 0 {
+		t.Fatalf("gd: %d ready, %d terminating 35 s after the demand fell, want none", r, term)
+	}
+
+	f := &spec.Function{Name: "ttl", Builtin: "echo", Concurrency: 1, Revision: 1, Scaling: spec.Scaling{KeepAlive: spec.Duration(5 * time.Minute)}}
+	if got := w.r.KeepAliveOf(f); got != 5*time.Minute+60*time.Second+30*time.Second {
+		t.Fatalf("ttl keep-alive %s, want the 5m scale-down delay after the 60s window and the 30s grace", got)
+	}
+	if got := w.r.KPAConfig(f).ScaleDownDelay; got != 5*time.Minute {
+		t.Fatalf("scale-down delay %s", got)
+	}
+	f.Scaling.Mode = spec.ModeSync
+	if got := w.r.KeepAliveOf(f); got != 5*time.Minute {
+		t.Fatalf("sync keep-alive %s, want the spec's 5m", got)
+	}
+	f.Scaling = spec.Scaling{KeepAlivePolicy: spec.KeepAliveGD}
+	if got := w.r.KeepAliveOf(f); got != time.Hour {
+		t.Fatalf("gd keep-alive %s, want an hour when none is set", got)
+	}
+}
