@@ -26,7 +26,7 @@ import (
 // cpFlags are the control plane's flags, shared by `up` and `controlplane`.
 type cpFlags struct {
 	dataDir, admin, grpc, placement string
-	scalingMode                     string
+	scalingMode, keepAlivePolicy    string
 	tick, drainDelay, nodeGrace     time.Duration
 	startupGrace                    time.Duration
 	caps                            spec.Caps
@@ -47,7 +47,8 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.dirigent, "dirigent-registration", "", "also serve Dirigent's registration contract on this address (the InVitro loader's form POST: give it DirigentControlPlaneIP user:TOKEN@ADDR; docs/compatibility.md); off by default")
 	fl.DurationVar(&f.dirigentKeepAlive, "dirigent-keep-alive", 0, "how long an idle sandbox of a function registered through --dirigent-registration lives (default: the autoscaler's stable window plus grace, 90s); for the loader's RPS cold starts, below its RpsCooldownSeconds")
 	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
-	fl.StringVar(&f.placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing")
+	fl.StringVar(&f.placement, "placement", "kubernetes", "default placement policy of functions whose spec names none: "+strings.Join(spec.Placements, ", ")+" (docs/policies.md)")
+	fl.StringVar(&f.keepAlivePolicy, "keep-alive-policy", spec.KeepAliveTTL, "default keep-alive policy of functions whose spec names none: ttl (idle sandboxes leave after the keep-alive) or gd (idle sandboxes stay until a new sandbox needs their room; FaasCache's Greedy-Dual eviction)")
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
@@ -92,10 +93,16 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if !slices.Contains(spec.ScalingModes, f.scalingMode) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--scaling-mode %q: want one of %v", f.scalingMode, spec.ScalingModes)}
 	}
+	if !slices.Contains(spec.Placements, f.placement) {
+		return controlplane.Config{}, usageError{fmt.Errorf("--placement %q: want one of %v", f.placement, spec.Placements)}
+	}
+	if !slices.Contains(spec.KeepAlivePolicies, f.keepAlivePolicy) {
+		return controlplane.Config{}, usageError{fmt.Errorf("--keep-alive-policy %q: want one of %v", f.keepAlivePolicy, spec.KeepAlivePolicies)}
+	}
 	if f.dirigentImages != controlplane.DirigentImagesTrace && f.dirigentImages != controlplane.DirigentImagesKeep {
 		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
 	}
-	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode,
+	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy,
 		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages, DirigentKeepAlive: f.dirigentKeepAlive,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
@@ -337,6 +344,7 @@ BRISK_CA_CERT.`,
 		},
 	}
 	f.register(c)
+	withConfigFile(c)
 	c.Flags().StringVar(&id, "id", "", "this replica's id in --peers")
 	c.Flags().StringVar(&peers, "peers", "", "every replica of an HA control plane: id=raft|admin|grpc,... (empty: run alone)")
 	return c
@@ -579,6 +587,7 @@ server given with --nats.`,
 		},
 	}
 	cf.register(c)
+	withConfigFile(c)
 	wf.register(c, false)
 	c.Flags().StringVar(&invoke, "invoke", "127.0.0.1:8080", "data plane invocation listen address")
 	invokeTLS.register(c, "invoke-", "invocations")

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,6 +37,7 @@ type deployFlags struct {
 	target, utilization                    float64
 	writableRoot, streamRequests, public   bool
 	namespace, scalingMode                 string
+	placement, keepAlive                   string
 	// async: block
 	asyncAttempts, asyncConcurrency int
 	asyncMaxAge, asyncBackoff       time.Duration
@@ -130,7 +132,10 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.scalingMode, "scaling-mode", "", "async (calls wait for regular sandboxes), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive = stable window + grace) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox on a worker); default: the control plane's --scaling-mode")
 	fl.DurationVar(&f.window, "stable-window", 0, "autoscaler stable window (default 60s)")
 	fl.DurationVar(&f.grace, "scale-to-zero-grace", 0, "idle time after the stable window before scaling to zero (default 30s)")
-	fl.StringVar(&f.lb, "lb", "", "load-balancing policy: "+strings.Join(spec.LoadBalancers, ", "))
+	fl.StringVar(&f.lb, "lb", "", "the data plane's choice among the function's sandboxes: "+strings.Join(spec.LoadBalancers, ", ")+
+		"; the papers' locality balancers (sharding, ch-bl, ch-rlu, locality) choose nodes in brisk and set --placement (docs/policies.md)")
+	fl.StringVar(&f.placement, "placement", "", "the control plane's choice of node for new sandboxes: "+strings.Join(spec.Placements, ", ")+" (default: the cluster's --placement)")
+	fl.StringVar(&f.keepAlive, "keep-alive", "", "how idle sandboxes are kept: POLICY, DURATION or POLICY:DURATION, e.g. gd, 10m, ttl:5m; ttl (default) keeps them DURATION after the demand falls, gd until their memory is needed (and at most DURATION)")
 	fl.BoolVar(&f.writableRoot, "writable-root", false, "containerd: give the container a writable root file system (default: read-only, writable /tmp)")
 	fl.StringVar(&f.namespace, "namespace", "", "the namespace (tenant) to deploy into (default: the token's, or \"default\")")
 	fl.BoolVar(&f.public, "public", false, "anyone who reaches a data plane may call the function (default: calls need a token with the invoke scope)")
@@ -248,7 +253,19 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 		fn.Scaling.ScaleToZeroGrace = spec.Duration(f.grace)
 	}
 	if set("lb") {
-		fn.LoadBalancing = f.lb
+		if slices.Contains(spec.Placements, f.lb) && !slices.Contains(spec.LoadBalancers, f.lb) {
+			fn.Placement = f.lb // a locality balancer: brisk's placement
+		} else {
+			fn.LoadBalancing = f.lb
+		}
+	}
+	if set("placement") {
+		fn.Placement = f.placement
+	}
+	if set("keep-alive") {
+		if err := parseKeepAlive(f.keepAlive, &fn.Scaling); err != nil {
+			return nil, usageError{err}
+		}
 	}
 	if set("async-max-attempts") {
 		fn.Async.MaxAttempts = f.asyncAttempts
@@ -619,4 +636,26 @@ func condition(reason, msg string) string {
 		return "-"
 	}
 	return reason + ": " + msg
+}
+
+// parseKeepAlive reads --keep-alive: POLICY, DURATION or POLICY:DURATION.
+func parseKeepAlive(v string, s *spec.Scaling) error {
+	policy, dur, hasDur := strings.Cut(v, ":")
+	if !hasDur && !slices.Contains(spec.KeepAlivePolicies, policy) {
+		policy, dur, hasDur = "", v, true
+	}
+	if policy != "" && !slices.Contains(spec.KeepAlivePolicies, policy) {
+		return fmt.Errorf("--keep-alive %q: policy %q is not one of %v", v, policy, spec.KeepAlivePolicies)
+	}
+	if hasDur {
+		d, err := time.ParseDuration(dur)
+		if err != nil || d < 0 {
+			return fmt.Errorf("--keep-alive %q: want POLICY, DURATION or POLICY:DURATION (gd, 10m, ttl:5m)", v)
+		}
+		s.KeepAlive = spec.Duration(d)
+	}
+	if policy != "" {
+		s.KeepAlivePolicy = policy
+	}
+	return nil
 }

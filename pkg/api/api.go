@@ -27,9 +27,23 @@ type FunctionStatus struct {
 	// Condition is why the function lacks sandboxes ("no-capacity",
 	// "function-failing"; empty: nothing wrong), Message the detail. Calls
 	// that find no sandbox carry the same reason in X-Brisk-Error.
-	Condition string          `json:"condition,omitempty"`
-	Message   string          `json:"message,omitempty"`
+	Condition string `json:"condition,omitempty"`
+	Message   string `json:"message,omitempty"`
+	// Policies are the ones in effect: the spec's choices, or the
+	// cluster's defaults where it names none.
+	Policies  *Policies       `json:"policies,omitempty"`
 	Sandboxes []SandboxStatus `json:"sandboxes"`
+}
+
+// Policies are a function's effective policies (docs/policies.md).
+type Policies struct {
+	ScalingMode     string `json:"scaling_mode"`      // async, sync or dual
+	Autoscaler      string `json:"autoscaler"`        // kpa, or sync (a sandbox per waiting call, peaks held)
+	Placement       string `json:"placement"`         // the control plane's choice of node
+	LoadBalancing   string `json:"load_balancing"`    // the data plane's choice of sandbox
+	KeepAlivePolicy string `json:"keep_alive_policy"` // ttl or gd
+	// KeepAlive is how long an idle sandbox lives without memory pressure.
+	KeepAlive string `json:"keep_alive"`
 }
 
 // SandboxStatus is one sandbox as the control plane sees it.

@@ -27,7 +27,22 @@ func (c *Reconciler) FunctionStatus(name string) (api.FunctionStatus, bool) {
 	if fs == nil {
 		return api.FunctionStatus{}, false
 	}
-	return fs.status(true), true
+	st := fs.status(true)
+	st.Policies = c.PoliciesOf(fs.spec)
+	return st, true
+}
+
+// PoliciesOf is what f runs with: its spec's choices or the cluster's.
+func (c *Reconciler) PoliciesOf(f *spec.Function) *api.Policies {
+	p := &api.Policies{ScalingMode: c.ModeOf(f), Autoscaler: "kpa", Placement: c.PlacementOf(f), LoadBalancing: f.LoadBalancing,
+		KeepAlivePolicy: c.KeepAlivePolicyOf(f), KeepAlive: c.KeepAliveOf(f).String()}
+	if p.ScalingMode == spec.ModeSync {
+		p.Autoscaler = "sync"
+	}
+	if p.LoadBalancing == "" {
+		p.LoadBalancing = "least-loaded" // the data plane's default
+	}
+	return p
 }
 
 // Functions calls visit for every function with its status (without the
