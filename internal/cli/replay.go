@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func newReplay(g *globals) *cobra.Command {
@@ -56,6 +57,19 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	registerReplayFlags(fl, &cfg)
 	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
+	var keepAlive string
+	fl.StringVar(&keepAlive, "keep-alive", "", "the registered functions' keep-alive: POLICY, DURATION or POLICY:DURATION (gd:15m, ttl:5m); default: the cluster's")
+	c.PreRunE = func(*cobra.Command, []string) error {
+		if keepAlive == "" {
+			return nil
+		}
+		var s spec.Scaling
+		if err := parseKeepAlive(keepAlive, &s); err != nil {
+			return usageError{err}
+		}
+		cfg.KeepAlivePolicy, cfg.KeepAlive = s.KeepAlivePolicy, time.Duration(s.KeepAlive)
+		return nil
+	}
 	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
 	return c
 }
@@ -71,6 +85,7 @@ func registerReplayFlags(fl *pflag.FlagSet, cfg *bench.ReplayConfig) {
 	fl.StringVar(&cfg.IAT, "iat", "exponential", "inter-arrival times: exponential, uniform or equidistant, optionally with _shift")
 	fl.StringVar(&cfg.Granularity, "granularity", "minute", "what a trace column counts: minute or second")
 	fl.IntVar(&cfg.Functions, "functions", 0, "replay only the N busiest functions of the window (0: all)")
+	fl.IntVar(&cfg.Replicate, "replicate", 0, "make K copies of every function, each with its own arrival and runtime draws: a synthetic trace K times the sample (100 × azure_500: 50,000 functions)")
 	fl.IntVar(&cfg.SkipMinutes, "skip-minutes", 10, "first measured minutes the Dirigent and KubeDirect slowdown variants drop (0: none)")
 	fl.DurationVar(&cfg.MaxRuntime, "max-runtime", 60*time.Second, "clamp drawn runtimes to at most this")
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -10,6 +11,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/sim"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func newSim() *cobra.Command {
@@ -41,6 +43,9 @@ See docs/policies.md.`,
 			if _, err := placement.New(sc.Placement, rand.New(rand.NewPCG(1, 2))); err != nil {
 				return usageError{err}
 			}
+			if !slices.Contains(spec.KeepAlivePolicies, sc.KeepAlivePolicy) || sc.KeepAlive < 0 || sc.KeepAlive > time.Hour || sc.KeepAlive%time.Second != 0 {
+				return usageError{fmt.Errorf("--keep-alive-policy %q --keep-alive %s: want one of %v and whole seconds up to 1h", sc.KeepAlivePolicy, sc.KeepAlive, spec.KeepAlivePolicies)}
+			}
 			sc.Seed = cfg.Seed
 			_, text, err := bench.Sim(cfg, sc, out)
 			fmt.Fprintln(c.OutOrStdout(), text)
@@ -58,6 +63,8 @@ See docs/policies.md.`,
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
+	fl.StringVar(&sc.KeepAlivePolicy, "keep-alive-policy", "ttl", "the functions' keep-alive policy: ttl or gd (idle sandboxes evicted in Greedy-Dual order when a placement finds no room)")
+	fl.DurationVar(&sc.KeepAlive, "keep-alive", 0, "the functions' keep-alive (ttl: the autoscaler's scale-down delay; gd: the longest an idle sandbox is kept); 0: the policy's default")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	return c
 }

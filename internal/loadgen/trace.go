@@ -229,6 +229,32 @@ func (t *Trace) Busiest(n int) *Trace {
 	return out
 }
 
+// Replicate returns a trace of k copies of t's functions: copy c of row r
+// is row c×stride+r (stride: one more than the highest row), with the same per-column counts and
+// runtime and memory brackets and, being another row, its own draws of
+// arrival times and runtimes. It makes a provider-region-sized synthetic
+// load from a sample (k = 100: azure_500 becomes 50,000 functions).
+func (t *Trace) Replicate(k int) *Trace {
+	if k <= 1 {
+		return t
+	}
+	stride := 0
+	for _, f := range t.Functions {
+		stride = max(stride, f.Row+1)
+	}
+	out := &Trace{Columns: t.Columns, Functions: make([]Function, 0, len(t.Functions)*k)}
+	for c := range k {
+		for _, f := range t.Functions { // the copies share the read-only counts
+			f.Row = c*stride + f.Row
+			if c > 0 {
+				f.Hash = fmt.Sprintf("%s-x%d", f.Hash, c)
+			}
+			out.Functions = append(out.Functions, f)
+		}
+	}
+	return out
+}
+
 func newCSVReader(r io.Reader) *csv.Reader {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1

@@ -423,3 +423,43 @@ func TestParseIAT(t *testing.T) {
 		t.Error("ParseIAT(poisson) succeeded")
 	}
 }
+
+// Replicate makes k times the calls under k times the names, each copy with
+// its own arrival draws.
+func TestReplicate(t *testing.T) {
+	tr, err := LoadTrace(traceDir(t, "azure_100"), TraceOptions{Columns: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr = tr.Busiest(20)
+	big := tr.Replicate(3)
+	if len(big.Functions) != 60 || big.Invocations() != 3*tr.Invocations() {
+		t.Fatalf("%d functions, %d calls; want 60 and %d", len(big.Functions), big.Invocations(), 3*tr.Invocations())
+	}
+	names := map[string]bool{}
+	for i := range big.Functions {
+		names[big.Functions[i].Name()] = true
+	}
+	if len(names) != 60 {
+		t.Fatalf("%d distinct names of 60", len(names))
+	}
+	s, err := BuildSchedule(big, ScheduleConfig{Seed: 1, IAT: Exponential})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := map[int32]time.Duration{} // each function's arrival offsets, summed
+	for _, inv := range s.Invocations {
+		sum[inv.Func] += inv.Offset
+	}
+	same := 0
+	for i := range 20 {
+		if sum[int32(i)] == sum[int32(i+20)] {
+			same++
+		}
+	}
+	// A function called once a minute arrives at each minute's start in
+	// every copy; the others draw their own times.
+	if same > 10 {
+		t.Fatalf("%d of 20 copies drew the same arrival times as the original", same)
+	}
+}

@@ -48,7 +48,11 @@ type Config struct {
 	TargetUtilization float64
 	StableWindow      time.Duration
 	Concurrency       int // per sandbox (default 1, as the trace functions)
-	Seed              uint64
+	// KeepAlivePolicy (ttl or gd) and KeepAlive are the functions'
+	// keep-alive (spec scaling.keep_alive_policy and keep_alive).
+	KeepAlivePolicy string
+	KeepAlive       time.Duration
+	Seed            uint64
 	// CallOverhead is added to every call's response time: the warm data
 	// path (forwarding, the reply) and the runtime's timing slack, which
 	// hold no core. Measure it on the system the run stands for. With more
@@ -225,7 +229,7 @@ type simulator struct {
 func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	cfg.defaults()
 	r, err := reconciler.New(reconciler.Config{Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization,
-		ScalingMode: cfg.ScalingMode, Placement: cfg.Placement, DrainDelay: 500 * time.Millisecond, NodeGrace: 10 * time.Second,
+		ScalingMode: cfg.ScalingMode, Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, DrainDelay: 500 * time.Millisecond, NodeGrace: 10 * time.Second,
 		FailureBackoff: 200 * time.Millisecond, MaxFailureBackoff: 30 * time.Second, Seed: cfg.Seed, IDPrefix: "sim"})
 	if err != nil {
 		return nil, err
@@ -249,6 +253,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		if cfg.StableWindow > 0 {
 			sp.Scaling.StableWindow = spec.Duration(cfg.StableWindow)
 		}
+		sp.Scaling.KeepAlive = spec.Duration(cfg.KeepAlive)
 		fn := &function{name: sp.Name, spec: sp}
 		sm.fns[sp.Name] = fn
 		sm.fnByIdx = append(sm.fnByIdx, fn)

@@ -26,6 +26,9 @@ type ReplayConfig struct {
 	Granularity string // minute|second
 	// Functions keeps the N busiest functions of the window (0: all).
 	Functions int
+	// Replicate makes K copies of every function (each with its own
+	// draws): a synthetic trace K times the sample's size (0 or 1: none).
+	Replicate int
 	// SkipMinutes is the papers' first-minutes exclusion for the Dirigent
 	// and KubeDirect slowdown variants; 0 means 10, negative none.
 	SkipMinutes int
@@ -36,6 +39,10 @@ type ReplayConfig struct {
 	// of the dual-track comparison (docs/benchmarks.md).
 	ScalingMode  string
 	StableWindow time.Duration
+	// KeepAlivePolicy and KeepAlive go into every registered function's
+	// spec ("" and 0: the cluster's).
+	KeepAlivePolicy string
+	KeepAlive       time.Duration
 }
 
 // Schedule loads the trace window and draws the schedule.
@@ -58,7 +65,10 @@ func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr = tr.Busiest(cfg.Functions)
+	if cfg.Replicate < 0 || cfg.Replicate > 10_000 {
+		return nil, fmt.Errorf("replay: --replicate %d out of range [0, 10000]", cfg.Replicate)
+	}
+	tr = tr.Busiest(cfg.Functions).Replicate(cfg.Replicate)
 	return loadgen.BuildSchedule(tr, loadgen.ScheduleConfig{Seed: cfg.Seed, IAT: iat, Shift: shift, Granularity: gran,
 		WarmupColumns: cfg.Warmup, MaxRuntime: cfg.MaxRuntime})
 }
@@ -111,6 +121,8 @@ type ReplayConfigJSON struct {
 	H2C             bool    `json:"h2c"`
 	ScalingMode     string  `json:"scaling_mode,omitempty"`
 	StableWindowS   float64 `json:"stable_window_s,omitempty"`
+	KeepAlivePolicy string  `json:"keep_alive_policy,omitempty"`
+	KeepAliveS      float64 `json:"keep_alive_s,omitempty"`
 }
 
 // Replay registers the trace's functions and replays the schedule.
@@ -136,7 +148,8 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		cpu, mem := loadgen.ResourceRequest(f)
 		names[i] = f.Name()
 		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem},
-			Scaling: spec.Scaling{Mode: cfg.ScalingMode, StableWindow: spec.Duration(cfg.StableWindow)}}
+			Scaling: spec.Scaling{Mode: cfg.ScalingMode, StableWindow: spec.Duration(cfg.StableWindow),
+				KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAlive: spec.Duration(cfg.KeepAlive)}}
 		memMB[f.Name()] = float64(mem)
 		if f.Total() > 0 {
 			active++
@@ -196,7 +209,8 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		PeakSandboxes: mon.peak, MemoryCost: loadgen.ComputeMemoryCost(mon.samples),
 		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
-			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds()}}
+			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(),
+			KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAliveS: cfg.KeepAlive.Seconds()}}
 	out.Emergency.Sandboxes, out.Emergency.GBs = -1, -1
 	out.TotalGBs = out.MemoryCost.GBs
 	if emErr0 == nil && emErr1 == nil {

@@ -95,7 +95,7 @@ func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, erro
 	}
 	o.Config = ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 		TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(s.Functions),
-		ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds()}
+		ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(), KeepAlivePolicy: sc.KeepAlivePolicy, KeepAliveS: sc.KeepAlive.Seconds()}
 	o.Sim.Nodes, o.Sim.NodeCores, o.Sim.Placement = sc.Nodes, sc.NodeCores, sc.Placement
 	o.Sim.ColdStartMs, o.Sim.CachedMs = float64(sc.ColdStart)/1e6, float64(sc.CachedColdStart)/1e6
 	o.Sim.Events, o.Sim.WallSeconds = res.Events, wall.Seconds()
