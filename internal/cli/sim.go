@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,7 +31,9 @@ function's image. The schedule, the metrics and the outputs (summary.json,
 invocations.csv, CDF plots) are replay's. A run is deterministic for --seed.
 See docs/policies.md.`,
 		Example: `  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --out results/sim-1000
-  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 100 --placement ch-rlu`,
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 100 --placement ch-rlu
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --placement kubernetes,ch-bl,ch-rlu --out results/compare
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 10000 --replicate 100 --out results/region`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.TraceDir = args[0]
@@ -40,13 +43,21 @@ See docs/policies.md.`,
 			if sc.Nodes <= 0 || sc.Nodes > 1_000_000 {
 				return usageError{fmt.Errorf("--nodes %d: want 1..1000000", sc.Nodes)}
 			}
-			if _, err := placement.New(sc.Placement, rand.New(rand.NewPCG(1, 2))); err != nil {
-				return usageError{err}
+			placements := strings.Split(sc.Placement, ",")
+			for _, p := range placements {
+				if _, err := placement.New(p, rand.New(rand.NewPCG(1, 2))); err != nil {
+					return usageError{err}
+				}
 			}
 			if !slices.Contains(spec.KeepAlivePolicies, sc.KeepAlivePolicy) || sc.KeepAlive < 0 || sc.KeepAlive > time.Hour || sc.KeepAlive%time.Second != 0 {
 				return usageError{fmt.Errorf("--keep-alive-policy %q --keep-alive %s: want one of %v and whole seconds up to 1h", sc.KeepAlivePolicy, sc.KeepAlive, spec.KeepAlivePolicies)}
 			}
 			sc.Seed = cfg.Seed
+			if len(placements) > 1 {
+				text, err := bench.SimCompare(cfg, sc, placements, out)
+				fmt.Fprint(c.OutOrStdout(), text)
+				return err
+			}
 			_, text, err := bench.Sim(cfg, sc, out)
 			fmt.Fprintln(c.OutOrStdout(), text)
 			return err
@@ -59,7 +70,7 @@ See docs/policies.md.`,
 	fl.IntVar(&sc.Nodes, "nodes", 100, "emulated worker nodes")
 	fl.Float64Var(&sc.NodeCores, "node-cores", 16, "processor-sharing cores per node")
 	fl.Int64Var(&sc.NodeMemMB, "node-memory-mb", 64<<10, "memory per node (placement capacity)")
-	fl.StringVar(&sc.Placement, "placement", "", "placement policy: kubernetes (default), random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality")
+	fl.StringVar(&sc.Placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality; several, comma-separated, compare them (a run each under --out/<policy>/, one slowdown CDF, compare.md)")
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")

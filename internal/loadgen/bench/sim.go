@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -34,9 +36,50 @@ type SimSummary struct {
 // Sim simulates cfg's schedule on the cluster sc describes and writes the
 // same outputs as Replay to out.
 func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, error) {
+	o, _, text, err := simRun(cfg, sc, out)
+	return o, text, err
+}
+
+// SimCompare simulates cfg once per placement policy: each run's outputs
+// go to out/<policy>/, and out gets slowdown_cdf.png (each policy's
+// per-function p99 slowdown) and compare.md (a table of the runs).
+func SimCompare(cfg ReplayConfig, sc sim.Config, placements []string, out string) (string, error) {
+	var b strings.Builder
+	b.WriteString("| placement | slowdown gmean p99 | Dirigent median | cold starts (measured) | sandboxes created | peak | load CV | memory GiB·s | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
+	var series []loadgen.Series
+	for _, p := range placements {
+		sc.Placement = p
+		dir := ""
+		if out != "" {
+			dir = filepath.Join(out, p)
+		}
+		o, pf, _, err := simRun(cfg, sc, dir)
+		if err != nil {
+			return "", fmt.Errorf("placement %s: %w", p, err)
+		}
+		dm := "–" // no calls after the skipped minutes
+		if o.Slowdown.DirigentGmeanMedian != nil {
+			dm = fmt.Sprintf("%.3f", *o.Slowdown.DirigentGmeanMedian)
+		}
+		fmt.Fprintf(&b, "| %s | %.3f | %s | %d | %d | %d | %.2f | %.0f | %.1f |\n", p, o.Slowdown.GeomeanP99, dm,
+			o.ColdStarts, o.SandboxesCreated, o.PeakSandboxes, o.Sim.LoadCV, o.MemoryCost.GBs, o.Sim.WallSeconds)
+		series = append(series, loadgen.Series{Name: p, Values: pf.P99})
+	}
+	if out == "" {
+		return b.String(), nil
+	}
+	if err := os.WriteFile(filepath.Join(out, "compare.md"), []byte(b.String()), 0o644); err != nil {
+		return "", err
+	}
+	title := fmt.Sprintf("per-function p99 slowdown, %d nodes", sc.Nodes)
+	return b.String(), loadgen.PlotCDF(filepath.Join(out, "slowdown_cdf.png"), title, "slowdown (response / requested)", true, series...)
+}
+
+func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.PerFunction, string, error) {
+	var pf loadgen.PerFunction
 	s, err := cfg.Schedule()
 	if err != nil {
-		return nil, "", err
+		return nil, pf, "", err
 	}
 	if sc.StableWindow == 0 {
 		sc.StableWindow = cfg.StableWindow
@@ -53,7 +96,7 @@ func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, erro
 	t0 := time.Now()
 	res, err := sim.Run(s, sc)
 	if err != nil {
-		return nil, "", err
+		return nil, pf, "", err
 	}
 	wall := time.Since(t0)
 	cpm := 1
@@ -83,7 +126,6 @@ func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, erro
 	o.MemoryCost.Method = "simulated: every second, Σ requested MiB of live sandboxes (busy: with a call in flight)"
 	o.TotalGBs = o.MemoryCost.GBs
 	o.Emergency.Sandboxes, o.Emergency.GBs = 0, 0
-	var pf loadgen.PerFunction
 	o.Slowdown, pf = loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
 	sched, schedPerFn := loadgen.SchedulingLatency(res.Records)
 	o.SchedulingLatencyMs = loadgen.NewDist(sched)
@@ -114,7 +156,7 @@ func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, erro
 	}
 	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle; load CV %.3f",
 		o.ColdStarts, o.ColdStartsAll, o.SandboxesCreated, o.PeakSandboxes, o.MemoryCost.GBs, 100*o.MemoryCost.IdleShare, o.Sim.LoadCV)
-	return o, b.String(), writeReplayOutputs(out, o, res.Records, s, cfg.TimeScale, pf, sched, schedPerFn)
+	return o, pf, b.String(), writeReplayOutputs(out, o, res.Records, s, cfg.TimeScale, pf, sched, schedPerFn)
 }
 
 func orDefault(s, d string) string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/sim"
@@ -55,5 +56,25 @@ func BenchmarkSimAzure500(b *testing.B) {
 		}
 		b.ReportMetric(float64(out.Sim.Events), "events")
 		b.ReportMetric(out.Sim.HeapMiB, "heap-MiB")
+	}
+}
+
+// SimCompare runs each policy on the same schedule and writes one CDF and a
+// table with a row per policy.
+func TestSimCompare(t *testing.T) {
+	dir := t.TempDir()
+	cfg := ReplayConfig{TraceDir: azure100, Minutes: 2, Warmup: 1, TimeScale: 1, Seed: 42, IAT: "exponential", Granularity: "minute", SkipMinutes: -1}
+	table, err := SimCompare(cfg, sim.Config{Nodes: 10}, []string{"kubernetes", "bin-packing"}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := strings.Split(strings.TrimSpace(table), "\n")
+	if len(rows) != 4 || !strings.HasPrefix(rows[2], "| kubernetes |") || !strings.HasPrefix(rows[3], "| bin-packing |") {
+		t.Fatalf("table:\n%s", table)
+	}
+	for _, f := range []string{"compare.md", "slowdown_cdf.png", "kubernetes/summary.json", "bin-packing/summary.json"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
