@@ -115,6 +115,7 @@ const (
 	evRetry
 	evSecond // metrics reports, load sample, memory sample
 	evTick
+	evQueueTimeout
 )
 
 type event struct {
@@ -124,6 +125,7 @@ type event struct {
 	i    int32 // arrival: invocation; complete: node; ready/gone: sandbox slot
 	gen  uint64
 	name string // retry: function
+	c    *call  // queue timeout: the waiting call
 }
 
 type eventQueue []event
@@ -150,6 +152,7 @@ type call struct {
 	start   int64 // dispatched to a sandbox
 	finishV float64
 	cold    bool
+	queued  bool
 	sb      *sandbox
 }
 
@@ -286,7 +289,15 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		case evGone:
 			sm.gone(e.name)
 		case evRetry:
+			if sm.now > end {
+				continue // a function that never found room would retry forever
+			}
 			sm.step(reconciler.Retry{Function: e.name})
+		case evQueueTimeout:
+			if e.c.queued {
+				done++
+				sm.timeout(e.c)
+			}
 		case evSecond:
 			sm.second()
 			if sm.now < end && (done < len(s.Invocations) || sm.live > 0) {
@@ -428,6 +439,8 @@ func (sm *simulator) arrive(i int32) {
 		return
 	}
 	fn.queue = append(fn.queue, c)
+	c.queued = true
+	sm.push(event{at: sm.now + int64(spec.DefaultQueueTimeout), kind: evQueueTimeout, c: c})
 	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true,
 		Functions: []*briskv1.FunctionMetric{{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true}}}})
 }
@@ -453,6 +466,7 @@ func (sm *simulator) drain(fn *function) {
 		c := fn.queue[0]
 		fn.queue[0] = nil
 		fn.queue = fn.queue[1:]
+		c.queued = false
 		sm.dispatch(c, sb)
 	}
 }
@@ -528,6 +542,28 @@ func (sm *simulator) finish(c *call) {
 	if len(fn.queue) > 0 && !sb.gone && sb.ready {
 		sm.drain(fn)
 	}
+}
+
+// timeout fails a call that waited the queue timeout for a sandbox (the
+// data plane's 504), as the real data plane does.
+func (sm *simulator) timeout(c *call) {
+	fn := sm.fnByIdx[sm.s.Invocations[c.inv].Func]
+	for i, q := range fn.queue {
+		if q == c {
+			fn.queue = append(fn.queue[:i], fn.queue[i+1:]...)
+			break
+		}
+	}
+	c.queued = false
+	fn.setLevel(sm.now, -1)
+	inv := &sm.s.Invocations[c.inv]
+	sm.res.Records = append(sm.res.Records, loadgen.Record{
+		Phase: sm.s.Phase(inv), InvocationID: sm.s.InvocationID(inv),
+		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
+		RequestedUs: int64(inv.RuntimeMs) * 1000, ResponseUs: (sm.now - c.arrival) / 1000,
+		MemoryMB: int(inv.MemoryMB), Function: fn.name, Status: 504, QueueUs: (sm.now - c.arrival) / 1000,
+		Error: "no sandbox within the queue timeout",
+	})
 }
 
 // second is the data plane's periodic report, the control plane's

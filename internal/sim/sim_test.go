@@ -77,3 +77,20 @@ func TestDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// A function no node has room for: its calls fail after the queue timeout
+// with the data plane's 504, and the run ends.
+func TestNoRoomTimesOut(t *testing.T) {
+	res, err := Run(schedule(5, time.Second, 100), Config{Nodes: 2, NodeMilliCP: 1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Records) != 5 || res.SandboxesCreated != 0 {
+		t.Fatalf("%d records, %d sandboxes; want 5 and 0", len(res.Records), res.SandboxesCreated)
+	}
+	for _, r := range res.Records {
+		if r.Status != 504 || r.OK() || r.ResponseUs != 30_000_000 {
+			t.Fatalf("record %+v, want a 504 after the 30 s queue timeout", r)
+		}
+	}
+}

@@ -76,6 +76,9 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState) bool {
 			}
 		}
 	}
+	if len(idle) == 0 {
+		return false
+	}
 	best, bestShort := -1, int64(-1)
 	for i, n := range c.nodeList {
 		if !n.up || n.rec.Drain {
