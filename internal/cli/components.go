@@ -27,6 +27,7 @@ import (
 type cpFlags struct {
 	dataDir, admin, grpc, placement string
 	scalingMode, keepAlivePolicy    string
+	loadBalancing                   string
 	tick, drainDelay, nodeGrace     time.Duration
 	startupGrace                    time.Duration
 	caps                            spec.Caps
@@ -49,6 +50,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "default placement policy of functions whose spec names none: "+strings.Join(spec.Placements, ", ")+" (docs/policies.md)")
 	fl.StringVar(&f.keepAlivePolicy, "keep-alive-policy", spec.KeepAliveTTL, "default keep-alive policy of functions whose spec names none: ttl (idle sandboxes leave after the keep-alive) or gd (idle sandboxes stay until a new sandbox needs their room; FaasCache's Greedy-Dual eviction)")
+	fl.StringVar(&f.loadBalancing, "load-balancing", "least-loaded", "default data-plane policy (a call's choice of sandbox) of functions whose spec names none: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
@@ -96,13 +98,16 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if !slices.Contains(spec.Placements, f.placement) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--placement %q: want one of %v", f.placement, spec.Placements)}
 	}
+	if !slices.Contains(spec.LoadBalancers, f.loadBalancing) {
+		return controlplane.Config{}, usageError{fmt.Errorf("--load-balancing %q: want one of %v", f.loadBalancing, spec.LoadBalancers)}
+	}
 	if !slices.Contains(spec.KeepAlivePolicies, f.keepAlivePolicy) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--keep-alive-policy %q: want one of %v", f.keepAlivePolicy, spec.KeepAlivePolicies)}
 	}
 	if f.dirigentImages != controlplane.DirigentImagesTrace && f.dirigentImages != controlplane.DirigentImagesKeep {
 		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
 	}
-	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy,
+	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy, LoadBalancing: f.loadBalancing,
 		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages, DirigentKeepAlive: f.dirigentKeepAlive,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil

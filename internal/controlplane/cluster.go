@@ -64,7 +64,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	prefix := hex.EncodeToString(seed[:6])
 	r, err := reconciler.New(reconciler.Config{
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,
-		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
+		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
 		FailureBackoff: cfg.FailureBackoff, MaxFailureBackoff: cfg.MaxFailureBackoff,
 		Seed: binary.LittleEndian.Uint64(seed[:]), IDPrefix: prefix, Logger: cfg.Logger,
 	})

@@ -47,6 +47,9 @@ type Config struct {
 	// KeepAlivePolicy is the default of functions whose spec names none:
 	// spec.KeepAliveTTL (the default) or spec.KeepAliveGD.
 	KeepAlivePolicy string
+	// LoadBalancing is the default data-plane policy of functions whose
+	// spec names none ("": least-loaded).
+	LoadBalancing string
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
 	Autoscale autoscale.Config
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's

@@ -166,6 +166,9 @@ func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
 	pf := f.ToProto()
 	pf.ScalingMode = c.ModeOf(f)
 	pf.KeepAliveMs = c.KeepAliveOf(f).Milliseconds()
+	if pf.LoadBalancing == "" {
+		pf.LoadBalancing = c.cfg.LoadBalancing
+	}
 	return pf
 }
 
@@ -309,6 +312,12 @@ func (c *Reconciler) decide(fs *fnState, now time.Time) {
 		ready = fs.desired
 	}
 	d := fs.kpa.Decide(now, ready)
+	if p := c.cfg.Predictor; p != nil {
+		if conc, ok := p.Predict(now, fs.spec.Name); ok {
+			k := c.KPAConfig(fs.spec)
+			d = autoscale.WithPrediction(d, conc, k.TargetConcurrency, k.MaxScale)
+		}
+	}
 	prev := fs.desired
 	fs.desired = d.Desired
 	c.boundDesired(fs)

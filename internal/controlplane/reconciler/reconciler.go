@@ -35,7 +35,11 @@ type Config struct {
 	ScalingMode       string // default for specs that name none
 	Placement         string // cluster placement policy ("" = kubernetes)
 	KeepAlivePolicy   string // default for specs that name none ("" = ttl)
-	MaxScale          int    // the operator's cap on one function's scale (0 = none)
+	LoadBalancing     string // default for specs that name none ("" = the data plane's, least-loaded)
+	// Predictor, when set, forecasts each function's concurrency at every
+	// decision; a forecast can only raise the KPA's scale (pre-warming).
+	Predictor         autoscale.Predictor
+	MaxScale          int // the operator's cap on one function's scale (0 = none)
 	DrainDelay        time.Duration
 	NodeGrace         time.Duration
 	FailureBackoff    time.Duration
@@ -102,6 +106,9 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	if !slices.Contains(spec.KeepAlivePolicies, cfg.KeepAlivePolicy) {
 		return nil, fmt.Errorf("keep-alive policy %q: want one of %v", cfg.KeepAlivePolicy, spec.KeepAlivePolicies)
+	}
+	if cfg.LoadBalancing != "" && !slices.Contains(spec.LoadBalancers, cfg.LoadBalancing) {
+		return nil, fmt.Errorf("load balancing %q: want one of %v", cfg.LoadBalancing, spec.LoadBalancers)
 	}
 	if cfg.TargetUtilization <= 0 {
 		cfg.TargetUtilization = 1

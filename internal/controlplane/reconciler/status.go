@@ -40,6 +40,9 @@ func (c *Reconciler) PoliciesOf(f *spec.Function) *api.Policies {
 		p.Autoscaler = "sync"
 	}
 	if p.LoadBalancing == "" {
+		p.LoadBalancing = c.cfg.LoadBalancing
+	}
+	if p.LoadBalancing == "" {
 		p.LoadBalancing = "least-loaded" // the data plane's default
 	}
 	return p
