@@ -2,6 +2,9 @@ package cli
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -57,9 +60,13 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	registerReplayFlags(fl, &cfg)
 	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
+	fl.StringVar(&cfg.Placement, "placement", "", "the registered functions' placement policy: "+strings.Join(spec.Placements, ", ")+"; default: the cluster's")
 	var keepAlive string
 	fl.StringVar(&keepAlive, "keep-alive", "", "the registered functions' keep-alive: POLICY, DURATION or POLICY:DURATION (gd:15m, ttl:5m); default: the cluster's")
 	c.PreRunE = func(*cobra.Command, []string) error {
+		if cfg.Placement != "" && !slices.Contains(spec.Placements, cfg.Placement) {
+			return usageError{fmt.Errorf("--placement %q: want one of %v", cfg.Placement, spec.Placements)}
+		}
 		if keepAlive == "" {
 			return nil
 		}

@@ -43,6 +43,9 @@ type ReplayConfig struct {
 	// spec ("" and 0: the cluster's).
 	KeepAlivePolicy string
 	KeepAlive       time.Duration
+	// Placement goes into every registered function's spec ("": the
+	// cluster's).
+	Placement string
 }
 
 // Schedule loads the trace window and draws the schedule.
@@ -123,6 +126,7 @@ type ReplayConfigJSON struct {
 	StableWindowS   float64 `json:"stable_window_s,omitempty"`
 	KeepAlivePolicy string  `json:"keep_alive_policy,omitempty"`
 	KeepAliveS      float64 `json:"keep_alive_s,omitempty"`
+	Placement       string  `json:"placement,omitempty"`
 }
 
 // Replay registers the trace's functions and replays the schedule.
@@ -148,6 +152,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		cpu, mem := loadgen.ResourceRequest(f)
 		names[i] = f.Name()
 		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem},
+			Placement: cfg.Placement,
 			Scaling: spec.Scaling{Mode: cfg.ScalingMode, StableWindow: spec.Duration(cfg.StableWindow),
 				KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAlive: spec.Duration(cfg.KeepAlive)}}
 		memMB[f.Name()] = float64(mem)
@@ -210,7 +215,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
 			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(),
-			KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAliveS: cfg.KeepAlive.Seconds()}}
+			KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAliveS: cfg.KeepAlive.Seconds(), Placement: cfg.Placement}}
 	out.Emergency.Sandboxes, out.Emergency.GBs = -1, -1
 	out.TotalGBs = out.MemoryCost.GBs
 	if emErr0 == nil && emErr1 == nil {

@@ -137,7 +137,7 @@ func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.P
 	}
 	o.Config = ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 		TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(s.Functions),
-		ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(), KeepAlivePolicy: sc.KeepAlivePolicy, KeepAliveS: sc.KeepAlive.Seconds()}
+		ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(), KeepAlivePolicy: sc.KeepAlivePolicy, KeepAliveS: sc.KeepAlive.Seconds(), Placement: sc.Placement}
 	o.Sim.Nodes, o.Sim.NodeCores, o.Sim.Placement = sc.Nodes, sc.NodeCores, sc.Placement
 	o.Sim.ColdStartMs, o.Sim.CachedMs = float64(sc.ColdStart)/1e6, float64(sc.CachedColdStart)/1e6
 	o.Sim.Events, o.Sim.WallSeconds = res.Events, wall.Seconds()
