@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -19,7 +20,8 @@ import (
 //	keep-alive-policy: gd
 //	tls-san: [brisk.example, 10.0.0.5]
 //
-// Flags given on the command line win over the file.
+// Flags given on the command line win over the file. Values are YAML's:
+// quote strings YAML would read as something else ("off", "yes").
 func withConfigFile(c *cobra.Command) {
 	var path string
 	c.Flags().StringVar(&path, "config", "", "read settings from this YAML file: keys are this command's flag names (placement: ch-rlu); flags on the command line win")
@@ -61,14 +63,26 @@ func applyConfigFile(fl *pflag.FlagSet, path string) error {
 		}
 		vals := []any{settings[k]}
 		if list, ok := settings[k].([]any); ok {
+			if !strings.Contains(f.Value.Type(), "Slice") && !strings.Contains(f.Value.Type(), "Array") {
+				return fmt.Errorf("--config %s: %s takes one value, not a list", path, k)
+			}
 			vals = list
 		}
 		for _, v := range vals {
-			s := fmt.Sprint(v)
-			if v == nil {
-				s = ""
+			var s string
+			switch x := v.(type) {
+			case nil:
+				return fmt.Errorf("--config %s: %s has no value", path, k)
+			case map[string]any, []any:
+				return fmt.Errorf("--config %s: %s: want a value, not %T", path, k, v)
+			case float64: // YAML numbers; %v would write 1e+06
+				s = strconv.FormatFloat(x, 'f', -1, 64)
+			default:
+				s = fmt.Sprint(v)
 			}
-			if err := f.Value.Set(strings.TrimSpace(s)); err != nil {
+			// fl.Set, not Value.Set: the flag then counts as given, for
+			// the commands' checks of which flags were given.
+			if err := fl.Set(k, s); err != nil {
 				return fmt.Errorf("--config %s: %s: %w", path, k, err)
 			}
 		}

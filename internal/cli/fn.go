@@ -649,8 +649,8 @@ func parseKeepAlive(v string, s *spec.Scaling) error {
 	}
 	if hasDur {
 		d, err := time.ParseDuration(dur)
-		if err != nil || d < 0 {
-			return fmt.Errorf("--keep-alive %q: want POLICY, DURATION or POLICY:DURATION (gd, 10m, ttl:5m)", v)
+		if err != nil || d < 0 || d > time.Hour || d%time.Second != 0 {
+			return fmt.Errorf("--keep-alive %q: want POLICY, DURATION or POLICY:DURATION (gd, 10m, ttl:5m); durations in whole seconds up to 1h", v)
 		}
 		s.KeepAlive = spec.Duration(d)
 	}

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"time"
 
@@ -18,7 +17,7 @@ import (
 func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
-	var out string
+	var out, keepAlive string
 	c := &cobra.Command{
 		Use:   "sim TRACE_DIR",
 		Short: "Simulate a trace replay on a virtual cluster with brisk's own control-plane code",
@@ -49,9 +48,11 @@ See docs/policies.md.`,
 					return usageError{err}
 				}
 			}
-			if !slices.Contains(spec.KeepAlivePolicies, sc.KeepAlivePolicy) || sc.KeepAlive < 0 || sc.KeepAlive > time.Hour || sc.KeepAlive%time.Second != 0 {
-				return usageError{fmt.Errorf("--keep-alive-policy %q --keep-alive %s: want one of %v and whole seconds up to 1h", sc.KeepAlivePolicy, sc.KeepAlive, spec.KeepAlivePolicies)}
+			var ka spec.Scaling
+			if err := parseKeepAlive(keepAlive, &ka); err != nil {
+				return usageError{err}
 			}
+			sc.KeepAlivePolicy, sc.KeepAlive = ka.KeepAlivePolicy, time.Duration(ka.KeepAlive)
 			sc.Seed = cfg.Seed
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)
@@ -74,8 +75,7 @@ See docs/policies.md.`,
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
-	fl.StringVar(&sc.KeepAlivePolicy, "keep-alive-policy", "ttl", "the functions' keep-alive policy: ttl or gd (idle sandboxes evicted in Greedy-Dual order when a placement finds no room)")
-	fl.DurationVar(&sc.KeepAlive, "keep-alive", 0, "the functions' keep-alive (ttl: the autoscaler's scale-down delay; gd: the longest an idle sandbox is kept); 0: the policy's default")
+	fl.StringVar(&keepAlive, "keep-alive", "ttl", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:15m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (none: until its room is needed)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	return c
 }

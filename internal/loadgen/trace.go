@@ -233,7 +233,9 @@ func (t *Trace) Busiest(n int) *Trace {
 // is row c×stride+r (stride: one more than the highest row), with the same per-column counts and
 // runtime and memory brackets and, being another row, its own draws of
 // arrival times and runtimes. It makes a provider-region-sized synthetic
-// load from a sample (k = 100: azure_500 becomes 50,000 functions).
+// load from a sample (k = 100: azure_500 becomes 50,000 functions). With
+// the equidistant IAT without a shift there is nothing to draw, and every
+// copy's arrivals are its original's.
 func (t *Trace) Replicate(k int) *Trace {
 	if k <= 1 {
 		return t

@@ -550,7 +550,12 @@ func (sm *simulator) timeout(c *call) {
 	fn := sm.fnByIdx[sm.s.Invocations[c.inv].Func]
 	for i, q := range fn.queue {
 		if q == c {
-			fn.queue = append(fn.queue[:i], fn.queue[i+1:]...)
+			if i == 0 { // the usual case: FIFO, the oldest times out first
+				fn.queue[0] = nil
+				fn.queue = fn.queue[1:]
+			} else {
+				fn.queue = append(fn.queue[:i], fn.queue[i+1:]...)
+			}
 			break
 		}
 	}

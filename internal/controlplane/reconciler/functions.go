@@ -174,6 +174,12 @@ func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
 
 func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
 	fs := c.fns[f.Name]
+	if fs != nil && c.gdHolds(fs.spec) {
+		c.gdFunctions--
+	}
+	if c.gdHolds(f) {
+		c.gdFunctions++
+	}
 	if fs == nil {
 		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.KPAConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
 		c.fns[f.Name] = fs
@@ -197,6 +203,9 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 		return
 	}
 	fs.deleted, fs.desired = true, 0
+	if c.gdHolds(fs.spec) {
+		c.gdFunctions--
+	}
 	delete(c.fns, name)
 	last := c.order[len(c.order)-1]
 	c.order[fs.pos], last.pos = last, fs.pos
@@ -258,6 +267,9 @@ func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
 			fs.kpa.Adopt(now, 1)
 			fs.desired = 1
 			c.boundDesired(fs)
+			if fs.readyCurrent() > 0 { // gd kept sandboxes at zero demand, all busy now
+				c.coverQueued(fs, now, int(m.GetQueued()))
+			}
 		} else {
 			c.decide(fs, now) // all busy: let panic mode react now
 			c.coverQueued(fs, now, int(m.GetQueued()))
@@ -306,7 +318,7 @@ func (fs *fnState) readyCurrent() int {
 
 func (c *Reconciler) decide(fs *fnState, now time.Time) {
 	ready := fs.readyCurrent()
-	if ready > fs.desired && c.KeepAlivePolicyOf(fs.spec) == spec.KeepAliveGD {
+	if ready > fs.desired && c.gdHolds(fs.spec) {
 		// Idle sandboxes gd keeps are a cache, not the autoscaler's scale:
 		// counted as ready they would slow its scale-down (rate limits).
 		ready = fs.desired
@@ -438,7 +450,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 				break
 			}
 			if err := c.place1(now, fs); err != nil {
-				if errors.Is(err, placement.ErrNoCapacity) && c.evictFor(now, fs) {
+				if errors.Is(err, placement.ErrNoCapacity) && c.evictFor(now, fs, want-active) {
 					// Room is coming from evicted idle sandboxes: not a
 					// failure to report, a retry once they are gone.
 					c.armRetry(fs, now.Add(c.cfg.DrainDelay+100*time.Millisecond))
@@ -459,6 +471,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		for _, r := range c.victims(fs, active-want) {
 			c.tombstone(r)
 		}
+		fs.surplusSince = time.Time{} // the next surplus gets its own keep-alive
 	default:
 		fs.placeErr, fs.quotaErr = "", ""
 	}

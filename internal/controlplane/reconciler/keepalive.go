@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -26,10 +27,16 @@ func (c *Reconciler) KeepAlivePolicyOf(f *spec.Function) string {
 	return c.cfg.KeepAlivePolicy
 }
 
+// gdHolds reports whether f keeps idle sandboxes under gd (sync mode has
+// its own hold, the peak of its keep-alive, and ignores the policy).
+func (c *Reconciler) gdHolds(f *spec.Function) bool {
+	return c.KeepAlivePolicyOf(f) == spec.KeepAliveGD && c.ModeOf(f) != spec.ModeSync
+}
+
 // holdSurplus reports whether fs keeps sandboxes beyond its demand instead
 // of removing them now (gd, within the keep-alive if one is set).
 func (c *Reconciler) holdSurplus(now time.Time, fs *fnState) bool {
-	if fs.deleted || c.KeepAlivePolicyOf(fs.spec) != spec.KeepAliveGD {
+	if fs.deleted || !c.gdHolds(fs.spec) {
 		return false
 	}
 	if fs.surplusSince.IsZero() {
@@ -47,106 +54,167 @@ func (c *Reconciler) touch(now time.Time, fs *fnState, n int64) {
 	}
 }
 
-// evictFor makes room for one sandbox of fs by evicting idle sandboxes of
-// gd functions on one node, and reports whether room is coming (evicted
-// now, or already being freed by sandboxes on their way out). Resources
-// return when the evicted sandboxes are gone, so the caller retries.
-func (c *Reconciler) evictFor(now time.Time, fs *fnState) bool {
-	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
-	// Idle sandboxes of each gd function: its current-revision ready ones
-	// beyond its demand, newest first as victims() orders them.
-	idle := map[*nodeState][]*sandboxRec{}
-	for _, g := range c.order {
-		if g == fs || g.deleted || c.KeepAlivePolicyOf(g.spec) != spec.KeepAliveGD {
-			continue
-		}
-		active := 0
-		for _, r := range g.sandboxes {
-			if r.state != sbTombstoned && r.rev == g.spec.Revision {
-				active++
-			}
-		}
-		surplus := active - g.desired
-		if surplus <= 0 {
-			continue
-		}
-		for _, r := range c.victims(g, surplus) {
-			if r.state == sbReady {
-				idle[r.node] = append(idle[r.node], r)
-			}
-		}
+// evictFor makes room for count sandboxes of fs by evicting idle sandboxes
+// of gd functions, and reports whether any room is coming (evicted now, or
+// already being freed by sandboxes on their way out and not claimed by an
+// earlier sandbox of this call). Resources return when the evicted
+// sandboxes are gone, so the caller retries then.
+func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
+	if c.gdFunctions == 0 || count <= 0 {
+		return false
 	}
+	idle := c.idleByNode(fs)
 	if len(idle) == 0 {
 		return false
 	}
-	best, bestShort := -1, int64(-1)
+	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
+	// room is each usable node's free capacity plus what is leaving it,
+	// less what this call has claimed; slots likewise for MaxSandboxes.
+	type room struct {
+		cpu, mem, slots int64
+		ok              bool
+	}
+	rooms := make([]room, len(c.nodeList))
 	for i, n := range c.nodeList {
 		if !n.up || n.rec.Drain {
 			continue
 		}
 		p := &c.place[i]
-		if p.MaxSandboxes > 0 && p.Sandboxes-leaving(n, nil) >= p.MaxSandboxes && len(idle[n]) == 0 {
+		rm := room{cpu: p.Allocatable.MilliCPU - p.Requested.MilliCPU, mem: p.Allocatable.MemoryMB - p.Requested.MemoryMB,
+			slots: math.MaxInt32, ok: true}
+		going := leaving(n, func(r *sandboxRec) { rm.cpu += r.milliCPU; rm.mem += r.memoryMB })
+		if p.MaxSandboxes > 0 {
+			rm.slots = int64(p.MaxSandboxes - p.Sandboxes + going)
+		}
+		rooms[i] = rm
+	}
+	fits := func(rm room) bool {
+		return rm.ok && rm.cpu >= need.MilliCPU && rm.mem >= need.MemoryMB && rm.slots >= 1
+	}
+	claim := func(rm *room) { rm.cpu, rm.mem, rm.slots = rm.cpu-need.MilliCPU, rm.mem-need.MemoryMB, rm.slots-1 }
+	progress := false
+	for range count {
+		if k := slices.IndexFunc(rooms, fits); k >= 0 {
+			claim(&rooms[k]) // room already on its way
+			progress = true
 			continue
 		}
-		freeCPU := p.Allocatable.MilliCPU - p.Requested.MilliCPU
-		freeMem := p.Allocatable.MemoryMB - p.Requested.MemoryMB
-		var goingCPU, goingMem int64
-		leaving(n, func(r *sandboxRec) { goingCPU += r.milliCPU; goingMem += r.memoryMB })
-		if freeCPU+goingCPU >= need.MilliCPU && freeMem+goingMem >= need.MemoryMB {
-			return true // room is on its way: evict nothing more
+		// The node that needs the least evicted, in memory (GD's size),
+		// among those whose idle sandboxes would make room.
+		best, bestShort := -1, int64(0)
+		for i, n := range c.nodeList {
+			rm := rooms[i]
+			if !rm.ok || len(idle[n]) == 0 {
+				continue
+			}
+			for _, r := range idle[n] {
+				rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
+			}
+			if !fits(rm) {
+				continue
+			}
+			if short := max(need.MemoryMB-rooms[i].mem, 0); best < 0 || short < bestShort {
+				best, bestShort = i, short
+			}
 		}
-		var idleCPU, idleMem int64
-		for _, r := range idle[n] {
-			idleCPU += r.milliCPU
-			idleMem += r.memoryMB
+		if best < 0 {
+			break
 		}
-		if freeCPU+goingCPU+idleCPU < need.MilliCPU || freeMem+goingMem+idleMem < need.MemoryMB {
+		n := c.nodeList[best]
+		for _, r := range c.evictOn(now, fs, n, idle[n], rooms[best].cpu, bestShort, rooms[best].slots) {
+			rooms[best].cpu += r.milliCPU
+			rooms[best].mem += r.memoryMB
+			rooms[best].slots++
+			idle[n] = slices.DeleteFunc(idle[n], func(x *sandboxRec) bool { return x == r })
+		}
+		if !fits(rooms[best]) {
+			break // the policy returned less than asked (cannot happen: the node was chosen to fit)
+		}
+		claim(&rooms[best])
+		progress = true
+	}
+	return progress
+}
+
+// idleByNode lists, per node, the idle sandboxes of gd functions other than
+// fs: current-revision, ready and reachable ones beyond the function's
+// demand, as victims() orders them (newest first).
+func (c *Reconciler) idleByNode(fs *fnState) map[*nodeState][]*sandboxRec {
+	idle := map[*nodeState][]*sandboxRec{}
+	for _, g := range c.order {
+		if g == fs || g.deleted || !c.gdHolds(g.spec) {
 			continue
 		}
-		// The node that needs the least evicted, in memory (GD's size).
-		short := max(need.MemoryMB-freeMem-goingMem, 0)
-		if best < 0 || short < bestShort {
-			best, bestShort = i, short
+		active, reachable := 0, 0
+		for _, r := range g.sandboxes {
+			if r.state != sbTombstoned && r.rev == g.spec.Revision {
+				active++
+				if r.state == sbReady && !r.withdrawn {
+					reachable++
+				}
+			}
+		}
+		// Sandboxes on a node whose link is down count toward the surplus
+		// but cannot be evicted: the reachable ones beyond demand can.
+		surplus := min(active, reachable) - g.desired
+		if surplus <= 0 {
+			continue
+		}
+		k := 0
+		for _, r := range c.victims(g, active) {
+			if k == surplus {
+				break
+			}
+			if r.state == sbReady && !r.withdrawn {
+				idle[r.node] = append(idle[r.node], r)
+				k++
+			}
 		}
 	}
-	if best < 0 {
-		return false
-	}
-	n := c.nodeList[best]
-	cands := idle[n]
+	return idle
+}
+
+// evictOn asks the keep-alive policy which of cands (idle sandboxes on n)
+// go to free memMB, then more while CPU or a slot is still short, and
+// tombstones them.
+func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*sandboxRec, freeCPU, memMB, slots int64) []*sandboxRec {
+	cands = slices.Clone(cands)
 	slices.SortFunc(cands, func(a, b *sandboxRec) int { return strings.Compare(a.id, b.id) })
 	kc := make([]keepalive.Candidate, len(cands))
 	for i, r := range cands {
 		kc[i] = keepalive.Candidate{Key: r.fn.spec.Name, MemoryMB: r.memoryMB, LastUsed: r.fn.lastUsed, ColdStart: r.fn.coldStart}
 	}
-	p := &c.place[best]
-	freeCPU := p.Allocatable.MilliCPU - p.Requested.MilliCPU
-	// Evict by memory (GD's size), then more while CPU is still short.
-	victims := c.keep.Evict(now, kc, max(bestShort, 1))
-	for _, i := range victims {
+	need := fs.spec.Resources.MilliCPU
+	var out []*sandboxRec
+	taken := make([]bool, len(cands))
+	take := func(i int) {
+		taken[i] = true
+		out = append(out, cands[i])
 		freeCPU += cands[i].milliCPU
+		slots++
 	}
-	for freeCPU < need.MilliCPU && len(victims) < len(cands) {
-		rest := make([]keepalive.Candidate, 0, len(cands))
-		idx := make([]int, 0, len(cands))
+	if memMB > 0 {
+		for _, i := range c.keep.Evict(now, kc, memMB) {
+			take(i)
+		}
+	}
+	for (freeCPU < need || slots < 1) && len(out) < len(cands) {
+		rest, idx := make([]keepalive.Candidate, 0, len(cands)), make([]int, 0, len(cands))
 		for i := range cands {
-			if !slices.Contains(victims, i) {
+			if !taken[i] {
 				rest, idx = append(rest, kc[i]), append(idx, i)
 			}
 		}
-		more := c.keep.Evict(now, rest, 1)
-		for _, j := range more {
-			victims = append(victims, idx[j])
-			freeCPU += cands[idx[j]].milliCPU
+		for _, j := range c.keep.Evict(now, rest, 1) {
+			take(idx[j])
 		}
 	}
-	for _, i := range victims {
-		r := cands[i]
+	for _, r := range out {
 		c.log.Debug("evict idle sandbox", "function", r.fn.spec.Name, "sandbox", r.id, "node", n.id, "for", fs.spec.Name)
 		c.tombstone(r)
 		c.stats.Evictions++
 	}
-	return len(victims) > 0
+	return out
 }
 
 // leaving counts n's sandboxes on their way out (tombstoned, not yet gone),

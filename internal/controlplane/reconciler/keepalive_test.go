@@ -112,3 +112,44 @@ func TestKeepAliveDurations(t *testing.T) {
 		t.Fatalf("gd keep-alive %s, want an hour when none is set", got)
 	}
 }
+
+// Room for a whole deficit is made in one pass, a node at its sandbox
+// limit gets a slot evicted too, and a burst on a gd function sitting at
+// zero demand with busy kept sandboxes creates what its queue needs at once.
+func TestKeepAliveGDEvictsForTheWholeDeficit(t *testing.T) {
+	w := newWorld(t, 0)
+	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", MaxSandboxes: 4,
+		Capacity: spec.Resources{MilliCPU: 64000, MemoryMB: 1 << 20}}})
+	w.running["n0"] = map[string]string{}
+	w.step(SessionUp{Node: "n0"})
+	w.deployKA("kept", 128, spec.KeepAliveGD, 0)
+	w.step(ScaleTo{Function: "kept", Desired: 4})
+	w.idle(5 * time.Minute)
+	if r, _, _ := w.status("kept"); r != 4 {
+		t.Fatalf("kept: %d ready, want 4", r)
+	}
+	// The node has CPU and memory but no slot: three new sandboxes need
+	// three evictions, all in the first pass.
+	w.deployKA("new", 128, spec.KeepAliveTTL, 0)
+	w.step(ScaleTo{Function: "new", Desired: 3})
+	if ev := w.r.Stats().Evictions; ev != 3 {
+		t.Fatalf("%d evictions in the first pass, want 3", ev)
+	}
+	w.now = w.now.Add(time.Second)
+	w.step(Retry{Function: "new"})
+	if r, _, _ := w.status("new"); r != 3 {
+		t.Fatalf("new: %d ready after the retry, want 3", r)
+	}
+
+	// A gd function at zero demand keeps one sandbox; a burst of 3 waiting
+	// calls (that sandbox busy) gets 3 new ones now, not at the next tick.
+	w2 := smallWorld(t)
+	w2.deployKA("g", 64, spec.KeepAliveGD, 0)
+	w2.step(ScaleTo{Function: "g", Desired: 1})
+	w2.idle(5 * time.Minute)
+	cmds := w2.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "g", Queued: 3, NoCapacity: true}}}})
+	if n := count[Create](cmds); n != 3 {
+		t.Fatalf("%d creates for 3 queued calls with the kept sandbox busy, want 3", n)
+	}
+}

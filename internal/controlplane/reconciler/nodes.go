@@ -104,7 +104,7 @@ func (c *Reconciler) drop(r *sandboxRec) {
 	}
 	delete(r.fn.sandboxes, r.id)
 	delete(r.node.sandboxes, r.id)
-	if len(r.fn.sandboxes) == 0 {
+	if len(r.fn.sandboxes) == 0 && c.fns[r.fn.spec.Name] == r.fn {
 		c.keep.Forget(r.fn.spec.Name) // GD's frequency restarts with the next sandbox
 	}
 	c.charge(r, -1)

@@ -66,8 +66,10 @@ type Reconciler struct {
 	placer   placement.Policy
 	placers  map[string]placement.Policy // per-function overrides, by policy name
 	rng      *rand.Rand
-	// keep orders idle sandboxes of gd functions for eviction.
-	keep keepalive.Policy
+	// keep orders idle sandboxes of gd functions for eviction;
+	// gdFunctions counts the functions that keep them.
+	keep        keepalive.Policy
+	gdFunctions int
 
 	quotas map[string]spec.Quota
 	nsUse  map[string]*nsUsage
