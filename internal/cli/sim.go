@@ -49,8 +49,10 @@ See docs/policies.md.`,
 				}
 			}
 			var ka spec.Scaling
-			if err := parseKeepAlive(keepAlive, &ka); err != nil {
-				return usageError{err}
+			if keepAlive != "" {
+				if err := parseKeepAlive(keepAlive, &ka); err != nil {
+					return usageError{err}
+				}
 			}
 			sc.KeepAlivePolicy, sc.KeepAlive = ka.KeepAlivePolicy, time.Duration(ka.KeepAlive)
 			sc.Seed = cfg.Seed
@@ -75,7 +77,7 @@ See docs/policies.md.`,
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
-	fl.StringVar(&keepAlive, "keep-alive", "ttl", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:15m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (none: until its room is needed)")
+	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	return c
 }

@@ -73,9 +73,11 @@ func (cp *ControlPlane) dirigentSpec(form url.Values) (*spec.Function, error) {
 	}
 	f := &spec.Function{Name: name, Auth: spec.AuthPublic} // the loader sends no credentials with its calls
 	if ka := cp.cfg.DirigentKeepAlive; ka > 0 {
-		// How long an idle sandbox lives: the stable window, and no grace.
+		// How long an idle sandbox lives: the stable window, and no grace
+		// (Knative's rule: ttl, not the default gd).
 		f.Scaling.StableWindow = spec.Duration(max(ka, time.Second))
 		f.Scaling.ScaleToZeroGrace = spec.Duration(time.Millisecond)
+		f.Scaling.KeepAlivePolicy = spec.KeepAliveTTL
 	}
 	img := form.Get("image")
 	switch {

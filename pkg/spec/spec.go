@@ -102,12 +102,12 @@ type Scaling struct {
 	// means the cluster default (the control plane's --scaling-mode).
 	Mode string `json:"mode,omitempty"`
 	// KeepAlive is how long an idle sandbox is kept after its function's
-	// demand falls (0: the mode's default: async and dual keep it for the
-	// stable window plus the scale-to-zero grace, sync for the same; gd
-	// until memory is needed). Whole seconds, at most 1h.
+	// demand falls (0: the policy's default: ttl keeps it for the stable
+	// window plus the scale-to-zero grace, gd for DefaultGDKeepAlive unless
+	// its memory is needed first). Whole seconds, at most 1h.
 	KeepAlive Duration `json:"keep_alive,omitzero"`
 	// KeepAlivePolicy is KeepAliveTTL or KeepAliveGD; "" means the
-	// cluster's (the control plane's --keep-alive-policy).
+	// cluster's (the control plane's --keep-alive-policy, default gd).
 	KeepAlivePolicy string `json:"keep_alive_policy,omitempty"`
 }
 
@@ -116,11 +116,17 @@ const (
 	// KeepAliveTTL: an idle sandbox leaves once its function's demand has
 	// been below it for the keep-alive.
 	KeepAliveTTL = "ttl"
-	// KeepAliveGD: idle sandboxes stay (up to KeepAlive, if set) until a
-	// new sandbox finds no room; then FaasCache's Greedy-Dual-Size-
-	// Frequency order picks which idle ones to evict.
+	// KeepAliveGD (the default): idle sandboxes stay for KeepAlive
+	// (DefaultGDKeepAlive) unless a new sandbox finds no room first; then
+	// FaasCache's Greedy-Dual-Size-Frequency order picks which to evict.
 	KeepAliveGD = "gd"
 )
+
+// DefaultGDKeepAlive is the longest gd keeps an idle sandbox when neither
+// the spec nor the cluster sets a keep-alive: on azure_500 it creates fewer
+// sandboxes than Dirigent with half the slowdown of Knative's 90 s
+// (docs/policies.md, "Keep-alive and sandbox churn").
+const DefaultGDKeepAlive = 15 * time.Minute
 
 // KeepAlivePolicies are the keep-alive policies a spec or a cluster may choose.
 var KeepAlivePolicies = []string{KeepAliveTTL, KeepAliveGD}

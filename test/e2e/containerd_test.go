@@ -64,7 +64,7 @@ func TestContainerdFunctionLifecycle(t *testing.T) {
 
 	p := c.up(t, containerdArgs...)
 	c.mustBrisk(t, "fn", "deploy", "hello", "--image", image.TraceRef, "--memory", "64",
-		"--stable-window", "2s", "--scale-to-zero-grace", "1s")
+		"--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
 
 	first := c.invoke(t, "hello", `{"ms": 20}`)
 	if first.status != 200 || !first.cold || first.sandbox == "" || first.reply.Sandbox != first.sandbox {

@@ -18,7 +18,7 @@ import (
 func TestFunctionLifecycle(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
-	c.mustBrisk(t, "fn", "deploy", "hello", "--builtin", "trace", "--stable-window", "2s", "--scale-to-zero-grace", "1s")
+	c.mustBrisk(t, "fn", "deploy", "hello", "--builtin", "trace", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
 	if v := c.fn(t, "hello"); v.Status.Desired != 0 || v.Status.Ready != 0 {
 		t.Fatalf("new function should start at zero, got desired=%d ready=%d", v.Status.Desired, v.Status.Ready)
 	}

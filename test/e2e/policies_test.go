@@ -20,7 +20,7 @@ func TestPoliciesSelectable(t *testing.T) {
 	c.mustBrisk(t, "fn", "deploy", "cluster", "--builtin", "trace")
 	for _, tc := range []struct{ fn, placement, keepAlivePolicy, keepAlive string }{
 		{"own", "ch-rlu", "ttl", "11m30s"}, // 10m scale-down delay after the 60s window and the 30s grace
-		{"cluster", "ch-bl", "gd", "1h0m0s"},
+		{"cluster", "ch-bl", "gd", "15m0s"},
 	} {
 		v := c.fn(t, tc.fn)
 		p := v.Status.Policies

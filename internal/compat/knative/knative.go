@@ -233,6 +233,9 @@ func (s *Service) ToSpec() (*spec.Function, error) {
 			set(x)
 		}
 	}
+	// Knative's scale-to-zero: idle sandboxes leave after the stable window
+	// and the grace, not brisk's default gd keep-alive.
+	f.Scaling.KeepAlivePolicy = spec.KeepAliveTTL
 	num(annMinScale, func(x float64) { f.Scaling.Min = int(x) })
 	num(annMaxScale, func(x float64) { f.Scaling.Max = int(x) })
 	num(annTarget, func(x float64) { f.Scaling.Target = x })

@@ -66,7 +66,8 @@ func TestParseAndBack(t *testing.T) {
 	want := spec.Function{Name: "hello", Namespace: "team-a", Image: "registry.example/hello:1", Port: 9000, Env: map[string]string{"TARGET": "World"},
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}, Limits: spec.Resources{MilliCPU: 1000, MemoryMB: 1024}, Concurrency: 4,
 		Timeout: spec.Duration(2 * time.Minute), Auth: spec.AuthPublic,
-		Scaling: spec.Scaling{Min: 1, Max: 10, Target: 5, TargetUtilization: 0.7, StableWindow: spec.Duration(90 * time.Second)}}
+		Scaling: spec.Scaling{Min: 1, Max: 10, Target: 5, TargetUtilization: 0.7, StableWindow: spec.Duration(90 * time.Second),
+			KeepAlivePolicy: spec.KeepAliveTTL}}
 	if h.Name != want.Name || h.Namespace != want.Namespace || h.Image != want.Image || h.Port != want.Port || h.Env["TARGET"] != "World" ||
 		h.Resources != want.Resources || h.Limits != want.Limits || h.Concurrency != 4 || h.Timeout != want.Timeout || h.Auth != want.Auth || h.Scaling != want.Scaling {
 		t.Fatalf("parsed %+v\nwant   %+v", *h, want)

@@ -130,13 +130,10 @@ func KeepAlive(k autoscale.Config) time.Duration {
 }
 
 // KeepAliveOf is how long an idle sandbox of f lives with no memory
-// pressure: gd keeps it for its keep-alive, or an hour if none is set.
+// pressure.
 func (c *Reconciler) KeepAliveOf(f *spec.Function) time.Duration {
-	if c.KeepAlivePolicyOf(f) == spec.KeepAliveGD && c.ModeOf(f) != spec.ModeSync {
-		if ka := time.Duration(f.Scaling.KeepAlive); ka > 0 {
-			return ka
-		}
-		return time.Hour
+	if c.gdHolds(f) {
+		return gdKeepAlive(f)
 	}
 	return KeepAlive(c.KPAConfig(f))
 }

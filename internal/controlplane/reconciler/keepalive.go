@@ -14,10 +14,10 @@ import (
 // Keep-alive (docs/policies.md, Keep-alive). Under ttl, the autoscaler's
 // decision is the whole story: a sandbox leaves once demand has been below
 // it for the keep-alive (the KPA's windows, or its scale-down delay). Under
-// gd, sandboxes beyond the demand are idle but kept: they serve the next
-// burst warm, and they leave only when a new sandbox finds no node with
-// room (evicted in FaasCache's Greedy-Dual-Size-Frequency order) or, if the
-// spec sets one, after the keep-alive.
+// gd (the default), sandboxes beyond the demand are idle but kept: they
+// serve the next burst warm, and they leave after the keep-alive (15 min by
+// default) or earlier when a new sandbox finds no node with room (evicted
+// in FaasCache's Greedy-Dual-Size-Frequency order).
 
 // KeepAlivePolicyOf is f's effective keep-alive policy.
 func (c *Reconciler) KeepAlivePolicyOf(f *spec.Function) string {
@@ -42,8 +42,16 @@ func (c *Reconciler) holdSurplus(now time.Time, fs *fnState) bool {
 	if fs.surplusSince.IsZero() {
 		fs.surplusSince = now
 	}
-	ka := time.Duration(fs.spec.Scaling.KeepAlive)
-	return ka <= 0 || now.Sub(fs.surplusSince) < ka
+	return now.Sub(fs.surplusSince) < gdKeepAlive(fs.spec)
+}
+
+// gdKeepAlive is how long gd keeps f's idle sandboxes with no memory
+// pressure.
+func gdKeepAlive(f *spec.Function) time.Duration {
+	if ka := time.Duration(f.Scaling.KeepAlive); ka > 0 {
+		return ka
+	}
+	return spec.DefaultGDKeepAlive
 }
 
 // touch tells the keep-alive policy about n calls of fs.

@@ -96,7 +96,8 @@ func TestKeepAliveDurations(t *testing.T) {
 		t.Fatalf("gd: %d ready, %d terminating 35 s after the demand fell, want none", r, term)
 	}
 
-	f := &spec.Function{Name: "ttl", Builtin: "echo", Concurrency: 1, Revision: 1, Scaling: spec.Scaling{KeepAlive: spec.Duration(5 * time.Minute)}}
+	f := &spec.Function{Name: "ttl", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Scaling: spec.Scaling{KeepAlivePolicy: spec.KeepAliveTTL, KeepAlive: spec.Duration(5 * time.Minute)}}
 	if got := w.r.KeepAliveOf(f); got != 5*time.Minute+60*time.Second+30*time.Second {
 		t.Fatalf("ttl keep-alive %s, want the 5m scale-down delay after the 60s window and the 30s grace", got)
 	}
@@ -107,9 +108,13 @@ func TestKeepAliveDurations(t *testing.T) {
 	if got := w.r.KeepAliveOf(f); got != 5*time.Minute {
 		t.Fatalf("sync keep-alive %s, want the spec's 5m", got)
 	}
-	f.Scaling = spec.Scaling{KeepAlivePolicy: spec.KeepAliveGD}
-	if got := w.r.KeepAliveOf(f); got != time.Hour {
-		t.Fatalf("gd keep-alive %s, want an hour when none is set", got)
+	f.Scaling = spec.Scaling{}
+	if got := w.r.KeepAliveOf(f); got != spec.DefaultGDKeepAlive {
+		t.Fatalf("default keep-alive %s, want gd's %s", got, spec.DefaultGDKeepAlive)
+	}
+	f.Scaling.Mode = spec.ModeSync // sync holds its own peak: gd does not apply
+	if got := w.r.KeepAliveOf(f); got != 90*time.Second {
+		t.Fatalf("sync keep-alive %s, want the window plus the grace", got)
 	}
 }
 

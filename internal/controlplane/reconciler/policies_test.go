@@ -50,7 +50,7 @@ func TestLoadBalancingDefault(t *testing.T) {
 	if lb := r.WireSpec(&spec.Function{Name: "f", LoadBalancing: "random"}).GetLoadBalancing(); lb != "random" {
 		t.Fatalf("wire load balancing %q, want the spec's", lb)
 	}
-	if p := r.PoliciesOf(&spec.Function{Name: "f"}); p.LoadBalancing != "power-of-two" || p.Placement != "kubernetes" || p.KeepAlivePolicy != "ttl" {
+	if p := r.PoliciesOf(&spec.Function{Name: "f"}); p.LoadBalancing != "power-of-two" || p.Placement != "kubernetes" || p.KeepAlivePolicy != "gd" || p.KeepAlive != "15m0s" {
 		t.Fatalf("policies %+v", p)
 	}
 	if _, err := New(Config{LoadBalancing: "fastest"}); err == nil {

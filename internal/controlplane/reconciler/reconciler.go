@@ -34,7 +34,7 @@ type Config struct {
 	TargetUtilization float64
 	ScalingMode       string // default for specs that name none
 	Placement         string // cluster placement policy ("" = kubernetes)
-	KeepAlivePolicy   string // default for specs that name none ("" = ttl)
+	KeepAlivePolicy   string // default for specs that name none ("" = gd)
 	LoadBalancing     string // default for specs that name none ("" = the data plane's, least-loaded)
 	// Predictor, when set, forecasts each function's concurrency at every
 	// decision; a forecast can only raise the KPA's scale (pre-warming).
@@ -104,7 +104,7 @@ func New(cfg Config) (*Reconciler, error) {
 		return nil, fmt.Errorf("scaling mode %q: want one of %v", cfg.ScalingMode, spec.ScalingModes)
 	}
 	if cfg.KeepAlivePolicy == "" {
-		cfg.KeepAlivePolicy = spec.KeepAliveTTL
+		cfg.KeepAlivePolicy = spec.KeepAliveGD
 	}
 	if !slices.Contains(spec.KeepAlivePolicies, cfg.KeepAlivePolicy) {
 		return nil, fmt.Errorf("keep-alive policy %q: want one of %v", cfg.KeepAlivePolicy, spec.KeepAlivePolicies)

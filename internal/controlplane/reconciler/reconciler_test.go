@@ -138,8 +138,17 @@ func count[T Command](cmds []Command) int {
 // A waiting request scales a function from zero; with no load it returns
 // to zero after the stable window and the grace period.
 func TestScaleFromZeroAndBack(t *testing.T) {
+	for _, policy := range []string{spec.KeepAliveTTL, spec.KeepAliveGD} {
+		t.Run(policy, func(t *testing.T) { scaleFromZeroAndBack(t, policy) })
+	}
+}
+
+// scaleFromZeroAndBack: ttl returns to zero after Knative's windows (60 s
+// + 30 s), gd keeps the idle sandbox for its 15 minutes.
+func scaleFromZeroAndBack(t *testing.T, policy string) {
 	w := newWorld(t, 3)
-	w.deploy("f", 0)
+	w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 128}, Scaling: spec.Scaling{KeepAlivePolicy: policy}}})
 	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
 		Functions: []*briskv1.FunctionMetric{{Function: "f", Queued: 1, NoCapacity: true}}}})
 	if count[Create](cmds) != 1 || count[AddEndpoint](cmds) != 1 {
@@ -149,13 +158,22 @@ func TestScaleFromZeroAndBack(t *testing.T) {
 		t.Fatalf("ready %d, want 1", r)
 	}
 	var gone int
-	for range 200 { // 200 s of ticks with no load
-		w.now = w.now.Add(time.Second)
-		w.step(SampleLoad{})
-		gone += count[RemoveEndpoint](w.step(Tick{}))
+	idle := func(d time.Duration) {
+		for end := w.now.Add(d); w.now.Before(end); {
+			w.now = w.now.Add(time.Second)
+			w.step(SampleLoad{})
+			gone += count[RemoveEndpoint](w.step(Tick{}))
+		}
+	}
+	idle(200 * time.Second)
+	if policy == spec.KeepAliveGD {
+		if r, _, _ := w.status("f"); r != 1 || gone != 0 {
+			t.Fatalf("gd, after 200 idle seconds: ready %d, %d removed; want the sandbox kept", r, gone)
+		}
+		idle(spec.DefaultGDKeepAlive)
 	}
 	if r, p, term := w.status("f"); r+p+term != 0 || gone != 1 {
-		t.Fatalf("after 200 idle seconds: ready %d pending %d terminating %d, %d endpoints removed; want all 0 and 1 removal", r, p, term, gone)
+		t.Fatalf("%s: after the keep-alive: ready %d pending %d terminating %d, %d endpoints removed; want all 0 and 1 removal", policy, r, p, term, gone)
 	}
 }
 
