@@ -146,7 +146,10 @@ func (e *env) cpConfig(addr string) Config {
 	return Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
 		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, NodeGrace: e.opts.nodeGrace,
 		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor, HeartbeatTimeout: e.opts.hbTimeout,
-		Term: e.opts.term}
+		Term: e.opts.term,
+		// The chain's cases scale down and expect victims at once:
+		// Knative's keep-alive, not gd's idle sandboxes.
+		KeepAlivePolicy: spec.KeepAliveTTL}
 }
 
 // startCP runs a control plane on addr over the env's data directory.

@@ -22,7 +22,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func startCP(t *testing.T, dir string) (cp *ControlPlane, stop func()) {
 	t.Helper()
 	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", Logger: quiet,
-		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, StartupGrace: 5 * time.Second})
+		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, StartupGrace: 5 * time.Second,
+		KeepAlivePolicy: spec.KeepAliveTTL}) // scale-downs here expect victims at once
 	if err != nil {
 		t.Fatal(err)
 	}

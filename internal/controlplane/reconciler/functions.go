@@ -462,10 +462,14 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		}
 	case active > want:
 		fs.placeErr, fs.quotaErr = "", ""
+		n := active - want
 		if c.holdSurplus(now, fs) {
-			break
+			n = active - c.holdLimit(fs) // idle ones kept, within the function's bounds
+			if n <= 0 {
+				break
+			}
 		}
-		for _, r := range c.victims(fs, active-want) {
+		for _, r := range c.victims(fs, n) {
 			c.tombstone(r)
 		}
 		fs.surplusSince = time.Time{} // the next surplus gets its own keep-alive

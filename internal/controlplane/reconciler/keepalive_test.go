@@ -158,3 +158,23 @@ func TestKeepAliveGDEvictsForTheWholeDeficit(t *testing.T) {
 		t.Fatalf("%d creates for 3 queued calls with the kept sandbox busy, want 3", n)
 	}
 }
+
+// gd keeps idle sandboxes only within the function's bounds: lowering
+// scaling.max removes the ones above it at once.
+func TestKeepAliveGDRespectsMax(t *testing.T) {
+	w := smallWorld(t)
+	f := &spec.Function{Name: "f", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}, Scaling: spec.Scaling{KeepAlivePolicy: spec.KeepAliveGD}}
+	w.step(UpsertFunction{Spec: f})
+	w.step(ScaleTo{Function: "f", Desired: 4})
+	w.idle(time.Minute)
+	if r, _, _ := w.status("f"); r != 4 {
+		t.Fatalf("%d ready, want 4 kept", r)
+	}
+	g := *f
+	g.Scaling.Max = 2
+	w.step(UpsertFunction{Spec: &g})
+	if r, _, _ := w.status("f"); r != 2 {
+		t.Fatalf("%d ready after max 2, want 2", r)
+	}
+}
