@@ -74,7 +74,9 @@ replay's files), DIR/modes.csv and DIR/modes.png.`,
 			for _, w := range windows {
 				for _, m := range modes {
 					run := cfg
-					run.ScalingMode, run.StableWindow = m, w
+					// The stable window is the keep-alive swept here:
+					// Knative's ttl, not gd's 15 minutes.
+					run.ScalingMode, run.StableWindow, run.KeepAlivePolicy = m, w, spec.KeepAliveTTL
 					f.out = filepath.Join(base, m+"-"+w.String())
 					fmt.Fprintf(c.ErrOrStderr(), "== %s, stable window %s\n", m, w)
 					var sum *bench.ReplaySummary
