@@ -48,6 +48,9 @@ See docs/policies.md.`,
 					return usageError{err}
 				}
 			}
+			if cfg.ScalingMode == spec.ModeDual {
+				return usageError{fmt.Errorf("--scaling-mode dual: the emergency track is not simulated; use async or sync")}
+			}
 			var ka spec.Scaling
 			if keepAlive != "" {
 				if err := parseKeepAlive(keepAlive, &ka); err != nil {
