@@ -181,10 +181,10 @@ func (r *Runtime) bind(ctx context.Context, sh *shell, b *nsinit.Bind, files []*
 	case n > 0:
 		return errors.New(string(buf[:n]))
 	case errors.Is(err, io.EOF):
-		// The socket closed: on exec, or because the init died.
-		if sh.hasExited() {
-			return fmt.Errorf("init ended before exec: %v", sh.exitErr)
-		}
+		// The socket closed on exec (close-on-exec): the init reports every
+		// failure before it with a message. A function that exits at once
+		// may already be reaped here; its exit is the instance's to report
+		// (Exited, ExitErr), not a failed bind.
 		return nil
 	default:
 		return fmt.Errorf("bind: %w", err)
