@@ -638,6 +638,18 @@ func condition(reason, msg string) string {
 	return reason + ": " + msg
 }
 
+// keepAliveFlag reads a --keep-alive given to replay or sim: the policy and
+// duration it names ("" and 0 for what it leaves out, or for no flag).
+func keepAliveFlag(v string) (string, time.Duration, error) {
+	var s spec.Scaling
+	if v != "" {
+		if err := parseKeepAlive(v, &s); err != nil {
+			return "", 0, usageError{err}
+		}
+	}
+	return s.KeepAlivePolicy, time.Duration(s.KeepAlive), nil
+}
+
 // parseKeepAlive reads --keep-alive: POLICY, DURATION or POLICY:DURATION.
 func parseKeepAlive(v string, s *spec.Scaling) error {
 	policy, dur, hasDur := strings.Cut(v, ":")

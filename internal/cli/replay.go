@@ -67,15 +67,9 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 		if cfg.Placement != "" && !slices.Contains(spec.Placements, cfg.Placement) {
 			return usageError{fmt.Errorf("--placement %q: want one of %v", cfg.Placement, spec.Placements)}
 		}
-		if keepAlive == "" {
-			return nil
-		}
-		var s spec.Scaling
-		if err := parseKeepAlive(keepAlive, &s); err != nil {
-			return usageError{err}
-		}
-		cfg.KeepAlivePolicy, cfg.KeepAlive = s.KeepAlivePolicy, time.Duration(s.KeepAlive)
-		return nil
+		var err error
+		cfg.KeepAlivePolicy, cfg.KeepAlive, err = keepAliveFlag(keepAlive)
+		return err
 	}
 	fl.BoolVar(&dryRun, "dry-run", false, "print the schedule (function,offset_us,runtime_ms,memory_mb) as CSV and exit; no cluster")
 	return c

@@ -2,14 +2,13 @@ package cli
 
 import (
 	"fmt"
-	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
-	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/sim"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -44,20 +43,17 @@ See docs/policies.md.`,
 			}
 			placements := strings.Split(sc.Placement, ",")
 			for _, p := range placements {
-				if _, err := placement.New(p, rand.New(rand.NewPCG(1, 2))); err != nil {
-					return usageError{err}
+				if !slices.Contains(spec.Placements, p) {
+					return usageError{fmt.Errorf("--placement %q: want one of %v", p, spec.Placements)}
 				}
 			}
 			if cfg.ScalingMode == spec.ModeDual {
 				return usageError{fmt.Errorf("--scaling-mode dual: the emergency track is not simulated; use async or sync")}
 			}
-			var ka spec.Scaling
-			if keepAlive != "" {
-				if err := parseKeepAlive(keepAlive, &ka); err != nil {
-					return usageError{err}
-				}
+			var err error
+			if sc.KeepAlivePolicy, sc.KeepAlive, err = keepAliveFlag(keepAlive); err != nil {
+				return err
 			}
-			sc.KeepAlivePolicy, sc.KeepAlive = ka.KeepAlivePolicy, time.Duration(ka.KeepAlive)
 			sc.Seed = cfg.Seed
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -214,16 +215,21 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 }
 
 func (c *Reconciler) boundDesired(fs *fnState) {
-	s := fs.spec.Scaling
-	if fs.desired < s.Min {
-		fs.desired = s.Min
+	fs.desired = min(max(fs.desired, fs.spec.Scaling.Min), c.scaleCap(fs))
+}
+
+// scaleCap is the most sandboxes fs may have: its scaling.max, the
+// operator's cap and its namespace's, whichever is lowest (none set:
+// unbounded).
+func (c *Reconciler) scaleCap(fs *fnState) int {
+	limit := math.MaxInt
+	if m := c.maxScale(fs); m > 0 {
+		limit = m
 	}
-	if maxScale := c.maxScale(fs); maxScale > 0 && fs.desired > maxScale {
-		fs.desired = maxScale // an unbounded max is bounded by the operator's cap and the namespace's
+	if m := fs.spec.Scaling.Max; m > 0 {
+		limit = min(limit, m)
 	}
-	if s.Max > 0 && fs.desired > s.Max {
-		fs.desired = s.Max
-	}
+	return limit
 }
 
 // ---------------------------------------------------------------- scaling
@@ -464,7 +470,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		fs.placeErr, fs.quotaErr = "", ""
 		n := active - want
 		if c.holdSurplus(now, fs) {
-			n = active - c.holdLimit(fs) // idle ones kept, within the function's bounds
+			n = active - c.scaleCap(fs) // idle ones kept, within the function's bounds
 			if n <= 0 {
 				break
 			}

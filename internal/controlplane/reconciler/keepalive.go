@@ -45,19 +45,6 @@ func (c *Reconciler) holdSurplus(now time.Time, fs *fnState) bool {
 	return now.Sub(fs.surplusSince) < gdKeepAlive(fs.spec)
 }
 
-// holdLimit is the most sandboxes fs may keep idle: its scaling.max, the
-// operator's cap and its namespace's (none: unbounded).
-func (c *Reconciler) holdLimit(fs *fnState) int {
-	limit := c.maxScale(fs)
-	if m := fs.spec.Scaling.Max; m > 0 && (limit == 0 || m < limit) {
-		limit = m
-	}
-	if limit == 0 {
-		return math.MaxInt
-	}
-	return limit
-}
-
 // gdKeepAlive is how long gd keeps f's idle sandboxes with no memory
 // pressure.
 func gdKeepAlive(f *spec.Function) time.Duration {
