@@ -33,6 +33,7 @@ type deployFlags struct {
 	port, min, max, concurrency, queue     int
 	memory                                 int64
 	env                                    []string
+	secrets                                []string
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
 	writableRoot, streamRequests, public   bool
@@ -124,6 +125,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.cpu, "cpu", "", "CPU per sandbox, e.g. 250m or 0.5 (default 250m)")
 	fl.Int64Var(&f.memory, "memory", 0, "memory per sandbox in MiB (default 128)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	fl.StringSliceVar(&f.secrets, "secret", nil, "a secret of the namespace the sandboxes read at "+spec.SecretsDir+"/NAME (repeatable or comma-separated; brisk secret create)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "request timeout (default 5m)")
 	fl.IntVar(&f.queue, "queue-depth", 0, "requests a data plane queues while no sandbox is free (default 1000)")
 	fl.DurationVar(&f.queueTimeout, "queue-timeout", 0, "how long a request may wait for a sandbox (default 30s)")
@@ -217,6 +219,9 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 	}
 	if set("writable-root") {
 		fn.WritableRoot = f.writableRoot
+	}
+	if set("secret") {
+		fn.Secrets = f.secrets
 	}
 	for _, kv := range f.env {
 		k, v, ok := strings.Cut(kv, "=")

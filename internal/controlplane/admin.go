@@ -54,6 +54,11 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/namespaces", cp.listNamespaces)
 	mux.HandleFunc("GET /v1/namespaces/{name}", cp.getNamespace)
 	mux.HandleFunc("DELETE /v1/namespaces/{name}", cp.deleteNamespace)
+	mux.HandleFunc("POST /v1/secrets", cp.createSecret)
+	mux.HandleFunc("GET /v1/secrets", cp.listSecrets)
+	mux.HandleFunc("GET /v1/secrets/{name}", cp.getSecret)
+	mux.HandleFunc("PUT /v1/secrets/{name}", cp.updateSecret)
+	mux.HandleFunc("DELETE /v1/secrets/{name}", cp.deleteSecret)
 	mux.HandleFunc("POST /v1/tokens", cp.createToken)
 	mux.HandleFunc("GET /v1/tokens", cp.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", cp.revokeToken)
@@ -183,6 +188,11 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.admitToNamespace(w, f, true) {
 		return
 	}
+	cp.secretMu.RLock()
+	defer cp.secretMu.RUnlock()
+	if !cp.admitSecrets(w, f) {
+		return
+	}
 	l := cp.nameLock(f.Name)
 	l.Lock()
 	defer l.Unlock()
@@ -209,6 +219,11 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	f, ok := cp.readSpec(w, r, name)
 	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, f, false) {
+		return
+	}
+	cp.secretMu.RLock()
+	defer cp.secretMu.RUnlock()
+	if !cp.admitSecrets(w, f) {
 		return
 	}
 	l := cp.nameLock(name)

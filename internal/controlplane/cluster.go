@@ -39,6 +39,11 @@ type Cluster struct {
 	// until the control plane has loaded its tokens.
 	auth  *briskv1.AuthConfig
 	store store.Registry
+	// secrets are the registry's secret values by namespace/name
+	// (secrets.go); secretGen changes with them, so that a link sends a
+	// spec again when the values it carried are stale.
+	secrets   map[string][]byte
+	secretGen uint64
 
 	idPrefix string
 	// placementFailures is the reconciler's count last exported.
@@ -99,12 +104,14 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 		switch x := cmd.(type) {
 		case reconciler.Create:
 			if s := c.sessionOf(x.Node); s != nil {
-				s.create(x.Spec, x.ID)
+				data, gen := c.secretDataLocked(x.Spec)
+				s.create(x.Spec, x.ID, data, gen)
 			}
 			c.metrics.creations.Inc()
 		case reconciler.Offer:
 			if s := c.sessionOf(x.Node); s != nil {
-				s.offer(x.Spec)
+				data, gen := c.secretDataLocked(x.Spec)
+				s.offer(x.Spec, data, gen)
 			}
 		case reconciler.Tombstone:
 			if s := c.sessionOf(x.Node); s != nil {

@@ -33,12 +33,14 @@ type session struct {
 	creates []*briskv1.CreateSandbox
 	tombs   []string
 	verify  []string
-	sent    map[specKey]struct{} // specs this worker has been sent in this session
-	notify  chan struct{}
+	// sent holds the specs this worker has been sent in this session, with
+	// the secret generation their values were taken from.
+	sent   map[specKey]uint64
+	notify chan struct{}
 }
 
 func newSession(epoch uint64) *session {
-	return &session{epoch: epoch, sent: make(map[specKey]struct{}), notify: make(chan struct{}, 1)}
+	return &session{epoch: epoch, sent: make(map[specKey]uint64), notify: make(chan struct{}, 1)}
 }
 
 func (s *session) signal() {
@@ -49,14 +51,10 @@ func (s *session) signal() {
 }
 
 // create queues a Create, preceded by the function spec the first time this
-// session needs it.
-func (s *session) create(f *spec.Function, id string) {
+// session needs it (or again, when the secret values it carried changed).
+func (s *session) create(f *spec.Function, id string, secrets map[string][]byte, gen uint64) {
 	s.mu.Lock()
-	k := specKey{f.Name, f.Revision}
-	if _, ok := s.sent[k]; !ok {
-		s.sent[k] = struct{}{}
-		s.specs = append(s.specs, f.ToProto())
-	}
+	s.queueSpecLocked(f, secrets, gen)
 	s.creates = append(s.creates, &briskv1.CreateSandbox{Id: id, Function: f.Name, Revision: f.Revision})
 	s.mu.Unlock()
 	s.signal()
@@ -64,18 +62,27 @@ func (s *session) create(f *spec.Function, id string) {
 
 // offer queues f's spec alone, once per session: a worker serves
 // emergency calls only for functions the control plane offered it.
-func (s *session) offer(f *spec.Function) {
+func (s *session) offer(f *spec.Function, secrets map[string][]byte, gen uint64) {
 	s.mu.Lock()
-	k := specKey{f.Name, f.Revision}
-	_, sent := s.sent[k]
-	if !sent {
-		s.sent[k] = struct{}{}
-		s.specs = append(s.specs, f.ToProto())
-	}
+	queued := s.queueSpecLocked(f, secrets, gen)
 	s.mu.Unlock()
-	if !sent {
+	if queued {
 		s.signal()
 	}
+}
+
+// queueSpecLocked queues f's spec, with the values of its secrets, unless
+// this session already sent it with values of generation gen.
+func (s *session) queueSpecLocked(f *spec.Function, secrets map[string][]byte, gen uint64) bool {
+	k := specKey{f.Name, f.Revision}
+	if g, ok := s.sent[k]; ok && g == gen {
+		return false
+	}
+	s.sent[k] = gen
+	p := f.ToProto()
+	p.SecretData = secrets
+	s.specs = append(s.specs, p)
+	return true
 }
 
 // tombstone queues a Tombstone, after delay when one is given.

@@ -166,6 +166,10 @@ func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) 
 		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
 		return
 	}
+	if n := cp.namespaceSecrets(name); n > 0 && name != spec.DefaultNamespace {
+		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d secrets: delete them first (brisk secret list -n %s)", name, n, name))
+		return
+	}
 	if err := cp.store.DeleteNamespace(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))

@@ -183,6 +183,9 @@ type ControlPlane struct {
 	dpKeys            sync.Map      // data plane id -> key id its record is bound to
 	nodeLocks         [64]sync.Mutex
 	dpMu              sync.Mutex // serialises data plane registrations (the binding check)
+	// secretMu orders secret writes (held) against deploys naming secrets
+	// (read-held): secrets.go.
+	secretMu sync.RWMutex
 }
 
 // New validates the config; it opens and starts nothing.
@@ -245,6 +248,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cp.loadQuotas(); err != nil { // before functions are placed
+		return err
+	}
+	if err := cp.loadSecrets(); err != nil { // before sandboxes are created
 		return err
 	}
 	if err := cp.load(ctx); err != nil {

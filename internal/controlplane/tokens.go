@@ -213,12 +213,17 @@ func (cp *ControlPlane) revokeToken(w http.ResponseWriter, r *http.Request) {
 
 // readJSON decodes a small JSON body strictly; on failure it has answered.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	return readJSONLimit(w, r, v, 64<<10)
+}
+
+// readJSONLimit is readJSON for bodies of up to limit bytes.
+func readJSONLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "body larger than 64 KiB")
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d KiB", limit>>10))
 		} else {
 			writeError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
 		}

@@ -140,6 +140,26 @@ type NamespaceUsage struct {
 	MemoryMB  int64 `json:"memory_mb"`
 }
 
+// SecretRequest creates (POST /v1/secrets) or replaces (PUT
+// /v1/secrets/NAME) a secret. Exactly one of Value (text) and RawValue
+// (bytes, base64 in JSON) is set; an empty value is allowed.
+type SecretRequest struct {
+	Name      string `json:"name,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Value     string `json:"value,omitempty"`
+	RawValue  []byte `json:"raw_value,omitempty"`
+}
+
+// SecretView is a secret as the admin API shows it: never its value.
+type SecretView struct {
+	Name      string    `json:"name"`
+	Namespace string    `json:"namespace"`
+	Size      int       `json:"size"` // bytes
+	UsedBy    []string  `json:"used_by,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
 // TokenRequest creates an API token (POST /v1/tokens).
 type TokenRequest struct {
 	Name      string   `json:"name"`

@@ -335,3 +335,39 @@ func (c *Client) Namespaces(ctx context.Context) ([]api.NamespaceView, error) {
 func (c *Client) DeleteNamespace(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/namespaces/"+url.PathEscape(name), nil, nil)
 }
+
+// CreateSecret stores a new secret in req.Namespace ("" = the token's or
+// the default namespace); it is an error if the name is taken there.
+func (c *Client) CreateSecret(ctx context.Context, req api.SecretRequest) (*api.SecretView, error) {
+	var out api.SecretView
+	err := c.do(ctx, http.MethodPost, "/v1/secrets", req, &out)
+	return &out, err
+}
+
+// UpdateSecret replaces the value of an existing secret. Sandboxes started
+// from then on see the new value; redeploy a function to roll its others.
+func (c *Client) UpdateSecret(ctx context.Context, req api.SecretRequest) (*api.SecretView, error) {
+	var out api.SecretView
+	err := c.do(ctx, http.MethodPut, "/v1/secrets/"+url.PathEscape(req.Name)+nsQuery(req.Namespace), req, &out)
+	return &out, err
+}
+
+// Secrets lists the secrets of namespace ("" = every namespace the token
+// sees), never their values.
+func (c *Client) Secrets(ctx context.Context, namespace string) ([]api.SecretView, error) {
+	var out []api.SecretView
+	err := c.do(ctx, http.MethodGet, "/v1/secrets"+nsQuery(namespace), nil, &out)
+	return out, err
+}
+
+// DeleteSecret deletes a secret no function uses.
+func (c *Client) DeleteSecret(ctx context.Context, namespace, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name)+nsQuery(namespace), nil, nil)
+}
+
+func nsQuery(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return "?namespace=" + url.QueryEscape(ns)
+}

@@ -71,6 +71,14 @@ type Function struct {
 	// except where docs/compatibility.md says).
 	Labels      map[string]string `json:"labels,omitempty"`
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Secrets names secrets of the function's namespace that its sandboxes
+	// see as read-only files, /var/openfaas/secrets/NAME (OpenFaaS's path;
+	// SecretsDir). Each must exist when the function is deployed.
+	Secrets []string `json:"secrets,omitempty"`
+	// SecretData holds the named secrets' values on their way to a worker
+	// (the link's spec, never the admin API's or a data plane's): the
+	// runtimes write them into the sandbox. Never serialised as JSON.
+	SecretData map[string][]byte `json:"-"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -382,7 +390,50 @@ func (f *Function) Validate() error {
 	if f.Placement != "" && !contains(Placements, f.Placement) {
 		return bad("placement", "%q is not one of %s", f.Placement, strings.Join(Placements, ", "))
 	}
+	if len(f.Secrets) > MaxSecretsPerFunction {
+		return bad("secrets", "%d secrets, at most %d", len(f.Secrets), MaxSecretsPerFunction)
+	}
+	seen := make(map[string]bool, len(f.Secrets))
+	for _, n := range f.Secrets {
+		if !ValidSecretName(n) {
+			return bad("secrets", "%q: %s", n, SecretNameRule)
+		}
+		if seen[n] {
+			return bad("secrets", "%q is listed twice", n)
+		}
+		seen[n] = true
+	}
 	return nil
+}
+
+// SecretsDir is where a sandbox finds its function's secrets, one file per
+// secret: OpenFaaS's path, so that its functions run unchanged.
+const SecretsDir = "/var/openfaas/secrets"
+
+// Secret limits: a value as large as a Kubernetes Secret's, and a bound on
+// what one sandbox start must carry.
+const (
+	MaxSecretSize         = 1 << 20
+	MaxSecretsPerFunction = 32
+)
+
+// SecretNameRule says what ValidSecretName accepts.
+const SecretNameRule = "a secret name is 1-253 lowercase letters, digits, '-', '_' and '.', starting with a letter or digit"
+
+// ValidSecretName accepts names that are safe as one file name in
+// SecretsDir (Kubernetes' key characters, lowercased).
+func ValidSecretName(s string) bool {
+	if s == "" || len(s) > 253 || s[0] == '.' || s[0] == '-' || s[0] == '_' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // SandboxLimits are the hard limits a runtime enforces on one sandbox. Memory
@@ -490,6 +541,8 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		Namespace:      f.Namespace,
 		ScalingMode:    f.Scaling.Mode,
 		Async:          f.Async.WithDefaults().toProto(),
+		Secrets:        f.Secrets,
+		SecretData:     f.SecretData,
 	}
 }
 
@@ -540,6 +593,8 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		Auth:           p.GetAuth(),
 		Namespace:      p.GetNamespace(),
 		Async:          AsyncFromProto(p.GetAsync()),
+		Secrets:        p.GetSecrets(),
+		SecretData:     p.GetSecretData(),
 	}
 	return f
 }

@@ -59,6 +59,11 @@ func TestAdminAPIAuthentication(t *testing.T) {
 		{"GET", "/v1/tokens", ""},
 		{"POST", "/v1/tokens", `{"name": "x", "scopes": ["admin"]}`},
 		{"DELETE", "/v1/tokens/abc", ""},
+		{"GET", "/v1/secrets", ""},
+		{"POST", "/v1/secrets", `{"name": "x", "value": "v"}`},
+		{"GET", "/v1/secrets/x", ""},
+		{"PUT", "/v1/secrets/x", `{"value": "v"}`},
+		{"DELETE", "/v1/secrets/x", ""},
 		{"GET", "/v2/unknown", ""},
 	}
 	forged := "brisk_0123456789abcdef_" + strings.Repeat("A", 43)
@@ -176,6 +181,13 @@ func TestNamespacesAndQuotas(t *testing.T) {
 		t.Fatalf("deploy into a missing namespace: exit %d\n%s", code, out)
 	}
 	as := func(args ...string) (string, int) { return c.brisk(t, append([]string{"--token", team}, args...)...) }
+	c.mustBrisk(t, "secret", "create", "shared", "--from-literal", "default's")
+	if out, code := as("secret", "create", "team-secret", "--from-literal", "team's"); code != 0 || !strings.Contains(out, "team-a/team-secret") {
+		t.Fatalf("team creates a secret in its namespace: exit %d\n%s", code, out)
+	}
+	if out, code := as("secret", "list"); code != 0 || !strings.Contains(out, "team-secret") || strings.Contains(out, "shared") {
+		t.Fatalf("team's secret list shows other namespaces' secrets or not its own: exit %d\n%s", code, out)
+	}
 	if out, code := as("fn", "deploy", "mine", "--builtin", "trace", "--max", "2"); code != 0 {
 		t.Fatalf("team deploy: %s", out)
 	}
@@ -193,6 +205,12 @@ func TestNamespacesAndQuotas(t *testing.T) {
 		{[]string{"fn", "deploy", "sneaky", "--builtin", "trace", "--namespace", "default"}, "do not allow"},
 		{[]string{"status"}, "do not allow"},
 		{[]string{"ns", "list"}, "do not allow"},
+		{[]string{"secret", "create", "x", "--from-literal", "v", "-n", "default"}, "do not allow"},
+		{[]string{"secret", "update", "shared", "--from-literal", "v", "-n", "default"}, "do not allow"},
+		{[]string{"secret", "remove", "shared", "-n", "default"}, "do not allow"},
+		{[]string{"secret", "list", "-n", "default"}, "do not allow"},
+		// Another namespace's secret is not there for this one's functions.
+		{[]string{"fn", "update", "mine", "--secret", "shared"}, `shared not found in namespace "team-a"`},
 	} {
 		if out, code := as(tc.args...); code == 0 || !strings.Contains(out, tc.want) {
 			t.Errorf("brisk %s with the team token: exit %d, want %q:\n%s", strings.Join(tc.args, " "), code, tc.want, out)

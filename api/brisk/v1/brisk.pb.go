@@ -217,7 +217,12 @@ type FunctionSpec struct {
 	// compares it with the function's inter-arrival times.
 	KeepAliveMs int64 `protobuf:"varint,20,opt,name=keep_alive_ms,json=keepAliveMs,proto3" json:"keep_alive_ms,omitempty"`
 	// Asynchronous calls' retry policy (spec.Async, defaults applied).
-	Async         *AsyncPolicy `protobuf:"bytes,21,opt,name=async,proto3" json:"async,omitempty"`
+	Async *AsyncPolicy `protobuf:"bytes,21,opt,name=async,proto3" json:"async,omitempty"`
+	// Secrets the sandboxes see as files (spec.SecretsDir), by name.
+	Secrets []string `protobuf:"bytes,22,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// Their values: filled only on the link to workers, never towards data
+	// planes.
+	SecretData    map[string][]byte `protobuf:"bytes,23,rep,name=secret_data,json=secretData,proto3" json:"secret_data,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +400,20 @@ func (x *FunctionSpec) GetKeepAliveMs() int64 {
 func (x *FunctionSpec) GetAsync() *AsyncPolicy {
 	if x != nil {
 		return x.Async
+	}
+	return nil
+}
+
+func (x *FunctionSpec) GetSecrets() []string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *FunctionSpec) GetSecretData() map[string][]byte {
+	if x != nil {
+		return x.SecretData
 	}
 	return nil
 }
@@ -3091,7 +3110,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\x8e\x06\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xb0\a\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -3116,10 +3135,16 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\tnamespace\x18\x12 \x01(\tR\tnamespace\x12!\n" +
 	"\fscaling_mode\x18\x13 \x01(\tR\vscalingMode\x12\"\n" +
 	"\rkeep_alive_ms\x18\x14 \x01(\x03R\vkeepAliveMs\x12+\n" +
-	"\x05async\x18\x15 \x01(\v2\x15.brisk.v1.AsyncPolicyR\x05async\x1a6\n" +
+	"\x05async\x18\x15 \x01(\v2\x15.brisk.v1.AsyncPolicyR\x05async\x12\x18\n" +
+	"\asecrets\x18\x16 \x03(\tR\asecrets\x12G\n" +
+	"\vsecret_data\x18\x17 \x03(\v2&.brisk.v1.FunctionSpec.SecretDataEntryR\n" +
+	"secretData\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
+	"\x0fSecretDataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xe9\x01\n" +
 	"\vAsyncPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1c\n" +
 	"\n" +
@@ -3361,7 +3386,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -3408,67 +3433,69 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*UnreachableReport)(nil),         // 42: brisk.v1.UnreachableReport
 	(*UnreachableAck)(nil),            // 43: brisk.v1.UnreachableAck
 	nil,                               // 44: brisk.v1.FunctionSpec.EnvEntry
+	nil,                               // 45: brisk.v1.FunctionSpec.SecretDataEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	44, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	4,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
-	0,  // 4: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	3,  // 5: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
-	8,  // 6: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
-	8,  // 7: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
-	16, // 8: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	19, // 9: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	22, // 10: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	18, // 11: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	20, // 12: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	24, // 13: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 14: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	17, // 15: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	5,  // 16: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	5,  // 17: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 18: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	21, // 19: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 20: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 21: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	11, // 22: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	5,  // 23: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	23, // 24: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 25: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 26: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	32, // 27: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	37, // 28: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	35, // 29: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	34, // 30: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	36, // 31: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	38, // 32: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	41, // 33: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	14, // 34: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	12, // 35: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	9,  // 36: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	6,  // 37: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	27, // 38: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	29, // 39: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	31, // 40: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	39, // 41: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	42, // 42: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	25, // 43: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	15, // 44: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	13, // 45: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	10, // 46: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	7,  // 47: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	28, // 48: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	30, // 49: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	33, // 50: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	40, // 51: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	43, // 52: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	26, // 53: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	44, // [44:54] is the sub-list for method output_type
-	34, // [34:44] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	45, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
+	0,  // 5: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
+	3,  // 6: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
+	8,  // 7: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	8,  // 8: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	16, // 9: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	19, // 10: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	22, // 11: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	18, // 12: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	20, // 13: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	24, // 14: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 15: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	17, // 16: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	5,  // 17: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	5,  // 18: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 19: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	21, // 20: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	2,  // 21: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 22: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	11, // 23: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	5,  // 24: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	23, // 25: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 26: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 27: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	32, // 28: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	37, // 29: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	35, // 30: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	34, // 31: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	36, // 32: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	38, // 33: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	41, // 34: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	14, // 35: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	12, // 36: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	9,  // 37: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	6,  // 38: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	27, // 39: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	29, // 40: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	31, // 41: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	39, // 42: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	42, // 43: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	25, // 44: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	15, // 45: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	13, // 46: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	10, // 47: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	7,  // 48: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	28, // 49: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	30, // 50: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	33, // 51: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	40, // 52: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	43, // 53: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	26, // 54: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -3492,7 +3519,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,7 +135,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/system/logs" && r.Method == http.MethodGet:
 		h.logs(w, r)
 	case p == "/system/secrets":
-		fail(w, http.StatusNotImplemented, p+" is not served by brisk yet (docs/compatibility.md)")
+		h.secrets(w, r)
 	default:
 		fail(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+p)
 	}
@@ -393,7 +394,7 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 		}
 	}
 	keep("constraints", d.Constraints)
-	keep("secrets", d.Secrets)
+	f.Secrets = d.Secrets
 	if v, ok := d.Labels[labelScaleMin]; ok {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
@@ -443,6 +444,9 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 		}
 		st.EnvVars[k] = val
 	}
+	if len(f.Secrets) > 0 {
+		st.Secrets = slices.Clone(f.Secrets)
+	}
 	st.Labels = copyMap(f.Labels)
 	if st.Labels == nil {
 		st.Labels = map[string]string{}
@@ -452,8 +456,10 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 		switch k {
 		case keepPrefix + "constraints":
 			_ = json.Unmarshal([]byte(val), &st.Constraints)
-		case keepPrefix + "secrets":
-			_ = json.Unmarshal([]byte(val), &st.Secrets)
+		case keepPrefix + "secrets": // kept by releases before secrets were served
+			if len(f.Secrets) == 0 {
+				_ = json.Unmarshal([]byte(val), &st.Secrets)
+			}
 		case keepPrefix + "image":
 			st.Image = val
 		default:
@@ -495,4 +501,75 @@ func cpuString(m int64) string {
 		return ""
 	}
 	return strconv.FormatInt(m, 10) + "m"
+}
+
+// Secret is the gateway's secret: a value (text) or a raw value (bytes,
+// base64 in JSON).
+type Secret struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace,omitempty"`
+	Value     string `json:"value,omitempty"`
+	RawValue  []byte `json:"rawValue,omitempty"`
+}
+
+// secrets serves /system/secrets over brisk's secrets: list (names only),
+// create, update and remove, as faas-cli secret does.
+func (h *Handler) secrets(w http.ResponseWriter, r *http.Request) {
+	c := h.client(r)
+	ns := briskNS(r.URL.Query().Get("namespace"))
+	if r.Method == http.MethodGet {
+		views, err := c.Secrets(r.Context(), orDefault(ns))
+		if err != nil {
+			failFrom(w, err)
+			return
+		}
+		out := []Secret{}
+		for _, v := range views {
+			out = append(out, Secret{Name: v.Name, Namespace: faasNS(v.Namespace)})
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	var s Secret
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*spec.MaxSecretSize))
+	if err := dec.Decode(&s); err != nil {
+		fail(w, http.StatusBadRequest, "malformed secret JSON: "+err.Error())
+		return
+	}
+	if s.Name == "" {
+		fail(w, http.StatusBadRequest, "name is required")
+		return
+	}
+	if s.Namespace != "" {
+		ns = briskNS(s.Namespace)
+	}
+	req := api.SecretRequest{Name: s.Name, Namespace: orDefault(ns), Value: s.Value, RawValue: s.RawValue}
+	var err error
+	code := http.StatusOK
+	switch r.Method {
+	case http.MethodPost:
+		_, err = c.CreateSecret(r.Context(), req)
+		code = http.StatusCreated
+	case http.MethodPut:
+		_, err = c.UpdateSecret(r.Context(), req)
+	case http.MethodDelete:
+		err = c.DeleteSecret(r.Context(), req.Namespace, s.Name)
+		code = http.StatusAccepted
+	default:
+		fail(w, http.StatusMethodNotAllowed, "GET, POST, PUT or DELETE")
+		return
+	}
+	if err != nil {
+		failFrom(w, err)
+		return
+	}
+	w.WriteHeader(code)
+}
+
+// orDefault names brisk's default namespace where OpenFaaS's maps to "".
+func orDefault(ns string) string {
+	if ns == "" {
+		return spec.DefaultNamespace
+	}
+	return ns
 }

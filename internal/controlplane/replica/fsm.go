@@ -27,6 +27,9 @@ const (
 	opDeleteToken
 	opPutNamespace
 	opDeleteNamespace
+	opCreateSecret
+	opUpdateSecret
+	opDeleteSecret
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -48,6 +51,7 @@ type fsm struct {
 	dataplanes map[string]json.RawMessage
 	tokens     map[string]json.RawMessage
 	namespaces map[string]json.RawMessage
+	secrets    map[string]json.RawMessage
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -59,6 +63,7 @@ func newFSM() *fsm {
 		dataplanes: map[string]json.RawMessage{},
 		tokens:     map[string]json.RawMessage{},
 		namespaces: map[string]json.RawMessage{},
+		secrets:    map[string]json.RawMessage{},
 	}
 }
 
@@ -110,6 +115,12 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 		f.namespaces[c.Key] = c.Value
 	case opDeleteNamespace:
 		return remove(f.namespaces, "namespace", c)
+	case opCreateSecret:
+		return create(f.secrets, "secret", c)
+	case opUpdateSecret:
+		return update(f.secrets, "secret", c)
+	case opDeleteSecret:
+		return remove(f.secrets, "secret", c)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -169,6 +180,7 @@ type snapshotData struct {
 	DataPlanes map[string]json.RawMessage `json:"dataplanes"`
 	Tokens     map[string]json.RawMessage `json:"tokens,omitempty"`
 	Namespaces map[string]json.RawMessage `json:"namespaces,omitempty"`
+	Secrets    map[string]json.RawMessage `json:"secrets,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -182,6 +194,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		DataPlanes: maps.Clone(f.dataplanes),
 		Tokens:     maps.Clone(f.tokens),
 		Namespaces: maps.Clone(f.namespaces),
+		Secrets:    maps.Clone(f.secrets),
 	}}, nil
 }
 
@@ -207,8 +220,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.Namespaces == nil {
 		d.Namespaces = map[string]json.RawMessage{}
 	}
+	if d.Secrets == nil {
+		d.Secrets = map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
-	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces
+	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces, f.secrets = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces, d.Secrets
 	f.mu.Unlock()
 	return nil
 }

@@ -524,6 +524,22 @@ func (r *Registry) DeleteNamespace(name string) error {
 	return r.apply(command{Op: opDeleteNamespace, Key: name})
 }
 
+// CreateSecret stores a new secret; ErrExists if its name is taken.
+func (r *Registry) CreateSecret(s *store.Secret) error { return r.put(opCreateSecret, s.Key(), s) }
+
+// UpdateSecret replaces a secret; ErrNotFound if absent.
+func (r *Registry) UpdateSecret(s *store.Secret) error { return r.put(opUpdateSecret, s.Key(), s) }
+
+// DeleteSecret removes namespace's secret name; ErrNotFound if absent.
+func (r *Registry) DeleteSecret(namespace, name string) error {
+	return r.apply(command{Op: opDeleteSecret, Key: store.SecretKey(namespace, name)})
+}
+
+// Secrets returns every secret this replica has applied, by key.
+func (r *Registry) Secrets() ([]*store.Secret, error) {
+	return decodeAll[store.Secret](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.secrets }), "secret")
+}
+
 // Namespaces returns every namespace this replica has applied, by name.
 func (r *Registry) Namespaces() ([]*store.Namespace, error) {
 	return decodeAll[store.Namespace](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.namespaces }), "namespace")

@@ -235,7 +235,11 @@ func contents(tb testing.TB, r store.Registry) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b, err := json.Marshal([]any{fns, ws, ds, ts})
+	ss, err := r.Secrets()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, err := json.Marshal([]any{fns, ws, ds, ts, ss})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -697,8 +701,22 @@ func TestSnapshotRestore(t *testing.T) {
 	if err := r.CreateToken(&store.Token{ID: "t1"}); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("duplicate token id: %v", err)
 	}
+	for _, n := range []string{"s1", "s2"} {
+		if err := r.CreateSecret(&store.Secret{Namespace: "default", Name: n, Value: []byte("v-" + n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := r.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
+	}
+	if err := r.UpdateSecret(&store.Secret{Namespace: "default", Name: "s1", Value: []byte("v2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.DeleteSecret("default", "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.UpdateSecret(&store.Secret{Namespace: "default", Name: "s2"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("updating a deleted secret: %v", err)
 	}
 	if err := r.DeleteToken("t2"); err != nil {
 		t.Fatal(err)
@@ -724,6 +742,9 @@ func TestSnapshotRestore(t *testing.T) {
 	waitLeader(t, r)
 	if got := contents(t, r); got != want {
 		t.Fatalf("after snapshot restore\n%s\nwant\n%s", got, want)
+	}
+	if ss, _ := r.Secrets(); len(ss) != 1 || ss[0].Name != "s1" || string(ss[0].Value) != "v2" {
+		t.Fatalf("secrets after snapshot restore: %+v", ss)
 	}
 }
 

@@ -27,6 +27,10 @@ type Registry interface {
 	PutNamespace(n *Namespace) error
 	DeleteNamespace(name string) error
 	Namespaces() ([]*Namespace, error)
+	CreateSecret(s *Secret) error
+	UpdateSecret(s *Secret) error
+	DeleteSecret(namespace, name string) error
+	Secrets() ([]*Secret, error)
 	Close() error
 }
 

@@ -33,6 +33,7 @@ var (
 	bucketDataPlanes = []byte("dataplanes")
 	bucketTokens     = []byte("tokens")
 	bucketNamespaces = []byte("namespaces")
+	bucketSecrets    = []byte("secrets")
 )
 
 // Worker is the durable record of a worker node.
@@ -78,6 +79,24 @@ type Namespace struct {
 	Quota     spec.Quota `json:"quota"`
 	CreatedAt time.Time  `json:"created_at"`
 }
+
+// Secret is the durable record of a secret: a value functions of its
+// namespace see as a file (spec.SecretsDir). The registry is its only
+// durable copy; the admin API never returns the value, and only workers
+// receive it, with the specs of the functions that name it.
+type Secret struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	Value     []byte    `json:"value"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Key is the secret's registry key: names are unique per namespace.
+func (s *Secret) Key() string { return SecretKey(s.Namespace, s.Name) }
+
+// SecretKey is the registry key of namespace's secret name.
+func SecretKey(namespace, name string) string { return namespace + "/" + name }
 
 // Store is a bbolt-backed registry. It is safe for concurrent use; concurrent
 // writes are group-committed: one write-ahead-log fsync for many writers.
@@ -139,10 +158,11 @@ const (
 	bDataPlanes
 	bTokens
 	bNamespaces
+	bSecrets
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -484,6 +504,32 @@ func (s *Store) DeleteToken(id string) error { return s.remove(bTokens, "token",
 
 // Tokens returns every stored token, by id.
 func (s *Store) Tokens() ([]*Token, error) { return records[Token](s, bucketTokens) }
+
+// CreateSecret stores a new secret; ErrExists if its name is taken in its
+// namespace.
+func (s *Store) CreateSecret(sec *Secret) error { return s.create(bSecrets, "secret", sec.Key(), sec) }
+
+// UpdateSecret replaces a stored secret; ErrNotFound if absent.
+func (s *Store) UpdateSecret(sec *Secret) error {
+	data, err := json.Marshal(sec)
+	if err != nil {
+		return err
+	}
+	return s.update(func(t *txn) error {
+		if t.get(bSecrets, []byte(sec.Key())) == nil {
+			return fmt.Errorf("secret %q: %w", sec.Key(), ErrNotFound)
+		}
+		return t.put(bSecrets, []byte(sec.Key()), data)
+	})
+}
+
+// DeleteSecret removes namespace's secret name; ErrNotFound if absent.
+func (s *Store) DeleteSecret(namespace, name string) error {
+	return s.remove(bSecrets, "secret", SecretKey(namespace, name))
+}
+
+// Secrets returns every stored secret, by namespace and name.
+func (s *Store) Secrets() ([]*Secret, error) { return records[Secret](s, bucketSecrets) }
 
 // create stores v under key, a new one (ErrExists if taken); remove
 // deletes key (ErrNotFound if absent). kind names the record in errors.

@@ -49,6 +49,27 @@ func TestFunctionsSurviveReopen(t *testing.T) {
 	if err := s.DeleteToken("t1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("deleting a deleted token: %v", err)
 	}
+	raw := []byte("a\x00b\n\xff")
+	for _, sec := range []*Secret{{Namespace: "default", Name: "s"}, {Namespace: "team-a", Name: "s"}, {Namespace: "default", Name: "gone"}} {
+		if err := s.CreateSecret(sec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.CreateSecret(&Secret{Namespace: "team-a", Name: "s"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate secret: %v", err)
+	}
+	if err := s.UpdateSecret(&Secret{Namespace: "team-a", Name: "s", Value: raw}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateSecret(&Secret{Namespace: "team-b", Name: "s"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("updating a missing secret: %v", err)
+	}
+	if err := s.DeleteSecret("default", "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSecret("default", "gone"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleting a deleted secret: %v", err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +93,10 @@ func TestFunctionsSurviveReopen(t *testing.T) {
 	ts, err := s.Tokens()
 	if err != nil || len(ts) != 1 || ts[0].ID != "t2" || ts[0].Scopes[0] != "deploy" {
 		t.Fatalf("tokens after reopen: %+v, %v", ts, err)
+	}
+	ss, err := s.Secrets()
+	if err != nil || len(ss) != 2 || ss[0].Key() != "default/s" || ss[1].Key() != "team-a/s" || string(ss[1].Value) != string(raw) {
+		t.Fatalf("secrets after reopen: %+v, %v", ss, err)
 	}
 }
 

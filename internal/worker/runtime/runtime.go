@@ -3,6 +3,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -101,15 +102,19 @@ func ValidName(s string) bool {
 
 // FunctionEnv appends to base the function's variables (sorted by name),
 // then the sandbox's own: PORT, and the sandbox id and function name the
-// builtin trace function reports. Later entries win, so a function may set
-// PATH and HOME but not PORT.
-func FunctionEnv(base []string, s Spec, port int) []string {
+// builtin trace function reports, and for a function with secrets
+// EnvSecretsDir, secretsDir (spec.SecretsDir when empty). Later entries
+// win, so a function may set PATH and HOME but not PORT.
+func FunctionEnv(base []string, s Spec, port int, secretsDir string) []string {
 	env := base
 	for _, k := range slices.Sorted(maps.Keys(s.Function.Env)) {
 		env = append(env, k+"="+s.Function.Env[k])
 	}
 	if s.Function.Builtin != "" {
 		env = append(env, tracefn.EnvBuiltin+"="+s.Function.Builtin)
+	}
+	if len(s.Function.Secrets) > 0 {
+		env = append(env, EnvSecretsDir+"="+cmp.Or(secretsDir, spec.SecretsDir))
 	}
 	return append(env,
 		tracefn.EnvPort+"="+strconv.Itoa(port),

@@ -70,7 +70,8 @@ func (r *Runtime) adoptOrKill(ctx context.Context) error {
 		}
 		rev, _ := strconv.ParseUint(l[LabelRevision], 10, 64)
 		sb := &sandbox{id: c.ID(), function: l[LabelFunction], revision: rev, addr: addrFromLabels(l),
-			container: c, cgroup: "/" + r.cfg.Namespace + "/" + c.ID(), lock: make(chan struct{}, 1)}
+			container: c, cgroup: "/" + r.cfg.Namespace + "/" + c.ID(), lock: make(chan struct{}, 1),
+			secrets: true} // whether it has a secrets directory or not: removing none costs nothing here
 		sb.ep = r.heldEndpoint(l[LabelNetNS])
 		sb.released = sb.ep == nil // not ours to release: the Pool reaps it
 		if s, err := c.Spec(ctx); err == nil && s.Linux != nil && s.Linux.Resources != nil &&

@@ -58,6 +58,7 @@ func TestConformance(t *testing.T) {
 			return conformanceLeaks(t, stateDir, p)
 		},
 		Restartable: true,
+		Secrets:     func(*testing.T) *spec.Function { return echoFn("secrets-conformance", nil) },
 	})
 }
 

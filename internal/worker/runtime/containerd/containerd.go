@@ -147,6 +147,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		r.Close()
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
+	if err := r.reapSecrets(); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
 	return r, nil
 }
 
@@ -190,6 +194,9 @@ type sandbox struct {
 	// lock serialises teardown; a channel so that waiting honours ctx.
 	lock                                          chan struct{}
 	taskDeleted, containerDeleted, released, gone bool
+	// secrets says a secrets directory may exist for the sandbox
+	// (secrets.go), for teardown to remove.
+	secrets bool
 }
 
 func (sb *sandbox) hasExited() bool {
@@ -250,6 +257,9 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if err != nil {
 		return nil, err
 	}
+	if err := runtime.CheckSecrets(s.Function); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
 	r.mu.Lock()
 	_, exists := r.sandboxes[s.ID]
 	_, starting := r.creating[s.ID]
@@ -309,6 +319,12 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 		LabelState: r.cfg.StateDir, labelPort: strconv.Itoa(s.Function.Port),
 	}
 	endpointLabels(sb.ep, labels)
+	if len(s.Function.Secrets) > 0 {
+		sb.secrets = true // from here on teardown removes what was written
+		if err := r.writeSecrets(sb.id, s.Function); err != nil {
+			return fmt.Errorf("secrets: %w", err)
+		}
+	}
 	// Not cut short by the caller's deadline: containerd may finish
 	// preparing the snapshot after a cancelled request, after teardown
 	// looked for it, and leak it. The caller's ctx is checked right after.
@@ -547,6 +563,13 @@ func (r *Runtime) teardown(ctx context.Context, sb *sandbox) error {
 		}
 	}
 	sb.containerDeleted = true
+	if sb.secrets {
+		// Only now: runc bound the directory into the container.
+		if err := removeSecrets(r.secretsDir(sb.id)); err != nil {
+			return err
+		}
+		sb.secrets = false
+	}
 	if !sb.released && sb.ep != nil {
 		r.release(sb.ep)
 	}

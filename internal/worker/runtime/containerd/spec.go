@@ -15,6 +15,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 const (
@@ -30,7 +31,8 @@ const (
 // and the sandbox's own variables, which a function cannot override; the
 // pooled network namespace; the function's limits as cgroup limits; the
 // default seccomp profile; and a read-only root file system (unless the
-// spec asks for a writable one) with a tmpfs on /tmp.
+// spec asks for a writable one) with a tmpfs on /tmp; with secrets, their
+// directory bound read-only on spec.SecretsDir (secrets.go).
 func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []oci.SpecOpts {
 	f := s.Function
 	env := make([]string, 0, len(f.Env)+3)
@@ -47,16 +49,21 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 	if lim.MemoryMB > 0 {
 		tmpMB = lim.MemoryMB
 	}
+	mounts := []specs.Mount{{
+		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpMB, 10) + "m"},
+	}}
+	if len(f.Secrets) > 0 {
+		env = append(env, runtime.EnvSecretsDir+"="+spec.SecretsDir)
+		mounts = append(mounts, secretsMount(r.secretsDir(s.ID)))
+	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		oci.WithEnv(env),
 		oci.WithHostname(s.ID),
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.ep.NetNS}),
 		oci.WithCgroup(sb.cgroup),
-		oci.WithMounts([]specs.Mount{{
-			Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
-			Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpMB, 10) + "m"},
-		}}),
+		oci.WithMounts(mounts),
 		seccomp.WithDefaultProfile(), // after the capabilities, which it reads
 	}
 	if !f.WritableRoot {

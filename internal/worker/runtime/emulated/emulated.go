@@ -170,7 +170,9 @@ func (r *Runtime) Node() string { return r.node }
 func noExit() error { return nil }
 
 // Create waits the node's create delay (or until ctx ends) and registers the
-// sandbox with the host.
+// sandbox with the host. A function's secrets (Function.Secrets) are not
+// written anywhere: an emulated sandbox runs no process and has no file
+// system to find them in.
 func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
 	if s.ID == "" || s.Function == nil {
 		return nil, fmt.Errorf("emulated sandbox %q: id and function are required", s.ID)

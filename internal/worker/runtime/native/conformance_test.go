@@ -93,5 +93,6 @@ func TestConformance(t *testing.T) {
 			return out
 		},
 		Restartable: true,
+		Secrets:     func(*testing.T) *spec.Function { return probeFn("secrets-conformance") },
 	})
 }

@@ -330,6 +330,13 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if exe != nil {
 		defer exe.Close()
 	}
+	var secrets *os.File
+	if len(s.Function.Secrets) > 0 {
+		if b.Secrets, secrets, err = secretsFile(s.Function); err != nil {
+			return nil, fmt.Errorf("sandbox %s: secrets: %w", s.ID, err)
+		}
+		defer secrets.Close()
+	}
 	r.mu.Lock()
 	_, exists := r.sandboxes[s.ID]
 	_, starting := r.creating[s.ID]
@@ -387,6 +394,9 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	files := []*os.File{logf}
 	if exe != nil {
 		files = append(files, exe)
+	}
+	if secrets != nil {
+		files = append(files, secrets)
 	}
 	r.mu.Lock()
 	r.sandboxes[s.ID] = sb
@@ -488,7 +498,7 @@ func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err err
 	if len(b.Argv) == 0 {
 		return nil, nil, fmt.Errorf("image %s has no entrypoint and the function no command", f.Image)
 	}
-	b.Env = runtime.FunctionEnv(env, s, f.Port)
+	b.Env = runtime.FunctionEnv(env, s, f.Port, "")
 	return b, exe, nil
 }
 
@@ -551,6 +561,9 @@ func validate(s runtime.Spec) error {
 		return fmt.Errorf("sandbox %s: no function spec", s.ID)
 	case !runtime.ValidName(s.Function.Name):
 		return fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, s.Function.Name)
+	}
+	if err := runtime.CheckSecrets(s.Function); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
 	return nil
 }

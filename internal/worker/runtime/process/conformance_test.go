@@ -29,12 +29,17 @@ func TestConformance(t *testing.T) {
 		},
 		Leaks:       conformanceLeaks,
 		Restartable: true,
+		Secrets: func(*testing.T) *spec.Function {
+			return &spec.Function{Name: "secrets-conformance", Command: []string{helper}, Revision: 7}
+		},
+		SecretsElsewhere: os.Geteuid() != 0,
 	})
 }
 
 // conformanceLeaks lists what the process runtime holds for the suite's
-// sandboxes: the table's entries in stateDir, their cgroups (as root), and
-// the live processes running as one of them.
+// sandboxes: the table's entries in stateDir, their cgroups (as root), the
+// live processes running as one of them, and their secrets directories
+// (without root).
 func conformanceLeaks(t *testing.T, stateDir string) []string {
 	t.Helper()
 	var out []string
@@ -56,6 +61,10 @@ func conformanceLeaks(t *testing.T, stateDir string) []string {
 		}
 	}
 	out = append(out, suiteProcesses()...)
+	dirs, _ := filepath.Glob(filepath.Join(stateDir, secretsDirName, "*"))
+	for _, d := range dirs {
+		out = append(out, "secrets "+d)
+	}
 	return out
 }
 

@@ -95,6 +95,11 @@ type Runtime struct {
 	// filters in older container runtimes), after which v2 sandboxes join
 	// their cgroup just after they start.
 	noClone3 atomic.Bool
+	// secretsNS says secrets are mounted in a mount namespace of the
+	// sandbox's (root); otherwise they are files under StateDir
+	// (secrets.go).
+	secretsNS   bool
+	secretsWarn sync.Once
 
 	// persistMu serialises table writes and is taken before mu, so each
 	// write snapshots a table at least as new as the previous write's.
@@ -182,6 +187,7 @@ func New(cfg Config) (*Runtime, error) {
 		sandboxes: map[string]*sandbox{},
 		creating:  map[string]struct{}{},
 		ports:     map[int]struct{}{},
+		secretsNS: os.Geteuid() == 0,
 	}
 	// Logs are the worker's: sandboxes write theirs through the file the
 	// worker opened, and read none.
@@ -216,6 +222,9 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
+	if err := reapSecrets(cfg.StateDir, recs); err != nil {
+		return nil, fmt.Errorf("process runtime: %w", err)
+	}
 	// Entries whose process has gone stay until List has reported them,
 	// so that a restarted worker learns which sandboxes died meanwhile.
 	for _, rec := range recs {
@@ -243,6 +252,9 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	argv, err := r.argv(s)
 	if err != nil {
 		return nil, err
+	}
+	if err := runtime.CheckSecrets(s.Function); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
 	r.mu.Lock()
 	_, exists := r.sandboxes[s.ID]
@@ -292,7 +304,25 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 		sb.rec.Cgroup = sb.cg.Rel()
 	}
-	cmd, err := r.start(s, argv, sandboxEnv(s, port), logf, sb.cg)
+	secretsDir := ""
+	if len(s.Function.Secrets) > 0 && !r.secretsNS {
+		if secretsDir, err = r.writeSecretsDir(s.ID, s.Function); err != nil {
+			if sb.cg != nil {
+				_ = sb.cg.RemoveNow()
+			}
+			_ = os.Remove(logPath)
+			return nil, fmt.Errorf("sandbox %s: secrets: %w", s.ID, err)
+		}
+		sb.rec.Secrets = true
+		defer func() {
+			if !created {
+				if err := removeSecretsDir(secretsDir); err != nil {
+					r.log.Warn("cleaning up a failed create", "sandbox", s.ID, "err", err)
+				}
+			}
+		}()
+	}
+	cmd, err := r.start(s, argv, sandboxEnv(s, port, secretsDir), logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.RemoveNow() // empty: nothing ever ran in it
@@ -389,8 +419,18 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *c
 		return nil, err
 	}
 	procs.SpawnThread(func() {
+		if len(s.Function.Secrets) > 0 && r.secretsNS {
+			// The thread's own mount namespace, which the child inherits
+			// (secrets.go).
+			if err = mountSecrets(s.Function); err != nil {
+				return
+			}
+		}
 		cmd, err = r.startOnThread(argv, env, logf, exe, cg)
 	})
+	if _, ok := err.(*secretsError); ok {
+		return nil, err // not the command's fault: no explainStart
+	}
 	if err != nil {
 		return nil, r.explainStart(argv[0], err)
 	}
@@ -519,6 +559,11 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 			return fmt.Errorf("kill sandbox %s: %w", id, err)
 		}
 	}
+	if sb.rec.Secrets {
+		if err := removeSecretsDir(r.secretsDir(id)); err != nil {
+			return fmt.Errorf("kill sandbox %s: %w", id, err)
+		}
+	}
 	r.mu.Lock()
 	delete(r.sandboxes, id)
 	delete(r.ports, portOf(sb.rec.Addr))
@@ -643,6 +688,12 @@ func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
 		cancel()
 		if err != nil {
 			r.log.Warn("cannot remove cgroup of ended sandbox yet", "sandbox", sb.rec.ID, "err", err)
+			return false
+		}
+	}
+	if sb.rec.Secrets {
+		if err := removeSecretsDir(r.secretsDir(sb.rec.ID)); err != nil {
+			r.log.Warn("cannot remove the secrets of an ended sandbox yet", "sandbox", sb.rec.ID, "err", err)
 			return false
 		}
 	}

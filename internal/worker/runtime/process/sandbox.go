@@ -28,6 +28,8 @@ import (
 //     forked from a worker thread that has joined the sandbox's cgroup in
 //     every hierarchy first (procs.SpawnThread), so on both the process is inside
 //     its cgroup before it runs a single instruction of the function.
+//   - Secrets: as root, on a read-only tmpfs at spec.SecretsDir in a mount
+//     namespace of the sandbox's own (secrets.go).
 
 // DefaultUser is who sandboxes run as when the worker runs as root and
 // Config.User is empty. nobody owns no files, so a function can read only
@@ -132,11 +134,12 @@ func fromUser(u *user.User) (identity, error) {
 
 // sandboxEnv is all a sandbox's processes get: a fixed PATH and HOME, then
 // the function's variables, then the sandbox's own (PORT, and the sandbox
-// id and function name the builtin trace function reports), later entries
-// winning: a function may set PATH and HOME but not PORT. Nothing of the
-// worker's environment gets in.
-func sandboxEnv(s runtime.Spec, port int) []string {
-	return runtime.FunctionEnv([]string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}, s, port)
+// id and function name the builtin trace function reports, and with
+// secrets BRISK_SECRETS_DIR: secretsDir, or spec.SecretsDir when empty),
+// later entries winning: a function may set PATH and HOME but not PORT.
+// Nothing of the worker's environment gets in.
+func sandboxEnv(s runtime.Spec, port int, secretsDir string) []string {
+	return runtime.FunctionEnv([]string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}, s, port, secretsDir)
 }
 
 // resolveCommand makes argv[0] a path the child can exec from /, its

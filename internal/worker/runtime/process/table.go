@@ -29,6 +29,9 @@ type record struct {
 	// Cgroup is the cgroup path relative to each hierarchy root, "" when
 	// the sandbox has none.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Secrets says the sandbox's secrets are in StateDir/secrets/<id>/
+	// (a worker without root; see secrets.go).
+	Secrets bool `json:"secrets,omitempty"`
 }
 
 type tableJSON struct {

@@ -60,6 +60,15 @@ type Harness struct {
 	// SharedAddr says sandboxes share an address that outlives them, so
 	// that concurrent sandboxes need not have distinct addresses.
 	SharedAddr bool
+	// Secrets returns a function spec, without secrets, whose sandboxes
+	// answer GET / with 2xx and GET secretsprobe.Path with
+	// secretsprobe's report; nil skips the Secrets case (a runtime with no
+	// file system).
+	Secrets func(t *testing.T) *spec.Function
+	// SecretsElsewhere says sandboxes find their secrets only where
+	// $BRISK_SECRETS_DIR points, not at spec.SecretsDir (the process
+	// runtime without root).
+	SecretsElsewhere bool
 }
 
 // wait bounds every wait of the suite. It only bounds failing tests, so it
@@ -81,6 +90,7 @@ var cases = []struct {
 	{"ListAfterRestart", testListAfterRestart},
 	{"NoLeaks", testNoLeaks},
 	{"ConcurrentCreates", testConcurrentCreates},
+	{"Secrets", testSecrets},
 }
 
 // Run runs the conformance cases against the runtime h makes, each as a

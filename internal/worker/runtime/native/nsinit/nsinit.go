@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -33,11 +34,25 @@ const BinaryName = "brisk-sandbox-init"
 const ControlFD = 3
 
 // MaxMessage bounds the bind message (the seccomp program is most of it).
+// Secrets' values do not travel in it (Bind.Secrets).
 const MaxMessage = 256 << 10
 
+// SecretsDir is where a sandbox finds its secrets: spec.SecretsDir, which
+// this package, linking only the standard library and x/sys, cannot import
+// (the native runtime's tests check that the two agree).
+const SecretsDir = "/var/openfaas/secrets"
+
+// Secret is one file of SecretsDir: its name (a single path element) and
+// the length of its value in the secrets descriptor.
+type Secret struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+}
+
 // Bind is what the worker sends to bind a parked init to a function. The
-// message carries the log file (for stdout and stderr) and, with ExecFD, the
-// executable as SCM_RIGHTS descriptors, in that order.
+// message carries the log file (for stdout and stderr), with ExecFD the
+// executable, and with Secrets the secrets descriptor as SCM_RIGHTS
+// descriptors, in that order.
 type Bind struct {
 	// Lower is the read-only lower layer of the root file system: an
 	// unpacked image, or "/" to run on the host's root file system.
@@ -61,6 +76,15 @@ type Bind struct {
 	// Bytes, not a JSON array: the worker encodes it once, and the init
 	// decodes a few kilobytes of base64 instead of hundreds of objects.
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// Secrets are the files of SecretsDir, in the order their values
+	// follow one another in the secrets descriptor: a sealed memfd the
+	// worker wrote them to. Up to 32 MiB of values would not fit a
+	// datagram (MaxMessage), and in a memfd they never touch a disk. The
+	// init mounts a tmpfs on SecretsDir in the new root, writes the files
+	// (0444) and remounts it read-only before it drops privileges; the
+	// mount lives and ends with the sandbox's mount namespace, which no
+	// later sandbox shares (a shell is never bound twice).
+	Secrets []Secret `json:"secrets,omitempty"`
 }
 
 // Main is the init's whole life; it never returns. Its arguments (after
@@ -98,7 +122,7 @@ func Main() {
 
 func receive(ctl *os.File) (*Bind, []int, error) {
 	buf := make([]byte, MaxMessage)
-	oob := make([]byte, unix.CmsgSpace(2*4))
+	oob := make([]byte, unix.CmsgSpace(3*4))
 	n, oobn, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("receive: %w", err)
@@ -124,7 +148,10 @@ func receive(ctl *os.File) (*Bind, []int, error) {
 	}
 	want := 1
 	if b.ExecFD {
-		want = 2
+		want++
+	}
+	if len(b.Secrets) > 0 {
+		want++
 	}
 	if len(fds) != want || len(b.Argv) == 0 {
 		return nil, nil, fmt.Errorf("bind message: %d descriptors and %d arguments", len(fds), len(b.Argv))
@@ -144,6 +171,13 @@ func start(b *Bind, fds []int, staging string) error {
 	_ = unix.Close(logFD)
 	if err := buildRoot(b, staging); err != nil {
 		return err
+	}
+	if len(b.Secrets) > 0 {
+		err := mountSecrets(b.Secrets, fds[len(fds)-1])
+		_ = unix.Close(fds[len(fds)-1]) // not for the function
+		if err != nil {
+			return fmt.Errorf("secrets: %w", err)
+		}
 	}
 	if err := unix.Sethostname([]byte(b.Hostname)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
@@ -375,4 +409,76 @@ func lookPath(name string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%q not found in the sandbox's PATH %q: %w", name, path, syscall.ENOENT)
+}
+
+// mountSecrets mounts a tmpfs on SecretsDir inside the new root (the init
+// has pivoted into it, so every path resolves inside the sandbox's root),
+// writes secrets there from fd and remounts it read-only.
+func mountSecrets(secrets []Secret, fd int) error {
+	var total, size int64
+	page := int64(os.Getpagesize())
+	for _, s := range secrets {
+		if s.Name == "" || s.Name == "." || s.Name == ".." || strings.ContainsAny(s.Name, "/\x00") || s.Size < 0 {
+			return fmt.Errorf("bad secret %q", s.Name)
+		}
+		total += s.Size
+		size += (s.Size + page - 1) / page * page
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Size != total {
+		return fmt.Errorf("%d bytes of values, want %d", st.Size, total)
+	}
+	if err := mkdirPublic(SecretsDir); err != nil {
+		return err
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	data := "mode=0755,size=" + strconv.FormatInt(size+16*page, 10) + ",nr_inodes=" + strconv.Itoa(len(secrets)+16)
+	if err := unix.Mount("tmpfs", SecretsDir, "tmpfs", flags, data); err != nil {
+		return fmt.Errorf("tmpfs on %s: %w", SecretsDir, err)
+	}
+	src := os.NewFile(uintptr(fd), "secrets")
+	var off int64
+	for _, s := range secrets {
+		if err := writeSecret(filepath.Join(SecretsDir, s.Name), io.NewSectionReader(src, off, s.Size)); err != nil {
+			return fmt.Errorf("%s: %w", s.Name, err)
+		}
+		off += s.Size
+	}
+	if err := unix.Mount("", SecretsDir, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
+		return fmt.Errorf("remount %s read-only: %w", SecretsDir, err)
+	}
+	return nil
+}
+
+func writeSecret(path string, r io.Reader) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o444)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if err == nil {
+		err = f.Chmod(0o444) // whatever the umask
+	}
+	return errors.Join(err, f.Close())
+}
+
+// mkdirPublic makes dir and its missing parents 0755 whatever the umask,
+// so that the sandbox's user can reach the mount.
+func mkdirPublic(dir string) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := mkdirPublic(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
 }

@@ -2,7 +2,8 @@
 // server on 0.0.0.0:$PORT that replies to GET / with its environment and
 // what it can see of its sandbox as JSON, and to GET /dial?addr=HOST:PORT
 // with "connected" or the error of a TCP connect (1 s at most) from inside
-// the sandbox. With ECHO_MODE=hog it instead
+// the sandbox, and to GET /secrets with what it sees of its secrets
+// (secretsprobe). With ECHO_MODE=hog it instead
 // allocates memory until the OOM killer (or 1 GiB) stops it; with
 // ECHO_MODE=exit it exits with status 3.
 package main
@@ -17,6 +18,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 )
 
 func main() {
@@ -52,6 +55,10 @@ func main() {
 	fmt.Println("echo listening on", l.Addr())
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == secretsprobe.Path {
+				secretsprobe.ServeHTTP(w, r)
+				return
+			}
 			if r.URL.Path == "/dial" {
 				c, err := net.DialTimeout("tcp", r.URL.Query().Get("addr"), time.Second)
 				if err != nil {

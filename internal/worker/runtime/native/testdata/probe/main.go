@@ -1,7 +1,8 @@
 // Command probe is the native runtime tests' function: a static HTTP server
 // on 0.0.0.0:$PORT that replies to every request with what it can see of its
 // sandbox as JSON: who it runs as, its capability and seccomp state, its
-// PID namespace, hostname, and which writes and syscalls succeed. With
+// PID namespace, hostname, and which writes and syscalls succeed; GET
+// /secrets answers what it sees of its secrets (secretsprobe). With
 // PROBE_MODE=exit it exits with status 3 at once.
 package main
 
@@ -12,6 +13,8 @@ import (
 	"os"
 	"strings"
 	"syscall"
+
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 )
 
 func main() {
@@ -25,6 +28,10 @@ func main() {
 	}
 	os.Stdout.WriteString("probe listening\n")
 	_ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == secretsprobe.Path {
+			secretsprobe.ServeHTTP(w, r)
+			return
+		}
 		_ = json.NewEncoder(w).Encode(probe())
 	}))
 }

@@ -1,6 +1,7 @@
 // Command echoserver is the process runtime tests' stand-in for a function
 // and for the brisk binary. With no arguments it serves GET / on
-// 127.0.0.1:$PORT, replying with its pid and environment as JSON. With
+// 127.0.0.1:$PORT, replying with its pid and environment as JSON, and to
+// GET /secrets with what it sees of its secrets (secretsprobe). With
 // "__trace" it serves the trace function, as "brisk __trace" does. With
 // "hog" it allocates memory until something stops it.
 //
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 )
 
 func main() {
@@ -72,7 +74,13 @@ func main() {
 	}
 	fmt.Println("echoserver listening on", l.Addr())
 	srv := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(reply) }),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == secretsprobe.Path {
+				secretsprobe.ServeHTTP(w, r)
+				return
+			}
+			w.Write(reply)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	fmt.Fprintln(os.Stderr, srv.Serve(l))

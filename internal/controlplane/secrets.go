@@ -1,0 +1,336 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// Secrets are values a function's sandboxes read as files under
+// spec.SecretsDir (OpenFaaS's secrets). The registry keeps them; the
+// cluster keeps a copy in memory and attaches the values a function names
+// to the spec it sends a worker with a Create or an Offer (link.go), never
+// to what data planes or the admin API see. A function may name only
+// secrets of its own namespace that exist, and a secret in use cannot be
+// deleted: both are checked under secretMu so that a deploy and a delete
+// racing cannot leave a function naming a missing secret.
+//
+// An update reaches sandboxes started after it; running sandboxes keep the
+// value they started with (redeploy the function to roll them), as
+// Kubernetes' environment-variable secrets and Lambda's do.
+
+// maxSecretBody bounds a secret request: the largest value, base64, plus
+// the rest of the JSON.
+const maxSecretBody = spec.MaxSecretSize*4/3 + 64<<10
+
+// loadSecrets gives the cluster the registry's secrets.
+func (cp *ControlPlane) loadSecrets() error {
+	secs, err := cp.store.Secrets()
+	if err != nil {
+		return err
+	}
+	m := make(map[string][]byte, len(secs))
+	for _, s := range secs {
+		m[s.Key()] = s.Value
+	}
+	cp.cluster.setSecrets(m)
+	return nil
+}
+
+// setSecrets replaces the cluster's secret values: sandboxes created from
+// now on see them.
+func (c *Cluster) setSecrets(m map[string][]byte) {
+	c.mu.Lock()
+	c.secrets = m
+	c.secretGen++
+	c.mu.Unlock()
+}
+
+// secretDataLocked returns the values of the secrets f names and the
+// generation they belong to; nil and 0 for a function that names none, so
+// that the common case costs nothing. A missing secret is left out: the
+// worker then refuses to start the sandbox and says which one.
+func (c *Cluster) secretDataLocked(f *spec.Function) (map[string][]byte, uint64) {
+	if len(f.Secrets) == 0 {
+		return nil, 0
+	}
+	ns := namespaceOf(f)
+	m := make(map[string][]byte, len(f.Secrets))
+	for _, n := range f.Secrets {
+		if v, ok := c.secrets[store.SecretKey(ns, n)]; ok {
+			m[n] = v
+		}
+	}
+	return m, c.secretGen
+}
+
+// missingSecrets returns the secrets f names that do not exist in its
+// namespace; the caller holds secretMu.
+func (cp *ControlPlane) missingSecrets(f *spec.Function) []string {
+	if len(f.Secrets) == 0 {
+		return nil
+	}
+	ns := namespaceOf(f)
+	c := cp.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, n := range f.Secrets {
+		if _, ok := c.secrets[store.SecretKey(ns, n)]; !ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// admitSecrets checks that every secret f names exists. On failure it has
+// answered.
+func (cp *ControlPlane) admitSecrets(w http.ResponseWriter, f *spec.Function) bool {
+	if miss := cp.missingSecrets(f); len(miss) > 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: secrets: %s not found in namespace %q (brisk secret create NAME -n %s)",
+			strings.Join(miss, ", "), namespaceOf(f), namespaceOf(f)))
+		return false
+	}
+	return true
+}
+
+// secretUsers returns the functions of namespace ns that name secret name.
+func (c *Cluster) secretUsers(ns, name string) []string {
+	var out []string
+	c.mu.Lock()
+	c.r.Functions(func(f *spec.Function, _ api.FunctionStatus) {
+		if namespaceOf(f) == ns && slices.Contains(f.Secrets, name) {
+			out = append(out, f.Name)
+		}
+	})
+	c.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
+// secretNamespace is the namespace a secret request addresses: the query's
+// or the body's, else the token's own, else the default one.
+func (cp *ControlPlane) secretNamespace(r *http.Request, body string) string {
+	ns := r.URL.Query().Get("namespace")
+	if ns == "" {
+		ns = body
+	}
+	if ns == "" && !cp.cfg.AuthDisabled {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		ns = auth.NamespaceOf(cp.tokens, tok)
+	}
+	if ns == "" {
+		ns = spec.DefaultNamespace
+	}
+	return ns
+}
+
+// readSecret decodes a secret request; on failure it has answered.
+func readSecret(w http.ResponseWriter, r *http.Request) (*api.SecretRequest, bool) {
+	var req api.SecretRequest
+	if !readJSONLimit(w, r, &req, maxSecretBody) {
+		return nil, false
+	}
+	if req.Value != "" && req.RawValue != nil {
+		writeError(w, http.StatusBadRequest, "invalid secret: set value or raw_value, not both")
+		return nil, false
+	}
+	if n := len(req.Value) + len(req.RawValue); n > spec.MaxSecretSize {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("secret value of %d bytes is larger than %d", n, spec.MaxSecretSize))
+		return nil, false
+	}
+	return &req, true
+}
+
+func secretValue(req *api.SecretRequest) []byte {
+	if req.RawValue != nil {
+		return req.RawValue
+	}
+	return []byte(req.Value)
+}
+
+func (cp *ControlPlane) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
+	if !spec.ValidSecretName(name) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret name %q: %s", name, spec.SecretNameRule))
+		return false
+	}
+	if !spec.ValidNamespace(ns) || !cp.namespaceExists(ns) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: namespace %q does not exist", ns))
+		return false
+	}
+	return true
+}
+
+func secretView(s *store.Secret, users []string) api.SecretView {
+	return api.SecretView{Name: s.Name, Namespace: s.Namespace, Size: len(s.Value), UsedBy: users, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
+}
+
+func (cp *ControlPlane) createSecret(w http.ResponseWriter, r *http.Request) {
+	req, ok := readSecret(w, r)
+	if !ok {
+		return
+	}
+	ns := cp.secretNamespace(r, req.Namespace)
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") || !cp.checkSecretTarget(w, ns, req.Name) {
+		return
+	}
+	now := time.Now().UTC()
+	rec := &store.Secret{Namespace: ns, Name: req.Name, Value: secretValue(req), CreatedAt: now, UpdatedAt: now}
+	cp.secretMu.Lock()
+	defer cp.secretMu.Unlock()
+	if err := cp.store.CreateSecret(rec); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
+			return
+		}
+		writeStoreError(w, "storing the secret: ", err)
+		return
+	}
+	if err := cp.loadSecrets(); err != nil {
+		writeStoreError(w, "loading secrets: ", err)
+		return
+	}
+	w.Header().Set("Location", "/v1/secrets/"+req.Name+"?namespace="+ns)
+	writeJSON(w, http.StatusCreated, secretView(rec, nil))
+}
+
+func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	req, ok := readSecret(w, r)
+	if !ok {
+		return
+	}
+	if req.Name != "" && req.Name != name {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: name %q does not match the URL's %q", req.Name, name))
+		return
+	}
+	ns := cp.secretNamespace(r, req.Namespace)
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") || !cp.checkSecretTarget(w, ns, name) {
+		return
+	}
+	cp.secretMu.Lock()
+	defer cp.secretMu.Unlock()
+	old, err := cp.findSecret(ns, name)
+	if err != nil {
+		writeSecretError(w, ns, name, err)
+		return
+	}
+	rec := &store.Secret{Namespace: ns, Name: name, Value: secretValue(req), CreatedAt: old.CreatedAt, UpdatedAt: time.Now().UTC()}
+	if err := cp.store.UpdateSecret(rec); err != nil {
+		writeSecretError(w, ns, name, err)
+		return
+	}
+	if err := cp.loadSecrets(); err != nil {
+		writeStoreError(w, "loading secrets: ", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretView(rec, cp.cluster.secretUsers(ns, name)))
+}
+
+func (cp *ControlPlane) getSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	ns := cp.secretNamespace(r, "")
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+		return
+	}
+	s, err := cp.findSecret(ns, name)
+	if err != nil {
+		writeSecretError(w, ns, name, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, secretView(s, cp.cluster.secretUsers(ns, name)))
+}
+
+// listSecrets answers the secrets of ?namespace= (default: the token's
+// namespace, or every namespace for a token bound to none).
+func (cp *ControlPlane) listSecrets(w http.ResponseWriter, r *http.Request) {
+	ns := r.URL.Query().Get("namespace")
+	if ns == "" && !cp.cfg.AuthDisabled {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		ns = auth.NamespaceOf(cp.tokens, tok)
+	}
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+		return
+	}
+	secs, err := cp.store.Secrets()
+	if err != nil {
+		writeStoreError(w, "listing secrets: ", err)
+		return
+	}
+	out := []api.SecretView{}
+	for _, s := range secs {
+		if ns == "" || s.Namespace == ns {
+			out = append(out, secretView(s, nil))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (cp *ControlPlane) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	ns := cp.secretNamespace(r, "")
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+		return
+	}
+	cp.secretMu.Lock()
+	defer cp.secretMu.Unlock()
+	if users := cp.cluster.secretUsers(ns, name); len(users) > 0 {
+		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q is used by %s in namespace %q: remove it from their specs first", name, strings.Join(users, ", "), ns))
+		return
+	}
+	if err := cp.store.DeleteSecret(ns, name); err != nil {
+		writeSecretError(w, ns, name, err)
+		return
+	}
+	if err := cp.loadSecrets(); err != nil {
+		writeStoreError(w, "loading secrets: ", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// findSecret returns namespace ns's secret name from the registry.
+func (cp *ControlPlane) findSecret(ns, name string) (*store.Secret, error) {
+	secs, err := cp.store.Secrets()
+	if err != nil {
+		return nil, err
+	}
+	key := store.SecretKey(ns, name)
+	for _, s := range secs {
+		if s.Key() == key {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("secret %q: %w", key, store.ErrNotFound)
+}
+
+func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("secret %q not found in namespace %q", name, ns))
+		return
+	}
+	writeStoreError(w, "secret: ", err)
+}
+
+// namespaceSecrets counts namespace ns's secrets (a namespace with secrets
+// cannot be deleted).
+func (cp *ControlPlane) namespaceSecrets(ns string) int {
+	c := cp.cluster
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for k := range c.secrets {
+		if strings.HasPrefix(k, ns+"/") {
+			n++
+		}
+	}
+	return n
+}

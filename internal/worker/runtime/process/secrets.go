@@ -1,0 +1,170 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// Secrets (runtime.CheckSecrets says what a function may carry).
+//
+// As root, a sandbox of a function with secrets is started from a thread
+// that has first left the worker's mount namespace (procs.SpawnThread
+// throws the thread away afterwards, so nothing else ever runs in that
+// namespace but the sandbox): mountSecrets makes every mount a slave, so
+// nothing mounted there propagates back to the host while the host's own
+// later mounts still reach the sandbox, mounts a small tmpfs on
+// spec.SecretsDir, writes the files and remounts it read-only. The child
+// inherits the namespace; so do the processes it forks (the watchdog's
+// fprocess). The values never touch a disk, no other mount namespace has
+// the mount, and it ends with the sandbox's last process: Kill, and a
+// restarted worker that reaps or adopts, have nothing to clean up. The
+// one thing left on the host is the empty mount point itself, made once.
+// The tmpfs's pages are charged to the worker's memory cgroup, which
+// wrote them, not the sandbox's. What this does not stop: sandboxes share
+// one user (Config.User), and a process of that user can reach another
+// sandbox's mount namespace through /proc/<pid>/root, as it can read that
+// sandbox's environment and memory; the native and containerd runtimes
+// (PID namespaces) close that.
+//
+// Without root there are no mount namespaces: the files go to
+// <StateDir>/secrets/<sandbox-id>/ (the parent 0700: the sandbox runs as
+// the worker's own user, who alone can enter it), $BRISK_SECRETS_DIR points
+// there, and Kill, List's drop of an ended sandbox, a failed Create and
+// New (for directories no table entry claims) remove it. The values then
+// sit on whatever file system holds the state directory.
+
+// secretsDirName is the state directory's subdirectory for secrets when
+// the worker is not root.
+const secretsDirName = "secrets"
+
+// secretsError is mountSecrets's: a failure to set up the secrets, not to
+// start the command.
+type secretsError struct{ err error }
+
+func (e *secretsError) Error() string { return "secrets: " + e.err.Error() }
+func (e *secretsError) Unwrap() error { return e.err }
+
+// mountSecrets runs on the sandbox's spawn thread (procs.SpawnThread)
+// before the child is forked; see above. Its errors are *secretsError.
+func mountSecrets(f *spec.Function) error {
+	if err := mkdirPublic(spec.SecretsDir); err != nil {
+		return &secretsError{fmt.Errorf("mount point: %w", err)}
+	}
+	// CLONE_NEWNS implies CLONE_FS: this thread alone gets the new
+	// namespace, and its own root and working directory.
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return &secretsError{fmt.Errorf("unshare the mount namespace: %w", err)}
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return &secretsError{fmt.Errorf("make mounts slaves: %w", err)}
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("tmpfs", spec.SecretsDir, "tmpfs", flags, runtime.SecretsTmpfsData(f)); err != nil {
+		return &secretsError{fmt.Errorf("tmpfs on %s: %w", spec.SecretsDir, err)}
+	}
+	if err := runtime.WriteSecrets(spec.SecretsDir, f); err != nil {
+		return &secretsError{err}
+	}
+	// The superblock read-only: writes fail with EROFS, whoever tries.
+	if err := unix.Mount("", spec.SecretsDir, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
+		return &secretsError{fmt.Errorf("remount %s read-only: %w", spec.SecretsDir, err)}
+	}
+	return nil
+}
+
+// mkdirPublic makes dir and its missing parents 0755 whatever the umask,
+// so that the sandbox's user can reach the mount.
+func mkdirPublic(dir string) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := mkdirPublic(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return os.Chmod(dir, 0o755)
+}
+
+// secretsDir is where sandbox id's secrets are without root.
+func (r *Runtime) secretsDir(id string) string {
+	return filepath.Join(r.cfg.StateDir, secretsDirName, id)
+}
+
+// writeSecretsDir writes f's secrets into sandbox id's directory under the
+// state directory (without root) and returns it.
+func (r *Runtime) writeSecretsDir(id string, f *spec.Function) (string, error) {
+	r.secretsWarn.Do(func() {
+		r.log.Warn("without root, sandboxes find their secrets where $"+runtime.EnvSecretsDir+" points, not at "+spec.SecretsDir,
+			"dir", filepath.Join(r.cfg.StateDir, secretsDirName))
+	})
+	dir := r.secretsDir(id)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(filepath.Dir(dir), 0o700); err != nil {
+		return "", err
+	}
+	// A directory left by a Create that failed without cleaning up
+	// (the worker died) holds nothing of value.
+	if err := removeSecretsDir(dir); err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	err := runtime.WriteSecrets(dir, f)
+	if err == nil {
+		err = os.Chmod(dir, 0o555) // the sandbox cannot add files (though, as the owner, it could chmod)
+	}
+	if err != nil {
+		return "", errors.Join(err, removeSecretsDir(dir))
+	}
+	return dir, nil
+}
+
+// removeSecretsDir removes a directory writeSecretsDir made; a missing one
+// is fine.
+func removeSecretsDir(dir string) error {
+	if err := os.Chmod(dir, 0o700); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove secrets: %w", err)
+	}
+	return nil
+}
+
+// reapSecrets removes the secrets directories no table entry claims: those
+// of sandboxes whose Create or removal a worker's exit cut short.
+func reapSecrets(stateDir string, recs []record) error {
+	root := filepath.Join(stateDir, secretsDirName)
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if slices.ContainsFunc(recs, func(rec record) bool { return rec.Secrets && rec.ID == e.Name() }) {
+			continue
+		}
+		errs = append(errs, removeSecretsDir(filepath.Join(root, e.Name())))
+	}
+	return errors.Join(errs...)
+}
