@@ -185,12 +185,12 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := cp.readSpec(w, r, "")
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.admitToNamespace(w, f, true) {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) {
 		return
 	}
-	cp.secretMu.RLock()
+	cp.secretMu.RLock() // against a namespace's deletion and a secret's
 	defer cp.secretMu.RUnlock()
-	if !cp.admitSecrets(w, f) {
+	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) {
 		return
 	}
 	l := cp.nameLock(f.Name)
@@ -218,12 +218,12 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f, ok := cp.readSpec(w, r, name)
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, f, false) {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) {
 		return
 	}
-	cp.secretMu.RLock()
+	cp.secretMu.RLock() // against a namespace's deletion and a secret's
 	defer cp.secretMu.RUnlock()
-	if !cp.admitSecrets(w, f) {
+	if !cp.admitToNamespace(w, f, false) || !cp.admitSecrets(w, f) {
 		return
 	}
 	l := cp.nameLock(name)
@@ -236,6 +236,9 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	if namespaceOf(old) != f.Namespace {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", namespaceOf(old), f.Namespace))
+		return
+	}
+	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) {
 		return
 	}
 	f.CreatedAt, f.UpdatedAt, f.Revision = old.CreatedAt, time.Now().UTC(), cp.nextRevision()

@@ -39,10 +39,10 @@ type Cluster struct {
 	// until the control plane has loaded its tokens.
 	auth  *briskv1.AuthConfig
 	store store.Registry
-	// secrets are the registry's secret values by namespace/name
-	// (secrets.go); secretGen changes with them, so that a link sends a
-	// spec again when the values it carried are stale.
-	secrets   map[string][]byte
+	// secrets are the registry's secrets by namespace/name (secrets.go);
+	// secretGen changes with them, so that a link sends a spec again when
+	// the values it carried are stale.
+	secrets   map[string]*store.Secret
 	secretGen uint64
 
 	idPrefix string

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
@@ -106,11 +107,37 @@ func (s *session) verifySandbox(id string) {
 	s.signal()
 }
 
+// maxBatchSpecBytes bounds the specs of one Commands message. A worker
+// takes messages of up to 64 MiB (rpc.ServerOptions), and one spec with
+// its secrets may weigh 33 MiB (spec.MaxSecretsPerFunction values of
+// spec.MaxSecretSize, and a spec of up to 1 MiB): the specs of a few such
+// functions, queued together (a handshake offers every dual-mode
+// function), would make a message the worker refuses, ending the session,
+// and the next one the same way.
+const maxBatchSpecBytes = 16 << 20
+
+// take returns the next message to send, nil when nothing is queued. Specs
+// go in order, as many as fit maxBatchSpecBytes (one at least); the other
+// commands go with the last of them, so that no Create precedes its spec.
+// The caller takes again until nil.
 func (s *session) take() *briskv1.Commands {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.specs)+len(s.creates)+len(s.tombs)+len(s.verify) == 0 {
 		return nil
+	}
+	n, size := 0, 0
+	for n < len(s.specs) {
+		sz := proto.Size(s.specs[n])
+		if n > 0 && size+sz > maxBatchSpecBytes {
+			break
+		}
+		n, size = n+1, size+sz
+	}
+	if n < len(s.specs) {
+		c := &briskv1.Commands{Specs: s.specs[:n:n]}
+		s.specs = s.specs[n:]
+		return c
 	}
 	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs, Verify: s.verify}
 	s.specs, s.creates, s.tombs, s.verify = nil, nil, nil, nil
@@ -339,7 +366,7 @@ func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *sessi
 			return ctx.Err()
 		case <-s.notify:
 		}
-		if cmds := s.take(); cmds != nil {
+		for cmds := s.take(); cmds != nil; cmds = s.take() {
 			if err := stream.Send(&briskv1.ToWorker{Epoch: s.epoch, Msg: &briskv1.ToWorker_Commands{Commands: cmds}}); err != nil {
 				return err
 			}

@@ -162,6 +162,11 @@ func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	name := r.PathValue("name")
+	// Held until the namespace is gone: a function or a secret admitted
+	// meanwhile would outlive it (and belong to a namespace made again
+	// under its name).
+	cp.secretMu.Lock()
+	defer cp.secretMu.Unlock()
 	if n := cp.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
 		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
 		return

@@ -21,7 +21,12 @@ import (
 // to what data planes or the admin API see. A function may name only
 // secrets of its own namespace that exist, and a secret in use cannot be
 // deleted: both are checked under secretMu so that a deploy and a delete
-// racing cannot leave a function naming a missing secret.
+// racing cannot leave a function naming a missing secret. A token limited
+// to functions cannot manage secrets (they are the namespace's), nor give
+// its functions secrets they did not name (their code would read them).
+// A namespace holds at most spec.MaxSecretsPerNamespace secrets and
+// spec.MaxSecretBytesPerNamespace bytes of values: the cluster keeps them
+// all in memory and answers reads from there.
 //
 // An update reaches sandboxes started after it; running sandboxes keep the
 // value they started with (redeploy the function to roll them), as
@@ -37,21 +42,51 @@ func (cp *ControlPlane) loadSecrets() error {
 	if err != nil {
 		return err
 	}
-	m := make(map[string][]byte, len(secs))
-	for _, s := range secs {
-		m[s.Key()] = s.Value
-	}
-	cp.cluster.setSecrets(m)
+	cp.cluster.setSecrets(secs)
 	return nil
 }
 
-// setSecrets replaces the cluster's secret values: sandboxes created from
-// now on see them.
-func (c *Cluster) setSecrets(m map[string][]byte) {
+// setSecrets replaces the cluster's secrets: sandboxes created from now on
+// see their values.
+func (c *Cluster) setSecrets(secs []*store.Secret) {
+	m := make(map[string]*store.Secret, len(secs))
+	for _, s := range secs {
+		m[s.Key()] = s
+	}
 	c.mu.Lock()
 	c.secrets = m
 	c.secretGen++
 	c.mu.Unlock()
+}
+
+// putSecret records what the registry now holds under key: s, or nothing
+// for nil. The caller holds secretMu.
+func (c *Cluster) putSecret(key string, s *store.Secret) {
+	c.mu.Lock()
+	if s == nil {
+		delete(c.secrets, key)
+	} else {
+		if c.secrets == nil {
+			c.secrets = map[string]*store.Secret{}
+		}
+		c.secrets[key] = s
+	}
+	c.secretGen++
+	c.mu.Unlock()
+}
+
+// secretWritten brings the cluster's copy up to date after a registry
+// write: key now holds s (nil: deleted), or, when the write failed (it may
+// still have been applied: a replica losing leadership), whatever the
+// registry holds.
+func (cp *ControlPlane) secretWritten(key string, s *store.Secret, err error) {
+	if err == nil {
+		cp.cluster.putSecret(key, s)
+		return
+	}
+	if lerr := cp.loadSecrets(); lerr != nil {
+		cp.log.Warn("reloading secrets after a failed write", "err", lerr)
+	}
 }
 
 // secretDataLocked returns the values of the secrets f names and the
@@ -65,8 +100,8 @@ func (c *Cluster) secretDataLocked(f *spec.Function) (map[string][]byte, uint64)
 	ns := namespaceOf(f)
 	m := make(map[string][]byte, len(f.Secrets))
 	for _, n := range f.Secrets {
-		if v, ok := c.secrets[store.SecretKey(ns, n)]; ok {
-			m[n] = v
+		if s, ok := c.secrets[store.SecretKey(ns, n)]; ok {
+			m[n] = s.Value
 		}
 	}
 	return m, c.secretGen
@@ -100,6 +135,33 @@ func (cp *ControlPlane) admitSecrets(w http.ResponseWriter, f *spec.Function) bo
 		return false
 	}
 	return true
+}
+
+// mayAddSecrets reports whether the request's token may give a function of
+// namespace ns secrets it did not name: only a token allowed on the whole
+// namespace may, the one that may manage its secrets. A token limited to
+// functions may keep (or drop) the secrets its function has. On refusal it
+// has answered.
+func (cp *ControlPlane) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns string, f *spec.Function, had []string) bool {
+	if cp.cfg.AuthDisabled {
+		return true
+	}
+	var added []string
+	for _, n := range f.Secrets {
+		if !slices.Contains(had, n) {
+			added = append(added, n)
+		}
+	}
+	if len(added) == 0 {
+		return true
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	if auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, "") == nil {
+		return true
+	}
+	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions: it may not give function %q secrets it did not name (%s); a token with deploy on namespace %q may",
+		auth.ID(tok), f.Name, strings.Join(added, ", "), ns))
+	return false
 }
 
 // secretUsers returns the functions of namespace ns that name secret name.
@@ -157,6 +219,10 @@ func secretValue(req *api.SecretRequest) []byte {
 	return []byte(req.Value)
 }
 
+// checkSecretTarget checks a secret to write: its name, and that its
+// namespace exists; the caller holds secretMu, which a namespace's
+// deletion holds too, so that no secret outlives its namespace. On failure
+// it has answered.
 func (cp *ControlPlane) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
 	if !spec.ValidSecretName(name) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret name %q: %s", name, spec.SecretNameRule))
@@ -169,6 +235,42 @@ func (cp *ControlPlane) checkSecretTarget(w http.ResponseWriter, ns, name string
 	return true
 }
 
+// checkSecretRoom checks that namespace ns stays within the limits with
+// a value of size bytes for its secret name (in place of its current one,
+// if any); the caller holds secretMu. On failure it has answered.
+func (cp *ControlPlane) checkSecretRoom(w http.ResponseWriter, ns, name string, size int) bool {
+	n, bytes, exists := cp.cluster.secretUsage(ns, name)
+	if !exists && n+1 > spec.MaxSecretsPerNamespace {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: secrets %d is above the limit %d", ns, n+1, spec.MaxSecretsPerNamespace))
+		return false
+	}
+	if bytes+int64(size) > spec.MaxSecretBytesPerNamespace {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: its secrets' values would take %d bytes, above the limit %d", ns, bytes+int64(size), spec.MaxSecretBytesPerNamespace))
+		return false
+	}
+	return true
+}
+
+// secretUsage returns the number of namespace ns's secrets and the bytes
+// of their values, leaving out the secret called skip, and whether skip
+// exists.
+func (c *Cluster) secretUsage(ns, skip string) (n int, bytes int64, exists bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.secrets {
+		if s.Namespace != ns {
+			continue
+		}
+		if s.Name == skip {
+			exists = true
+			continue
+		}
+		n++
+		bytes += int64(len(s.Value))
+	}
+	return n, bytes, exists
+}
+
 func secretView(s *store.Secret, users []string) api.SecretView {
 	return api.SecretView{Name: s.Name, Namespace: s.Namespace, Size: len(s.Value), UsedBy: users, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
 }
@@ -179,23 +281,31 @@ func (cp *ControlPlane) createSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ns := cp.secretNamespace(r, req.Namespace)
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") || !cp.checkSecretTarget(w, ns, req.Name) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
 	now := time.Now().UTC()
 	rec := &store.Secret{Namespace: ns, Name: req.Name, Value: secretValue(req), CreatedAt: now, UpdatedAt: now}
 	cp.secretMu.Lock()
 	defer cp.secretMu.Unlock()
-	if err := cp.store.CreateSecret(rec); err != nil {
+	if !cp.checkSecretTarget(w, ns, req.Name) {
+		return
+	}
+	if cp.cluster.secret(ns, req.Name) != nil {
+		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
+		return
+	}
+	if !cp.checkSecretRoom(w, ns, req.Name, len(rec.Value)) {
+		return
+	}
+	err := cp.store.CreateSecret(rec)
+	cp.secretWritten(rec.Key(), rec, err)
+	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
 			return
 		}
 		writeStoreError(w, "storing the secret: ", err)
-		return
-	}
-	if err := cp.loadSecrets(); err != nil {
-		writeStoreError(w, "loading secrets: ", err)
 		return
 	}
 	w.Header().Set("Location", "/v1/secrets/"+req.Name+"?namespace="+ns)
@@ -213,23 +323,27 @@ func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ns := cp.secretNamespace(r, req.Namespace)
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") || !cp.checkSecretTarget(w, ns, name) {
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
 	cp.secretMu.Lock()
 	defer cp.secretMu.Unlock()
-	old, err := cp.findSecret(ns, name)
-	if err != nil {
-		writeSecretError(w, ns, name, err)
+	if !cp.checkSecretTarget(w, ns, name) {
+		return
+	}
+	old := cp.cluster.secret(ns, name)
+	if old == nil {
+		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
 	}
 	rec := &store.Secret{Namespace: ns, Name: name, Value: secretValue(req), CreatedAt: old.CreatedAt, UpdatedAt: time.Now().UTC()}
-	if err := cp.store.UpdateSecret(rec); err != nil {
-		writeSecretError(w, ns, name, err)
+	if !cp.checkSecretRoom(w, ns, name, len(rec.Value)) {
 		return
 	}
-	if err := cp.loadSecrets(); err != nil {
-		writeStoreError(w, "loading secrets: ", err)
+	err := cp.store.UpdateSecret(rec)
+	cp.secretWritten(rec.Key(), rec, err)
+	if err != nil {
+		writeSecretError(w, ns, name, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, secretView(rec, cp.cluster.secretUsers(ns, name)))
@@ -241,9 +355,9 @@ func (cp *ControlPlane) getSecret(w http.ResponseWriter, r *http.Request) {
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	s, err := cp.findSecret(ns, name)
-	if err != nil {
-		writeSecretError(w, ns, name, err)
+	s := cp.cluster.secret(ns, name)
+	if s == nil {
+		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
 	}
 	writeJSON(w, http.StatusOK, secretView(s, cp.cluster.secretUsers(ns, name)))
@@ -260,17 +374,18 @@ func (cp *ControlPlane) listSecrets(w http.ResponseWriter, r *http.Request) {
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	secs, err := cp.store.Secrets()
-	if err != nil {
-		writeStoreError(w, "listing secrets: ", err)
-		return
-	}
+	c := cp.cluster
 	out := []api.SecretView{}
-	for _, s := range secs {
+	c.mu.Lock()
+	for _, s := range c.secrets {
 		if ns == "" || s.Namespace == ns {
 			out = append(out, secretView(s, nil))
 		}
 	}
+	c.mu.Unlock()
+	slices.SortFunc(out, func(a, b api.SecretView) int {
+		return strings.Compare(store.SecretKey(a.Namespace, a.Name), store.SecretKey(b.Namespace, b.Name))
+	})
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -286,30 +401,21 @@ func (cp *ControlPlane) deleteSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q is used by %s in namespace %q: remove it from their specs first", name, strings.Join(users, ", "), ns))
 		return
 	}
-	if err := cp.store.DeleteSecret(ns, name); err != nil {
+	err := cp.store.DeleteSecret(ns, name)
+	cp.secretWritten(store.SecretKey(ns, name), nil, err)
+	if err != nil {
 		writeSecretError(w, ns, name, err)
-		return
-	}
-	if err := cp.loadSecrets(); err != nil {
-		writeStoreError(w, "loading secrets: ", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// findSecret returns namespace ns's secret name from the registry.
-func (cp *ControlPlane) findSecret(ns, name string) (*store.Secret, error) {
-	secs, err := cp.store.Secrets()
-	if err != nil {
-		return nil, err
-	}
-	key := store.SecretKey(ns, name)
-	for _, s := range secs {
-		if s.Key() == key {
-			return s, nil
-		}
-	}
-	return nil, fmt.Errorf("secret %q: %w", key, store.ErrNotFound)
+// secret returns namespace ns's secret name (nil: none), from the
+// cluster's copy of the registry's: a read costs no registry scan.
+func (c *Cluster) secret(ns, name string) *store.Secret {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.secrets[store.SecretKey(ns, name)]
 }
 
 func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
@@ -321,16 +427,8 @@ func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
 }
 
 // namespaceSecrets counts namespace ns's secrets (a namespace with secrets
-// cannot be deleted).
+// cannot be deleted); the caller holds secretMu.
 func (cp *ControlPlane) namespaceSecrets(ns string) int {
-	c := cp.cluster
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for k := range c.secrets {
-		if strings.HasPrefix(k, ns+"/") {
-			n++
-		}
-	}
+	n, _, _ := cp.cluster.secretUsage(ns, "")
 	return n
 }

@@ -183,8 +183,8 @@ type ControlPlane struct {
 	dpKeys            sync.Map      // data plane id -> key id its record is bound to
 	nodeLocks         [64]sync.Mutex
 	dpMu              sync.Mutex // serialises data plane registrations (the binding check)
-	// secretMu orders secret writes (held) against deploys naming secrets
-	// (read-held): secrets.go.
+	// secretMu orders secret writes and namespace deletions (held)
+	// against deploys (read-held): secrets.go, namespaces.go.
 	secretMu sync.RWMutex
 }
 

@@ -410,11 +410,14 @@ func (f *Function) Validate() error {
 // secret: OpenFaaS's path, so that its functions run unchanged.
 const SecretsDir = "/var/openfaas/secrets"
 
-// Secret limits: a value as large as a Kubernetes Secret's, and a bound on
-// what one sandbox start must carry.
+// Secret limits: a value as large as a Kubernetes Secret's, a bound on
+// what one sandbox start must carry, and bounds on what one namespace may
+// hold (the control plane keeps every value in memory).
 const (
-	MaxSecretSize         = 1 << 20
-	MaxSecretsPerFunction = 32
+	MaxSecretSize              = 1 << 20
+	MaxSecretsPerFunction      = 32
+	MaxSecretsPerNamespace     = 256
+	MaxSecretBytesPerNamespace = 64 << 20
 )
 
 // SecretNameRule says what ValidSecretName accepts.

@@ -5,11 +5,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,4 +193,150 @@ func mustSpec(t *testing.T, js string) *spec.Function {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// secretsCluster is a cluster with namespaces team-a (secrets db and
+// api-key) and team-b (secret db), and a client for a token.
+func secretsCluster(t *testing.T) (*cluster, func(tok string) *client.Client) {
+	c := newCluster(t)
+	c.up(t)
+	for _, ns := range []string{"team-a", "team-b"} {
+		c.mustBrisk(t, "ns", "create", ns)
+		c.mustBrisk(t, "secret", "create", "db", "-n", ns, "--from-literal", ns+"'s password")
+	}
+	c.mustBrisk(t, "secret", "create", "api-key", "-n", "team-a", "--from-literal", "k")
+	return c, func(tok string) *client.Client {
+		cl := client.New(c.admin, c.invokeAddr)
+		cl.Token = tok
+		return cl
+	}
+}
+
+// A deploy token limited to a function (here bound to no namespace) can
+// neither manage secrets nor give its function secrets it did not have:
+// the function's code would read them, from any namespace.
+func TestSecretsFunctionLimitedToken(t *testing.T) {
+	c, as := secretsCluster(t)
+	ctx := context.Background()
+	fc := as(strings.TrimSpace(c.mustBrisk(t, "token", "create", "ci-f", "--scope", "deploy", "--function", "f", "-q")))
+	if _, err := fc.Create(ctx, mustSpec(t, `{"name":"f","namespace":"team-b","builtin":"trace","secrets":["db"]}`)); !isStatus(err, 403) {
+		t.Fatalf("a function-limited token creates f naming team-b's secret: %v, want 403", err)
+	}
+	if _, err := fc.Secrets(ctx, "team-a"); !isStatus(err, 403) {
+		t.Fatalf("a function-limited token lists secrets: %v, want 403", err)
+	}
+	if _, err := fc.UpdateSecret(ctx, api.SecretRequest{Name: "db", Namespace: "team-a", Value: "attacker's database"}); !isStatus(err, 403) {
+		t.Fatalf("a function-limited token replaces a secret: %v, want 403", err)
+	}
+	// Once a namespace-wide token gave f a secret, f's token may redeploy
+	// it with that secret, or without, but not add another.
+	if _, err := c.cl.Create(ctx, mustSpec(t, `{"name":"f","namespace":"team-a","builtin":"trace","secrets":["db"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fc.Update(ctx, mustSpec(t, `{"name":"f","namespace":"team-a","builtin":"trace","env":{"V":"2"},"secrets":["db"]}`)); err != nil {
+		t.Fatalf("f's token redeploys f with its secret: %v", err)
+	}
+	if _, err := fc.Update(ctx, mustSpec(t, `{"name":"f","namespace":"team-a","builtin":"trace","secrets":["db","api-key"]}`)); !isStatus(err, 403) {
+		t.Fatalf("f's token adds a secret to f: %v, want 403", err)
+	}
+	if _, err := fc.Update(ctx, mustSpec(t, `{"name":"f","namespace":"team-a","builtin":"trace"}`)); err != nil {
+		t.Fatalf("f's token drops f's secret: %v", err)
+	}
+	if _, err := fc.Update(ctx, mustSpec(t, `{"name":"f","namespace":"team-a","builtin":"trace","secrets":["db"]}`)); !isStatus(err, 403) {
+		t.Fatalf("f's token gives f back a secret it dropped: %v, want 403", err)
+	}
+}
+
+// A namespace holds a bounded number and size of secrets, whoever writes
+// them: a tenant's token cannot fill the control plane's memory.
+func TestSecretsNamespaceLimits(t *testing.T) {
+	c, as := secretsCluster(t)
+	ctx := context.Background()
+	team := as(strings.TrimSpace(c.mustBrisk(t, "token", "create", "team-a", "--scope", "deploy", "--namespace", "team-a", "-q")))
+	const maxCount, maxBytes = spec.MaxSecretsPerNamespace, spec.MaxSecretBytesPerNamespace
+	for i := 2; i < maxCount; i++ { // db and api-key are there
+		if _, err := team.CreateSecret(ctx, api.SecretRequest{Name: fmt.Sprintf("s-%d", i), Value: "v"}); err != nil {
+			t.Fatalf("secret %d of team-a: %v", i+1, err)
+		}
+	}
+	if _, err := team.CreateSecret(ctx, api.SecretRequest{Name: "one-too-many", Value: "v"}); !isStatus(err, 403) {
+		t.Fatalf("secret %d of team-a: %v, want 403", maxCount+1, err)
+	}
+	big := make([]byte, spec.MaxSecretSize)
+	used := int64(len("team-b's password"))
+	for i := 0; used+int64(len(big)) <= maxBytes; i++ {
+		if _, err := c.cl.CreateSecret(ctx, api.SecretRequest{Name: fmt.Sprintf("big-%d", i), Namespace: "team-b", RawValue: big}); err != nil {
+			t.Fatalf("big secret %d of team-b: %v", i, err)
+		}
+		used += int64(len(big))
+	}
+	if _, err := c.cl.CreateSecret(ctx, api.SecretRequest{Name: "big-last", Namespace: "team-b", RawValue: big}); !isStatus(err, 403) {
+		t.Fatalf("team-b's secrets past %d bytes: %v, want 403", maxBytes, err)
+	}
+	// db grown to 1 MiB fills team-b exactly; then not one more byte.
+	if _, err := c.cl.UpdateSecret(ctx, api.SecretRequest{Name: "db", Namespace: "team-b", RawValue: big}); err != nil {
+		t.Fatalf("an update filling team-b's secrets to the limit: %v", err)
+	}
+	if _, err := c.cl.CreateSecret(ctx, api.SecretRequest{Name: "tiny", Namespace: "team-b", Value: "v"}); !isStatus(err, 403) {
+		t.Fatalf("a secret past team-b's full %d bytes: %v, want 403", maxBytes, err)
+	}
+	if _, err := c.cl.UpdateSecret(ctx, api.SecretRequest{Name: "big-0", Namespace: "team-b", RawValue: big[:10]}); err != nil {
+		t.Fatalf("an update shrinking a secret of a full namespace: %v", err)
+	}
+	if _, err := c.cl.CreateSecret(ctx, api.SecretRequest{Name: "tiny", Namespace: "team-b", Value: "v"}); err != nil {
+		t.Fatalf("a secret in the room a shrunk one left: %v", err)
+	}
+	if _, err := c.cl.UpdateSecret(ctx, api.SecretRequest{Name: "big-0", Namespace: "team-b", RawValue: big}); !isStatus(err, 403) {
+		t.Fatalf("an update taking team-b's secrets past %d bytes: %v, want 403", maxBytes, err)
+	}
+	if secs, err := c.cl.Secrets(ctx, "team-b"); err != nil || len(secs) != 65 {
+		t.Fatalf("team-b's secrets: %d, %v; want db, 63 big ones and tiny", len(secs), err)
+	}
+}
+
+// A secret created in a namespace being deleted: one of the two fails.
+// Were both to succeed, the secret would outlive its namespace, and a
+// namespace made again under that name (another tenant's) would inherit
+// it.
+func TestSecretsNamespaceDeleteRace(t *testing.T) {
+	c, _ := secretsCluster(t)
+	ctx := context.Background()
+	for i := range 20 {
+		ns := fmt.Sprintf("tmp-%d", i)
+		if _, err := c.cl.PutNamespace(ctx, ns, spec.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var secErr, nsErr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, secErr = c.cl.CreateSecret(ctx, api.SecretRequest{Name: "s", Namespace: ns, Value: "v"})
+		}()
+		go func() { defer wg.Done(); nsErr = c.cl.DeleteNamespace(ctx, ns) }()
+		wg.Wait()
+		if secErr == nil && nsErr == nil {
+			secs, _ := c.cl.Secrets(ctx, ns)
+			t.Fatalf("namespace %s deleted while its secret was created: the secret outlives it (%+v)", ns, secs)
+		}
+	}
+	// The same for a function (it would name the namespace's secrets).
+	for i := range 20 {
+		ns := fmt.Sprintf("fn-tmp-%d", i)
+		if _, err := c.cl.PutNamespace(ctx, ns, spec.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var fnErr, nsErr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, fnErr = c.cl.Create(ctx, mustSpec(t, `{"name":"`+ns+`","namespace":"`+ns+`","builtin":"trace"}`))
+		}()
+		go func() { defer wg.Done(); nsErr = c.cl.DeleteNamespace(ctx, ns) }()
+		wg.Wait()
+		if fnErr == nil && nsErr == nil {
+			t.Fatalf("namespace %s deleted while a function was created in it: the function outlives it", ns)
+		}
+	}
 }
