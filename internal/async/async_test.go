@@ -2,6 +2,7 @@ package async
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
@@ -578,5 +581,51 @@ func TestResubmitIsIdempotent(t *testing.T) {
 	waitStatus(t, e.q, "after", StatusSucceeded)
 	if n := inv.attempts("idem"); n != 1 {
 		t.Fatalf("resubmitted call ran %d times", n)
+	}
+}
+
+// A call with a fresh (server-made) id is stored with its queued record in
+// one round trip: the record is there once Submit returns, it never
+// overwrites a state already written, and a call the stream refuses leaves
+// no record behind.
+func TestFreshSubmit(t *testing.T) {
+	e := start(t, t.TempDir(), Config{MaxQueued: 2})
+	ctx := context.Background()
+	fresh := func(id string) error {
+		return e.q.Submit(ctx, &Call{ID: id, Function: "fn", Method: "POST", Path: "/", Body: []byte(id), Fresh: true})
+	}
+	if err := fresh("f1"); err != nil {
+		t.Fatal(err)
+	}
+	ent, err := e.q.status.Get(ctx, "f1")
+	if err != nil {
+		t.Fatalf("no queued record after a fresh submit: %v", err)
+	}
+	var r Record
+	if err := json.Unmarshal(ent.Value(), &r); err != nil || r.Status != StatusQueued || r.Function != "fn" {
+		t.Fatalf("queued record: %+v %v", r, err)
+	}
+	// A later state is never overwritten by a queued record.
+	if err := e.q.putStatus(ctx, &Record{ID: "f2", Function: "fn", Status: StatusSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh("f2"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.q.Get(ctx, "f2"); err != nil || r.Status != StatusSucceeded {
+		t.Fatalf("a fresh submit overwrote a later state: %+v %v", r, err)
+	}
+	// The queue is full (MaxQueued 2): refused, and no record stays.
+	if err := fresh("f3"); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third fresh submit: %v, want ErrQueueFull", err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, err := e.q.status.Get(ctx, "f3")
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, "a refused call's queued record stayed")
+	// The stored ones run.
+	run(t, e.q, newScripted(func(c *Call, _ int) Result { return ok("ran " + string(c.Body)) }))
+	if r := waitStatus(t, e.q, "f1", StatusSucceeded); string(r.Result.Body) != "ran f1" {
+		t.Fatalf("f1: %+v", r)
 	}
 }

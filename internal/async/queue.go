@@ -25,6 +25,11 @@ const (
 	callsPrefix  = "brisk.calls."
 	deadPrefix   = "brisk.dead."
 	hdrCall      = "Brisk-Call"
+	// kvPrefix is the subject of the status bucket's keys.
+	kvPrefix = "$KV." + StatusBucket + "."
+	// hdrExpectedLastSubjSeq "0" stores a message only where its subject
+	// has none: the KV's create.
+	hdrExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
 )
 
 // Errors Submit and the lookups return.
@@ -237,6 +242,10 @@ type Call struct {
 	// CallbackURL, when set, receives the result (X-Callback-Url).
 	CallbackURL string
 	Submitted   time.Time
+	// Fresh says the id was made by the submitting data plane (random,
+	// never a client's): no other call can hold it, so Submit need not
+	// claim it before storing the call, and the two writes go together.
+	Fresh bool
 }
 
 // callMeta is a Call's head as stored in the Brisk-Call header.
@@ -298,6 +307,13 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if err != nil {
 		return err
 	}
+	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
+	msg.Header.Set(hdrCall, string(meta))
+	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
+	msg.Data = c.Body
+	if c.Fresh {
+		return q.submitFresh(ctx, c, rec, msg)
+	}
 	rev, err := q.status.Create(ctx, c.ID, rec)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyExists):
@@ -312,10 +328,6 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	case err != nil:
 		return fmt.Errorf("async: store call: %w", err)
 	}
-	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
-	msg.Header.Set(hdrCall, string(meta))
-	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
-	msg.Data = c.Body
 	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
 		if rev != 0 {
 			// A refused call leaves no record saying it is queued.
@@ -328,6 +340,63 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	}
 	q.m.accepted.WithLabelValues(c.Function).Inc()
 	return nil
+}
+
+// submitFresh stores a call whose id nobody else can hold: its queued
+// record and the call are sent together and awaited together, one round
+// trip instead of two. The record is created only where none exists (the
+// KV's create condition), so it can never overwrite the state a fast
+// consumer already wrote; if it is not stored, Get still finds the call in
+// the stream. A call the stream refuses takes its record back.
+func (q *Queue) submitFresh(ctx context.Context, c *Call, rec []byte, msg *nats.Msg) error {
+	rm := nats.NewMsg(kvPrefix + c.ID)
+	rm.Header.Set(hdrExpectedLastSubjSeq, "0")
+	rm.Data = rec
+	recAck, err := q.js.PublishMsgAsync(rm)
+	if err != nil {
+		return fmt.Errorf("async: store call: %w", err)
+	}
+	callAck, err := q.js.PublishMsgAsync(msg)
+	if err != nil {
+		q.dropRecord(ctx, recAck)
+		return fmt.Errorf("async: store call: %w", err)
+	}
+	select {
+	case <-callAck.Ok():
+	case err = <-callAck.Err():
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		q.dropRecord(ctx, recAck)
+		if isLimit(err) {
+			return ErrQueueFull
+		}
+		return fmt.Errorf("async: store call: %w", err)
+	}
+	// Both were sent at once; the record's answer is (nearly) in too. A
+	// record not stored is no loss (Get reads the stream), but waiting for
+	// it lets a caller who reads the record see it.
+	select {
+	case <-recAck.Ok():
+	case <-recAck.Err():
+	case <-ctx.Done():
+	}
+	q.m.accepted.WithLabelValues(c.Function).Inc()
+	return nil
+}
+
+// dropRecord deletes the queued record of a call that was not stored, once
+// its write is known to have landed.
+func (q *Queue) dropRecord(ctx context.Context, recAck jetstream.PubAckFuture) {
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case ack := <-recAck.Ok():
+		_ = q.status.Delete(context.WithoutCancel(ctx), recAck.Msg().Subject[len(kvPrefix):], jetstream.LastRevision(ack.Sequence))
+	case <-recAck.Err():
+	case <-t.C:
+	}
 }
 
 func isLimit(err error) bool {

@@ -45,7 +45,7 @@ func (q *Queue) putStatusAsync(r *Record) {
 	if err != nil {
 		return
 	}
-	_, _ = q.js.PublishAsync("$KV."+StatusBucket+"."+r.ID, b)
+	_, _ = q.js.PublishAsync(kvPrefix+r.ID, b)
 }
 
 // Get returns the status of call id.

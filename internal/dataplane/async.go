@@ -59,7 +59,8 @@ func (d *DataPlane) serveAsyncRoute(w http.ResponseWriter, r *http.Request) bool
 // call is accepted.
 func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route) {
 	callID := r.Header["X-Call-Id"]
-	if len(callID) == 0 || callID[0] == "" {
+	fresh := len(callID) == 0 || callID[0] == ""
+	if fresh {
 		callID = []string{newCallID()}
 	} else if !async.ValidID(callID[0]) {
 		d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "X-Call-Id %q: an asynchronous call's id must be 1-64 letters, digits, '-' or '_'", callID[0]))
@@ -121,7 +122,7 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 		path = escapePath(rt.rest)
 	}
 	c := d.asyncCall(r, fn, callID[0], path, body, keepAuth)
-	c.CallbackURL = cb
+	c.CallbackURL, c.Fresh = cb, fresh
 	if f := d.storeAsync(r.Context(), c); f.code != 0 {
 		d.writeError(w, callID, f)
 		return
@@ -132,7 +133,8 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	hdr["Location"] = []string{loc}
 	hdr["Content-Type"] = hdrJSON
 	w.WriteHeader(http.StatusAccepted)
-	_ = json.NewEncoder(w).Encode(map[string]string{"call_id": c.ID, "status": string(async.StatusQueued), "location": loc})
+	// The id is letters, digits, '-' and '_' (async.ValidID): no escaping.
+	_, _ = io.WriteString(w, `{"call_id":"`+c.ID+`","status":"`+string(async.StatusQueued)+`","location":"`+loc+"\"}\n")
 }
 
 // asyncCall is the call to store for request r of fn, whose token was

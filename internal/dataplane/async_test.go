@@ -78,6 +78,19 @@ func TestAsyncSubmitRunsThroughTheDataPlane(t *testing.T) {
 	if r.code != http.StatusAccepted {
 		t.Fatalf("Prefer: respond-async: %d %s", r.code, r.body)
 	}
+	// A fresh id: the 202's body names it, and its queued record or its
+	// final one is there at once.
+	var accepted struct {
+		CallID           string `json:"call_id"`
+		Status, Location string
+	}
+	if err := json.Unmarshal([]byte(r.body), &accepted); err != nil || accepted.CallID != r.header.Get("X-Call-Id") || accepted.CallID == "" ||
+		accepted.Status != "queued" || accepted.Location != "/v1/calls/"+accepted.CallID {
+		t.Fatalf("202 body %q (%v)", r.body, err)
+	}
+	if gr := get(t, ts.URL+"/v1/calls/"+accepted.CallID); gr.code != 200 {
+		t.Fatalf("the accepted call: %d %s", gr.code, gr.body)
+	}
 	rec = awaitCall(t, ts.URL, r.header.Get("X-Call-Id"), async.StatusSucceeded)
 	if err := json.Unmarshal(rec.Result.Body, &s); err != nil || s.Path != "/k" {
 		t.Fatalf("Prefer call saw %+v (%v)", s, err)

@@ -376,6 +376,7 @@ func (d *DataPlane) lambdaEvent(w http.ResponseWriter, r *http.Request, reqID st
 	}
 	fr := lambdaRequest(r, reqID, body)
 	c := d.asyncCall(fr, fn, reqID, "/", body, false)
+	c.Fresh = true // the request id is ours
 	if f := d.storeAsync(r.Context(), c); f.code != 0 {
 		typ := "ServiceException"
 		if f.why == reasonQueueFull {
