@@ -240,6 +240,11 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		_ = msg.NakWithDelay(deferHold)
 		return
 	}
+	if !q.yield.enter(ctx) {
+		release()
+		_ = msg.Nak() // we are stopping: another consumer takes it
+		return
+	}
 	start := q.now()
 	// The running record is written only for a call still running after
 	// runningAfter: a short call's final record follows at once, and one
@@ -257,6 +262,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		}
 	})
 	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
+	q.yield.leave()
 	running.Stop()
 	runMu.Lock()
 	attemptDone = true

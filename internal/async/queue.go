@@ -60,6 +60,9 @@ type Config struct {
 	// before JetStream delivers it again (a consumer that died). Running
 	// calls send one every AckWait/3, so a long call is not re-delivered.
 	AckWait time.Duration
+	// YieldFloor is how many attempts a consumer keeps running while its
+	// data plane is busy accepting submits (yield.go); 0: GOMAXPROCS.
+	YieldFloor int
 	// MaxInFlight bounds the calls one consumer holds at once.
 	MaxInFlight int
 	// MaxResultBytes bounds the body kept in a status record (and posted
@@ -144,6 +147,7 @@ type Queue struct {
 	m      *metrics
 	hc     *http.Client // callbacks
 	now    func() time.Time
+	yield  *yielder
 }
 
 // Open creates or updates the streams, the status bucket and the shared
@@ -154,7 +158,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("async: %w", err)
 	}
-	q := &Queue{cfg: cfg, nc: nc, js: js, now: time.Now}
+	q := &Queue{cfg: cfg, nc: nc, js: js, now: time.Now, yield: newYielder(cfg.YieldFloor)}
 	q.calls, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        CallsStream,
 		Description: "brisk: asynchronous calls waiting or running",
@@ -341,6 +345,11 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	q.m.accepted.WithLabelValues(c.Function).Inc()
 	return nil
 }
+
+// Accepting marks a submit in progress on this data plane, from its
+// request's arrival; the returned func marks its end. While several are,
+// the consumer yields (yield.go).
+func (q *Queue) Accepting() (done func()) { return q.yield.accepting() }
 
 // submitFresh stores a call whose id nobody else can hold: its queued
 // record and the call are sent together and awaited together, one round

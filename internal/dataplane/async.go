@@ -73,6 +73,7 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 		d.writeError(w, callID, fail(http.StatusNotImplemented, reasonAsyncDisabled, "asynchronous calls are not enabled on this data plane (it has no queue: --nats)"))
 		return
 	}
+	defer q.Accepting()()
 	fn := rt.fn
 	if fn == nil && httpx.NamesFunction(rt.name) {
 		fn = d.awaitFunction(r.Context(), rt.name)
