@@ -8,7 +8,9 @@ FUZZTIME  ?= 20s
 # package:target pairs (go test fuzzes one target per run)
 FUZZ_TARGETS = internal/h1:FuzzRequestHead internal/h1:FuzzReplyHead internal/h1:FuzzChunked pkg/spec:FuzzDecode
 
-.PHONY: help build demo up test test-short fuzz vet fmt bench microbench proto setup clean
+PREFIX    ?= /usr/local
+
+.PHONY: help build install demo up test test-short fuzz vet fmt bench microbench proto setup clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -17,6 +19,10 @@ build: ## build bin/brisk, bin/brisk-trace (the lean trace function) and bin/bri
 	$(GO) build -o $(BIN) ./cmd/brisk
 	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
 	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-sandbox-init ./cmd/brisk-sandbox-init
+
+install: build ## copy bin/brisk, bin/brisk-trace and bin/brisk-sandbox-init to $(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(dir $(BIN))brisk-trace $(dir $(BIN))brisk-sandbox-init $(DESTDIR)$(PREFIX)/bin/
 
 demo: build ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
 	./scripts/demo.sh
