@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -34,6 +35,8 @@ type deployFlags struct {
 	memory                                 int64
 	env                                    []string
 	secrets                                []string
+	wait                                   bool
+	waitTimeout                            time.Duration
 	timeout, queueTimeout, window, grace   time.Duration
 	target, utilization                    float64
 	writableRoot, streamRequests, public   bool
@@ -70,7 +73,7 @@ func newFnUpdate(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Printf("function %s updated (revision %d)\n", out.Name, out.Revision)
-			return nil
+			return f.waitReady(c, cl, out)
 		},
 	}
 	f.register(c)
@@ -105,7 +108,7 @@ started with PORT set to the port it must serve HTTP on.`,
 				return err
 			}
 			fmt.Printf("function %s %s (revision %d)\n", out.Name, verb, out.Revision)
-			return nil
+			return f.waitReady(c, cl, out)
 		},
 	}
 	c.Flags().StringVarP(&f.file, "file", "f", "", "read the spec from a JSON file (- for stdin); flags override it")
@@ -146,6 +149,8 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.asyncMaxAge, "async-max-age", 0, fmt.Sprintf("an asynchronous call older than this is not tried again (default %s)", spec.DefaultAsyncMaxAge))
 	fl.DurationVar(&f.asyncBackoff, "async-backoff", 0, fmt.Sprintf("delay before an asynchronous call's second attempt; it doubles up to 5m (default %s)", spec.DefaultAsyncBackoff))
 	fl.BoolVar(&f.asyncRetryFnErrors, "async-retry-function-errors", false, "retry asynchronous calls after the function's own 5xx too (by default only after the platform's failures and 429)")
+	fl.BoolVar(&f.wait, "wait", false, "wait until a sandbox of the new revision serves (with --min ≥ 1), printing progress; fail at once if its sandboxes cannot start")
+	fl.DurationVar(&f.waitTimeout, "wait-timeout", 2*time.Minute, "with --wait: give up after this long")
 	fl.IntVar(&f.asyncConcurrency, "async-concurrency", 0, fmt.Sprintf("asynchronous calls of the function running at once per data plane (default %d)", spec.DefaultAsyncConcurrency))
 }
 
@@ -675,4 +680,56 @@ func parseKeepAlive(v string, s *spec.Scaling) error {
 		s.KeepAlivePolicy = policy
 	}
 	return nil
+}
+
+// waitReady follows a deployed revision until one of its sandboxes is
+// ready (--wait), printing each change of its sandboxes' states. A
+// condition that keeps sandboxes from starting ends the wait with its cause.
+func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.Function) error {
+	if !f.wait {
+		return nil
+	}
+	if out.Scaling.Min == 0 {
+		fmt.Printf("scaling.min is 0: no sandbox starts before the first call (deploy with --min 1 to wait for one)\n")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), f.waitTimeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	last := ""
+	for {
+		v, err := cl.Get(ctx, out.Name)
+		if err != nil {
+			return err
+		}
+		if v.Revision != out.Revision {
+			return fmt.Errorf("function %s changed again while waiting (revision %d)", out.Name, v.Revision)
+		}
+		states := map[string]int{}
+		for _, sb := range v.Status.Sandboxes {
+			if sb.Revision == out.Revision {
+				states[sb.State]++
+			}
+		}
+		line := fmt.Sprintf("sandboxes of revision %d: %d starting, %d ready (desired %d)", out.Revision, states["assumed"]+states["pending"], states["ready"], v.Status.Desired)
+		if line != last {
+			fmt.Println(line)
+			last = line
+		}
+		switch {
+		case states["ready"] > 0:
+			fmt.Printf("function %s is serving\n", out.Name)
+			return nil
+		case v.Status.Condition == reconciler.CondFunctionFailing && v.Status.Failures >= reconciler.FailFastAfter:
+			return fmt.Errorf("function %s cannot start: %s", out.Name, v.Status.Message)
+		case v.Status.Condition != "" && v.Status.Condition != reconciler.CondFunctionFailing:
+			fmt.Printf("waiting: %s: %s\n", v.Status.Condition, v.Status.Message)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("function %s: no sandbox ready after %s (brisk fn get %s)", out.Name, f.waitTimeout, out.Name)
+		case <-tick.C:
+		}
+	}
 }

@@ -44,8 +44,8 @@ func newMetrics() *cpMetrics {
 // time from the cluster's table: a gauge vector child per function was
 // ~700 B of heap per function and a label hash per registration.
 type functionCollector struct {
-	c                  *Cluster
-	desired, panicking *prometheus.Desc
+	c                             *Cluster
+	desired, panicking, condition *prometheus.Desc
 }
 
 func newFunctionCollector(c *Cluster) *functionCollector {
@@ -53,10 +53,15 @@ func newFunctionCollector(c *Cluster) *functionCollector {
 	return &functionCollector{c: c,
 		desired:   prometheus.NewDesc("brisk_function_desired_sandboxes", "Autoscaler decision per function.", fn, nil),
 		panicking: prometheus.NewDesc("brisk_function_panic_mode", "1 while the function's autoscaler is in panic mode.", fn, nil),
+		condition: prometheus.NewDesc("brisk_function_condition", "1 for each function and condition it is in: function-failing (its sandboxes fail to start), no-capacity, quota-exceeded.", []string{"function", "condition"}, nil),
 	}
 }
 
-func (f *functionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- f.desired; ch <- f.panicking }
+func (f *functionCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- f.desired
+	ch <- f.panicking
+	ch <- f.condition
+}
 
 func (f *functionCollector) Collect(ch chan<- prometheus.Metric) {
 	type row struct {
@@ -69,7 +74,12 @@ func (f *functionCollector) Collect(ch chan<- prometheus.Metric) {
 	f.c.r.Autoscaler(func(name string, desired int, panicking bool) {
 		rows = append(rows, row{name, desired, panicking})
 	})
+	var conds [][2]string
+	f.c.r.Conditions(func(name, reason string) { conds = append(conds, [2]string{name, reason}) })
 	f.c.mu.Unlock()
+	for _, c := range conds {
+		ch <- prometheus.MustNewConstMetric(f.condition, prometheus.GaugeValue, 1, c[0], c[1])
+	}
 	for _, r := range rows {
 		ch <- prometheus.MustNewConstMetric(f.desired, prometheus.GaugeValue, float64(r.desired), r.name)
 		ch <- prometheus.MustNewConstMetric(f.panicking, prometheus.GaugeValue, boolFloat(r.panicking), r.name)

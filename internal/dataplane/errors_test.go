@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	btestutil "github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -129,4 +131,45 @@ func TestConditionExplainsQueueTimeout(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{
 		fnSpec("crashy", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 })}})
 	wantReason(t, get(t, srv.URL+"/function/crashy"), 504, "queue-timeout", "")
+}
+
+// A function whose sandboxes keep failing to start (the control plane's
+// fail_fast) answers at once: calls already waiting get 503 with the
+// cause, and so do new ones, instead of each waiting the queue timeout;
+// while it still has a sandbox, calls go to it.
+func TestFailingFunctionAnswersAtOnce(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	slow := func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 60_000 }
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("crashy", slow)}})
+	waiting := goGet(t, srv.URL+"/function/crashy")
+	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("crashy").nwait.Load() == 1 }, "the call never queued")
+	// Failing, but not yet fail-fast: the call keeps waiting.
+	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{
+		{Function: "crashy", Reason: "function-failing", Message: "1 sandbox starts failed in a row, the last: exec: no such file"}}})
+	if n := d.lookup("crashy").nwait.Load(); n != 1 {
+		t.Fatalf("a first failure answered the waiting call (waiting %d)", n)
+	}
+	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{
+		{Function: "crashy", Reason: "function-failing", Message: "3 sandbox starts failed in a row, the last: exec: no such file", FailFast: true}}})
+	select {
+	case r := <-waiting:
+		wantReason(t, r, 503, "function-failing", "no such file")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting call was not answered when the function started failing")
+	}
+	wantReason(t, get(t, srv.URL+"/function/crashy"), 503, "function-failing", "cannot start a sandbox")
+	if got := d.errorCount(reasonFunctionFailing); got != 2 {
+		t.Fatalf("function-failing counted %v times, want 2", got)
+	}
+
+	// With a sandbox (an older revision's, say), calls are served.
+	addr := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("crashy", "sb-old", addr)}})
+	if r := get(t, srv.URL+"/function/crashy"); r.code != 200 {
+		t.Fatalf("a failing function with a sandbox: %d %s", r.code, r.body)
+	}
+	// Cleared: calls wait for a sandbox again.
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{
+		fnSpec("crashy", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 })}})
+	wantReason(t, get(t, srv.URL+"/function/crashy"), 504, "queue-timeout", "waiting for a sandbox")
 }

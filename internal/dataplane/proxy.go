@@ -400,6 +400,8 @@ func (d *DataPlane) acquireError(err error, fn *function, conf *fnConf) failure 
 		f = fail(http.StatusGatewayTimeout, reasonQueueTimeout, "function %q: timed out after %s waiting for a sandbox", fn.name, conf.queueTimeout)
 	case errors.Is(err, errFunctionDeleted):
 		return fail(http.StatusNotFound, reasonFunctionDeleted, "function %q was deleted", fn.name)
+	case errors.Is(err, errFunctionFailing):
+		f = fail(http.StatusServiceUnavailable, reasonFunctionFailing, "function %q cannot start a sandbox", fn.name)
 	default: // the client's context ended
 		return failure{statusClientGone, reasonNone, err.Error()}
 	}

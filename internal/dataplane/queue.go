@@ -13,6 +13,7 @@ var (
 	errQueueFull       = errors.New("queue full")
 	errQueueTimeout    = errors.New("timed out waiting for a sandbox")
 	errFunctionDeleted = errors.New("function deleted")
+	errFunctionFailing = errors.New("the function's sandboxes fail to start")
 )
 
 // waiter is one queued request. Whoever dequeues it (a releaser, an Apply
@@ -66,6 +67,11 @@ func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*funct
 	if fn.deleted {
 		fn.mu.Unlock()
 		return nil, errFunctionDeleted
+	}
+	if fn.failingFast() {
+		fn.mu.Unlock()
+		onQueued(fn) // the demand still reaches the control plane, which retries
+		return nil, errFunctionFailing
 	}
 	if !low && int(fn.nwait.Load()-fn.nlow) >= conf.queueDepth {
 		fn.mu.Unlock()
@@ -154,6 +160,32 @@ func (fn *function) fail(err error) {
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
 	fn.deleted = true
+	fn.failWaitersLocked(err)
+}
+
+// failingFast says whether a call that finds no free slot is answered at
+// once: the function's starts keep failing and it has no sandbox that
+// could free a slot.
+func (fn *function) failingFast() bool {
+	c := fn.cond.Load()
+	if c == nil || !c.failFast {
+		return false
+	}
+	set := fn.set.Load()
+	return set == nil || len(set.eps) == 0
+}
+
+// failWaiters answers every queued call with err, if the function fails
+// fast.
+func (fn *function) failWaiters(err error) {
+	fn.mu.Lock()
+	defer fn.mu.Unlock()
+	if fn.failingFast() {
+		fn.failWaitersLocked(err)
+	}
+}
+
+func (fn *function) failWaitersLocked(err error) {
 	for fn.head != nil {
 		w := fn.head
 		fn.removeLocked(w)

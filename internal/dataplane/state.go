@@ -93,6 +93,9 @@ type function struct {
 type fnCondition struct {
 	why errReason
 	msg string
+	// failFast: the function's starts keep failing (FailFastAfter in a
+	// row): a call that finds no sandbox is answered at once.
+	failFast bool
 }
 
 func (d *DataPlane) newFunction(name string) *function {
@@ -351,7 +354,11 @@ func (d *DataPlane) applyConditions(b *briskv1.EndpointBatch) {
 			continue
 		}
 		if why := reasonOf(c.GetReason()); why != reasonNone {
-			fn.cond.Store(&fnCondition{why: why, msg: c.GetMessage()})
+			fc := &fnCondition{why: why, msg: c.GetMessage(), failFast: why == reasonFunctionFailing && c.GetFailFast()}
+			fn.cond.Store(fc)
+			if fc.failFast {
+				fn.failWaiters(errFunctionFailing) // calls waiting for a sandbox learn why now
+			}
 		} else {
 			fn.cond.Store(nil)
 		}

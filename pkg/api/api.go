@@ -24,6 +24,8 @@ type FunctionStatus struct {
 	Pending     int    `json:"pending"`
 	Terminating int    `json:"terminating"`
 	LastFailure string `json:"last_failure,omitempty"`
+	// Failures counts the sandbox starts that failed in a row.
+	Failures int `json:"failures,omitempty"`
 	// Condition is why the function lacks sandboxes ("no-capacity",
 	// "function-failing"; empty: nothing wrong), Message the detail. Calls
 	// that find no sandbox carry the same reason in X-Brisk-Error.

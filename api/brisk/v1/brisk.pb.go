@@ -2700,10 +2700,15 @@ func (x *TokenGrant) GetSigningKey() string {
 }
 
 type FunctionCondition struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`   // "no-capacity" | "function-failing" | "" (none)
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // for people: what failed, and the last error
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Function string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
+	Reason   string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`   // "no-capacity" | "function-failing" | "" (none)
+	Message  string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // for people: what failed, and the last error
+	// Set once a function's sandbox starts have failed FailFastAfter times in
+	// a row (reconciler): data planes then answer its calls that find no
+	// sandbox at once (503 function-failing, with the message) instead of
+	// letting them wait for one; the control plane goes on retrying.
+	FailFast      bool `protobuf:"varint,4,opt,name=fail_fast,json=failFast,proto3" json:"fail_fast,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2757,6 +2762,13 @@ func (x *FunctionCondition) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *FunctionCondition) GetFailFast() bool {
+	if x != nil {
+		return x.FailFast
+	}
+	return false
 }
 
 type FunctionMetric struct {
@@ -3317,11 +3329,12 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\tfunctions\x18\x04 \x03(\tR\tfunctions\x12\x1c\n" +
 	"\tnamespace\x18\x05 \x01(\tR\tnamespace\x12\x1f\n" +
 	"\vsigning_key\x18\x06 \x01(\tR\n" +
-	"signingKey\"a\n" +
+	"signingKey\"~\n" +
 	"\x11FunctionCondition\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xaa\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1b\n" +
+	"\tfail_fast\x18\x04 \x01(\bR\bfailFast\"\xaa\x01\n" +
 	"\x0eFunctionMetric\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12'\n" +
 	"\x0favg_concurrency\x18\x02 \x01(\x01R\x0eavgConcurrency\x12\x1a\n" +

@@ -55,6 +55,17 @@ type fnState struct {
 
 type fnCondition struct {
 	reason, message string
+	failures        int
+}
+
+// FailFastAfter is how many sandbox starts of a function must fail in a row
+// before data planes answer its calls at once with the cause (503
+// function-failing) instead of letting them wait for a sandbox; the control
+// plane goes on retrying with back-off, and a start that succeeds clears it.
+const FailFastAfter = 3
+
+func (c fnCondition) failFast() bool {
+	return c.reason == CondFunctionFailing && c.failures >= FailFastAfter
 }
 
 // Reasons a function lacks sandboxes, as data planes get them.
@@ -651,10 +662,10 @@ func (fs *fnState) condition() fnCondition {
 		return fnCondition{}
 	}
 	if fs.quotaErr != "" {
-		return fnCondition{CondQuotaExceeded, fs.quotaErr}
+		return fnCondition{reason: CondQuotaExceeded, message: fs.quotaErr}
 	}
 	if fs.placeErr != "" {
-		return fnCondition{CondNoCapacity, fs.placeErr}
+		return fnCondition{reason: CondNoCapacity, message: fs.placeErr}
 	}
 	if fs.failures > 0 {
 		for _, r := range fs.sandboxes {
@@ -662,7 +673,7 @@ func (fs *fnState) condition() fnCondition {
 				return fnCondition{}
 			}
 		}
-		return fnCondition{CondFunctionFailing, fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure)}
+		return fnCondition{CondFunctionFailing, fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure), fs.failures}
 	}
 	return fnCondition{}
 }
@@ -674,7 +685,7 @@ func (c *Reconciler) refreshCondition(fs *fnState) {
 		return
 	}
 	fs.cond = cond
-	c.emit(SetCondition{&briskv1.FunctionCondition{Function: fs.spec.Name, Reason: cond.reason, Message: cond.message}})
+	c.emit(SetCondition{&briskv1.FunctionCondition{Function: fs.spec.Name, Reason: cond.reason, Message: cond.message, FailFast: cond.failFast()}})
 }
 
 // noteFailure backs off creation for a function whose sandboxes keep

@@ -65,7 +65,7 @@ func (c *Reconciler) Autoscaler(visit func(name string, desired int, panicking b
 }
 
 func (fs *fnState) status(sandboxes bool) api.FunctionStatus {
-	st := api.FunctionStatus{Desired: fs.desired, LastFailure: fs.lastFailure, Condition: fs.cond.reason, Message: fs.cond.message}
+	st := api.FunctionStatus{Desired: fs.desired, LastFailure: fs.lastFailure, Failures: fs.failures, Condition: fs.cond.reason, Message: fs.cond.message}
 	if sandboxes {
 		st.Sandboxes = []api.SandboxStatus{}
 	}
@@ -117,7 +117,7 @@ func (c *Reconciler) Snapshot() *briskv1.EndpointBatch {
 	for _, fs := range c.order {
 		snap.Functions = append(snap.Functions, c.WireSpec(fs.spec))
 		if fs.cond.reason != "" {
-			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message})
+			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message, FailFast: fs.cond.failFast()})
 		}
 		for _, r := range fs.sandboxes {
 			if r.state == sbReady && !r.withdrawn {
@@ -244,4 +244,14 @@ func (c *Reconciler) Invalid(node, id string) bool {
 		return ok
 	}
 	return false
+}
+
+// Conditions calls visit for every function with a condition (the
+// Prometheus collector).
+func (c *Reconciler) Conditions(visit func(name, reason string)) {
+	for name, fs := range c.fns {
+		if fs.cond.reason != "" {
+			visit(name, fs.cond.reason)
+		}
+	}
 }
