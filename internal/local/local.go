@@ -80,6 +80,7 @@ type Sidecars struct {
 	Host *emulated.Host // emulated only
 
 	pool       *netpool.Pool
+	unlock     func() // the pool's host lock (netpool.HostLock)
 	ctr        *ctrd.Runtime
 	nat        *native.Runtime
 	stopOnExit bool
@@ -203,8 +204,10 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	return d, side, err
 }
 
-// netPool makes the network pool of the containerd and native runtimes.
-func netPool(w Workers, log *slog.Logger) (*netpool.Pool, error) {
+// netPool makes the network pool of the containerd and native runtimes,
+// after claiming its names on this host: a second cluster with the same
+// ones would tear down this one's namespaces and bridge.
+func netPool(w Workers, log *slog.Logger) (*netpool.Pool, func(), error) {
 	pcfg := w.NetPool
 	if reflect.ValueOf(pcfg).IsZero() { // Config holds a slice: no ==
 		pcfg = netpool.Default()
@@ -212,25 +215,30 @@ func netPool(w Workers, log *slog.Logger) (*netpool.Pool, error) {
 	pcfg.Logger = log // the pool adds its component
 	pool, err := netpool.New(pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
 	}
-	return pool, nil
+	unlock, err := netpool.HostLock(pcfg, "state dir "+w.StateDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return pool, unlock, nil
 }
 
 func buildNative(w Workers, log *slog.Logger) (*Sidecars, error) {
 	if w.StateDir == "" {
 		return nil, fmt.Errorf("%w: the native runtime needs a state directory", ErrUsage)
 	}
-	pool, err := netPool(w, log)
+	pool, unlock, err := netPool(w, log)
 	if err != nil {
 		return nil, err
 	}
 	rt, err := native.New(native.Config{StateDir: w.StateDir, Pool: pool, Shells: w.NativeShells,
 		User: w.SandboxUser, Logger: log.With("component", "runtime")})
 	if err != nil {
+		unlock()
 		return nil, err
 	}
-	return &Sidecars{pool: pool, nat: rt, stopOnExit: w.StopOnExit}, nil
+	return &Sidecars{pool: pool, unlock: unlock, nat: rt, stopOnExit: w.StopOnExit}, nil
 }
 
 func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
@@ -240,7 +248,7 @@ func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
 	if err := ctrd.BecomeSubreaper(log.With("component", "reaper")); err != nil {
 		log.Warn("cannot become a child subreaper; orphaned shims are left to PID 1", "err", err)
 	}
-	pool, err := netPool(w, log)
+	pool, unlock, err := netPool(w, log)
 	if err != nil {
 		return nil, err
 	}
@@ -249,9 +257,10 @@ func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {
 	rt, err := ctrd.New(ctx, ctrd.Config{Address: w.ContainerdAddress, Namespace: w.ContainerdNamespace, StateDir: w.StateDir,
 		Pool: pool, Snapshotter: w.Snapshotter, Logger: log.With("component", "runtime")})
 	if err != nil {
+		unlock()
 		return nil, err
 	}
-	return &Sidecars{pool: pool, ctr: rt, stopOnExit: w.StopOnExit}, nil
+	return &Sidecars{pool: pool, unlock: unlock, ctr: rt, stopOnExit: w.StopOnExit}, nil
 }
 
 // close releases what BuildWorker made when the daemon will not run.
@@ -274,6 +283,9 @@ func (s *Sidecars) close() {
 // running with their namespaces, and the next worker on the same StateDir
 // tears them down (the pool cannot hand a namespace to a new process yet).
 func RunWorker(ctx context.Context, d *worker.Daemon, s *Sidecars) error {
+	if s != nil && s.unlock != nil {
+		defer s.unlock() // after the pool's Close below
+	}
 	if s != nil && s.pool != nil {
 		if err := s.pool.Start(ctx); err != nil {
 			s.close()

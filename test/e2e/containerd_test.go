@@ -70,6 +70,21 @@ func TestContainerdFunctionLifecycle(t *testing.T) {
 	if first.status != 200 || !first.cold || first.sandbox == "" || first.reply.Sandbox != first.sandbox {
 		t.Fatalf("first call: status %d cold=%v sandbox=%q body=%s", first.status, first.cold, first.sandbox, first.body)
 	}
+	// A second cluster on this host with the same sandbox network is
+	// refused before it touches the first's namespaces or bridge.
+	c2 := newCluster(t)
+	second := startBrisk(t, append(append([]string{"up", "--invoke", c2.invokeAddr}, c2.cpArgs()...), containerdArgs...)...)
+	select {
+	case <-second.done:
+	case <-time.After(time.Minute):
+		t.Fatal("a second cluster with the same sandbox network kept running")
+	}
+	if out := second.out.String(); !strings.Contains(out, "in use by another brisk worker") || !strings.Contains(out, c.dataDir) {
+		t.Fatalf("the second cluster's refusal does not say why or who holds the network:\n%s", tail(out, 2000))
+	}
+	if again := c.invoke(t, "hello", `{"ms": 1}`); again.status != 200 || again.sandbox != first.sandbox {
+		t.Fatalf("the first cluster after the second was refused: status %d sandbox %q", again.status, again.sandbox)
+	}
 	for i := 0; i < 5; i++ {
 		w := c.invoke(t, "hello", `{"ms": 1}`)
 		if w.status != 200 || w.cold || w.sandbox != first.sandbox {
