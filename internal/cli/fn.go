@@ -350,12 +350,19 @@ func splitCommand(s string) ([]string, error) {
 
 func newFnList(g *globals) *cobra.Command {
 	var asJSON bool
+	var opts client.ListOptions
 	c := &cobra.Command{
 		Use: "list", Short: "List functions with their sandbox counts", Aliases: []string{"ls"}, Args: exactArgs(0),
+		Example: `  brisk fn list --namespace team-a --label tier=web
+  brisk fn list --status function-failing
+  brisk fn list --limit 100                 # then --continue TOKEN for the next page`,
 		RunE: func(c *cobra.Command, _ []string) error {
-			fns, err := g.client().List(c.Context())
+			fns, next, err := g.client().ListPage(c.Context(), opts)
 			if err != nil {
 				return err
+			}
+			if next != "" {
+				defer fmt.Fprintf(os.Stderr, "more: brisk fn list --limit %d --continue %s\n", opts.Limit, next)
 			}
 			if asJSON {
 				return printJSON(fns)
@@ -369,7 +376,13 @@ func newFnList(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	fl := c.Flags()
+	fl.BoolVar(&asJSON, "json", false, "print JSON")
+	fl.StringVar(&opts.Namespace, "namespace", "", "only this namespace's functions")
+	fl.StringVarP(&opts.Labels, "label", "l", "", "only functions with these labels: key=value or key, comma-separated")
+	fl.StringVar(&opts.Status, "status", "", "only functions that are ready, scaled-to-zero, ok (no condition), function-failing, no-capacity or quota-exceeded")
+	fl.IntVar(&opts.Limit, "limit", 0, "at most this many (a page; 0: all)")
+	fl.StringVar(&opts.Continue, "continue", "", "the next page, from the token a --limit list printed")
 	return c
 }
 

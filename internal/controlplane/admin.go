@@ -1,22 +1,27 @@
 package controlplane
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/brisk-faas/brisk/pkg/api"
 	"hash/fnv"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -310,22 +315,100 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	ns := r.URL.Query().Get("namespace")
+	q := r.URL.Query()
+	sel, err := parseListQuery(q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	c := cp.cluster
 	c.mu.Lock()
 	var out []FunctionView
 	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
-		if (ns != "" && namespaceOf(f) != ns) || !visible(f) {
+		if f.Name <= sel.after || !sel.matches(f, st) || !visible(f) {
 			return
 		}
 		out = append(out, FunctionView{Function: f, Status: st})
 	})
+	c.mu.Unlock()
 	if out == nil {
 		out = []FunctionView{}
 	}
-	c.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	if sel.limit > 0 && len(out) > sel.limit {
+		out = out[:sel.limit]
+		w.Header().Set(api.HeaderContinue, base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].Name)))
+	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// listQuery is a function list's filters and page: GET /v1/functions
+// ?namespace=NS&label=k=v,k2&status=S&limit=N&continue=TOKEN.
+type listQuery struct {
+	namespace string
+	labels    map[string]string // "" value: the key must exist
+	status    string
+	limit     int
+	after     string // names up to this one were on earlier pages
+}
+
+// ListStatuses are the values of a function list's status filter.
+var ListStatuses = []string{"ready", "scaled-to-zero", "ok", reconciler.CondFunctionFailing, reconciler.CondNoCapacity, reconciler.CondQuotaExceeded}
+
+func parseListQuery(q url.Values) (listQuery, error) {
+	sel := listQuery{namespace: q.Get("namespace"), status: q.Get("status")}
+	if v := q.Get("label"); v != "" {
+		sel.labels = map[string]string{}
+		for _, term := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(term, "=")
+			if k = strings.TrimSpace(k); k == "" {
+				return sel, fmt.Errorf("label %q: want key=value or key, comma-separated", v)
+			}
+			sel.labels[k] = strings.TrimSpace(val)
+		}
+	}
+	if sel.status != "" && !slices.Contains(ListStatuses, sel.status) {
+		return sel, fmt.Errorf("status %q is not one of %s", sel.status, strings.Join(ListStatuses, ", "))
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100_000 {
+			return sel, fmt.Errorf("limit %q: want 1-100000", v)
+		}
+		sel.limit = n
+	}
+	if v := q.Get("continue"); v != "" {
+		b, err := base64.RawURLEncoding.DecodeString(v)
+		if err != nil {
+			return sel, fmt.Errorf("continue %q: not a token this API gave", v)
+		}
+		sel.after = string(b)
+	}
+	return sel, nil
+}
+
+func (sel *listQuery) matches(f *spec.Function, st api.FunctionStatus) bool {
+	if sel.namespace != "" && namespaceOf(f) != sel.namespace {
+		return false
+	}
+	for k, v := range sel.labels {
+		got, ok := f.Labels[k]
+		if !ok || (v != "" && got != v) {
+			return false
+		}
+	}
+	switch sel.status {
+	case "":
+		return true
+	case "ready":
+		return st.Ready > 0
+	case "scaled-to-zero":
+		return st.Desired == 0 && st.Ready == 0 && st.Pending == 0
+	case "ok":
+		return st.Condition == ""
+	default:
+		return st.Condition == sel.status
+	}
 }
 
 func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {

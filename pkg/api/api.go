@@ -17,6 +17,11 @@ type FunctionView struct {
 	Status FunctionStatus `json:"status"`
 }
 
+// HeaderContinue carries the token of a list's next page (GET
+// /v1/functions?limit=N): pass it as ?continue= to get the functions after
+// this page's; absent on the last page.
+const HeaderContinue = "X-Brisk-Continue"
+
 // FunctionStatus is a function's scaling state.
 type FunctionStatus struct {
 	Desired     int    `json:"desired"`

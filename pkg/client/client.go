@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -179,6 +180,9 @@ func (c *Client) doAt(ctx context.Context, base, what, method, path string, in, 
 	if resp.StatusCode/100 != 2 {
 		return replyError(resp.StatusCode, data)
 	}
+	if hs, ok := out.(interface{ setHeader(http.Header) }); ok {
+		hs.setHeader(resp.Header)
+	}
 	if out != nil && len(data) > 0 {
 		return json.Unmarshal(data, out)
 	}
@@ -252,6 +256,52 @@ func (c *Client) List(ctx context.Context) ([]api.FunctionView, error) {
 	var out []api.FunctionView
 	return out, c.do(ctx, http.MethodGet, "/v1/functions", nil, &out)
 }
+
+// ListOptions select and page a function list; zero fields select all.
+type ListOptions struct {
+	Namespace string
+	// Labels: "key=value" or "key" (present) terms, comma-separated; all
+	// must match.
+	Labels string
+	// Status: ready, scaled-to-zero, ok (no condition), or a condition:
+	// function-failing, no-capacity, quota-exceeded.
+	Status string
+	// Limit bounds the page (0: everything); Continue is the token of the
+	// page before (ListPage's next).
+	Limit    int
+	Continue string
+}
+
+// ListPage returns one page of the functions opts selects, by name, and
+// the token of the next page ("" after the last).
+func (c *Client) ListPage(ctx context.Context, opts ListOptions) (fns []api.FunctionView, next string, err error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"namespace": opts.Namespace, "label": opts.Labels, "status": opts.Status, "continue": opts.Continue} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	path := "/v1/functions"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	p := &page{items: &fns}
+	err = c.do(ctx, http.MethodGet, path, nil, p)
+	return fns, p.next, err
+}
+
+// page decodes a list and keeps its next-page token.
+type page struct {
+	items *[]api.FunctionView
+	next  string
+}
+
+func (p *page) UnmarshalJSON(b []byte) error { return json.Unmarshal(b, p.items) }
+
+func (p *page) setHeader(h http.Header) { p.next = h.Get(api.HeaderContinue) }
 
 // Delete removes a function and its sandboxes.
 func (c *Client) Delete(ctx context.Context, name string) error {
