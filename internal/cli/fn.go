@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -100,7 +101,11 @@ started with PORT set to the port it must serve HTTP on.`,
 			cl := g.client()
 			out, err := cl.Create(c.Context(), fn)
 			verb := "created"
+			var old *spec.Function
 			if client.IsConflict(err) {
+				if cur, gerr := cl.Get(c.Context(), fn.Name); gerr == nil {
+					old = cur.Function
+				}
 				out, err = cl.Update(c.Context(), fn)
 				verb = "updated"
 			}
@@ -108,6 +113,15 @@ started with PORT set to the port it must serve HTTP on.`,
 				return err
 			}
 			fmt.Printf("function %s %s (revision %d)\n", out.Name, verb, out.Revision)
+			if old != nil {
+				// deploy replaces the whole spec (fn update changes only
+				// the flags given): say what that replaced.
+				if d := specChanges(old, out); d != "" {
+					fmt.Printf("changed: %s\n", d)
+				} else {
+					fmt.Println("nothing changed but the revision: its sandboxes are replaced")
+				}
+			}
 			return f.waitReady(c, cl, out)
 		},
 	}
@@ -745,4 +759,66 @@ func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.F
 		case <-tick.C:
 		}
 	}
+}
+
+// specChanges lists the fields of a spec that differ between a and b, with
+// the keys of maps (env, labels, ...) added, removed or changed; values are
+// not shown (they may be secrets).
+func specChanges(a, b *spec.Function) string {
+	fields := func(f *spec.Function) map[string]json.RawMessage {
+		c := *f
+		c.Revision, c.CreatedAt, c.UpdatedAt = 0, time.Time{}, time.Time{}
+		raw, _ := json.Marshal(&c)
+		m := map[string]json.RawMessage{}
+		_ = json.Unmarshal(raw, &m)
+		return m
+	}
+	fa, fb := fields(a), fields(b)
+	keys := map[string]bool{}
+	for k := range fa {
+		keys[k] = true
+	}
+	for k := range fb {
+		keys[k] = true
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		va, vb := fa[k], fb[k]
+		if string(va) == string(vb) {
+			continue
+		}
+		ma, oka := jsonObject(va)
+		mb, okb := jsonObject(vb)
+		if oka && okb {
+			var parts []string
+			for _, sk := range slices.Sorted(maps.Keys(ma)) {
+				if _, ok := mb[sk]; !ok {
+					parts = append(parts, "-"+sk)
+				} else if string(ma[sk]) != string(mb[sk]) {
+					parts = append(parts, "~"+sk)
+				}
+			}
+			for _, sk := range slices.Sorted(maps.Keys(mb)) {
+				if _, ok := ma[sk]; !ok {
+					parts = append(parts, "+"+sk)
+				}
+			}
+			out = append(out, k+" ("+strings.Join(parts, " ")+")")
+			continue
+		}
+		out = append(out, k)
+	}
+	return strings.Join(out, ", ")
+}
+
+// jsonObject decodes an object field; an absent one (nil) is empty.
+func jsonObject(v json.RawMessage) (map[string]json.RawMessage, bool) {
+	m := map[string]json.RawMessage{}
+	if len(v) == 0 {
+		return m, true
+	}
+	if v[0] != '{' || json.Unmarshal(v, &m) != nil {
+		return nil, false
+	}
+	return m, true
 }
