@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,7 +27,7 @@ import (
 func newFn(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "fn", Short: "Manage functions: deploy, list, get, delete", Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() }}
-	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g), newFnLogs(g))
+	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g), newFnLogs(g), newFnRevisions(g), newFnRollback(g))
 	return c
 }
 
@@ -821,4 +822,73 @@ func jsonObject(v json.RawMessage) (map[string]json.RawMessage, bool) {
 		return nil, false
 	}
 	return m, true
+}
+
+func newFnRevisions(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "revisions NAME",
+		Short: "List a function's revisions, newest first, with what each changed",
+		Long: `Every update makes a new revision; the control plane keeps the last 20
+replaced ones. CHANGES are the fields (and map keys, never values) each
+revision changed from the one before it.`,
+		Args: exactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			revs, err := g.client().Revisions(c.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(revs)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "REVISION\tUPDATED\tKIND\tCHANGES")
+			for i, f := range revs {
+				changes := "(first kept)"
+				if i+1 < len(revs) {
+					changes = specChanges(revs[i+1], f)
+				}
+				cur := ""
+				if i == 0 {
+					cur = " (current)"
+				}
+				fmt.Fprintf(tw, "%d%s\t%s\t%s\t%s\n", f.Revision, cur, f.UpdatedAt.Format("2006-01-02 15:04:05"), kind(f), changes)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newFnRollback(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rollback NAME [REVISION]",
+		Short: "Make an earlier revision's spec the function's newest revision (default: the one before the current)",
+		Args:  rangeArgs(1, 2),
+		RunE: func(c *cobra.Command, args []string) error {
+			var rev uint64
+			if len(args) == 2 {
+				v, err := strconv.ParseUint(args[1], 10, 64)
+				if err != nil {
+					return usageError{fmt.Errorf("revision %q: want a number from brisk fn revisions %s", args[1], args[0])}
+				}
+				rev = v
+			}
+			cl := g.client()
+			before, err := cl.Get(c.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			out, err := cl.Rollback(c.Context(), args[0], rev)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("function %s rolled back: revision %d has the spec of an earlier one\n", out.Name, out.Revision)
+			if d := specChanges(before.Function, out); d != "" {
+				fmt.Printf("changed: %s\n", d)
+			}
+			return nil
+		},
+	}
 }

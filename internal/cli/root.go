@@ -143,3 +143,13 @@ func exactArgs(n int) cobra.PositionalArgs {
 		return nil
 	}
 }
+
+// rangeArgs is cobra.RangeArgs with a usage line in the error.
+func rangeArgs(lo, hi int) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) < lo || len(args) > hi {
+			return usageError{fmt.Errorf("%s takes %d to %d arguments, got %d\nUsage: %s", c.CommandPath(), lo, hi, len(args), c.UseLine())}
+		}
+		return nil
+	}
+}

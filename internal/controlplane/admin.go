@@ -53,6 +53,8 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
 	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
 	mux.HandleFunc("GET /v1/functions/{name}/logs", cp.functionLogs)
+	mux.HandleFunc("GET /v1/functions/{name}/revisions", cp.functionRevisions)
+	mux.HandleFunc("POST /v1/functions/{name}/rollback", cp.rollbackFunction)
 	mux.HandleFunc("GET /v1/status", cp.status)
 	mux.HandleFunc("GET /v1/backup", cp.backup)
 	mux.HandleFunc("PUT /v1/namespaces/{name}", cp.putNamespace)
@@ -246,17 +248,106 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) {
 		return
 	}
+	cp.replaceFunction(w, old, f)
+}
+
+// replaceFunction makes f the function's new revision in place of old,
+// which goes to its history; the caller holds the name's lock.
+func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
 	f.CreatedAt, f.UpdatedAt, f.Revision = old.CreatedAt, time.Now().UTC(), cp.nextRevision()
 	if err := cp.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
 			return
 		}
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
+	if err := cp.store.PutRevision(old); err != nil {
+		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
+	}
 	cp.cluster.upsertFunction(f)
 	writeCompactJSON(w, http.StatusOK, f)
+}
+
+// functionRevisions answers the function's revisions, newest (the current
+// one) first.
+func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+		return
+	}
+	cur := cp.cluster.spec(name)
+	if cur == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	revs, err := cp.store.Revisions(name)
+	if err != nil {
+		writeStoreError(w, "reading revisions: ", err)
+		return
+	}
+	out := []*spec.Function{cur}
+	for i := len(revs) - 1; i >= 0; i-- {
+		out = append(out, revs[i])
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// rollbackFunction makes a kept revision's spec the function's newest
+// revision: {"revision": N}, or none for the one before the current.
+func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+		return
+	}
+	var req api.RollbackRequest
+	if r.ContentLength != 0 && !readJSON(w, r, &req) {
+		return
+	}
+	cp.secretMu.RLock()
+	defer cp.secretMu.RUnlock()
+	l := cp.nameLock(name)
+	l.Lock()
+	defer l.Unlock()
+	old := cp.cluster.spec(name)
+	if old == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	revs, err := cp.store.Revisions(name)
+	if err != nil {
+		writeStoreError(w, "reading revisions: ", err)
+		return
+	}
+	var to *spec.Function
+	switch {
+	case req.Revision == old.Revision:
+		writeError(w, http.StatusConflict, fmt.Sprintf("revision %d is the current one", req.Revision))
+		return
+	case req.Revision == 0 && len(revs) > 0:
+		to = revs[len(revs)-1]
+	default:
+		for _, f := range revs {
+			if f.Revision == req.Revision {
+				to = f
+			}
+		}
+	}
+	if to == nil {
+		if req.Revision == 0 {
+			writeError(w, http.StatusConflict, "function "+quote(name)+" has no earlier revision")
+		} else {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("revision %d of function %q is not kept (brisk fn revisions %s)", req.Revision, name, name))
+		}
+		return
+	}
+	f := *to
+	if !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, &f, false) || !cp.admitSecrets(w, &f) ||
+		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) {
+		return
+	}
+	cp.replaceFunction(w, old, &f)
 }
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
@@ -277,6 +368,9 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.cluster.removeFunction(name)
 	cp.metrics.functions.Dec()
+	if err := cp.store.DeleteRevisions(name); err != nil {
+		cp.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -17,6 +17,12 @@ type FunctionView struct {
 	Status FunctionStatus `json:"status"`
 }
 
+// RollbackRequest names the revision POST /v1/functions/NAME/rollback
+// restores; 0: the one before the current.
+type RollbackRequest struct {
+	Revision uint64 `json:"revision,omitempty"`
+}
+
 // HeaderContinue carries the token of a list's next page (GET
 // /v1/functions?limit=N): pass it as ?continue= to get the functions after
 // this page's; absent on the last page.

@@ -421,3 +421,19 @@ func nsQuery(ns string) string {
 	}
 	return "?namespace=" + url.QueryEscape(ns)
 }
+
+// Revisions returns a function's revisions, the current one first, then
+// the kept earlier ones, newest first.
+func (c *Client) Revisions(ctx context.Context, name string) ([]*spec.Function, error) {
+	var out []*spec.Function
+	err := c.do(ctx, http.MethodGet, "/v1/functions/"+url.PathEscape(name)+"/revisions", nil, &out)
+	return out, err
+}
+
+// Rollback makes revision rev of a function (0: the one before the
+// current) its newest revision again, and returns that.
+func (c *Client) Rollback(ctx context.Context, name string, rev uint64) (*spec.Function, error) {
+	var out spec.Function
+	err := c.do(ctx, http.MethodPost, "/v1/functions/"+url.PathEscape(name)+"/rollback", api.RollbackRequest{Revision: rev}, &out)
+	return &out, err
+}

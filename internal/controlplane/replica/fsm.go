@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -30,6 +31,8 @@ const (
 	opCreateSecret
 	opUpdateSecret
 	opDeleteSecret
+	opPutRevision
+	opDeleteRevisions
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -52,6 +55,9 @@ type fsm struct {
 	tokens     map[string]json.RawMessage
 	namespaces map[string]json.RawMessage
 	secrets    map[string]json.RawMessage
+	// revisions: function name -> RevisionKey -> spec, at most
+	// store.MaxRevisions per function.
+	revisions map[string]map[string]json.RawMessage
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -64,6 +70,7 @@ func newFSM() *fsm {
 		tokens:     map[string]json.RawMessage{},
 		namespaces: map[string]json.RawMessage{},
 		secrets:    map[string]json.RawMessage{},
+		revisions:  map[string]map[string]json.RawMessage{},
 	}
 }
 
@@ -121,6 +128,22 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 		return update(f.secrets, "secret", c)
 	case opDeleteSecret:
 		return remove(f.secrets, "secret", c)
+	case opPutRevision:
+		name, _, _ := strings.Cut(c.Key, "/")
+		revs := f.revisions[name]
+		if revs == nil {
+			revs = map[string]json.RawMessage{}
+			f.revisions[name] = revs
+		}
+		revs[c.Key] = c.Value
+		if len(revs) > store.MaxRevisions {
+			keys := slices.Sorted(maps.Keys(revs))
+			for _, k := range keys[:len(keys)-store.MaxRevisions] {
+				delete(revs, k)
+			}
+		}
+	case opDeleteRevisions:
+		delete(f.revisions, c.Key)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -175,12 +198,13 @@ func (f *fsm) records(table func(*fsm) map[string]json.RawMessage) []json.RawMes
 
 // snapshotData is the snapshot format: the three tables as JSON objects.
 type snapshotData struct {
-	Functions  map[string]json.RawMessage `json:"functions"`
-	Workers    map[string]json.RawMessage `json:"workers"`
-	DataPlanes map[string]json.RawMessage `json:"dataplanes"`
-	Tokens     map[string]json.RawMessage `json:"tokens,omitempty"`
-	Namespaces map[string]json.RawMessage `json:"namespaces,omitempty"`
-	Secrets    map[string]json.RawMessage `json:"secrets,omitempty"`
+	Functions  map[string]json.RawMessage            `json:"functions"`
+	Workers    map[string]json.RawMessage            `json:"workers"`
+	DataPlanes map[string]json.RawMessage            `json:"dataplanes"`
+	Tokens     map[string]json.RawMessage            `json:"tokens,omitempty"`
+	Namespaces map[string]json.RawMessage            `json:"namespaces,omitempty"`
+	Secrets    map[string]json.RawMessage            `json:"secrets,omitempty"`
+	Revisions  map[string]map[string]json.RawMessage `json:"revisions,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -195,6 +219,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Tokens:     maps.Clone(f.tokens),
 		Namespaces: maps.Clone(f.namespaces),
 		Secrets:    maps.Clone(f.secrets),
+		Revisions:  cloneRevisions(f.revisions),
 	}}, nil
 }
 
@@ -223,7 +248,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.Secrets == nil {
 		d.Secrets = map[string]json.RawMessage{}
 	}
+	if d.Revisions == nil {
+		d.Revisions = map[string]map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
+	f.revisions = d.Revisions
 	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces, f.secrets = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces, d.Secrets
 	f.mu.Unlock()
 	return nil
@@ -241,3 +270,12 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *fsmSnapshot) Release() {}
+
+// cloneRevisions copies the maps (the records are immutable).
+func cloneRevisions(m map[string]map[string]json.RawMessage) map[string]map[string]json.RawMessage {
+	out := make(map[string]map[string]json.RawMessage, len(m))
+	for k, v := range m {
+		out[k] = maps.Clone(v)
+	}
+	return out
+}

@@ -540,6 +540,21 @@ func (r *Registry) Secrets() ([]*store.Secret, error) {
 	return decodeAll[store.Secret](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.secrets }), "secret")
 }
 
+// PutRevision keeps a replaced spec in its function's history.
+func (r *Registry) PutRevision(f *spec.Function) error {
+	return r.put(opPutRevision, store.RevisionKey(f.Name, f.Revision), f)
+}
+
+// Revisions returns the kept revisions of function name, oldest first.
+func (r *Registry) Revisions(name string) ([]*spec.Function, error) {
+	return decodeAll[spec.Function](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.revisions[name] }), "revision")
+}
+
+// DeleteRevisions forgets function name's history.
+func (r *Registry) DeleteRevisions(name string) error {
+	return r.apply(command{Op: opDeleteRevisions, Key: name})
+}
+
 // Namespaces returns every namespace this replica has applied, by name.
 func (r *Registry) Namespaces() ([]*store.Namespace, error) {
 	return decodeAll[store.Namespace](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.namespaces }), "namespace")

@@ -706,6 +706,13 @@ func TestSnapshotRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for rev := uint64(1); rev <= store.MaxRevisions+2; rev++ {
+		f := fn("f01")
+		f.Revision = rev
+		if err := r.PutRevision(f); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := r.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
@@ -745,6 +752,9 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 	if ss, _ := r.Secrets(); len(ss) != 1 || ss[0].Name != "s1" || string(ss[0].Value) != "v2" {
 		t.Fatalf("secrets after snapshot restore: %+v", ss)
+	}
+	if revs, _ := r.Revisions("f01"); len(revs) != store.MaxRevisions || revs[0].Revision != 3 {
+		t.Fatalf("revisions after snapshot restore: %d from %d, want %d from 3", len(revs), revs[0].Revision, store.MaxRevisions)
 	}
 }
 

@@ -31,6 +31,11 @@ type Registry interface {
 	UpdateSecret(s *Secret) error
 	DeleteSecret(namespace, name string) error
 	Secrets() ([]*Secret, error)
+	// PutRevision keeps a replaced spec in its function's history (at most
+	// MaxRevisions); Revisions lists it oldest first.
+	PutRevision(f *spec.Function) error
+	Revisions(name string) ([]*spec.Function, error)
+	DeleteRevisions(name string) error
 	Close() error
 }
 

@@ -4,6 +4,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,7 @@ var (
 	bucketTokens     = []byte("tokens")
 	bucketNamespaces = []byte("namespaces")
 	bucketSecrets    = []byte("secrets")
+	bucketRevisions  = []byte("revisions")
 )
 
 // Worker is the durable record of a worker node.
@@ -159,10 +161,11 @@ const (
 	bTokens
 	bNamespaces
 	bSecrets
+	bRevisions
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets, bRevisions: bucketRevisions}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -530,6 +533,76 @@ func (s *Store) DeleteSecret(namespace, name string) error {
 
 // Secrets returns every stored secret, by namespace and name.
 func (s *Store) Secrets() ([]*Secret, error) { return records[Secret](s, bucketSecrets) }
+
+// MaxRevisions is how many replaced revisions of a function are kept.
+const MaxRevisions = 20
+
+// RevisionKey is the registry key of function name's revision rev: in
+// revision order under the name (names hold no '/').
+func RevisionKey(name string, rev uint64) string { return fmt.Sprintf("%s/%020d", name, rev) }
+
+// PutRevision keeps f, a spec an update replaced, in its function's
+// history, dropping the oldest beyond MaxRevisions.
+func (s *Store) PutRevision(f *spec.Function) error {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	return s.update(func(t *txn) error {
+		if err := t.put(bRevisions, []byte(RevisionKey(f.Name, f.Revision)), data); err != nil {
+			return err
+		}
+		keys := t.keys(bRevisions, f.Name+"/")
+		for len(keys) > MaxRevisions {
+			if err := t.del(bRevisions, keys[0]); err != nil {
+				return err
+			}
+			keys = keys[1:]
+		}
+		return nil
+	})
+}
+
+// Revisions returns the kept revisions of function name, oldest first.
+func (s *Store) Revisions(name string) ([]*spec.Function, error) {
+	var out []*spec.Function
+	err := s.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketRevisions).Cursor()
+		prefix := []byte(name + "/")
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			f := new(spec.Function)
+			if err := json.Unmarshal(v, f); err != nil {
+				return err
+			}
+			out = append(out, f)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// DeleteRevisions forgets function name's history.
+func (s *Store) DeleteRevisions(name string) error {
+	return s.update(func(t *txn) error {
+		for _, k := range t.keys(bRevisions, name+"/") {
+			if err := t.del(bRevisions, k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// keys returns the keys of bucket that start with prefix, in order.
+func (t *txn) keys(bucket byte, prefix string) [][]byte {
+	var out [][]byte
+	c := t.tx.Bucket(buckets[bucket]).Cursor()
+	p := []byte(prefix)
+	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Next() {
+		out = append(out, bytes.Clone(k))
+	}
+	return out
+}
 
 // create stores v under key, a new one (ErrExists if taken); remove
 // deletes key (ErrNotFound if absent). kind names the record in errors.

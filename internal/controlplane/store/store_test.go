@@ -166,3 +166,45 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		t.Fatalf("%d functions durable, want %d", len(fns), n)
 	}
 }
+
+// A function's replaced revisions are kept in order, at most MaxRevisions,
+// across a reopen, and go with DeleteRevisions.
+func TestRevisions(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rev := uint64(1); rev <= MaxRevisions+5; rev++ {
+		f := fn("a")
+		f.Revision = rev
+		if err := s.PutRevision(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := fn("ab") // a name that "a" is a prefix of: not in a's history
+	b.Revision = 99
+	if err := s.PutRevision(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	revs, err := s.Revisions("a")
+	if err != nil || len(revs) != MaxRevisions || revs[0].Revision != 6 || revs[len(revs)-1].Revision != MaxRevisions+5 {
+		t.Fatalf("revisions of a: %d (%v), want %d from 6", len(revs), err, MaxRevisions)
+	}
+	if err := s.DeleteRevisions("a"); err != nil {
+		t.Fatal(err)
+	}
+	if revs, _ := s.Revisions("a"); len(revs) != 0 {
+		t.Fatalf("after DeleteRevisions: %d", len(revs))
+	}
+	if revs, _ := s.Revisions("ab"); len(revs) != 1 || revs[0].Revision != 99 {
+		t.Fatalf("another function's history: %+v", revs)
+	}
+}
