@@ -32,7 +32,7 @@ const (
 // marks in slices on every processor instead of on one dedicated processor
 // — every goroutine then stalls a little during each collection, which was
 // what set the cold-start tail. Measured on 2 CPUs (docs/benchmarks.md,
-// "Session 4 changes"): registration 7.7–8.2k → 9.4–9.8k/s, warm p50 at
+// "Runtime defaults"): registration 7.7–8.2k → 9.4–9.8k/s, warm p50 at
 // 4,000 req/s 0.31–0.40 → 0.19–0.24 ms, saturation 10.8k → 12.4–14.6k
 // req/s (3 processors); cold-start p99 ≤ 60 ms at 1,000/s in 12 of 14 runs
 // with 4 processors, 8 of 14 with 3.

@@ -21,7 +21,7 @@ import (
 // more CPU than the rest of the data plane: a Request, a header map, a
 // ResponseWriter and a cancel context per call, and a background read (a
 // goroutine, a read and a deadline) so that the context ends when the client
-// leaves (docs/benchmarks.md, "The saturation target"). The front end reads
+// leaves (docs/benchmarks.md, "Warm calls"). The front end reads
 // the common call itself on the connection's goroutine — HTTP/1.1, a known
 // function named by path or Host, a body of known length up to 64 KiB — and
 // proxies it with no per-call allocation of its own. A connection whose
