@@ -134,9 +134,9 @@ started with PORT set to the port it must serve HTTP on.`,
 func (f *deployFlags) register(c *cobra.Command) {
 	fl := c.Flags()
 	fl.StringVar(&f.builtin, "builtin", "", "built-in function to run: trace")
-	fl.StringVar(&f.command, "command", "", "local command to run (process runtime); quotes group words")
+	fl.StringVar(&f.command, "command", "", "local command to run (process and native runtimes); quotes group words; '$PORT' (quoted, so that your shell leaves it) is the sandbox's port")
 	fl.StringVar(&f.image, "image", "", "OCI image to run (containerd runtime)")
-	fl.IntVar(&f.port, "port", 0, "port the function serves HTTP on (default 8080)")
+	fl.IntVar(&f.port, "port", 0, "port the function serves HTTP on in its sandbox (containerd and native runtimes; default 8080); the process runtime picks a free port per sandbox and passes it as PORT")
 	fl.IntVar(&f.min, "min", 0, "minimum sandboxes (0 allows scale to zero)")
 	fl.IntVar(&f.max, "max", 0, "maximum sandboxes (0 = unbounded)")
 	fl.IntVar(&f.concurrency, "concurrency", 0, "concurrent requests per sandbox (default 1; 0 in a spec file means default)")

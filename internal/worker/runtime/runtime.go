@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -121,4 +122,72 @@ func FunctionEnv(base []string, s Spec, port int, secretsDir string) []string {
 		tracefn.EnvSandboxID+"="+s.ID,
 		tracefn.EnvFunction+"="+s.Function.Name,
 	)
+}
+
+// ExpandArgs expands, in a function's command, the sandbox's environment
+// variables written $NAME, ${NAME} or $(NAME) (Kubernetes' form), so that
+// `--command 'server --port $PORT'` works without a shell. A name the
+// environment lacks is left as written; $$ is a literal $.
+func ExpandArgs(argv, env []string) []string {
+	lookup := func(name string) (string, bool) {
+		for i := len(env) - 1; i >= 0; i-- { // the last one wins, as in exec
+			if k, v, ok := strings.Cut(env[i], "="); ok && k == name {
+				return v, true
+			}
+		}
+		return "", false
+	}
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		if !strings.Contains(a, "$") {
+			out[i] = a
+			continue
+		}
+		var b strings.Builder
+		for j := 0; j < len(a); {
+			if a[j] != '$' || j+1 == len(a) {
+				b.WriteByte(a[j])
+				j++
+				continue
+			}
+			if a[j+1] == '$' {
+				b.WriteByte('$')
+				j += 2
+				continue
+			}
+			open, close := byte(0), byte(0)
+			k := j + 1
+			switch a[k] {
+			case '{':
+				open, close = '{', '}'
+			case '(':
+				open, close = '(', ')'
+			}
+			if open != 0 {
+				k++
+			}
+			start := k
+			for k < len(a) && (a[k] == '_' || a[k] >= 'A' && a[k] <= 'Z' || a[k] >= 'a' && a[k] <= 'z' || k > start && a[k] >= '0' && a[k] <= '9') {
+				k++
+			}
+			name := a[start:k]
+			end := k
+			if open != 0 {
+				if k >= len(a) || a[k] != close {
+					name = "" // unterminated: not a reference
+				} else {
+					end = k + 1
+				}
+			}
+			if v, ok := lookup(name); ok && name != "" {
+				b.WriteString(v)
+				j = end
+				continue
+			}
+			b.WriteByte('$')
+			j++
+		}
+		out[i] = b.String()
+	}
+	return out
 }

@@ -499,6 +499,9 @@ func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err err
 		return nil, nil, fmt.Errorf("image %s has no entrypoint and the function no command", f.Image)
 	}
 	b.Env = runtime.FunctionEnv(env, s, f.Port, "")
+	if len(f.Command) > 0 {
+		b.Argv = runtime.ExpandArgs(b.Argv, b.Env) // $PORT without a shell
+	}
 	return b, exe, nil
 }
 

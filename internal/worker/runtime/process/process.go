@@ -322,7 +322,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 			}
 		}()
 	}
-	cmd, err := r.start(s, argv, sandboxEnv(s, port, secretsDir), logf, sb.cg)
+	env := sandboxEnv(s, port, secretsDir)
+	if len(s.Function.Command) > 0 {
+		argv = runtime.ExpandArgs(argv, env) // $PORT without a shell
+	}
+	cmd, err := r.start(s, argv, env, logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.RemoveNow() // empty: nothing ever ran in it

@@ -666,3 +666,21 @@ func TestReservedPortsAreDistinct(t *testing.T) {
 		seen[p] = true
 	}
 }
+
+// A command's $PORT, ${NAME} and $(NAME) are the sandbox's variables,
+// without a shell.
+func TestCommandExpandsVariables(t *testing.T) {
+	r := newRuntime(t, Config{})
+	f := &spec.Function{Name: "expand", Command: []string{"/bin/echo", "port=$PORT", "${ECHO_ENV}-$(ECHO_ENV)", "$MISSING", "$$PORT"}, Env: map[string]string{"ECHO_ENV": "hello"}}
+	inst := create(t, r, "sb-expand", f)
+	select {
+	case <-inst.Exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("echo did not exit")
+	}
+	logs, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "expand", "sb-expand.log"))
+	_, port, _ := strings.Cut(inst.Addr, ":")
+	if want := "port=" + port + " hello-hello $MISSING $PORT\n"; !strings.Contains(string(logs), want) {
+		t.Fatalf("the command printed %q, want %q", logs, want)
+	}
+}
