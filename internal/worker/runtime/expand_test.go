@@ -13,7 +13,7 @@ func TestExpandArgs(t *testing.T) {
 	}, env)
 	want := []string{
 		"server", "--port", "8123", "--addr=:8123", "8123", "fn-fn.log",
-		"$UNKNOWN", "${UNKNOWN}", "$PORT", "cost$", "${PORT", "$(PORT", "$1", "plain",
+		"$UNKNOWN", "${UNKNOWN}", "$$PORT", "cost$", "${PORT", "$(PORT", "$1", "plain",
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("ExpandArgs:\n got %q\nwant %q", got, want)

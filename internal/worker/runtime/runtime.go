@@ -127,7 +127,8 @@ func FunctionEnv(base []string, s Spec, port int, secretsDir string) []string {
 // ExpandArgs expands, in a function's command, the sandbox's environment
 // variables written $NAME, ${NAME} or $(NAME) (Kubernetes' form), so that
 // `--command 'server --port $PORT'` works without a shell. A name the
-// environment lacks is left as written; $$ is a literal $.
+// environment lacks is left as written, and so is $$ (a shell's pid, in
+// an `sh -c` script).
 func ExpandArgs(argv, env []string) []string {
 	lookup := func(name string) (string, bool) {
 		for i := len(env) - 1; i >= 0; i-- { // the last one wins, as in exec
@@ -151,7 +152,7 @@ func ExpandArgs(argv, env []string) []string {
 				continue
 			}
 			if a[j+1] == '$' {
-				b.WriteByte('$')
+				b.WriteString("$$")
 				j += 2
 				continue
 			}

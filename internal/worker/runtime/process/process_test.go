@@ -680,7 +680,7 @@ func TestCommandExpandsVariables(t *testing.T) {
 	}
 	logs, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "expand", "sb-expand.log"))
 	_, port, _ := strings.Cut(inst.Addr, ":")
-	if want := "port=" + port + " hello-hello $MISSING $PORT\n"; !strings.Contains(string(logs), want) {
+	if want := "port=" + port + " hello-hello $MISSING $$PORT\n"; !strings.Contains(string(logs), want) {
 		t.Fatalf("the command printed %q, want %q", logs, want)
 	}
 }
