@@ -277,14 +277,8 @@ func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
-	cur := cp.cluster.spec(name)
-	if cur == nil {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
-		return
-	}
-	revs, err := cp.store.Revisions(name)
-	if err != nil {
-		writeStoreError(w, "reading revisions: ", err)
+	cur, revs, ok := cp.revisionsOf(w, name)
+	if !ok {
 		return
 	}
 	out := []*spec.Function{cur}
@@ -292,6 +286,22 @@ func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request
 		out = append(out, revs[i])
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// revisionsOf returns function name's current spec and its kept earlier
+// revisions, oldest first; on failure it has answered.
+func (cp *ControlPlane) revisionsOf(w http.ResponseWriter, name string) (*spec.Function, []*spec.Function, bool) {
+	cur := cp.cluster.spec(name)
+	if cur == nil {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return nil, nil, false
+	}
+	revs, err := cp.store.Revisions(name)
+	if err != nil {
+		writeStoreError(w, "reading revisions: ", err)
+		return nil, nil, false
+	}
+	return cur, revs, true
 }
 
 // rollbackFunction makes a kept revision's spec the function's newest
@@ -310,14 +320,8 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	l := cp.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
-	old := cp.cluster.spec(name)
-	if old == nil {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
-		return
-	}
-	revs, err := cp.store.Revisions(name)
-	if err != nil {
-		writeStoreError(w, "reading revisions: ", err)
+	old, revs, ok := cp.revisionsOf(w, name)
+	if !ok {
 		return
 	}
 	var to *spec.Function

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -89,4 +90,76 @@ func SecretsTmpfsData(f *spec.Function) string {
 		size += (int64(len(f.SecretData[name])) + page - 1) / page * page
 	}
 	return fmt.Sprintf("mode=0755,size=%d,nr_inodes=%d", size, len(f.Secrets)+16)
+}
+
+// SecretsDirIn is sandbox id's secrets directory under a runtime's state
+// directory, for runtimes that cannot mount the values where the sandbox
+// sees them (containerd binds this directory; the process runtime without
+// root points BRISK_SECRETS_DIR at it).
+func SecretsDirIn(stateDir, id string) string { return filepath.Join(stateDir, SecretsSubdir, id) }
+
+// SecretsSubdir is the state directory's subdirectory of SecretsDirIn.
+const SecretsSubdir = "secrets"
+
+// WriteSecretsDir writes f's secrets (checked by CheckSecrets) into sandbox
+// id's directory under stateDir and returns it: files 0444, the directory
+// 0555 (readable by the sandbox's user, whoever it is), its parent 0700 (no
+// other user of the host reaches them). A directory left by a Create the
+// worker's death cut short is replaced; on failure nothing is left.
+func WriteSecretsDir(stateDir, id string, f *spec.Function) (string, error) {
+	dir := SecretsDirIn(stateDir, id)
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(parent, 0o700); err != nil {
+		return "", err
+	}
+	if err := RemoveSecretsDir(dir); err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	err := WriteSecrets(dir, f)
+	if err == nil {
+		err = os.Chmod(dir, 0o555)
+	}
+	if err != nil {
+		return "", errors.Join(err, RemoveSecretsDir(dir))
+	}
+	return dir, nil
+}
+
+// RemoveSecretsDir removes a directory WriteSecretsDir made; a missing one
+// is fine.
+func RemoveSecretsDir(dir string) error {
+	if err := os.Chmod(dir, 0o700); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove secrets: %w", err)
+	}
+	return nil
+}
+
+// ReapSecretsDirs removes the secrets directories under stateDir of the
+// sandboxes held does not claim: those whose Create or removal a worker's
+// exit cut short.
+func ReapSecretsDirs(stateDir string, held func(id string) bool) error {
+	root := filepath.Join(stateDir, SecretsSubdir)
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if !held(e.Name()) {
+			errs = append(errs, RemoveSecretsDir(filepath.Join(root, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
 }

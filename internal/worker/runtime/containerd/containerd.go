@@ -321,7 +321,7 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 	endpointLabels(sb.ep, labels)
 	if len(s.Function.Secrets) > 0 {
 		sb.secrets = true // from here on teardown removes what was written
-		if err := r.writeSecrets(sb.id, s.Function); err != nil {
+		if _, err := runtime.WriteSecretsDir(r.cfg.StateDir, sb.id, s.Function); err != nil {
 			return fmt.Errorf("secrets: %w", err)
 		}
 	}
@@ -565,7 +565,7 @@ func (r *Runtime) teardown(ctx context.Context, sb *sandbox) error {
 	sb.containerDeleted = true
 	if sb.secrets {
 		// Only now: runc bound the directory into the container.
-		if err := removeSecrets(r.secretsDir(sb.id)); err != nil {
+		if err := runtime.RemoveSecretsDir(r.secretsDir(sb.id)); err != nil {
 			return err
 		}
 		sb.secrets = false

@@ -316,7 +316,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		sb.rec.Secrets = true
 		defer func() {
 			if !created {
-				if err := removeSecretsDir(secretsDir); err != nil {
+				if err := runtime.RemoveSecretsDir(secretsDir); err != nil {
 					r.log.Warn("cleaning up a failed create", "sandbox", s.ID, "err", err)
 				}
 			}
@@ -564,7 +564,7 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 		}
 	}
 	if sb.rec.Secrets {
-		if err := removeSecretsDir(r.secretsDir(id)); err != nil {
+		if err := runtime.RemoveSecretsDir(r.secretsDir(id)); err != nil {
 			return fmt.Errorf("kill sandbox %s: %w", id, err)
 		}
 	}
@@ -696,7 +696,7 @@ func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
 		}
 	}
 	if sb.rec.Secrets {
-		if err := removeSecretsDir(r.secretsDir(sb.rec.ID)); err != nil {
+		if err := runtime.RemoveSecretsDir(r.secretsDir(sb.rec.ID)); err != nil {
 			r.log.Warn("cannot remove the secrets of an ended sandbox yet", "sandbox", sb.rec.ID, "err", err)
 			return false
 		}

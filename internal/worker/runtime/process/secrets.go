@@ -44,7 +44,7 @@ import (
 
 // secretsDirName is the state directory's subdirectory for secrets when
 // the worker is not root.
-const secretsDirName = "secrets"
+const secretsDirName = runtime.SecretsSubdir
 
 // secretsError is mountSecrets's: a failure to set up the secrets, not to
 // start the command.
@@ -100,71 +100,24 @@ func mkdirPublic(dir string) error {
 }
 
 // secretsDir is where sandbox id's secrets are without root.
-func (r *Runtime) secretsDir(id string) string {
-	return filepath.Join(r.cfg.StateDir, secretsDirName, id)
-}
+func (r *Runtime) secretsDir(id string) string { return runtime.SecretsDirIn(r.cfg.StateDir, id) }
 
 // writeSecretsDir writes f's secrets into sandbox id's directory under the
 // state directory (without root) and returns it.
 func (r *Runtime) writeSecretsDir(id string, f *spec.Function) (string, error) {
 	r.secretsWarn.Do(func() {
 		r.log.Warn("without root, sandboxes find their secrets where $"+runtime.EnvSecretsDir+" points, not at "+spec.SecretsDir,
-			"dir", filepath.Join(r.cfg.StateDir, secretsDirName))
+			"dir", filepath.Dir(r.secretsDir(id)))
 	})
-	dir := r.secretsDir(id)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return "", err
-	}
-	if err := os.Chmod(filepath.Dir(dir), 0o700); err != nil {
-		return "", err
-	}
-	// A directory left by a Create that failed without cleaning up
-	// (the worker died) holds nothing of value.
-	if err := removeSecretsDir(dir); err != nil {
-		return "", err
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", err
-	}
-	err := runtime.WriteSecrets(dir, f)
-	if err == nil {
-		err = os.Chmod(dir, 0o555) // the sandbox cannot add files (though, as the owner, it could chmod)
-	}
-	if err != nil {
-		return "", errors.Join(err, removeSecretsDir(dir))
-	}
-	return dir, nil
-}
-
-// removeSecretsDir removes a directory writeSecretsDir made; a missing one
-// is fine.
-func removeSecretsDir(dir string) error {
-	if err := os.Chmod(dir, 0o700); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove secrets: %w", err)
-	}
-	return nil
+	// The directory is 0555: the sandbox cannot add files (though, as the
+	// owner, it could chmod).
+	return runtime.WriteSecretsDir(r.cfg.StateDir, id, f)
 }
 
 // reapSecrets removes the secrets directories no table entry claims: those
 // of sandboxes whose Create or removal a worker's exit cut short.
 func reapSecrets(stateDir string, recs []record) error {
-	root := filepath.Join(stateDir, secretsDirName)
-	ents, err := os.ReadDir(root)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range ents {
-		if slices.ContainsFunc(recs, func(rec record) bool { return rec.Secrets && rec.ID == e.Name() }) {
-			continue
-		}
-		errs = append(errs, removeSecretsDir(filepath.Join(root, e.Name())))
-	}
-	return errors.Join(errs...)
+	return runtime.ReapSecretsDirs(stateDir, func(id string) bool {
+		return slices.ContainsFunc(recs, func(rec record) bool { return rec.Secrets && rec.ID == id })
+	})
 }
