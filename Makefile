@@ -10,7 +10,7 @@ FUZZ_TARGETS = internal/h1:FuzzRequestHead internal/h1:FuzzReplyHead internal/h1
 
 PREFIX    ?= /usr/local
 
-.PHONY: help build install demo up test test-short fuzz vet fmt bench microbench proto setup clean
+.PHONY: help build install demo up test test-short fuzz readme-check vet fmt bench microbench proto setup clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME e
 	  echo "fuzz $$p $$t for $(FUZZTIME)"; \
 	  GO=$(GO) ./scripts/fuzz.sh $$p $$t $(FUZZTIME) || exit 1; \
 	done
+
+readme-check: build ## run every shell command of README.md against a local cluster it starts (scripts/check-readme.sh; README markers say what it skips)
+	BRISK=$(BIN) ./scripts/check-readme.sh
 
 test-short: ## unit tests only, no race detector
 	$(GO) test -short -count=1 $(PKGS)

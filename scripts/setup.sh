@@ -20,6 +20,8 @@ command -v curl >/dev/null 2>&1 || pkgs+=(curl)
 # The containerd runtime (--runtime containerd) and its tests.
 command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
 command -v runc >/dev/null 2>&1 || pkgs+=(runc)
+# The headless browser the dashboard's test drives (test/e2e/dashboard_test.go).
+command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
 # The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
 if ! command -v go >/dev/null 2>&1; then pkgs+=(golang-go); fi
@@ -68,4 +70,4 @@ if ! "$PYCLIENTS/bin/python" -c 'import boto3' >/dev/null 2>&1 || [ ! -x "$PYCLI
   python3 -m venv "$PYCLIENTS"
   "$PYCLIENTS/bin/pip" install -q --disable-pip-version-check 'boto3>=1.34' 'awscli>=1.32'
 fi
-echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3); $("$PYCLIENTS/bin/aws" --version 2>&1 | cut -d' ' -f1))"
+echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3); $("$PYCLIENTS/bin/aws" --version 2>&1 | cut -d' ' -f1); $(chromium --version 2>/dev/null | cut -d' ' -f1,2))"

@@ -56,7 +56,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
-	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
+	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz and the dashboard page /ui/ needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
 	fl.BoolVar(&f.noTLS, "insecure-no-tls", false, "serve gRPC to workers and data planes in plaintext, with no certificates (debugging only: anyone who reaches the gRPC port can then join as a worker and receive calls; default: a cluster CA in <data-dir> and a join token in <data-dir>/join.token)")
 	fl.StringSliceVar(&f.tlsSANs, "tls-san", nil, "extra host names or IP addresses for the gRPC server's certificate and the certificates --tls-generate issues (repeatable)")
 	f.adminTLS.register(c, "", "the admin API")
@@ -364,6 +364,7 @@ func newDataPlane(g *globals) *cobra.Command {
 	var bodyBuffer, bodyTotal, minRate int64
 	var emPct float64
 	var af asyncFlags
+	var tf traceFlags
 	var systemAPI string
 	c := &cobra.Command{
 		Use:   "dataplane",
@@ -426,9 +427,14 @@ need --nats: a NATS server with JetStream shared by every data plane
 				}
 				system = openfaas.New(client.New(systemAPI, "").Admin, hc, local.BuildInfo())
 			}
+			tracer, flush, err := tf.tracer(c.Context(), "brisk-dataplane")
+			if err != nil {
+				return err
+			}
+			defer flush()
 			dp, err := dataplane.New(dataplane.Config{ID: id, Listen: listen, TLS: invokeTLS, ControlPlane: cpAddr, MaxConnections: maxConns, Join: join,
 				BodyBufferBytes: bodyBuffer, BodyBufferTotal: bodyTotal, MinBodyRate: minRate, EmergencyPercentile: emPct,
-				Async: q, System: system, Logger: log.With("component", "dataplane")})
+				Async: q, System: system, Tracer: tracer, Logger: log.With("component", "dataplane")})
 			if err != nil {
 				return err
 			}
@@ -449,6 +455,7 @@ need --nats: a NATS server with JetStream shared by every data plane
 	c.Flags().Float64Var(&emPct, "emergency-percentile", 50, "dual track's metric filter: a call served by an emergency sandbox counts toward regular scaling only if the function's keep-alive exceeds this percentile of its inter-arrival times over the last hour (PulseNet: 50)")
 	c.Flags().Int64Var(&minRate, "min-body-rate", dataplane.DefaultMinBodyRate, "bytes/s a streamed request body must keep up (after 2 s); slower clients get 408")
 	af.register(c, false)
+	tf.register(c)
 	c.Flags().StringVar(&systemAPI, "openfaas-admin", "", "serve the OpenFaaS management API (/system/..., for faas-cli) on the invoke listener, forwarding each request with its caller's credentials to this admin API URL (https: trusts --ca-cert)")
 	return c
 }
@@ -493,6 +500,7 @@ func newUp(g *globals) *cobra.Command {
 	var invoke string
 	var invokeTLS httpTLSFlags
 	var af asyncFlags
+	var tf traceFlags
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "Run a whole cluster on this machine: control plane, data plane and worker",
@@ -502,6 +510,9 @@ using the process runtime (or --runtime emulated, containerd or native). State
 lives in --data-dir.
 The components talk gRPC over TLS with certificates of the cluster CA the
 first start creates in --data-dir; nothing needs joining.
+
+The control plane serves a live web dashboard at /ui/ on the admin address
+(brisk ui prints its address with your token).
 
 Every admin route and every call of a function not deployed --public needs
 an API token: the first start writes an admin token to
@@ -561,8 +572,13 @@ server given with --nats.`,
 				return err
 			}
 			defer closeQueue()
+			tracer, flush, err := tf.tracer(c.Context(), "brisk")
+			if err != nil {
+				return err
+			}
+			defer flush()
 			cl, err := local.New(local.Config{ControlPlane: cfg, Workers: opts, Logger: log, InsecureNoTLS: cf.noTLS,
-				DataPlane: dataplane.Config{ID: host, Listen: invoke, TLS: dpTLS, Async: q, Logger: log.With("component", "dataplane")}})
+				DataPlane: dataplane.Config{ID: host, Listen: invoke, TLS: dpTLS, Async: q, Tracer: tracer, Logger: log.With("component", "dataplane")}})
 			if err != nil {
 				return err
 			}
@@ -586,6 +602,7 @@ server given with --nats.`,
 						fmt.Fprintf(os.Stderr, "admin token: %s (the CLI reads it; elsewhere: export BRISK_TOKEN_FILE=%[1]s)\n",
 							filepath.Join(cf.dataDir, controlplane.AdminTokenFile))
 					}
+					fmt.Fprintf(os.Stderr, "dashboard: %s://%s/ui/ (brisk ui prints it with the token)\n", adminScheme, cl.AdminAddr())
 				}
 			}()
 			return usageOr(cl.Run(c.Context()))
@@ -597,5 +614,6 @@ server given with --nats.`,
 	c.Flags().StringVar(&invoke, "invoke", "127.0.0.1:8080", "data plane invocation listen address")
 	invokeTLS.register(c, "invoke-", "invocations")
 	af.register(c, true)
+	tf.register(c)
 	return c
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -27,7 +28,7 @@ import (
 func newFn(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "fn", Short: "Manage functions: deploy, list, get, delete", Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() }}
-	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g), newFnLogs(g), newFnRevisions(g), newFnRollback(g))
+	c.AddCommand(newFnDeploy(g), newFnUpdate(g), newFnList(g), newFnGet(g), newFnDelete(g), newFnLogs(g), newFnRevisions(g), newFnRollback(g), newFnTraffic(g))
 	return c
 }
 
@@ -44,6 +45,7 @@ type deployFlags struct {
 	writableRoot, streamRequests, public   bool
 	namespace, scalingMode                 string
 	placement, keepAlive                   string
+	traffic                                string
 	// async: block
 	asyncAttempts, asyncConcurrency int
 	asyncMaxAge, asyncBackoff       time.Duration
@@ -61,6 +63,9 @@ func newFnUpdate(g *globals) *cobra.Command {
 		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cl := g.client()
+			if c.Flags().Changed("traffic") && c.Flags().NFlag() == trafficOnlyFlags(c) {
+				return f.setTraffic(c, cl, args[0]) // a split is not a revision
+			}
 			cur, err := cl.Get(c.Context(), args[0])
 			if err != nil {
 				return err
@@ -75,6 +80,9 @@ func newFnUpdate(g *globals) *cobra.Command {
 				return err
 			}
 			fmt.Printf("function %s updated (revision %d)\n", out.Name, out.Revision)
+			if err := f.setTraffic(c, cl, out.Name); err != nil {
+				return err
+			}
 			return f.waitReady(c, cl, out)
 		},
 	}
@@ -123,6 +131,9 @@ started with PORT set to the port it must serve HTTP on.`,
 					fmt.Println("nothing changed but the revision: its sandboxes are replaced")
 				}
 			}
+			if err := f.setTraffic(c, cl, out.Name); err != nil {
+				return err
+			}
 			return f.waitReady(c, cl, out)
 		},
 	}
@@ -166,6 +177,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.asyncRetryFnErrors, "async-retry-function-errors", false, "retry asynchronous calls after the function's own 5xx too (by default only after the platform's failures and 429)")
 	fl.BoolVar(&f.wait, "wait", false, "wait until a sandbox of the new revision serves (with --min ≥ 1), printing progress; fail at once if its sandboxes cannot start")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 2*time.Minute, "with --wait: give up after this long")
+	fl.StringVar(&f.traffic, "traffic", "", "split calls between revisions, e.g. rev-3=90,latest=10 (latest: the current revision, after this command's update); latest=100 ends a split. A split makes no revision (brisk fn traffic)")
 	fl.IntVar(&f.asyncConcurrency, "async-concurrency", 0, fmt.Sprintf("asynchronous calls of the function running at once per data plane (default %d)", spec.DefaultAsyncConcurrency))
 }
 
@@ -822,6 +834,95 @@ func jsonObject(v json.RawMessage) (map[string]json.RawMessage, bool) {
 		return nil, false
 	}
 	return m, true
+}
+
+// trafficOnlyFlags counts the flags given that leave the spec alone: with
+// only these and --traffic, fn update makes no revision.
+func trafficOnlyFlags(c *cobra.Command) int {
+	n := 0
+	for _, name := range []string{"traffic", "wait", "wait-timeout"} {
+		if c.Flags().Changed(name) {
+			n++
+		}
+	}
+	// Global flags (--server, --token, ...) are the root's persistent flags.
+	c.InheritedFlags().Visit(func(*pflag.Flag) { n++ })
+	return n
+}
+
+// setTraffic applies --traffic, if given.
+func (f *deployFlags) setTraffic(c *cobra.Command, cl *client.Client, name string) error {
+	if !c.Flags().Changed("traffic") {
+		return nil
+	}
+	ts, err := spec.ParseTraffic(f.traffic)
+	if err != nil {
+		return usageError{err}
+	}
+	out, err := cl.SetTraffic(c.Context(), name, ts)
+	if err != nil {
+		return err
+	}
+	printTraffic(out)
+	return nil
+}
+
+func printTraffic(f *spec.Function) {
+	if len(f.Traffic) == 0 {
+		fmt.Printf("function %s: every call to the current revision (%d)\n", f.Name, f.Revision)
+		return
+	}
+	fmt.Printf("function %s: traffic %s (latest = revision %d)\n", f.Name, spec.FormatTraffic(f.Traffic), f.Revision)
+}
+
+func newFnTraffic(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "traffic NAME [SPLIT]",
+		Short: "Show or set how a function's calls are split between its revisions",
+		Long: `A split sends shares of a function's calls to revisions kept in its history
+(brisk fn revisions NAME), e.g. a canary: rev-3=90,latest=10. "latest" is the
+current revision, whatever it is when a call comes; rev-N stays on revision N
+after later updates. Each pinned earlier revision runs sandboxes of its own and
+scales on its own share; latest=100 ends the split. Setting a split makes no
+revision. Each data plane sends every 100 calls exactly by the percents.`,
+		Example: `  brisk fn traffic hello
+  brisk fn traffic hello rev-3=90,latest=10
+  brisk fn traffic hello latest=100`,
+		Args: rangeArgs(1, 2),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl := g.client()
+			if len(args) == 1 {
+				v, err := cl.Get(c.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				printTraffic(v.Function)
+				if len(v.Status.Traffic) > 0 {
+					tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "TARGET\tPERCENT\tREVISION\tSERVED BY\tDESIRED\tREADY")
+					for _, t := range v.Status.Traffic {
+						by := t.Function
+						if t.Missing {
+							by += " (revision no longer kept)"
+						}
+						fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\n", t.Name(), t.Percent, t.ServedRevision, by, t.Desired, t.Ready)
+					}
+					return tw.Flush()
+				}
+				return nil
+			}
+			ts, err := spec.ParseTraffic(args[1])
+			if err != nil {
+				return usageError{err}
+			}
+			out, err := cl.SetTraffic(c.Context(), args[0], ts)
+			if err != nil {
+				return err
+			}
+			printTraffic(out)
+			return nil
+		},
+	}
 }
 
 func newFnRevisions(g *globals) *cobra.Command {

@@ -38,7 +38,7 @@ the token; a token made before brisk spoke the Lambda API has no key on
 the data planes (create a new one). The call has the
 token's scopes.`,
 		Example: `  eval "$(brisk token aws --env)"
-  aws lambda invoke --endpoint-url http://127.0.0.1:8080 --function-name hello out.json`,
+  aws lambda invoke --region us-east-1 --endpoint-url http://127.0.0.1:8080 --function-name hello out.json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			tok := g.apiToken()

@@ -55,7 +55,9 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/functions/{name}/logs", cp.functionLogs)
 	mux.HandleFunc("GET /v1/functions/{name}/revisions", cp.functionRevisions)
 	mux.HandleFunc("POST /v1/functions/{name}/rollback", cp.rollbackFunction)
+	mux.HandleFunc("PUT /v1/functions/{name}/traffic", cp.putTraffic)
 	mux.HandleFunc("GET /v1/status", cp.status)
+	cp.registerDashboard(mux) // GET /v1/dashboard, and the page at /ui/ (dashboard.go)
 	mux.HandleFunc("GET /v1/backup", cp.backup)
 	mux.HandleFunc("PUT /v1/namespaces/{name}", cp.putNamespace)
 	mux.HandleFunc("GET /v1/namespaces", cp.listNamespaces)
@@ -197,7 +199,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.secretMu.RLock() // against a namespace's deletion and a secret's
 	defer cp.secretMu.RUnlock()
-	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) {
+	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) || !cp.checkTraffic(w, f, 0) {
 		return
 	}
 	l := cp.nameLock(f.Name)
@@ -213,7 +215,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	cp.cluster.upsertFunction(f)
+	cp.applyFunction(f)
 	cp.metrics.functions.Inc()
 	w.Header().Set("Location", "/v1/functions/"+f.Name)
 	writeCompactJSON(w, http.StatusCreated, f)
@@ -248,6 +250,11 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) {
 		return
 	}
+	if f.Traffic == nil {
+		f.Traffic = old.Traffic // the split is not part of a revision: an update keeps it
+	} else if !cp.checkTraffic(w, f, old.Revision) {
+		return
+	}
 	cp.replaceFunction(w, old, f)
 }
 
@@ -266,7 +273,7 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 	if err := cp.store.PutRevision(old); err != nil {
 		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
-	cp.cluster.upsertFunction(f)
+	cp.applyFunction(f)
 	writeCompactJSON(w, http.StatusOK, f)
 }
 
@@ -371,6 +378,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.cluster.removeFunction(name)
+	cp.removeSplit(name)
 	cp.metrics.functions.Dec()
 	if err := cp.store.DeleteRevisions(name); err != nil {
 		cp.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
@@ -389,6 +397,7 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 	st, ok := c.r.FunctionStatus(name)
 	if ok {
 		v = FunctionView{Function: c.r.Spec(name), Status: st}
+		v.Status.Traffic = c.trafficStatusLocked(v.Function)
 	}
 	c.mu.Unlock()
 	if !ok {
@@ -423,7 +432,7 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	var out []FunctionView
 	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
-		if f.Name <= sel.after || !sel.matches(f, st) || !visible(f) {
+		if f.Name <= sel.after || isRevisionFunction(f.Name) || !sel.matches(f, st) || !visible(f) {
 			return
 		}
 		out = append(out, FunctionView{Function: f, Status: st})

@@ -50,6 +50,8 @@ type Cluster struct {
 	placementFailures, evictions uint64
 
 	metrics *cpMetrics
+	// dash keeps the dashboard's rates and recent failures (dashboard.go).
+	dash *dashStats
 }
 
 // nodeLink is the I/O side of one worker node: its link's connection and
@@ -81,6 +83,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 		links: make(map[string]*nodeLink), watchers: make(map[*watcher]struct{}),
 		idPrefix: prefix, metrics: m,
 	}
+	c.dash = newDashStats(c.clk.Now())
 	if err := m.reg.Register(newFunctionCollector(c)); err != nil {
 		return nil, err
 	}
@@ -108,6 +111,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 				s.create(x.Spec, x.ID, data, gen)
 			}
 			c.metrics.creations.Inc()
+			c.dash.created(c.clk.Now(), x.Spec.Name)
 		case reconciler.Offer:
 			if s := c.sessionOf(x.Node); s != nil {
 				data, gen := c.secretDataLocked(x.Spec)
@@ -126,6 +130,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			c.publishLocked(func(b *briskv1.EndpointBatch) { b.Added = append(b.Added, ep) })
 			if x.ReadyAfter > 0 {
 				c.metrics.readyLatency.Observe(x.ReadyAfter.Seconds())
+				c.observeStartPhases(ep, x.ReadyAfter)
 			}
 		case reconciler.RemoveEndpoint:
 			c.publishRemoveLocked(x.ID)
@@ -137,12 +142,14 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			})
 		case reconciler.DeleteFunction:
 			name := x.Name
+			c.dash.forget(name)
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				b.Functions = withoutFn(b.Functions, name)
 				b.DeletedFunctions = append(without(b.DeletedFunctions, name), name)
 			})
 		case reconciler.SetCondition:
 			pc := x.Condition
+			c.dash.condition(c.clk.Now(), pc.GetFunction(), pc.GetReason(), pc.GetMessage())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				for i, old := range b.Conditions {
 					if old.GetFunction() == pc.GetFunction() {
@@ -161,6 +168,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			c.persistWorker(x.Worker)
 		case reconciler.SandboxFailed:
 			c.metrics.sandboxFailures.WithLabelValues(x.Function).Inc()
+			c.dash.failed(c.clk.Now(), x)
 			c.log.Warn("sandbox failed", "function", x.Function, "sandbox", x.ID, "state", x.State, "reason", x.Reason, "backoff", x.Backoff)
 		}
 	}
@@ -206,7 +214,10 @@ func (c *Cluster) upsertFunction(f *spec.Function) { c.step(reconciler.UpsertFun
 
 func (c *Cluster) removeFunction(name string) { c.step(reconciler.RemoveFunction{Name: name}) }
 
-func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) { c.step(reconciler.Metrics{Report: r}) }
+func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
+	c.dash.report(c.clk.Now(), r) // its own lock, not the cluster's
+	c.step(reconciler.Metrics{Report: r})
+}
 
 func (c *Cluster) sampleLoad() { c.step(reconciler.SampleLoad{}) }
 
@@ -302,3 +313,18 @@ func withoutFn(list []*briskv1.FunctionSpec, name string) []*briskv1.FunctionSpe
 
 // namespaceOf is f's namespace.
 func namespaceOf(f *spec.Function) string { return reconciler.NamespaceOf(f) }
+
+// observeStartPhases splits a sandbox start into the phases the worker
+// measured and the rest (brisk_controlplane_cold_start_phase_seconds).
+func (c *Cluster) observeStartPhases(ep *briskv1.Endpoint, readyAfter time.Duration) {
+	start, create := ep.GetStartUs(), ep.GetCreateUs()
+	if create <= 0 || start < 0 || start > create {
+		return // a worker that does not report them
+	}
+	us := func(v int64) float64 { return float64(v) / 1e6 }
+	c.metrics.startPhases.WithLabelValues("creation").Observe(us(start))
+	c.metrics.startPhases.WithLabelValues("readiness").Observe(us(create - start))
+	if link := readyAfter.Microseconds() - create; link >= 0 {
+		c.metrics.startPhases.WithLabelValues("link").Observe(us(link))
+	}
+}

@@ -11,6 +11,7 @@ type cpMetrics struct {
 	evictions         prometheus.Counter
 	sandboxFailures   *prometheus.CounterVec
 	readyLatency      prometheus.Histogram
+	startPhases       *prometheus.HistogramVec
 	handshakes        *prometheus.CounterVec
 	handshakeSeconds  prometheus.Histogram
 }
@@ -30,12 +31,15 @@ func newMetrics() *cpMetrics {
 			Help: "Sandboxes that failed to start or exited on their own."}, []string{"function"}),
 		readyLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brisk_controlplane_sandbox_ready_seconds",
 			Help: "Placement to Ready, per sandbox.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		startPhases: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "brisk_controlplane_cold_start_phase_seconds",
+			Help:    "Sandbox starts by phase: creation (the worker's runtime creating it), readiness (created to answering on its port), link (placement to Ready less the worker's part: dispatch, the report back, queueing on the link).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20)}, []string{"phase"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_controlplane_handshakes_total",
 			Help: "Worker link handshakes by mode."}, []string{"mode"}),
 		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "brisk_controlplane_handshake_seconds",
 			Help: "Duration of worker link handshakes.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}),
 	}
-	m.reg.MustRegister(m.functions, m.dataPlanes, m.creations, m.placementFailures, m.evictions, m.sandboxFailures, m.readyLatency, m.handshakes, m.handshakeSeconds,
+	m.reg.MustRegister(m.functions, m.dataPlanes, m.creations, m.placementFailures, m.evictions, m.sandboxFailures, m.readyLatency, m.startPhases, m.handshakes, m.handshakeSeconds,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

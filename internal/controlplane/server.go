@@ -186,6 +186,10 @@ type ControlPlane struct {
 	// secretMu orders secret writes and namespace deletions (held)
 	// against deploys (read-held): secrets.go, namespaces.go.
 	secretMu sync.RWMutex
+	// splits: function name -> the revision functions its traffic split
+	// runs (traffic.go).
+	splitMu sync.Mutex
+	splits  map[string]map[string]bool
 }
 
 // New validates the config; it opens and starts nothing.
@@ -209,7 +213,7 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker()}, nil
+	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker(), splits: map[string]map[string]bool{}}, nil
 }
 
 // Ready is closed once both listeners are bound.
@@ -391,7 +395,7 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 	}
 	for _, f := range fns {
 		cp.noteRevision(f.Revision)
-		c.upsertFunction(f)
+		cp.applyFunction(f)
 	}
 	cp.metrics.functions.Set(float64(len(fns)))
 	// Every known worker is registered before any link starts. The startup

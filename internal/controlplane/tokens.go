@@ -14,7 +14,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 )
 
-// The admin API's authentication: every route but /healthz needs a token
+// The admin API's authentication: every route but /healthz and the
+// dashboard's static files (/ui/, which carry no data) needs a token
 // (Config.AuthDisabled turns that off), and each handler says which scope
 // and function it needs (authorize). Tokens live in the registry, hashed;
 // the checker holds the grants of the current ones.
@@ -31,7 +32,7 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
+		if r.URL.Path == "/healthz" || uiPath(r.URL.Path) { // the dashboard's page: its data needs a token
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"crypto/tls"
 	"fmt"
 	"github.com/brisk-faas/brisk/internal/async"
@@ -63,6 +65,10 @@ type Config struct {
 	// internal/compat/openfaas) on the invocation listener, for requests
 	// whose Host names no function; nil answers those 501.
 	System http.Handler
+	// Tracer records each call as OpenTelemetry spans (tracing.go;
+	// internal/telemetry builds it). Nil: no spans, no cost. Calls of a
+	// traced data plane take the net/http path, not the fast path.
+	Tracer trace.Tracer
 
 	// HTTP server limits. WriteTimeout bounds a whole response, so by default
 	// it is above the default function timeout plus queue timeout; requests of

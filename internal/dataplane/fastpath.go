@@ -107,6 +107,9 @@ func (c *frontConn) next() (*function, reqAction) {
 // parse parses c.head into c.req and routes it. It returns nil for a
 // request the front end does not serve.
 func (c *frontConn) parse() *function {
+	if c.f.d.cfg.Tracer != nil {
+		return nil // traced calls take the net/http path (tracing.go)
+	}
 	rq := &c.req
 	*rq = frontReq{parsed: rq.parsed} // keeps the header storage
 	p := &rq.parsed
@@ -143,8 +146,10 @@ func (c *frontConn) parse() *function {
 			fn = c.f.d.lookup(label)
 		}
 	}
-	if fn != nil && fn.set.Load().conf.dual {
-		return nil // the emergency track is on the net/http path (emergency.go)
+	if fn != nil {
+		if conf := fn.set.Load().conf; conf.dual || conf.split != nil {
+			return nil // the emergency track and traffic splits are on the net/http path (emergency.go, split.go)
+		}
 	}
 	return fn
 }
@@ -225,6 +230,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			err = c.readReplyHead(up, &rh)
 		}
 		if err == nil {
+			d.prom.firstByte.Observe(seconds(d.nanotime() - st.proxyStart))
 			break
 		}
 		c.up.Store(nil)

@@ -153,7 +153,10 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 	t := d.nanotime()
 	for name, fn := range d.functions() {
 		avg, requests, report := fn.stats.cut(t)
-		if !report {
+		// Latencies of calls that ended in the interval: cut with the load,
+		// from the counters the calls already keep for Prometheus.
+		latency := fn.m.duration.cut()
+		if !report && latency == nil {
 			continue
 		}
 		queued := fn.nwait.Load()
@@ -163,6 +166,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 			Requests:       requests,
 			Queued:         queued,
 			NoCapacity:     queued > 0,
+			LatencyBuckets: latency,
 		})
 	}
 	return rep

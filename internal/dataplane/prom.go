@@ -7,13 +7,16 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/prometheus/client_golang/prometheus"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
 // latencyBuckets span a sub-millisecond warm call to a function that runs for
-// minutes.
-var latencyBuckets = [...]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+// minutes. They are the wire's (FunctionMetric.latency_buckets), so that the
+// reports to the control plane are cuts of the same counters.
+var latencyBuckets = briskv1.LatencyBounds
 
 const nBuckets = len(latencyBuckets)
 
@@ -33,6 +36,8 @@ var latencyBoundsNs = func() (b [nBuckets]int64) {
 // creation was 7 % of a registration's CPU.
 type promMetrics struct {
 	queueWait prometheus.Histogram
+	// firstByte: request sent to the sandbox -> its reply head back.
+	firstByte prometheus.Histogram
 	// Connections the front end accepted, those of them it handed to the
 	// net/http server, and those it closed at once for MaxConnections
 	// (front.go).
@@ -53,6 +58,11 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Help:    "Time requests that found no free sandbox slot spent queued.",
 			Buckets: latencyBuckets[:],
 		}),
+		firstByte: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "brisk_dataplane_first_byte_seconds",
+			Help:    "Time from a request's dispatch to its sandbox until the reply head came back (the function's time to first byte, network included).",
+			Buckets: latencyBuckets[:],
+		}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brisk_dataplane_connections_accepted_total",
 			Help: "Client connections accepted on the invocation listener.",
@@ -70,7 +80,7 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
 		}),
 	}
-	for _, c := range append(extra, m.queueWait, m.emergency, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
+	for _, c := range append(extra, m.queueWait, m.firstByte, m.emergency, m.accepted, m.handedOff, m.refused, errVec, newFnCollector(fns),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "brisk_dataplane_bodies_reading",
 			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",
@@ -146,10 +156,13 @@ func (c *codeCounts) each(f func(code int, n uint64)) {
 }
 
 // latencyHisto is a histogram over latencyBuckets: per-bucket counts (the
-// last is +Inf) and the sum in nanoseconds.
+// last is +Inf) and the sum in nanoseconds. The counts only grow
+// (Prometheus reads them); reported is what the metric reports to the
+// control plane have carried so far.
 type latencyHisto struct {
-	counts [nBuckets + 1]atomic.Uint64
-	sumNs  atomic.Int64
+	counts   [nBuckets + 1]atomic.Uint64
+	sumNs    atomic.Int64
+	reported [nBuckets + 1]atomic.Uint64
 }
 
 func (h *latencyHisto) observe(ns int64) {
@@ -159,6 +172,32 @@ func (h *latencyHisto) observe(ns int64) {
 	}
 	h.counts[i].Add(1)
 	h.sumNs.Add(ns)
+}
+
+// cut returns the per-bucket counts observed since the last cut, without
+// trailing empty buckets (nil when none), for a metric report. reported
+// only moves forward, by compare-and-swap, so concurrent cuts share the
+// counts out and none is reported twice; calls observed meanwhile fall in
+// this cut or the next.
+func (h *latencyHisto) cut() []uint64 {
+	var delta [nBuckets + 1]uint64
+	n := 0
+	for i := range h.counts {
+		for {
+			prev, cur := h.reported[i].Load(), h.counts[i].Load()
+			if cur <= prev {
+				break
+			}
+			if h.reported[i].CompareAndSwap(prev, cur) {
+				delta[i], n = cur-prev, i+1
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return append([]uint64(nil), delta[:n]...)
 }
 
 // fnCollector exports every used function's counters.

@@ -100,6 +100,10 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			d.submitAsync(w, r, rt)
 			return
 		}
+		if d.cfg.Tracer != nil {
+			d.invokeTraced(w, r, rt)
+			return
+		}
 		d.invoke(w, r, rt)
 		return
 	}
@@ -209,6 +213,7 @@ type reqState struct {
 	arrival    int64
 	queueNs    int64
 	proxyStart int64
+	firstByte  int64 // the sandbox's reply head arrived (nanotime)
 	cold       bool
 	code       int
 	keepAuth   bool // the Authorization header goes on to the function
@@ -259,6 +264,13 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	if !keepAuth {
 		delete(r.Header, "Authorization") // the platform's token stays with the platform
+	}
+	if sp := set.conf.split; sp != nil {
+		// Authorized as the function the caller named; served by the
+		// revision the split picks, under that revision's settings.
+		if t := d.splitTarget(rt.fn, sp); t != rt.fn {
+			rt.fn, set = t, t.set.Load()
+		}
 	}
 	if set.conf.extendDeadline {
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(set.conf.queueTimeout + set.conf.timeout + deadlineSlack))
@@ -356,6 +368,9 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *en
 		f := d.acquireError(err, fn, set.conf)
 		fn.m.codes.inc(f.code)
 		fn.m.duration.observe(acquired - arrival)
+		if d.cfg.Tracer != nil {
+			d.traceCall(st, f.code, acquired)
+		}
 		return f
 	}
 	st.ep, st.queueNs, st.cold = ep, acquired-arrival, ep.seq > seq
@@ -382,6 +397,9 @@ func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 	}
 	st.fn.m.codes.inc(code)
 	st.fn.m.duration.observe(end - st.arrival)
+	if d.cfg.Tracer != nil {
+		d.traceCall(st, code, end)
+	}
 }
 
 // statusClientGone counts requests whose client left before an answer
@@ -434,6 +452,8 @@ func (d *DataPlane) rewrite(pr *httputil.ProxyRequest) {
 func (d *DataPlane) modifyResponse(resp *http.Response) error {
 	st := stateOf(resp.Request.Context())
 	now := d.nanotime()
+	st.firstByte = now
+	d.prom.firstByte.Observe(seconds(now - st.proxyStart))
 	st.code = resp.StatusCode
 	h := resp.Header
 	h["X-Call-Id"] = st.callID

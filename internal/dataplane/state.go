@@ -23,6 +23,11 @@ type endpoint struct {
 	tracker *loadbalance.Tracker
 	idHdr   []string  // []string{id}, shared as a header value (cap 1: an Add copies)
 	conns   *connPool // idle upstream connections to addr, shared by the endpoints at addr
+	// How the sandbox started, for the cold-start spans (tracing.go):
+	// when it reached this data plane (nanotime) and the control plane's
+	// and worker's timings from the endpoint stream.
+	added                           int64
+	readyAfterUs, startUs, createUs int64
 }
 
 // fnConf is what the hot path needs from a spec, resolved once per revision.
@@ -52,6 +57,9 @@ type fnConf struct {
 	async async.Policy
 	// memoryMB: what a sandbox requests (the Lambda API shows it).
 	memoryMB int64
+	// split: the function's traffic split between revisions (split.go);
+	// nil: every call to this function.
+	split *split
 }
 
 // epSet is one immutable view of a function. Apply builds a new one and swaps
@@ -87,6 +95,8 @@ type function struct {
 	cond atomic.Pointer[fnCondition]
 	// iat: inter-arrival times of a dual-mode function (emergency.go).
 	iat iatTracker
+	// splitSeq counts calls through the traffic split (split.go).
+	splitSeq atomic.Uint64
 }
 
 // fnCondition is a function's condition from the control plane.
@@ -156,6 +166,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	if c.namespace == "" {
 		c.namespace = spec.DefaultNamespace
 	}
+	c.split = newSplit(p.GetName(), p.GetTraffic())
 	if prev != nil && prev.lbName == c.lbName && prev.capacity == c.capacity {
 		c.policy = prev.policy
 		return c
@@ -380,6 +391,9 @@ func (d *DataPlane) newEndpoint(e *briskv1.Endpoint, capacity int) *endpoint {
 		tracker: loadbalance.NewTracker(capacity),
 		idHdr:   []string{e.GetSandboxId()},
 		conns:   d.poolFor(e.GetAddress()),
+		added:   d.nanotime(),
+
+		readyAfterUs: e.GetReadyAfterUs(), startUs: e.GetStartUs(), createUs: e.GetCreateUs(),
 	}
 }
 

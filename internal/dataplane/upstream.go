@@ -247,6 +247,8 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			err = c.readHead(&resp, w)
 		}
 		if err == nil {
+			st.firstByte = d.nanotime()
+			d.prom.firstByte.Observe(seconds(st.firstByte - st.proxyStart))
 			break
 		}
 		unwatch()

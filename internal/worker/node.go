@@ -132,7 +132,7 @@ func (n *Node) signalLocked() {
 
 func cloneRecord(r *briskv1.SandboxRecord) *briskv1.SandboxRecord {
 	return &briskv1.SandboxRecord{Id: r.Id, Function: r.Function, Revision: r.Revision, State: r.State,
-		Version: r.Version, Address: r.Address, Message: r.Message, CreateUs: r.CreateUs}
+		Version: r.Version, Address: r.Address, Message: r.Message, CreateUs: r.CreateUs, StartUs: r.StartUs}
 }
 
 // install starts a new session: later messages with another epoch are
@@ -289,6 +289,7 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 	defer cancel()
 
 	inst, err := n.rt.Create(ctx, runtime.Spec{ID: sb.rec.Id, Function: sb.spec})
+	startUs := time.Since(sb.started).Microseconds() // creation; the rest until Ready is readiness
 	if err == nil {
 		n.mu.Lock()
 		sb.inst = inst
@@ -322,7 +323,7 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		return
 	}
 	sb.rec.State, sb.rec.Address = briskv1.SandboxState_SANDBOX_STATE_READY, inst.Addr
-	sb.rec.CreateUs = time.Since(sb.started).Microseconds()
+	sb.rec.CreateUs, sb.rec.StartUs = time.Since(sb.started).Microseconds(), startUs
 	n.emitLocked(sb)
 	n.mu.Unlock()
 	if inst.Exited != nil {

@@ -23,6 +23,26 @@ type RollbackRequest struct {
 	Revision uint64 `json:"revision,omitempty"`
 }
 
+// TrafficRequest is the body of PUT /v1/functions/NAME/traffic: the new
+// split (empty: every call to the current revision).
+type TrafficRequest struct {
+	Traffic []spec.TrafficTarget `json:"traffic"`
+}
+
+// TrafficStatus is one target of a function's split as it runs: the
+// function serving it (NAME for the current revision, NAME_rREV for a
+// pinned earlier one) and its sandboxes.
+type TrafficStatus struct {
+	spec.TrafficTarget
+	Function       string `json:"function"`
+	ServedRevision uint64 `json:"served_revision"`
+	Desired        int    `json:"desired"`
+	Ready          int    `json:"ready"`
+	// Missing: the pinned revision is no longer kept; its share goes to
+	// the current revision.
+	Missing bool `json:"missing,omitempty"`
+}
+
 // HeaderContinue carries the token of a list's next page (GET
 // /v1/functions?limit=N): pass it as ?continue= to get the functions after
 // this page's; absent on the last page.
@@ -46,6 +66,9 @@ type FunctionStatus struct {
 	// cluster's defaults where it names none.
 	Policies  *Policies       `json:"policies,omitempty"`
 	Sandboxes []SandboxStatus `json:"sandboxes"`
+	// Traffic is the function's split as it runs (none: every call to
+	// the current revision).
+	Traffic []TrafficStatus `json:"traffic,omitempty"`
 }
 
 // Policies are a function's effective policies (docs/policies.md).

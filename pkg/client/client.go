@@ -430,6 +430,17 @@ func (c *Client) Revisions(ctx context.Context, name string) ([]*spec.Function, 
 	return out, err
 }
 
+// SetTraffic sets how a function's calls are split between its revisions
+// (nil: all to the current one); it makes no revision.
+func (c *Client) SetTraffic(ctx context.Context, name string, ts []spec.TrafficTarget) (*spec.Function, error) {
+	var out spec.Function
+	if ts == nil {
+		ts = []spec.TrafficTarget{}
+	}
+	err := c.do(ctx, http.MethodPut, "/v1/functions/"+url.PathEscape(name)+"/traffic", api.TrafficRequest{Traffic: ts}, &out)
+	return &out, err
+}
+
 // Rollback makes revision rev of a function (0: the one before the
 // current) its newest revision again, and returns that.
 func (c *Client) Rollback(ctx context.Context, name string, rev uint64) (*spec.Function, error) {

@@ -79,6 +79,11 @@ type Function struct {
 	// (the link's spec, never the admin API's or a data plane's): the
 	// runtimes write them into the sandbox. Never serialised as JSON.
 	SecretData map[string][]byte `json:"-"`
+	// Traffic splits calls between revisions (Knative's traffic block):
+	// empty sends every call to the current revision. It is not part of a
+	// revision: an update keeps it, and changing it makes no revision
+	// (PUT /v1/functions/NAME/traffic).
+	Traffic []TrafficTarget `json:"traffic,omitempty"`
 
 	// Set by the control plane.
 	Revision  uint64    `json:"revision,omitempty"`
@@ -390,6 +395,9 @@ func (f *Function) Validate() error {
 	if f.Placement != "" && !contains(Placements, f.Placement) {
 		return bad("placement", "%q is not one of %s", f.Placement, strings.Join(Placements, ", "))
 	}
+	if err := ValidateTraffic(f.Traffic); err != nil {
+		return err
+	}
 	if len(f.Secrets) > MaxSecretsPerFunction {
 		return bad("secrets", "%d secrets, at most %d", len(f.Secrets), MaxSecretsPerFunction)
 	}
@@ -472,6 +480,9 @@ func (s *Scaling) validate(bad func(field, format string, args ...any) error) er
 		return bad("scaling.target_utilization", "%g out of range (0, 1]", s.TargetUtilization)
 	case s.StableWindow != 0 && (s.StableWindow < Duration(time.Second) || s.StableWindow > Duration(time.Hour)):
 		return bad("scaling.stable_window", "%s out of range [1s, 1h]", s.StableWindow)
+	case s.StableWindow%Duration(time.Second) != 0:
+		// The autoscaler counts its windows in whole seconds (Knative's rule).
+		return bad("scaling.stable_window", "%s is not a whole number of seconds", s.StableWindow)
 	case s.PanicWindowPct != 0 && (s.PanicWindowPct < 1 || s.PanicWindowPct > 100):
 		return bad("scaling.panic_window_percent", "%g out of range [1, 100]", s.PanicWindowPct)
 	case s.PanicThreshold != 0 && (s.PanicThreshold <= 1 || s.PanicThreshold > 1000):
@@ -546,6 +557,7 @@ func (f *Function) ToProto() *briskv1.FunctionSpec {
 		Async:          f.Async.WithDefaults().toProto(),
 		Secrets:        f.Secrets,
 		SecretData:     f.SecretData,
+		Traffic:        f.trafficToProto(),
 	}
 }
 
@@ -598,6 +610,9 @@ func FromProto(p *briskv1.FunctionSpec) *Function {
 		Async:          AsyncFromProto(p.GetAsync()),
 		Secrets:        p.GetSecrets(),
 		SecretData:     p.GetSecretData(),
+	}
+	for _, t := range p.GetTraffic() {
+		f.Traffic = append(f.Traffic, TrafficTarget{Revision: t.GetRevision(), Percent: int(t.GetPercent())})
 	}
 	return f
 }

@@ -48,6 +48,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"min above max", func(f *Function) { f.Scaling.Min, f.Scaling.Max = 5, 2 }, "scaling.min"},
 		{"utilization", func(f *Function) { f.Scaling.TargetUtilization = 1.5 }, "scaling.target_utilization"},
 		{"window", func(f *Function) { f.Scaling.StableWindow = Duration(10 * time.Millisecond) }, "scaling.stable_window"},
+		{"window fraction", func(f *Function) { f.Scaling.StableWindow = Duration(1500 * time.Millisecond) }, "scaling.stable_window"},
 		{"panic threshold", func(f *Function) { f.Scaling.PanicThreshold = 1 }, "scaling.panic_threshold"},
 		{"queue depth", func(f *Function) { f.Queue.Depth = -1 }, "queue.depth"},
 		{"timeout", func(f *Function) { f.Timeout = Duration(2 * time.Hour) }, "timeout"},

@@ -222,7 +222,11 @@ type FunctionSpec struct {
 	Secrets []string `protobuf:"bytes,22,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	// Their values: filled only on the link to workers, never towards data
 	// planes.
-	SecretData    map[string][]byte `protobuf:"bytes,23,rep,name=secret_data,json=secretData,proto3" json:"secret_data,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SecretData map[string][]byte `protobuf:"bytes,23,rep,name=secret_data,json=secretData,proto3" json:"secret_data,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// How calls are split between revisions (spec.Function.Traffic); empty:
+	// all to this function. Each target names the function that serves it:
+	// this one for the current revision, NAME_rREV for a pinned one.
+	Traffic       []*TrafficTarget `protobuf:"bytes,24,rep,name=traffic,proto3" json:"traffic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +422,73 @@ func (x *FunctionSpec) GetSecretData() map[string][]byte {
 	return nil
 }
 
+func (x *FunctionSpec) GetTraffic() []*TrafficTarget {
+	if x != nil {
+		return x.Traffic
+	}
+	return nil
+}
+
+type TrafficTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"` // 0: the current revision
+	Percent       uint32                 `protobuf:"varint,3,opt,name=percent,proto3" json:"percent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrafficTarget) Reset() {
+	*x = TrafficTarget{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrafficTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrafficTarget) ProtoMessage() {}
+
+func (x *TrafficTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrafficTarget.ProtoReflect.Descriptor instead.
+func (*TrafficTarget) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TrafficTarget) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *TrafficTarget) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *TrafficTarget) GetPercent() uint32 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
+}
+
 // AsyncPolicy is how a function's asynchronous calls are retried.
 type AsyncPolicy struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -433,7 +504,7 @@ type AsyncPolicy struct {
 
 func (x *AsyncPolicy) Reset() {
 	*x = AsyncPolicy{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +516,7 @@ func (x *AsyncPolicy) String() string {
 func (*AsyncPolicy) ProtoMessage() {}
 
 func (x *AsyncPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +529,7 @@ func (x *AsyncPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AsyncPolicy.ProtoReflect.Descriptor instead.
 func (*AsyncPolicy) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AsyncPolicy) GetMaxAttempts() int32 {
@@ -514,13 +585,14 @@ type SandboxRecord struct {
 	Address       string                 `protobuf:"bytes,6,opt,name=address,proto3" json:"address,omitempty"`                    // host:port once Ready
 	Message       string                 `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`                    // why it failed or exited
 	CreateUs      int64                  `protobuf:"varint,8,opt,name=create_us,json=createUs,proto3" json:"create_us,omitempty"` // accept -> Ready, microseconds
+	StartUs       int64                  `protobuf:"varint,9,opt,name=start_us,json=startUs,proto3" json:"start_us,omitempty"`    // accept -> the runtime's Create returned (the rest of create_us: readiness)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SandboxRecord) Reset() {
 	*x = SandboxRecord{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +604,7 @@ func (x *SandboxRecord) String() string {
 func (*SandboxRecord) ProtoMessage() {}
 
 func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +617,7 @@ func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRecord.ProtoReflect.Descriptor instead.
 func (*SandboxRecord) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SandboxRecord) GetId() string {
@@ -604,6 +676,13 @@ func (x *SandboxRecord) GetCreateUs() int64 {
 	return 0
 }
 
+func (x *SandboxRecord) GetStartUs() int64 {
+	if x != nil {
+		return x.StartUs
+	}
+	return 0
+}
+
 type LogsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`                   // "" = every node the process hosts
@@ -618,7 +697,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +709,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +722,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LogsRequest) GetNodeId() string {
@@ -704,7 +783,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +795,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +808,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LogLine) GetNodeId() string {
@@ -777,7 +856,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +868,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +881,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Header) GetName() string {
@@ -835,7 +914,7 @@ type EmergencyRequest struct {
 
 func (x *EmergencyRequest) Reset() {
 	*x = EmergencyRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +926,7 @@ func (x *EmergencyRequest) String() string {
 func (*EmergencyRequest) ProtoMessage() {}
 
 func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +939,7 @@ func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyRequest.ProtoReflect.Descriptor instead.
 func (*EmergencyRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EmergencyRequest) GetNodeId() string {
@@ -932,7 +1011,7 @@ type EmergencyReply struct {
 
 func (x *EmergencyReply) Reset() {
 	*x = EmergencyReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1023,7 @@ func (x *EmergencyReply) String() string {
 func (*EmergencyReply) ProtoMessage() {}
 
 func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1036,7 @@ func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyReply.ProtoReflect.Descriptor instead.
 func (*EmergencyReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EmergencyReply) GetStatus() int32 {
@@ -1011,7 +1090,7 @@ type EmergencyStats struct {
 
 func (x *EmergencyStats) Reset() {
 	*x = EmergencyStats{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1102,7 @@ func (x *EmergencyStats) String() string {
 func (*EmergencyStats) ProtoMessage() {}
 
 func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1115,7 @@ func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyStats.ProtoReflect.Descriptor instead.
 func (*EmergencyStats) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EmergencyStats) GetSlots() int32 {
@@ -1084,7 +1163,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1175,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1188,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -1129,7 +1208,7 @@ type ImportImageReply struct {
 
 func (x *ImportImageReply) Reset() {
 	*x = ImportImageReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1220,7 @@ func (x *ImportImageReply) String() string {
 func (*ImportImageReply) ProtoMessage() {}
 
 func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1233,7 @@ func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
 func (*ImportImageReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ImportImageReply) GetRefs() []string {
@@ -1186,7 +1265,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1277,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1290,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -1292,7 +1371,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1383,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1396,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -1396,7 +1475,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1487,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1500,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -1469,7 +1548,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1560,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1573,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -1524,7 +1603,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1615,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1628,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1589,7 +1668,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1680,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1693,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -1633,7 +1712,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1724,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1737,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -1679,7 +1758,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1770,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1783,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1746,7 +1825,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1837,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1850,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1815,7 +1894,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +1906,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +1919,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1889,7 +1968,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +1980,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +1993,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -1943,7 +2022,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2034,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2047,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2009,7 +2088,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2100,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2113,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -2065,7 +2144,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2156,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2169,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -2144,7 +2223,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2235,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2248,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -2189,7 +2268,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2280,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2293,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -2240,7 +2319,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2331,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2344,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2284,7 +2363,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2375,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2388,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2320,18 +2399,25 @@ func (x *WatchEndpointsRequest) GetDataPlaneId() string {
 }
 
 type Endpoint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Function      string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
-	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
-	NodeId        string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Function  string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
+	Address   string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	NodeId    string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// How the sandbox started, for the cold-start spans of the calls that
+	// waited for it (microseconds; 0 when unknown, e.g. in a snapshot after
+	// a restart): placement to Ready as the control plane saw it, and the
+	// worker's own accept -> Create returned and accept -> Ready.
+	ReadyAfterUs  int64 `protobuf:"varint,5,opt,name=ready_after_us,json=readyAfterUs,proto3" json:"ready_after_us,omitempty"`
+	StartUs       int64 `protobuf:"varint,6,opt,name=start_us,json=startUs,proto3" json:"start_us,omitempty"`
+	CreateUs      int64 `protobuf:"varint,7,opt,name=create_us,json=createUs,proto3" json:"create_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2429,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2442,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2387,6 +2473,27 @@ func (x *Endpoint) GetNodeId() string {
 	return ""
 }
 
+func (x *Endpoint) GetReadyAfterUs() int64 {
+	if x != nil {
+		return x.ReadyAfterUs
+	}
+	return 0
+}
+
+func (x *Endpoint) GetStartUs() int64 {
+	if x != nil {
+		return x.StartUs
+	}
+	return 0
+}
+
+func (x *Endpoint) GetCreateUs() int64 {
+	if x != nil {
+		return x.CreateUs
+	}
+	return 0
+}
+
 type EndpointBatch struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Snapshot         bool                   `protobuf:"varint,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`  // replaces everything the data plane knew
@@ -2411,7 +2518,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2530,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2543,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2513,7 +2620,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2632,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2645,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -2572,7 +2679,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2691,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2704,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -2629,7 +2736,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2748,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2761,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -2715,7 +2822,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2727,7 +2834,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2740,7 +2847,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -2778,13 +2885,22 @@ type FunctionMetric struct {
 	Requests       int64                  `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
 	Queued         int32                  `protobuf:"varint,4,opt,name=queued,proto3" json:"queued,omitempty"`                           // waiting now
 	NoCapacity     bool                   `protobuf:"varint,5,opt,name=no_capacity,json=noCapacity,proto3" json:"no_capacity,omitempty"` // a request is waiting with no sandbox to take it
+	// The interval's calls that ended, by latency (arrival to reply, queueing
+	// included), for the dashboard's percentiles: a count per bucket, whose
+	// upper bounds in seconds are 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+	// 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, then one more
+	// bucket for longer calls (LatencyBounds in latency.go; the data plane's
+	// brisk_dataplane_request_duration_seconds has the same buckets). Empty
+	// when none ended; trailing empty buckets are left out. Periodic reports
+	// only.
+	LatencyBuckets []uint64 `protobuf:"varint,6,rep,packed,name=latency_buckets,json=latencyBuckets,proto3" json:"latency_buckets,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2912,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2925,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2847,6 +2963,13 @@ func (x *FunctionMetric) GetNoCapacity() bool {
 	return false
 }
 
+func (x *FunctionMetric) GetLatencyBuckets() []uint64 {
+	if x != nil {
+		return x.LatencyBuckets
+	}
+	return nil
+}
+
 type MetricsReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	DataPlaneId   string                 `protobuf:"bytes,1,opt,name=data_plane_id,json=dataPlaneId,proto3" json:"data_plane_id,omitempty"`
@@ -2860,7 +2983,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2872,7 +2995,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2885,7 +3008,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -2931,7 +3054,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3066,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3079,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 type UnreachableEndpoint struct {
@@ -2971,7 +3094,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2983,7 +3106,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2996,7 +3119,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -3037,7 +3160,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3049,7 +3172,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3062,7 +3185,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -3087,7 +3210,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3222,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3235,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -3122,7 +3245,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xb0\a\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe3\a\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -3150,13 +3273,18 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x05async\x18\x15 \x01(\v2\x15.brisk.v1.AsyncPolicyR\x05async\x12\x18\n" +
 	"\asecrets\x18\x16 \x03(\tR\asecrets\x12G\n" +
 	"\vsecret_data\x18\x17 \x03(\v2&.brisk.v1.FunctionSpec.SecretDataEntryR\n" +
-	"secretData\x1a6\n" +
+	"secretData\x121\n" +
+	"\atraffic\x18\x18 \x03(\v2\x17.brisk.v1.TrafficTargetR\atraffic\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
 	"\x0fSecretDataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"a\n" +
+	"\rTrafficTarget\x12\x1a\n" +
+	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
+	"\apercent\x18\x03 \x01(\rR\apercent\"\xe9\x01\n" +
 	"\vAsyncPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\x05R\vmaxAttempts\x12\x1c\n" +
 	"\n" +
@@ -3165,7 +3293,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"backoff_ms\x18\x03 \x01(\x03R\tbackoffMs\x12$\n" +
 	"\x0ebackoff_max_ms\x18\x04 \x01(\x03R\fbackoffMaxMs\x122\n" +
 	"\x15retry_function_errors\x18\x05 \x01(\bR\x13retryFunctionErrors\x12 \n" +
-	"\vconcurrency\x18\x06 \x01(\x05R\vconcurrency\"\xf0\x01\n" +
+	"\vconcurrency\x18\x06 \x01(\x05R\vconcurrency\"\x8b\x02\n" +
 	"\rSandboxRecord\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x1a\n" +
@@ -3174,7 +3302,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12\x18\n" +
 	"\aaddress\x18\x06 \x01(\tR\aaddress\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x1b\n" +
-	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\"\xac\x01\n" +
+	"\tcreate_us\x18\b \x01(\x03R\bcreateUs\x12\x19\n" +
+	"\bstart_us\x18\t \x01(\x03R\astartUs\"\xac\x01\n" +
 	"\vLogsRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
@@ -3294,13 +3423,16 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x19RegisterDataPlaneResponse\x12(\n" +
 	"\x10control_plane_id\x18\x01 \x01(\tR\x0econtrolPlaneId\";\n" +
 	"\x15WatchEndpointsRequest\x12\"\n" +
-	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\"x\n" +
+	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\"\xd6\x01\n" +
 	"\bEndpoint\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x17\n" +
-	"\anode_id\x18\x04 \x01(\tR\x06nodeId\"\xa6\x03\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12$\n" +
+	"\x0eready_after_us\x18\x05 \x01(\x03R\freadyAfterUs\x12\x19\n" +
+	"\bstart_us\x18\x06 \x01(\x03R\astartUs\x12\x1b\n" +
+	"\tcreate_us\x18\a \x01(\x03R\bcreateUs\"\xa6\x03\n" +
 	"\rEndpointBatch\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x124\n" +
 	"\tfunctions\x18\x02 \x03(\v2\x16.brisk.v1.FunctionSpecR\tfunctions\x12+\n" +
@@ -3334,14 +3466,15 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1b\n" +
-	"\tfail_fast\x18\x04 \x01(\bR\bfailFast\"\xaa\x01\n" +
+	"\tfail_fast\x18\x04 \x01(\bR\bfailFast\"\xd3\x01\n" +
 	"\x0eFunctionMetric\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12'\n" +
 	"\x0favg_concurrency\x18\x02 \x01(\x01R\x0eavgConcurrency\x12\x1a\n" +
 	"\brequests\x18\x03 \x01(\x03R\brequests\x12\x16\n" +
 	"\x06queued\x18\x04 \x01(\x05R\x06queued\x12\x1f\n" +
 	"\vno_capacity\x18\x05 \x01(\bR\n" +
-	"noCapacity\"\xbd\x01\n" +
+	"noCapacity\x12'\n" +
+	"\x0flatency_buckets\x18\x06 \x03(\x04R\x0elatencyBuckets\"\xbd\x01\n" +
 	"\rMetricsReport\x12\"\n" +
 	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x1f\n" +
@@ -3399,116 +3532,118 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
 	(*Resources)(nil),                 // 2: brisk.v1.Resources
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
-	(*AsyncPolicy)(nil),               // 4: brisk.v1.AsyncPolicy
-	(*SandboxRecord)(nil),             // 5: brisk.v1.SandboxRecord
-	(*LogsRequest)(nil),               // 6: brisk.v1.LogsRequest
-	(*LogLine)(nil),                   // 7: brisk.v1.LogLine
-	(*Header)(nil),                    // 8: brisk.v1.Header
-	(*EmergencyRequest)(nil),          // 9: brisk.v1.EmergencyRequest
-	(*EmergencyReply)(nil),            // 10: brisk.v1.EmergencyReply
-	(*EmergencyStats)(nil),            // 11: brisk.v1.EmergencyStats
-	(*ImageChunk)(nil),                // 12: brisk.v1.ImageChunk
-	(*ImportImageReply)(nil),          // 13: brisk.v1.ImportImageReply
-	(*ToWorker)(nil),                  // 14: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 15: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 16: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 17: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 18: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 19: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 20: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 21: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 22: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 23: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 24: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 25: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 26: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 27: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 28: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 29: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 30: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 31: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 32: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 33: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 34: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 35: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 36: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 37: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 38: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 39: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 40: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 41: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 42: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 43: brisk.v1.UnreachableAck
-	nil,                               // 44: brisk.v1.FunctionSpec.EnvEntry
-	nil,                               // 45: brisk.v1.FunctionSpec.SecretDataEntry
+	(*TrafficTarget)(nil),             // 4: brisk.v1.TrafficTarget
+	(*AsyncPolicy)(nil),               // 5: brisk.v1.AsyncPolicy
+	(*SandboxRecord)(nil),             // 6: brisk.v1.SandboxRecord
+	(*LogsRequest)(nil),               // 7: brisk.v1.LogsRequest
+	(*LogLine)(nil),                   // 8: brisk.v1.LogLine
+	(*Header)(nil),                    // 9: brisk.v1.Header
+	(*EmergencyRequest)(nil),          // 10: brisk.v1.EmergencyRequest
+	(*EmergencyReply)(nil),            // 11: brisk.v1.EmergencyReply
+	(*EmergencyStats)(nil),            // 12: brisk.v1.EmergencyStats
+	(*ImageChunk)(nil),                // 13: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 14: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 15: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 16: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 17: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 18: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 19: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 20: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 21: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 22: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 23: brisk.v1.Commands
+	(*Heartbeat)(nil),                 // 24: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 25: brisk.v1.Updates
+	(*JoinRequest)(nil),               // 26: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 27: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 28: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 29: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 30: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 31: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 32: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 33: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 34: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 35: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 36: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 37: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 38: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 39: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 40: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 41: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 42: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 43: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 44: brisk.v1.UnreachableAck
+	nil,                               // 45: brisk.v1.FunctionSpec.EnvEntry
+	nil,                               // 46: brisk.v1.FunctionSpec.SecretDataEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	44, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	45, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
-	4,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
-	45, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
-	0,  // 5: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	3,  // 6: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
-	8,  // 7: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
-	8,  // 8: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
-	16, // 9: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	19, // 10: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	22, // 11: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	18, // 12: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	20, // 13: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	24, // 14: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 15: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	17, // 16: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	5,  // 17: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	5,  // 18: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 19: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	21, // 20: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 21: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 22: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	11, // 23: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	5,  // 24: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	23, // 25: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 26: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 27: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	32, // 28: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	37, // 29: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	35, // 30: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	34, // 31: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	36, // 32: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	38, // 33: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	41, // 34: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	14, // 35: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	12, // 36: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	9,  // 37: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	6,  // 38: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	27, // 39: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	29, // 40: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	31, // 41: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	39, // 42: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	42, // 43: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	25, // 44: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	15, // 45: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	13, // 46: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	10, // 47: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	7,  // 48: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	28, // 49: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	30, // 50: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	33, // 51: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	40, // 52: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	43, // 53: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	26, // 54: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	5,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
+	46, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
+	4,  // 5: brisk.v1.FunctionSpec.traffic:type_name -> brisk.v1.TrafficTarget
+	0,  // 6: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
+	3,  // 7: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
+	9,  // 8: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	9,  // 9: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	17, // 10: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	20, // 11: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	23, // 12: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	19, // 13: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	21, // 14: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	25, // 15: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 16: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	18, // 17: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	6,  // 18: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	6,  // 19: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 20: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	22, // 21: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	2,  // 22: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 23: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	12, // 24: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	6,  // 25: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	24, // 26: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 27: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 28: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	33, // 29: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	38, // 30: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	36, // 31: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	35, // 32: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	37, // 33: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	39, // 34: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	42, // 35: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	15, // 36: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	13, // 37: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	10, // 38: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	7,  // 39: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	28, // 40: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	30, // 41: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	32, // 42: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	40, // 43: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	43, // 44: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	26, // 45: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	16, // 46: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	14, // 47: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	11, // 48: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	8,  // 49: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	29, // 50: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	31, // 51: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	34, // 52: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	41, // 53: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	44, // 54: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	27, // 55: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	46, // [46:56] is the sub-list for method output_type
+	36, // [36:46] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -3516,12 +3651,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[12].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[13].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[13].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[14].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -3532,7 +3667,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

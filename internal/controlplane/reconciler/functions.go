@@ -690,11 +690,11 @@ func (c *Reconciler) refreshCondition(fs *fnState) {
 
 // noteFailure backs off creation for a function whose sandboxes keep
 // dying, so a crash-looping command cannot hammer a worker.
-func (c *Reconciler) noteFailure(now time.Time, fs *fnState, u *briskv1.SandboxRecord) {
+func (c *Reconciler) noteFailure(now time.Time, fs *fnState, node string, u *briskv1.SandboxRecord) {
 	fs.failures++
 	fs.lastFailure = u.GetMessage()
 	d := c.cfg.FailureBackoff << min(fs.failures-1, 10)
 	d = min(d, c.cfg.MaxFailureBackoff)
 	fs.backoffUntil = now.Add(d)
-	c.emit(SandboxFailed{Function: fs.spec.Name, ID: u.GetId(), State: u.GetState().String(), Reason: u.GetMessage(), Backoff: d})
+	c.emit(SandboxFailed{Function: fs.spec.Name, ID: u.GetId(), Node: node, State: u.GetState().String(), Reason: u.GetMessage(), Backoff: d})
 }

@@ -412,7 +412,9 @@ func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.Sandbox
 			r.state = sbReady
 			r.fn.failures = 0
 			r.fn.observeColdStart(now.Sub(r.created))
-			c.emit(AddEndpoint{Endpoint: endpointOf(r), ReadyAfter: max(now.Sub(r.created), time.Nanosecond)})
+			ep, after := endpointOf(r), max(now.Sub(r.created), time.Nanosecond)
+			ep.ReadyAfterUs, ep.StartUs, ep.CreateUs = after.Microseconds(), u.GetStartUs(), u.GetCreateUs()
+			c.emit(AddEndpoint{Endpoint: ep, ReadyAfter: after})
 			c.refreshCondition(r.fn)
 		} else if r.state == sbReady {
 			c.verified(r)
@@ -429,7 +431,7 @@ func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.Sandbox
 		failed := r.state != sbTombstoned
 		c.drop(r)
 		if failed && !r.fn.deleted {
-			c.noteFailure(now, r.fn, u)
+			c.noteFailure(now, r.fn, n.id, u)
 		}
 		c.reconcile(now, r.fn)
 	}

@@ -369,8 +369,8 @@ type PersistWorker struct{ Worker store.Worker }
 // SandboxFailed reports a sandbox that failed or exited on its own, and
 // the crash-loop backoff it caused.
 type SandboxFailed struct {
-	Function, ID, State, Reason string
-	Backoff                     time.Duration
+	Function, ID, Node, State, Reason string
+	Backoff                           time.Duration
 }
 
 func (Create) command()              {}

@@ -56,6 +56,17 @@ func (c *Reconciler) Functions(visit func(f *spec.Function, st api.FunctionStatu
 	}
 }
 
+// Sandboxes calls visit for every sandbox in the table with its function,
+// node and state (as FunctionStatus names it), in no particular order (the
+// dashboard's counts by state).
+func (c *Reconciler) Sandboxes(visit func(fn, node, state string)) {
+	for name, fs := range c.fns {
+		for _, r := range fs.sandboxes {
+			visit(name, r.node.id, r.state.String())
+		}
+	}
+}
+
 // Autoscaler calls visit with every function's desired scale and panic
 // state (the Prometheus collector).
 func (c *Reconciler) Autoscaler(visit func(name string, desired int, panicking bool)) {

@@ -1,0 +1,186 @@
+package controlplane
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// A traffic split (spec.Function.Traffic) sends shares of a function's calls
+// to earlier revisions. Each pinned revision runs as a function of its own,
+// spec.RevisionFunction(NAME, REV), with that revision's spec: its own
+// sandboxes, autoscaler and keep-alive, as each Knative revision has its
+// own deployment. These revision functions are not in the registry: they
+// are derived from the function's record and its revision history whenever
+// the function is applied (deploy, update, traffic change, restart), so the
+// registry holds one record per function and a restart rebuilds the same
+// set. Data planes pick a target per call (internal/dataplane/split.go).
+
+// applyFunction hands f to the cluster with the revision functions its
+// split needs, and removes the ones it no longer needs. The caller holds
+// f's name lock (or is the single-threaded load).
+func (cp *ControlPlane) applyFunction(f *spec.Function) {
+	want := map[string]bool{}
+	var revs []*spec.Function
+	for _, t := range f.Traffic {
+		if t.Revision == 0 || t.Revision == f.Revision {
+			continue
+		}
+		if revs == nil {
+			var err error
+			if revs, err = cp.store.Revisions(f.Name); err != nil {
+				cp.log.Warn("traffic split: reading revisions failed; its share goes to the current revision", "function", f.Name, "err", err)
+				break
+			}
+		}
+		i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == t.Revision })
+		if i < 0 {
+			cp.log.Warn("traffic split: revision no longer kept; its share goes to the current revision", "function", f.Name, "revision", t.Revision)
+			continue
+		}
+		g := *revs[i]
+		g.Name, g.Namespace, g.Traffic = spec.RevisionFunction(f.Name, t.Revision), f.Namespace, nil
+		want[g.Name] = true
+		// The revision function first: a data plane learns the target
+		// before the split that names it.
+		if cur := cp.cluster.spec(g.Name); cur == nil || cur.Revision != g.Revision {
+			cp.cluster.upsertFunction(&g)
+		}
+	}
+	cp.cluster.upsertFunction(f)
+	cp.splitMu.Lock()
+	old := cp.splits[f.Name]
+	if len(want) == 0 {
+		delete(cp.splits, f.Name)
+	} else {
+		cp.splits[f.Name] = want
+	}
+	cp.splitMu.Unlock()
+	for name := range old {
+		if !want[name] {
+			cp.cluster.removeFunction(name)
+		}
+	}
+}
+
+// removeSplit removes the revision functions of a deleted function.
+func (cp *ControlPlane) removeSplit(name string) {
+	cp.splitMu.Lock()
+	old := cp.splits[name]
+	delete(cp.splits, name)
+	cp.splitMu.Unlock()
+	for n := range old {
+		cp.cluster.removeFunction(n)
+	}
+}
+
+// checkTraffic answers 400 unless every revision f's split pins is f's
+// current one (cur, 0 for a new function) or kept in its history, and
+// each pinned revision's secrets still exist.
+func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, f *spec.Function, cur uint64) bool {
+	if err := spec.ValidateTraffic(f.Traffic); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return false
+	}
+	var revs []*spec.Function
+	for _, t := range f.Traffic {
+		if t.Revision == 0 || t.Revision == cur {
+			continue
+		}
+		if cur == 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: %s: a new function has no earlier revision (use %s)", t.Name(), spec.Latest))
+			return false
+		}
+		if revs == nil {
+			var err error
+			if revs, err = cp.store.Revisions(f.Name); err != nil {
+				writeStoreError(w, "reading revisions: ", err)
+				return false
+			}
+		}
+		i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == t.Revision })
+		if i < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: revision %d of function %q is not kept (brisk fn revisions %s)", t.Revision, f.Name, f.Name))
+			return false
+		}
+		g := *revs[i]
+		g.Namespace = f.Namespace
+		if !cp.admitSecrets(w, &g) {
+			return false
+		}
+	}
+	f.Traffic = spec.NormalizeTraffic(f.Traffic)
+	return true
+}
+
+// putTraffic sets a function's split: {"traffic": [{"revision": 3,
+// "percent": 90}, {"revision": 0, "percent": 10}]}. It makes no revision:
+// the split is how calls reach revisions, not part of one. An empty list
+// sends everything to the current revision again.
+func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+		return
+	}
+	var req api.TrafficRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	cp.secretMu.RLock()
+	defer cp.secretMu.RUnlock()
+	l := cp.nameLock(name)
+	l.Lock()
+	defer l.Unlock()
+	old := cp.cluster.spec(name)
+	if old == nil || isRevisionFunction(name) {
+		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		return
+	}
+	f := *old
+	f.Traffic = req.Traffic
+	if !cp.checkTraffic(w, &f, old.Revision) {
+		return
+	}
+	f.UpdatedAt = time.Now().UTC()
+	if err := cp.store.UpdateFunction(&f); err != nil {
+		writeStoreError(w, "storing function: ", err)
+		return
+	}
+	cp.applyFunction(&f)
+	writeCompactJSON(w, http.StatusOK, &f)
+}
+
+// isRevisionFunction reports whether name is a split's revision function
+// (user names cannot be).
+func isRevisionFunction(name string) bool {
+	_, _, ok := spec.SplitOf(name)
+	return ok
+}
+
+// trafficStatus reports each target of f's split with the function that
+// serves it and its sandboxes; the caller holds c.mu.
+func (c *Cluster) trafficStatusLocked(f *spec.Function) []api.TrafficStatus {
+	var out []api.TrafficStatus
+	for _, t := range f.Traffic {
+		fn := f.Name
+		if t.Revision != 0 && t.Revision != f.Revision {
+			fn = spec.RevisionFunction(f.Name, t.Revision)
+		}
+		ts := api.TrafficStatus{TrafficTarget: t, Function: fn, ServedRevision: f.Revision}
+		if st, ok := c.r.FunctionStatus(fn); ok {
+			ts.Ready, ts.Desired = st.Ready, st.Desired
+			if fn != f.Name {
+				ts.ServedRevision = t.Revision
+			}
+		} else {
+			ts.Function, ts.Missing = f.Name, true // served by the current revision
+		}
+		out = append(out, ts)
+	}
+	return out
+}

@@ -1,0 +1,66 @@
+package dataplane
+
+import briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+
+// splitSlots is how many calls one round of a traffic split spans: with
+// percents, every 100 consecutive calls go exactly by them.
+const splitSlots = 100
+
+// split is a function's traffic split resolved for the hot path: slot i
+// names the function that serves the i-th call of each round. The slots
+// are laid out by smooth weighted round robin, so the shares interleave
+// (90/10 sends one call in ten to the second target, not ten in a row).
+type split struct {
+	slots [splitSlots]string
+}
+
+// newSplit resolves a wire split; nil when every call stays with self.
+func newSplit(self string, ts []*briskv1.TrafficTarget) *split {
+	type target struct {
+		name          string
+		weight, score int
+	}
+	var tg []target
+	other := false
+	for _, t := range ts {
+		if t.GetPercent() == 0 || t.GetFunction() == "" {
+			continue
+		}
+		tg = append(tg, target{name: t.GetFunction(), weight: int(t.GetPercent())})
+		other = other || t.GetFunction() != self
+	}
+	if !other {
+		return nil
+	}
+	total := 0
+	for _, t := range tg {
+		total += t.weight
+	}
+	s := &split{}
+	for i := range s.slots {
+		best := 0
+		for j := range tg {
+			tg[j].score += tg[j].weight
+			if tg[j].score > tg[best].score {
+				best = j
+			}
+		}
+		tg[best].score -= total
+		s.slots[i] = tg[best].name
+	}
+	return s
+}
+
+// splitTarget picks the function that serves fn's next call under its
+// split: the named revision function, or fn itself when that target is not
+// (or no longer) in the routing table.
+func (d *DataPlane) splitTarget(fn *function, sp *split) *function {
+	name := sp.slots[(fn.splitSeq.Add(1)-1)%splitSlots]
+	if name == fn.name {
+		return fn
+	}
+	if t := d.lookup(name); t != nil {
+		return t
+	}
+	return fn
+}

@@ -1,0 +1,93 @@
+package dataplane
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// A traced call (Config.Tracer) is one server span, "invoke NAME", child of
+// the caller's W3C traceparent when it sent one, and parent of the
+// function's: the request goes on with the data plane's traceparent. Its
+// children are laid out from the times the data plane keeps anyway
+// (reqState), after the call:
+//
+//	queue        arrival -> a sandbox slot
+//	cold start   the sandbox the call waited for: placement (the control
+//	             plane's decision and dispatch), creation and readiness on
+//	             the worker; laid out to end when the endpoint reached this
+//	             data plane, from the durations the endpoint stream carries
+//	first byte   request sent to the sandbox -> its reply head
+//
+// The control plane and worker measure the cold-start phases on their own
+// clocks; only durations cross machines, so the layout is exact in length
+// and approximate in position by the link's latency.
+
+var traceProp = propagation.TraceContext{}
+
+// invokeTraced runs invoke inside the call's span.
+func (d *DataPlane) invokeTraced(w http.ResponseWriter, r *http.Request, rt route) {
+	ctx := traceProp.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := d.cfg.Tracer.Start(ctx, "invoke "+rt.name, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("faas.name", rt.name), attribute.String("http.request.method", r.Method)))
+	defer span.End()
+	// The function continues the trace under the data plane's span.
+	traceProp.Inject(ctx, propagation.HeaderCarrier(r.Header))
+	d.invoke(w, r.WithContext(ctx), rt)
+}
+
+// wall converts a nanotime to wall-clock time.
+func (d *DataPlane) wall(ns int64) time.Time { return time.Unix(0, d.epochNs+ns) }
+
+// traceCall records a finished (or refused) call's phases under its span.
+func (d *DataPlane) traceCall(st *reqState, code int, end int64) {
+	span := trace.SpanFromContext(st.Context)
+	if !span.IsRecording() {
+		return
+	}
+	ctx := trace.ContextWithSpan(context.Background(), span)
+	child := func(name string, from, to int64, attrs ...attribute.KeyValue) context.Context {
+		c, s := d.cfg.Tracer.Start(ctx, name, trace.WithTimestamp(d.wall(from)), trace.WithAttributes(attrs...))
+		s.End(trace.WithTimestamp(d.wall(to)))
+		return c
+	}
+	span.SetAttributes(attribute.String("brisk.function", st.fn.name), attribute.Int("http.response.status_code", code),
+		attribute.Bool("faas.coldstart", st.cold))
+	if st.conf != nil {
+		span.SetAttributes(attribute.Int64("brisk.revision", int64(st.conf.revision)))
+	}
+	if code >= 500 {
+		span.SetStatus(codes.Error, http.StatusText(code))
+	}
+	queued := st.arrival + st.queueNs
+	if st.ep == nil { // no slot: the whole call was queueing
+		child("queue", st.arrival, end)
+		return
+	}
+	span.SetAttributes(attribute.String("brisk.sandbox", st.ep.id))
+	child("queue", st.arrival, queued, attribute.Bool("faas.coldstart", st.cold))
+	if ep := st.ep; st.cold && ep.createUs > 0 && ep.readyAfterUs >= ep.createUs {
+		us := int64(time.Microsecond)
+		startAt := ep.added - ep.readyAfterUs*us
+		link := (ep.readyAfterUs - ep.createUs) * us // dispatch + report back
+		cctx, cs := d.cfg.Tracer.Start(ctx, "cold start", trace.WithTimestamp(d.wall(startAt)),
+			trace.WithAttributes(attribute.String("brisk.sandbox", ep.id)))
+		s := func(name string, from, to int64) {
+			_, x := d.cfg.Tracer.Start(cctx, name, trace.WithTimestamp(d.wall(from)))
+			x.End(trace.WithTimestamp(d.wall(to)))
+		}
+		created := startAt + link/2
+		s("placement", startAt, created)
+		s("creation", created, created+ep.startUs*us)
+		s("readiness", created+ep.startUs*us, created+ep.createUs*us)
+		cs.End(trace.WithTimestamp(d.wall(ep.added)))
+	}
+	if st.firstByte > 0 {
+		child("first byte", st.proxyStart, st.firstByte)
+	}
+}
