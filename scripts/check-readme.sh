@@ -175,14 +175,21 @@ fi
 # The cluster.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/brisk-readme.XXXXXX")
 pid="" child=""
+# ours: $1 is still a child of this shell (not a pid reused after it ended).
+ours() {
+  local stat
+  [ -n "$1" ] && stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  set -- ${stat##*) }
+  [ "${2:-}" = "$$" ]
+}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child" 2>/dev/null
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+  ours "$child" && kill -TERM "$child" 2>/dev/null && wait "$child" 2>/dev/null
+  if ours "$pid"; then
     kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    for _ in $(seq 1 100); do ours "$pid" || break; sleep 0.2; done
+    ours "$pid" && kill -KILL "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
   fi
   rm -rf "$WORK"
@@ -232,7 +239,7 @@ start_cluster() {
     done
     echo "cluster: brisk up did not come up (try $try):" >&2
     tail -n 20 "$LOG" >&2
-    kill -TERM "$pid" 2>/dev/null
+    ours "$pid" && kill -TERM "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     pid=""
   done
@@ -243,6 +250,10 @@ start_cluster || exit 1
 # The commands find this cluster as the README's would find `brisk up`'s:
 # through the CLI's environment. Nothing of the caller's may redirect them.
 unset BRISK_TOKEN BRISK_CA_CERT BRISK_JOIN_TOKEN
+# Nor send anything off this machine: no span exporter, pprof listener or
+# proxy of the caller's (curl would send the token through a proxy).
+unset BRISK_PPROF OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
+export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 export BRISK_ADMIN=$ADMIN BRISK_INVOKE=$INVOKE BRISK_TOKEN_FILE=$DATA/admin.token
 # No aws configuration of the caller's (a default region, say) may hide a
 # command that needs its own.
@@ -256,6 +267,10 @@ rewrite() {
   # brisk up's default addresses, which the README writes: this cluster listens on free ports.
   c=${c//127.0.0.1:8080/$INVOKE}
   c=${c//127.0.0.1:9090/$ADMIN}
+  # The README's callback example names a public host: here the result goes
+  # to a closed loopback port (which brisk refuses to call back by default),
+  # so that no traffic leaves the machine.
+  c=${c//https:\/\/example.com\/hook/http://127.0.0.1:9/hook}
   # curl exits 0 on an HTTP error status; the check wants the status to count.
   [[ $c == 'curl '* ]] && c="curl --fail-with-body -sS ${c#curl }"
   printf '%s' "$c"

@@ -19,7 +19,7 @@ type traceFlags struct {
 
 func (f *traceFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.endpoint, "otlp-endpoint", "", "export each call's spans (queueing, cold start: placement, creation, readiness; first byte) over OTLP/HTTP to this collector, e.g. http://127.0.0.1:4318 (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; none: no tracing). Traced calls skip the data plane's fast path")
-	c.Flags().Float64Var(&f.ratio, "trace-sample-ratio", 1, "fraction of new traces recorded, (0, 1]; a call with a sampled traceparent is always recorded")
+	c.Flags().Float64Var(&f.ratio, "trace-sample-ratio", 1, "fraction of traces recorded, (0, 1], decided by trace id (a caller's traceparent joins its trace but does not decide)")
 }
 
 // tracer returns the data plane's tracer (nil: tracing off) and a shutdown

@@ -199,7 +199,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.secretMu.RLock() // against a namespace's deletion and a secret's
 	defer cp.secretMu.RUnlock()
-	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) || !cp.checkTraffic(w, f, 0) {
+	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) || !cp.checkTraffic(w, r, f, nil) {
 		return
 	}
 	l := cp.nameLock(f.Name)
@@ -252,7 +252,10 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	if f.Traffic == nil {
 		f.Traffic = old.Traffic // the split is not part of a revision: an update keeps it
-	} else if !cp.checkTraffic(w, f, old.Revision) {
+	} else if !cp.checkTraffic(w, r, f, old) {
+		return
+	}
+	if !cp.checkPinnedKept(w, old) {
 		return
 	}
 	cp.replaceFunction(w, old, f)
@@ -270,7 +273,9 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	if err := cp.store.PutRevision(old); err != nil {
+	kept := *old
+	kept.Traffic = nil // the split is not part of the revision
+	if err := cp.store.PutRevision(&kept); err != nil {
 		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
 	cp.applyFunction(f)
@@ -354,8 +359,9 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	f := *to
+	f.Traffic = old.Traffic // the split is not part of a revision: a rollback keeps the current one
 	if !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, &f, false) || !cp.admitSecrets(w, &f) ||
-		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) {
+		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !cp.checkTraffic(w, r, &f, old) || !cp.checkPinnedKept(w, old) {
 		return
 	}
 	cp.replaceFunction(w, old, &f)

@@ -136,6 +136,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			c.publishRemoveLocked(x.ID)
 		case reconciler.PublishFunction:
 			pf := x.Spec
+			c.dash.register(pf.GetName())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				b.DeletedFunctions = without(b.DeletedFunctions, pf.GetName())
 				b.Functions = append(withoutFn(b.Functions, pf.GetName()), pf)

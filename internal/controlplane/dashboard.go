@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"net/http"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -127,6 +126,10 @@ type dashStats struct {
 	// idle functions cost nothing (sweep).
 	fns   map[string]*dashWindow
 	swept int64 // the slot of the last sweep
+	// known holds the registered functions: a report's names that are not
+	// get no window (a data plane cannot grow the control plane's memory
+	// with names it makes up).
+	known map[string]bool
 	// Since start, every function.
 	calls, creations uint64
 	// conds is each function's condition reason last seen, to record the
@@ -139,7 +142,7 @@ type dashStats struct {
 }
 
 func newDashStats(now time.Time) *dashStats {
-	return &dashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string)}
+	return &dashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string), known: make(map[string]bool)}
 }
 
 // windowLocked returns fn's window, made on first use.
@@ -181,6 +184,9 @@ func (d *dashStats) report(now time.Time, r *briskv1.MetricsReport) {
 		latency := m.GetLatencyBuckets()
 		if calls == 0 && len(latency) == 0 {
 			continue // idle: no window for it
+		}
+		if !d.known[m.GetFunction()] {
+			continue
 		}
 		d.calls += calls
 		total.addCalls(calls, latency)
@@ -256,6 +262,17 @@ func (d *dashStats) forget(fn string) {
 	defer d.mu.Unlock()
 	delete(d.fns, fn)
 	delete(d.conds, fn)
+	delete(d.known, fn)
+}
+
+// register notes a registered function: its calls are counted.
+func (d *dashStats) register(fn string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	d.known[fn] = true
+	d.mu.Unlock()
 }
 
 func (d *dashStats) pushLocked(f api.DashboardFailure) {
@@ -378,11 +395,18 @@ func (cp *ControlPlane) registerDashboard(mux *http.ServeMux) {
 }
 
 // uiPath reports whether an admin request is for the dashboard's static
-// files, which need no token. The path is judged cleaned, as the mux
-// routes it: /ui/../v1/status is not one.
-func uiPath(p string) bool {
-	p = path.Clean("/" + p)
-	return p == "/ui" || strings.HasPrefix(p, "/ui/")
+// files, which need no token (they carry no data; the data they fetch
+// does). It judges the path as the router sees it, escaped: a path that
+// only cleans to /ui (/v1/x/..%2F..%2Fui) is not one.
+func uiPath(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	p := r.URL.EscapedPath()
+	if p != "/ui" && !strings.HasPrefix(p, "/ui/") {
+		return false
+	}
+	return !strings.Contains(p, "..") && !strings.Contains(p, "%") && !strings.Contains(p, "//")
 }
 
 // dashRow is one function as the table has it, with its sandbox counts.

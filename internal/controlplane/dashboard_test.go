@@ -38,7 +38,7 @@ func TestDashboardRates(t *testing.T) {
 	if t0.UnixNano()%int64(dashSlot) != 0 {
 		t.Fatal("t0 must start a slot")
 	}
-	d := newDashStats(t0)
+	d := knownDash()
 	for s := 1; s <= 10; s++ {
 		d.report(at(float64(s)), report(metric("a", 10), metric("b", 5), metric("idle", 0)))
 	}
@@ -75,7 +75,7 @@ func TestDashboardRates(t *testing.T) {
 	}
 
 	// A full window: the current slot's 4.5 s and the 5 whole ones before.
-	d = newDashStats(t0)
+	d = knownDash()
 	for s := 100.5; s < 160; s++ {
 		d.report(at(s), report(metric("a", 2)))
 	}
@@ -88,7 +88,7 @@ func TestDashboardRates(t *testing.T) {
 		t.Fatalf("full window: %+v, want 60 calls (130.5..159.5 s), %.3f/s", a, 60/29.5)
 	}
 	// The first report after a start is not a burst: a second at least.
-	d = newDashStats(t0)
+	d = knownDash()
 	d.report(at(0.1), report(metric("a", 3)))
 	if snap := d.snapshot(at(0.1)); !near(snap.total.callsPerSec, 3) {
 		t.Fatalf("just after the start: %v calls/s, want 3 (over a second)", snap.total.callsPerSec)
@@ -124,7 +124,7 @@ func TestDashboardLatencyPercentiles(t *testing.T) {
 
 	// Two data planes' reports merge; a report may leave trailing buckets
 	// out, or (a newer data plane) carry more than there are.
-	d := newDashStats(t0)
+	d := knownDash()
 	d.report(at(1), report(metric("f", 50, 0, 0, 50)))
 	d.report(at(2), report(metric("f", 50, 0, 0, 0, 0, 0, 0, 40)))
 	long := make([]uint64, nLatency+3)
@@ -147,7 +147,7 @@ func TestDashboardLatencyPercentiles(t *testing.T) {
 // condition is recorded when a function enters it, not at each new
 // message.
 func TestDashboardFailureRing(t *testing.T) {
-	d := newDashStats(t0)
+	d := knownDash()
 	for i := range maxDashFailures + 10 {
 		d.failed(at(float64(i)), reconciler.SandboxFailed{Function: "f", ID: fmt.Sprintf("sb-%d", i), Node: "n1", State: "SANDBOX_STATE_FAILED", Reason: fmt.Sprintf("boom %d", i)})
 	}
@@ -174,7 +174,7 @@ func TestDashboardFailureRing(t *testing.T) {
 		t.Fatalf("window ending at 100 s: %d failures, g's %d; want g's one", snap.total.failures, snap.fns["g"].failures)
 	}
 
-	d = newDashStats(t0)
+	d = knownDash()
 	d.condition(at(1), "f", reconciler.CondFunctionFailing, "1 sandbox starts failed in a row")
 	d.condition(at(2), "f", reconciler.CondFunctionFailing, "2 sandbox starts failed in a row")
 	d.condition(at(3), "f", "", "")
@@ -280,6 +280,13 @@ func TestDashboardEndpoint(t *testing.T) {
 			t.Fatalf("GET %s without a token: 200\n%s", p, rec.Body)
 		}
 	}
+	// Paths that only clean to /ui are not the page: they get the token
+	// check every route gets, before any handler reads a body.
+	for _, p := range []string{"/v1/functions/..%2F..%2Fui", "/v1/secrets/..%2F..%2Fui/x"} {
+		if rec := get(p, ""); rec.Code != http.StatusUnauthorized || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Fatalf("GET %s without a token: %d (WWW-Authenticate %q), want the outer 401", p, rec.Code, rec.Header().Get("WWW-Authenticate"))
+		}
+	}
 	if rec := get("/ui", ""); rec.Code != http.StatusMovedPermanently || rec.Header().Get("Location") != "/ui/" {
 		t.Fatalf("GET /ui: %d to %q, want a redirect to /ui/", rec.Code, rec.Header().Get("Location"))
 	}
@@ -304,5 +311,34 @@ func TestDashboardEndpoint(t *testing.T) {
 	}
 	if body := get("/ui/", "").Body.String(); !strings.Contains(body, `id="functions-table"`) || strings.Contains(body, "<script>") {
 		t.Fatal("the page has no functions table, or inline script")
+	}
+}
+
+// knownDash is a dashStats at t0 with the tests' functions registered.
+func knownDash() *dashStats {
+	d := newDashStats(t0)
+	for _, fn := range []string{"a", "b", "c", "f", "g", "idle"} {
+		d.register(fn)
+	}
+	return d
+}
+
+// A data plane's report names only count for registered functions: made-up
+// names get no window (no memory a data plane can grow), and a deleted
+// function's reports stop counting.
+func TestDashboardIgnoresUnknownFunctions(t *testing.T) {
+	d := knownDash()
+	var ms []*briskv1.FunctionMetric
+	for i := range 10000 {
+		ms = append(ms, metric(fmt.Sprintf("made-up-%d", i), 1))
+	}
+	d.report(at(1), report(append(ms, metric("a", 2))...))
+	if len(d.fns) != 1 || d.calls != 2 {
+		t.Fatalf("%d windows, %d calls after a report of 10,000 unknown functions: want a's alone", len(d.fns), d.calls)
+	}
+	d.forget("a")
+	d.report(at(2), report(metric("a", 5)))
+	if len(d.fns) != 0 || d.calls != 2 {
+		t.Fatalf("a deleted function's report counted: %d windows, %d calls", len(d.fns), d.calls)
 	}
 }

@@ -32,7 +32,7 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || uiPath(r.URL.Path) { // the dashboard's page: its data needs a token
+		if r.URL.Path == "/healthz" || uiPath(r) { // the dashboard's page: its data needs a token
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -44,7 +45,9 @@ func (cp *ControlPlane) applyFunction(f *spec.Function) {
 			continue
 		}
 		g := *revs[i]
-		g.Name, g.Namespace, g.Traffic = spec.RevisionFunction(f.Name, t.Revision), f.Namespace, nil
+		// Who may call it is the function's rule now, not the revision's:
+		// calls reach it only through the function's split.
+		g.Name, g.Namespace, g.Traffic, g.Auth = spec.RevisionFunction(f.Name, t.Revision), f.Namespace, nil, f.Auth
 		want[g.Name] = true
 		// The revision function first: a data plane learns the target
 		// before the split that names it.
@@ -79,20 +82,37 @@ func (cp *ControlPlane) removeSplit(name string) {
 	}
 }
 
-// checkTraffic answers 400 unless every revision f's split pins is f's
-// current one (cur, 0 for a new function) or kept in its history, and
-// each pinned revision's secrets still exist.
-func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, f *spec.Function, cur uint64) bool {
+// checkTraffic admits f's split: every revision it pins is f's current one
+// (cur; nil for a new function) or kept in its history in f's namespace,
+// passes the checks a rollback to it would (its secrets exist, and the
+// caller may give them), and the revision functions it adds fit the
+// namespace's function quota. It answers the refusal itself.
+func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
 	if err := spec.ValidateTraffic(f.Traffic); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
+	var curRev uint64
+	var had []string // secrets the function's sandboxes already get
+	if cur != nil {
+		curRev = cur.Revision
+		had = append(had, cur.Secrets...)
+		cp.splitMu.Lock()
+		for name := range cp.splits[cur.Name] {
+			if g := cp.cluster.spec(name); g != nil {
+				had = append(had, g.Secrets...)
+			}
+		}
+		cp.splitMu.Unlock()
+	}
+	ns := namespaceOf(f)
 	var revs []*spec.Function
+	added := 0
 	for _, t := range f.Traffic {
-		if t.Revision == 0 || t.Revision == cur {
+		if t.Revision == 0 || t.Revision == curRev {
 			continue
 		}
-		if cur == 0 {
+		if cur == nil {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: %s: a new function has no earlier revision (use %s)", t.Name(), spec.Latest))
 			return false
 		}
@@ -104,17 +124,57 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, f *spec.Function, cu
 			}
 		}
 		i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == t.Revision })
-		if i < 0 {
+		if i < 0 || namespaceOf(revs[i]) != ns {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: revision %d of function %q is not kept (brisk fn revisions %s)", t.Revision, f.Name, f.Name))
 			return false
 		}
 		g := *revs[i]
-		g.Namespace = f.Namespace
-		if !cp.admitSecrets(w, &g) {
+		if !cp.admitSecrets(w, &g) || !cp.mayAddSecrets(w, r, ns, &g, had) {
+			return false
+		}
+		if cp.cluster.spec(spec.RevisionFunction(f.Name, t.Revision)) == nil {
+			added++
+		}
+	}
+	if added > 0 {
+		c := cp.cluster
+		c.mu.Lock()
+		q, _ := c.r.Quota(ns)
+		c.mu.Unlock()
+		if n := c.usage(ns).Functions; q.MaxFunctions > 0 && n+added > q.MaxFunctions {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: functions %d is above its quota %d (each revision a split pins runs as a function)", ns, n+added, q.MaxFunctions))
 			return false
 		}
 	}
 	f.Traffic = spec.NormalizeTraffic(f.Traffic)
+	return true
+}
+
+// checkPinnedKept refuses an update that would push a revision old's split
+// pins out of the kept history (the oldest goes once MaxRevisions are
+// kept): its share would silently move to the current revision.
+func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
+	pinned := false
+	for _, t := range old.Traffic {
+		pinned = pinned || (t.Revision != 0 && t.Revision != old.Revision)
+	}
+	if !pinned {
+		return true
+	}
+	revs, err := cp.store.Revisions(old.Name)
+	if err != nil {
+		writeStoreError(w, "reading revisions: ", err)
+		return false
+	}
+	if len(revs) < store.MaxRevisions {
+		return true
+	}
+	for _, t := range old.Traffic {
+		if t.Revision == revs[0].Revision {
+			writeError(w, http.StatusConflict, fmt.Sprintf("revision %d, the oldest kept, takes %d%% of function %q's calls: another revision would drop it from the history; move its traffic first (brisk fn traffic %s)", t.Revision, t.Percent, old.Name, old.Name))
+			return false
+		}
+	}
 	return true
 }
 
@@ -141,9 +201,12 @@ func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
+	if !cp.authorize(w, r, auth.ScopeDeploy, namespaceOf(old), name) { // it may have moved before the lock
+		return
+	}
 	f := *old
 	f.Traffic = req.Traffic
-	if !cp.checkTraffic(w, &f, old.Revision) {
+	if !cp.checkTraffic(w, r, &f, old) {
 		return
 	}
 	f.UpdatedAt = time.Now().UTC()

@@ -49,7 +49,7 @@ func (d *DataPlane) serveAsyncRoute(w http.ResponseWriter, r *http.Request) bool
 		return false
 	}
 	rt := prefixRoute(r, asyncPrefix)
-	rt.fn = d.lookup(rt.name)
+	rt.fn = d.lookupCall(rt.name)
 	d.submitAsync(w, r, rt)
 	return true
 }

@@ -137,13 +137,13 @@ func (c *frontConn) parse() *function {
 		if len(name) == 0 {
 			return nil
 		}
-		fn = c.f.d.lookup(string(name))
+		fn = c.f.d.lookupCall(string(name))
 	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) || bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
 		return nil // asynchronous calls and the Lambda API: the net/http path (async.go, lambda.go)
 	} else {
 		rq.rest = path
 		if label := httpx.HostLabel(string(rq.host)); httpx.NamesFunction(label) {
-			fn = c.f.d.lookup(label)
+			fn = c.f.d.lookupCall(label)
 		}
 	}
 	if fn != nil {

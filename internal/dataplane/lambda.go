@@ -86,7 +86,7 @@ func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 		}
 		qual = q
 	}
-	fn := d.lookup(name)
+	fn := d.lookupCall(name)
 	if fn == nil {
 		fn = d.awaitFunction(r.Context(), name)
 	}
@@ -216,8 +216,8 @@ func (d *DataPlane) lambdaList(w http.ResponseWriter, r *http.Request, reqID str
 		return
 	}
 	var fns []map[string]any
-	for _, fn := range d.functions() {
-		if allows(fn) {
+	for name, fn := range d.functions() {
+		if !isRevisionFunction(name) && allows(fn) {
 			fns = append(fns, lambdaConfig(fn, region))
 		}
 	}
@@ -235,7 +235,7 @@ func (d *DataPlane) lambdaGet(w http.ResponseWriter, r *http.Request, reqID, tar
 		return
 	}
 	name, qual, valid := lambdaName(target)
-	fn := d.lookup(name)
+	fn := d.lookupCall(name)
 	if !valid || fn == nil || (qual != "" && qual != "$LATEST") || !allows(fn) {
 		lambdaError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s", target)
 		return

@@ -54,11 +54,11 @@ func (d *DataPlane) resolve(r *http.Request) route {
 	p := r.URL.Path
 	if strings.HasPrefix(p, functionPrefix) {
 		rt := prefixRoute(r, functionPrefix)
-		rt.fn = d.lookup(rt.name)
+		rt.fn = d.lookupCall(rt.name)
 		return rt
 	}
 	rt := route{name: httpx.HostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
-	rt.fn = d.lookup(rt.name)
+	rt.fn = d.lookupCall(rt.name)
 	return rt
 }
 
@@ -161,6 +161,10 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			d.submitAsync(w, r, rt)
 			return
 		}
+		if d.cfg.Tracer != nil {
+			d.invokeTraced(w, r, rt)
+			return
+		}
 		d.invoke(w, r, rt)
 		return
 	}
@@ -177,7 +181,7 @@ const unknownFunctionGrace = time.Second
 // awaitFunction waits up to unknownFunctionGrace for the function name to
 // appear in the routing table (data planes following a control plane only).
 func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
-	if d.cfg.ControlPlane == "" || name == "" {
+	if d.cfg.ControlPlane == "" || name == "" || isRevisionFunction(name) {
 		return nil
 	}
 	t := time.NewTimer(unknownFunctionGrace)
@@ -265,6 +269,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	if !keepAuth {
 		delete(r.Header, "Authorization") // the platform's token stays with the platform
 	}
+	named := rt.fn
 	if sp := set.conf.split; sp != nil {
 		// Authorized as the function the caller named; served by the
 		// revision the split picks, under that revision's settings.
@@ -315,7 +320,14 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 			return
 		}
 	}
-	if f := d.admit(r.Context(), st, set, pre); f.code != 0 {
+	f = d.admit(r.Context(), st, set, pre)
+	if f.why == reasonFunctionDeleted && named != rt.fn {
+		// The split ended while the call waited for its revision: the
+		// function the caller named serves it.
+		rt.fn, set, st.fn = named, named.set.Load(), named
+		f = d.admit(r.Context(), st, set, nil)
+	}
+	if f.code != 0 {
 		if f.code != statusClientGone {
 			d.writeError(w, callID, f)
 		}

@@ -71,14 +71,22 @@ func TestSplitRoutesCalls(t *testing.T) {
 	if got := count(200); got["sb-old"] != 150 || got["sb-cur"] != 50 {
 		t.Fatalf("200 calls at 75/25: %v", got)
 	}
-	// Direct calls to a revision function reach it alone.
-	resp, err := http.Post(srv.URL+"/function/f_r3", "text/plain", nil)
-	if err != nil {
-		t.Fatal(err)
+	// A revision function is reached only through its function's split
+	// (its token rule and weights): named directly, it is not there.
+	for _, url := range []string{"/function/f_r3", "/async-function/f_r3", "/2015-03-31/functions/f_r3/invocations"} {
+		resp, err := http.Post(srv.URL+url, "text/plain", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusNotImplemented {
+			t.Fatalf("direct call %s: %d (sandbox %q), want 404", url, resp.StatusCode, resp.Header.Get("X-Brisk-Sandbox"))
+		}
 	}
-	resp.Body.Close()
-	if resp.Header.Get("X-Brisk-Sandbox") != "sb-old" {
-		t.Fatalf("direct call to f_r3 served by %q", resp.Header.Get("X-Brisk-Sandbox"))
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/", nil)
+	req.Host = "f_r3.example.com"
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("Host-routed call to f_r3: %v %v, want 404", resp, err)
 	}
 	// The revision function goes: its share stays with f.
 	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"f_r3"}})
@@ -89,5 +97,39 @@ func TestSplitRoutesCalls(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 6 })}})
 	if d.lookup("f").set.Load().conf.split != nil {
 		t.Fatal("split kept after an update without one")
+	}
+}
+
+// A call queued on a revision when the split ends is served by the
+// function the caller named, not answered "deleted".
+func TestSplitEndedWhileQueued(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	cur := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{
+			fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 5 },
+				traffic(&briskv1.TrafficTarget{Function: "f_r3", Revision: 3, Percent: 100})),
+			fnSpec("f_r3", func(s *briskv1.FunctionSpec) { s.Revision = 3 }),
+		},
+		Added: []*briskv1.Endpoint{ep("f", "sb-cur", cur)},
+	})
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.Post(srv.URL+"/function/f", "text/plain", nil)
+		if err != nil {
+			t.Error(err)
+			done <- nil
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp
+	}()
+	waitFor(t, "the call queued on f_r3", func() bool { return d.queued("f_r3") == 1 })
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"f_r3"},
+		Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 5 })}})
+	resp := <-done
+	if resp == nil || resp.StatusCode != 200 || resp.Header.Get("X-Brisk-Sandbox") != "sb-cur" {
+		t.Fatalf("call queued when the split ended: %v", resp)
 	}
 }

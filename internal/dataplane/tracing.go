@@ -71,7 +71,7 @@ func (d *DataPlane) traceCall(st *reqState, code int, end int64) {
 	}
 	span.SetAttributes(attribute.String("brisk.sandbox", st.ep.id))
 	child("queue", st.arrival, queued, attribute.Bool("faas.coldstart", st.cold))
-	if ep := st.ep; st.cold && ep.createUs > 0 && ep.readyAfterUs >= ep.createUs {
+	if ep := st.ep; st.cold && ep.createUs > 0 && ep.startUs >= 0 && ep.startUs <= ep.createUs && ep.readyAfterUs >= ep.createUs {
 		us := int64(time.Microsecond)
 		startAt := ep.added - ep.readyAfterUs*us
 		link := (ep.readyAfterUs - ep.createUs) * us // dispatch + report back

@@ -1,12 +1,16 @@
 package telemetry
 
 import (
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 var metricName = regexp.MustCompile(`brisk_[a-z_]+`)
@@ -84,4 +88,35 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		t.Fatalf("found only %d metric declarations under internal/: the scan is broken", len(out))
 	}
 	return out
+}
+
+// A caller's sampled flag does not decide: at a low ratio, calls that all
+// say "sampled" are mostly not recorded, and a local child follows its
+// parent.
+func TestSamplingIgnoresCallersFlag(t *testing.T) {
+	tp, shutdown, err := Setup(t.Context(), Config{Endpoint: "http://127.0.0.1:1", SampleRatio: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(t.Context())
+	tr := tp.Tracer("test")
+	recorded := 0
+	for i := range 1000 {
+		var tid trace.TraceID
+		binary.BigEndian.PutUint64(tid[8:], uint64(i+1)*0x9E3779B97F4A7C15) // spread over the ids the ratio sampler reads
+		remote := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true})
+		ctx, span := tr.Start(trace.ContextWithRemoteSpanContext(context.Background(), remote), "call")
+		if span.IsRecording() {
+			recorded++
+			_, child := tr.Start(ctx, "child")
+			if !child.IsRecording() {
+				t.Fatal("a local child of a recorded span is not recorded")
+			}
+			child.End()
+		}
+		span.End()
+	}
+	if recorded > 100 {
+		t.Fatalf("%d of 1000 calls with a sampled traceparent recorded at ratio 0.01", recorded)
+	}
 }

@@ -25,8 +25,8 @@ type Config struct {
 	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
 	// variables; none of them: tracing off.
 	Endpoint string
-	// SampleRatio is the fraction of new traces recorded, (0, 1]; a call
-	// that arrives with a sampled traceparent is always recorded. 0 means 1.
+	// SampleRatio is the fraction of traces recorded, (0, 1], decided by
+	// trace id, whatever a caller's traceparent says. 0 means 1.
 	SampleRatio float64
 	// Service names the process in its spans (service.name).
 	Service string
@@ -73,7 +73,12 @@ func Setup(ctx context.Context, cfg Config) (*sdktrace.TracerProvider, func(cont
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(time.Second)),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		// A caller's traceparent joins its trace, but its sampled flag
+		// does not decide: callers could otherwise have every call
+		// recorded (or hide theirs). Local parents are followed.
+		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio),
+			sdktrace.WithRemoteParentSampled(sdktrace.TraceIDRatioBased(ratio)),
+			sdktrace.WithRemoteParentNotSampled(sdktrace.TraceIDRatioBased(ratio)))),
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", svc))),
 	)
 	return tp, tp.Shutdown, nil

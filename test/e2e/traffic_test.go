@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -107,6 +108,18 @@ func TestTrafficSplit(t *testing.T) {
 		t.Fatalf("10 calls at 50/50 after an update: %v", got)
 	}
 
+	// A rollback keeps the current split, not the one stored with the
+	// revision it restores.
+	c.mustBrisk(t, "fn", "traffic", "canary", "latest=100")
+	c.mustBrisk(t, "fn", "update", "canary", "--env", "V=4")
+	if _, err := c.cl.Rollback(ctx, "canary", 0); err != nil {
+		t.Fatal(err)
+	}
+	if w := c.fn(t, "canary"); len(w.Traffic) != 0 || w.Env["V"] != "3" {
+		t.Fatalf("after a rollback: env %v traffic %+v, want V=3 and no split", w.Env, w.Traffic)
+	}
+	c.mustBrisk(t, "fn", "traffic", "canary", fmt.Sprintf("rev-%d=50,latest=50", first))
+
 	// latest=100 ends it: the revision function goes.
 	c.mustBrisk(t, "fn", "update", "canary", "--traffic", "latest=100")
 	if w := c.fn(t, "canary"); len(w.Traffic) != 0 {
@@ -130,4 +143,56 @@ func TestTrafficSplit(t *testing.T) {
 		_, err := c.cl.Get(ctx, pinned)
 		return isStatus(err, 404)
 	})
+}
+
+// A traffic split may not do what a rollback may not: a token limited to
+// the function cannot bring back, through a pinned revision, a secret the
+// function no longer names; an update that would push a pinned revision
+// out of the kept history is refused rather than moving its share.
+func TestTrafficSplitChecks(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	ctx := context.Background()
+	c.mustBrisk(t, "secret", "create", "db", "--from-literal", "pw")
+	c.mustBrisk(t, "fn", "deploy", "sec", "--builtin", "trace", "--secret", "db")
+	c.mustBrisk(t, "fn", "deploy", "sec", "--builtin", "trace") // revision 2: no secret
+	revs, err := c.cl.Revisions(ctx, "sec")
+	if err != nil || len(revs) != 2 {
+		t.Fatalf("revisions %d %v", len(revs), err)
+	}
+	withSecret := revs[1].Revision
+	tok := strings.TrimSpace(c.mustBrisk(t, "token", "create", "ci", "--scope", "deploy", "--function", "sec", "-q"))
+	limited := client.New(c.admin, c.invokeAddr)
+	limited.Token = tok
+	split := []spec.TrafficTarget{{Revision: withSecret, Percent: 50}, {Percent: 50}}
+	if _, err := limited.SetTraffic(ctx, "sec", split); !isStatus(err, 403) {
+		t.Fatalf("a function-limited token pinning a revision with a secret the function dropped: %v, want 403", err)
+	}
+	if _, err := c.cl.SetTraffic(ctx, "sec", split); err != nil {
+		t.Fatalf("the admin token may: %v", err)
+	}
+	if _, err := limited.SetTraffic(ctx, "sec", split); err != nil {
+		t.Fatalf("the limited token re-setting the split that runs already: %v", err)
+	}
+
+	// Fill the history: the pinned revision is the oldest kept.
+	for i := 0; ; i++ {
+		f := c.fn(t, "sec").Function
+		f.Env = map[string]string{"I": fmt.Sprint(i)}
+		f.Revision = 0
+		_, err := c.cl.Update(ctx, f)
+		if err == nil {
+			if i > 30 {
+				t.Fatal("30 updates, none refused: the pinned revision left the history")
+			}
+			continue
+		}
+		if !isStatus(err, 409) || !strings.Contains(err.Error(), "move its traffic first") {
+			t.Fatalf("update %d: %v, want 409 naming the pinned revision", i, err)
+		}
+		break
+	}
+	if v := c.fn(t, "sec"); len(v.Status.Traffic) != 2 || v.Status.Traffic[1].Missing {
+		t.Fatalf("split after the refused update: %+v", v.Status.Traffic)
+	}
 }
