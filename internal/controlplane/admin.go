@@ -316,6 +316,16 @@ func (cp *ControlPlane) revisionsOf(w http.ResponseWriter, name string) (*spec.F
 	return cur, revs, true
 }
 
+// lockForChange takes what changing an existing function's spec holds:
+// the secrets' read lock (against a namespace's deletion and a secret's),
+// then the name's lock. The returned func releases both.
+func (cp *ControlPlane) lockForChange(name string) (unlock func()) {
+	cp.secretMu.RLock()
+	l := cp.nameLock(name)
+	l.Lock()
+	return func() { l.Unlock(); cp.secretMu.RUnlock() }
+}
+
 // rollbackFunction makes a kept revision's spec the function's newest
 // revision: {"revision": N}, or none for the one before the current.
 func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request) {
@@ -327,11 +337,7 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	if r.ContentLength != 0 && !readJSON(w, r, &req) {
 		return
 	}
-	cp.secretMu.RLock()
-	defer cp.secretMu.RUnlock()
-	l := cp.nameLock(name)
-	l.Lock()
-	defer l.Unlock()
+	defer cp.lockForChange(name)()
 	old, revs, ok := cp.revisionsOf(w, name)
 	if !ok {
 		return

@@ -191,11 +191,7 @@ func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	cp.secretMu.RLock()
-	defer cp.secretMu.RUnlock()
-	l := cp.nameLock(name)
-	l.Lock()
-	defer l.Unlock()
+	defer cp.lockForChange(name)()
 	old := cp.cluster.spec(name)
 	if old == nil || isRevisionFunction(name) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")

@@ -113,9 +113,23 @@ func TestSplitEndedWhileQueued(t *testing.T) {
 		},
 		Added: []*briskv1.Endpoint{ep("f", "sb-cur", cur)},
 	})
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/f", nil)
+	done := callInBackground(t, req)
+	waitFor(t, "the call queued on f_r3", func() bool { return d.queued("f_r3") == 1 })
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"f_r3"},
+		Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 5 })}})
+	resp := <-done
+	if resp == nil || resp.StatusCode != 200 || resp.Header.Get("X-Brisk-Sandbox") != "sb-cur" {
+		t.Fatalf("call queued when the split ended: %v", resp)
+	}
+}
+
+// callInBackground sends req and delivers its response, body read and
+// closed (nil on a transport error, reported).
+func callInBackground(t *testing.T, req *http.Request) <-chan *http.Response {
 	done := make(chan *http.Response, 1)
 	go func() {
-		resp, err := http.Post(srv.URL+"/function/f", "text/plain", nil)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Error(err)
 			done <- nil
@@ -125,11 +139,5 @@ func TestSplitEndedWhileQueued(t *testing.T) {
 		resp.Body.Close()
 		done <- resp
 	}()
-	waitFor(t, "the call queued on f_r3", func() bool { return d.queued("f_r3") == 1 })
-	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"f_r3"},
-		Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 5 })}})
-	resp := <-done
-	if resp == nil || resp.StatusCode != 200 || resp.Header.Get("X-Brisk-Sandbox") != "sb-cur" {
-		t.Fatalf("call queued when the split ended: %v", resp)
-	}
+	return done
 }

@@ -28,20 +28,9 @@ func TestTracedColdCall(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")}})
 
 	const caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	done := make(chan *http.Response, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/f", nil)
-		req.Header.Set("Traceparent", caller)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Error(err)
-			done <- nil
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		done <- resp
-	}()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/function/f", nil)
+	req.Header.Set("Traceparent", caller)
+	done := callInBackground(t, req)
 	waitFor(t, "the call queued", func() bool { return d.queued("f") == 1 })
 	e := ep("f", "sb-1", addr)
 	e.ReadyAfterUs, e.StartUs, e.CreateUs = 9000, 3000, 5000 // link 4 ms, creation 3 ms, readiness 2 ms
