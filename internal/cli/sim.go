@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,8 @@ func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
 	var out, keepAlive string
+	var modes []string
+	var windows []time.Duration
 	c := &cobra.Command{
 		Use:   "sim TRACE_DIR",
 		Short: "Simulate a trace replay on a virtual cluster with brisk's own control-plane code",
@@ -47,14 +50,17 @@ See docs/policies.md.`,
 					return usageError{fmt.Errorf("--placement %q: want one of %v", p, spec.Placements)}
 				}
 			}
-			if cfg.ScalingMode == spec.ModeDual {
-				return usageError{fmt.Errorf("--scaling-mode dual: the emergency track is not simulated; use async or sync")}
+			if sc.EmergencySlots < 0 || sc.EmergencyStart < 0 || sc.EmergencyPercentile < 0 || sc.EmergencyPercentile > 100 {
+				return usageError{fmt.Errorf("--emergency-slots, --emergency-start must not be negative, --emergency-percentile in [0, 100]")}
 			}
 			var err error
 			if sc.KeepAlivePolicy, sc.KeepAlive, err = keepAliveFlag(keepAlive); err != nil {
 				return err
 			}
 			sc.Seed = cfg.Seed
+			if len(modes) > 0 {
+				return simModes(c, cfg, sc, modes, windows, out)
+			}
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)
 				fmt.Fprint(c.OutOrStdout(), text)
@@ -67,7 +73,10 @@ See docs/policies.md.`,
 	}
 	fl := c.Flags()
 	registerReplayFlags(fl, &cfg)
-	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the functions' scaling mode: async or sync (dual's emergency track is not simulated yet)")
+	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the functions' scaling mode: async, sync or dual (a call finding no free sandbox is served by a one-shot emergency sandbox: --emergency-*)")
+	fl.IntVar(&sc.EmergencySlots, "emergency-slots", 0, "dual mode: one-shot emergency sandboxes per node (0: two per --node-cores, as native-runtime workers offer)")
+	fl.DurationVar(&sc.EmergencyStart, "emergency-start", 10*time.Millisecond, "dual mode: an emergency sandbox's start time (the native runtime's pooled shells: ~7–10 ms here)")
+	fl.Float64Var(&sc.EmergencyPercentile, "emergency-percentile", 50, "dual mode's metric filter: an emergency call counts toward regular scaling when the keep-alive exceeds this percentile of the function's inter-arrival times over the last hour")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the functions' autoscaler stable window; 0: 60 s")
 	fl.IntVar(&sc.Nodes, "nodes", 100, "emulated worker nodes")
 	fl.Float64Var(&sc.NodeCores, "node-cores", 16, "processor-sharing cores per node")
@@ -78,5 +87,41 @@ See docs/policies.md.`,
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
 	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
+	fl.StringSliceVar(&modes, "modes", nil, "compare scaling modes (async, sync, dual) across --stable-windows, as PulseNet's Fig. 11: slowdown against memory, a run each under --out/<mode>-<window>/, --out/modes.csv and modes.png (keep-alive policy ttl)")
+	fl.DurationSliceVar(&windows, "stable-windows", []time.Duration{6 * time.Second, time.Minute, 10 * time.Minute}, "with --modes: the stable windows swept (keep-alive = window + 30 s grace)")
 	return c
+}
+
+// simModes runs the simulation once per mode and stable window and writes
+// the comparison as brisk bench modes does.
+func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, modes []string, windows []time.Duration, out string) error {
+	if out == "" {
+		return usageError{fmt.Errorf("--modes needs --out DIR: each run writes its files under it")}
+	}
+	for _, m := range modes {
+		if !slices.Contains(spec.ScalingModes, m) {
+			return usageError{fmt.Errorf("--modes: %q: want some of %v", m, spec.ScalingModes)}
+		}
+	}
+	for _, w := range windows {
+		if w < time.Second || w > time.Hour || w%time.Second != 0 {
+			return usageError{fmt.Errorf("--stable-windows: %s: want whole seconds in [1s, 1h]", w)}
+		}
+	}
+	var points []modePoint
+	for _, w := range windows {
+		for _, m := range modes {
+			run, rsc := cfg, sc
+			run.ScalingMode, run.StableWindow = m, w
+			rsc.ScalingMode, rsc.StableWindow, rsc.KeepAlivePolicy, rsc.KeepAlive = m, w, spec.KeepAliveTTL, 0
+			sum, text, err := bench.Sim(run, rsc, filepath.Join(out, m+"-"+w.String()))
+			if err != nil {
+				return fmt.Errorf("%s, stable window %s: %w", m, w, err)
+			}
+			fmt.Fprintf(c.ErrOrStderr(), "== %s, stable window %s\n%s\n", m, w, text)
+			points = append(points, modePoint{mode: m, window: w, slowdown: sum.Slowdown.GeomeanP99, gbs: sum.TotalGBs,
+				emergency: sum.Emergency.Sandboxes, failed: sum.Failed})
+		}
+	}
+	return writeModes(c, out, points, modes)
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
@@ -61,6 +62,18 @@ type Config struct {
 	CallOverhead []time.Duration
 	// Tick is the autoscaler period (default 2 s, Knative's).
 	Tick time.Duration
+	// The dual track (ScalingMode dual, PulseNet): a call that finds no
+	// free regular sandbox is served at once by a one-shot emergency
+	// sandbox on a node with a free one of its EmergencySlots (default two
+	// per core, as the native runtime's workers offer), which starts in
+	// EmergencyStart (default 10 ms: a native-runtime shell from the pool)
+	// and is torn down after the call. It counts toward regular scaling
+	// only when the function's keep-alive exceeds the
+	// EmergencyPercentile-th (default 50) percentile of its inter-arrival
+	// times over the last hour: the data plane's metric filter.
+	EmergencySlots      int
+	EmergencyStart      time.Duration
+	EmergencyPercentile float64
 }
 
 func (c *Config) defaults() {
@@ -91,12 +104,25 @@ func (c *Config) defaults() {
 	if c.Autoscale == (autoscale.Config{}) {
 		c.Autoscale = autoscale.DefaultConfig()
 	}
+	if c.ScalingMode == spec.ModeDual {
+		if c.EmergencySlots == 0 {
+			c.EmergencySlots = int(2 * c.NodeCores)
+		}
+		if c.EmergencyStart <= 0 {
+			c.EmergencyStart = 10 * time.Millisecond
+		}
+		if c.EmergencyPercentile <= 0 {
+			c.EmergencyPercentile = 50
+		}
+	}
 }
 
 // Result is what a run produced.
 type Result struct {
 	Records          []loadgen.Record
 	SandboxesCreated int64
+	// EmergencyCalls were served by one-shot emergency sandboxes (dual).
+	EmergencyCalls int64
 	PeakSandboxes    int
 	Memory           []loadgen.MemorySample
 	// NodeBusy is each node's busy core-seconds: the spread of load.
@@ -116,6 +142,7 @@ const (
 	evSecond // metrics reports, load sample, memory sample
 	evTick
 	evQueueTimeout
+	evEmergencyReady // an emergency sandbox is up: its call runs
 )
 
 type event struct {
@@ -166,6 +193,9 @@ type sandbox struct {
 	memMB     int64
 	createdAt int64
 	readyAt   int64 // when its endpoint reached the data plane
+	// emergency: a one-shot sandbox of the dual track, gone with its call;
+	// counted: its call counts toward regular scaling (the filter).
+	emergency, counted bool
 }
 
 type function struct {
@@ -179,6 +209,49 @@ type function struct {
 	lastLevel int64
 	requests  int64
 	active    bool
+	// dual-mode functions: keep-alive and recent inter-arrival times for
+	// the metric filter (the data plane's iatTracker).
+	dual      bool
+	keepAlive int64
+	lastArr   int64 // the last arrival, once seen
+	seen      bool
+	iat       []iatEntry
+}
+
+// iatEntry is one inter-arrival time ending at at (ns).
+type iatEntry struct{ at, gap int64 }
+
+const (
+	iatWindow = int64(time.Hour) // the data plane's
+	iatKeep   = 256
+)
+
+// observeIAT records an arrival of a dual-mode function.
+func (f *function) observeIAT(now int64) {
+	if f.seen {
+		if len(f.iat) == iatKeep {
+			copy(f.iat, f.iat[1:])
+			f.iat = f.iat[:iatKeep-1]
+		}
+		f.iat = append(f.iat, iatEntry{at: now, gap: now - f.lastArr})
+	}
+	f.lastArr, f.seen = now, true
+}
+
+// counts is the metric filter as the data plane applies it: the call counts
+// when the keep-alive exceeds the pct-th percentile of the inter-arrival
+// times of the last hour (no history: it counts).
+func (f *function) counts(now int64, pct float64) bool {
+	var gaps []int64
+	for i := len(f.iat) - 1; i >= 0 && now-f.iat[i].at <= iatWindow; i-- {
+		gaps = append(gaps, f.iat[i].gap)
+	}
+	if len(gaps) == 0 {
+		return true
+	}
+	slices.Sort(gaps)
+	i := min(len(gaps)-1, int(pct/100*float64(len(gaps)-1)+0.5))
+	return f.keepAlive > gaps[i]
 }
 
 type node struct {
@@ -191,6 +264,7 @@ type node struct {
 	epoch   uint64
 	busy    float64 // core-seconds
 	images  map[string]struct{}
+	emFree  int // free emergency slots
 }
 
 type callHeap []*call
@@ -224,6 +298,9 @@ type simulator struct {
 	version   uint64
 
 	rng *rand.Rand
+	// emNext is the round-robin start over nodes for emergency calls (the
+	// data plane's candidates); emSeq names their sandboxes.
+	emNext, emSeq int
 
 	res Result
 }
@@ -241,7 +318,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
 	sm.res.Start = sm.start
 	for i := range cfg.Nodes {
-		n := &node{id: fmt.Sprintf("sim-%05d", i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{})}
+		n := &node{id: fmt.Sprintf("sim-%05d", i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{}), emFree: cfg.EmergencySlots}
 		sm.nodes[n.id] = n
 		sm.nodeList = append(sm.nodeList, n)
 		sm.step(reconciler.RegisterNode{Worker: &store.Worker{ID: n.id, Address: n.id, Runtime: "sim",
@@ -257,10 +334,11 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 			sp.Scaling.StableWindow = spec.Duration(cfg.StableWindow)
 		}
 		sp.Scaling.KeepAlive = spec.Duration(cfg.KeepAlive)
-		fn := &function{name: sp.Name, spec: sp}
+		fn := &function{name: sp.Name, spec: sp, dual: cfg.ScalingMode == spec.ModeDual && cfg.EmergencySlots > 0}
 		sm.fns[sp.Name] = fn
 		sm.fnByIdx = append(sm.fnByIdx, fn)
 		sm.step(reconciler.UpsertFunction{Spec: sp})
+		fn.keepAlive = int64(r.KeepAliveOf(sp))
 	}
 	sm.res.NodeBusy = make([]float64, len(sm.nodeList))
 	var end int64
@@ -293,6 +371,8 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 				continue // a function that never found room would retry forever
 			}
 			sm.step(reconciler.Retry{Function: e.name})
+		case evEmergencyReady:
+			sm.dispatch(e.c, e.c.sb)
 		case evQueueTimeout:
 			if e.c.queued {
 				done++
@@ -431,10 +511,17 @@ func (f *function) setLevel(now int64, delta int) {
 func (sm *simulator) arrive(i int32) {
 	inv := &sm.s.Invocations[i]
 	fn := sm.fnByIdx[inv.Func]
-	fn.requests++
 	c := &call{inv: i, arrival: sm.now}
+	if fn.dual {
+		fn.observeIAT(sm.now)
+	}
+	sb := pick(fn)
+	if sb == nil && fn.dual && sm.emergency(c, fn) {
+		return
+	}
+	fn.requests++
 	fn.setLevel(sm.now, 1)
-	if sb := pick(fn); sb != nil {
+	if sb != nil {
 		sm.dispatch(c, sb)
 		return
 	}
@@ -443,6 +530,38 @@ func (sm *simulator) arrive(i int32) {
 	sm.push(event{at: sm.now + int64(spec.DefaultQueueTimeout), kind: evQueueTimeout, c: c})
 	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true,
 		Functions: []*briskv1.FunctionMetric{{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true}}}})
+}
+
+// emergency serves c on a one-shot sandbox of the next node (round robin)
+// with a free emergency slot; false when none has one (the call queues).
+func (sm *simulator) emergency(c *call, fn *function) bool {
+	var n *node
+	for k := range len(sm.nodeList) {
+		if cand := sm.nodeList[(sm.emNext+k)%len(sm.nodeList)]; cand.emFree > 0 {
+			n = cand
+			sm.emNext = (cand.idx + 1) % len(sm.nodeList)
+			break
+		}
+	}
+	if n == nil {
+		return false
+	}
+	n.emFree--
+	sm.emSeq++
+	sb := &sandbox{id: fmt.Sprintf("ei-%d", sm.emSeq), fn: fn, node: n, memMB: fn.spec.Resources.MemoryMB, createdAt: sm.now,
+		emergency: true, counted: fn.counts(sm.now, sm.cfg.EmergencyPercentile)}
+	if sb.counted {
+		fn.requests++
+		fn.setLevel(sm.now, 1)
+	}
+	sb.readyAt = sm.now + int64(sm.cfg.EmergencyStart)
+	sm.sandboxes[sb.id] = sb
+	sm.live++
+	sm.res.PeakSandboxes = max(sm.res.PeakSandboxes, sm.live)
+	sm.res.EmergencyCalls++
+	c.sb = sb
+	sm.push(event{at: sb.readyAt, kind: evEmergencyReady, c: c})
+	return true
 }
 
 // pick is least-loaded among ready sandboxes with a free slot (ties: the
@@ -530,7 +649,9 @@ func (sm *simulator) finish(c *call) {
 	sb := c.sb
 	fn := sb.fn
 	sb.inflight--
-	fn.setLevel(sm.now, -1)
+	if !sb.emergency || sb.counted {
+		fn.setLevel(sm.now, -1)
+	}
 	sm.res.Records = append(sm.res.Records, loadgen.Record{
 		Phase: sm.s.Phase(inv), Instance: sb.id, InvocationID: sm.s.InvocationID(inv),
 		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
@@ -539,6 +660,12 @@ func (sm *simulator) finish(c *call) {
 		MemoryMB: int(inv.MemoryMB), Function: fn.name, Status: 200, Cold: c.cold,
 		QueueUs: (c.start - c.arrival) / 1000, Sandbox: sb.id,
 	})
+	if sb.emergency { // one-shot: torn down with its call
+		delete(sm.sandboxes, sb.id)
+		sm.live--
+		sb.node.emFree++
+		return
+	}
 	if len(fn.queue) > 0 && !sb.gone && sb.ready {
 		sm.drain(fn)
 	}

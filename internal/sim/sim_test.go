@@ -94,3 +94,49 @@ func TestNoRoomTimesOut(t *testing.T) {
 		}
 	}
 }
+
+// The dual track: a sporadic function (calls farther apart than its
+// keep-alive) is served by one-shot emergency sandboxes alone — fast, and
+// the metric filter keeps them from the autoscaler — while a frequent one's emergency calls count, so it scales
+// regular sandboxes and later calls are warm.
+func TestDualTrack(t *testing.T) {
+	cfg := Config{Nodes: 2, Seed: 1, ScalingMode: "dual", ColdStart: 500 * time.Millisecond, StableWindow: 6 * time.Second,
+		KeepAlivePolicy: "ttl"}
+	// Sporadic: 10 calls 2 minutes apart, keep-alive 6 s + 30 s grace.
+	res, err := Run(schedule(10, 2*time.Minute, 100), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first call, with no inter-arrival history, counts (the data
+	// plane's rule) and makes one regular sandbox; no later one does.
+	if res.EmergencyCalls != 10 || res.SandboxesCreated != 1 || len(res.Records) != 10 {
+		t.Fatalf("sporadic: %d emergency calls, %d regular sandboxes, %d records; want 10, 1, 10", res.EmergencyCalls, res.SandboxesCreated, len(res.Records))
+	}
+	for _, r := range res.Records {
+		// 100 ms of work, 10 ms emergency start: no 500 ms regular start.
+		if r.Status != 200 || !r.Cold || r.ResponseUs < 110_000 || r.ResponseUs > 111_000 || r.Sandbox[:3] != "ei-" {
+			t.Fatalf("sporadic call %+v: want an emergency sandbox's 110 ms", r)
+		}
+	}
+	// Frequent: 200 calls 100 ms apart. The first find no sandbox and go
+	// emergency; with no history they count, the autoscaler adds a regular
+	// sandbox, and the calls after it are warm.
+	res, err = Run(schedule(200, 100*time.Millisecond, 50), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := 0
+	for _, r := range res.Records {
+		if !r.Cold {
+			warm++
+		}
+	}
+	if res.SandboxesCreated < 1 || res.EmergencyCalls < 1 || res.EmergencyCalls > 40 || warm < 150 {
+		t.Fatalf("frequent: %d regular sandboxes, %d emergency calls, %d warm of 200", res.SandboxesCreated, res.EmergencyCalls, warm)
+	}
+	// No emergency slots: dual is async.
+	cfg.EmergencySlots = -1
+	if res, _ := Run(schedule(10, 2*time.Minute, 100), cfg); res.EmergencyCalls != 0 || res.SandboxesCreated == 0 {
+		t.Fatalf("without slots: %d emergency calls, %d regular sandboxes", res.EmergencyCalls, res.SandboxesCreated)
+	}
+}

@@ -141,6 +141,10 @@ func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.P
 	o.Sim.Nodes, o.Sim.NodeCores, o.Sim.Placement = sc.Nodes, sc.NodeCores, sc.Placement
 	o.Sim.ColdStartMs, o.Sim.CachedMs = float64(sc.ColdStart)/1e6, float64(sc.CachedColdStart)/1e6
 	o.Sim.Events, o.Sim.WallSeconds = res.Events, wall.Seconds()
+	// Emergency sandboxes are in the simulator's memory samples already
+	// (MemoryCost.GBs): their count alone is added.
+	o.Emergency.Sandboxes = res.EmergencyCalls
+	o.TotalGBs = o.MemoryCost.GBs
 	o.Sim.LoadCV = cv(res.NodeBusy)
 	o.Sim.HeapMiB = heapMiB()
 	o.Host = host()
@@ -156,6 +160,9 @@ func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.P
 	}
 	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle; load CV %.3f",
 		o.ColdStarts, o.ColdStartsAll, o.SandboxesCreated, o.PeakSandboxes, o.MemoryCost.GBs, 100*o.MemoryCost.IdleShare, o.Sim.LoadCV)
+	if res.EmergencyCalls > 0 {
+		fmt.Fprintf(&b, "; emergency calls %d (one-shot sandboxes, in the memory)", res.EmergencyCalls)
+	}
 	return o, pf, b.String(), writeReplayOutputs(out, o, res.Records, s, cfg.TimeScale, pf, sched, schedPerFn)
 }
 
