@@ -123,8 +123,8 @@ type Result struct {
 	SandboxesCreated int64
 	// EmergencyCalls were served by one-shot emergency sandboxes (dual).
 	EmergencyCalls int64
-	PeakSandboxes    int
-	Memory           []loadgen.MemorySample
+	PeakSandboxes  int
+	Memory         []loadgen.MemorySample
 	// NodeBusy is each node's busy core-seconds: the spread of load.
 	NodeBusy []float64
 	Events   int64
