@@ -38,8 +38,38 @@ func (d *DataPlane) invokeTraced(w http.ResponseWriter, r *http.Request, rt rout
 	defer span.End()
 	// The function continues the trace under the data plane's span.
 	traceProp.Inject(ctx, propagation.HeaderCarrier(r.Header))
-	d.invoke(w, r.WithContext(ctx), rt)
+	sw := &statusWriter{ResponseWriter: w}
+	d.invoke(sw, r.WithContext(ctx), rt)
+	if sw.code != 0 { // calls refused before admission have no traceCall
+		span.SetAttributes(attribute.Int("http.response.status_code", sw.code))
+		if sw.code >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(sw.code))
+		}
+	}
 }
+
+// statusWriter notes the status a traced call was answered with. Unwrap
+// keeps http.ResponseController (deadlines, flushes, full duplex) working.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.code == 0 && code >= 200 {
+		s.code = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.code == 0 {
+		s.code = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // wall converts a nanotime to wall-clock time.
 func (d *DataPlane) wall(ns int64) time.Time { return time.Unix(0, d.epochNs+ns) }

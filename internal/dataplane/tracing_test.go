@@ -89,3 +89,35 @@ func names(spans []sdktrace.ReadOnlySpan) []string {
 	}
 	return out
 }
+
+// A traced call refused before it reaches a sandbox (no token) still ends
+// its span with the status it got.
+func TestTracedRefusedCallHasStatus(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	d, srv := newTestDP(t, func(c *Config) { c.Tracer = tp.Tracer("test") })
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
+		Added: []*briskv1.Endpoint{ep("f", "sb-1", newSandbox(t, echo))}})
+	d.authOn.Store(true)
+	resp, err := http.Post(srv.URL+"/function/f", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status %d, want 401", resp.StatusCode)
+	}
+	tp.ForceFlush(t.Context())
+	for _, s := range rec.Ended() {
+		if s.Name() != "invoke f" {
+			continue
+		}
+		for _, a := range s.Attributes() {
+			if a.Key == "http.response.status_code" && a.Value.AsInt64() == 401 {
+				return
+			}
+		}
+		t.Fatalf("invoke span attributes %v: no status 401", s.Attributes())
+	}
+	t.Fatalf("no invoke span: %v", names(rec.Ended()))
+}
