@@ -855,7 +855,12 @@ func (f *deployFlags) setTraffic(c *cobra.Command, cl *client.Client, name strin
 	if !c.Flags().Changed("traffic") {
 		return nil
 	}
-	ts, err := spec.ParseTraffic(f.traffic)
+	return setTraffic(c, cl, name, f.traffic)
+}
+
+// setTraffic sets function name's split as the CLI writes it and prints it.
+func setTraffic(c *cobra.Command, cl *client.Client, name, split string) error {
+	ts, err := spec.ParseTraffic(split)
 	if err != nil {
 		return usageError{err}
 	}
@@ -911,16 +916,7 @@ revision. Each data plane sends every 100 calls exactly by the percents.`,
 				}
 				return nil
 			}
-			ts, err := spec.ParseTraffic(args[1])
-			if err != nil {
-				return usageError{err}
-			}
-			out, err := cl.SetTraffic(c.Context(), args[0], ts)
-			if err != nil {
-				return err
-			}
-			printTraffic(out)
-			return nil
+			return setTraffic(c, cl, args[0], args[1])
 		},
 	}
 }

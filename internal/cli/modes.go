@@ -52,15 +52,8 @@ replay's files), DIR/modes.csv and DIR/modes.png.`,
 			if f.out == "" {
 				return usageError{fmt.Errorf("--out DIR is required: each replay writes its files under it")}
 			}
-			for _, m := range modes {
-				if !slices.Contains(spec.ScalingModes, m) {
-					return usageError{fmt.Errorf("--modes: %q: want some of %v", m, spec.ScalingModes)}
-				}
-			}
-			for _, w := range windows {
-				if w < time.Second || w > time.Hour || w%time.Second != 0 {
-					return usageError{fmt.Errorf("--stable-windows: %s: want whole seconds in [1s, 1h]", w)}
-				}
+			if err := checkModeSweep(modes, windows); err != nil {
+				return err
 			}
 			cfg.TraceDir = args[0]
 			if cfg.SkipMinutes == 0 {
@@ -102,6 +95,22 @@ replay's files), DIR/modes.csv and DIR/modes.png.`,
 	fl.StringSliceVar(&modes, "modes", []string{spec.ModeAsync, spec.ModeSync, spec.ModeDual}, "scaling modes to compare")
 	fl.DurationSliceVar(&windows, "stable-windows", []time.Duration{6 * time.Second, time.Minute, 10 * time.Minute}, "stable windows to replay each mode with (keep-alive = window + 30 s grace)")
 	return c
+}
+
+// checkModeSweep checks --modes and --stable-windows of a mode comparison
+// (brisk bench modes, brisk sim --modes).
+func checkModeSweep(modes []string, windows []time.Duration) error {
+	for _, m := range modes {
+		if !slices.Contains(spec.ScalingModes, m) {
+			return usageError{fmt.Errorf("--modes: %q: want some of %v", m, spec.ScalingModes)}
+		}
+	}
+	for _, w := range windows {
+		if w < time.Second || w > time.Hour || w%time.Second != 0 {
+			return usageError{fmt.Errorf("--stable-windows: %s: want whole seconds in [1s, 1h]", w)}
+		}
+	}
+	return nil
 }
 
 // writeModes writes modes.csv and modes.png and prints the table.

@@ -98,15 +98,8 @@ func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, modes []s
 	if out == "" {
 		return usageError{fmt.Errorf("--modes needs --out DIR: each run writes its files under it")}
 	}
-	for _, m := range modes {
-		if !slices.Contains(spec.ScalingModes, m) {
-			return usageError{fmt.Errorf("--modes: %q: want some of %v", m, spec.ScalingModes)}
-		}
-	}
-	for _, w := range windows {
-		if w < time.Second || w > time.Hour || w%time.Second != 0 {
-			return usageError{fmt.Errorf("--stable-windows: %s: want whole seconds in [1s, 1h]", w)}
-		}
+	if err := checkModeSweep(modes, windows); err != nil {
+		return err
 	}
 	var points []modePoint
 	for _, w := range windows {

@@ -350,11 +350,7 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	case req.Revision == 0 && len(revs) > 0:
 		to = revs[len(revs)-1]
 	default:
-		for _, f := range revs {
-			if f.Revision == req.Revision {
-				to = f
-			}
-		}
+		to = revisionIn(revs, req.Revision)
 	}
 	if to == nil {
 		if req.Revision == 0 {
@@ -444,7 +440,7 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	var out []FunctionView
 	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
-		if f.Name <= sel.after || isRevisionFunction(f.Name) || !sel.matches(f, st) || !visible(f) {
+		if f.Name <= sel.after || spec.IsRevisionFunction(f.Name) || !sel.matches(f, st) || !visible(f) {
 			return
 		}
 		out = append(out, FunctionView{Function: f, Status: st})

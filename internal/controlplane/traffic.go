@@ -29,7 +29,7 @@ func (cp *ControlPlane) applyFunction(f *spec.Function) {
 	want := map[string]bool{}
 	var revs []*spec.Function
 	for _, t := range f.Traffic {
-		if t.Revision == 0 || t.Revision == f.Revision {
+		if !f.Pins(t) {
 			continue
 		}
 		if revs == nil {
@@ -39,15 +39,15 @@ func (cp *ControlPlane) applyFunction(f *spec.Function) {
 				break
 			}
 		}
-		i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == t.Revision })
-		if i < 0 {
+		kept := revisionIn(revs, t.Revision)
+		if kept == nil {
 			cp.log.Warn("traffic split: revision no longer kept; its share goes to the current revision", "function", f.Name, "revision", t.Revision)
 			continue
 		}
-		g := *revs[i]
+		g := *kept
 		// Who may call it is the function's rule now, not the revision's:
 		// calls reach it only through the function's split.
-		g.Name, g.Namespace, g.Traffic, g.Auth = spec.RevisionFunction(f.Name, t.Revision), f.Namespace, nil, f.Auth
+		g.Name, g.Namespace, g.Traffic, g.Auth = f.TrafficFunction(t), f.Namespace, nil, f.Auth
 		want[g.Name] = true
 		// The revision function first: a data plane learns the target
 		// before the split that names it.
@@ -123,12 +123,12 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 				return false
 			}
 		}
-		i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == t.Revision })
-		if i < 0 || namespaceOf(revs[i]) != ns {
+		kept := revisionIn(revs, t.Revision)
+		if kept == nil || namespaceOf(kept) != ns {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: revision %d of function %q is not kept (brisk fn revisions %s)", t.Revision, f.Name, f.Name))
 			return false
 		}
-		g := *revs[i]
+		g := *kept
 		if !cp.admitSecrets(w, &g) || !cp.mayAddSecrets(w, r, ns, &g, had) {
 			return false
 		}
@@ -154,11 +154,7 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 // pins out of the kept history (the oldest goes once MaxRevisions are
 // kept): its share would silently move to the current revision.
 func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
-	pinned := false
-	for _, t := range old.Traffic {
-		pinned = pinned || (t.Revision != 0 && t.Revision != old.Revision)
-	}
-	if !pinned {
+	if !slices.ContainsFunc(old.Traffic, old.Pins) {
 		return true
 	}
 	revs, err := cp.store.Revisions(old.Name)
@@ -193,7 +189,7 @@ func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
 	}
 	defer cp.lockForChange(name)()
 	old := cp.cluster.spec(name)
-	if old == nil || isRevisionFunction(name) {
+	if old == nil || spec.IsRevisionFunction(name) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
@@ -214,11 +210,12 @@ func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
 	writeCompactJSON(w, http.StatusOK, &f)
 }
 
-// isRevisionFunction reports whether name is a split's revision function
-// (user names cannot be).
-func isRevisionFunction(name string) bool {
-	_, _, ok := spec.SplitOf(name)
-	return ok
+// revisionIn returns revision rev of a function's kept revisions, or nil.
+func revisionIn(revs []*spec.Function, rev uint64) *spec.Function {
+	if i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == rev }); i >= 0 {
+		return revs[i]
+	}
+	return nil
 }
 
 // trafficStatus reports each target of f's split with the function that
@@ -226,10 +223,7 @@ func isRevisionFunction(name string) bool {
 func (c *Cluster) trafficStatusLocked(f *spec.Function) []api.TrafficStatus {
 	var out []api.TrafficStatus
 	for _, t := range f.Traffic {
-		fn := f.Name
-		if t.Revision != 0 && t.Revision != f.Revision {
-			fn = spec.RevisionFunction(f.Name, t.Revision)
-		}
+		fn := f.TrafficFunction(t)
 		ts := api.TrafficStatus{TrafficTarget: t, Function: fn, ServedRevision: f.Revision}
 		if st, ok := c.r.FunctionStatus(fn); ok {
 			ts.Ready, ts.Desired = st.Ready, st.Desired

@@ -15,6 +15,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The AWS Lambda Invoke API (POST /2015-03-31/functions/NAME/invocations),
@@ -217,7 +218,7 @@ func (d *DataPlane) lambdaList(w http.ResponseWriter, r *http.Request, reqID str
 	}
 	var fns []map[string]any
 	for name, fn := range d.functions() {
-		if !isRevisionFunction(name) && allows(fn) {
+		if !spec.IsRevisionFunction(name) && allows(fn) {
 			fns = append(fns, lambdaConfig(fn, region))
 		}
 	}

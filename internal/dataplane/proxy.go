@@ -16,6 +16,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -181,7 +182,7 @@ const unknownFunctionGrace = time.Second
 // awaitFunction waits up to unknownFunctionGrace for the function name to
 // appear in the routing table (data planes following a control plane only).
 func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
-	if d.cfg.ControlPlane == "" || name == "" || isRevisionFunction(name) {
+	if d.cfg.ControlPlane == "" || name == "" || spec.IsRevisionFunction(name) {
 		return nil
 	}
 	t := time.NewTimer(unknownFunctionGrace)

@@ -1,9 +1,8 @@
 package dataplane
 
 import (
-	"strings"
-
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // splitSlots is how many calls one round of a traffic split spans: with
@@ -69,15 +68,11 @@ func (d *DataPlane) splitTarget(fn *function, sp *split) *function {
 	return fn
 }
 
-// isRevisionFunction reports whether name is a split's revision function
-// (spec.RevisionFunction: NAME_rREV; user names hold no '_').
-func isRevisionFunction(name string) bool { return strings.IndexByte(name, '_') >= 0 }
-
 // lookupCall returns the function a caller names, or nil. A split's
 // revision functions are reached only through their function's split, under
 // its token rule and weights: a caller naming one finds nothing.
 func (d *DataPlane) lookupCall(name string) *function {
-	if isRevisionFunction(name) {
+	if spec.IsRevisionFunction(name) {
 		return nil
 	}
 	return d.lookup(name)

@@ -74,6 +74,14 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // wall converts a nanotime to wall-clock time.
 func (d *DataPlane) wall(ns int64) time.Time { return time.Unix(0, d.epochNs+ns) }
 
+// spanAt records a finished span from..to (nanotimes) under parent and
+// returns its context, for children.
+func (d *DataPlane) spanAt(parent context.Context, name string, from, to int64, attrs ...attribute.KeyValue) context.Context {
+	ctx, s := d.cfg.Tracer.Start(parent, name, trace.WithTimestamp(d.wall(from)), trace.WithAttributes(attrs...))
+	s.End(trace.WithTimestamp(d.wall(to)))
+	return ctx
+}
+
 // traceCall records a finished (or refused) call's phases under its span.
 func (d *DataPlane) traceCall(st *reqState, code int, end int64) {
 	span := trace.SpanFromContext(st.Context)
@@ -81,11 +89,6 @@ func (d *DataPlane) traceCall(st *reqState, code int, end int64) {
 		return
 	}
 	ctx := trace.ContextWithSpan(context.Background(), span)
-	child := func(name string, from, to int64, attrs ...attribute.KeyValue) context.Context {
-		c, s := d.cfg.Tracer.Start(ctx, name, trace.WithTimestamp(d.wall(from)), trace.WithAttributes(attrs...))
-		s.End(trace.WithTimestamp(d.wall(to)))
-		return c
-	}
 	span.SetAttributes(attribute.String("brisk.function", st.fn.name), attribute.Int("http.response.status_code", code),
 		attribute.Bool("faas.coldstart", st.cold))
 	if st.conf != nil {
@@ -94,30 +97,23 @@ func (d *DataPlane) traceCall(st *reqState, code int, end int64) {
 	if code >= 500 {
 		span.SetStatus(codes.Error, http.StatusText(code))
 	}
-	queued := st.arrival + st.queueNs
 	if st.ep == nil { // no slot: the whole call was queueing
-		child("queue", st.arrival, end)
+		d.spanAt(ctx, "queue", st.arrival, end)
 		return
 	}
 	span.SetAttributes(attribute.String("brisk.sandbox", st.ep.id))
-	child("queue", st.arrival, queued, attribute.Bool("faas.coldstart", st.cold))
+	d.spanAt(ctx, "queue", st.arrival, st.arrival+st.queueNs, attribute.Bool("faas.coldstart", st.cold))
 	if ep := st.ep; st.cold && ep.createUs > 0 && ep.startUs >= 0 && ep.startUs <= ep.createUs && ep.readyAfterUs >= ep.createUs {
 		us := int64(time.Microsecond)
 		startAt := ep.added - ep.readyAfterUs*us
 		link := (ep.readyAfterUs - ep.createUs) * us // dispatch + report back
-		cctx, cs := d.cfg.Tracer.Start(ctx, "cold start", trace.WithTimestamp(d.wall(startAt)),
-			trace.WithAttributes(attribute.String("brisk.sandbox", ep.id)))
-		s := func(name string, from, to int64) {
-			_, x := d.cfg.Tracer.Start(cctx, name, trace.WithTimestamp(d.wall(from)))
-			x.End(trace.WithTimestamp(d.wall(to)))
-		}
+		cold := d.spanAt(ctx, "cold start", startAt, ep.added, attribute.String("brisk.sandbox", ep.id))
 		created := startAt + link/2
-		s("placement", startAt, created)
-		s("creation", created, created+ep.startUs*us)
-		s("readiness", created+ep.startUs*us, created+ep.createUs*us)
-		cs.End(trace.WithTimestamp(d.wall(ep.added)))
+		d.spanAt(cold, "placement", startAt, created)
+		d.spanAt(cold, "creation", created, created+ep.startUs*us)
+		d.spanAt(cold, "readiness", created+ep.startUs*us, created+ep.createUs*us)
 	}
 	if st.firstByte > 0 {
-		child("first byte", st.proxyStart, st.firstByte)
+		d.spanAt(ctx, "first byte", st.proxyStart, st.firstByte)
 	}
 }

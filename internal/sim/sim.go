@@ -432,10 +432,7 @@ func (sm *simulator) step(ev reconciler.Event) {
 				d = sm.cfg.CachedColdStart
 			}
 			n.images[key] = struct{}{}
-			sb := &sandbox{id: x.ID, fn: fn, node: n, memMB: x.Spec.Resources.MemoryMB, createdAt: sm.now}
-			sm.sandboxes[x.ID] = sb
-			sm.live++
-			sm.res.PeakSandboxes = max(sm.res.PeakSandboxes, sm.live)
+			sm.add(&sandbox{id: x.ID, fn: fn, node: n, memMB: x.Spec.Resources.MemoryMB, createdAt: sm.now})
 			sm.push(event{at: sm.now + int64(d), kind: evReady, name: x.ID})
 		case reconciler.Tombstone:
 			if sb := sm.sandboxes[x.ID]; sb != nil && !sb.gone {
@@ -457,6 +454,13 @@ func (sm *simulator) step(ev reconciler.Event) {
 			sm.push(event{at: max(sm.now, x.At.Sub(sm.start).Nanoseconds()), kind: evRetry, name: x.Function})
 		}
 	}
+}
+
+// add counts a new sandbox, regular or emergency, toward memory and the peak.
+func (sm *simulator) add(sb *sandbox) {
+	sm.sandboxes[sb.id] = sb
+	sm.live++
+	sm.res.PeakSandboxes = max(sm.res.PeakSandboxes, sm.live)
 }
 
 func (sm *simulator) unroute(sb *sandbox) {
@@ -555,9 +559,7 @@ func (sm *simulator) emergency(c *call, fn *function) bool {
 		fn.setLevel(sm.now, 1)
 	}
 	sb.readyAt = sm.now + int64(sm.cfg.EmergencyStart)
-	sm.sandboxes[sb.id] = sb
-	sm.live++
-	sm.res.PeakSandboxes = max(sm.res.PeakSandboxes, sm.live)
+	sm.add(sb)
 	sm.res.EmergencyCalls++
 	c.sb = sb
 	sm.push(event{at: sb.readyAt, kind: evEmergencyReady, c: c})

@@ -142,6 +142,24 @@ func SplitOf(name string) (fn string, rev uint64, ok bool) {
 	return name[:i], rev, true
 }
 
+// IsRevisionFunction reports whether name is a RevisionFunction: user names
+// hold no '_', so any name with one is (cheap enough for the data plane's
+// routing).
+func IsRevisionFunction(name string) bool { return strings.IndexByte(name, '_') >= 0 }
+
+// Pins reports whether t sends calls to a revision other than f's current
+// one, which then runs as its RevisionFunction.
+func (f *Function) Pins(t TrafficTarget) bool { return t.Revision != 0 && t.Revision != f.Revision }
+
+// TrafficFunction names the function that serves t's share of f's calls:
+// f itself, or the RevisionFunction of the revision t pins.
+func (f *Function) TrafficFunction(t TrafficTarget) string {
+	if f.Pins(t) {
+		return RevisionFunction(f.Name, t.Revision)
+	}
+	return f.Name
+}
+
 // trafficToProto resolves each target to the function that serves it.
 func (f *Function) trafficToProto() []*briskv1.TrafficTarget {
 	if len(f.Traffic) == 0 {
@@ -149,11 +167,7 @@ func (f *Function) trafficToProto() []*briskv1.TrafficTarget {
 	}
 	out := make([]*briskv1.TrafficTarget, len(f.Traffic))
 	for i, t := range f.Traffic {
-		fn := f.Name
-		if t.Revision != 0 && t.Revision != f.Revision {
-			fn = RevisionFunction(f.Name, t.Revision)
-		}
-		out[i] = &briskv1.TrafficTarget{Function: fn, Revision: t.Revision, Percent: uint32(t.Percent)}
+		out[i] = &briskv1.TrafficTarget{Function: f.TrafficFunction(t), Revision: t.Revision, Percent: uint32(t.Percent)}
 	}
 	return out
 }
