@@ -274,6 +274,37 @@ func (s *Cgroup) Limit(res spec.Resources) error {
 	return nil
 }
 
+// Reset lifts the CPU and memory limits, so that a cgroup kept for reuse
+// limits its next sandbox as a new one would. Counters (OOMKills) and
+// page-cache charges of earlier members stay; the charges are reclaimed
+// under the next limit like any cache.
+func (s *Cgroup) Reset() error {
+	cg := s.cg
+	if cg.v2 {
+		d := s.dirs[0]
+		if cg.cpuV2 {
+			if err := writeFile(filepath.Join(d, "cpu.max"), "max "+strconv.Itoa(cfsPeriod)); err != nil {
+				return err
+			}
+		}
+		if cg.memV2 {
+			return writeFile(filepath.Join(d, "memory.max"), "max")
+		}
+		return nil
+	}
+	if cg.cpuV1 != "" {
+		if err := writeFile(filepath.Join(cg.cpuV1, s.rel, "cpu.cfs_quota_us"), "-1"); err != nil {
+			return err
+		}
+	}
+	if s.mem != "" {
+		// memory+swap may not be below memory alone: it is raised first.
+		_ = writeFile(filepath.Join(s.mem, "memory.memsw.limit_in_bytes"), "-1") // absent without swap accounting
+		return writeFile(filepath.Join(s.mem, "memory.limit_in_bytes"), "-1")
+	}
+	return nil
+}
+
 // OpenDir opens the v2 cgroup directory for clone(CLONE_INTO_CGROUP).
 func (s *Cgroup) OpenDir() (int, error) {
 	fd, err := syscall.Open(s.dirs[0], syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)

@@ -306,3 +306,47 @@ func TestField(t *testing.T) {
 		t.Error("hasLine")
 	}
 }
+
+// A reset cgroup reads as a new one with no limits does.
+func TestReset(t *testing.T) {
+	testutil.RequiresRoot(t)
+	cg := detect(t, DefaultRoot)
+	fresh, err := cg.Create(testName("reset-fresh"), spec.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fresh.RemoveNow() })
+	s, err := cg.Create(testName("reset"), spec.Resources{MilliCPU: 250, MemoryMB: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.RemoveNow() })
+	if err := s.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"cpu.max": s.dirs[0], "memory.max": s.dirs[0]}
+	if !cg.v2 {
+		files = map[string]string{"memory.limit_in_bytes": s.mem, "memory.memsw.limit_in_bytes": s.mem}
+		if cg.cpuV1 != "" {
+			files["cpu.cfs_quota_us"] = filepath.Join(cg.cpuV1, s.rel)
+		}
+	}
+	checked := 0
+	for file, dir := range files {
+		want, err := os.ReadFile(filepath.Join(strings.Replace(dir, testName("reset"), testName("reset-fresh"), 1), file))
+		if err != nil {
+			continue // the controller or swap accounting is absent
+		}
+		if got := readTrim(t, filepath.Join(dir, file)); got != strings.TrimSpace(string(want)) {
+			t.Errorf("%s after Reset = %q, want a new cgroup's %q", file, got, strings.TrimSpace(string(want)))
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Skip("no cpu or memory controller to check")
+	}
+	// Limits set after a reset apply.
+	if err := s.Limit(spec.Resources{MemoryMB: 32}); err != nil {
+		t.Fatal(err)
+	}
+}

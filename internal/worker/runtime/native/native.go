@@ -9,12 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -31,6 +31,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
 
 // Config configures the native runtime. StateDir and Pool are required.
@@ -93,16 +94,20 @@ type Runtime struct {
 	prefix   string // cgroup names of this StateDir's shells: native-<hash>-
 	seq      atomic.Uint64
 
-	ready    chan *shell // parked shells
-	unbound  sync.Map    // names of shells being made or parked (tests' leak checks)
-	refill   chan struct{}
-	dirty    chan struct{} // the table has changed
-	bg       context.Context
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	started  atomic.Bool
-	closed   atomic.Bool
-	persistM sync.Mutex
+	ready chan *shell // parked shells
+	// spareCgroups are emptied shell cgroups kept for new shells
+	// (recycleCgroup).
+	spareCgroups chan *cgroups.Cgroup
+	unbound      sync.Map // names of shells being made or parked and of spare cgroups (tests' leak checks)
+	refill       chan struct{}
+	dirty        chan struct{} // the table has changed
+	bg           context.Context
+	stop         context.CancelFunc
+	wg           sync.WaitGroup
+	started      atomic.Bool
+	closed       atomic.Bool
+	persistM     sync.Mutex
+	table        *statefile.File // the sandbox table, read and set by adopt
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -141,7 +146,8 @@ type record struct {
 	Addr      string `json:"addr"`
 	PID       int    `json:"pid"`
 	StartTime uint64 `json:"start_time"`
-	Cgroup    string `json:"cgroup,omitempty"` // name under brisk/
+	Cgroup    string `json:"cgroup,omitempty"`   // name under brisk/
+	OOMBase   int64  `json:"oom_base,omitempty"` // shell.oomBase
 	NetNS     string `json:"netns"`
 }
 
@@ -173,7 +179,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		initArgv: cfg.InitArgv, caps: defaultCapNumbers(), uid: nobody, gid: nobody,
-		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), refill: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
+		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), spareCgroups: make(chan *cgroups.Cgroup, cfg.Shells), refill: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
 		sandboxes: map[string]*sandbox{}, creating: map[string]struct{}{}}
 	if len(r.initArgv) == 0 {
 		r.initArgv = []string{exe, nsinit.Subcommand}
@@ -284,6 +290,9 @@ func (r *Runtime) Close() error {
 		select {
 		case sh := <-r.ready:
 			errs = append(errs, r.destroy(ctx, sh))
+		case cg := <-r.spareCgroups:
+			errs = append(errs, cg.Remove(ctx))
+			r.unbound.Delete(path.Base(cg.Rel()))
 		default:
 			return errors.Join(errs...)
 		}
@@ -375,7 +384,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 			Addr: net.JoinHostPort(sh.ep.IP.String(), strconv.Itoa(s.Function.Port)),
 			PID:  sh.pid, StartTime: sh.start, NetNS: sh.ep.Name}}
 	if sh.cg != nil {
-		sb.rec.Cgroup = sh.name
+		sb.rec.Cgroup, sb.rec.OOMBase = sh.name, sh.oomBase
 	}
 	fail := func(err error) (*runtime.Instance, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -449,7 +458,7 @@ func (r *Runtime) exitErr(sb *sandbox) error {
 		return fmt.Errorf("%w (%s)", runtime.ErrKilled, status)
 	}
 	if sb.sh.cg != nil {
-		if n, _ := sb.sh.cg.OOMKills(); n > 0 {
+		if n, _ := sb.sh.cg.OOMKills(); n > sb.sh.oomBase {
 			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, runtime.ErrOOMKilled, sb.memMB)
 		}
 	}
@@ -695,7 +704,7 @@ func (r *Runtime) tableWriter() {
 	}
 }
 
-// persist writes the sandbox table (temp file and rename).
+// persist writes the sandbox table.
 func (r *Runtime) persist() error {
 	r.persistM.Lock()
 	defer r.persistM.Unlock()
@@ -710,7 +719,7 @@ func (r *Runtime) persist() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(r.cfg.StateDir, tableFile), b)
+	return r.table.Write(b)
 }
 
 // adopt takes over the sandboxes in the table whose init still runs, and
@@ -718,21 +727,22 @@ func (r *Runtime) persist() error {
 // this StateDir nobody adopted (an earlier worker's parked shells). Their
 // network namespaces are the pool's to reap when it starts.
 func (r *Runtime) adopt() error {
-	b, err := os.ReadFile(filepath.Join(r.cfg.StateDir, tableFile))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	table, b, err := statefile.Open(r.cfg.StateDir, tableFile)
+	if err != nil {
 		return err
 	}
+	r.table = table
 	var recs []record
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &recs); err != nil {
-			return fmt.Errorf("%s: %w", tableFile, err)
+			return fmt.Errorf("%s: %w", table.Path(), err)
 		}
 	}
 	keep := map[string]bool{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, rec := range recs {
-		sh := &shell{name: rec.Cgroup, pid: rec.PID, start: rec.StartTime}
+		sh := &shell{name: rec.Cgroup, pid: rec.PID, start: rec.StartTime, oomBase: rec.OOMBase}
 		if rec.Cgroup != "" {
 			sh.cg = r.cg.Open("brisk/" + rec.Cgroup)
 		}

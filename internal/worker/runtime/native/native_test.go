@@ -188,7 +188,7 @@ func TestIsolation(t *testing.T) {
 	want := map[string]any{
 		"uid": 65534.0, "gid": 65534.0, "pid": 1.0, "hostname": "iso-1", "cap_eff": "0000000000000000",
 		"no_new_privs": "1", "seccomp": "2", "unshare_errno": 1.0, // EPERM from the seccomp profile
-		"tmp_writable": true, "root_writable": false, "sandbox": "iso-1",
+		"tmp_writable": true, "root_writable": false, "sandbox": "iso-1", "devices": true,
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -339,7 +339,7 @@ func TestRestartAdopts(t *testing.T) {
 	case <-time.After(waitLong):
 		t.Fatal("Watch channel did not close after Kill")
 	}
-	if names := r2.cg.List(r2.prefix); len(names) > len(r2.ready)+1 {
+	if names := r2.cg.List(r2.prefix); len(names) > len(r2.ready)+len(r2.spareCgroups)+1 {
 		t.Errorf("cgroups left: %v", names)
 	}
 }

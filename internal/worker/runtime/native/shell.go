@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,9 @@ type shell struct {
 	pid  int
 	// start is the init's start time (procs.Stat), which with pid names it.
 	start uint64
+	// oomBase is the cgroup's OOM kill count when the shell took it: a
+	// recycled cgroup counts its earlier sandboxes' kills too.
+	oomBase int64
 
 	exited  chan struct{} // closed once the worker has reaped the init
 	exitErr error         // how it ended, set before exited closes
@@ -59,20 +63,26 @@ func (r *Runtime) spawn(ctx context.Context) (sh *shell, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}
-	name := r.prefix + strconv.FormatUint(r.seq.Add(1), 10)
-	sh = &shell{name: name, ep: ep, exited: make(chan struct{})}
-	r.unbound.Store(name, struct{}{})
+	sh = &shell{ep: ep, exited: make(chan struct{})}
+	select {
+	case sh.cg = <-r.spareCgroups:
+		sh.name = path.Base(sh.cg.Rel())
+		sh.oomBase, _ = sh.cg.OOMKills()
+	default:
+		sh.name = r.prefix + strconv.FormatUint(r.seq.Add(1), 10)
+	}
+	r.unbound.Store(sh.name, struct{}{})
 	defer func() {
 		if err != nil {
-			r.unbound.Delete(name)
+			r.unbound.Delete(sh.name)
 			r.cfg.Pool.Release(ep)
 			if sh.cg != nil {
 				_ = sh.cg.RemoveNow()
 			}
 		}
 	}()
-	if r.cg != nil {
-		if sh.cg, err = r.cg.Create(name, spec.Resources{}); err != nil {
+	if r.cg != nil && sh.cg == nil {
+		if sh.cg, err = r.cg.Create(sh.name, spec.Resources{}); err != nil {
 			return nil, err
 		}
 	}
@@ -197,7 +207,12 @@ const bindTimeout = 30 * time.Second
 // destroy ends a shell's processes and gives back what it held. It waits for
 // the init to be reaped when the worker started it.
 func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
-	defer r.unbound.Delete(sh.name)
+	kept := false // the cgroup, now spare, keeps its name in unbound
+	defer func() {
+		if !kept {
+			r.unbound.Delete(sh.name)
+		}
+	}()
 	if sh.ctl != nil {
 		sh.ctl.Close()
 	}
@@ -217,8 +232,10 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 		return err
 	}
 	if sh.cg != nil {
-		if err := sh.cg.Remove(ctx); err != nil {
-			return err
+		if kept = r.recycleCgroup(sh.cg); !kept {
+			if err := sh.cg.Remove(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	if sh.ep != nil {
@@ -226,6 +243,24 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 		sh.ep = nil
 	}
 	return nil
+}
+
+// recycleCgroup keeps the cgroup of a shell whose processes have all ended,
+// its limits lifted, for the next shell to take: making and removing a
+// cgroup (one per controller on v1, and the kernel's deferred teardown of
+// each) cost more than the rest of a shell's teardown. It reports whether
+// it kept the cgroup.
+func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup) bool {
+	if r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 || cg.Reset() != nil {
+		return false
+	}
+	r.unbound.Store(path.Base(cg.Rel()), struct{}{})
+	select {
+	case r.spareCgroups <- cg:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitGone polls until the process (pid, start), not a child of this

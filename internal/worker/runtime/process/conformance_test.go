@@ -43,7 +43,7 @@ func TestConformance(t *testing.T) {
 func conformanceLeaks(t *testing.T, stateDir string) []string {
 	t.Helper()
 	var out []string
-	recs, err := readTable(stateDir)
+	_, recs, err := readTable(stateDir)
 	if err != nil {
 		t.Fatalf("Leaks: %v", err)
 	}

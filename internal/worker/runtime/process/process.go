@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
 
 // Config configures the process runtime. Only StateDir is required.
@@ -104,6 +105,7 @@ type Runtime struct {
 	// persistMu serialises table writes and is taken before mu, so each
 	// write snapshots a table at least as new as the previous write's.
 	persistMu sync.Mutex
+	table     *statefile.File // the sandbox table
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	creating  map[string]struct{} // ids reserved by a Create in progress
@@ -218,10 +220,11 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
-	recs, err := readTable(cfg.StateDir)
+	table, recs, err := readTable(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
+	r.table = table
 	if err := reapSecrets(cfg.StateDir, recs); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
@@ -722,7 +725,7 @@ func (r *Runtime) persist() error {
 	}
 	r.mu.Unlock()
 	slices.SortFunc(recs, func(a, b record) int { return cmp.Compare(a.ID, b.ID) })
-	return writeTable(r.cfg.StateDir, recs)
+	return writeTable(r.table, recs)
 }
 
 // reservePort returns a free loopback port no sandbox of this runtime holds.

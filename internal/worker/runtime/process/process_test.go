@@ -198,7 +198,7 @@ func TestCreateServesAndPassesEnv(t *testing.T) {
 	if list, _ := r.List(context.Background()); len(list) != 0 {
 		t.Errorf("List after Kill = %+v", list)
 	}
-	if recs, err := readTable(r.cfg.StateDir); err != nil || len(recs) != 0 {
+	if _, recs, err := readTable(r.cfg.StateDir); err != nil || len(recs) != 0 {
 		t.Errorf("table after Kill = %+v, %v", recs, err)
 	}
 }
@@ -471,7 +471,7 @@ func TestRestartIgnoresReusedPID(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := writeTable(dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
+	if err := writeTableAt(t, dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
 		t.Fatal(err)
 	}
 	r := newRuntime(t, Config{StateDir: dir})
@@ -482,7 +482,7 @@ func TestRestartIgnoresReusedPID(t *testing.T) {
 		t.Fatal("Kill signalled the process that reused the sandbox's pid")
 	}
 
-	if err := writeTable(dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
+	if err := writeTableAt(t, dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
 		t.Fatal(err)
 	}
 	r = newRuntime(t, Config{StateDir: dir})
@@ -544,16 +544,18 @@ func TestConcurrentCreateKill(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if recs, err := readTable(r.cfg.StateDir); err != nil || len(recs) != 0 {
+	if _, recs, err := readTable(r.cfg.StateDir); err != nil || len(recs) != 0 {
 		t.Errorf("table after all Kills = %+v, %v", recs, err)
 	}
 }
 
 func TestCreateFailsWhenTableCannotBeWritten(t *testing.T) {
 	r := newRuntime(t, Config{})
-	// A directory where the table file goes makes every rename onto it fail.
-	if err := os.MkdirAll(filepath.Join(r.cfg.StateDir, tableFile, "blocker"), 0o755); err != nil {
-		t.Fatal(err)
+	// Directories where the table's slots go make every write fail.
+	for _, slot := range []string{".0", ".1"} {
+		if err := os.MkdirAll(filepath.Join(r.cfg.StateDir, tableFile+slot, "blocker"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_, err := r.Create(context.Background(), runtime.Spec{ID: "sb-unrecorded", Function: echoFn("unrecorded", nil)})
 	if err == nil {
@@ -683,4 +685,15 @@ func TestCommandExpandsVariables(t *testing.T) {
 	if want := "port=" + port + " hello-hello $MISSING $$PORT\n"; !strings.Contains(string(logs), want) {
 		t.Fatalf("the command printed %q, want %q", logs, want)
 	}
+}
+
+// writeTableAt writes recs as the table in dir, as an earlier worker would
+// have left it.
+func writeTableAt(t *testing.T, dir string, recs []record) error {
+	t.Helper()
+	f, _, err := readTable(dir)
+	if err != nil {
+		return err
+	}
+	return writeTable(f, recs)
 }

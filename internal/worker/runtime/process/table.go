@@ -2,11 +2,9 @@ package process
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
+
+	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
 
 const (
@@ -39,48 +37,31 @@ type tableJSON struct {
 	Sandboxes []record `json:"sandboxes"`
 }
 
-// readTable loads StateDir/sandboxes.json; a missing file is an empty table.
-func readTable(dir string) ([]record, error) {
-	path := filepath.Join(dir, tableFile)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
+// readTable loads StateDir/sandboxes.json (statefile's two slots); none is
+// an empty table.
+func readTable(dir string) (*statefile.File, []record, error) {
+	f, b, err := statefile.Open(dir, tableFile)
+	if err != nil || len(b) == 0 {
+		return f, nil, err
 	}
 	var t tableJSON
 	if err := json.Unmarshal(b, &t); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", f.Path(), err)
 	}
 	if t.Version != tableVersion {
-		return nil, fmt.Errorf("%s: version %d, this worker reads version %d", path, t.Version, tableVersion)
+		return nil, nil, fmt.Errorf("%s: version %d, this worker reads version %d", f.Path(), t.Version, tableVersion)
 	}
-	return t.Sandboxes, nil
+	return f, t.Sandboxes, nil
 }
 
-// writeTable replaces StateDir/sandboxes.json atomically (temp file, then
-// rename), so a reader sees the old or the new table, never half of one. It
-// does not fsync: the table only has to survive the worker process, and the
-// sandboxes it lists do not survive a machine crash anyway.
-func writeTable(dir string, recs []record) error {
+// writeTable makes recs the table's newest state (statefile: written in
+// place, a reader sees the old or the new table, never half of one).
+func writeTable(f *statefile.File, recs []record) error {
 	b, err := json.MarshalIndent(tableJSON{Version: tableVersion, Sandboxes: recs}, "", "  ")
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, tableFile+".*.tmp")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(b, '\n'))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), filepath.Join(dir, tableFile))
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
+	if err := f.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("write sandbox table: %w", err)
 	}
 	return nil

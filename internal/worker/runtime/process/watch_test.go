@@ -111,7 +111,7 @@ func TestWatchAdoptedReusedPID(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	if err := writeTable(dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
+	if err := writeTableAt(t, dir, []record{{ID: "sb-old", Function: "old", PID: pid, PGID: pid, StartTime: start + 1, Addr: "127.0.0.1:1"}}); err != nil {
 		t.Fatal(err)
 	}
 	r := newRuntime(t, Config{StateDir: dir})

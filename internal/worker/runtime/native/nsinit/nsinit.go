@@ -249,15 +249,15 @@ func prepare(staging, sizeMB string) error {
 			return fmt.Errorf("mount %s on /%s: %w", m.fstype, m.dst, err)
 		}
 	}
-	for _, dev := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
-		dst := filepath.Join(staging, "dev", dev)
-		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o666)
-		if err != nil {
-			return err
+	// Device nodes made, not bind-mounted from the host (as runc does
+	// outside a user namespace): six mounts fewer to make and to tear down.
+	for _, dev := range devices {
+		dst := filepath.Join(staging, "dev", dev.name)
+		if err := unix.Mknod(dst, unix.S_IFCHR|0o666, int(unix.Mkdev(dev.major, dev.minor))); err != nil {
+			return fmt.Errorf("make /dev/%s: %w", dev.name, err)
 		}
-		f.Close()
-		if err := unix.Mount("/dev/"+dev, dst, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind /dev/%s: %w", dev, err)
+		if err := unix.Chmod(dst, 0o666); err != nil { // whatever the umask
+			return err
 		}
 	}
 	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
@@ -267,6 +267,12 @@ func prepare(staging, sizeMB string) error {
 	}
 	return nil
 }
+
+// devices are the character devices of a sandbox's /dev: runc's defaults.
+var devices = []struct {
+	name         string
+	major, minor uint32
+}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
 
 // EncodeFilter lays a BPF program out as the kernel's struct sock_filter
 // array (u16 code, u8 jt, u8 jf, u32 k, native byte order), for Bind.Seccomp.

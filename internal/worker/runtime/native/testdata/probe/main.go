@@ -1,7 +1,7 @@
 // Command probe is the native runtime tests' function: a static HTTP server
 // on 0.0.0.0:$PORT that replies to every request with what it can see of its
 // sandbox as JSON: who it runs as, its capability and seccomp state, its
-// PID namespace, hostname, and which writes and syscalls succeed; GET
+// PID namespace, hostname, whether its devices work, and which writes and syscalls succeed; GET
 // /secrets answers what it sees of its secrets (secretsprobe). With
 // PROBE_MODE=exit it exits with status 3 at once.
 package main
@@ -65,6 +65,14 @@ func probe() map[string]any {
 	// unshare(CLONE_NEWUSER) needs no privilege on this kernel; the default
 	// seccomp profile denies it.
 	_, _, unshareErr := syscall.RawSyscall(syscall.SYS_UNSHARE, syscall.CLONE_NEWUSER, 0, 0)
+	// The devices a container has: random bytes in, anything out.
+	devs := false
+	if f, err := os.Open("/dev/urandom"); err == nil {
+		b := make([]byte, 8)
+		_, err = f.Read(b)
+		f.Close()
+		devs = err == nil && os.WriteFile("/dev/null", b, 0) == nil
+	}
 	ifaces := []string{}
 	if is, err := net.Interfaces(); err == nil {
 		for _, i := range is {
@@ -76,6 +84,6 @@ func probe() map[string]any {
 		"cap_eff": status["CapEff"], "cap_bnd": status["CapBnd"], "no_new_privs": status["NoNewPrivs"],
 		"seccomp": status["Seccomp"], "unshare_errno": int(unshareErr),
 		"tmp_writable": write("/tmp/written-by-probe"), "root_writable": write("/written-by-probe"),
-		"sandbox": os.Getenv("BRISK_SANDBOX_ID"), "image_env": os.Getenv("IMAGE_ENV"), "interfaces": ifaces,
+		"sandbox": os.Getenv("BRISK_SANDBOX_ID"), "image_env": os.Getenv("IMAGE_ENV"), "interfaces": ifaces, "devices": devs,
 	}
 }
