@@ -169,6 +169,7 @@ func defaultDataDir() string {
 // wkFlags are the worker's flags, shared by `up` and `worker`.
 type wkFlags struct {
 	listen, advertise, nodeID, rt, stateDir string
+	emergencyRT                             string
 	sandboxUser                             string
 	emulate                                 int
 	createDelay                             time.Duration
@@ -188,7 +189,8 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
-	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native, none otherwise; -1 = none)")
+	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none)")
+	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd (regular sandboxes in containerd, one-shot emergency ones from the native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
@@ -215,7 +217,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
-		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots}
+		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT}
 	return w, f.ctr.apply(&w)
 }
 

@@ -65,6 +65,10 @@ type Workers struct {
 	// NativeShells is how many parked shells the native runtime keeps
 	// ready (native.Config.Shells); 0: its default.
 	NativeShells int
+	// EmergencyRuntime is the runtime of the emergency track: "" (the
+	// node's runtime) or "native" beside containerd, sharing its network
+	// pool, with its state under StateDir/emergency.
+	EmergencyRuntime string
 
 	// containerd only (StateDir holds the sandboxes' logs):
 	ContainerdAddress   string         // socket; default /run/containerd/containerd.sock
@@ -95,7 +99,7 @@ func (w Workers) emergencySlots(rt string) int {
 	switch {
 	case w.EmergencySlots != 0:
 		return max(0, w.EmergencySlots)
-	case rt == "native":
+	case rt == "native", w.EmergencyRuntime == "native":
 		return DefaultEmergencySlots()
 	}
 	return 0
@@ -117,6 +121,16 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	}
 	if w.Capacity.MemoryMB == 0 {
 		w.Capacity.MemoryMB = TotalMemoryMB()
+	}
+	switch w.EmergencyRuntime {
+	case "", w.Runtime:
+		w.EmergencyRuntime = ""
+	case "native":
+		if w.Runtime != "containerd" {
+			return nil, nil, fmt.Errorf("%w: emergency runtime native beside runtime %q: it goes beside containerd (the native runtime's own emergency track already uses it)", ErrUsage, w.Runtime)
+		}
+	default:
+		return nil, nil, fmt.Errorf("%w: emergency runtime %q: want native (beside containerd) or the node's runtime", ErrUsage, w.EmergencyRuntime)
 	}
 	cfg := worker.Config{Listen: w.Listen, Advertise: w.Advertise, ControlPlane: controlPlane,
 		StopSandboxesOnExit: w.StopOnExit, Logger: log.With("component", "worker")}
@@ -161,6 +175,14 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 			return nil, nil, err
 		}
 		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.ctr, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
+		if w.EmergencyRuntime == "native" {
+			if side.nat, err = newNative(w, filepath.Join(w.StateDir, "emergency"), side.pool, log); err != nil {
+				side.close()
+				side.unlock()
+				return nil, nil, err
+			}
+			cfg.Nodes[0].EmergencyRuntime = side.nat
+		}
 	case "native":
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
@@ -232,13 +254,17 @@ func buildNative(w Workers, log *slog.Logger) (*Sidecars, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := native.New(native.Config{StateDir: w.StateDir, Pool: pool, Shells: w.NativeShells,
-		User: w.SandboxUser, Logger: log.With("component", "runtime")})
+	rt, err := newNative(w, w.StateDir, pool, log)
 	if err != nil {
 		unlock()
 		return nil, err
 	}
 	return &Sidecars{pool: pool, unlock: unlock, nat: rt, stopOnExit: w.StopOnExit}, nil
+}
+
+func newNative(w Workers, stateDir string, pool *netpool.Pool, log *slog.Logger) (*native.Runtime, error) {
+	return native.New(native.Config{StateDir: stateDir, Pool: pool, Shells: w.NativeShells,
+		User: w.SandboxUser, Logger: log.With("component", "runtime", "runtime", "native")})
 }
 
 func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {

@@ -34,6 +34,11 @@ type NodeConfig struct {
 	// EmergencySlots is how many one-shot emergency sandboxes the node runs
 	// at once for data planes (the dual track); 0 takes no emergency calls.
 	EmergencySlots int
+	// EmergencyRuntime starts the emergency sandboxes; nil: Runtime. A
+	// fast runtime here beside a slower regular one (native beside
+	// containerd) is PulseNet's pairing: regular instances as before,
+	// the excess served in milliseconds.
+	EmergencyRuntime runtime.Runtime
 }
 
 // Config configures a worker daemon.
@@ -118,6 +123,9 @@ func New(cfg Config) (*Daemon, error) {
 		}
 		n := newNode(nc.ID, boot, nc.Runtime, nc.Capacity, nc.MaxSandboxes, cfg.CreateTimeout, cfg.Logger)
 		n.em.slots = max(0, nc.EmergencySlots)
+		if nc.EmergencyRuntime != nil {
+			n.emRT = nc.EmergencyRuntime
+		}
 		d.nodes[nc.ID] = n
 		if d.first == nil {
 			d.first = n
@@ -203,10 +211,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); d.registerLoop(rctx, adv) }()
 	dirs := map[string]bool{}
 	for _, n := range d.nodes {
-		if lk, ok := n.rt.(LogKeeper); ok && !dirs[lk.LogDir()] {
-			dirs[lk.LogDir()] = true
-			wg.Add(1)
-			go func(dir string) { defer wg.Done(); rotateLogs(rctx, dir, MaxLogBytes) }(lk.LogDir())
+		for _, rt := range n.runtimes() {
+			if lk, ok := rt.(LogKeeper); ok && !dirs[lk.LogDir()] {
+				dirs[lk.LogDir()] = true
+				wg.Add(1)
+				go func(dir string) { defer wg.Done(); rotateLogs(rctx, dir, MaxLogBytes) }(lk.LogDir())
+			}
 		}
 	}
 	select {

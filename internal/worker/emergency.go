@@ -131,7 +131,7 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 		return nil, err
 	}
 	failed := true
-	inst, err := n.rt.Create(ctx, runtime.Spec{ID: id, Function: f})
+	inst, err := n.emRT.Create(ctx, runtime.Spec{ID: id, Function: f})
 	if err != nil {
 		n.releaseEmergency(res, true, time.Since(t0))
 		n.log.Warn("emergency sandbox did not start", "function", f.Name, "sandbox", id, "err", err)
@@ -146,7 +146,7 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 		go func() {
 			kctx, cancel := context.WithTimeout(context.Background(), emergencyTeardown)
 			defer cancel()
-			if err := n.rt.Kill(kctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			if err := n.emRT.Kill(kctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				n.log.Warn("emergency sandbox teardown", "sandbox", id, "err", err)
 			}
 			n.releaseEmergency(res, failed, time.Since(t0))

@@ -48,8 +48,10 @@ func (d *Daemon) Logs(req *briskv1.LogsRequest, stream briskv1.Worker_LogsServer
 		if req.GetNodeId() != "" && id != req.GetNodeId() {
 			continue
 		}
-		if lk, ok := n.rt.(LogKeeper); ok {
-			srcs = append(srcs, src{id, filepath.Join(lk.LogDir(), fn)})
+		for _, rt := range n.runtimes() {
+			if lk, ok := rt.(LogKeeper); ok {
+				srcs = append(srcs, src{id, filepath.Join(lk.LogDir(), fn)})
+			}
 		}
 	}
 	slices.SortFunc(srcs, func(a, b src) int { return strings.Compare(a.node, b.node) })

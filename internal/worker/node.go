@@ -40,6 +40,7 @@ type Node struct {
 	id       string
 	bootID   string
 	rt       runtime.Runtime
+	emRT     runtime.Runtime // the emergency track's; rt unless set apart
 	capacity spec.Resources
 	max      int
 	log      *slog.Logger
@@ -62,7 +63,7 @@ type Node struct {
 
 func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max int, createTimeout time.Duration, log *slog.Logger) *Node {
 	return &Node{
-		id: id, bootID: bootID, rt: rt, capacity: capacity, max: max, createTO: createTimeout,
+		id: id, bootID: bootID, rt: rt, emRT: rt, capacity: capacity, max: max, createTO: createTimeout,
 		log:        log.With("node", id),
 		dial:       runtime.DialTCP,
 		sandboxes:  make(map[string]*sandbox),
@@ -72,26 +73,43 @@ func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max
 	}
 }
 
-// adopt takes over sandboxes a runtime still runs from an earlier daemon
-// process, so a daemon restart does not lose them.
-func (n *Node) adopt(ctx context.Context) {
-	listed, err := n.rt.List(ctx)
-	if err != nil {
-		n.log.Warn("listing sandboxes left by an earlier worker", "err", err)
-		return
+// runtimes are the node's runtimes: the regular one, then the emergency
+// track's when it is another.
+func (n *Node) runtimes() []runtime.Runtime {
+	if n.emRT == n.rt {
+		return []runtime.Runtime{n.rt}
 	}
-	for _, l := range listed {
-		if strings.HasPrefix(l.ID, EmergencyPrefix) {
-			// A one-shot sandbox whose call died with the earlier daemon.
-			if err := n.rt.Kill(ctx, l.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-				n.log.Warn("killing an emergency sandbox left by an earlier worker", "sandbox", l.ID, "err", err)
+	return []runtime.Runtime{n.rt, n.emRT}
+}
+
+// adopt takes over sandboxes a runtime still runs from an earlier daemon
+// process, so a daemon restart does not lose them, and kills the emergency
+// sandboxes whose calls died with it.
+func (n *Node) adopt(ctx context.Context) {
+	var listed []runtime.Listed
+	for _, rt := range n.runtimes() {
+		l, err := rt.List(ctx)
+		if err != nil {
+			n.log.Warn("listing sandboxes left by an earlier worker", "runtime", rt.Name(), "err", err)
+			if rt == n.rt {
+				return
+			}
+			continue
+		}
+		for _, s := range l {
+			if strings.HasPrefix(s.ID, EmergencyPrefix) {
+				if err := rt.Kill(ctx, s.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+					n.log.Warn("killing an emergency sandbox left by an earlier worker", "sandbox", s.ID, "err", err)
+				}
+			} else if rt == n.rt {
+				listed = append(listed, s)
 			}
 		}
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, l := range listed {
-		if !l.Running || strings.HasPrefix(l.ID, EmergencyPrefix) {
+		if !l.Running {
 			continue
 		}
 		sb := &sandbox{

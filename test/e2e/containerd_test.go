@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -311,4 +312,55 @@ func timingField(h, key string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// TestContainerdWithNativeEmergency runs PulseNet's pairing: regular
+// sandboxes in containerd, the emergency track on the native runtime's
+// pooled shells (`--emergency-runtime native`). A dual-mode function's
+// first calls at zero are served by one-shot native sandboxes, which never
+// become containers, while its regular sandboxes do.
+func TestContainerdWithNativeEmergency(t *testing.T) {
+	testutil.RequiresRoot(t)
+	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("containerd at %s (CI starts it in .ci/run): %v", image.DefaultContainerdAddress, err)
+	}
+	defer ctr.Close()
+	c := newCluster(t)
+	c.mustBrisk(t, "image", "build", "trace", "--data-dir", c.dataDir, "--containerd-namespace", e2eNamespace)
+	p := c.up(t, append(slices.Clone(containerdArgs), "--emergency-runtime", "native", "--emergency-slots", "4")...)
+	c.mustBrisk(t, "fn", "deploy", "pair", "--builtin", "trace", "--memory", "64", "--concurrency", "1",
+		"--scaling-mode", "dual", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
+
+	first := c.invoke(t, "pair", `{"ms": 1}`)
+	if first.status != 200 || !strings.HasPrefix(first.sandbox, "ei-") || first.reply.Sandbox != first.sandbox {
+		t.Fatalf("first call at zero: status %d sandbox %q body=%s; want an emergency sandbox (ei-)", first.status, first.sandbox, first.body)
+	}
+	// Its log is the native runtime's, under the worker's emergency state.
+	logs, _ := filepath.Glob(filepath.Join(c.dataDir, "worker", "emergency", "logs", "pair", "ei-*.log"))
+	if len(logs) == 0 {
+		t.Errorf("no native-runtime log of the emergency sandbox under %s", filepath.Join(c.dataDir, "worker", "emergency"))
+	}
+	// The metric filter counts the first call: a regular sandbox follows,
+	// in containerd.
+	eventually(t, 60*time.Second, "a regular sandbox after the emergency call", func() bool {
+		return c.fn(t, "pair").Status.Ready >= 1
+	})
+	regular := c.invoke(t, "pair", `{"ms": 1}`)
+	if regular.status != 200 || strings.HasPrefix(regular.sandbox, "ei-") {
+		t.Fatalf("call with a regular sandbox ready: status %d sandbox %q", regular.status, regular.sandbox)
+	}
+	names := containers(t, ctr)
+	if !slices.Contains(names, regular.sandbox) {
+		t.Errorf("containers %v do not hold the regular sandbox %s", names, regular.sandbox)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, "ei-") {
+			t.Errorf("emergency sandbox %s became a container", n)
+		}
+	}
+	p.stop(syscall.SIGTERM)
+	if leaks := containerdLeaks(ctr); len(leaks) > 0 {
+		t.Fatalf("left after the cluster stopped:\n  %s", strings.Join(leaks, "\n  "))
+	}
 }
