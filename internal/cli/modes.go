@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -36,6 +37,7 @@ func newBenchModes(g *globals) *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	var modes []string
 	var windows []time.Duration
+	var merge bool
 	c := &cobra.Command{
 		Use:   "modes TRACE_DIR --out DIR",
 		Short: "Compare the scaling modes (async, sync, dual) on a trace across keep-alives: slowdown against memory",
@@ -45,7 +47,13 @@ the geometric mean of per-function p99 slowdown against the memory cost
 (GiB·s of regular sandboxes plus the dual track's emergency sandboxes),
 normalized to the cheapest run. A function's keep-alive is its stable window
 plus the 30 s scale-to-zero grace. Writes DIR/<mode>-<window>/ (each
-replay's files), DIR/modes.csv and DIR/modes.png.`,
+replay's files), DIR/modes.csv and DIR/modes.png.
+
+With --merge it replays nothing: it reads the summary.json of each
+DIR/<mode>-<window>/ that earlier runs wrote (for instance one run per
+mode and window, each on a fresh cluster, as
+scripts/bench-modes-pairing.sh does) and writes modes.csv and modes.png
+from them.`,
 		Example: `  brisk bench modes traces/azure_100 --minutes 5 --time-scale 0.5 --local --workers 4 --emergency-slots 8 --out results/modes`,
 		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -59,13 +67,21 @@ replay's files), DIR/modes.csv and DIR/modes.png.`,
 			if cfg.SkipMinutes == 0 {
 				cfg.SkipMinutes = -1
 			}
-			if _, err := cfg.Schedule(); err != nil {
+			if _, err := cfg.Schedule(); err != nil && !merge {
 				return usageError{err}
 			}
 			base := f.out
 			var points []modePoint
 			for _, w := range windows {
 				for _, m := range modes {
+					if merge {
+						p, err := readModePoint(filepath.Join(base, m+"-"+w.String()), m, w)
+						if err != nil {
+							return err
+						}
+						points = append(points, p)
+						continue
+					}
 					run := cfg
 					// The stable window is the keep-alive swept here:
 					// Knative's ttl, not gd's 15 minutes.
@@ -94,7 +110,25 @@ replay's files), DIR/modes.csv and DIR/modes.png.`,
 	registerReplayFlags(fl, &cfg)
 	fl.StringSliceVar(&modes, "modes", []string{spec.ModeAsync, spec.ModeSync, spec.ModeDual}, "scaling modes to compare")
 	fl.DurationSliceVar(&windows, "stable-windows", []time.Duration{6 * time.Second, time.Minute, 10 * time.Minute}, "stable windows to replay each mode with (keep-alive = window + 30 s grace)")
+	fl.BoolVar(&merge, "merge", false, "replay nothing: compare the runs already under --out (DIR/<mode>-<window>/summary.json)")
 	return c
+}
+
+// readModePoint reads one earlier replay's summary.json.
+func readModePoint(dir, mode string, window time.Duration) (modePoint, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		return modePoint{}, fmt.Errorf("--merge: %w", err)
+	}
+	var sum bench.ReplaySummary
+	if err := json.Unmarshal(b, &sum); err != nil {
+		return modePoint{}, fmt.Errorf("--merge: %s: %w", filepath.Join(dir, "summary.json"), err)
+	}
+	if sum.Config.ScalingMode != mode || time.Duration(sum.Config.StableWindowS*float64(time.Second)) != window {
+		return modePoint{}, fmt.Errorf("--merge: %s holds a %s run with stable window %gs, not %s with %s", dir, sum.Config.ScalingMode, sum.Config.StableWindowS, mode, window)
+	}
+	return modePoint{mode: mode, window: window, slowdown: sum.Slowdown.GeomeanP99, gbs: sum.TotalGBs,
+		emergency: sum.Emergency.Sandboxes, failed: sum.Failed}, nil
 }
 
 // checkModeSweep checks --modes and --stable-windows of a mode comparison

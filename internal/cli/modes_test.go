@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,5 +42,40 @@ func TestWriteModes(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "dual   6s") {
 		t.Errorf("table:\n%s", out.String())
+	}
+}
+
+// --merge compares runs already on disk, and refuses a directory holding
+// another mode's run.
+func TestModesMerge(t *testing.T) {
+	dir := t.TempDir()
+	write := func(sub, mode string, window, slowdown, gbs float64) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		s := `{"slowdown":{"geomean_p99":` + strconv.FormatFloat(slowdown, 'f', -1, 64) + `},"total_gb_s":` + strconv.FormatFloat(gbs, 'f', -1, 64) +
+			`,"emergency":{"sandboxes":3},"config":{"scaling_mode":"` + mode + `","stable_window_s":` + strconv.FormatFloat(window, 'f', -1, 64) + `}}`
+		if err := os.WriteFile(filepath.Join(dir, sub, "summary.json"), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("async-6s", "async", 6, 4, 30)
+	write("dual-6s", "dual", 6, 2, 15)
+	root, out, errOut := benchRoot("bench", "modes", "traces", "--out", dir, "--merge", "--modes", "async,dual", "--stable-windows", "6s")
+	if err := root.Execute(); err != nil {
+		t.Fatalf("%v\n%s%s", err, out, errOut)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "modes.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "async,6,36,4.0000,30.00,2.000,3,0\ndual,6,36,2.0000,15.00,1.000,3,0\n"; !strings.HasSuffix(string(b), want) {
+		t.Errorf("modes.csv:\n%s\nwant rows:\n%s", b, want)
+	}
+	write("dual-6s", "sync", 6, 2, 15)
+	root, _, _ = benchRoot("bench", "modes", "traces", "--out", dir, "--merge", "--modes", "async,dual", "--stable-windows", "6s")
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "holds a sync run") {
+		t.Errorf("merging a directory of another mode's run: %v", err)
 	}
 }

@@ -89,4 +89,5 @@ func registerReplayFlags(fl *pflag.FlagSet, cfg *bench.ReplayConfig) {
 	fl.IntVar(&cfg.Replicate, "replicate", 0, "make K copies of every function, each with its own arrival and runtime draws: a synthetic trace K times the sample (100 × azure_500: 50,000 functions)")
 	fl.IntVar(&cfg.SkipMinutes, "skip-minutes", 10, "first measured minutes the Dirigent and KubeDirect slowdown variants drop (0: none)")
 	fl.DurationVar(&cfg.MaxRuntime, "max-runtime", 60*time.Second, "clamp drawn runtimes to at most this")
+	fl.Int64Var(&cfg.MinSandboxMemoryMB, "min-sandbox-memory", 0, "raise every function's memory request (its sandboxes' limit) to at least this many MiB and keep each call's memory to a quarter of it: for real runtimes (containerd, native), where the loader's requests (largest memory / 10) are below a process's footprint; 0: the loader's requests")
 }

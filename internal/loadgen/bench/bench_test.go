@@ -178,6 +178,32 @@ func TestBenchmarksOnALocalCluster(t *testing.T) {
 			t.Fatalf("invocations.csv: %d rows (%v), want %d", len(recs), err, len(sched.Invocations))
 		}
 	})
+	// With a sandbox memory floor (real runtimes) every call's memory is at
+	// most a quarter of its function's request.
+	t.Run("replay with a sandbox memory floor", func(t *testing.T) {
+		dir := filepath.Join(moduleRoot(t), "traces", "azure_100")
+		o := opts(t)
+		cfg := ReplayConfig{TraceDir: dir, Minutes: 1, TimeScale: 0.02, Seed: 42, IAT: "exponential", Granularity: "minute",
+			Functions: 5, MaxRuntime: 10 * time.Millisecond, SkipMinutes: -1, MinSandboxMemoryMB: 64}
+		s, _, err := Replay(ctx, c, o, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Config.MinSandboxMiB != 64 || s.Failed != 0 {
+			t.Fatalf("summary: failed %d, config %+v", s.Failed, s.Config)
+		}
+		recs, err := loadgen.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
+		if err != nil || len(recs) == 0 {
+			t.Fatalf("invocations.csv: %d rows (%v)", len(recs), err)
+		}
+		most := 0
+		for _, r := range recs {
+			most = max(most, r.MemoryMB)
+		}
+		if most == 0 || most > 16 {
+			t.Errorf("largest call memory %d MiB, want within (0, 16] (a quarter of 64)", most)
+		}
+	})
 }
 
 func must[T any](v T, err error) T {

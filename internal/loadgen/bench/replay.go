@@ -46,12 +46,22 @@ type ReplayConfig struct {
 	// Placement goes into every registered function's spec ("": the
 	// cluster's).
 	Placement string
+	// MinSandboxMemoryMB raises every function's memory request (and so
+	// its sandboxes' limit) to at least this, and then keeps each call's
+	// memory to at most a quarter of the request (a garbage-collected
+	// function may hold twice what it touches): the loader's requests (a
+	// function's largest memory over 10) suit emulated sandboxes, but are
+	// below what a real process needs. 0: the loader's requests.
+	MinSandboxMemoryMB int64
 }
 
 // Schedule loads the trace window and draws the schedule.
 func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
 	if cfg.Minutes <= 0 || cfg.Warmup < 0 || cfg.StartMinute < 0 {
 		return nil, fmt.Errorf("replay: --minutes %d must be positive, --warmup %d and --start-minute %d not negative", cfg.Minutes, cfg.Warmup, cfg.StartMinute)
+	}
+	if cfg.MinSandboxMemoryMB < 0 || cfg.MinSandboxMemoryMB > loadgen.DefaultMaxMemory {
+		return nil, fmt.Errorf("replay: --min-sandbox-memory %d out of range [0, %d]", cfg.MinSandboxMemoryMB, loadgen.DefaultMaxMemory)
 	}
 	if cfg.TimeScale <= 0 || cfg.TimeScale > 1000 {
 		return nil, fmt.Errorf("replay: --time-scale %g out of range (0, 1000]", cfg.TimeScale)
@@ -127,6 +137,7 @@ type ReplayConfigJSON struct {
 	KeepAlivePolicy string  `json:"keep_alive_policy,omitempty"`
 	KeepAliveS      float64 `json:"keep_alive_s,omitempty"`
 	Placement       string  `json:"placement,omitempty"`
+	MinSandboxMiB   int64   `json:"min_sandbox_memory_mb,omitempty"`
 }
 
 // Replay registers the trace's functions and replays the schedule.
@@ -150,6 +161,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	for i := range s.Functions {
 		f := &s.Functions[i]
 		cpu, mem := loadgen.ResourceRequest(f)
+		mem = max(mem, cfg.MinSandboxMemoryMB)
 		names[i] = f.Name()
 		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem},
 			Placement: cfg.Placement,
@@ -172,6 +184,9 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		inv := &s.Invocations[i]
 		calls[i] = loadgen.Call{Function: names[inv.Func], Offset: loadgen.ScaleOffset(inv.Offset, cfg.TimeScale),
 			RuntimeMs: int(inv.RuntimeMs), MemoryMB: int(inv.MemoryMB), Phase: s.Phase(inv), ID: s.InvocationID(inv)}
+		if cfg.MinSandboxMemoryMB > 0 {
+			calls[i].MemoryMB = min(calls[i].MemoryMB, int(fns[inv.Func].Resources.MemoryMB/4))
+		}
 		if calls[i].Phase == 2 {
 			requested++
 		}
@@ -215,7 +230,8 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
 			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(),
-			KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAliveS: cfg.KeepAlive.Seconds(), Placement: cfg.Placement}}
+			KeepAlivePolicy: cfg.KeepAlivePolicy, KeepAliveS: cfg.KeepAlive.Seconds(), Placement: cfg.Placement,
+			MinSandboxMiB: cfg.MinSandboxMemoryMB}}
 	out.Emergency.Sandboxes, out.Emergency.GBs = -1, -1
 	out.TotalGBs = out.MemoryCost.GBs
 	if emErr0 == nil && emErr1 == nil {

@@ -48,3 +48,37 @@ func benchCold(b *testing.B, conc, shells int, refill bool) {
 		}
 	}})
 }
+
+// BenchmarkChurn is runtimetest.Churn on this runtime: conc workers start
+// and kill sandboxes back to back, teardown timed, the shell pool (16)
+// never waited for. "created" counts sandboxes started (Create returned:
+// the function exec'd in its namespaces and cgroup); "served" also waits
+// for the function to listen and answer its first request, so it includes
+// the function's own start (a Go HTTP server here).
+//
+//	go test -run '^$' -bench Churn -benchtime 2000x ./internal/worker/runtime/native/
+func BenchmarkChurn(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, conc := range []int{1, 10, 50} {
+		for _, serve := range []bool{false, true} {
+			name := map[bool]string{false: "created", true: "served"}[serve]
+			b.Run(fmt.Sprintf("conc=%d/%s", conc, name), func(b *testing.B) {
+				cfg := poolConfig()
+				cfg.Size = 16 + conc
+				pool := newPool(b, cfg)
+				if err := pool.Start(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				r, err := New(Config{StateDir: b.TempDir(), Pool: pool, InitArgv: []string{leanInit}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.Start()
+				b.Cleanup(func() { killAll(b, r); r.Close() })
+				f := &spec.Function{Name: "bench", Revision: 1, Command: []string{probeBin}, Port: 8080}
+				testutil.Eventually(b, waitLong, func() bool { return len(r.ready) == DefaultShells }, "shell pool filled")
+				runtimetest.Churn(b, r, f, conc, serve, nil)
+			})
+		}
+	}
+}

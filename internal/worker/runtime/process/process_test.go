@@ -651,6 +651,20 @@ func BenchmarkRuntimeColdStart(b *testing.B) {
 	}
 }
 
+// BenchmarkRuntimeChurn is runtimetest.Churn on this runtime (served:
+// readiness and first reply included), to compare with the native runtime's.
+func BenchmarkRuntimeChurn(b *testing.B) {
+	r, err := New(Config{StateDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, conc := range []int{1, 10, 50} {
+		b.Run(fmt.Sprintf("conc=%d/served", conc), func(b *testing.B) {
+			runtimetest.Churn(b, r, echoFn("bench", nil), conc, true, nil)
+		})
+	}
+}
+
 // Two sandboxes never get one port: the kernel may hand a just-closed port
 // out again before its sandbox binds it (found at 50 concurrent starts,
 // where sandboxes died failing to bind).

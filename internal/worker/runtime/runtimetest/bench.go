@@ -118,3 +118,66 @@ func coldStart(rt runtime.Runtime, id string, f *spec.Function, route func(*http
 	}
 	return nil
 }
+
+// Churn benchmarks rt's sustained lifecycle rate: conc workers each start
+// a sandbox of f, and — with serve — wait for readiness and its first HTTP
+// 2xx, then kill it, and start the next, until b.N sandboxes have lived.
+// Everything is timed, teardown included, and nothing waits for a pool to
+// refill, so the rate is what the runtime keeps up indefinitely. It reports
+// sandboxes/s and the p50 and p99 of each sandbox's start (Create, plus
+// readiness and first reply with serve).
+func Churn(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, serve bool, route func(*http.Request, string)) {
+	var next atomic.Int64
+	lat := make([]time.Duration, b.N)
+	errs := make(chan error, conc)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	t0 := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				id := IDPrefix + "churn-" + strconv.FormatUint(benchSeq.Add(1), 10)
+				start := time.Now()
+				err := churnOne(rt, id, f, serve, route)
+				lat[i] = time.Since(start)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				if kerr := rt.Kill(ctx, id); kerr != nil && err == nil {
+					err = kerr
+				}
+				cancel()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	b.StopTimer()
+	select {
+	case err := <-errs:
+		b.Fatal(err)
+	default:
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "sandboxes/s")
+}
+
+func churnOne(rt runtime.Runtime, id string, f *spec.Function, serve bool, route func(*http.Request, string)) error {
+	if serve {
+		return coldStart(rt, id, f, route)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := rt.Create(ctx, runtime.Spec{ID: id, Function: f})
+	return err
+}
