@@ -75,12 +75,17 @@ EOF
   done
 fi
 
+# new_module NAME REQUIREMENT VERSION: enter $dir/src/NAME, a throwaway
+# module requiring one module; returns 1 when it already existed.
+new_module() {
+  mkdir -p "$dir/src/$1"
+  cd "$dir/src/$1"
+  [ -f go.mod ] && return 1
+  printf 'module brisk.local/%sbuild\n\ngo 1.26.0\n\nrequire %s %s\n' "$1" "$2" "$3" > go.mod
+}
+
 if [ ! -x "$bin/etcd" ]; then
-  src=$dir/src/etcd
-  mkdir -p "$src"
-  cd "$src"
-  if [ ! -f go.mod ]; then
-    printf 'module brisk.local/etcdbuild\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$etcd" > go.mod
+  if new_module etcd go.etcd.io/etcd/server/v3 "$etcd"; then
     cat > main.go <<'EOF'
 // Command etcd is etcd's own main, built from the module proxy.
 package main
@@ -101,11 +106,7 @@ EOF
 fi
 
 if [ ! -x "$bin/kwok" ]; then
-  src=$dir/src/kwok
-  mkdir -p "$src"
-  cd "$src"
-  if [ ! -f go.mod ]; then
-    printf 'module brisk.local/kwokbuild\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok %s\n' "$kwok" > go.mod
+  if new_module kwok sigs.k8s.io/kwok "$kwok"; then
     printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' > tools.go
     go mod tidy
   fi

@@ -46,12 +46,7 @@ var containerdArgs = []string{"--runtime", "containerd", "--containerd-namespace
 // and back to zero, an image pushed to the worker over gRPC, and a leak check
 // after the cluster stops.
 func TestContainerdFunctionLifecycle(t *testing.T) {
-	testutil.RequiresRoot(t)
-	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
-	if err != nil {
-		t.Fatalf("containerd at %s (CI starts it in .ci/run): %v", image.DefaultContainerdAddress, err)
-	}
-	defer ctr.Close()
+	ctr := containerdClient(t)
 	c := newCluster(t)
 
 	// The trace image, built from this brisk and imported before the worker
@@ -155,6 +150,19 @@ func TestContainerdFunctionLifecycle(t *testing.T) {
 	if leaks := containerdLeaks(ctr); len(leaks) > 0 {
 		t.Fatalf("left after the cluster stopped:\n  %s", strings.Join(leaks, "\n  "))
 	}
+}
+
+// containerdClient connects to the machine's containerd, as root, closed
+// with the test.
+func containerdClient(t *testing.T) *containerd.Client {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("containerd at %s (CI starts it in .ci/run): %v", image.DefaultContainerdAddress, err)
+	}
+	t.Cleanup(func() { ctr.Close() })
+	return ctr
 }
 
 func nsCtx() context.Context { return namespaces.WithNamespace(context.Background(), e2eNamespace) }
@@ -320,12 +328,7 @@ func timingField(h, key string) (int64, bool) {
 // first calls at zero are served by one-shot native sandboxes, which never
 // become containers, while its regular sandboxes do.
 func TestContainerdWithNativeEmergency(t *testing.T) {
-	testutil.RequiresRoot(t)
-	ctr, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
-	if err != nil {
-		t.Fatalf("containerd at %s (CI starts it in .ci/run): %v", image.DefaultContainerdAddress, err)
-	}
-	defer ctr.Close()
+	ctr := containerdClient(t)
 	c := newCluster(t)
 	c.mustBrisk(t, "image", "build", "trace", "--data-dir", c.dataDir, "--containerd-namespace", e2eNamespace)
 	p := c.up(t, append(slices.Clone(containerdArgs), "--emergency-runtime", "native", "--emergency-slots", "4")...)
