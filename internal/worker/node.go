@@ -91,9 +91,6 @@ func (n *Node) adopt(ctx context.Context) {
 		l, err := rt.List(ctx)
 		if err != nil {
 			n.log.Warn("listing sandboxes left by an earlier worker", "runtime", rt.Name(), "err", err)
-			if rt == n.rt {
-				return
-			}
 			continue
 		}
 		for _, s := range l {

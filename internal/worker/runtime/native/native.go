@@ -458,7 +458,7 @@ func (r *Runtime) exitErr(sb *sandbox) error {
 		return fmt.Errorf("%w (%s)", runtime.ErrKilled, status)
 	}
 	if sb.sh.cg != nil {
-		if n, _ := sb.sh.cg.OOMKills(); n > sb.sh.oomBase {
+		if sb.sh.oomKills() > 0 {
 			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, runtime.ErrOOMKilled, sb.memMB)
 		}
 	}

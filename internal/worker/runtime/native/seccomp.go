@@ -12,14 +12,17 @@ import (
 )
 
 // defaultCaps are the capabilities runc and containerd give a container by
-// default; a sandbox's bounding set is cut to them, and a sandbox running as
-// uid 0 has exactly them.
+// default, less CAP_MKNOD; a sandbox's bounding set is cut to them, and a
+// sandbox running as uid 0 has exactly them. runc keeps CAP_MKNOD because
+// its device cgroup allows only the default devices; this runtime has no
+// device cgroup, so a root sandbox with CAP_MKNOD could make the host's
+// disk a node of its /dev.
 var defaultCaps = []struct {
 	name string
 	nr   int
 }{
 	{"CAP_CHOWN", unix.CAP_CHOWN}, {"CAP_DAC_OVERRIDE", unix.CAP_DAC_OVERRIDE}, {"CAP_FSETID", unix.CAP_FSETID},
-	{"CAP_FOWNER", unix.CAP_FOWNER}, {"CAP_MKNOD", unix.CAP_MKNOD}, {"CAP_NET_RAW", unix.CAP_NET_RAW},
+	{"CAP_FOWNER", unix.CAP_FOWNER}, {"CAP_NET_RAW", unix.CAP_NET_RAW},
 	{"CAP_SETGID", unix.CAP_SETGID}, {"CAP_SETUID", unix.CAP_SETUID}, {"CAP_SETFCAP", unix.CAP_SETFCAP},
 	{"CAP_SETPCAP", unix.CAP_SETPCAP}, {"CAP_NET_BIND_SERVICE", unix.CAP_NET_BIND_SERVICE},
 	{"CAP_SYS_CHROOT", unix.CAP_SYS_CHROOT}, {"CAP_KILL", unix.CAP_KILL}, {"CAP_AUDIT_WRITE", unix.CAP_AUDIT_WRITE},

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -37,8 +38,14 @@ type shell struct {
 	// start is the init's start time (procs.Stat), which with pid names it.
 	start uint64
 	// oomBase is the cgroup's OOM kill count when the shell took it: a
-	// recycled cgroup counts its earlier sandboxes' kills too.
-	oomBase int64
+	// recycled cgroup counts its earlier sandboxes' kills too. oomFinal is
+	// the count at teardown, once oomCounted.
+	oomBase    int64
+	oomFinal   atomic.Int64
+	oomCounted atomic.Bool
+
+	destroyMu sync.Mutex // serialises destroy
+	destroyed bool       // destroy has finished
 
 	exited  chan struct{} // closed once the worker has reaped the init
 	exitErr error         // how it ended, set before exited closes
@@ -205,8 +212,16 @@ func (r *Runtime) bind(ctx context.Context, sh *shell, b *nsinit.Bind, files []*
 const bindTimeout = 30 * time.Second
 
 // destroy ends a shell's processes and gives back what it held. It waits for
-// the init to be reaped when the worker started it.
+// the init to be reaped when the worker started it. A shell is destroyed
+// once: a second call (a failed Create's cleanup racing List's) waits for
+// the first and does nothing after it succeeded, for by then the cgroup may
+// be another sandbox's.
 func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
+	sh.destroyMu.Lock()
+	defer sh.destroyMu.Unlock()
+	if sh.destroyed {
+		return nil
+	}
 	kept := false // the cgroup, now spare, keeps its name in unbound
 	defer func() {
 		if !kept {
@@ -232,6 +247,10 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 		return err
 	}
 	if sh.cg != nil {
+		// Counted before the cgroup may pass to another shell.
+		n, _ := sh.cg.OOMKills()
+		sh.oomFinal.Store(n)
+		sh.oomCounted.Store(true)
 		if kept = r.recycleCgroup(sh.cg); !kept {
 			if err := sh.cg.Remove(ctx); err != nil {
 				return err
@@ -242,7 +261,18 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 		r.cfg.Pool.Release(sh.ep)
 		sh.ep = nil
 	}
+	sh.destroyed = true
 	return nil
+}
+
+// oomKills is the shell's cgroup's OOM kill count since the shell took it:
+// as counted at teardown once the shell is destroyed.
+func (sh *shell) oomKills() int64 {
+	n := sh.oomFinal.Load()
+	if !sh.oomCounted.Load() {
+		n, _ = sh.cg.OOMKills()
+	}
+	return n - sh.oomBase
 }
 
 // recycleCgroup keeps the cgroup of a shell whose processes have all ended,
@@ -251,7 +281,9 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 // each) cost more than the rest of a shell's teardown. It reports whether
 // it kept the cgroup.
 func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup) bool {
-	if r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 || cg.Reset() != nil {
+	// Not while adopting (before Start): adopt removes every cgroup it
+	// does not keep right after.
+	if !r.started.Load() || r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 || cg.Reset() != nil {
 		return false
 	}
 	r.unbound.Store(path.Base(cg.Rel()), struct{}{})

@@ -39,19 +39,19 @@ type File struct {
 // Open reads the newest whole slot of dir/name and returns it with the
 // File to write the next ones through. No slot at all is an empty state
 // (nil data). A plain dir/name, as an earlier version wrote it, is read
-// when neither slot exists, and removed by the first Write. It is an error
-// when slots exist and none is whole, or when the file cannot be read.
+// when no slot is whole, and removed by the first Write. It is an error
+// when both slots exist and neither is whole.
 func Open(dir, name string) (*File, []byte, error) {
 	f := &File{path: filepath.Join(dir, name), slot: 1}
 	var newest []byte
-	found, whole := false, false
+	found, whole := 0, false
 	var errs []error
 	for i := range 2 {
 		b, err := os.ReadFile(f.slotPath(i))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		found = true
+		found++
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -68,9 +68,11 @@ func Open(dir, name string) (*File, []byte, error) {
 	switch {
 	case whole:
 		return f, newest, nil
-	case found:
+	case found == 2:
 		return nil, nil, errors.Join(errs...)
 	}
+	// No slot, or only the first one ever written, cut short: the state
+	// is what it was before any write.
 	b, err := os.ReadFile(f.path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, err

@@ -105,3 +105,22 @@ func TestReadsAndRetiresThePlainFile(t *testing.T) {
 		t.Fatalf("read %q, want new", got)
 	}
 }
+
+// The first write ever, cut short, leaves the state from before it.
+func TestFirstWriteCutShort(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "table"), []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "table.0"), nil, 0o600); err != nil { // truncated, then killed
+		t.Fatal(err)
+	}
+	f, got := open(t, dir)
+	if got != "old" {
+		t.Fatalf("read %q, want the plain file's content", got)
+	}
+	write(t, f, "new")
+	if _, got := open(t, dir); got != "new" {
+		t.Fatalf("read %q after a write, want new", got)
+	}
+}
