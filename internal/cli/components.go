@@ -215,12 +215,8 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	if f.rt == "process" && f.emulate != 1 {
 		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
-	switch {
-	case f.emergencyRT == "" || f.emergencyRT == f.rt:
-	case f.emergencyRT != "native":
-		return local.Workers{}, usageError{fmt.Errorf("--emergency-runtime %q: want native (beside --runtime containerd)", f.emergencyRT)}
-	case f.rt != "containerd":
-		return local.Workers{}, usageError{fmt.Errorf("--emergency-runtime native goes beside --runtime containerd, not %q (--runtime native's emergency track already uses it)", f.rt)}
+	if err := local.CheckEmergencyRuntime(f.rt, f.emergencyRT); err != nil {
+		return local.Workers{}, usageError{err}
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,

@@ -108,6 +108,20 @@ func (w Workers) emergencySlots(rt string) int {
 // ErrUsage marks a Workers value that cannot be built; the message says why.
 var ErrUsage = errors.New("invalid worker options")
 
+// CheckEmergencyRuntime checks Workers.EmergencyRuntime against Runtime:
+// empty or the same, or native beside containerd.
+func CheckEmergencyRuntime(runtime, emergency string) error {
+	switch {
+	case emergency == "" || emergency == runtime:
+		return nil
+	case emergency != "native":
+		return fmt.Errorf("%w: emergency runtime %q: want native (beside runtime containerd)", ErrUsage, emergency)
+	case runtime != "containerd":
+		return fmt.Errorf("%w: emergency runtime native goes beside runtime containerd, not %q (runtime native's emergency track already uses it)", ErrUsage, runtime)
+	}
+	return nil
+}
+
 // BuildWorker makes a worker daemon for w and what must run beside it (nil
 // for the process runtime). For containerd it connects to containerd and
 // tears down the sandboxes a previous worker on the same StateDir left,
@@ -122,15 +136,11 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	if w.Capacity.MemoryMB == 0 {
 		w.Capacity.MemoryMB = TotalMemoryMB()
 	}
-	switch w.EmergencyRuntime {
-	case "", w.Runtime:
+	if err := CheckEmergencyRuntime(w.Runtime, w.EmergencyRuntime); err != nil {
+		return nil, nil, err
+	}
+	if w.EmergencyRuntime == w.Runtime {
 		w.EmergencyRuntime = ""
-	case "native":
-		if w.Runtime != "containerd" {
-			return nil, nil, fmt.Errorf("%w: emergency runtime native beside runtime %q: it goes beside containerd (the native runtime's own emergency track already uses it)", ErrUsage, w.Runtime)
-		}
-	default:
-		return nil, nil, fmt.Errorf("%w: emergency runtime %q: want native (beside containerd) or the node's runtime", ErrUsage, w.EmergencyRuntime)
 	}
 	cfg := worker.Config{Listen: w.Listen, Advertise: w.Advertise, ControlPlane: controlPlane,
 		StopSandboxesOnExit: w.StopOnExit, Logger: log.With("component", "worker")}

@@ -97,7 +97,7 @@ type Runtime struct {
 	ready chan *shell // parked shells
 	// spareCgroups are emptied shell cgroups kept for new shells
 	// (recycleCgroup).
-	spareCgroups chan *cgroups.Cgroup
+	spareCgroups chan spareCgroup
 	unbound      sync.Map // names of shells being made or parked and of spare cgroups (tests' leak checks)
 	refill       chan struct{}
 	dirty        chan struct{} // the table has changed
@@ -179,7 +179,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		initArgv: cfg.InitArgv, caps: defaultCapNumbers(), uid: nobody, gid: nobody,
-		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), spareCgroups: make(chan *cgroups.Cgroup, cfg.Shells), refill: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
+		staging: filepath.Join(dir, "staging"), ready: make(chan *shell, cfg.Shells), spareCgroups: make(chan spareCgroup, cfg.Shells), refill: make(chan struct{}, 1), dirty: make(chan struct{}, 1),
 		sandboxes: map[string]*sandbox{}, creating: map[string]struct{}{}}
 	if len(r.initArgv) == 0 {
 		r.initArgv = []string{exe, nsinit.Subcommand}
@@ -290,9 +290,9 @@ func (r *Runtime) Close() error {
 		select {
 		case sh := <-r.ready:
 			errs = append(errs, r.destroy(ctx, sh))
-		case cg := <-r.spareCgroups:
-			errs = append(errs, cg.Remove(ctx))
-			r.unbound.Delete(path.Base(cg.Rel()))
+		case sp := <-r.spareCgroups:
+			errs = append(errs, sp.cg.Remove(ctx))
+			r.unbound.Delete(path.Base(sp.cg.Rel()))
 		default:
 			return errors.Join(errs...)
 		}

@@ -320,13 +320,13 @@ func TestRestartAdopts(t *testing.T) {
 	// Adoption tore the dead sandbox down; it kept no cgroup as a spare,
 	// for it removes every cgroup it does not adopt right after.
 	for range len(r2.spareCgroups) {
-		cg := <-r2.spareCgroups
-		for _, d := range cg.Dirs() {
+		sp := <-r2.spareCgroups
+		for _, d := range sp.cg.Dirs() {
 			if _, err := os.Stat(d); err != nil {
 				t.Errorf("spare cgroup after restart: %v", err)
 			}
 		}
-		r2.spareCgroups <- cg
+		r2.spareCgroups <- sp
 	}
 	ls, err := r2.List(context.Background())
 	if err != nil || len(ls) != 1 || ls[0].ID != "a-1" || !ls[0].Running || ls[0].Addr != inst.Addr || ls[0].Function != "a" || ls[0].Revision != 1 {

@@ -72,9 +72,9 @@ func (r *Runtime) spawn(ctx context.Context) (sh *shell, err error) {
 	}
 	sh = &shell{ep: ep, exited: make(chan struct{})}
 	select {
-	case sh.cg = <-r.spareCgroups:
+	case sp := <-r.spareCgroups:
+		sh.cg, sh.oomBase = sp.cg, sp.oomKills
 		sh.name = path.Base(sh.cg.Rel())
-		sh.oomBase, _ = sh.cg.OOMKills()
 	default:
 		sh.name = r.prefix + strconv.FormatUint(r.seq.Add(1), 10)
 	}
@@ -251,7 +251,7 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 		n, _ := sh.cg.OOMKills()
 		sh.oomFinal.Store(n)
 		sh.oomCounted.Store(true)
-		if kept = r.recycleCgroup(sh.cg); !kept {
+		if kept = r.recycleCgroup(sh.cg, n); !kept {
 			if err := sh.cg.Remove(ctx); err != nil {
 				return err
 			}
@@ -275,12 +275,19 @@ func (sh *shell) oomKills() int64 {
 	return n - sh.oomBase
 }
 
+// spareCgroup is a recycled shell cgroup and its OOM kill count when it was
+// emptied, the next shell's base.
+type spareCgroup struct {
+	cg       *cgroups.Cgroup
+	oomKills int64
+}
+
 // recycleCgroup keeps the cgroup of a shell whose processes have all ended,
 // its limits lifted, for the next shell to take: making and removing a
 // cgroup (one per controller on v1, and the kernel's deferred teardown of
-// each) cost more than the rest of a shell's teardown. It reports whether
-// it kept the cgroup.
-func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup) bool {
+// each) cost more than the rest of a shell's teardown. oomKills is its
+// count at teardown. It reports whether it kept the cgroup.
+func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup, oomKills int64) bool {
 	// Not while adopting (before Start): adopt removes every cgroup it
 	// does not keep right after.
 	if !r.started.Load() || r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 || cg.Reset() != nil {
@@ -288,7 +295,7 @@ func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup) bool {
 	}
 	r.unbound.Store(path.Base(cg.Rel()), struct{}{})
 	select {
-	case r.spareCgroups <- cg:
+	case r.spareCgroups <- spareCgroup{cg, oomKills}:
 		return true
 	default:
 		return false

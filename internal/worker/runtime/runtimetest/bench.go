@@ -83,10 +83,16 @@ func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, o C
 		}
 		b.StartTimer()
 	}
+	report(b, lat, timed)
+}
+
+// report reports the p50 and p99 of lat and the rate of len(lat)
+// sandboxes in elapsed.
+func report(b *testing.B, lat []time.Duration, elapsed time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
-	b.ReportMetric(float64(len(lat))/timed.Seconds(), "sandboxes/s")
+	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "sandboxes/s")
 }
 
 func coldStart(rt runtime.Runtime, id string, f *spec.Function, route func(*http.Request, string)) error {
@@ -166,10 +172,7 @@ func Churn(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, serve b
 		b.Fatal(err)
 	default:
 	}
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
-	b.ReportMetric(float64(lat[len(lat)*99/100])/1e6, "p99-ms")
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "sandboxes/s")
+	report(b, lat, elapsed)
 }
 
 func churnOne(rt runtime.Runtime, id string, f *spec.Function, serve bool, route func(*http.Request, string)) error {
