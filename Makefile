@@ -18,7 +18,7 @@ help: ## list targets
 build: ## build bin/brisk, bin/brisk-trace (the lean trace function) and bin/brisk-sandbox-init (the native runtime's init)
 	$(GO) build -o $(BIN) ./cmd/brisk
 	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
-	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-sandbox-init ./cmd/brisk-sandbox-init
+	./scripts/build-sandbox-init.sh $(dir $(BIN))brisk-sandbox-init
 
 install: build ## copy bin/brisk, bin/brisk-trace and bin/brisk-sandbox-init to $(PREFIX)/bin
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -17,6 +17,10 @@ command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
 command -v git >/dev/null 2>&1 || pkgs+=(git)
 command -v make >/dev/null 2>&1 || pkgs+=(make)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+# The native runtime's sandbox init is C (scripts/build-sandbox-init.sh, and
+# cgo in brisk): a compiler and the kernel's and libc's headers.
+command -v gcc >/dev/null 2>&1 || pkgs+=(gcc)
+[ -f /usr/include/x86_64-linux-gnu/sys/mount.h ] || [ -f /usr/include/sys/mount.h ] || pkgs+=(libc6-dev)
 # The containerd runtime (--runtime containerd) and its tests.
 command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
 command -v runc >/dev/null 2>&1 || pkgs+=(runc)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -35,7 +36,7 @@ func benchCold(b *testing.B, conc, shells int, refill bool) {
 		b.Fatal(err)
 	}
 	// The lean init, as `make build` installs it beside brisk.
-	r, err := New(Config{StateDir: b.TempDir(), Pool: pool, Shells: shells, InitArgv: []string{leanInit}})
+	r, err := New(Config{StateDir: b.TempDir(), Pool: pool, Shells: shells, InitArgv: []string{leanInit, nsinit.Subcommand}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func BenchmarkChurn(b *testing.B) {
 				if err := pool.Start(context.Background()); err != nil {
 					b.Fatal(err)
 				}
-				r, err := New(Config{StateDir: b.TempDir(), Pool: pool, InitArgv: []string{leanInit}})
+				r, err := New(Config{StateDir: b.TempDir(), Pool: pool, InitArgv: []string{leanInit, nsinit.Subcommand}})
 				if err != nil {
 					b.Fatal(err)
 				}

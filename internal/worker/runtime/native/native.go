@@ -49,7 +49,8 @@ type Config struct {
 	// DefaultShells; a Create finding none makes one on the spot.
 	Shells int
 	// InitArgv runs the sandboxes' init. Default: brisk-sandbox-init next
-	// to this executable, else this executable with nsinit.Subcommand.
+	// to this executable, else this executable (built with cgo, as it
+	// then links the init), either with nsinit.Subcommand.
 	InitArgv []string
 	// BriskBinary serves the builtin trace function (tracefn.Command).
 	// Default: this executable.
@@ -184,7 +185,7 @@ func New(cfg Config) (*Runtime, error) {
 	if len(r.initArgv) == 0 {
 		r.initArgv = []string{exe, nsinit.Subcommand}
 		if lean := filepath.Join(filepath.Dir(exe), nsinit.BinaryName); isExecutable(lean) {
-			r.initArgv = []string{lean}
+			r.initArgv = []string{lean, nsinit.Subcommand}
 		}
 	}
 	r.trace = tracefn.Command(cmp.Or(cfg.BriskBinary, exe))

@@ -2,7 +2,6 @@ package native
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -160,12 +159,9 @@ func (r *Runtime) startInit(sh *shell, child *os.File) (*exec.Cmd, error) {
 // bind sends the shell its function and waits until the init has exec'd
 // the entrypoint (the control socket closes on exec) or reported why not.
 func (r *Runtime) bind(ctx context.Context, sh *shell, b *nsinit.Bind, files []*os.File) error {
-	msg, err := json.Marshal(b)
+	msg, err := b.Encode()
 	if err != nil {
 		return err
-	}
-	if len(msg) > nsinit.MaxMessage {
-		return fmt.Errorf("bind message of %d bytes", len(msg))
 	}
 	fds := make([]int, len(files))
 	for i, f := range files {
