@@ -227,7 +227,11 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 	if sh.ctl != nil {
 		sh.ctl.Close()
 	}
-	if sh.cg != nil {
+	// SIGKILL to the init ends the sandbox: every other process is in its
+	// PID namespace, which the kernel empties when its first process dies,
+	// before the init can be reaped. Only an init this worker did not start
+	// (adopted) is not awaited that way, so its cgroup is killed as well.
+	if sh.cg != nil && sh.exited == nil {
 		sh.cg.Kill()
 	}
 	if sh.pid > 0 && procs.Alive(sh.pid, sh.start) {
