@@ -38,7 +38,7 @@ func TestBenchAsyncLocal(t *testing.T) {
 		t.Skip("starts a local cluster")
 	}
 	out := t.TempDir()
-	root, stdout, stderr := benchRoot("bench", "async", "--local", "--accept-duration", "1s", "--accept-max", "3000",
+	root, stdout, stderr := benchRoot("bench", "async", "--local", "--accept-duration", "1s", "--accept-max", "3000", "--accept-rate", "400",
 		"--light-calls", "20", "--backlog", "500", "--sync-duration", "1s", "--sync-warmup", "100ms", "--timeout", "1m", "--out", out)
 	if err := root.Execute(); err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
@@ -55,6 +55,12 @@ func TestBenchAsyncLocal(t *testing.T) {
 			Latency      dist    `json:"accept_latency_ms"`
 			Calls        outcome `json:"calls"`
 		} `json:"accept"`
+		Paced struct {
+			Offered float64 `json:"offered_per_s"`
+			Sent    int     `json:"sent"`
+			Latency dist    `json:"accept_latency_ms"`
+			Calls   outcome `json:"calls"`
+		} `json:"paced"`
 		Light struct {
 			Overhead dist    `json:"accept_to_start_ms"`
 			EndToEnd dist    `json:"submit_to_finish_ms"`
@@ -96,6 +102,11 @@ func TestBenchAsyncLocal(t *testing.T) {
 		t.Errorf("accept phase: %s", data)
 	}
 	all("accept", s.Accept.Calls, s.Accept.Sent)
+	// 1 s at 400/s: 400 calls on schedule.
+	if s.Paced.Offered != 400 || s.Paced.Sent != 400 || s.Paced.Latency.N != 400 || s.Paced.Latency.P99 <= 0 {
+		t.Errorf("paced phase: %s", data)
+	}
+	all("paced", s.Paced.Calls, 400)
 	all("light", s.Light.Calls, 20)
 	all("backlog", s.Drain.Calls, 500)
 	if s.Light.Overhead.N != 20 || s.Light.Overhead.P50 <= 0 || s.Light.EndToEnd.P50 < s.Light.Overhead.P50 || s.Light.NoTiming != 0 {
@@ -116,7 +127,7 @@ func TestBenchAsyncLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 1 + s.Accept.Sent + 20 + 500; len(rows) != want {
+	if want := 1 + s.Accept.Sent + 400 + 20 + 500; len(rows) != want {
 		t.Errorf("calls.csv: %d rows, want %d", len(rows), want)
 	}
 	for _, r := range rows[1:] {
@@ -125,7 +136,7 @@ func TestBenchAsyncLocal(t *testing.T) {
 			break
 		}
 	}
-	for _, want := range []string{"accept:", "light:", "drain:", "sync:", "drain/sync:", "goals:"} {
+	for _, want := range []string{"accept:", "paced:", "light:", "drain:", "sync:", "drain/sync:", "goals:"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("summary lacks %q:\n%s", want, stdout)
 		}
