@@ -33,6 +33,7 @@ const (
 
 var (
 	probeBin string // testdata/probe, static
+	pauseBin string // testdata/pause: no C library, waits for a signal
 	leanInit string // scripts/build-sandbox-init.sh: the init production uses (with nsinit.Subcommand)
 	poolSeq  atomic.Int32
 )
@@ -56,6 +57,13 @@ func TestMain(m *testing.M) {
 		var out []byte
 		if out, err = exec.Command("../../../../scripts/build-sandbox-init.sh", leanInit).CombinedOutput(); err != nil {
 			err = fmt.Errorf("build %s: %w\n%s", nsinit.BinaryName, err, out)
+		}
+	}
+	if err == nil {
+		pauseBin = filepath.Join(dir, "pause")
+		var out []byte
+		if out, err = exec.Command("cc", "-static", "-nostdlib", "-no-pie", "-s", "-o", pauseBin, "testdata/pause/pause.c").CombinedOutput(); err != nil {
+			err = fmt.Errorf("build testdata/pause: %w\n%s", err, out)
 		}
 	}
 	if err != nil {
