@@ -45,6 +45,27 @@ if ! have_go; then
 fi
 go mod download
 
+# The Kubernetes control plane (etcd, kube-apiserver, KWOK; kubectl) the kube
+# runtime's tests run against (internal/testutil/kubecluster), built from the
+# Go module proxy into a cache that outlives the checkout: about 5 minutes of
+# two cores the first time on a machine, nothing after. Its chatter goes to a
+# log, shown only when the build fails. Without root the cache directory is
+# made the user's, so that the build runs as the user.
+K8S_CACHE=${BRISK_K8S_CACHE:-/var/cache/brisk/k8s-v1.36.3}
+K8S_LOG=${TMPDIR:-/tmp}/brisk-k8s-binaries.log
+if [ -n "$SUDO" ] && [ ! -w "$(dirname "$K8S_CACHE")" ]; then
+  $SUDO mkdir -p "$K8S_CACHE"
+  $SUDO chown -R "$(id -u):$(id -g)" "$K8S_CACHE"
+fi
+if [ ! -x "$K8S_CACHE/bin/kwok" ] || [ ! -x "$K8S_CACHE/bin/kube-apiserver" ] || [ ! -x "$K8S_CACHE/bin/etcd" ]; then
+  echo "setup: building the Kubernetes test binaries into $K8S_CACHE (about 5 minutes; log $K8S_LOG)"
+fi
+if ! K8S_BIN=$("$(dirname "$0")/k8s-binaries.sh" "$K8S_CACHE" 2>"$K8S_LOG"); then
+  echo "setup: building the Kubernetes test binaries failed; last log lines:" >&2
+  tail -20 "$K8S_LOG" >&2
+  exit 1
+fi
+
 # containerd must answer on its socket. Where systemd runs, installing the
 # package started it; elsewhere (CI, containers) start it in the background,
 # log to a file and record its PID, so that only a containerd this script
@@ -74,4 +95,4 @@ if ! "$PYCLIENTS/bin/python" -c 'import boto3' >/dev/null 2>&1 || [ ! -x "$PYCLI
   python3 -m venv "$PYCLIENTS"
   "$PYCLIENTS/bin/pip" install -q --disable-pip-version-check 'boto3>=1.34' 'awscli>=1.32'
 fi
-echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3); $("$PYCLIENTS/bin/aws" --version 2>&1 | cut -d' ' -f1); $(chromium --version 2>/dev/null | cut -d' ' -f1,2))"
+echo "setup: ok ($(go version); $(containerd --version | cut -d' ' -f1,3); $("$PYCLIENTS/bin/aws" --version 2>&1 | cut -d' ' -f1); $(chromium --version 2>/dev/null | cut -d' ' -f1,2); Kubernetes test binaries in $K8S_BIN)"

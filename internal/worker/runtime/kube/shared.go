@@ -1,0 +1,182 @@
+package kube
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Client-side rate limits when the REST config sets none. client-go's
+// defaults (5 QPS, burst 10) would make the client, not the apiserver, the
+// bottleneck of a scale-up: one Create is one request, and many workers may
+// share the client.
+const (
+	DefaultQPS   = 5000
+	DefaultBurst = 5000
+)
+
+// nodeIndex indexes the cache by spec.nodeName: each Runtime lists its
+// node's Pods without scanning every node's.
+const nodeIndex = "node"
+
+// SharedConfig configures a Shared.
+type SharedConfig struct {
+	// REST reaches the kube-apiserver. It is copied; a zero QPS or Burst
+	// becomes DefaultQPS or DefaultBurst.
+	REST *rest.Config
+	// Namespace holds the Pods of every Runtime on this Shared. Required.
+	Namespace string
+	// Logger receives the informer's troubles. Default: discard.
+	Logger *slog.Logger
+}
+
+// Shared is the API client and the Pod informer that the Runtimes of one
+// process share: one watch of brisk's Pods in the namespace, whatever the
+// number of nodes the process stands for, and events dispatched to the
+// Runtime of each Pod's node by a map lookup rather than by every Runtime
+// filtering every event.
+type Shared struct {
+	client    kubernetes.Interface
+	namespace string
+	log       *slog.Logger
+	factory   informers.SharedInformerFactory
+	informer  cache.SharedIndexInformer
+	pods      corelisters.PodNamespaceLister
+	stop      chan struct{}
+	closeOnce sync.Once
+
+	mu    sync.Mutex
+	nodes map[string]*Runtime
+}
+
+// NewShared connects to the apiserver, starts the informer and waits, as
+// long as ctx allows, until its cache holds every brisk Pod of the
+// namespace: a Runtime's List is then complete from the start, which is
+// what lets a restarted worker adopt its Pods.
+func NewShared(ctx context.Context, cfg SharedConfig) (*Shared, error) {
+	switch {
+	case cfg.REST == nil:
+		return nil, errors.New("kube runtime: REST config is required")
+	case cfg.Namespace == "":
+		return nil, errors.New("kube runtime: Namespace is required")
+	}
+	rc := rest.CopyConfig(cfg.REST)
+	if rc.QPS == 0 {
+		rc.QPS = DefaultQPS
+	}
+	if rc.Burst == 0 {
+		rc.Burst = DefaultBurst
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kube runtime: %w", err)
+	}
+	s := &Shared{
+		client:    client,
+		namespace: cfg.Namespace,
+		log:       cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		stop:      make(chan struct{}),
+		nodes:     map[string]*Runtime{},
+	}
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Selector }),
+		informers.WithTransform(stripPod))
+	podInformer := s.factory.Core().V1().Pods()
+	s.informer = podInformer.Informer()
+	s.pods = podInformer.Lister().Pods(cfg.Namespace)
+	if err := s.informer.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+			return []string{p.Spec.NodeName}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("kube runtime: %w", err)
+	}
+	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { s.dispatch(obj, false) },
+		UpdateFunc: func(_, obj any) { s.dispatch(obj, false) },
+		DeleteFunc: func(obj any) { s.dispatch(obj, true) },
+	}); err != nil {
+		return nil, fmt.Errorf("kube runtime: %w", err)
+	}
+	s.factory.Start(s.stop)
+	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
+		s.Close()
+		return nil, fmt.Errorf("kube runtime: Pod informer of namespace %s did not sync: %w", cfg.Namespace, cmp.Or(ctx.Err(), context.Canceled))
+	}
+	return s, nil
+}
+
+// stripPod drops what the runtime never reads from cached Pods (managed
+// fields are often the biggest part of an object), for the memory of a
+// process that stands for many nodes.
+func stripPod(obj any) (any, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		p.ManagedFields = nil
+	}
+	return obj, nil
+}
+
+// Client is the API client, with the raised rate limits.
+func (s *Shared) Client() kubernetes.Interface { return s.client }
+
+// Namespace is where the Pods are.
+func (s *Shared) Namespace() string { return s.namespace }
+
+// Close stops the informer. The Pods keep running; the Runtimes on s
+// should not be used any more.
+func (s *Shared) Close() {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.factory.Shutdown()
+	})
+}
+
+// dispatch hands an informer event to the Runtime of the Pod's node.
+func (s *Shared) dispatch(obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		// The informer missed the delete (a watch gap) and learned it
+		// from a relist: the last state it knew.
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	r := s.nodes[p.Spec.NodeName]
+	s.mu.Unlock()
+	if r != nil {
+		r.observe(p, deleted)
+	}
+}
+
+func (s *Shared) register(r *Runtime) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodes[r.node] != nil {
+		return fmt.Errorf("kube runtime: node %s already has a runtime on this Shared", r.node)
+	}
+	s.nodes[r.node] = r
+	return nil
+}
+
+func (s *Shared) unregister(r *Runtime) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nodes[r.node] == r {
+		delete(s.nodes, r.node)
+	}
+}
