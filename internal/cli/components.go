@@ -178,12 +178,17 @@ type wkFlags struct {
 	emergencySlots                          int
 	stopOnExit                              bool
 	ctr                                     ctrFlags // --runtime containerd
+	kubeconfig, kubeNamespace               string   // --runtime kube
+	kubeNodes                               []string
 }
 
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
-	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated, containerd or native (--emulate implies emulated)")
+	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated, containerd, native or kube (--emulate implies emulated)")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --runtime kube: kubeconfig of the kube-apiserver the Pods are created through (default: the in-cluster service account)")
+	fl.StringVar(&f.kubeNamespace, "kube-namespace", "default", "with --runtime kube: namespace of the functions' Pods")
+	fl.StringSliceVar(&f.kubeNodes, "kube-nodes", nil, "with --runtime kube: Kubernetes nodes this process stands for, one worker node each, Pods bound to them directly (default: the one node --node-id, or the host name)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
@@ -221,6 +226,11 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
 		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT}
+	if f.rt == "kube" {
+		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes}
+	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") {
+		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace and --kube-nodes need --runtime kube")}
+	}
 	return w, f.ctr.apply(&w)
 }
 

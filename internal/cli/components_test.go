@@ -2,9 +2,12 @@ package cli
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/brisk-faas/brisk/internal/local"
 )
 
 func TestSandboxUserFlag(t *testing.T) {
@@ -48,5 +51,27 @@ func TestEmergencyRuntimeFlag(t *testing.T) {
 		case !tc.ok && !errors.As(err, &usage):
 			t.Errorf("%v: err %v, want a usage error", tc.args, err)
 		}
+	}
+}
+
+// --kubeconfig, --kube-namespace and --kube-nodes configure --runtime kube
+// and are a usage error with any other runtime.
+func TestKubeFlags(t *testing.T) {
+	parse := func(args ...string) (local.Workers, error) {
+		var f wkFlags
+		c := &cobra.Command{Use: "worker"}
+		f.register(c, true)
+		if err := c.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		return f.options(c)
+	}
+	w, err := parse("--runtime", "kube", "--kubeconfig", "/k/config", "--kube-namespace", "fns", "--kube-nodes", "n1,n2")
+	if err != nil || w.Runtime != "kube" || w.Kube.Kubeconfig != "/k/config" || w.Kube.Namespace != "fns" || !slices.Equal(w.Kube.Nodes, []string{"n1", "n2"}) {
+		t.Errorf("kube flags: %+v, %v", w.Kube, err)
+	}
+	var usage usageError
+	if _, err := parse("--runtime", "process", "--kube-nodes", "n1"); !errors.As(err, &usage) {
+		t.Errorf("--kube-nodes with --runtime process: %v, want a usage error", err)
 	}
 }

@@ -4,6 +4,7 @@
 package local
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,6 +22,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/credentials"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/brisk-faas/brisk/internal/compat/openfaas"
 	"github.com/brisk-faas/brisk/internal/controlplane"
@@ -31,6 +34,7 @@ import (
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
 	ctrd "github.com/brisk-faas/brisk/internal/worker/runtime/containerd"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -38,7 +42,7 @@ import (
 
 // Workers describes the worker nodes a daemon hosts.
 type Workers struct {
-	Runtime      string        // "process" (default), "emulated", "containerd" or "native"
+	Runtime      string        // "process" (default), "emulated", "containerd", "native" or "kube"
 	Nodes        int           // emulated only: nodes in this process; default 1
 	NodeID       string        // node id, or the prefix of emulated node ids; default hostname
 	CreateDelay  time.Duration // emulated only: sandbox creation delay
@@ -75,6 +79,22 @@ type Workers struct {
 	ContainerdNamespace string         // default "brisk"
 	Snapshotter         string         // default "overlayfs"
 	NetPool             netpool.Config // containerd and native: the sandboxes' network namespaces; the zero value means netpool.Default()
+
+	// kube only: regular sandboxes are Pods bound to Kubernetes nodes.
+	Kube KubeWorkers
+}
+
+// KubeWorkers says where the kube runtime's Pods go.
+type KubeWorkers struct {
+	// Kubeconfig reaches the kube-apiserver; empty: the in-cluster
+	// service account (a worker run as a Pod).
+	Kubeconfig string
+	// Namespace holds the Pods; default "default".
+	Namespace string
+	// Nodes are the Kubernetes nodes this process stands for, one worker
+	// node each, named as the Kubernetes node (many in one process: KWOK
+	// nodes in tests and benchmarks); empty: the one node NodeID.
+	Nodes []string
 }
 
 // Sidecars are what BuildWorker makes beside a daemon that RunWorker runs
@@ -87,6 +107,7 @@ type Sidecars struct {
 	unlock     func() // the pool's host lock (netpool.HostLock)
 	ctr        *ctrd.Runtime
 	nat        *native.Runtime
+	kube       *kube.Shared
 	stopOnExit bool
 }
 
@@ -202,8 +223,13 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 			return nil, nil, err
 		}
 		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.nat, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
+	case "kube":
+		var err error
+		if side, cfg.Nodes, err = buildKube(w, log); err != nil {
+			return nil, nil, err
+		}
 	default:
-		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated, containerd or native", ErrUsage, w.Runtime)
+		return nil, nil, fmt.Errorf("%w: runtime %q: want process, emulated, containerd, native or kube", ErrUsage, w.Runtime)
 	}
 	if w.CA != nil {
 		ids := make([]string, len(cfg.Nodes))
@@ -234,6 +260,46 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		side.close()
 	}
 	return d, side, err
+}
+
+// buildKube connects to the kube-apiserver and makes one worker node per
+// Kubernetes node of w, each creating its sandboxes as Pods bound to that
+// node; one informer serves them all.
+func buildKube(w Workers, log *slog.Logger) (*Sidecars, []worker.NodeConfig, error) {
+	nodes := w.Kube.Nodes
+	if len(nodes) == 0 {
+		nodes = []string{w.NodeID}
+	}
+	if w.Nodes > 1 {
+		return nil, nil, fmt.Errorf("%w: with runtime kube, the nodes are the Kubernetes nodes named (--kube-nodes), not --emulate", ErrUsage)
+	}
+	var rc *rest.Config
+	var err error
+	if w.Kube.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", w.Kube.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: kube runtime: %w", ErrUsage, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	shared, err := kube.NewShared(ctx, kube.SharedConfig{REST: rc, Namespace: cmp.Or(w.Kube.Namespace, "default"), Logger: log.With("component", "runtime")})
+	if err != nil {
+		return nil, nil, err
+	}
+	side := &Sidecars{kube: shared}
+	var ncs []worker.NodeConfig
+	for _, n := range nodes {
+		rt, err := shared.Runtime(kube.Config{Node: n, Logger: log.With("component", "runtime", "node", n)})
+		if err != nil {
+			side.close()
+			return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+		ncs = append(ncs, worker.NodeConfig{ID: n, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
+	}
+	return side, ncs, nil
 }
 
 // netPool makes the network pool of the containerd and native runtimes,
@@ -310,6 +376,9 @@ func (s *Sidecars) close() {
 	if s.nat != nil {
 		s.nat.Close()
 	}
+	if s.kube != nil {
+		s.kube.Close()
+	}
 }
 
 // RunWorker runs a daemon and, if present, its sidecars. With containerd it
@@ -337,6 +406,9 @@ func RunWorker(ctx context.Context, d *worker.Daemon, s *Sidecars) error {
 	}
 	g.Go(func() error { return d.Run(gctx) })
 	err := g.Wait()
+	if s != nil && s.kube != nil {
+		s.close() // the Pods stay: a restarted worker adopts them
+	}
 	if s != nil && (s.ctr != nil || s.nat != nil) {
 		s.close()
 		if s.stopOnExit {
