@@ -239,7 +239,7 @@ type cluster struct {
 	caEnv  []string // more environment for CLI commands
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	c := &cluster{admin: freePort(t), invokeAddr: freePort(t), grpc: freePort(t), dataDir: t.TempDir(), scheme: "http", hc: http.DefaultClient}
 	c.cl = client.New(c.admin, c.invokeAddr)
 	registerAdmin(c.admin, c.dataDir)
@@ -280,13 +280,13 @@ func (c *cluster) cpArgs() []string {
 }
 
 // up starts a one-process cluster.
-func (c *cluster) up(t *testing.T, extra ...string) *proc {
+func (c *cluster) up(t testing.TB, extra ...string) *proc {
 	p := startBrisk(t, append(append([]string{"up", "--invoke", c.invokeAddr}, c.cpArgs()...), extra...)...)
 	c.waitHealthy(t, p)
 	return p
 }
 
-func (c *cluster) waitHealthy(t *testing.T, p *proc) {
+func (c *cluster) waitHealthy(t testing.TB, p *proc) {
 	t.Helper()
 	eventually(t, 30*time.Second, "cluster healthy", func() bool {
 		select {
@@ -315,7 +315,7 @@ func httpOKWith(hc *http.Client, url string) bool {
 
 // brisk runs a client command against the cluster and returns its output
 // and exit code.
-func (c *cluster) brisk(t *testing.T, args ...string) (string, int) {
+func (c *cluster) brisk(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(briskBin, args...)
 	cmd.Env = append(append(os.Environ(), c.env()...), c.caEnv...)
@@ -329,7 +329,7 @@ func (c *cluster) brisk(t *testing.T, args ...string) (string, int) {
 	return string(out), code
 }
 
-func (c *cluster) mustBrisk(t *testing.T, args ...string) string {
+func (c *cluster) mustBrisk(t testing.TB, args ...string) string {
 	t.Helper()
 	out, code := c.brisk(t, args...)
 	if code != 0 {
@@ -338,7 +338,7 @@ func (c *cluster) mustBrisk(t *testing.T, args ...string) string {
 	return out
 }
 
-func (c *cluster) fn(t *testing.T, name string) *controlplane.FunctionView {
+func (c *cluster) fn(t testing.TB, name string) *controlplane.FunctionView {
 	t.Helper()
 	v, err := c.cl.Get(context.Background(), name)
 	if err != nil {
