@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
@@ -191,12 +192,17 @@ func stockScale(b *testing.B, kc *kubecluster.Cluster, ns string, n int) time.Du
 	}
 	w := watchRunning(b, kc, ns, "app="+name)
 	scale := func(r int32) {
-		s, err := kc.Client.AppsV1().Deployments(ns).GetScale(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.Spec.Replicas = r
-		if _, err := kc.Client.AppsV1().Deployments(ns).UpdateScale(ctx, name, s, metav1.UpdateOptions{}); err != nil {
+		// As kubectl scale: read the scale subresource, write it back, again
+		// when the controller changed the Deployment in between.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			s, err := kc.Client.AppsV1().Deployments(ns).GetScale(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			s.Spec.Replicas = r
+			_, err = kc.Client.AppsV1().Deployments(ns).UpdateScale(ctx, name, s, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
 			b.Fatal(err)
 		}
 	}
