@@ -305,6 +305,26 @@ func (s *Cgroup) Reset() error {
 	return nil
 }
 
+// MemoryUsage is the memory charged to the cgroup now, in bytes; ok is
+// false without a memory controller.
+func (s *Cgroup) MemoryUsage() (bytes int64, ok bool) {
+	var path string
+	switch {
+	case s.cg.v2 && s.cg.memV2:
+		path = filepath.Join(s.dirs[0], "memory.current")
+	case !s.cg.v2 && s.mem != "":
+		path = filepath.Join(s.mem, "memory.usage_in_bytes")
+	default:
+		return 0, false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
 // OpenDir opens the v2 cgroup directory for clone(CLONE_INTO_CGROUP).
 func (s *Cgroup) OpenDir() (int, error) {
 	fd, err := syscall.Open(s.dirs[0], syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)

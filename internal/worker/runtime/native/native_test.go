@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -107,10 +108,19 @@ func newPool(t testing.TB, cfg netpool.Config) *netpool.Pool {
 // suite and TestRestartAdopts run the test binary's (nsinit's constructor,
 // as `brisk __native-init` does).
 func newRuntime(t testing.TB, pool *netpool.Pool, stateDir string, startPool bool) *Runtime {
+	return newRuntimeWith(t, pool, stateDir, startPool, nil)
+}
+
+// newRuntimeWith is newRuntime with mod applied to the configuration.
+func newRuntimeWith(t testing.TB, pool *netpool.Pool, stateDir string, startPool bool, mod func(*Config)) *Runtime {
 	t.Helper()
 	testutil.RequiresRoot(t)
-	r, err := New(Config{StateDir: stateDir, Pool: pool, Shells: 4, InitArgv: []string{leanInit, nsinit.Subcommand},
-		BriskBinary: probeBin, KillGrace: 200 * time.Millisecond})
+	cfg := Config{StateDir: stateDir, Pool: pool, Shells: 4, InitArgv: []string{leanInit, nsinit.Subcommand},
+		BriskBinary: probeBin, KillGrace: 200 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -196,13 +206,30 @@ func probe(t *testing.T, addr string) map[string]any {
 }
 
 func TestIsolation(t *testing.T) {
+	// A descriptor the worker holds without close-on-exec (one it
+	// inherited, say): the shells made from here on must not pass it on.
+	// A high number, which the function's own descriptors do not reach.
+	dir, err := syscall.Open("/", syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const leak = 1000
+	err = syscall.Dup3(dir, leak, 0)
+	syscall.Close(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(leak)
 	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
-	inst := start(t, r, "iso-1", probeFn("iso"))
+	f := probeFn("iso")
+	f.Env = map[string]string{"PROBE_LEAK_FD": strconv.Itoa(leak)}
+	inst := start(t, r, "iso-1", f)
 	got := probe(t, inst.Addr)
 	want := map[string]any{
 		"uid": 65534.0, "gid": 65534.0, "pid": 1.0, "hostname": "iso-1", "cap_eff": "0000000000000000",
 		"no_new_privs": "1", "seccomp": "2", "unshare_errno": 1.0, // EPERM from the seccomp profile
 		"tmp_writable": true, "root_writable": false, "sandbox": "iso-1", "devices": true,
+		"leaked_fd": false, "proc_keys": "masked",
 	}
 	for k, v := range want {
 		if got[k] != v {
@@ -222,6 +249,44 @@ func TestIsolation(t *testing.T) {
 	// The sandbox's writes stay in its own layer.
 	if _, err := os.Stat("/tmp/written-by-probe"); err == nil {
 		t.Error("a write to the sandbox's /tmp reached the host's /tmp")
+	}
+}
+
+// TestRootSandboxKernel: with no user namespace a sandbox running as uid 0
+// is the host's root, so /proc/sys must be read-only (a write to
+// kernel.core_pattern would run code on the host) and /proc/keys masked,
+// as runc does.
+func TestRootSandboxKernel(t *testing.T) {
+	r := newRuntimeWith(t, newPool(t, poolConfig()), t.TempDir(), true, func(c *Config) { c.User = "0:0" })
+	got := probe(t, start(t, r, "root-1", probeFn("root")).Addr)
+	if got["uid"] != 0.0 || got["cap_eff"] == "0000000000000000" {
+		t.Fatalf("uid %v, CapEff %v: want root with the default capabilities", got["uid"], got["cap_eff"])
+	}
+	if ps, _ := got["proc_sys"].(string); !strings.Contains(ps, "read-only file system") {
+		t.Errorf("opening /proc/sys/kernel/core_pattern for writing: %q, want read-only file system", ps)
+	}
+	if got["proc_keys"] != "masked" {
+		t.Errorf("/proc/keys: %v, want masked", got["proc_keys"])
+	}
+}
+
+// TestKillZombieInit: a function whose main thread exits while its other
+// threads serve is a zombie to /proc, yet Kill must end it.
+func TestKillZombieInit(t *testing.T) {
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	f := probeFn("zombie")
+	f.Env = map[string]string{"PROBE_MODE": "zombie"}
+	inst := start(t, r, "z-1", f)
+	probe(t, inst.Addr) // serves with its main thread gone
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := r.Kill(ctx, "z-1"); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	select {
+	case <-inst.Exited:
+	default:
+		t.Fatal("Exited still open after Kill returned")
 	}
 }
 

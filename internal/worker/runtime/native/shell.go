@@ -34,6 +34,8 @@ type shell struct {
 	cg   *cgroups.Cgroup
 	ctl  *os.File // the worker's end of the control socket; nil once bound
 	pid  int
+	// proc is the init when this worker started it (nil when adopted).
+	proc *os.Process
 	// start is the init's start time (procs.Stat), which with pid names it.
 	start uint64
 	// oomBase is the cgroup's OOM kill count when the shell took it: a
@@ -109,7 +111,7 @@ func (r *Runtime) spawn(ctx context.Context) (sh *shell, err error) {
 		parent.Close()
 		return nil, fmt.Errorf("start init: %w", err)
 	}
-	sh.ctl, sh.pid = parent, cmd.Process.Pid
+	sh.ctl, sh.pid, sh.proc = parent, cmd.Process.Pid, cmd.Process
 	// Not reaped before the goroutine below waits: the entry exists.
 	_, sh.start, _ = procs.Stat(sh.pid)
 	go func() {
@@ -204,6 +206,10 @@ func (r *Runtime) bind(ctx context.Context, sh *shell, b *nsinit.Bind, files []*
 	}
 }
 
+// killWait is how long destroy waits for a SIGKILLed init to be reaped
+// before it kills the rest of its cgroup as well.
+const killWait = time.Second
+
 // bindTimeout bounds a bind when ctx has no deadline.
 const bindTimeout = 30 * time.Second
 
@@ -229,17 +235,34 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 	}
 	// SIGKILL to the init ends the sandbox: every other process is in its
 	// PID namespace, which the kernel empties when its first process dies,
-	// before the init can be reaped. Only an init this worker did not start
+	// before the init can be reaped. It goes through the process handle (a
+	// pidfd): an init whose main thread has exited while others run is a
+	// zombie that procs.Alive counts as gone, and its pid is not reused
+	// before this worker reaps it. An init this worker did not start
 	// (adopted) is not awaited that way, so its cgroup is killed as well.
-	if sh.cg != nil && sh.exited == nil {
-		sh.cg.Kill()
-	}
-	if sh.pid > 0 && procs.Alive(sh.pid, sh.start) {
-		_ = syscall.Kill(sh.pid, syscall.SIGKILL)
+	if sh.proc != nil {
+		_ = sh.proc.Signal(syscall.SIGKILL)
+	} else {
+		if sh.cg != nil {
+			sh.cg.Kill()
+		}
+		if sh.pid > 0 && procs.Alive(sh.pid, sh.start) {
+			_ = syscall.Kill(sh.pid, syscall.SIGKILL)
+		}
 	}
 	if sh.exited != nil {
 		select {
 		case <-sh.exited:
+		case <-time.After(killWait):
+			// Not reaped yet: whatever holds it up goes too.
+			if sh.cg != nil {
+				sh.cg.Kill()
+			}
+			select {
+			case <-sh.exited:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -275,6 +298,10 @@ func (sh *shell) oomKills() int64 {
 	return n - sh.oomBase
 }
 
+// recycleMaxMemory is the most memory a cgroup may still be charged with to
+// be recycled: page cache of a small tenant, not its unfreed shared memory.
+const recycleMaxMemory = 16 << 20
+
 // spareCgroup is a recycled shell cgroup and its OOM kill count when it was
 // emptied, the next shell's base.
 type spareCgroup struct {
@@ -290,7 +317,16 @@ type spareCgroup struct {
 func (r *Runtime) recycleCgroup(cg *cgroups.Cgroup, oomKills int64) bool {
 	// Not while adopting (before Start): adopt removes every cgroup it
 	// does not keep right after.
-	if !r.started.Load() || r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 || cg.Reset() != nil {
+	if !r.started.Load() || r.closed.Load() || len(r.spareCgroups) == cap(r.spareCgroups) || len(cg.Procs()) > 0 {
+		return false
+	}
+	// Memory the kernel frees after the last process (a dead tenant's
+	// SysV shared memory goes with its IPC namespace, later) would stay
+	// charged and could make the next tenant's lower limit fail.
+	if n, ok := cg.MemoryUsage(); ok && n > recycleMaxMemory {
+		return false
+	}
+	if cg.Reset() != nil {
 		return false
 	}
 	r.unbound.Store(path.Base(cg.Rel()), struct{}{})

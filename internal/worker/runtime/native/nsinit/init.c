@@ -33,7 +33,7 @@
 #include <sys/syscall.h>
 
 #define CONTROL_FD 3
-#define MAX_MESSAGE (256 << 10)  // nsinit.MaxMessage
+#define MAX_MESSAGE (192 << 10)  // nsinit.MaxMessage
 #define MAX_FDS 3
 #define SECRETS_DIR "/var/openfaas/secrets"  // nsinit.SecretsDir
 #define MAGIC "BRB1"                        // nsinit.bindMagic
@@ -138,7 +138,9 @@ static void x_copy(void *d, const void *s, size_t n) {
 
 // alloc hands out memory from a static arena (zero pages until touched):
 // the init allocates only while decoding one message, and never frees.
-static char arena[3 * MAX_MESSAGE];
+// Each string costs its bytes, a NUL, rounding to 16 and an 8-byte pointer
+// against 4 bytes of length in the message: at most 7 times the message.
+static char arena[7 * MAX_MESSAGE];
 static size_t arena_used;
 static void fail(const char *fmt, ...);
 static void *alloc(size_t n) {
@@ -445,6 +447,33 @@ static const char *prepare(const char *st, const char *mb) {
       return why;
     }
   }
+  // runc's read-only and masked paths: with no user namespace a root
+  // sandbox is the host's root, and /proc/sys, /proc/sysrq-trigger and the
+  // like are the host kernel's. Paths this kernel lacks are skipped.
+  static const char *ro[] = {"proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"};
+  for (size_t i = 0; i < sizeof ro / sizeof *ro; i++) {
+    join(p, sizeof p, st, ro[i]);
+    if ((r = x_mount(p, p, 0, MS_BIND | MS_REC, 0)) == -ENOENT) continue;
+    if (r == 0) r = x_mount(p, p, 0, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, 0);
+    if (r < 0) {
+      fmt(why, sizeof why, "read-only /%s: %s", ro[i], es(r));
+      return why;
+    }
+  }
+  static const char *masked[] = {"proc/acpi", "proc/asound", "proc/kcore", "proc/keys", "proc/latency_stats",
+                                 "proc/timer_list", "proc/timer_stats", "proc/sched_debug", "proc/scsi",
+                                 "sys/firmware", "sys/devices/virtual/powercap"};
+  for (size_t i = 0; i < sizeof masked / sizeof *masked; i++) {
+    struct stat ms;
+    join(p, sizeof p, st, masked[i]);
+    if (x_stat(p, &ms, AT_SYMLINK_NOFOLLOW) < 0) continue;
+    r = S_ISDIR(ms.st_mode) ? x_mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
+                            : x_mount("/dev/null", p, 0, MS_BIND, 0);
+    if (r < 0) {
+      fmt(why, sizeof why, "mask /%s: %s", masked[i], es(r));
+      return why;
+    }
+  }
   // Device nodes made, not bind-mounted from the host (as runc does outside
   // a user namespace); where mknod is refused (a worker in a user
   // namespace) bind-mounted, as runc does there.
@@ -664,8 +693,18 @@ static void start(struct bind *b, int *fds, int nfds, const char *st) {
 // nsinit_main is the init's whole life: args are the staging directory and
 // the size of the writable layer in MiB.
 static void nsinit_main(int argc, char **argv) {
+  // Nothing the worker inherited reaches the function: only 0-2 and the
+  // control socket were meant for the init (descriptors received later are
+  // close-on-exec).
+  if (S3(SYS_close_range, CONTROL_FD + 1, ~0U, 0) == -ENOSYS)
+    for (int fd = CONTROL_FD + 1; fd < 65536; fd++) x_close(fd);
   const char *perr = "usage: init STAGING TMPFS-MB";
-  if (argc == 2) perr = prepare(argv[0], argv[1]);
+  // Only as the first process of a fresh PID namespace (a shell the worker
+  // cloned): run by hand, prepare would change the host's mounts.
+  if (S(SYS_getpid, 0, 0, 0, 0, 0, 0) != 1)
+    perr = "not the first process of a new PID namespace (the worker starts the init)";
+  else if (argc == 2)
+    perr = prepare(argv[0], argv[1]);
   int fds[MAX_FDS], nfds = 0;
   size_t n = receive(fds, &nfds);
   if (perr) fail("%s", perr);
@@ -696,8 +735,12 @@ __asm__(".text\n.global _start\n_start:\n xor %rbp,%rbp\n mov %rsp,%rdi\n and $-
 #else
 // brisk_nsinit runs before main (and before the Go runtime starts) in any
 // binary linking this package; it takes over only when asked to be an init.
+// Only glibc passes (argc, argv, envp) to constructors; elsewhere the init
+// is the standalone binary's alone.
+#ifdef __GLIBC__
 __attribute__((constructor)) static void brisk_nsinit(int argc, char **argv, char **envp) {
   (void)envp;
   run(argc, argv);
 }
+#endif
 #endif

@@ -30,9 +30,11 @@ const BinaryName = "brisk-sandbox-init"
 // ControlFD is the descriptor of the init's end of the control socket.
 const ControlFD = 3
 
-// MaxMessage bounds the bind message (the seccomp program is most of it).
+// MaxMessage bounds the bind message (the seccomp program is most of it),
+// below a SOCK_SEQPACKET socket's default send buffer (net.core.wmem_default,
+// 208 KiB), so that a message Encode accepts can be sent.
 // Secrets' values do not travel in it (Bind.Secrets).
-const MaxMessage = 256 << 10
+const MaxMessage = 192 << 10
 
 // SecretsDir is where a sandbox finds its secrets: spec.SecretsDir, which
 // this package, linking only the standard library and x/sys, cannot import

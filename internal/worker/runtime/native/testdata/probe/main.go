@@ -3,7 +3,8 @@
 // sandbox as JSON: who it runs as, its capability and seccomp state, its
 // PID namespace, hostname, whether its devices work, and which writes and syscalls succeed; GET
 // /secrets answers what it sees of its secrets (secretsprobe). With
-// PROBE_MODE=exit it exits with status 3 at once.
+// PROBE_MODE=exit it exits with status 3 at once; with PROBE_MODE=zombie its
+// main thread exits while the others serve.
 package main
 
 import (
@@ -11,11 +12,18 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 )
+
+func init() {
+	if os.Getenv("PROBE_MODE") == "zombie" {
+		runtime.LockOSThread() // main runs on the main thread, which then exits
+	}
+}
 
 func main() {
 	if os.Getenv("PROBE_MODE") == "exit" {
@@ -27,13 +35,24 @@ func main() {
 		os.Exit(1)
 	}
 	os.Stdout.WriteString("probe listening\n")
-	_ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == secretsprobe.Path {
-			secretsprobe.ServeHTTP(w, r)
-			return
-		}
-		_ = json.NewEncoder(w).Encode(probe())
-	}))
+	serve := func() {
+		_ = http.Serve(l, http.HandlerFunc(handle))
+	}
+	if os.Getenv("PROBE_MODE") == "zombie" {
+		// PID 1's main thread exits and the others serve on: the process
+		// is a zombie to /proc while it runs, which teardown must still end.
+		go serve()
+		syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+	}
+	serve()
+}
+
+func handle(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == secretsprobe.Path {
+		secretsprobe.ServeHTTP(w, r)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(probe())
 }
 
 func probe() map[string]any {
@@ -79,7 +98,32 @@ func probe() map[string]any {
 			ifaces = append(ifaces, i.Name)
 		}
 	}
+	// A root sandbox must not reach the host's kernel settings: /proc/sys
+	// read-only, /proc/keys and the like masked (runc's readonly and masked
+	// paths).
+	procSys := "writable"
+	if f, err := os.OpenFile("/proc/sys/kernel/core_pattern", os.O_WRONLY, 0); err != nil {
+		procSys = err.Error()
+	} else {
+		f.Close()
+	}
+	// /proc/keys lists the host's keyrings (it exists where /proc/kcore
+	// may not): masked, it is /dev/null.
+	keys := "visible"
+	if st, err := os.Stat("/proc/keys"); err != nil {
+		keys = err.Error()
+	} else if st.Mode()&os.ModeCharDevice != 0 {
+		keys = "masked"
+	}
+	// A descriptor the worker had open without close-on-exec
+	// (PROBE_LEAK_FD) must not reach the function.
+	leaked := false
+	if fd := os.Getenv("PROBE_LEAK_FD"); fd != "" {
+		_, err := os.Stat("/proc/self/fd/" + fd)
+		leaked = err == nil
+	}
 	return map[string]any{
+		"proc_sys": procSys, "proc_keys": keys, "leaked_fd": leaked,
 		"uid": os.Getuid(), "gid": os.Getgid(), "pid": os.Getpid(), "pids": pids, "hostname": host,
 		"cap_eff": status["CapEff"], "cap_bnd": status["CapBnd"], "no_new_privs": status["NoNewPrivs"],
 		"seccomp": status["Seccomp"], "unshare_errno": int(unshareErr),
