@@ -40,9 +40,6 @@ const (
 	// portName.
 	ContainerName = "function"
 	portName      = "http"
-	// reservedPrefix: a function's own labels and annotations may not set
-	// brisk's.
-	reservedPrefix = "brisk.dev/"
 	// tmpSizeMB sizes /tmp (memory-backed) when the function has no memory
 	// limit, as the containerd runtime does.
 	tmpSizeMB = 64
@@ -127,9 +124,12 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 		return nil, err
 	}
 	f := s.Function
+	// A function's own labels and annotations are copied only without a
+	// prefix: prefixed keys are the cluster's (an AppArmor or seccomp
+	// annotation, a kubernetes.io label), not a tenant's to set.
 	labels := map[string]string{}
 	for k, v := range f.Labels {
-		if !strings.HasPrefix(k, reservedPrefix) && k != LabelManagedBy &&
+		if !strings.Contains(k, "/") &&
 			len(validation.IsQualifiedName(k)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
 			labels[k] = v
 		}
@@ -142,7 +142,7 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 	}
 	annotations := map[string]string{}
 	for k, v := range f.Annotations {
-		if !strings.HasPrefix(k, reservedPrefix) && len(validation.IsQualifiedName(k)) == 0 {
+		if !strings.Contains(k, "/") && len(validation.IsQualifiedName(k)) == 0 {
 			annotations[k] = v
 		}
 	}

@@ -44,8 +44,8 @@ func testFunction() *spec.Function {
 		Env:         map[string]string{"GREETING": "costs $5 $(HOME) $$"},
 		Resources:   spec.Resources{MilliCPU: 250, MemoryMB: 128},
 		Limits:      spec.Resources{MilliCPU: 1000},
-		Labels:      map[string]string{"team": "a", "brisk.dev/function": "spoofed", "bad key!": "x"},
-		Annotations: map[string]string{"note": "kept", "brisk.dev/sandbox-id": "spoofed"},
+		Labels:      map[string]string{"team": "a", "brisk.dev/function": "spoofed", "bad key!": "x", "node-role.kubernetes.io/control-plane": ""},
+		Annotations: map[string]string{"note": "kept", "brisk.dev/sandbox-id": "spoofed", "container.apparmor.security.beta.kubernetes.io/function": "unconfined"},
 	}
 	f.ApplyDefaults()
 	return f
@@ -70,6 +70,12 @@ func TestPodFor(t *testing.T) {
 	}
 	if _, ok := p.Labels["bad key!"]; ok {
 		t.Error("an invalid label key reached the Pod")
+	}
+	if _, ok := p.Labels["node-role.kubernetes.io/control-plane"]; ok {
+		t.Errorf("a prefixed label was copied: %v", p.Labels)
+	}
+	if _, ok := p.Annotations["container.apparmor.security.beta.kubernetes.io/function"]; ok {
+		t.Errorf("a prefixed annotation (AppArmor unconfined) was copied: %v", p.Annotations)
 	}
 	if p.Annotations[AnnotationSandbox] != "sb-1" || p.Annotations["note"] != "kept" || p.Annotations[annotationCreate] != "tok" {
 		t.Errorf("annotations %v", p.Annotations)
