@@ -332,6 +332,13 @@ func TestContainerdWithNativeEmergency(t *testing.T) {
 	c := newCluster(t)
 	c.mustBrisk(t, "image", "build", "trace", "--data-dir", c.dataDir, "--containerd-namespace", e2eNamespace)
 	p := c.up(t, append(slices.Clone(containerdArgs), "--emergency-runtime", "native", "--emergency-slots", "4")...)
+	// The worker's emergency track is known once its first heartbeat is in
+	// (the data planes learn it with the same update); a call before that
+	// would rightly go to the regular queue.
+	eventually(t, 30*time.Second, "the worker's emergency slots reported", func() bool {
+		st, err := c.cl.Status(context.Background())
+		return err == nil && len(st.Nodes) == 1 && st.Nodes[0].Emergency != nil && st.Nodes[0].Emergency.Slots == 4
+	})
 	c.mustBrisk(t, "fn", "deploy", "pair", "--builtin", "trace", "--memory", "64", "--concurrency", "1",
 		"--scaling-mode", "dual", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
 

@@ -83,6 +83,27 @@ func PodName(id string) string {
 	return "x" + strings.TrimRight(b.String(), "-") + "-" + strconv.FormatUint(h.Sum64(), 36)
 }
 
+// tenantKey reports whether a function's own label or annotation key k may
+// go on its Pods: not one of brisk's (brisk.dev/), and none of Kubernetes'
+// domains (kubernetes.io, k8s.io and their subdomains: AppArmor and seccomp
+// annotations, node-role and app.kubernetes.io labels), which are the
+// cluster's to set, not a tenant's.
+func tenantKey(k string) bool {
+	prefix, _, ok := strings.Cut(k, "/")
+	if !ok {
+		return true
+	}
+	if prefix == "brisk.dev" {
+		return false
+	}
+	for _, d := range []string{"kubernetes.io", "k8s.io"} {
+		if prefix == d || strings.HasSuffix(prefix, "."+d) {
+			return false
+		}
+	}
+	return true
+}
+
 // imageRef is the image that runs s: the spec's, or the trace function's
 // image for the builtin (as in the containerd runtime). Commands and the
 // other builtins are host processes: not for this runtime.
@@ -124,12 +145,9 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 		return nil, err
 	}
 	f := s.Function
-	// A function's own labels and annotations are copied only without a
-	// prefix: prefixed keys are the cluster's (an AppArmor or seccomp
-	// annotation, a kubernetes.io label), not a tenant's to set.
 	labels := map[string]string{}
 	for k, v := range f.Labels {
-		if !strings.Contains(k, "/") &&
+		if tenantKey(k) &&
 			len(validation.IsQualifiedName(k)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
 			labels[k] = v
 		}
@@ -142,7 +160,7 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 	}
 	annotations := map[string]string{}
 	for k, v := range f.Annotations {
-		if !strings.Contains(k, "/") && len(validation.IsQualifiedName(k)) == 0 {
+		if tenantKey(k) && len(validation.IsQualifiedName(k)) == 0 {
 			annotations[k] = v
 		}
 	}
