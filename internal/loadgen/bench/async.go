@@ -566,6 +566,20 @@ type submitRun struct {
 	late     int           // paced: sends after their time, every client busy
 }
 
+// record adds one submit's outcome; it reports whether it was accepted.
+func (r *submitRun) record(id string, status int, lat time.Duration, err error) bool {
+	r.sent++
+	r.statuses[strconv.Itoa(status)]++
+	if err != nil {
+		r.failed++
+		r.first = cmp.Or(r.first, err)
+		return false
+	}
+	r.ids = append(r.ids, id)
+	r.lat = append(r.lat, ms(lat))
+	return true
+}
+
 // err is the run's failure when no call at all was accepted.
 func (r *submitRun) err() error {
 	if len(r.ids) == 0 {
@@ -598,17 +612,9 @@ func (s *asyncSubmitter) run(ctx context.Context, o *Options, label string, clie
 		r.statuses = map[string]int{}
 		wg.Go(func() {
 			for ctx.Err() == nil && (d <= 0 || time.Now().Before(end)) && next.Add(1) <= int64(max) {
-				id, st, took, err := s.submit(ctx)
-				r.sent++
-				r.statuses[strconv.Itoa(st)]++
-				if err != nil {
-					r.failed++
-					r.first = cmp.Or(r.first, err)
-					continue
+				if r.record(s.submit(ctx)) {
+					done.Add(1)
 				}
-				r.ids = append(r.ids, id)
-				r.lat = append(r.lat, ms(took))
-				done.Add(1)
 			}
 		})
 	}
@@ -651,16 +657,10 @@ func (s *asyncSubmitter) paced(ctx context.Context, o *Options, clients int, rat
 				}
 				id, st, took, err := s.submit(ctx)
 				sent := time.Now().Add(-took)
-				r.sent++
-				r.statuses[strconv.Itoa(st)]++
-				if err != nil {
-					r.failed++
-					r.first = cmp.Or(r.first, err)
-					continue
+				// From the slot, or from the send when the client was idle.
+				if r.record(id, st, took+sent.Sub(from), err) {
+					done.Add(1)
 				}
-				r.ids = append(r.ids, id)
-				r.lat = append(r.lat, ms(took+sent.Sub(from)))
-				done.Add(1)
 			}
 		})
 	}
@@ -703,14 +703,9 @@ func (s *asyncSubmitter) oneByOne(ctx context.Context, n int, gap time.Duration)
 				return r, ctx.Err()
 			}
 		}
-		id, st, took, err := s.submit(ctx)
-		r.sent++
-		r.statuses[strconv.Itoa(st)]++
-		if err != nil {
-			return r, fmt.Errorf("bench async: light-load call %d: %w", i, err)
+		if !r.record(s.submit(ctx)) {
+			return r, fmt.Errorf("bench async: light-load call %d: %w", i, r.first)
 		}
-		r.ids = append(r.ids, id)
-		r.lat = append(r.lat, ms(took))
 	}
 	r.elapsed = time.Since(start)
 	return r, nil

@@ -6,11 +6,13 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -82,6 +84,25 @@ type Runtime interface {
 	// List returns the sandboxes this runtime manages, including those left
 	// running by an earlier worker process when the runtime can find them.
 	List(ctx context.Context) ([]Listed, error)
+}
+
+// FunctionImage is the image that a runtime running only images (containerd,
+// kube; named runtime in the errors) starts for s, whose id and function
+// the caller has checked: the spec's, or the trace function's image for the
+// builtin.
+func FunctionImage(s Spec, runtime string) (string, error) {
+	f := s.Function
+	switch {
+	case f.Image != "":
+		return f.Image, nil
+	case f.Builtin == image.TraceName:
+		return image.TraceRef, nil
+	case f.Builtin != "":
+		return "", fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
+	case len(f.Command) > 0:
+		return "", fmt.Errorf("sandbox %s: the %s runtime runs images, not commands (function %s): %w", s.ID, runtime, f.Name, errors.ErrUnsupported)
+	}
+	return "", fmt.Errorf("sandbox %s: function %s has no image", s.ID, f.Name)
 }
 
 // ValidName accepts sandbox ids and function names that are safe as one

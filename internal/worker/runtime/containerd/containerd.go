@@ -233,16 +233,8 @@ func imageRef(s runtime.Spec) (string, error) {
 		return "", fmt.Errorf("sandbox %s: no function spec", s.ID)
 	case !idRE.MatchString(f.Name):
 		return "", fmt.Errorf("sandbox %s: function name %q is not a valid file name", s.ID, f.Name)
-	case f.Image != "":
-		return f.Image, nil
-	case f.Builtin == image.TraceName:
-		return image.TraceRef, nil
-	case f.Builtin != "":
-		return "", fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
-	case len(f.Command) > 0:
-		return "", fmt.Errorf("sandbox %s: the containerd runtime runs images, not commands (function %s): %w", s.ID, f.Name, errors.ErrUnsupported)
 	}
-	return "", fmt.Errorf("sandbox %s: function %s has no image", s.ID, f.Name)
+	return runtime.FunctionImage(s, "containerd")
 }
 
 // Create makes the sandbox's container in a pooled network namespace and

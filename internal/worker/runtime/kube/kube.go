@@ -98,6 +98,20 @@ func newSandbox(id, name string) *sandbox {
 		gone: make(chan struct{}), lock: make(chan struct{}, 1)}
 }
 
+// setUID tells sb which Pod is its own and applies the events held for
+// that Pod while its Create waited; the rest were another Pod's.
+func (r *Runtime) setUID(sb *sandbox, uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb.uid = uid
+	for _, ev := range sb.pending {
+		if ev.pod.UID == uid {
+			r.applyLocked(sb, ev.pod, ev.deleted)
+		}
+	}
+	sb.pending = nil
+}
+
 // exitError is why the sandbox ended, nil while it runs.
 func (r *Runtime) exitError(sb *sandbox) func() error {
 	return func() error {
@@ -283,15 +297,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.mu.Unlock()
 		return nil, fmt.Errorf("sandbox %s: create pod %s/%s: %w", s.ID, r.s.namespace, name, err)
 	}
-	r.mu.Lock()
-	sb.uid = created.UID
-	for _, ev := range sb.pending {
-		if ev.pod.UID == sb.uid {
-			r.applyLocked(sb, ev.pod, ev.deleted)
-		}
-	}
-	sb.pending = nil
-	r.mu.Unlock()
+	r.setUID(sb, created.UID)
 
 	select {
 	case <-sb.ready:
@@ -346,15 +352,7 @@ func (r *Runtime) deleteUncertain(ctx context.Context, sb *sandbox, token string
 	if p.Annotations[annotationCreate] != token {
 		return // not ours
 	}
-	r.mu.Lock()
-	sb.uid = p.UID
-	for _, ev := range sb.pending {
-		if ev.pod.UID == sb.uid {
-			r.applyLocked(sb, ev.pod, ev.deleted)
-		}
-	}
-	sb.pending = nil
-	r.mu.Unlock()
+	r.setUID(sb, p.UID)
 	if err := r.remove(cctx, sb, 0); err != nil {
 		r.log.Warn("deleting the pod of a failed create", "sandbox", sb.id, "pod", sb.name, "err", err)
 	}

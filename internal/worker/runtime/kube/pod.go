@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 )
 
@@ -120,16 +119,8 @@ func imageRef(s runtime.Spec) (string, error) {
 		// Secrets would be Kubernetes Secrets mounted into the Pod; not
 		// done yet, and silently dropping them is worse than refusing.
 		return "", fmt.Errorf("sandbox %s: function %s has secrets, which the kube runtime does not mount yet: %w", s.ID, f.Name, errors.ErrUnsupported)
-	case f.Image != "":
-		return f.Image, nil
-	case f.Builtin == image.TraceName:
-		return image.TraceRef, nil
-	case f.Builtin != "":
-		return "", fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
-	case len(f.Command) > 0:
-		return "", fmt.Errorf("sandbox %s: the kube runtime runs images, not commands (function %s): %w", s.ID, f.Name, errors.ErrUnsupported)
 	}
-	return "", fmt.Errorf("sandbox %s: function %s has no image", s.ID, f.Name)
+	return runtime.FunctionImage(s, "kube")
 }
 
 // podFor is the Pod of sandbox s on node, in namespace: bound to the node,
