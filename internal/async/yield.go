@@ -3,6 +3,7 @@ package async
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,10 @@ const yieldQuiet = 2 * time.Millisecond
 const yieldBurst = 10 * time.Second
 
 // yielder counts the submits and the attempts of one Queue and gates the
-// attempts' start.
+// attempts' start. Attempts past the gate's limit wait in a FIFO and are
+// let in one per free slot: a wake-up per start, not one per waiter, so
+// that a thousand waiting attempts cost nothing while the submits run
+// (waking them all at every change took the CPU the submits needed).
 type yielder struct {
 	floor   int32        // attempts that run whatever the submits
 	submits atomic.Int32 // in flight
@@ -39,17 +43,20 @@ type yielder struct {
 	since   atomic.Int64 // when the data plane became busy, Unix ns
 	burst   time.Duration
 	running atomic.Int32 // attempts past the gate, not yet ended
-	waiters atomic.Int32
-	mu      sync.Mutex
-	wakeup  chan struct{} // closed and replaced to wake every waiter
-	yielded atomic.Int64  // attempts that waited
+	waiting atomic.Int32 // attempts in (or about to join) queue
+	yielded atomic.Int64 // attempts that waited
+
+	mu    sync.Mutex
+	queue []chan struct{} // waiting attempts, oldest first
+	timer *time.Timer     // looks at the queue again when the submits may have calmed
+	armed bool            // timer is set
 }
 
 func newYielder(floor int) *yielder {
 	if floor <= 0 {
 		floor = max(runtime.GOMAXPROCS(0)/2, 1)
 	}
-	return &yielder{floor: int32(floor), wakeup: make(chan struct{}), burst: yieldBurst}
+	return &yielder{floor: int32(floor), burst: yieldBurst}
 }
 
 // accepting marks a submit in flight until the returned func is called.
@@ -82,64 +89,102 @@ func (y *yielder) busy() (busy bool, recheck time.Duration) {
 	return quiet < yieldQuiet, yieldQuiet - quiet
 }
 
+// tryStart counts an attempt in if one may start now: fewer than floor
+// run, or the data plane is not busy accepting.
+func (y *yielder) tryStart() bool {
+	for {
+		n := y.running.Load()
+		if n >= y.floor {
+			if busy, _ := y.busy(); busy {
+				return false
+			}
+		}
+		if y.running.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
 // enter waits until an attempt may start: the data plane is not busy
 // accepting, or fewer than floor attempts run. It returns false if ctx
 // ended first. Every true is matched by a leave.
 func (y *yielder) enter(ctx context.Context) bool {
-	waited := false
-	for {
-		// Counted as a waiter before the check, so that a wake between
-		// the check and the wait is not skipped.
-		y.waiters.Add(1)
-		ch := y.current()
-		n := y.running.Load()
-		busy, recheck := y.busy()
-		if n < y.floor || !busy {
-			y.waiters.Add(-1)
-			if !y.running.CompareAndSwap(n, n+1) {
-				continue
-			}
-			if waited {
-				y.yielded.Add(1)
-			}
-			return true
-		}
-		waited = true
-		// An attempt's end wakes the waiters; the submits' calm is
-		// waited for by the clock.
-		t := time.NewTimer(recheck)
-		select {
-		case <-ch:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-		y.waiters.Add(-1)
-		if ctx.Err() != nil {
-			return false
-		}
+	if y.waiting.Load() == 0 && y.tryStart() {
+		return true // nobody waits ahead: no lock
 	}
+	y.mu.Lock()
+	// Counted as waiting before the check: a leave that the check missed
+	// sees the count and releases the queue after this joins it.
+	y.waiting.Add(1)
+	if len(y.queue) == 0 && y.tryStart() {
+		y.waiting.Add(-1)
+		y.mu.Unlock()
+		return true
+	}
+	ch := make(chan struct{}, 1)
+	y.queue = append(y.queue, ch)
+	y.armLocked()
+	y.mu.Unlock()
+	select {
+	case <-ch:
+		y.yielded.Add(1)
+		return true
+	case <-ctx.Done():
+	}
+	y.mu.Lock()
+	i := slices.Index(y.queue, ch)
+	if i >= 0 {
+		y.queue = slices.Delete(y.queue, i, i+1)
+		y.waiting.Add(-1)
+	}
+	y.mu.Unlock()
+	if i < 0 { // let in as ctx ended: pass the slot on
+		y.leave()
+	}
+	return false
 }
 
 // leave ends an attempt that entered.
 func (y *yielder) leave() {
 	y.running.Add(-1)
-	y.wake()
+	if y.waiting.Load() > 0 {
+		y.release()
+	}
 }
 
-func (y *yielder) current() chan struct{} {
+// release lets waiting attempts in, oldest first, while they may start.
+func (y *yielder) release() {
 	y.mu.Lock()
 	defer y.mu.Unlock()
-	return y.wakeup
+	for len(y.queue) > 0 && y.tryStart() {
+		ch := y.queue[0]
+		y.queue[0] = nil
+		y.queue = y.queue[1:]
+		y.waiting.Add(-1)
+		ch <- struct{}{}
+	}
+	y.armLocked()
 }
 
-// wake wakes every waiter, if there is one.
-func (y *yielder) wake() {
-	if y.waiters.Load() == 0 {
+// armLocked sets the timer that looks at a non-empty queue again when the
+// submits may have calmed: their end wakes nobody.
+func (y *yielder) armLocked() {
+	if len(y.queue) == 0 || y.armed {
 		return
 	}
+	_, recheck := y.busy()
+	recheck = max(recheck, 50*time.Microsecond)
+	y.armed = true
+	if y.timer == nil {
+		y.timer = time.AfterFunc(recheck, y.recheck)
+	} else {
+		y.timer.Reset(recheck)
+	}
+}
+
+func (y *yielder) recheck() {
 	y.mu.Lock()
-	close(y.wakeup)
-	y.wakeup = make(chan struct{})
+	y.armed = false
 	y.mu.Unlock()
+	y.release()
 }

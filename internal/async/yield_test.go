@@ -2,6 +2,7 @@ package async
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -98,5 +99,49 @@ func TestYieldEndsWithTheBurst(t *testing.T) {
 	<-entered
 	if age := time.Since(time.Unix(0, y.since.Load())); age < y.burst {
 		t.Fatalf("an attempt past the floor started %s into the burst, before its limit %s", age, y.burst)
+	}
+}
+
+// Many waiting attempts are let in one per free slot, oldest first, and
+// all of them once the submits calm down (the queue's timer, not a
+// wake-up of each).
+func TestYieldManyWaiters(t *testing.T) {
+	ctx := context.Background()
+	y := newYielder(1)
+	done := y.accepting()
+	if !y.enter(ctx) {
+		t.Fatal("enter refused below the floor")
+	}
+	const waiters = 100
+	order := make(chan int, waiters)
+	for i := range waiters {
+		go func() {
+			if y.enter(ctx) {
+				order <- i
+			}
+		}()
+		// Joined the queue before the next starts: the order is known.
+		for y.waiting.Load() != int32(i+1) {
+			runtime.Gosched()
+		}
+	}
+	y.leave()
+	if got := <-order; got != 0 {
+		t.Fatalf("waiter %d went first, want the oldest, 0", got)
+	}
+	select {
+	case i := <-order:
+		t.Fatalf("waiter %d started too: two attempts for one that ended", i)
+	case <-time.After(50 * time.Millisecond):
+	}
+	done()
+	for range waiters - 1 {
+		<-order
+	}
+	if got := y.running.Load(); got != waiters {
+		t.Fatalf("running %d, want %d", got, waiters)
+	}
+	if got := y.waiting.Load(); got != 0 {
+		t.Fatalf("%d still counted as waiting", got)
 	}
 }
