@@ -153,6 +153,44 @@ func TestRestartKillsLeftoverEmergencySandboxes(t *testing.T) {
 	}
 }
 
+// A sandbox an earlier worker left that is not running (a creation it did
+// not finish: a Pod still Pending) is removed at the restart, not left
+// behind forever.
+func TestRestartRemovesSandboxesNotRunning(t *testing.T) {
+	n, rt := newEmergencyNode(t, 0, 1)
+	f := spec.FromProto(fnSpec)
+	for _, id := range []string{"pending-1", "regular-1"} {
+		if _, err := rt.Create(context.Background(), runtime.Spec{ID: id, Function: f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n2 := newNode("n1", "boot-2", notRunning{rt, "pending-1"}, n.capacity, 0, time.Minute, quiet)
+	n2.adopt(context.Background())
+	if ls, _ := rt.List(context.Background()); len(ls) != 1 || ls[0].ID != "regular-1" {
+		t.Errorf("runtime after restart: %+v, want only regular-1", ls)
+	}
+	if snap := n2.Snapshot(); len(snap) != 1 || snap[0].GetId() != "regular-1" {
+		t.Errorf("adopted %v, want only regular-1", snap)
+	}
+}
+
+// notRunning lists sandbox id as not running, as the kube runtime lists a
+// Pending Pod.
+type notRunning struct {
+	runtime.Runtime
+	id string
+}
+
+func (r notRunning) List(ctx context.Context) ([]runtime.Listed, error) {
+	ls, err := r.Runtime.List(ctx)
+	for i := range ls {
+		if ls[i].ID == r.id {
+			ls[i].Running = false
+		}
+	}
+	return ls, err
+}
+
 // Data planes may make emergency calls; sessions and image pushes stay the
 // control plane's.
 func TestOnlyControlPlanesOpenSessions(t *testing.T) {

@@ -94,11 +94,17 @@ func (n *Node) adopt(ctx context.Context) {
 			continue
 		}
 		for _, s := range l {
-			if strings.HasPrefix(s.ID, EmergencyPrefix) {
-				if err := rt.Kill(ctx, s.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-					n.log.Warn("killing an emergency sandbox left by an earlier worker", "sandbox", s.ID, "err", err)
-				}
-			} else if rt == n.rt {
+			switch {
+			case strings.HasPrefix(s.ID, EmergencyPrefix):
+				n.killLeftover(ctx, rt, s.ID, "an emergency sandbox (its call died with the earlier worker)")
+			case rt != n.rt:
+			case !s.Running:
+				// A creation the earlier worker did not finish (a Pod
+				// still Pending) or a sandbox that ended: nobody would
+				// finish, watch or remove it. The control plane asks
+				// again if it still needs the sandbox.
+				n.killLeftover(ctx, rt, s.ID, "a sandbox not running")
+			default:
 				listed = append(listed, s)
 			}
 		}
@@ -106,9 +112,6 @@ func (n *Node) adopt(ctx context.Context) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, l := range listed {
-		if !l.Running {
-			continue
-		}
 		sb := &sandbox{
 			rec: &briskv1.SandboxRecord{Id: l.ID, Function: l.Function, Revision: l.Revision,
 				State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: 1, Address: l.Addr},
@@ -126,6 +129,14 @@ func (n *Node) adopt(ctx context.Context) {
 			}
 		}
 		n.log.Info("adopted running sandbox", "sandbox", l.ID, "function", l.Function, "exit_watched", watched)
+	}
+}
+
+// killLeftover removes a sandbox an earlier worker left that is not
+// adopted.
+func (n *Node) killLeftover(ctx context.Context, rt runtime.Runtime, id, what string) {
+	if err := rt.Kill(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		n.log.Warn("removing a sandbox left by an earlier worker", "sandbox", id, "what", what, "err", err)
 	}
 }
 
