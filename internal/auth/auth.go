@@ -111,6 +111,26 @@ func New(scopes, functions []string, ns string) (token string, g Grant, err erro
 	return prefix + g.ID + "_" + s, g, nil
 }
 
+// GrantOf is the grant of token tok, made elsewhere (`brisk k8s install`
+// makes a cluster's first admin and join tokens before its control plane
+// starts): tok must read as New writes tokens.
+func GrantOf(tok string, scopes []string) (Grant, error) {
+	id, secret, ok := split(tok)
+	if !ok {
+		return Grant{}, errors.New("token: want brisk_<16 hex digits>_<secret>")
+	}
+	if _, err := hex.DecodeString(id); err != nil {
+		return Grant{}, errors.New("token: its id is not 16 hex digits")
+	}
+	if b, err := base64.RawURLEncoding.DecodeString(secret); err != nil || len(b) < 32 {
+		return Grant{}, errors.New("token: its secret is not 32 or more bytes in unpadded base64url")
+	}
+	if len(scopes) == 0 {
+		return Grant{}, errors.New("a token needs at least one scope")
+	}
+	return Grant{ID: id, Hash: HashSecret(secret), Scopes: slices.Clone(scopes), SigningKey: SigningKeyOf(secret)}, nil
+}
+
 // HashSecret is the stored form of a token's secret.
 func HashSecret(secret string) string {
 	h := sha256.Sum256([]byte(secret))

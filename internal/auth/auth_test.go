@@ -171,3 +171,31 @@ func TestNamespacedTokens(t *testing.T) {
 		t.Fatalf("HasScope admin: %v", err)
 	}
 }
+
+// TestGrantOf checks that a token made elsewhere (brisk k8s install) gets
+// the very grant New gives it, so the Checker accepts it, and that
+// malformed ones are refused.
+func TestGrantOf(t *testing.T) {
+	tok, want := mustNew(t, []string{ScopeJoin}, nil)
+	g, err := GrantOf(tok, []string{ScopeJoin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.ID != want.ID || g.Hash != want.Hash || g.SigningKey != want.SigningKey {
+		t.Fatalf("GrantOf = %+v, want %+v", g, want)
+	}
+	c := NewChecker()
+	c.Replace([]Grant{g})
+	if err := Check(c, tok, ScopeJoin, "", ""); err != nil {
+		t.Errorf("the checker refuses the token: %v", err)
+	}
+	id := tok[len("brisk_") : len("brisk_")+16]
+	for _, bad := range []string{"", "garbage", "brisk_" + id + "_", "brisk_" + id + "_short", "brisk_zzzzzzzzzzzzzzzz_" + tok[len("brisk_")+17:], "brisk_" + id + "_" + strings.Repeat("!", 43)} {
+		if _, err := GrantOf(bad, []string{ScopeJoin}); err == nil {
+			t.Errorf("GrantOf(%q) accepted", bad)
+		}
+	}
+	if _, err := GrantOf(tok, nil); err == nil {
+		t.Error("GrantOf without scopes accepted")
+	}
+}

@@ -210,13 +210,21 @@ func (cp *ControlPlane) bootstrapJoinToken() error {
 			return nil
 		}
 	}
-	tok, g, err := auth.New([]string{auth.ScopeJoin}, nil, "")
-	if err != nil {
-		return err
-	}
+	var g auth.Grant
 	path := filepath.Join(cp.cfg.DataDir, JoinTokenFile)
-	if err := writeSecret(path, tok+"\n"); err != nil {
-		return fmt.Errorf("controlplane: writing the join token: %w", err)
+	if tok := cp.cfg.BootstrapJoinToken; tok != "" {
+		if g, err = auth.GrantOf(tok, []string{auth.ScopeJoin}); err != nil {
+			return fmt.Errorf("controlplane: the bootstrap join token: %w", err)
+		}
+		path = "" // whoever gave it has it
+	} else {
+		var tok string
+		if tok, g, err = auth.New([]string{auth.ScopeJoin}, nil, ""); err != nil {
+			return err
+		}
+		if err := writeSecret(path, tok+"\n"); err != nil {
+			return fmt.Errorf("controlplane: writing the join token: %w", err)
+		}
 	}
 	rec := &store.Token{ID: g.ID, Name: "bootstrap-join", Scopes: g.Scopes, Hash: g.Hash, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {

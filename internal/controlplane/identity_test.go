@@ -7,6 +7,8 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/rpc"
@@ -317,4 +320,59 @@ func TestControlPlaneChecksTheWorkersCertificate(t *testing.T) {
 func isRemoteAlert(err error) bool {
 	var ae tls.AlertError
 	return errors.As(err, &ae) || err != nil && strings.Contains(err.Error(), "remote error")
+}
+
+// TestBootstrapTokensGiven runs a control plane given its first admin and
+// join tokens (as brisk k8s install makes them into a Secret): it accepts
+// them, writes neither to its data dir, and makes no others.
+func TestBootstrapTokensGiven(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.CreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
+	join, _, _ := auth.New([]string{auth.ScopeJoin}, nil, "")
+	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
+		BootstrapAdminToken: admin, BootstrapJoinToken: join,
+		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cp.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-cp.Ready():
+	case err := <-done:
+		t.Fatalf("control plane: %v", err)
+	}
+	for _, f := range []string{AdminTokenFile, JoinTokenFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s written although the token was given: %v", f, err)
+		}
+	}
+	c := &tlsCP{cp: cp, ca: ca, dir: dir, token: join}
+	if _, err := c.join(t, join, pki.KindWorker, "", "w1"); err != nil {
+		t.Errorf("joining with the given join token: %v", err)
+	}
+	for tok, want := range map[string]int{admin: http.StatusOK, join: http.StatusForbidden, "": http.StatusUnauthorized} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+cp.AdminAddr()+"/v1/tokens", nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET /v1/tokens with token %.12q: %d, want %d", tok, resp.StatusCode, want)
+		}
+	}
+	toks, err := cp.store.Tokens()
+	if err != nil || len(toks) != 2 {
+		t.Errorf("registry tokens: %d (%v), want the 2 given", len(toks), err)
+	}
 }

@@ -76,8 +76,14 @@ type Config struct {
 	// /healthz needs a token, and the first start creates an admin token
 	// in DataDir/admin.token.
 	AuthDisabled bool
-	Clock        clock.Clock
-	Logger       *slog.Logger
+	// BootstrapAdminToken and BootstrapJoinToken, when set, are the first
+	// admin and join tokens: registered when the registry has none of
+	// their kind, instead of made and written to DataDir (brisk k8s
+	// install makes them into a Secret every replica reads).
+	BootstrapAdminToken, BootstrapJoinToken string
+
+	Clock  clock.Clock
+	Logger *slog.Logger
 	// WorkerLinkInterceptor, when set, wraps the control plane's end of every
 	// link session it opens to a worker (the client stream of
 	// Worker.Session). It is an extension point, like

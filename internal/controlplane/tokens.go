@@ -95,13 +95,22 @@ func (cp *ControlPlane) bootstrapToken() error {
 	if cp.cfg.AuthDisabled || cp.tokens.Len() > 0 {
 		return nil
 	}
-	tok, g, err := auth.New([]string{auth.ScopeAdmin}, nil, "")
-	if err != nil {
-		return err
-	}
+	var g auth.Grant
+	var err error
 	path := filepath.Join(cp.cfg.DataDir, AdminTokenFile)
-	if err := writeSecret(path, tok+"\n"); err != nil {
-		return fmt.Errorf("controlplane: writing the first admin token: %w", err)
+	if tok := cp.cfg.BootstrapAdminToken; tok != "" {
+		if g, err = auth.GrantOf(tok, []string{auth.ScopeAdmin}); err != nil {
+			return fmt.Errorf("controlplane: the bootstrap admin token: %w", err)
+		}
+		path = "" // whoever gave it has it
+	} else {
+		var tok string
+		if tok, g, err = auth.New([]string{auth.ScopeAdmin}, nil, ""); err != nil {
+			return err
+		}
+		if err := writeSecret(path, tok+"\n"); err != nil {
+			return fmt.Errorf("controlplane: writing the first admin token: %w", err)
+		}
 	}
 	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {

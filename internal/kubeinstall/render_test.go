@@ -1,0 +1,269 @@
+package kubeinstall
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/brisk-faas/brisk/internal/controlplane/replica"
+	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
+)
+
+func render(t *testing.T, o Options) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := Render(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func find[T any](t *testing.T, objs []*unstructured.Unstructured, kind, name string) *T {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			var v T
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, &v, true); err != nil {
+				t.Fatalf("%s %s: %v", kind, name, err)
+			}
+			return &v
+		}
+	}
+	t.Fatalf("no %s %s among the rendered objects", kind, name)
+	return nil
+}
+
+func has(objs []*unstructured.Unstructured, kind, name string) bool {
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRenderShapes checks the objects the issue asks for: a 3-replica
+// StatefulSet behind a headless Service, a Deployment with its Service, a
+// DaemonSet, and the RBAC, with the namespace, image and counts asked for.
+func TestRenderShapes(t *testing.T) {
+	objs := render(t, Options{Namespace: "faas", Image: "registry.invalid/brisk:v9", DataPlanes: 4})
+
+	ss := find[appsv1.StatefulSet](t, objs, "StatefulSet", "brisk-controlplane")
+	if *ss.Spec.Replicas != 3 || ss.Spec.PodManagementPolicy != appsv1.ParallelPodManagement || ss.Namespace != "faas" {
+		t.Errorf("control plane: %d replicas, policy %q, namespace %q; want 3, Parallel, faas", *ss.Spec.Replicas, ss.Spec.PodManagementPolicy, ss.Namespace)
+	}
+	if len(ss.Spec.VolumeClaimTemplates) != 1 || ss.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests.Storage().String() != "1Gi" {
+		t.Errorf("control plane volumes: %+v", ss.Spec.VolumeClaimTemplates)
+	}
+	hs := find[corev1.Service](t, objs, "Service", ss.Spec.ServiceName)
+	if hs.Spec.ClusterIP != corev1.ClusterIPNone || !hs.Spec.PublishNotReadyAddresses {
+		t.Errorf("control plane's Service: clusterIP %q, publishNotReadyAddresses %v; want headless, publishing", hs.Spec.ClusterIP, hs.Spec.PublishNotReadyAddresses)
+	}
+	if !selects(hs.Spec.Selector, ss.Spec.Template.Labels) {
+		t.Errorf("headless Service selector %v does not select %v", hs.Spec.Selector, ss.Spec.Template.Labels)
+	}
+
+	dp := find[appsv1.Deployment](t, objs, "Deployment", "brisk-dataplane")
+	if *dp.Spec.Replicas != 4 {
+		t.Errorf("data planes: %d replicas, want 4", *dp.Spec.Replicas)
+	}
+	svc := find[corev1.Service](t, objs, "Service", "brisk-dataplane")
+	if !selects(svc.Spec.Selector, dp.Spec.Template.Labels) || selects(svc.Spec.Selector, ss.Spec.Template.Labels) {
+		t.Errorf("data plane Service selector %v: want the data planes only", svc.Spec.Selector)
+	}
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "brisk-worker")
+	if !ds.Spec.Template.Spec.HostNetwork || ds.Labels[LabelWorkerRuntime] != "containerd" {
+		t.Errorf("worker DaemonSet: hostNetwork %v, runtime %q; want the containerd worker", ds.Spec.Template.Spec.HostNetwork, ds.Labels[LabelWorkerRuntime])
+	}
+	if has(objs, "Role", "brisk-worker") || has(objs, "RoleBinding", "brisk-worker") {
+		t.Error("the containerd worker got the kube runtime's Role")
+	}
+	crb := find[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding", "brisk:functions:faas")
+	if crb.RoleRef.Name != "brisk:functions:faas" || len(crb.Subjects) != 1 || crb.Subjects[0].Namespace != "faas" || crb.Subjects[0].Name != "brisk-functions" {
+		t.Errorf("ClusterRoleBinding: %+v", crb)
+	}
+	cr := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "brisk:functions:faas")
+	if want := kubefunctions.Rules(); !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("Function controller's rules %+v, want kubefunctions.Rules %+v", cr.Rules, want)
+	}
+	fc := find[appsv1.Deployment](t, objs, "Deployment", "brisk-functions")
+	if *fc.Spec.Replicas != 1 || fc.Spec.Template.Spec.ServiceAccountName != "brisk-functions" {
+		t.Errorf("Function controller: %d replicas, account %s; want 1, brisk-functions", *fc.Spec.Replicas, fc.Spec.Template.Spec.ServiceAccountName)
+	}
+
+	for _, pod := range []*corev1.PodTemplateSpec{&ss.Spec.Template, &dp.Spec.Template, &ds.Spec.Template, &fc.Spec.Template} {
+		// The kube runtime takes Pods so labelled in its namespace for
+		// sandboxes: brisk's own must never be.
+		if pod.Labels[kube.LabelManagedBy] == kube.ManagedBy {
+			t.Errorf("%v: Pods labelled as the kube runtime's sandboxes", pod.Labels)
+		}
+		for _, c := range pod.Spec.Containers {
+			if c.Image != "registry.invalid/brisk:v9" {
+				t.Errorf("container %s: image %q", c.Name, c.Image)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+				t.Errorf("container %s: resource requests wanted", c.Name)
+			}
+			// The Function controller serves nothing a probe could ask.
+			if c.Name != "functions" && (c.ReadinessProbe == nil || c.LivenessProbe == nil) {
+				t.Errorf("container %s: probes wanted", c.Name)
+			}
+		}
+	}
+	for _, u := range objs {
+		if u.GetKind() == "Secret" {
+			t.Errorf("Secret %s rendered: secrets are made by Install, never written in the manifests", u.GetName())
+		}
+		if strings.Contains(mustYAML(t, u), DefaultNamespace) {
+			t.Errorf("%s %s still names %s", u.GetKind(), u.GetName(), DefaultNamespace)
+		}
+		if u.GetLabels()[LabelManagedBy] != ManagedBy {
+			t.Errorf("%s %s is not labelled %s=%s (uninstall keeps what is not)", u.GetKind(), u.GetName(), LabelManagedBy, ManagedBy)
+		}
+	}
+}
+
+func selects(sel, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func mustYAML(t *testing.T, u *unstructured.Unstructured) string {
+	var b strings.Builder
+	if err := YAML(&b, []*unstructured.Unstructured{u}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// TestRenderLeastPrivilege checks who gets what: the containerd worker is
+// the one privileged Pod and has no API token; the kube worker has the
+// kube runtime's Role (the very rules of kube.Role) and no privilege; the
+// data planes have no token; the control plane runs as non-root.
+func TestRenderLeastPrivilege(t *testing.T) {
+	objs := render(t, Options{WorkerRuntime: "kube"})
+	role := find[rbacv1.Role](t, objs, "Role", "brisk-worker")
+	if want := kube.Role(role.Namespace, role.Name).Rules; !reflect.DeepEqual(role.Rules, want) {
+		t.Errorf("worker Role rules %+v, want kube.Role's %+v", role.Rules, want)
+	}
+	rb := find[rbacv1.RoleBinding](t, objs, "RoleBinding", "brisk-worker")
+	if rb.RoleRef.Name != role.Name || rb.Subjects[0].Name != "brisk-worker" || rb.Subjects[0].Namespace != DefaultNamespace {
+		t.Errorf("worker RoleBinding %+v", rb)
+	}
+	kw := find[appsv1.DaemonSet](t, objs, "DaemonSet", "brisk-worker").Spec.Template.Spec
+	if kw.HostNetwork || kw.Containers[0].SecurityContext.Privileged != nil || !contains(kw.Containers[0].Args, "--runtime=kube") {
+		t.Errorf("kube worker: hostNetwork %v, privileged %v, args %v", kw.HostNetwork, kw.Containers[0].SecurityContext.Privileged, kw.Containers[0].Args)
+	}
+	if sc := kw.Containers[0].SecurityContext; sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" || *sc.AllowPrivilegeEscalation {
+		t.Errorf("kube worker: security context %+v, want every capability dropped", sc)
+	}
+
+	objs = render(t, Options{})
+	cw := find[appsv1.DaemonSet](t, objs, "DaemonSet", "brisk-worker").Spec.Template.Spec
+	if cw.AutomountServiceAccountToken == nil || *cw.AutomountServiceAccountToken {
+		t.Error("the containerd worker gets an API token it does not use")
+	}
+	dp := find[appsv1.Deployment](t, objs, "Deployment", "brisk-dataplane").Spec.Template.Spec
+	if dp.AutomountServiceAccountToken == nil || *dp.AutomountServiceAccountToken {
+		t.Error("the data planes get an API token they do not use")
+	}
+	cp := find[appsv1.StatefulSet](t, objs, "StatefulSet", "brisk-controlplane").Spec.Template.Spec
+	if cp.AutomountServiceAccountToken == nil || *cp.AutomountServiceAccountToken {
+		t.Error("the control plane gets an API token it does not use")
+	}
+	fc := find[appsv1.Deployment](t, objs, "Deployment", "brisk-functions").Spec.Template.Spec
+	for _, v := range fc.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == SecretControlPlane && (len(v.Secret.Items) != 2 || v.Secret.Items[1].Key != KeyAdminToken) {
+			t.Errorf("the Function controller mounts %+v of the control plane's Secret, want ca.crt and admin.token only", v.Secret.Items)
+		}
+	}
+	for _, p := range []corev1.PodSpec{dp, cp, fc} {
+		if p.SecurityContext == nil || p.SecurityContext.RunAsNonRoot == nil || !*p.SecurityContext.RunAsNonRoot {
+			t.Errorf("%s runs as root", p.ServiceAccountName)
+		}
+		for _, v := range p.Volumes {
+			if v.Secret != nil && v.Secret.SecretName == SecretControlPlane && p.ServiceAccountName != "brisk-controlplane" && len(v.Secret.Items) == 0 {
+				t.Errorf("%s mounts the CA's key", p.ServiceAccountName)
+			}
+		}
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPeers checks that --peers, as the Pods expand it, is what brisk
+// controlplane accepts, with ids the StatefulSet's Pod names.
+func TestPeers(t *testing.T) {
+	for _, n := range []int{1, 3, 5} {
+		peers, err := replica.ParsePeers(strings.ReplaceAll(Peers(n), "$(POD_NAMESPACE)", "ns1"))
+		if err != nil {
+			t.Fatalf("%d replicas: %v", n, err)
+		}
+		if len(peers) != n {
+			t.Fatalf("%d replicas: %d peers", n, len(peers))
+		}
+		for i, p := range peers {
+			id := "brisk-controlplane-" + string(rune('0'+i))
+			if p.ID != id || p.GRPCAddr != id+".brisk-controlplane.ns1.svc:9091" || p.RaftAddr != id+".brisk-controlplane.ns1.svc:7100" {
+				t.Errorf("peer %d: %+v", i, p)
+			}
+		}
+		if got := len(strings.Split(ControlPlanes(n), ",")); got != n {
+			t.Errorf("%d replicas: %d control-plane addresses", n, got)
+		}
+	}
+	objs := render(t, Options{Replicas: 5})
+	ss := find[appsv1.StatefulSet](t, objs, "StatefulSet", "brisk-controlplane")
+	for _, e := range ss.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == envPeers && e.Value != Peers(5) {
+			t.Errorf("BRISK_PEERS = %q, want Peers(5)", e.Value)
+		}
+	}
+}
+
+func TestRenderRejects(t *testing.T) {
+	for _, o := range []Options{
+		{Replicas: 2}, {Replicas: -1}, {DataPlanes: -3}, {Namespace: "Not_A_Name"},
+		{WorkerRuntime: "docker"}, {Image: "a b"}, {StorageSize: "lots"}, {StorageSize: "-1Gi"},
+	} {
+		if _, err := Render(o); err == nil {
+			t.Errorf("Render(%+v) accepted", o)
+		}
+	}
+}
+
+func TestEphemeral(t *testing.T) {
+	objs := render(t, Options{Ephemeral: true, Replicas: 1})
+	ss := find[appsv1.StatefulSet](t, objs, "StatefulSet", "brisk-controlplane")
+	if len(ss.Spec.VolumeClaimTemplates) != 0 {
+		t.Error("ephemeral storage kept the volume claim template")
+	}
+	found := false
+	for _, v := range ss.Spec.Template.Spec.Volumes {
+		found = found || v.Name == "data" && v.EmptyDir != nil
+	}
+	if !found {
+		t.Error("no emptyDir data volume")
+	}
+}
