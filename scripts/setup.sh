@@ -24,6 +24,9 @@ command -v gcc >/dev/null 2>&1 || pkgs+=(gcc)
 # The containerd runtime (--runtime containerd) and its tests.
 command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
 command -v runc >/dev/null 2>&1 || pkgs+=(runc)
+# The CNI plugins (bridge, host-local, loopback) of the real kubelet's Pods
+# in the kube runtime's tests (kubecluster.StartKubelet).
+[ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
 # The headless browser the dashboard's test drives (test/e2e/dashboard_test.go).
 command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
 # The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
@@ -45,12 +48,12 @@ if ! have_go; then
 fi
 go mod download
 
-# The Kubernetes control plane (etcd, kube-apiserver, KWOK; kubectl) the kube
-# runtime's tests run against (internal/testutil/kubecluster), built from the
-# Go module proxy into a cache that outlives the checkout: about 5 minutes of
-# two cores the first time on a machine, nothing after. Its chatter goes to a
-# log, shown only when the build fails. Without root the cache directory is
-# made the user's, so that the build runs as the user.
+# The Kubernetes control plane (etcd, kube-apiserver, KWOK; kubectl, kubelet)
+# the kube runtime's tests run against (internal/testutil/kubecluster), built
+# from the Go module proxy into a cache that outlives the checkout: about 6
+# minutes of two cores the first time on a machine, nothing after. Its
+# chatter goes to a log, shown only when the build fails. Without root the
+# cache directory is made the user's, so that the build runs as the user.
 K8S_CACHE=${BRISK_K8S_CACHE:-/var/cache/brisk/k8s-v1.36.3}
 K8S_LOG=${TMPDIR:-/tmp}/brisk-k8s-binaries.log
 if [ -n "$SUDO" ] && [ ! -w "$(dirname "$K8S_CACHE")" ]; then
@@ -58,7 +61,9 @@ if [ -n "$SUDO" ] && [ ! -w "$(dirname "$K8S_CACHE")" ]; then
   $SUDO chown -R "$(id -u):$(id -g)" "$K8S_CACHE"
 fi
 if [ ! -x "$K8S_CACHE/bin/kwok" ] || [ ! -x "$K8S_CACHE/bin/kube-apiserver" ] || [ ! -x "$K8S_CACHE/bin/etcd" ]; then
-  echo "setup: building the Kubernetes test binaries into $K8S_CACHE (about 5 minutes; log $K8S_LOG)"
+  echo "setup: building the Kubernetes test binaries into $K8S_CACHE (about 6 minutes; log $K8S_LOG)"
+elif [ ! -x "$K8S_CACHE/bin/kubelet" ]; then
+  echo "setup: building the kubelet into $K8S_CACHE (about a minute; log $K8S_LOG)"
 fi
 if ! K8S_BIN=$("$(dirname "$0")/k8s-binaries.sh" "$K8S_CACHE" 2>"$K8S_LOG"); then
   echo "setup: building the Kubernetes test binaries failed; last log lines:" >&2

@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// StartControllers starts kube-controller-manager (the Deployment and
-// ReplicaSet controllers only) and kube-scheduler against the cluster, for
+// StartControllers starts kube-controller-manager (the Deployment,
+// ReplicaSet, StatefulSet and DaemonSet controllers only) and kube-scheduler against the cluster, for
 // the stock Kubernetes baseline of the KubeDirect benchmark. qps > 0 lifts
 // both clients' rate limits to qps (and burst qps), as kwokctl's
 // DisableQPSLimits does; 0 keeps the stock limits (controller-manager 20
@@ -32,7 +32,9 @@ func (c *Cluster) StartControllers(t testing.TB, qps float64) {
 	common := []string{"--kubeconfig=" + c.Kubeconfig, "--bind-address=127.0.0.1", "--secure-port=0",
 		"--leader-elect=false", "--authentication-skip-lookup=true"}
 	c.start(t, "kube-controller-manager", append(append(common,
-		"--controllers=deployment-controller,replicaset-controller",
+		// The StatefulSet and DaemonSet controllers for brisk's own
+		// manifests (internal/kubeinstall); idle, they cost a few watches.
+		"--controllers=deployment-controller,replicaset-controller,statefulset-controller,daemonset-controller",
 		"--cert-dir="+filepath.Join(c.Dir, "kcm-certs")), limits()...)...)
 	c.start(t, "kube-scheduler", append(append(common,
 		"--cert-dir="+filepath.Join(c.Dir, "scheduler-certs")), limits()...)...)

@@ -8,7 +8,8 @@
 //
 // KWOK fakes the status of Pods but runs nothing; nodes get a pod CIDR on
 // loopback, so Pod IPs are 127.x addresses, and ServePods can stand in for
-// the Pods' containers.
+// the Pods' containers. StartKubelet adds one real node: a kubelet on a
+// containerd of its own, whose Pods run in real containers.
 //
 // Without the binaries a test is skipped, with the command that builds
 // them, unless the CI environment variable is set: CI must run these tests,
@@ -29,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,11 +133,12 @@ type Cluster struct {
 	// KWOK had made the first nodes Ready.
 	Startup time.Duration
 
-	bin   string
-	pki   *pki
-	procs []*proc
-	mu    sync.Mutex
-	seq   int // nodes made so far: their names and pod CIDRs
+	bin     string
+	pki     *pki
+	apiArgs []string // kube-apiserver's, for CrashAPIServer
+	procs   []*proc
+	mu      sync.Mutex
+	seq     int // nodes made so far: their names and pod CIDRs
 	// cidrBase is the second octet of the first node's pod CIDR.
 	cidrBase int
 }
@@ -180,14 +183,17 @@ func Start(t testing.TB, opts Options) *Cluster {
 		"--initial-cluster=brisk-test="+etcdPeer,
 		"--unsafe-no-fsync", // test data: durability costs only time here
 		"--log-level=warn")
-	c.start(t, "kube-apiserver",
-		"--etcd-servers="+etcdClient,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[2]),
-		"--cert-dir="+filepath.Join(c.Dir, "apiserver-certs"),
-		"--tls-cert-file="+c.pki.certFile, "--tls-private-key-file="+c.pki.keyFile,
-		"--token-auth-file="+c.pki.tokenFile,
+	c.apiArgs = []string{
+		"--etcd-servers=" + etcdClient,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[2]),
+		"--cert-dir=" + filepath.Join(c.Dir, "apiserver-certs"),
+		"--tls-cert-file=" + c.pki.certFile, "--tls-private-key-file=" + c.pki.keyFile,
+		"--token-auth-file=" + c.pki.tokenFile,
 		"--authorization-mode=RBAC",
-		"--service-account-key-file="+c.pki.saKeyFile, "--service-account-signing-key-file="+c.pki.saKeyFile,
+		// As kubeadm's clusters do: node agents (brisk's containerd
+		// worker DaemonSet) may ask for privileged containers.
+		"--allow-privileged=true",
+		"--service-account-key-file=" + c.pki.saKeyFile, "--service-account-signing-key-file=" + c.pki.saKeyFile,
 		"--service-account-issuer=https://kubernetes.default.svc",
 		// Only a range to allocate Service IPs from; nothing routes it.
 		"--service-cluster-ip-range=10.0.0.0/24",
@@ -196,7 +202,8 @@ func Start(t testing.TB, opts Options) *Cluster {
 		"--endpoint-reconciler-type=none",
 		"--enable-priority-and-fairness=false",
 		"--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
-		"--profiling=false")
+		"--profiling=false"}
+	c.start(t, "kube-apiserver", c.apiArgs...)
 	if err := c.awaitReady(t); err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
@@ -253,7 +260,7 @@ func freePorts(n int) ([]int, error) {
 func (c *Cluster) start(t testing.TB, name string, args ...string) {
 	t.Helper()
 	logPath := filepath.Join(c.Dir, name+".log")
-	f, err := os.Create(logPath)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // appended to by a restart
 	if err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
@@ -278,6 +285,29 @@ func (c *Cluster) start(t testing.TB, name string, args ...string) {
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
+}
+
+// CrashAPIServer kills the kube-apiserver with SIGKILL, as a crash, runs
+// whileDown, then starts it again on the same address and etcd (every
+// object kept) and waits until it is ready.
+func (c *Cluster) CrashAPIServer(t testing.TB, whileDown func()) {
+	t.Helper()
+	c.mu.Lock()
+	i := slices.IndexFunc(c.procs, func(p *proc) bool { return p.name == "kube-apiserver" })
+	if i < 0 {
+		c.mu.Unlock()
+		t.Fatal("kubecluster: no kube-apiserver running")
+	}
+	p := c.procs[i]
+	c.procs = slices.Delete(c.procs, i, i+1)
+	c.mu.Unlock()
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	whileDown()
+	c.start(t, "kube-apiserver", c.apiArgs...)
+	if err := c.awaitReady(t); err != nil {
+		t.Fatalf("kubecluster: restarted apiserver: %v", err)
+	}
 }
 
 // PIDs are the processes Start started, by name.

@@ -24,6 +24,7 @@ type pki struct {
 	saKeyFile, caFile   string
 	tokenFile           string
 	adminToken, wkToken string
+	nodeToken           string // the kubelet's: system:node:KubeletNode
 }
 
 func writePKI(dir string) (*pki, error) {
@@ -85,6 +86,9 @@ func writePKI(dir string) (*pki, error) {
 	if p.wkToken, err = randomToken(); err != nil {
 		return nil, err
 	}
+	if p.nodeToken, err = randomToken(); err != nil {
+		return nil, err
+	}
 	srvKeyDER, err := x509.MarshalECPrivateKey(srvKey)
 	if err != nil {
 		return nil, err
@@ -94,9 +98,11 @@ func writePKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	// Static tokens: the admin (system:masters, what RBAC lets do
-	// anything) and a worker user that may do only what a test grants it.
-	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,%s-uid,\"%s\"\n",
-		p.adminToken, p.wkToken, WorkerUser, WorkerUser, WorkerGroup)
+	// anything), a worker user that may do only what a test grants it, and
+	// the node identity of StartKubelet's kubelet (RBAC's system:node role,
+	// bound when it starts).
+	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,%s-uid,\"%s\"\n%s,system:node:%s,%s-uid,\"system:nodes\"\n",
+		p.adminToken, p.wkToken, WorkerUser, WorkerUser, WorkerGroup, p.nodeToken, KubeletNode, KubeletNode)
 	for _, f := range []struct {
 		path string
 		data []byte

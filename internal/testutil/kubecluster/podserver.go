@@ -25,7 +25,8 @@ import (
 // nodes' pod CIDRs are) and answers HTTP there while, and only while, the
 // apiserver has the Pod running. Each request asks the apiserver, not a
 // cache, so a Pod that a Kill has deleted stops answering the moment the
-// Kill returns, with no race against an informer.
+// Kill returns, with no race against an informer; while the apiserver does
+// not answer at all, a Pod last seen running answers.
 type PodServer struct {
 	c         *Cluster
 	namespace string
@@ -154,7 +155,13 @@ func (s *PodServer) running(ctx context.Context, key types.NamespacedName, uid t
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("pod %s does not exist", key)
 	case err != nil:
-		return err
+		if _, answered := err.(apierrors.APIStatus); answered || errors.As(err, new(apierrors.APIStatus)) {
+			return err
+		}
+		// No answer (the apiserver crashed or restarts): the container
+		// runs on, as a real one does without its control plane. The
+		// listener exists only while the Pod was last seen running.
+		return nil
 	case p.UID != uid:
 		return fmt.Errorf("pod %s is another pod now", key)
 	case p.DeletionTimestamp != nil:
