@@ -178,7 +178,7 @@ type wkFlags struct {
 	emergencySlots                          int
 	stopOnExit                              bool
 	ctr                                     ctrFlags // --runtime containerd
-	kubeconfig, kubeNamespace               string   // --runtime kube
+	kubeconfig, kubeNamespace, kubePlace    string   // --runtime kube
 	kubeNodes                               []string
 }
 
@@ -188,14 +188,15 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated, containerd, native or kube (--emulate implies emulated)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --runtime kube: kubeconfig of the kube-apiserver the Pods are created through (default: the in-cluster service account)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "default", "with --runtime kube: namespace of the functions' Pods")
-	fl.StringSliceVar(&f.kubeNodes, "kube-nodes", nil, "with --runtime kube: Kubernetes nodes this process stands for, one worker node each, Pods bound to them directly (default: the one node --node-id, or the host name)")
+	fl.StringSliceVar(&f.kubeNodes, "kube-nodes", nil, "with --runtime kube: Kubernetes nodes this process stands for, one worker node each, Pods bound to them directly (default: the one node --node-id, or the host name); with --kube-placement scheduler, the nodes the scheduler may use (default: any)")
+	fl.StringVar(&f.kubePlace, "kube-placement", "brisk", "with --runtime kube: who places the Pods: brisk (bound to the worker node's Kubernetes node by brisk's placer) or scheduler (one worker node stands for --kube-nodes or the cluster, the Kubernetes scheduler places its Pods; --cpu, --memory and --max-sandboxes default to the nodes' allocatable sums)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
 	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
-	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none)")
-	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd (regular sandboxes in containerd, one-shot emergency ones from the native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
+	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
+	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
@@ -227,9 +228,12 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
 		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT}
 	if f.rt == "kube" {
-		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes}
-	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") {
-		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace and --kube-nodes need --runtime kube")}
+		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
+			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}
+		}
+		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes, Placement: f.kubePlace}
+	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") || c.Flags().Changed("kube-placement") {
+		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace, --kube-nodes and --kube-placement need --runtime kube")}
 	}
 	return w, f.ctr.apply(&w)
 }
@@ -266,7 +270,7 @@ func usageOr(err error) error {
 
 func newControlPlane(g *globals) *cobra.Command {
 	f := &cpFlags{}
-	var id, peers string
+	var id, peers, adminTokenFile, joinTokenFile string
 	c := &cobra.Command{
 		Use:   "controlplane",
 		Short: "Run a control plane (registry, autoscaler, placer, admin API), alone or as one of 3 or 5 replicas",
@@ -305,6 +309,17 @@ BRISK_CA_CERT.`,
 			cfg, err := f.config(g)
 			if err != nil {
 				return err
+			}
+			for _, t := range []struct {
+				flag, path string
+				dst        *string
+			}{{"--bootstrap-admin-token-file", adminTokenFile, &cfg.BootstrapAdminToken}, {"--bootstrap-join-token-file", joinTokenFile, &cfg.BootstrapJoinToken}} {
+				if t.path == "" {
+					continue
+				}
+				if *t.dst, err = pki.ReadSecretFile(t.path); err != nil {
+					return usageError{fmt.Errorf("%s: %w", t.flag, err)}
+				}
 			}
 			if peers == "" {
 				if id != "" {
@@ -367,6 +382,8 @@ BRISK_CA_CERT.`,
 	withConfigFile(c)
 	c.Flags().StringVar(&id, "id", "", "this replica's id in --peers")
 	c.Flags().StringVar(&peers, "peers", "", "every replica of an HA control plane: id=raft|admin|grpc,... (empty: run alone)")
+	c.Flags().StringVar(&adminTokenFile, "bootstrap-admin-token-file", "", "file holding the first admin token, made elsewhere (brisk k8s install puts it in a Secret): registered when the registry has no token, instead of making one into <data-dir>/admin.token")
+	c.Flags().StringVar(&joinTokenFile, "bootstrap-join-token-file", "", "file holding the cluster's first join token, made elsewhere: registered when the registry has no join token, instead of making one into <data-dir>/join.token")
 	return c
 }
 

@@ -25,7 +25,7 @@ func TestSandboxUserFlag(t *testing.T) {
 	}
 }
 
-// --emergency-runtime native goes beside containerd only, and is refused
+// --emergency-runtime native goes beside containerd or kube only, and is refused
 // as a usage error before anything starts otherwise.
 func TestEmergencyRuntimeFlag(t *testing.T) {
 	for _, tc := range []struct {
@@ -33,6 +33,7 @@ func TestEmergencyRuntimeFlag(t *testing.T) {
 		ok   bool
 	}{
 		{[]string{"--runtime", "containerd", "--emergency-runtime", "native"}, true},
+		{[]string{"--runtime", "kube", "--emergency-runtime", "native"}, true},
 		{[]string{"--runtime", "native", "--emergency-runtime", "native"}, true},
 		{[]string{"--runtime", "process", "--emergency-runtime", "native"}, false},
 		{[]string{"--runtime", "containerd", "--emergency-runtime", "containerd-fast"}, false},
@@ -73,5 +74,16 @@ func TestKubeFlags(t *testing.T) {
 	var usage usageError
 	if _, err := parse("--runtime", "process", "--kube-nodes", "n1"); !errors.As(err, &usage) {
 		t.Errorf("--kube-nodes with --runtime process: %v, want a usage error", err)
+	}
+	if w.Kube.Placement != "brisk" {
+		t.Errorf("default --kube-placement %q, want brisk", w.Kube.Placement)
+	}
+	if w, err := parse("--runtime", "kube", "--kube-placement", "scheduler"); err != nil || w.Kube.Placement != "scheduler" {
+		t.Errorf("--kube-placement scheduler: %+v, %v", w.Kube, err)
+	}
+	for _, args := range [][]string{{"--runtime", "kube", "--kube-placement", "kubelet"}, {"--runtime", "process", "--kube-placement", "scheduler"}} {
+		if _, err := parse(args...); !errors.As(err, &usage) {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
 	}
 }

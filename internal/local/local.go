@@ -70,8 +70,9 @@ type Workers struct {
 	// ready (native.Config.Shells); 0: its default.
 	NativeShells int
 	// EmergencyRuntime is the runtime of the emergency track: "" (the
-	// node's runtime) or "native" beside containerd, sharing its network
-	// pool, with its state under StateDir/emergency.
+	// node's runtime) or "native" beside containerd (sharing its network
+	// pool) or kube (one native runtime on this host for all the nodes the
+	// process stands for), with its state under StateDir/emergency.
 	EmergencyRuntime string
 
 	// containerd only (StateDir holds the sandboxes' logs):
@@ -93,8 +94,15 @@ type KubeWorkers struct {
 	Namespace string
 	// Nodes are the Kubernetes nodes this process stands for, one worker
 	// node each, named as the Kubernetes node (many in one process: KWOK
-	// nodes in tests and benchmarks); empty: the one node NodeID.
+	// nodes in tests and benchmarks); empty: the one node NodeID. With
+	// Placement "scheduler", the nodes the scheduler may use (empty: any).
 	Nodes []string
+	// Placement is "brisk" (default: Pods bound to the worker node's
+	// Kubernetes node, brisk's placer chose it) or "scheduler": one worker
+	// node NodeID stands for Nodes (or the whole cluster) and the
+	// Kubernetes scheduler places its Pods; its capacity, unless given,
+	// is the sum of those nodes' allocatable resources and Pods.
+	Placement string
 }
 
 // Sidecars are what BuildWorker makes beside a daemon that RunWorker runs
@@ -130,15 +138,15 @@ func (w Workers) emergencySlots(rt string) int {
 var ErrUsage = errors.New("invalid worker options")
 
 // CheckEmergencyRuntime checks Workers.EmergencyRuntime against Runtime:
-// empty or the same, or native beside containerd.
+// empty or the same, or native beside containerd or kube.
 func CheckEmergencyRuntime(runtime, emergency string) error {
 	switch {
 	case emergency == "" || emergency == runtime:
 		return nil
 	case emergency != "native":
-		return fmt.Errorf("%w: emergency runtime %q: want native (beside runtime containerd)", ErrUsage, emergency)
-	case runtime != "containerd":
-		return fmt.Errorf("%w: emergency runtime native goes beside runtime containerd, not %q (runtime native's emergency track already uses it)", ErrUsage, runtime)
+		return fmt.Errorf("%w: emergency runtime %q: want native (beside runtime containerd or kube)", ErrUsage, emergency)
+	case runtime != "containerd" && runtime != "kube":
+		return fmt.Errorf("%w: emergency runtime native goes beside runtime containerd or kube, not %q (runtime native's emergency track already uses it)", ErrUsage, runtime)
 	}
 	return nil
 }
@@ -151,6 +159,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	if w.NodeID == "" {
 		w.NodeID, _ = os.Hostname()
 	}
+	given := w.Capacity // kube's scheduler placement sizes the rest from the nodes
 	if w.Capacity.MilliCPU == 0 {
 		w.Capacity.MilliCPU = int64(runtime.NumCPU()) * 1000
 	}
@@ -225,7 +234,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		cfg.Nodes = []worker.NodeConfig{{ID: w.NodeID, Runtime: side.nat, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)}}
 	case "kube":
 		var err error
-		if side, cfg.Nodes, err = buildKube(w, log); err != nil {
+		if side, cfg.Nodes, err = buildKube(w, given, log); err != nil {
 			return nil, nil, err
 		}
 	default:
@@ -264,14 +273,24 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 
 // buildKube connects to the kube-apiserver and makes one worker node per
 // Kubernetes node of w, each creating its sandboxes as Pods bound to that
-// node; one informer serves them all.
-func buildKube(w Workers, log *slog.Logger) (*Sidecars, []worker.NodeConfig, error) {
+// node, or with scheduler placement one worker node whose Pods the
+// Kubernetes scheduler places; one informer serves them all. With
+// emergency runtime native, one native runtime on this host serves the
+// emergency track of every node.
+func buildKube(w Workers, given spec.Resources, log *slog.Logger) (*Sidecars, []worker.NodeConfig, error) {
 	nodes := w.Kube.Nodes
 	if len(nodes) == 0 {
 		nodes = []string{w.NodeID}
 	}
 	if w.Nodes > 1 {
 		return nil, nil, fmt.Errorf("%w: with runtime kube, the nodes are the Kubernetes nodes named (--kube-nodes), not --emulate", ErrUsage)
+	}
+	if w.EmergencyRuntime != "native" && w.EmergencySlots > 0 {
+		return nil, nil, fmt.Errorf("%w: with runtime kube, emergency slots need --emergency-runtime native: emergency sandboxes never become Pods", ErrUsage)
+	}
+	placement := kube.Placement(cmp.Or(w.Kube.Placement, string(kube.PlaceBrisk)))
+	if placement != kube.PlaceBrisk && placement != kube.PlaceScheduler {
+		return nil, nil, fmt.Errorf("%w: kube placement %q: want brisk or scheduler", ErrUsage, w.Kube.Placement)
 	}
 	var rc *rest.Config
 	var err error
@@ -290,16 +309,87 @@ func buildKube(w Workers, log *slog.Logger) (*Sidecars, []worker.NodeConfig, err
 		return nil, nil, err
 	}
 	side := &Sidecars{kube: shared}
-	var ncs []worker.NodeConfig
-	for _, n := range nodes {
-		rt, err := shared.Runtime(kube.Config{Node: n, Logger: log.With("component", "runtime", "node", n)})
-		if err != nil {
-			side.close()
-			return nil, nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	fail := func(err error) (*Sidecars, []worker.NodeConfig, error) {
+		side.close()
+		if side.unlock != nil {
+			side.unlock()
 		}
-		ncs = append(ncs, worker.NodeConfig{ID: n, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
+		return nil, nil, err
+	}
+	var ncs []worker.NodeConfig
+	if placement == kube.PlaceScheduler {
+		capacity, maxSandboxes, err := schedulerCapacity(ctx, shared, w, given)
+		if err != nil {
+			return fail(err)
+		}
+		rt, err := shared.Runtime(kube.Config{Node: w.NodeID, Placement: placement, Nodes: w.Kube.Nodes,
+			Logger: log.With("component", "runtime", "node", w.NodeID)})
+		if err != nil {
+			return fail(fmt.Errorf("%w: %w", ErrUsage, err))
+		}
+		ncs = append(ncs, worker.NodeConfig{ID: w.NodeID, Runtime: rt, Capacity: capacity, MaxSandboxes: maxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
+	} else {
+		for _, n := range nodes {
+			rt, err := shared.Runtime(kube.Config{Node: n, Logger: log.With("component", "runtime", "node", n)})
+			if err != nil {
+				return fail(fmt.Errorf("%w: %w", ErrUsage, err))
+			}
+			ncs = append(ncs, worker.NodeConfig{ID: n, Runtime: rt, Capacity: w.Capacity, MaxSandboxes: w.MaxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
+		}
+	}
+	if w.EmergencyRuntime == "native" {
+		// One native runtime for the host: the nodes this process stands
+		// for run here (one, when a worker runs on each Kubernetes node),
+		// and one host has one network pool.
+		if w.StateDir == "" {
+			return fail(fmt.Errorf("%w: the native emergency runtime needs a state directory", ErrUsage))
+		}
+		if side.pool, side.unlock, err = netPool(w, log); err != nil {
+			return fail(err)
+		}
+		if side.nat, err = newNative(w, filepath.Join(w.StateDir, "emergency"), side.pool, log); err != nil {
+			return fail(err)
+		}
+		side.stopOnExit = w.StopOnExit
+		// The slots are this host's: the nodes of one process share its
+		// native runtime, so they split them rather than each offering
+		// them all (one node, as when a worker runs on each Kubernetes
+		// node, gets them all).
+		slots := w.emergencySlots(w.Runtime)
+		for i := range ncs {
+			ncs[i].EmergencyRuntime = side.nat
+			ncs[i].EmergencySlots = slots / len(ncs)
+			if i < slots%len(ncs) {
+				ncs[i].EmergencySlots++
+			}
+		}
 	}
 	return side, ncs, nil
+}
+
+// schedulerCapacity is the capacity and sandbox limit of the worker node
+// that stands for the Kubernetes nodes the scheduler may use: what was
+// given, the rest summed from the nodes' allocatable resources (so that
+// brisk's accounting never offers more than the nodes have).
+func schedulerCapacity(ctx context.Context, shared *kube.Shared, w Workers, given spec.Resources) (spec.Resources, int, error) {
+	capacity, maxSandboxes := given, w.MaxSandboxes
+	if capacity.MilliCPU > 0 && capacity.MemoryMB > 0 && maxSandboxes > 0 {
+		return capacity, maxSandboxes, nil
+	}
+	nc, err := kube.NodesCapacity(ctx, shared.Client(), w.Kube.Nodes)
+	if err != nil {
+		return capacity, 0, fmt.Errorf("kube placement scheduler: sizing the worker node from the Kubernetes nodes (give --cpu, --memory and --max-sandboxes, or grant get and list on nodes): %w", err)
+	}
+	if capacity.MilliCPU == 0 {
+		capacity.MilliCPU = nc.MilliCPU
+	}
+	if capacity.MemoryMB == 0 {
+		capacity.MemoryMB = nc.MemoryMB
+	}
+	if maxSandboxes == 0 {
+		maxSandboxes = nc.Pods
+	}
+	return capacity, maxSandboxes, nil
 }
 
 // netPool makes the network pool of the containerd and native runtimes,
@@ -406,12 +496,9 @@ func RunWorker(ctx context.Context, d *worker.Daemon, s *Sidecars) error {
 	}
 	g.Go(func() error { return d.Run(gctx) })
 	err := g.Wait()
-	if s != nil && s.kube != nil {
-		s.close() // the Pods stay: a restarted worker adopts them
-	}
-	if s != nil && (s.ctr != nil || s.nat != nil) {
-		s.close()
-		if s.stopOnExit {
+	if s != nil && (s.kube != nil || s.ctr != nil || s.nat != nil) {
+		s.close() // Pods not killed (StopOnExit) stay for a restarted worker
+		if s.pool != nil && s.stopOnExit {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			if perr := s.pool.Close(cctx); perr != nil {
 				err = errors.Join(err, fmt.Errorf("worker: network pool: %w", perr))

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,7 +130,7 @@ func startBrisk(t testing.TB, args ...string) *proc {
 	t.Cleanup(func() {
 		p.stop(syscall.SIGTERM)
 		if t.Failed() {
-			t.Logf("output of brisk %s:\n%s", strings.Join(args, " "), tail(p.out.String(), 6000))
+			t.Logf("output of brisk %s:\n%s", strings.Join(args, " "), tail(p.out.String(), tailBytes()))
 		}
 	})
 	return p
@@ -373,4 +374,13 @@ func (c *cluster) invoke(t *testing.T, name, body string) invocation {
 		cold: strings.Contains(resp.Header.Get("X-Brisk-Timing"), "cold=true")}
 	_ = json.Unmarshal(data, &inv.reply)
 	return inv
+}
+
+// tailBytes is how much of a failed test's brisk output is logged:
+// BRISK_E2E_LOG_BYTES, default 6000.
+func tailBytes() int {
+	if n, err := strconv.Atoi(os.Getenv("BRISK_E2E_LOG_BYTES")); err == nil && n > 0 {
+		return n
+	}
+	return 6000
 }

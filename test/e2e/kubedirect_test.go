@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +19,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/brisk-faas/brisk/internal/local"
+	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
 )
@@ -32,8 +36,22 @@ import (
 // client rate limits, "lifted" with 5,000 QPS (brisk's client always has
 // 5,000). Each run reports s-to-running (the last of N Pods Running, from
 // the scale request) and, for brisk, s-to-ready (brisk reports N ready
-// sandboxes: its workers probed every Pod). One iteration per
-// sub-benchmark is the intent:
+// sandboxes: its workers probed every Pod). "brisk-scheduler" is brisk's
+// regular track with the Kubernetes scheduler placing its Pods
+// (--kube-placement scheduler: one worker node for the cluster, Pods
+// created unbound), under the group's scheduler limits.
+//
+// The "lifted" group ends with PulseNet's half (issue 22): a burst of 100
+// concurrent calls of a function at zero, each needing a sandbox of its
+// own. "dual" serves them through the emergency track (--emergency-runtime
+// native: one-shot sandboxes on this host, its default slots split over
+// the 100 nodes; "dual-slots=100" gives it 100) while the Pods come up,
+// calls that find no free slot waiting for a Pod; "pods-only" (async)
+// makes every call wait for a Pod. Each reports the
+// calls' latency p50 and p99 and how many were served by emergency
+// sandboxes and by Pods (dual needs root, for the native runtime).
+//
+// One iteration per sub-benchmark is the intent:
 //
 //	go test -run '^$' -bench KubeDirect -benchtime 1x -timeout 30m ./test/e2e/
 func BenchmarkKubeDirect(b *testing.B) {
@@ -44,6 +62,9 @@ func BenchmarkKubeDirect(b *testing.B) {
 		b.Run(limits.name, func(b *testing.B) {
 			kc := kubecluster.Start(b, kubecluster.Options{Nodes: 100})
 			kc.StartControllers(b, limits.qps)
+			// For the brisk-scheduler rows' Pods, which tolerate no
+			// taint; the stock Deployment's tolerate it anyway.
+			kc.Schedulable(b)
 			stockNS := kc.Namespace(b, "stock")
 			briskNS := kc.Namespace(b, "brisk-fn")
 			kc.ServePods(b, briskNS)
@@ -54,12 +75,34 @@ func BenchmarkKubeDirect(b *testing.B) {
 					}
 				})
 			}
-			for _, n := range []int{500, 2000} {
-				b.Run(fmt.Sprintf("pods=%d/brisk", n), func(b *testing.B) {
+			for _, placement := range []string{"brisk", "scheduler"} {
+				for _, n := range []int{500, 2000} {
+					name := fmt.Sprintf("pods=%d/brisk", n)
+					if placement == "scheduler" {
+						name += "-scheduler"
+					}
+					b.Run(name, func(b *testing.B) {
+						for range b.N {
+							running, ready := briskScale(b, kc, briskNS, n, placement)
+							b.ReportMetric(running.Seconds(), "s-to-running")
+							b.ReportMetric(ready.Seconds(), "s-to-ready")
+						}
+					})
+				}
+			}
+			if limits.qps == 0 {
+				return // the burst does not involve the controllers: once
+			}
+			for _, mode := range []struct {
+				name  string
+				slots int // the host's emergency slots; 0: none (async)
+			}{{"dual", local.DefaultEmergencySlots()}, {"dual-slots=100", 100}, {"pods-only", 0}} {
+				b.Run("burst=100/"+mode.name, func(b *testing.B) {
+					if mode.slots > 0 {
+						testutil.RequiresRoot(b)
+					}
 					for range b.N {
-						running, ready := briskScale(b, kc, briskNS, n)
-						b.ReportMetric(running.Seconds(), "s-to-running")
-						b.ReportMetric(ready.Seconds(), "s-to-ready")
+						briskBurst(b, kc, briskNS, 100, mode.slots)
 					}
 				})
 			}
@@ -231,14 +274,21 @@ func stockScale(b *testing.B, kc *kubecluster.Cluster, ns string, n int) time.Du
 	return took
 }
 
-// briskScale runs `brisk up --runtime kube` for the cluster's nodes,
-// deploys a function and sets its min to n; it returns the time from that
-// update to the n-th Pod Running and to brisk reporting n ready sandboxes.
-func briskScale(b *testing.B, kc *kubecluster.Cluster, ns string, n int) (running, ready time.Duration) {
+// briskScale runs `brisk up --runtime kube` for the cluster's nodes (with
+// placement "scheduler", one worker node for the cluster, sized from its
+// nodes), deploys a function and sets its min to n; it returns the time
+// from that update to the n-th Pod Running and to brisk reporting n ready
+// sandboxes.
+func briskScale(b *testing.B, kc *kubecluster.Cluster, ns string, n int, placement string) (running, ready time.Duration) {
 	c := newCluster(b)
 	fn := "burst-" + strconv.Itoa(n)
-	c.up(b, "--runtime", "kube", "--kubeconfig", kc.Kubeconfig, "--kube-namespace", ns, "--kube-nodes", strings.Join(kc.Nodes, ","),
-		"--cpu", "32", "--memory", "262144")
+	args := []string{"--runtime", "kube", "--kubeconfig", kc.Kubeconfig, "--kube-namespace", ns}
+	if placement == "scheduler" {
+		args = append(args, "--kube-placement", "scheduler")
+	} else {
+		args = append(args, "--kube-nodes", strings.Join(kc.Nodes, ","), "--cpu", "32", "--memory", "262144")
+	}
+	c.up(b, args...)
 	c.mustBrisk(b, "fn", "deploy", fn, "--builtin", "trace", "--max", strconv.Itoa(n), "--cpu", "10m",
 		"--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
 	w := watchRunning(b, kc, ns, kube.Selector+","+kube.LabelFunction+"="+fn)
@@ -283,4 +333,119 @@ func podsGone(b *testing.B, kc *kubecluster.Cluster, ns, selector string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// briskBurst runs `brisk up --runtime kube` for the cluster's nodes, with
+// the native emergency track and slots emergency slots on this host if
+// slots > 0 (a dual function, else async), deploys a function of
+// concurrency 1 at zero and sends it n calls at once; it reports their
+// latency p50 and p99 and how many each track served.
+func briskBurst(b *testing.B, kc *kubecluster.Cluster, ns string, n, slots int) {
+	dual := slots > 0
+	c := newCluster(b)
+	fn := "cold-" + strconv.Itoa(n)
+	args := []string{"--runtime", "kube", "--kubeconfig", kc.Kubeconfig, "--kube-namespace", ns, "--kube-nodes", strings.Join(kc.Nodes, ","),
+		"--cpu", "32", "--memory", "262144"}
+	mode := "async"
+	if dual {
+		mode = "dual"
+		args = append(args, "--emergency-runtime", "native", "--emergency-slots", strconv.Itoa(slots), "--net-prefix", "bkb", "--net-bridge", "bkbbr0",
+			"--net-subnet", "10.219.1.0/24", "--net-pool", "16")
+	}
+	c.up(b, args...)
+	if dual {
+		// Calls before the workers' first heartbeats would rightly go to
+		// the regular queue.
+		eventually(b, time.Minute, "every node's emergency slots reported", func() bool {
+			st, err := c.cl.Status(context.Background())
+			if err != nil || len(st.Nodes) != len(kc.Nodes) {
+				return false
+			}
+			total := 0
+			for _, nd := range st.Nodes {
+				if nd.Emergency != nil {
+					total += nd.Emergency.Slots
+				}
+			}
+			return total == slots
+		})
+	}
+	c.mustBrisk(b, "fn", "deploy", fn, "--builtin", "trace", "--max", strconv.Itoa(n), "--cpu", "10m", "--memory", "64",
+		"--concurrency", "1", "--scaling-mode", mode, "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
+	type result struct {
+		took    time.Duration
+		sandbox string
+		status  int
+		err     error
+	}
+	results := make([]result, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			t0 := time.Now()
+			resp, err := c.hc.Post(c.scheme+"://"+c.invokeAddr+"/function/"+fn, "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				results[i] = result{err: err}
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			results[i] = result{took: time.Since(t0), sandbox: resp.Header.Get("X-Brisk-Sandbox"), status: resp.StatusCode}
+		})
+	}
+	b.ResetTimer()
+	close(start)
+	wg.Wait()
+	b.StopTimer()
+	var lat []time.Duration
+	emergency, pods := 0, 0
+	for _, r := range results {
+		switch {
+		case r.err != nil:
+			b.Errorf("call: %v", r.err)
+		case r.status != 200:
+			b.Errorf("call: status %d", r.status)
+		case strings.HasPrefix(r.sandbox, "ei-"):
+			emergency++
+			lat = append(lat, r.took)
+		default:
+			pods++
+			lat = append(lat, r.took)
+		}
+	}
+	if len(lat) == 0 {
+		b.Fatal("no call succeeded")
+	}
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	b.Logf("%d calls: min %v, p10 %v, p50 %v, p90 %v, p99 %v, max %v", len(lat), lat[0], pct(0.10), pct(0.50), pct(0.90), pct(0.99), lat[len(lat)-1])
+	b.ReportMetric(float64(pct(0.50).Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(pct(0.99).Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(emergency), "by-emergency")
+	b.ReportMetric(float64(pods), "by-pods")
+	if dual {
+		// The workers' statistics, once their heartbeats have caught up
+		// with the calls: emergency starts that failed (those calls then
+		// queued for a Pod).
+		var failed int64
+		eventually(b, time.Minute, "the emergency starts in the heartbeats", func() bool {
+			st, err := c.cl.Status(context.Background())
+			if err != nil {
+				return false
+			}
+			var started int64
+			failed = 0
+			for _, nd := range st.Nodes {
+				if nd.Emergency != nil {
+					started, failed = started+nd.Emergency.Started, failed+nd.Emergency.Failed
+				}
+			}
+			return started >= int64(emergency)
+		})
+		b.ReportMetric(float64(failed), "emergency-failed")
+	}
+	c.mustBrisk(b, "fn", "delete", fn)
+	podsGone(b, kc, ns, kube.Selector+","+kube.LabelFunction+"="+fn)
 }

@@ -24,9 +24,16 @@ import (
 
 // Config configures one node's Runtime.
 type Config struct {
-	// Node is the Kubernetes node this worker stands for: its Pods are
-	// bound to it. Required.
+	// Node is the worker node: with PlaceBrisk the Kubernetes node its
+	// Pods are bound to, with PlaceScheduler the name its Pods carry
+	// (AnnotationWorkerNode; best not a Kubernetes node's). Required.
 	Node string
+	// Placement chooses who picks each Pod's Kubernetes node; default
+	// PlaceBrisk.
+	Placement Placement
+	// Nodes, with PlaceScheduler, are the Kubernetes nodes the scheduler
+	// may use (node affinity); empty: any.
+	Nodes []string
 	// KillGrace is the Pods' termination grace (whole seconds, rounded
 	// up): how long the kubelet waits after SIGTERM before SIGKILL.
 	// Default DefaultKillGrace.
@@ -75,6 +82,7 @@ type sandbox struct {
 	pending []podEvent
 
 	addr  string
+	host  string        // the Kubernetes node it runs on, with addr
 	ready chan struct{} // closed once the Pod runs with an address
 
 	exited  chan struct{} // closed when the sandbox ends; exitErr says why
@@ -129,10 +137,18 @@ func (s *Shared) Runtime(cfg Config) (*Runtime, error) {
 		return nil, errors.New("kube runtime: Node is required")
 	case cfg.KillGrace < 0:
 		return nil, fmt.Errorf("kube runtime: KillGrace %v must not be negative", cfg.KillGrace)
+	case cfg.Placement == "":
+		cfg.Placement = PlaceBrisk
+	case cfg.Placement != PlaceBrisk && cfg.Placement != PlaceScheduler:
+		return nil, fmt.Errorf("kube runtime: placement %q: want %s or %s", cfg.Placement, PlaceBrisk, PlaceScheduler)
+	}
+	if cfg.Placement == PlaceBrisk && len(cfg.Nodes) > 0 {
+		return nil, fmt.Errorf("kube runtime: Nodes is for placement %s; placement %s binds Pods to node %s", PlaceScheduler, PlaceBrisk, cfg.Node)
 	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = DefaultKillGrace
 	}
+	cfg.Nodes = slices.Clone(cfg.Nodes)
 	r := &Runtime{s: s, node: cfg.Node, cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		sandboxes: map[string]*sandbox{}}
 	if err := s.register(r); err != nil {
@@ -144,7 +160,8 @@ func (s *Shared) Runtime(cfg Config) (*Runtime, error) {
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "kube" }
 
-// Node is the node the Runtime's Pods are bound to.
+// Node is the worker node: the Kubernetes node the Runtime's Pods are
+// bound to, or with PlaceScheduler the name they carry.
 func (r *Runtime) Node() string { return r.node }
 
 // Close detaches the Runtime from its Shared: its Pods keep running, and a
@@ -186,10 +203,12 @@ func (r *Runtime) applyLocked(sb *sandbox, p *corev1.Pod, deleted bool) {
 		return
 	}
 	if sb.addr == "" && running(p) {
-		sb.addr = podAddr(p)
+		sb.addr, sb.host = podAddr(p), p.Spec.NodeName
 		close(sb.ready)
 	}
 	if err := ended(p); err != nil {
+		r.endLocked(sb, err)
+	} else if err := unschedulable(p); err != nil {
 		r.endLocked(sb, err)
 	}
 }
@@ -233,7 +252,7 @@ func (r *Runtime) lookup(id string) *sandbox {
 		return sb
 	}
 	p, err := r.s.pods.Get(name)
-	if err != nil || p.Spec.NodeName != r.node || p.Annotations[AnnotationSandbox] != id {
+	if err != nil || owner(p) != r.node || p.Annotations[AnnotationSandbox] != id {
 		return nil
 	}
 	r.log.Debug("following a pod this worker did not create", "sandbox", id, "pod", name, "node", r.node)
@@ -264,6 +283,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if err != nil {
 		return nil, err
 	}
+	r.place(pod)
 	name := pod.Name
 	r.mu.Lock()
 	if r.closed {
@@ -305,13 +325,13 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	case <-ctx.Done():
 	}
 	r.mu.Lock()
-	addr, ok := sb.addr, isClosed(sb.ready)
+	addr, host, ok := sb.addr, sb.host, isClosed(sb.ready)
 	why := sb.exitErr
 	r.mu.Unlock()
 	if ok {
 		// A Pod that ran and already ended still yields an Instance
 		// whose Exited is closed, as a process that exits at once does.
-		r.log.Debug("sandbox started", "sandbox", s.ID, "pod", name, "node", r.node, "addr", addr, "took", time.Since(t0))
+		r.log.Debug("sandbox started", "sandbox", s.ID, "pod", name, "node", r.node, "on", host, "addr", addr, "took", time.Since(t0))
 		return &runtime.Instance{ID: s.ID, Addr: addr, Exited: sb.exited, ExitErr: r.exitError(sb)}, nil
 	}
 	if why == nil {
@@ -426,7 +446,8 @@ func (r *Runtime) remove(ctx context.Context, sb *sandbox, grace int64) error {
 	return nil
 }
 
-// List returns the brisk Pods bound to the node, from the informer's cache
+// List returns the brisk Pods of the worker node (bound to it, or with
+// PlaceScheduler carrying its name), from the informer's cache
 // (complete since NewShared), sorted by sandbox id: those an earlier worker
 // created included, so that a restarted worker adopts them.
 func (r *Runtime) List(ctx context.Context) ([]runtime.Listed, error) {

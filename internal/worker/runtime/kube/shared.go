@@ -26,7 +26,8 @@ const (
 	DefaultBurst = 5000
 )
 
-// nodeIndex indexes the cache by spec.nodeName: each Runtime lists its
+// nodeIndex indexes the cache by worker node (owner: spec.nodeName, or
+// the scheduler-placed Pods' AnnotationWorkerNode): each Runtime lists its
 // node's Pods without scanning every node's.
 const nodeIndex = "node"
 
@@ -78,6 +79,13 @@ func NewShared(ctx context.Context, cfg SharedConfig) (*Shared, error) {
 	if rc.Burst == 0 {
 		rc.Burst = DefaultBurst
 	}
+	if rc.ContentType == "" {
+		// Protobuf, as Kubernetes' own components speak: the apiserver
+		// spends less CPU on it than on JSON, and on one machine the
+		// apiserver's CPU is what a burst of Pods waits for.
+		rc.ContentType = "application/vnd.kubernetes.protobuf"
+		rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kube runtime: %w", err)
@@ -97,8 +105,8 @@ func NewShared(ctx context.Context, cfg SharedConfig) (*Shared, error) {
 	s.informer = podInformer.Informer()
 	s.pods = podInformer.Lister().Pods(cfg.Namespace)
 	if err := s.informer.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
-		if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
-			return []string{p.Spec.NodeName}, nil
+		if p, ok := obj.(*corev1.Pod); ok && owner(p) != "" {
+			return []string{owner(p)}, nil
 		}
 		return nil, nil
 	}}); err != nil {
@@ -144,7 +152,8 @@ func (s *Shared) Close() {
 	})
 }
 
-// dispatch hands an informer event to the Runtime of the Pod's node.
+// dispatch hands an informer event to the Runtime of the Pod's worker
+// node.
 func (s *Shared) dispatch(obj any, deleted bool) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		// The informer missed the delete (a watch gap) and learned it
@@ -156,7 +165,7 @@ func (s *Shared) dispatch(obj any, deleted bool) {
 		return
 	}
 	s.mu.Lock()
-	r := s.nodes[p.Spec.NodeName]
+	r := s.nodes[owner(p)]
 	s.mu.Unlock()
 	if r != nil {
 		r.observe(p, deleted)
