@@ -179,7 +179,7 @@ type wkFlags struct {
 	stopOnExit                              bool
 	ctr                                     ctrFlags // --runtime containerd
 	kubeconfig, kubeNamespace, kubePlace    string   // --runtime kube
-	kubeNodes                               []string
+	kubeNodes, kubeKeyPrefixes              []string
 }
 
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
@@ -189,6 +189,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --runtime kube: kubeconfig of the kube-apiserver the Pods are created through (default: the in-cluster service account)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "default", "with --runtime kube: namespace of the functions' Pods")
 	fl.StringSliceVar(&f.kubeNodes, "kube-nodes", nil, "with --runtime kube: Kubernetes nodes this process stands for, one worker node each, Pods bound to them directly (default: the one node --node-id, or the host name); with --kube-placement scheduler, the nodes the scheduler may use (default: any)")
+	fl.StringSliceVar(&f.kubeKeyPrefixes, "kube-key-prefixes", nil, "with --runtime kube: label and annotation key prefixes (e.g. example.com) a function's own labels and annotations may carry onto its Pods; unprefixed keys always go, others only when listed (they are what the cluster's integrations act on); brisk.dev and Kubernetes' domains never")
 	fl.StringVar(&f.kubePlace, "kube-placement", "brisk", "with --runtime kube: who places the Pods: brisk (bound to the worker node's Kubernetes node by brisk's placer) or scheduler (one worker node stands for --kube-nodes or the cluster, the Kubernetes scheduler places its Pods; --cpu, --memory and --max-sandboxes default to the nodes' allocatable sums)")
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
@@ -231,9 +232,9 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
 			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}
 		}
-		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes, Placement: f.kubePlace}
-	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") || c.Flags().Changed("kube-placement") {
-		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace, --kube-nodes and --kube-placement need --runtime kube")}
+		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes, Placement: f.kubePlace, KeyPrefixes: f.kubeKeyPrefixes}
+	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") || c.Flags().Changed("kube-placement") || c.Flags().Changed("kube-key-prefixes") {
+		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace, --kube-nodes, --kube-placement and --kube-key-prefixes need --runtime kube")}
 	}
 	return w, f.ctr.apply(&w)
 }

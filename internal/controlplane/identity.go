@@ -212,7 +212,7 @@ func (cp *ControlPlane) bootstrapJoinToken() error {
 	}
 	var g auth.Grant
 	path := filepath.Join(cp.cfg.DataDir, JoinTokenFile)
-	if tok := cp.cfg.BootstrapJoinToken; tok != "" {
+	if tok := cp.cfg.BootstrapJoinToken; tok != "" && cp.givenTokenUsable("join") {
 		if g, err = auth.GrantOf(tok, []string{auth.ScopeJoin}); err != nil {
 			return fmt.Errorf("controlplane: the bootstrap join token: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -373,6 +374,37 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	}
 	toks, err := cp.store.Tokens()
 	if err != nil || len(toks) != 2 {
-		t.Errorf("registry tokens: %d (%v), want the 2 given", len(toks), err)
+		t.Fatalf("registry tokens: %d (%v), want the 2 given", len(toks), err)
+	}
+
+	// w1 registers (the registry is in use), then the join token is
+	// revoked. The next leader term bootstraps again
+	// (no join token in the registry): the given one, still in the
+	// Secret, must not come back; a new one goes to the data dir.
+	if err := cp.store.PutWorker(&store.Worker{ID: "w1", RegisteredAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range toks {
+		if slices.Contains(tk.Scopes, auth.ScopeJoin) {
+			if err := cp.store.DeleteToken(tk.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := cp.loadTokens(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.bootstrapJoinToken(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.join(t, join, pki.KindWorker, "", "w2"); err == nil {
+		t.Error("the revoked given join token joined a worker after a new bootstrap")
+	}
+	fresh, err := os.ReadFile(filepath.Join(dir, JoinTokenFile))
+	if err != nil {
+		t.Fatalf("no new join token in the data dir: %v", err)
+	}
+	if _, err := c.join(t, strings.TrimSpace(string(fresh)), pki.KindWorker, "", "w2"); err != nil {
+		t.Errorf("joining with the new join token: %v", err)
 	}
 }

@@ -98,7 +98,7 @@ func (cp *ControlPlane) bootstrapToken() error {
 	var g auth.Grant
 	var err error
 	path := filepath.Join(cp.cfg.DataDir, AdminTokenFile)
-	if tok := cp.cfg.BootstrapAdminToken; tok != "" {
+	if tok := cp.cfg.BootstrapAdminToken; tok != "" && cp.givenTokenUsable("admin") {
 		if g, err = auth.GrantOf(tok, []string{auth.ScopeAdmin}); err != nil {
 			return fmt.Errorf("controlplane: the bootstrap admin token: %w", err)
 		}
@@ -118,6 +118,25 @@ func (cp *ControlPlane) bootstrapToken() error {
 	}
 	cp.log.Info("created the first admin token", "file", path, "id", g.ID)
 	return cp.loadTokens()
+}
+
+// givenTokenUsable says whether a bootstrap token given in the
+// configuration may be registered: only in a registry nothing has used yet
+// (no worker, data plane or function). Every new leader term bootstraps
+// again when the registry has no token of a kind; a given token, still in
+// the Secret every replica mounts, would otherwise come back after an
+// operator revoked it. Past that, a new token is made into the data dir as
+// without a given one.
+func (cp *ControlPlane) givenTokenUsable(kind string) bool {
+	ws, err1 := cp.store.Workers()
+	dps, err2 := cp.store.DataPlanes()
+	fns, err3 := cp.store.Functions()
+	if err := errors.Join(err1, err2, err3); err != nil || len(ws)+len(dps)+len(fns) > 0 {
+		cp.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); making a new one into the data dir",
+			"kind", kind, "err", err)
+		return false
+	}
+	return true
 }
 
 // ReadAdminToken reads the first admin token a control plane wrote to its

@@ -103,6 +103,10 @@ type KubeWorkers struct {
 	// Kubernetes scheduler places its Pods; its capacity, unless given,
 	// is the sum of those nodes' allocatable resources and Pods.
 	Placement string
+	// KeyPrefixes are the label and annotation key prefixes a function's
+	// own keys may carry onto its Pods besides unprefixed ones
+	// (kube.Config.KeyPrefixes).
+	KeyPrefixes []string
 }
 
 // Sidecars are what BuildWorker makes beside a daemon that RunWorker runs
@@ -322,7 +326,7 @@ func buildKube(w Workers, given spec.Resources, log *slog.Logger) (*Sidecars, []
 		if err != nil {
 			return fail(err)
 		}
-		rt, err := shared.Runtime(kube.Config{Node: w.NodeID, Placement: placement, Nodes: w.Kube.Nodes,
+		rt, err := shared.Runtime(kube.Config{Node: w.NodeID, Placement: placement, Nodes: w.Kube.Nodes, KeyPrefixes: w.Kube.KeyPrefixes,
 			Logger: log.With("component", "runtime", "node", w.NodeID)})
 		if err != nil {
 			return fail(fmt.Errorf("%w: %w", ErrUsage, err))
@@ -330,7 +334,7 @@ func buildKube(w Workers, given spec.Resources, log *slog.Logger) (*Sidecars, []
 		ncs = append(ncs, worker.NodeConfig{ID: w.NodeID, Runtime: rt, Capacity: capacity, MaxSandboxes: maxSandboxes, EmergencySlots: w.emergencySlots(w.Runtime)})
 	} else {
 		for _, n := range nodes {
-			rt, err := shared.Runtime(kube.Config{Node: n, Logger: log.With("component", "runtime", "node", n)})
+			rt, err := shared.Runtime(kube.Config{Node: n, KeyPrefixes: w.Kube.KeyPrefixes, Logger: log.With("component", "runtime", "node", n)})
 			if err != nil {
 				return fail(fmt.Errorf("%w: %w", ErrUsage, err))
 			}

@@ -34,6 +34,16 @@ type Config struct {
 	// Nodes, with PlaceScheduler, are the Kubernetes nodes the scheduler
 	// may use (node affinity); empty: any.
 	Nodes []string
+	// KeyPrefixes are the label and annotation key prefixes (DNS names,
+	// e.g. "example.com") a function's own keys may carry onto its Pods,
+	// besides unprefixed keys; default none (see tenantKey).
+	KeyPrefixes []string
+	// UnschedulableGrace, with PlaceScheduler, is how long a Pod may stay
+	// unschedulable before its Create fails: long enough for a cluster
+	// autoscaler to add a node or a preemption to make room (a Pod with a
+	// nominated node is not counted as unschedulable). Default
+	// DefaultUnschedulableGrace.
+	UnschedulableGrace time.Duration
 	// KillGrace is the Pods' termination grace (whole seconds, rounded
 	// up): how long the kubelet waits after SIGTERM before SIGKILL.
 	// Default DefaultKillGrace.
@@ -41,6 +51,9 @@ type Config struct {
 	// Logger receives sandbox starts, ends and adoptions. Default: discard.
 	Logger *slog.Logger
 }
+
+// DefaultUnschedulableGrace is Config.UnschedulableGrace's default.
+const DefaultUnschedulableGrace = 10 * time.Second
 
 // DefaultKillGrace is the Pods' termination grace when Config.KillGrace is
 // 0, the other runtimes' SIGTERM-to-SIGKILL grace.
@@ -90,6 +103,13 @@ type sandbox struct {
 	killing bool // Kill has begun: an end from now on is Kill's
 
 	gone chan struct{} // closed when the informer has seen the Pod deleted
+
+	// unsched is why the scheduler cannot place the Pod, since
+	// unschedSince; nil once it can. The Create fails when it has lasted
+	// UnschedulableGrace (unschedTimer).
+	unsched      error
+	unschedSince time.Time
+	unschedTimer *time.Timer
 
 	creating chan struct{} // closed when its Create returns; nil if none ran
 	lock     chan struct{} // serialises Kills; a channel so waits honour ctx
@@ -208,9 +228,45 @@ func (r *Runtime) applyLocked(sb *sandbox, p *corev1.Pod, deleted bool) {
 	}
 	if err := ended(p); err != nil {
 		r.endLocked(sb, err)
-	} else if err := unschedulable(p); err != nil {
-		r.endLocked(sb, err)
+		return
 	}
+	switch err := unschedulable(p); {
+	case err == nil:
+		sb.unsched = nil
+	case sb.unsched == nil:
+		sb.unsched, sb.unschedSince = err, time.Now()
+		r.armUnschedLocked(sb, r.unschedGrace())
+	default:
+		sb.unsched = err // the scheduler's latest reason
+	}
+}
+
+func (r *Runtime) unschedGrace() time.Duration {
+	if r.cfg.UnschedulableGrace > 0 {
+		return r.cfg.UnschedulableGrace
+	}
+	return DefaultUnschedulableGrace
+}
+
+// armUnschedLocked ends sb after d if its Pod is still unschedulable then
+// and has been for the whole grace; a Pod placed meanwhile and
+// unschedulable again (a new unschedSince) gets the rest of its own.
+func (r *Runtime) armUnschedLocked(sb *sandbox, d time.Duration) {
+	if sb.unschedTimer != nil {
+		sb.unschedTimer.Stop()
+	}
+	sb.unschedTimer = time.AfterFunc(d, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if sb.unsched == nil || isClosed(sb.exited) {
+			return
+		}
+		if left := r.unschedGrace() - time.Since(sb.unschedSince); left > 0 {
+			r.armUnschedLocked(sb, left)
+			return
+		}
+		r.endLocked(sb, sb.unsched)
+	})
 }
 
 // endLocked records the end of sb, once: the first reason stays.
@@ -279,7 +335,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	var tok [12]byte
 	_, _ = rand.Read(tok[:])
 	token := hex.EncodeToString(tok[:])
-	pod, err := podFor(s, r.s.namespace, r.node, token, r.cfg.KillGrace)
+	pod, err := podFor(s, r.s.namespace, r.node, token, r.cfg.KillGrace, r.cfg.KeyPrefixes)
 	if err != nil {
 		return nil, err
 	}

@@ -384,7 +384,9 @@ func newShared(t *testing.T, rc *rest.Config, ns string) *Shared {
 // ends.
 func newRuntime(t *testing.T, rc *rest.Config, ns, node string) *Runtime {
 	t.Helper()
-	rt, err := newShared(t, rc, ns).Runtime(Config{Node: node})
+	// The harness's KWOK fail label is allowed onto the Pods (KeyPrefixes).
+	prefix, _, _ := strings.Cut(kubecluster.FailLabel, "/")
+	rt, err := newShared(t, rc, ns).Runtime(Config{Node: node, KeyPrefixes: []string{prefix}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,11 +64,12 @@ func (r *Runtime) place(pod *corev1.Pod) {
 }
 
 // unschedulable says why the scheduler cannot place Pod p, nil while it
-// can or has. A Create fails on it at once rather than at its timeout: the
-// control plane retries with its backoff, and meanwhile the call waits or
-// takes the emergency track instead of a Pod that may never run.
+// can, has, or is making room by preemption (a nominated node). A Create
+// fails on it after Config.UnschedulableGrace rather than at its timeout:
+// the control plane retries with its backoff, and meanwhile the call waits
+// or takes the emergency track instead of a Pod that may never run.
 func unschedulable(p *corev1.Pod) error {
-	if p.Spec.NodeName != "" {
+	if p.Spec.NodeName != "" || p.Status.NominatedNodeName != "" {
 		return nil
 	}
 	for _, c := range p.Status.Conditions {

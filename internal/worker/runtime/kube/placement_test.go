@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -37,9 +38,10 @@ func TestKubeScheduler(t *testing.T) {
 		grantWorker(t, c, ns)
 		c.ServePods(t, ns)
 	}
+	const unschedGrace = 500 * time.Millisecond
 	scheduled := func(t *testing.T, sh *Shared, node string, nodes ...string) *Runtime {
 		t.Helper()
-		rt, err := sh.Runtime(Config{Node: node, Placement: PlaceScheduler, Nodes: nodes})
+		rt, err := sh.Runtime(Config{Node: node, Placement: PlaceScheduler, Nodes: nodes, UnschedulableGrace: unschedGrace})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,13 +112,20 @@ func TestKubeScheduler(t *testing.T) {
 		}
 	})
 
-	t.Run("UnschedulableFailsAtOnce", func(t *testing.T) {
+	// A Pod the scheduler cannot place fails its Create once it has been
+	// unschedulable for the grace (room may come: a cluster autoscaler's
+	// node, a preemption), not at the first refusal nor at the timeout.
+	t.Run("UnschedulableFailsAfterGrace", func(t *testing.T) {
 		ns := "nowhere"
 		env(t, ns)
 		rt := scheduled(t, newShared(t, c.WorkerConfig(), ns), "brisk-nowhere", "no-such-node", "nor-this-one")
+		t0 := time.Now()
 		_, err := rt.Create(ctxT(t), runtime.Spec{ID: "nowhere-1", Function: fn("nowhere")})
 		if err == nil || !strings.Contains(err.Error(), "cannot be scheduled") {
 			t.Fatalf("Create with no node to place on = %v, want the scheduler's refusal", err)
+		}
+		if took := time.Since(t0); took < unschedGrace {
+			t.Errorf("Create failed after %v, before the unschedulable grace %v", took, unschedGrace)
 		}
 		t.Logf("Create: %v", err)
 		if _, err := c.Client.CoreV1().Pods(ns).Get(ctxT(t), "nowhere-1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -209,4 +218,18 @@ func TestKubeScheduler(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A Pod with a nominated node is being made room for by preemption: not
+// unschedulable, whatever its condition still says.
+func TestNominatedIsNotUnschedulable(t *testing.T) {
+	p := &corev1.Pod{Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{
+		Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "0/3 nodes are available"}}}}
+	if unschedulable(p) == nil {
+		t.Fatal("a Pod the scheduler refused is not unschedulable")
+	}
+	p.Status.NominatedNodeName = "n1"
+	if err := unschedulable(p); err != nil {
+		t.Errorf("a Pod with a nominated node: %v, want schedulable", err)
+	}
 }

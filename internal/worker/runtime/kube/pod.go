@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"slices"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -83,11 +84,13 @@ func PodName(id string) string {
 }
 
 // tenantKey reports whether a function's own label or annotation key k may
-// go on its Pods: not one of brisk's (brisk.dev/), and none of Kubernetes'
-// domains (kubernetes.io, k8s.io and their subdomains: AppArmor and seccomp
-// annotations, node-role and app.kubernetes.io labels), which are the
-// cluster's to set, not a tenant's.
-func tenantKey(k string) bool {
+// go on its Pods: an unprefixed key, or one under a prefix the operator
+// allowed (Config.KeyPrefixes). Prefixed keys are what the cluster's
+// integrations act on (AppArmor and seccomp annotations, Vault's injector,
+// service meshes, cloud IAM roles) with the namespace's authority, not the
+// tenant's; brisk's own (brisk.dev/) and Kubernetes' (kubernetes.io,
+// k8s.io and subdomains) are refused even when allowed.
+func tenantKey(k string, allowed []string) bool {
 	prefix, _, ok := strings.Cut(k, "/")
 	if !ok {
 		return true
@@ -100,7 +103,7 @@ func tenantKey(k string) bool {
 			return false
 		}
 	}
-	return true
+	return slices.Contains(allowed, prefix)
 }
 
 // imageRef is the image that runs s: the spec's, or the trace function's
@@ -130,7 +133,7 @@ func imageRef(s runtime.Spec) (string, error) {
 // limits, a read-only root with a memory-backed /tmp unless the spec asks
 // for a writable root, no service-account token and no service links (a
 // function sees the same environment under every runtime).
-func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Duration) (*corev1.Pod, error) {
+func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Duration, keyPrefixes []string) (*corev1.Pod, error) {
 	ref, err := imageRef(s)
 	if err != nil {
 		return nil, err
@@ -138,7 +141,7 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 	f := s.Function
 	labels := map[string]string{}
 	for k, v := range f.Labels {
-		if tenantKey(k) &&
+		if tenantKey(k, keyPrefixes) &&
 			len(validation.IsQualifiedName(k)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
 			labels[k] = v
 		}
@@ -151,7 +154,7 @@ func podFor(s runtime.Spec, namespace, node, token string, killGrace time.Durati
 	}
 	annotations := map[string]string{}
 	for k, v := range f.Annotations {
-		if tenantKey(k) && len(validation.IsQualifiedName(k)) == 0 {
+		if tenantKey(k, keyPrefixes) && len(validation.IsQualifiedName(k)) == 0 {
 			annotations[k] = v
 		}
 	}

@@ -45,7 +45,8 @@ func testFunction() *spec.Function {
 		Resources:   spec.Resources{MilliCPU: 250, MemoryMB: 128},
 		Limits:      spec.Resources{MilliCPU: 1000},
 		Labels:      map[string]string{"team": "a", "brisk.dev/function": "spoofed", "bad key!": "x", "node-role.kubernetes.io/control-plane": ""},
-		Annotations: map[string]string{"note": "kept", "brisk.dev/sandbox-id": "spoofed", "container.apparmor.security.beta.kubernetes.io/function": "unconfined"},
+		Annotations: map[string]string{"note": "kept", "brisk.dev/sandbox-id": "spoofed", "container.apparmor.security.beta.kubernetes.io/function": "unconfined",
+			"vault.hashicorp.com/agent-inject": "true", "example.com/allowed": "yes"},
 	}
 	f.ApplyDefaults()
 	return f
@@ -56,7 +57,7 @@ func testFunction() *spec.Function {
 // limits, a read-only root with a /tmp.
 func TestPodFor(t *testing.T) {
 	f := testFunction()
-	p, err := podFor(runtime.Spec{ID: "sb-1", Function: f}, "ns", "node-a", "tok", 1500*time.Millisecond)
+	p, err := podFor(runtime.Spec{ID: "sb-1", Function: f}, "ns", "node-a", "tok", 1500*time.Millisecond, []string{"example.com", "kubernetes.io"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,10 @@ func TestPodFor(t *testing.T) {
 	if _, ok := p.Annotations["container.apparmor.security.beta.kubernetes.io/function"]; ok {
 		t.Errorf("a prefixed annotation (AppArmor unconfined) was copied: %v", p.Annotations)
 	}
-	if p.Annotations[AnnotationSandbox] != "sb-1" || p.Annotations["note"] != "kept" || p.Annotations[annotationCreate] != "tok" {
+	if _, ok := p.Annotations["vault.hashicorp.com/agent-inject"]; ok {
+		t.Errorf("an annotation under a prefix not allowed (Vault's injector) was copied: %v", p.Annotations)
+	}
+	if p.Annotations[AnnotationSandbox] != "sb-1" || p.Annotations["note"] != "kept" || p.Annotations[annotationCreate] != "tok" || p.Annotations["example.com/allowed"] != "yes" {
 		t.Errorf("annotations %v", p.Annotations)
 	}
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || *p.Spec.TerminationGracePeriodSeconds != 2 ||
@@ -112,7 +116,7 @@ func TestPodFor(t *testing.T) {
 	}
 
 	f.WritableRoot = true
-	p, _ = podFor(runtime.Spec{ID: "sb-1", Function: f}, "ns", "node-a", "tok", time.Second)
+	p, _ = podFor(runtime.Spec{ID: "sb-1", Function: f}, "ns", "node-a", "tok", time.Second, nil)
 	if *p.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem || len(p.Spec.Volumes) != 0 {
 		t.Error("WritableRoot still gives a read-only root")
 	}
@@ -120,7 +124,7 @@ func TestPodFor(t *testing.T) {
 
 func TestPodForRefuses(t *testing.T) {
 	builtin := &spec.Function{Name: "tr", Builtin: image.TraceName, Port: 8080}
-	p, err := podFor(runtime.Spec{ID: "sb", Function: builtin}, "ns", "n", "", time.Second)
+	p, err := podFor(runtime.Spec{ID: "sb", Function: builtin}, "ns", "n", "", time.Second, nil)
 	if err != nil || p.Spec.Containers[0].Image != image.TraceRef {
 		t.Errorf("builtin trace: %v, image %v", err, p)
 	}
@@ -129,11 +133,11 @@ func TestPodForRefuses(t *testing.T) {
 		"secrets":  {Name: "s", Image: "i", Port: 8080, Secrets: []string{"db"}, SecretData: map[string][]byte{"db": []byte("x")}},
 		"watchdog": {Name: "w", Builtin: "watchdog", Port: 8080},
 	} {
-		if _, err := podFor(runtime.Spec{ID: "sb", Function: f}, "ns", "n", "", time.Second); !errors.Is(err, errors.ErrUnsupported) {
+		if _, err := podFor(runtime.Spec{ID: "sb", Function: f}, "ns", "n", "", time.Second, nil); !errors.Is(err, errors.ErrUnsupported) {
 			t.Errorf("%s: %v, want errors.ErrUnsupported", name, err)
 		}
 	}
-	if _, err := podFor(runtime.Spec{ID: "bad/id", Function: testFunction()}, "ns", "n", "", time.Second); err == nil {
+	if _, err := podFor(runtime.Spec{ID: "bad/id", Function: testFunction()}, "ns", "n", "", time.Second, nil); err == nil {
 		t.Error("an invalid sandbox id was accepted")
 	}
 }
