@@ -122,8 +122,14 @@ func GrantOf(tok string, scopes []string) (Grant, error) {
 	if _, err := hex.DecodeString(id); err != nil {
 		return Grant{}, errors.New("token: its id is not 16 hex digits")
 	}
-	if b, err := base64.RawURLEncoding.DecodeString(secret); err != nil || len(b) < 32 {
+	b, err := base64.RawURLEncoding.DecodeString(secret)
+	if err != nil || len(b) < 32 {
 		return Grant{}, errors.New("token: its secret is not 32 or more bytes in unpadded base64url")
+	}
+	if distinct := len(slices.Compact(slices.Sorted(slices.Values(b)))); distinct < 8 {
+		// 32 random bytes have ~30 distinct values; a hand-made secret
+		// of one repeated byte (or a few) is guessable.
+		return Grant{}, errors.New("token: its secret does not look random (make tokens with brisk token create or brisk k8s install)")
 	}
 	if len(scopes) == 0 {
 		return Grant{}, errors.New("a token needs at least one scope")

@@ -190,7 +190,7 @@ func TestGrantOf(t *testing.T) {
 		t.Errorf("the checker refuses the token: %v", err)
 	}
 	id := tok[len("brisk_") : len("brisk_")+16]
-	for _, bad := range []string{"", "garbage", "brisk_" + id + "_", "brisk_" + id + "_short", "brisk_zzzzzzzzzzzzzzzz_" + tok[len("brisk_")+17:], "brisk_" + id + "_" + strings.Repeat("!", 43)} {
+	for _, bad := range []string{"", "garbage", "brisk_" + id + "_", "brisk_" + id + "_short", "brisk_zzzzzzzzzzzzzzzz_" + tok[len("brisk_")+17:], "brisk_" + id + "_" + strings.Repeat("!", 43), "brisk_" + id + "_" + strings.Repeat("A", 43)} {
 		if _, err := GrantOf(bad, []string{ScopeJoin}); err == nil {
 			t.Errorf("GrantOf(%q) accepted", bad)
 		}

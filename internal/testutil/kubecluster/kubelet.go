@@ -170,6 +170,19 @@ func StartKubelet(t testing.TB, c *Cluster) *Kubelet {
 	if err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
+	// Stop removes what appeared under the kubelet's and CNI's host
+	// directories during the test: on a host with a kubelet (or any CRI
+	// and CNI) of its own that would be that one's files and namespaces.
+	for _, p := range []string{"/var/lib/kubelet/pods", "/var/lib/cni/networks"} {
+		if entries, err := os.ReadDir(p); err == nil && len(entries) > 0 {
+			unlock()
+			msg := "kubecluster: " + p + " is in use on this host (another kubelet or CNI): the harness's cleanup would touch it"
+			if os.Getenv("CI") != "" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+	}
 	k := &Kubelet{Node: KubeletNode, Dir: t.TempDir(), c: c, unlock: unlock, before: listHostPaths(), state: hostState()}
 	t.Cleanup(func() {
 		if err := k.Stop(); err != nil {
