@@ -25,16 +25,22 @@ func newK8sFunctions(g *globals) *cobra.Command {
 		Short: "Deploy brisk.dev/v1 Function objects from Kubernetes into brisk (a controller)",
 		Long: `Watch Function objects (the CRD in deploy/kubernetes/function-crd.yaml) and
 keep brisk's functions in step with them through the admin API (--admin-url,
-with a deploy token, or an admin token to create missing brisk namespaces):
+with a deploy token; an admin token with --create-namespaces):
 kubectl apply of a Function deploys it, a change makes a new revision, and
 deleting the object deletes the function. A Function NAME in Kubernetes
-namespace NS is brisk function NAME in brisk namespace NS. The outcome is
+namespace NS is brisk function NAME in brisk namespace NS, served only when
+NS is labelled brisk.dev/functions=enabled (kubectl label namespace NS
+brisk.dev/functions=enabled): NS's objects get brisk namespace NS's secrets
+and quota. Annotating an object brisk.dev/orphan=true lets it be deleted
+without deleting its function (when brisk refuses, e.g. the token was
+revoked). The outcome is
 the object's status: observedGeneration, the Ready condition (brisk's
 error when it refuses the spec), revision, ready sandboxes and URL.
 Functions made through the admin API are never changed or deleted.
 
-Its Kubernetes rights: get, list, watch and update functions.brisk.dev and
-update functions/status (kubefunctions.ClusterRole). Run one replica.
+Its Kubernetes rights: get, list, watch and update functions.brisk.dev,
+update functions/status, and get, list, watch namespaces
+(kubefunctions.ClusterRole). Run one replica.
 See docs/operations.md, "Function objects (Kubernetes)".`,
 		Example: `  kubectl apply -f deploy/kubernetes/function-crd.yaml
   brisk k8s functions --kubeconfig ~/.kube/config --admin-url brisk-cp:9090 --token-file /var/run/brisk/token
@@ -52,7 +58,7 @@ See docs/operations.md, "Function objects (Kubernetes)".`,
 				return usageError{fmt.Errorf("kubeconfig: %w", err)}
 			}
 			if g.apiToken() == "" {
-				return usageError{errors.New("no brisk token: give --token or --token-file (a deploy token, or admin to create namespaces)")}
+				return usageError{errors.New("no brisk token: give --token or --token-file (a deploy token, or admin with --create-namespaces)")}
 			}
 			cfg.REST, cfg.Brisk, cfg.Logger = rc, g.client(), log.With("component", "k8s-functions")
 			ctrl, err := kubefunctions.New(cfg)
@@ -69,7 +75,7 @@ See docs/operations.md, "Function objects (Kubernetes)".`,
 	fl.DurationVar(&cfg.Resync, "resync", 5*time.Minute, "re-read every object this often, retrying specs brisk refused (kubectl annotate retries one at once)")
 	fl.DurationVar(&cfg.StatusInterval, "status-interval", 5*time.Second, "how often brisk's functions are listed to update the objects' status and delete functions whose object is gone")
 	fl.StringVar(&cfg.Domain, "domain", "brisk.local", "domain of status.url (http://NAME.NAMESPACE.DOMAIN)")
-	fl.BoolVar(&cfg.CreateNamespaces, "create-namespaces", true, "create a missing brisk namespace for an object's Kubernetes namespace (needs an admin token)")
+	fl.BoolVar(&cfg.CreateNamespaces, "create-namespaces", false, "create a missing brisk namespace (without a quota) for an opted-in Kubernetes namespace (needs an admin token)")
 	c.AddCommand(newK8sFunctionsExport(g))
 	return c
 }

@@ -168,6 +168,51 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 	return f, true
 }
 
+// ReservedLabelPrefix starts the function labels that are brisk's own
+// marks, e.g. brisk.dev/kubernetes-function, the Function controller's
+// mark of ownership (internal/kubefunctions).
+const ReservedLabelPrefix = "brisk.dev/"
+
+// maySetReservedLabels reports whether the request's token may give f the
+// labels under ReservedLabelPrefix it has, old (nil: none) had them
+// otherwise: only a token with deploy on every namespace may add, change
+// or remove them, as a token limited to a namespace or to functions could
+// otherwise forge another component's mark on its own functions. Keeping
+// them as they are is allowed to all. On refusal it has answered.
+func (cp *ControlPlane) maySetReservedLabels(w http.ResponseWriter, r *http.Request, f, old *spec.Function) bool {
+	if cp.cfg.AuthDisabled {
+		return true
+	}
+	var had map[string]string
+	if old != nil {
+		had = old.Labels
+	}
+	var changed []string
+	for k, v := range f.Labels {
+		if strings.HasPrefix(k, ReservedLabelPrefix) {
+			if hv, ok := had[k]; !ok || hv != v {
+				changed = append(changed, k)
+			}
+		}
+	}
+	for k := range had {
+		if _, ok := f.Labels[k]; !ok && strings.HasPrefix(k, ReservedLabelPrefix) {
+			changed = append(changed, k)
+		}
+	}
+	if len(changed) == 0 {
+		return true
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	if auth.Check(cp.tokens, tok, auth.ScopeDeploy, "", "") == nil {
+		return true
+	}
+	slices.Sort(changed)
+	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to a namespace or to functions: labels under %s are brisk's (%s); only a token with deploy on every namespace may set or remove them",
+		auth.ID(tok), ReservedLabelPrefix, strings.Join(changed, ", ")))
+	return false
+}
+
 // nameLock serialises admin writes to one function name, so the registry
 // and the in-memory state apply them in the same order; different names
 // proceed in parallel (and group-commit together).
@@ -194,7 +239,8 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := cp.readSpec(w, r, "")
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) ||
+		!cp.maySetReservedLabels(w, r, f, nil) {
 		return
 	}
 	cp.secretMu.RLock() // against a namespace's deletion and a secret's
@@ -247,7 +293,7 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", namespaceOf(old), f.Namespace))
 		return
 	}
-	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) {
+	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) || !cp.maySetReservedLabels(w, r, f, old) {
 		return
 	}
 	if f.Traffic == nil {
@@ -363,7 +409,8 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	f := *to
 	f.Traffic = old.Traffic // the split is not part of a revision: a rollback keeps the current one
 	if !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, &f, false) || !cp.admitSecrets(w, &f) ||
-		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !cp.checkTraffic(w, r, &f, old) || !cp.checkPinnedKept(w, old) {
+		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !cp.maySetReservedLabels(w, r, &f, old) ||
+		!cp.checkTraffic(w, r, &f, old) || !cp.checkPinnedKept(w, old) {
 		return
 	}
 	cp.replaceFunction(w, old, &f)

@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
@@ -50,7 +51,10 @@ type Config struct {
 	// brisk.local; the data plane routes by the Host's first label).
 	Domain string
 	// CreateNamespaces creates a missing brisk namespace (with no quota)
-	// for an object's Kubernetes namespace; it needs an admin token.
+	// for an object's Kubernetes namespace; it needs an admin token. Off
+	// by default: a brisk namespace holds secrets, and whoever may create
+	// Function objects in a Kubernetes namespace would get the brisk
+	// namespace of that name, existing or new.
 	CreateNamespaces bool
 	// RetryBase and RetryMax bound the per-object back-off after a
 	// failure brisk may get over (unreachable, not the leader); defaults
@@ -67,9 +71,31 @@ type Controller struct {
 	inf   cache.SharedIndexInformer
 	queue workqueue.TypedRateLimitingInterface[string]
 
+	// nsInf watches the Kubernetes Namespaces served: only those labelled
+	// LabelNamespaceEnabled are.
+	nsInf cache.SharedIndexInformer
+
 	nsMu    sync.Mutex
-	nsKnown map[string]bool // brisk namespaces seen to exist
+	nsKnown map[string]bool // brisk namespaces seen to exist (dropped when brisk says otherwise)
 }
+
+// LabelNamespaceEnabled, with the value NamespaceEnabled on a Kubernetes
+// Namespace, opts it in: the controller serves Function objects only in
+// namespaces so labelled, as Kubernetes namespace NS is brisk namespace NS
+// (its secrets, its quota) and the right to create objects in NS must not
+// be enough to deploy into it.
+const (
+	LabelNamespaceEnabled = "brisk.dev/functions"
+	NamespaceEnabled      = "enabled"
+)
+
+// AnnotationOrphan "true" on an object being deleted lets it go without
+// deleting its brisk function: the escape when brisk refuses the deletion
+// for good (the controller's token revoked) or is gone.
+const AnnotationOrphan = "brisk.dev/orphan"
+
+// namespacesGVR are the Kubernetes Namespaces.
+var namespacesGVR = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 
 // Condition reasons of the Ready condition.
 const (
@@ -81,7 +107,28 @@ const (
 	ReasonFailing      = "FunctionFailing"
 	ReasonNoCapacity   = "NoCapacity"
 	ReasonQuotaReached = "QuotaExceeded"
+	// ReasonNamespaceNotEnabled: the Kubernetes namespace is not opted in
+	// (LabelNamespaceEnabled); nothing is deployed.
+	ReasonNamespaceNotEnabled = "NamespaceNotEnabled"
+	// ReasonNamespaceMissing: the brisk namespace does not exist; retried
+	// with back-off (it is created when CreateNamespaces is on).
+	ReasonNamespaceMissing = "NamespaceMissing"
 )
+
+// maxMessage bounds a condition's message: brisk's errors are short, but
+// the status must stay writable whatever they echo.
+const maxMessage = 2048
+
+// retryAfter is an error to retry after a fixed, long delay rather than
+// the per-object back-off: brisk refused the controller itself (its
+// token), which a quick retry will not change.
+type retryAfter struct {
+	err   error
+	delay time.Duration
+}
+
+func (e *retryAfter) Error() string { return e.err.Error() }
+func (e *retryAfter) Unwrap() error { return e.err }
 
 // New checks cfg and makes a controller; Run starts it.
 func New(cfg Config) (*Controller, error) {
@@ -140,6 +187,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("kubefunctions: listing %s: %w", GVR.GroupResource(), err)
 	}
+	var nsOpts metav1.ListOptions
+	c.namespaceSelector(&nsOpts)
+	if _, err := c.namespaces().List(ctx, nsOpts); err != nil {
+		return fmt.Errorf("kubefunctions: listing namespaces (the controller needs get, list and watch on them to see which are labelled %s=%s): %w",
+			LabelNamespaceEnabled, NamespaceEnabled, err)
+	}
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, c.cfg.Resync, c.cfg.Namespace, nil)
 	c.inf = factory.ForResource(GVR).Informer()
 	if _, err := c.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -155,9 +208,24 @@ func (c *Controller) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// Namespaces are cluster-scoped: with --namespace, watch just that one.
+	nsFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dyn, c.cfg.Resync, metav1.NamespaceAll, c.namespaceSelector)
+	c.nsInf = nsFactory.ForResource(namespacesGVR).Informer()
+	if _, err := c.nsInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.namespaceChanged,
+		UpdateFunc: func(o, n any) {
+			if enabledLabel(o) != enabledLabel(n) {
+				c.namespaceChanged(n)
+			}
+		},
+	}); err != nil {
+		return err
+	}
 	factory.Start(ctx.Done())
+	nsFactory.Start(ctx.Done())
 	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.inf.HasSynced) {
+	defer nsFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.inf.HasSynced, c.nsInf.HasSynced) {
 		return ctx.Err()
 	}
 	c.log.Info("watching Function objects", "namespace", cmpOr(c.cfg.Namespace, "(all)"), "workers", c.cfg.Workers)
@@ -173,6 +241,44 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.queue.ShutDown()
 	wg.Wait()
 	return nil
+}
+
+func (c *Controller) namespaceSelector(o *metav1.ListOptions) {
+	if c.cfg.Namespace != "" {
+		o.FieldSelector = "metadata.name=" + c.cfg.Namespace
+	}
+}
+
+func (c *Controller) namespaces() dynamic.ResourceInterface {
+	return c.dyn.Resource(namespacesGVR)
+}
+
+// enabledLabel is a Namespace's opt-in label value.
+func enabledLabel(obj any) string {
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		return u.GetLabels()[LabelNamespaceEnabled]
+	}
+	return ""
+}
+
+// namespaceChanged queues the objects of a namespace that was opted in or
+// out (and, at the start, of every namespace: a no-op for those already
+// queued).
+func (c *Controller) namespaceChanged(obj any) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok || c.inf == nil {
+		return
+	}
+	items, _ := c.inf.GetIndexer().ByIndex(cache.NamespaceIndex, u.GetName())
+	for _, it := range items {
+		c.enqueue(it)
+	}
+}
+
+// served reports whether Kubernetes namespace ns is opted in.
+func (c *Controller) served(ns string) bool {
+	item, ok, err := c.nsInf.GetIndexer().GetByKey(ns)
+	return err == nil && ok && enabledLabel(item) == NamespaceEnabled
 }
 
 func cmpOr(s, def string) string {
@@ -220,6 +326,11 @@ func (c *Controller) next(ctx context.Context) bool {
 			lvl = slog.LevelDebug
 		}
 		c.log.Log(ctx, lvl, "function object not reconciled; retrying", "object", key, "retries", c.queue.NumRequeues(key), "err", err)
+		var ra *retryAfter
+		if errors.As(err, &ra) {
+			c.queue.AddAfter(key, ra.delay)
+			return true
+		}
 		c.queue.AddRateLimited(key)
 		return true
 	}
@@ -238,6 +349,13 @@ func (c *Controller) reconcile(ctx context.Context, key string) error {
 	obj := item.(*unstructured.Unstructured).DeepCopy()
 	if obj.GetDeletionTimestamp() != nil {
 		return c.finalize(ctx, obj)
+	}
+	if !c.served(obj.GetNamespace()) {
+		// Nothing is deployed (a function deployed before the namespace
+		// was opted out is left as it is, and deleted with its object).
+		return c.writeStatus(ctx, obj, outcome{status: metav1.ConditionFalse, reason: ReasonNamespaceNotEnabled,
+			message: fmt.Sprintf("Kubernetes namespace %q is not enabled for brisk functions: kubectl label namespace %s %s=%s (it is deployed into brisk namespace %q)",
+				obj.GetNamespace(), obj.GetNamespace(), LabelNamespaceEnabled, NamespaceEnabled, obj.GetNamespace())})
 	}
 	if !slices.Contains(obj.GetFinalizers(), Finalizer) {
 		obj.SetFinalizers(append(obj.GetFinalizers(), Finalizer))
@@ -278,21 +396,26 @@ func (c *Controller) deploy(ctx context.Context, obj *unstructured.Unstructured)
 			return refused(err)
 		}
 		if _, err := c.cfg.Brisk.Create(ctx, f); err != nil {
-			return refused(err)
+			return c.refusedIn(f.Namespace, err)
 		}
 		c.log.Info("function deployed", "object", key, "function", f.Name)
 	case err != nil:
 		return refused(err)
-	case owner(cur.Function) != key:
+	case !owned(key, cur.Function):
 		by := "the admin API"
-		if o := owner(cur.Function); o != "" {
+		switch o := owner(cur.Function); {
+		case o == key:
+			// The label alone proves nothing: whoever deploys a function
+			// can set it.
+			by = "another client (it carries this object's label, but in another namespace)"
+		case o != "":
 			by = "Function " + o
 		}
 		return outcome{status: metav1.ConditionFalse, reason: ReasonNameTaken,
 			message: fmt.Sprintf("brisk function %q exists in namespace %q, made by %s, not by this object: brisk's function names are unique across namespaces", f.Name, cur.Namespace, by)}, nil
 	case !sameSpec(f, cur.Function):
 		if _, err := c.cfg.Brisk.Update(ctx, f); err != nil {
-			return refused(err)
+			return c.refusedIn(f.Namespace, err)
 		}
 		c.log.Info("function updated", "object", key, "function", f.Name)
 	default:
@@ -319,6 +442,31 @@ func refused(err error) (outcome, error) {
 		}
 	}
 	return outcome{status: metav1.ConditionUnknown, reason: ReasonUnavailable, message: err.Error()}, err
+}
+
+// refusedIn is refused for a write into brisk namespace ns, which brisk
+// may answer with the namespace missing: deleted since the controller saw
+// it. Then it is forgotten (to be created again when the controller may)
+// and the object retried with back-off, not left refused until the resync.
+func (c *Controller) refusedIn(ns string, err error) (outcome, error) {
+	var e *client.Error
+	if !errors.As(err, &e) || e.Status != http.StatusBadRequest || !namespaceMissing(e.Message) {
+		return refused(err)
+	}
+	c.nsMu.Lock()
+	delete(c.nsKnown, ns)
+	c.nsMu.Unlock()
+	msg := e.Message
+	if !c.cfg.CreateNamespaces {
+		msg += "; retried until it exists"
+	}
+	return outcome{status: metav1.ConditionFalse, reason: ReasonNamespaceMissing, message: msg}, err
+}
+
+// namespaceMissing reports whether brisk's 400 says the function's
+// namespace does not exist (internal/controlplane/namespaces.go).
+func namespaceMissing(msg string) bool {
+	return strings.Contains(msg, "namespace: ") && strings.Contains(msg, "does not exist")
 }
 
 // outcomeOf is the Ready condition of a deployed function: true unless
@@ -396,22 +544,30 @@ func isForbidden(err error) bool {
 }
 
 // finalize deletes the object's brisk function, if it is the object's,
-// and then lets the object go.
+// and then lets the object go. With AnnotationOrphan "true" it lets the
+// object go and leaves brisk alone. While brisk refuses, the object's
+// condition says why and how to let it go.
 func (c *Controller) finalize(ctx context.Context, obj *unstructured.Unstructured) error {
 	if !slices.Contains(obj.GetFinalizers(), Finalizer) {
 		return nil
 	}
 	key := objectKey(obj.GetNamespace(), obj.GetName())
-	cur, err := c.cfg.Brisk.Get(ctx, obj.GetName())
-	switch {
-	case client.IsNotFound(err):
-	case err != nil:
-		return fmt.Errorf("deleting the brisk function: %w", err)
-	case owner(cur.Function) == key:
-		if err := c.cfg.Brisk.Delete(ctx, obj.GetName()); err != nil && !client.IsNotFound(err) {
-			return fmt.Errorf("deleting the brisk function: %w", err)
+	if obj.GetAnnotations()[AnnotationOrphan] == "true" {
+		c.log.Info("object let go, its brisk function left alone", "object", key, "annotation", AnnotationOrphan)
+	} else if err := c.deleteFunction(ctx, obj); err != nil {
+		o := outcome{status: metav1.ConditionUnknown, reason: ReasonUnavailable}
+		var retry error = err
+		if isForbidden(err) {
+			// Retrying at the usual pace will not bring the token back.
+			o.status, o.reason = metav1.ConditionFalse, ReasonForbidden
+			retry = &retryAfter{err: err, delay: 10 * c.cfg.RetryMax}
 		}
-		c.log.Info("function deleted", "object", key, "function", obj.GetName())
+		o.message = fmt.Sprintf("%v; retried; to let the object go and leave the brisk function: kubectl annotate function %s -n %s %s=true",
+			err, obj.GetName(), obj.GetNamespace(), AnnotationOrphan)
+		if werr := c.writeStatus(ctx, obj, o); werr != nil {
+			c.log.Debug("writing the status of an object being deleted", "object", key, "err", werr)
+		}
+		return retry
 	}
 	obj.SetFinalizers(slices.DeleteFunc(obj.GetFinalizers(), func(s string) bool { return s == Finalizer }))
 	if _, err := c.res(obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -420,10 +576,32 @@ func (c *Controller) finalize(ctx context.Context, obj *unstructured.Unstructure
 	return nil
 }
 
+// deleteFunction deletes the object's brisk function if it is the
+// object's.
+func (c *Controller) deleteFunction(ctx context.Context, obj *unstructured.Unstructured) error {
+	key := objectKey(obj.GetNamespace(), obj.GetName())
+	cur, err := c.cfg.Brisk.Get(ctx, obj.GetName())
+	switch {
+	case client.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("deleting the brisk function: %w", err)
+	case owned(key, cur.Function):
+		if err := c.cfg.Brisk.Delete(ctx, obj.GetName()); err != nil && !client.IsNotFound(err) {
+			return fmt.Errorf("deleting the brisk function: %w", err)
+		}
+		c.log.Info("function deleted", "object", key, "function", obj.GetName())
+	}
+	return nil
+}
+
 // statusFor is the object's status for outcome o.
 func (c *Controller) statusFor(obj *unstructured.Unstructured, o outcome, now time.Time) map[string]any {
 	gen := obj.GetGeneration()
-	cond := map[string]any{"type": "Ready", "status": string(o.status), "reason": o.reason, "message": o.message,
+	msg := o.message
+	if len(msg) > maxMessage {
+		msg = strings.ToValidUTF8(msg[:maxMessage], "") + "..."
+	}
+	cond := map[string]any{"type": "Ready", "status": string(o.status), "reason": o.reason, "message": msg,
 		"observedGeneration": gen, "lastTransitionTime": now.UTC().Format(time.RFC3339)}
 	// The transition time stays while the condition's status does.
 	if old := readyCondition(obj); old != nil && old["status"] == cond["status"] {
@@ -517,7 +695,7 @@ func (c *Controller) syncStatus(ctx context.Context) error {
 			return err
 		}
 		for i := range page {
-			if k := owner(page[i].Function); k != "" {
+			if k := owner(page[i].Function); k != "" && owned(k, page[i].Function) {
 				views[k] = &page[i]
 			}
 		}
@@ -533,7 +711,7 @@ func (c *Controller) syncStatus(ctx context.Context) error {
 		v, ok := views[key]
 		delete(views, key)
 		switch {
-		case obj.GetDeletionTimestamp() != nil:
+		case obj.GetDeletionTimestamp() != nil, !c.served(obj.GetNamespace()):
 		case ok && v.Name == obj.GetName():
 			if refusedNow(obj) {
 				// Its last spec was refused (the function serves the

@@ -8,7 +8,10 @@
 // A Function object NAME in Kubernetes namespace NS is brisk function NAME
 // in brisk namespace NS. The brisk functions it made carry the label
 // LabelObject (NS/NAME); the controller changes and deletes no other
-// function, so those made through the admin API are never touched.
+// function, so those made through the admin API are never touched. Only
+// Kubernetes namespaces opted in (LabelNamespaceEnabled) are served: the
+// right to create objects in NS is not by itself a right to brisk
+// namespace NS.
 package kubefunctions
 
 import (
@@ -16,6 +19,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -39,8 +43,9 @@ var GVR = schema.GroupVersionResource{Group: Group, Version: Version, Resource: 
 const APIVersion = Group + "/" + Version
 
 // LabelObject is the brisk label of a function made from a Function
-// object: its value is the object's "NAMESPACE/NAME". It is the
-// controller's mark of ownership (brisk.dev/ keys never go on Pods).
+// object: its value is the object's "NAMESPACE/NAME". With the function's
+// brisk namespace being NAMESPACE, it is the controller's mark of
+// ownership (brisk.dev/ keys never go on Pods).
 const LabelObject = "brisk.dev/kubernetes-function"
 
 // Finalizer holds a Function object until its brisk function is deleted.
@@ -165,6 +170,20 @@ func sameSpec(desired, current *spec.Function) bool {
 	return bytes.Equal(norm(desired), norm(current))
 }
 
-// owner is the Function object (NAMESPACE/NAME) that made f, or "" for a
-// function made otherwise.
+// owner is the Function object (NAMESPACE/NAME) that f's label names, or
+// "" for a function made otherwise.
 func owner(f *spec.Function) string { return f.Labels[LabelObject] }
+
+// owned reports whether f is the function of object key (NAMESPACE/NAME):
+// its label names the object and it is in the object's brisk namespace.
+// The label alone is not proof: a token allowed to deploy only into its
+// own namespace could set it (brisk refuses brisk.dev/ labels from such
+// tokens, but the namespace is checked here all the same).
+func owned(key string, f *spec.Function) bool {
+	ns, _, _ := strings.Cut(key, "/")
+	fns := f.Namespace
+	if fns == "" {
+		fns = spec.DefaultNamespace
+	}
+	return owner(f) == key && fns == ns
+}

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
@@ -47,6 +48,11 @@ func TestKubeFunctions(t *testing.T) {
 	}
 	installFunctionCRD(t, dyn)
 	ns := kc.Namespace(t, "team-a")
+	// Opted in: the controller serves only namespaces so labelled.
+	if _, err := kc.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"`+kubefunctions.LabelNamespaceEnabled+`":"`+kubefunctions.NamespaceEnabled+`"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// The controller's user has the ClusterRole's rights and no others.
 	if _, err := kc.Client.RbacV1().ClusterRoles().Create(ctx, kubefunctions.ClusterRole("brisk-functions"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
