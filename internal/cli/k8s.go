@@ -43,14 +43,16 @@ type k8sFlags struct{ o kubeinstall.Options }
 
 func (f *k8sFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.o.Namespace, "namespace", "n", kubeinstall.DefaultNamespace, "namespace of brisk's objects (created unless it exists)")
+	fl.StringVarP(&f.o.Namespace, "namespace", "n", kubeinstall.DefaultNamespace, "namespace of brisk's objects (created unless it exists; not default or kube-*)")
+	fl.StringVar(&f.o.SandboxNamespace, "sandbox-namespace", "", "with --worker-runtime kube: namespace of the functions' Pods, brisk's alone, Pod Security baseline enforced (default NAMESPACE"+kubeinstall.SandboxSuffix+")")
 	fl.StringVar(&f.o.Image, "image", kubeinstall.ImageRef, "brisk's image (brisk k8s image builds it)")
 	fl.IntVar(&f.o.Replicas, "replicas", 3, "control-plane replicas: 1, 3, 5 or 7 (raft)")
 	fl.IntVar(&f.o.DataPlanes, "dataplanes", 2, "data-plane replicas")
-	fl.StringVar(&f.o.WorkerRuntime, "worker-runtime", "containerd", "the workers' sandbox runtime: containerd (the node's containerd, privileged DaemonSet, native emergency track) or kube (sandboxes are Pods in --namespace, unprivileged DaemonSet)")
+	fl.StringVar(&f.o.WorkerRuntime, "worker-runtime", "containerd", "the workers' sandbox runtime: containerd (the node's containerd, privileged DaemonSet, native emergency track) or kube (sandboxes are Pods in --sandbox-namespace, unprivileged DaemonSet)")
 	fl.StringVar(&f.o.StorageSize, "storage-size", "1Gi", "each control-plane replica's registry volume (a PersistentVolumeClaim)")
 	fl.StringVar(&f.o.StorageClass, "storage-class", "", "storage class of those volumes (default: the cluster's)")
 	fl.BoolVar(&f.o.Ephemeral, "ephemeral-storage", false, "keep the registry in an emptyDir instead: lost with the Pods (clusters without volumes, tests)")
+	fl.BoolVar(&f.o.FunctionsCreateNamespaces, "functions-create-namespaces", false, "let the Function controller create the brisk namespace (with no quota) of a Kubernetes namespace's first Function; off: an admin makes them")
 }
 
 func newK8sManifests() *cobra.Command {
@@ -106,6 +108,9 @@ func (f *kubeFlags) config() (*rest.Config, error) {
 		}
 	}
 	cfg.Timeout = 30 * time.Second // per request: an unreachable apiserver is an error, not a hang
+	// Install makes about a hundred requests (a read and an apply per
+	// object): client-go's default 5 per second would make it take 20s.
+	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
 }
 
@@ -122,7 +127,13 @@ and join token; only the control plane mounts it) and brisk-join (the CA
 certificate and the join token, for the workers and data planes). An
 existing Secret is never replaced. Running it again changes nothing;
 with other flags it updates what differs, and removes the objects of the
-other worker runtime.
+other worker runtime. With --worker-runtime kube the functions' Pods go to
+--sandbox-namespace, the one namespace the workers may create Pods in.
+
+One install per cluster: install refuses when brisk is installed in
+another namespace, when the namespace is default or kube-*, and when the
+namespace holds an earlier install's registry volumes but not its Secret
+(delete the volumes, or restore the Secret).
 
 brisk's image must be on the nodes (brisk k8s image, then ctr -n k8s.io
 images import on each node) or in a registry the nodes pull from (--image).
@@ -159,10 +170,14 @@ func newK8sUninstall() *cobra.Command {
 		Use:   "uninstall",
 		Short: "Remove what brisk k8s install made (the Function CRD only with --crds)",
 		Long: `Delete the objects brisk k8s install made in --namespace, its Secrets
-included, workloads first; then the namespace, if install made it (with it
-go the registry's volumes and any function Pods). Objects of the same names
-that install did not make are kept. The CRDs are kept unless --crds: deleting
-one deletes every object of its kind in the cluster.`,
+included, workloads first; then the namespace and the sandbox namespace, if
+install made them (with them go the registry's volumes and any function
+Pods). First it takes the Function controller's finalizer off every
+Function object in the cluster: nothing would remove it later. Objects of
+the same names that install did not make are kept, and so are the
+registry's volumes in a namespace install did not make, unless
+--delete-data. The CRDs are kept unless --crds: deleting one deletes every
+object of its kind in the cluster.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := kf.config()
@@ -171,11 +186,19 @@ one deletes every object of its kind in the cluster.`,
 			}
 			changes, err := kubeinstall.Uninstall(c.Context(), cfg, o)
 			printChanges(c.OutOrStdout(), changes)
+			for _, ch := range changes {
+				if ch.Kind == "PersistentVolumeClaim" && ch.Action == kubeinstall.Kept {
+					fmt.Fprintf(c.OutOrStdout(), "the registry's volumes are kept (the Secret with its CA and tokens is gone): an install here refuses them; uninstall --delete-data deletes them\n")
+					break
+				}
+			}
 			return err
 		},
 	}
 	c.Flags().StringVarP(&o.Namespace, "namespace", "n", kubeinstall.DefaultNamespace, "namespace brisk was installed in")
+	c.Flags().StringVar(&o.SandboxNamespace, "sandbox-namespace", "", "the functions' Pods' namespace install made (default NAMESPACE"+kubeinstall.SandboxSuffix+")")
 	c.Flags().BoolVar(&o.CRDs, "crds", false, "delete the CustomResourceDefinitions too (and every Function object in the cluster)")
+	c.Flags().BoolVar(&o.DeleteData, "delete-data", false, "delete the control plane's registry volumes (PersistentVolumeClaims) too")
 	kf.register(c)
 	return c
 }

@@ -105,7 +105,8 @@ func TestK8sManifestsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	for _, want := range []string{"kind: StatefulSet", "replicas: 5", "namespace: other", "--runtime=kube", "kind: Role\n", "brisk-controlplane-4="} {
+	for _, want := range []string{"kind: StatefulSet", "replicas: 5", "namespace: other", "--runtime=kube", "kind: Role\n", "brisk-controlplane-4=",
+		"name: other-sandboxes", "--kube-namespace=other-sandboxes", "--create-namespaces=false", "pod-security.kubernetes.io/enforce: baseline"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("manifests lack %q", want)
 		}
@@ -134,7 +135,7 @@ func TestK8sInstallCommand(t *testing.T) {
 		return out.String()
 	}
 	out := run("k8s", "install", "--ephemeral-storage", "--worker-runtime", "kube")
-	for _, want := range []string{"StatefulSet cli-test/brisk-controlplane created", "Secret cli-test/brisk-controlplane created", "Role cli-test/brisk-worker created"} {
+	for _, want := range []string{"StatefulSet cli-test/brisk-controlplane created", "Secret cli-test/brisk-controlplane created", "Role cli-test-sandboxes/brisk-worker created", "Namespace cli-test-sandboxes created"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("install says\n%s\nwithout %q", out, want)
 		}
@@ -146,7 +147,7 @@ func TestK8sInstallCommand(t *testing.T) {
 		}
 	}
 	out = run("k8s", "uninstall")
-	for _, want := range []string{"StatefulSet cli-test/brisk-controlplane deleted", "Secret cli-test/brisk-controlplane deleted", "Role cli-test/brisk-worker deleted", "Namespace cli-test deleted", "CustomResourceDefinition functions.brisk.dev kept"} {
+	for _, want := range []string{"StatefulSet cli-test/brisk-controlplane deleted", "Secret cli-test/brisk-controlplane deleted", "Role cli-test-sandboxes/brisk-worker deleted", "Namespace cli-test deleted", "Namespace cli-test-sandboxes deleted", "CustomResourceDefinition functions.brisk.dev kept"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("uninstall says\n%s\nwithout %q", out, want)
 		}

@@ -3,6 +3,7 @@ package kubeinstall
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,6 +31,7 @@ const (
 	Deleted   = "deleted"
 	Absent    = "absent" // nothing to delete
 	Kept      = "kept"   // not ours, or kept on purpose
+	Released  = "finalizer removed"
 )
 
 // Change is what Install or Uninstall did to one object.
@@ -176,9 +178,24 @@ func Install(ctx context.Context, cfg *rest.Config, o Options) ([]Change, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := o.checkNamespaces(); err != nil {
+		return nil, err
+	}
 	c, err := newClient(cfg)
 	if err != nil {
 		return nil, err
+	}
+	// Refusals first: nothing is changed when one applies.
+	if err := c.otherInstall(ctx, o.Namespace); err != nil {
+		return nil, err
+	}
+	if err := c.staleVolumes(ctx, o); err != nil {
+		return nil, err
+	}
+	if o.WorkerRuntime == "kube" {
+		if err := c.checkSandboxNamespace(ctx, o.SandboxNamespace); err != nil {
+			return nil, err
+		}
 	}
 	var changes []Change
 	want := map[string]bool{}
@@ -214,11 +231,15 @@ func Install(ctx context.Context, cfg *rest.Config, o Options) ([]Change, error)
 		}
 		changes = append(changes, ch)
 	}
-	// Objects of the other worker runtime, left by an earlier install.
+	// Objects of the other worker runtime, left by an earlier install, and
+	// those of earlier manifests.
+	var stale []*unstructured.Unstructured
 	for _, u := range all {
-		if forRuntime(u, o.WorkerRuntime) || want[key(u)] {
-			continue
+		if !forRuntime(u, o.WorkerRuntime) && !want[key(u)] {
+			stale = append(stale, u)
 		}
+	}
+	for _, u := range append(stale, legacy(o.Namespace)...) {
 		ch, err := c.remove(ctx, u)
 		if err != nil {
 			return changes, err
@@ -299,18 +320,27 @@ func (c *client) ensureSecrets(ctx context.Context, ns string) ([]Change, error)
 
 // UninstallOptions say what Uninstall removes besides the objects.
 type UninstallOptions struct {
-	Namespace string
+	Namespace        string
+	SandboxNamespace string // default Namespace + SandboxSuffix
 	// CRDs removes the CustomResourceDefinitions too, and with them every
 	// object of their kinds in every namespace. Off by default.
 	CRDs bool
+	// DeleteData deletes the control plane's registry volumes (its
+	// PersistentVolumeClaims) too. Without it they are kept when the
+	// namespace is (one install did not make), and a later install there
+	// refuses to start until they are deleted or the Secret restored.
+	DeleteData bool
 }
 
 // Uninstall deletes what Install made in namespace o.Namespace, the
-// Secrets included, in the reverse order: workloads first, the namespace
-// last (only when install made it). Objects someone else made under the
-// same names are kept. CRDs are kept unless o.CRDs.
+// Secrets included, in the reverse order: workloads first, the namespaces
+// (brisk's and the sandboxes') last, only when install made them. Before
+// anything it takes the Function controller's finalizer off every
+// Function object (releaseFunctions). Objects someone else made under the
+// same names are kept; so are the registry's volumes in a namespace that
+// stays, unless o.DeleteData. CRDs are kept unless o.CRDs.
 func Uninstall(ctx context.Context, cfg *rest.Config, o UninstallOptions) ([]Change, error) {
-	ro := Options{Namespace: o.Namespace}
+	ro := Options{Namespace: o.Namespace, SandboxNamespace: o.SandboxNamespace}
 	all, err := renderAll(&ro)
 	if err != nil {
 		return nil, err
@@ -319,6 +349,23 @@ func Uninstall(ctx context.Context, cfg *rest.Config, o UninstallOptions) ([]Cha
 	if err != nil {
 		return nil, err
 	}
+	var changes []Change
+	seen := map[string]bool{}
+	// The Function objects first: each holds the controller's finalizer,
+	// which nothing removes once the controller is gone (namespaces and
+	// the CRD would never finish deleting). Unless another install's
+	// controller runs (then they are its).
+	switch err := c.otherInstall(ctx, ro.Namespace); {
+	case err == nil:
+		chs, err := c.releaseFunctions(ctx, all, ro.Namespace, seen)
+		changes = append(changes, chs...)
+		if err != nil {
+			return changes, err
+		}
+	case !errors.Is(err, errOtherInstall):
+		return changes, err
+	}
+	all = append(all, legacy(ro.Namespace)...)
 	for _, s := range []string{SecretJoin, SecretControlPlane} {
 		u := &unstructured.Unstructured{}
 		u.SetAPIVersion("v1")
@@ -328,8 +375,7 @@ func Uninstall(ctx context.Context, cfg *rest.Config, o UninstallOptions) ([]Cha
 		all = append(all, u)
 	}
 	slices.SortStableFunc(all, func(a, b *unstructured.Unstructured) int { return applyRank(a) - applyRank(b) })
-	var changes []Change
-	seen := map[string]bool{}
+	nsAction := ""
 	for i := len(all) - 1; i >= 0; i-- {
 		u := all[i]
 		if seen[key(u)] {
@@ -344,9 +390,13 @@ func Uninstall(ctx context.Context, cfg *rest.Config, o UninstallOptions) ([]Cha
 		if err != nil {
 			return changes, err
 		}
+		if u.GetKind() == "Namespace" && u.GetName() == ro.Namespace {
+			nsAction = ch.Action
+		}
 		changes = append(changes, ch)
 	}
-	return changes, nil
+	chs, err := c.removeVolumes(ctx, ro.Namespace, o.DeleteData, nsAction == Deleted)
+	return append(changes, chs...), err
 }
 
 // get reads u's object from the cluster.

@@ -2,6 +2,7 @@ package kubeinstall
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strconv"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -128,15 +130,19 @@ func TestInstall(t *testing.T) {
 		{"brisk-functions", "create", "", "pods", ns, "", false},
 	})
 
-	// The kube worker: Pods in its namespace, nothing else.
+	// The kube worker: Pods in the sandbox namespace, nothing else.
 	o.WorkerRuntime = "kube"
 	if changes, err = Install(ctx, cfg, o); err != nil {
 		t.Fatal(err)
 	}
+	sb := ns + SandboxSuffix
 	check(t, []access{
-		{"brisk-worker", "create", "", "pods", ns, "", true},
-		{"brisk-worker", "watch", "", "pods", ns, "", true},
-		{"brisk-worker", "delete", "", "pods", ns, "", true},
+		{"brisk-worker", "create", "", "pods", sb, "", true},
+		{"brisk-worker", "watch", "", "pods", sb, "", true},
+		{"brisk-worker", "delete", "", "pods", sb, "", true},
+		{"brisk-worker", "create", "", "pods", ns, "", false},
+		{"brisk-worker", "list", "", "pods", ns, "", false},
+		{"brisk-worker", "get", "", "secrets", sb, "", false},
 		{"brisk-worker", "create", "", "pods", "default", "", false},
 		{"brisk-worker", "list", "", "pods", "", "", false}, // all namespaces
 		{"brisk-worker", "get", "", "secrets", ns, "", false},
@@ -152,10 +158,10 @@ func TestInstall(t *testing.T) {
 	if changes, err = Install(ctx, cfg, o); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.RbacV1().Roles(ns).Get(ctx, "brisk-worker", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := cs.RbacV1().Roles(sb).Get(ctx, "brisk-worker", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the kube worker's Role outlived the switch back to containerd: %v (%v)", err, changes)
 	}
-	check(t, []access{{"brisk-worker", "create", "", "pods", ns, "", false}})
+	check(t, []access{{"brisk-worker", "create", "", "pods", sb, "", false}})
 
 	// Uninstall removes everything install made but the CRD.
 	removed, err := Uninstall(ctx, cfg, UninstallOptions{Namespace: ns})
@@ -248,19 +254,26 @@ func newTestClient(t *testing.T, cfg *rest.Config) *client {
 // the scheduler running, and waits for every Pod of its workloads to be
 // scheduled and Running on the KWOK nodes (which run no container: this
 // checks that the objects are schedulable and the controllers accept
-// them, not that brisk serves).
+// them, not that brisk serves). One of the three nodes is a Kubernetes
+// control-plane node: it gets no worker.
 func TestInstallPodsRun(t *testing.T) {
-	c := kubecluster.Start(t, kubecluster.Options{Nodes: 2})
+	c := kubecluster.Start(t, kubecluster.Options{Nodes: 3})
 	c.Schedulable(t)
-	c.StartControllers(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	cpNode := c.Nodes[0]
+	patch := []byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`)
+	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, cpNode, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.StartControllers(t, 0)
 	o := Options{Namespace: "brisk-run", Ephemeral: true}
 	if changes, err := Install(ctx, c.AdminConfig(), o); err != nil {
 		t.Fatalf("install: %v\n%v", err, changes)
 	}
 	// 3 control-plane replicas, 2 data planes, a worker on each of the 2
-	// nodes, the Function controller.
+	// nodes that are not the cluster's control plane, the Function
+	// controller.
 	want := map[string]int{"controlplane": 3, "dataplane": 2, "worker": 2, "functions": 1}
 	var last map[string]int
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
@@ -272,6 +285,9 @@ func TestInstallPodsRun(t *testing.T) {
 		for _, p := range pods.Items {
 			if p.Status.Phase == corev1.PodRunning && p.Spec.NodeName != "" {
 				last[p.Labels["app.kubernetes.io/component"]]++
+			}
+			if p.Labels["app.kubernetes.io/component"] == "worker" && p.Spec.NodeName == cpNode {
+				return false, fmt.Errorf("worker %s on control-plane node %s", p.Name, cpNode)
 			}
 		}
 		return maps.Equal(last, want), nil

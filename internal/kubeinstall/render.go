@@ -27,6 +27,10 @@ import (
 // What the manifests are written for; Render replaces each.
 const (
 	DefaultNamespace = "brisk-system"
+	// SandboxSuffix makes the default sandbox namespace of an install:
+	// NAMESPACE-sandboxes. The manifests name DefaultNamespace's.
+	SandboxSuffix           = "-sandboxes"
+	defaultSandboxNamespace = DefaultNamespace + SandboxSuffix
 	// LabelWorkerRuntime marks objects that go only with one worker runtime.
 	LabelWorkerRuntime = "brisk.dev/worker-runtime"
 	// LabelManagedBy marks every object Install makes (not the Pods: the
@@ -51,11 +55,16 @@ var WorkerRuntimes = []string{"containerd", "kube"}
 
 // Options say what to render.
 type Options struct {
-	Namespace     string // default DefaultNamespace
-	Image         string // default brisk.local/brisk:latest
-	Replicas      int    // control-plane replicas, default 3
-	DataPlanes    int    // data-plane replicas, default 2
-	WorkerRuntime string // containerd (default) or kube
+	Namespace string // default DefaultNamespace
+	// SandboxNamespace holds the functions' Pods with the kube worker
+	// runtime (default Namespace + SandboxSuffix): the only namespace the
+	// workers may create Pods in, Pod Security "baseline" enforced, no
+	// Secrets.
+	SandboxNamespace string
+	Image            string // default brisk.local/brisk:latest
+	Replicas         int    // control-plane replicas, default 3
+	DataPlanes       int    // data-plane replicas, default 2
+	WorkerRuntime    string // containerd (default) or kube
 	// StorageSize and StorageClass are those of each control-plane
 	// replica's registry volume (default 1Gi, the cluster's default
 	// class). Ephemeral gives the replicas an emptyDir instead: the
@@ -63,6 +72,10 @@ type Options struct {
 	// volume provisioner).
 	StorageSize, StorageClass string
 	Ephemeral                 bool
+	// FunctionsCreateNamespaces lets the Function controller create the
+	// brisk namespace (with no quota) of a Kubernetes namespace whose
+	// first Function appears. Off: an admin makes brisk namespaces.
+	FunctionsCreateNamespaces bool
 }
 
 // ImageRef is the default reference of brisk's own image.
@@ -71,6 +84,9 @@ var ImageRef = image.Ref("brisk")
 func (o *Options) defaults() error {
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
+	}
+	if o.SandboxNamespace == "" {
+		o.SandboxNamespace = o.Namespace + SandboxSuffix
 	}
 	if o.Image == "" {
 		o.Image = ImageRef
@@ -89,6 +105,12 @@ func (o *Options) defaults() error {
 	}
 	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
 		return fmt.Errorf("namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Label(o.SandboxNamespace); len(errs) > 0 {
+		return fmt.Errorf("sandbox namespace %q: %s (give another with --sandbox-namespace)", o.SandboxNamespace, strings.Join(errs, "; "))
+	}
+	if o.SandboxNamespace == o.Namespace {
+		return fmt.Errorf("sandbox namespace %q: must not be brisk's own namespace (the functions' Pods are kept away from its Secrets)", o.SandboxNamespace)
 	}
 	// Raft wants an odd number of voters; 1 is a cluster without HA.
 	if o.Replicas < 1 || o.Replicas > 7 || o.Replicas%2 == 0 {
@@ -113,12 +135,41 @@ func (o *Options) defaults() error {
 	return nil
 }
 
+// reservedNamespace reports why brisk must not be installed in ns, or "".
+// Kubernetes' own namespaces hold the cluster's system components and
+// their credentials (kube-system), are readable by everyone (kube-public)
+// or are where anything lands by default (default): brisk's Secrets and
+// function Pods belong in none of them.
+func reservedNamespace(ns string) string {
+	switch {
+	case ns == "default":
+		return "the namespace where objects without one land"
+	case strings.HasPrefix(ns, "kube-"): // kube-system, kube-public, kube-node-lease...
+		return "the kube- prefix is Kubernetes' own"
+	}
+	return ""
+}
+
+// checkNamespaces refuses reserved namespaces for an install (Uninstall
+// does not check: it only removes what install made).
+func (o *Options) checkNamespaces() error {
+	for _, n := range []struct{ flag, ns string }{{"--namespace", o.Namespace}, {"--sandbox-namespace", o.SandboxNamespace}} {
+		if why := reservedNamespace(n.ns); why != "" {
+			return fmt.Errorf("%s %s: reserved (%s); install brisk in a namespace of its own, e.g. %s", n.flag, n.ns, why, DefaultNamespace)
+		}
+	}
+	return nil
+}
+
 // Render returns the objects of the manifests for o, in the order they
 // are applied, without the Secrets (Install makes those). Objects for
 // another worker runtime are left out.
 func Render(o Options) ([]*unstructured.Unstructured, error) {
 	all, err := renderAll(&o)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.checkNamespaces(); err != nil {
 		return nil, err
 	}
 	var out []*unstructured.Unstructured
@@ -231,11 +282,18 @@ func (o *Options) apply(u *unstructured.Unstructured) error {
 	}
 	labels[LabelManagedBy], labels["app.kubernetes.io/part-of"] = ManagedBy, "brisk"
 	u.SetLabels(labels)
-	if u.GetNamespace() != "" {
-		u.SetNamespace(ns)
+	// The manifests' two namespaces, brisk's and the sandboxes'.
+	renameNS := func(s string) string {
+		if s == defaultSandboxNamespace {
+			return o.SandboxNamespace
+		}
+		return ns
 	}
-	if u.GetKind() == "Namespace" && u.GetName() == DefaultNamespace {
-		u.SetName(ns)
+	if u.GetNamespace() != "" {
+		u.SetNamespace(renameNS(u.GetNamespace()))
+	}
+	if u.GetKind() == "Namespace" {
+		u.SetName(renameNS(u.GetName()))
 	}
 	// Cluster-scoped objects of an install end in its namespace.
 	rename := func(s string) string {
@@ -252,8 +310,8 @@ func (o *Options) apply(u *unstructured.Unstructured) error {
 		}
 		subjects, _, _ := unstructured.NestedSlice(u.Object, "subjects")
 		for _, s := range subjects {
-			if m, ok := s.(map[string]any); ok && m["namespace"] == DefaultNamespace {
-				m["namespace"] = ns
+			if m, ok := s.(map[string]any); ok && m["namespace"] != nil {
+				m["namespace"] = renameNS(fmt.Sprint(m["namespace"]))
 			}
 		}
 		if subjects != nil {
@@ -282,13 +340,22 @@ func (o *Options) apply(u *unstructured.Unstructured) error {
 	return nil
 }
 
-// podSpec sets the image and the control-plane addresses of every
-// container.
+// podSpec sets the image, its pull policy, the control-plane addresses
+// and the options of every container.
 func (o *Options) podSpec(p *corev1.PodSpec) {
 	for _, cs := range [][]corev1.Container{p.InitContainers, p.Containers} {
 		for i := range cs {
 			c := &cs[i]
 			c.Image = o.Image
+			c.ImagePullPolicy = PullPolicy(o.Image)
+			for j, a := range c.Args {
+				switch {
+				case strings.HasPrefix(a, "--kube-namespace="):
+					c.Args[j] = "--kube-namespace=" + o.SandboxNamespace
+				case strings.HasPrefix(a, "--create-namespaces="):
+					c.Args[j] = "--create-namespaces=" + strconv.FormatBool(o.FunctionsCreateNamespaces)
+				}
+			}
 			for j := range c.Env {
 				switch c.Env[j].Name {
 				case envPeers:
@@ -321,6 +388,17 @@ func (o *Options) storage(s *appsv1.StatefulSet) error {
 		return nil
 	}
 	return errors.New("no volume claim template named data")
+}
+
+// PullPolicy is the imagePullPolicy for ref: Never for brisk's own local
+// references (under image.LocalDomain, imported on each node; no registry
+// answers that name, and a node lacking the image must say so rather than
+// try to pull it from whoever does), IfNotPresent otherwise.
+func PullPolicy(ref string) corev1.PullPolicy {
+	if strings.HasPrefix(ref, image.LocalDomain+"/") {
+		return corev1.PullNever
+	}
+	return corev1.PullIfNotPresent
 }
 
 // replicaHost is control-plane replica i's stable DNS name, relative to

@@ -246,6 +246,12 @@ func TestRenderRejects(t *testing.T) {
 	for _, o := range []Options{
 		{Replicas: 2}, {Replicas: -1}, {DataPlanes: -3}, {Namespace: "Not_A_Name"},
 		{WorkerRuntime: "docker"}, {Image: "a b"}, {StorageSize: "lots"}, {StorageSize: "-1Gi"},
+		// Kubernetes' own namespaces.
+		{Namespace: "default"}, {Namespace: "kube-system"}, {Namespace: "kube-public"}, {Namespace: "kube-node-lease"},
+		{Namespace: "kube-brisk"}, {SandboxNamespace: "default"}, {SandboxNamespace: "kube-system"},
+		// The sandboxes away from brisk's Secrets.
+		{Namespace: "faas", SandboxNamespace: "faas"}, {SandboxNamespace: "Not_A_Name"},
+		{Namespace: strings.Repeat("n", 60)}, // its sandbox namespace would be too long
 	} {
 		if _, err := Render(o); err == nil {
 			t.Errorf("Render(%+v) accepted", o)
@@ -265,5 +271,135 @@ func TestEphemeral(t *testing.T) {
 	}
 	if !found {
 		t.Error("no emptyDir data volume")
+	}
+}
+
+// TestRenderSandboxNamespace checks the kube worker's sandbox namespace:
+// the functions' Pods go there, Pod Security baseline enforced and
+// restricted warned and audited; the workers' Role is there and not in
+// brisk's namespace; its default ServiceAccount mounts no token; and no
+// ServiceAccount of brisk's mounts one unless its Pod asks.
+func TestRenderSandboxNamespace(t *testing.T) {
+	objs := render(t, Options{Namespace: "faas", WorkerRuntime: "kube"})
+	ns := find[corev1.Namespace](t, objs, "Namespace", "faas-sandboxes")
+	for k, v := range map[string]string{
+		"pod-security.kubernetes.io/enforce": "baseline",
+		"pod-security.kubernetes.io/warn":    "restricted",
+		"pod-security.kubernetes.io/audit":   "restricted",
+	} {
+		if ns.Labels[k] != v {
+			t.Errorf("sandbox namespace: %s=%q, want %q", k, ns.Labels[k], v)
+		}
+	}
+	if l := find[corev1.Namespace](t, objs, "Namespace", "faas").Labels; l["pod-security.kubernetes.io/enforce"] != "" {
+		t.Errorf("brisk's namespace labelled %v: the containerd worker is privileged", l)
+	}
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "Role", "RoleBinding":
+			if u.GetNamespace() != "faas-sandboxes" {
+				t.Errorf("%s %s/%s: the workers' rights belong in the sandbox namespace only", u.GetKind(), u.GetNamespace(), u.GetName())
+			}
+		case "Secret":
+			t.Errorf("Secret %s/%s rendered", u.GetNamespace(), u.GetName())
+		}
+	}
+	rb := find[rbacv1.RoleBinding](t, objs, "RoleBinding", "brisk-worker")
+	if rb.Subjects[0].Namespace != "faas" || rb.Subjects[0].Name != "brisk-worker" {
+		t.Errorf("worker RoleBinding subjects %+v, want faas/brisk-worker", rb.Subjects)
+	}
+	kw := find[appsv1.DaemonSet](t, objs, "DaemonSet", "brisk-worker").Spec.Template.Spec
+	if !contains(kw.Containers[0].Args, "--kube-namespace=faas-sandboxes") {
+		t.Errorf("kube worker args %v: want --kube-namespace=faas-sandboxes", kw.Containers[0].Args)
+	}
+	var defaultSA bool
+	for _, u := range objs {
+		if u.GetKind() != "ServiceAccount" {
+			continue
+		}
+		sa := find[corev1.ServiceAccount](t, []*unstructured.Unstructured{u}, "ServiceAccount", u.GetName())
+		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+			t.Errorf("ServiceAccount %s/%s mounts its token in every Pod", sa.Namespace, sa.Name)
+		}
+		defaultSA = defaultSA || sa.Name == "default" && sa.Namespace == "faas-sandboxes"
+	}
+	if !defaultSA {
+		t.Error("no default ServiceAccount (without a token) for the sandbox namespace")
+	}
+	// The sandbox namespace is the kube worker's only.
+	if objs := render(t, Options{Namespace: "faas"}); has(objs, "Namespace", "faas-sandboxes") {
+		t.Error("the containerd worker got a sandbox namespace")
+	}
+	objs = render(t, Options{Namespace: "faas", SandboxNamespace: "fns", WorkerRuntime: "kube"})
+	if !has(objs, "Namespace", "fns") || find[rbacv1.Role](t, objs, "Role", "brisk-worker").Namespace != "fns" {
+		t.Error("--sandbox-namespace fns not applied")
+	}
+}
+
+// TestRenderWorkerPlacement checks that neither worker runs on the
+// cluster's control-plane nodes nor tolerates every taint.
+func TestRenderWorkerPlacement(t *testing.T) {
+	for _, rt := range WorkerRuntimes {
+		ds := find[appsv1.DaemonSet](t, render(t, Options{WorkerRuntime: rt}), "DaemonSet", "brisk-worker").Spec.Template.Spec
+		for _, tol := range ds.Tolerations {
+			if tol.Key == "" && tol.Operator == corev1.TolerationOpExists {
+				t.Errorf("%s worker tolerates every taint: %+v", rt, tol)
+			}
+		}
+		ok := false
+		if a := ds.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+			for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+				for _, e := range term.MatchExpressions {
+					ok = ok || e.Key == "node-role.kubernetes.io/control-plane" && e.Operator == corev1.NodeSelectorOpDoesNotExist
+				}
+			}
+		}
+		if !ok {
+			t.Errorf("%s worker: affinity %+v, want node-role.kubernetes.io/control-plane DoesNotExist required", rt, ds.Affinity)
+		}
+	}
+}
+
+// TestRenderPullPolicy: brisk's own local image is never pulled (no
+// registry serves image.LocalDomain); others are pulled when missing.
+func TestRenderPullPolicy(t *testing.T) {
+	for ref, want := range map[string]corev1.PullPolicy{
+		ImageRef:                    corev1.PullNever,
+		"registry.invalid/brisk:v9": corev1.PullIfNotPresent,
+		"brisk.local.example/b:v1":  corev1.PullIfNotPresent,
+	} {
+		for _, u := range render(t, Options{Image: ref, WorkerRuntime: "kube"}) {
+			var pod *corev1.PodSpec
+			switch u.GetKind() {
+			case "Deployment":
+				pod = &find[appsv1.Deployment](t, []*unstructured.Unstructured{u}, u.GetKind(), u.GetName()).Spec.Template.Spec
+			case "StatefulSet":
+				pod = &find[appsv1.StatefulSet](t, []*unstructured.Unstructured{u}, u.GetKind(), u.GetName()).Spec.Template.Spec
+			case "DaemonSet":
+				pod = &find[appsv1.DaemonSet](t, []*unstructured.Unstructured{u}, u.GetKind(), u.GetName()).Spec.Template.Spec
+			default:
+				continue
+			}
+			for _, c := range pod.Containers {
+				if c.ImagePullPolicy != want {
+					t.Errorf("image %s, %s %s: pull policy %s, want %s", ref, u.GetKind(), u.GetName(), c.ImagePullPolicy, want)
+				}
+			}
+		}
+	}
+}
+
+// TestRenderFunctionsCreateNamespaces: the Function controller creates
+// brisk namespaces only when asked.
+func TestRenderFunctionsCreateNamespaces(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		fc := find[appsv1.Deployment](t, render(t, Options{FunctionsCreateNamespaces: on}), "Deployment", "brisk-functions")
+		want := "--create-namespaces=false"
+		if on {
+			want = "--create-namespaces=true"
+		}
+		if !contains(fc.Spec.Template.Spec.Containers[0].Args, want) {
+			t.Errorf("FunctionsCreateNamespaces %v: args %v, want %s", on, fc.Spec.Template.Spec.Containers[0].Args, want)
+		}
 	}
 }

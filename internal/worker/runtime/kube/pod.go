@@ -1,12 +1,12 @@
 package kube
 
 import (
-	"slices"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"

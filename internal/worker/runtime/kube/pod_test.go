@@ -41,10 +41,10 @@ func TestPodName(t *testing.T) {
 func testFunction() *spec.Function {
 	f := &spec.Function{
 		Name: "hello", Image: "example.invalid/hello:v1", Revision: 7,
-		Env:         map[string]string{"GREETING": "costs $5 $(HOME) $$"},
-		Resources:   spec.Resources{MilliCPU: 250, MemoryMB: 128},
-		Limits:      spec.Resources{MilliCPU: 1000},
-		Labels:      map[string]string{"team": "a", "brisk.dev/function": "spoofed", "bad key!": "x", "node-role.kubernetes.io/control-plane": ""},
+		Env:       map[string]string{"GREETING": "costs $5 $(HOME) $$"},
+		Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
+		Limits:    spec.Resources{MilliCPU: 1000},
+		Labels:    map[string]string{"team": "a", "brisk.dev/function": "spoofed", "bad key!": "x", "node-role.kubernetes.io/control-plane": ""},
 		Annotations: map[string]string{"note": "kept", "brisk.dev/sandbox-id": "spoofed", "container.apparmor.security.beta.kubernetes.io/function": "unconfined",
 			"vault.hashicorp.com/agent-inject": "true", "example.com/allowed": "yes"},
 	}
