@@ -86,6 +86,9 @@ func NewShared(ctx context.Context, cfg SharedConfig) (*Shared, error) {
 		rc.ContentType = "application/vnd.kubernetes.protobuf"
 		rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	}
+	if rc.WarningHandler == nil {
+		rc.WarningHandler = &onceWarnings{log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))}
+	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kube runtime: %w", err)
@@ -187,5 +190,22 @@ func (s *Shared) unregister(r *Runtime) {
 	defer s.mu.Unlock()
 	if s.nodes[r.node] == r {
 		delete(s.nodes, r.node)
+	}
+}
+
+// onceWarnings logs each distinct warning of the apiserver once (a Pod
+// Security "warn" level answers every Pod's create with the same one),
+// instead of client-go's default of printing each to stderr.
+type onceWarnings struct {
+	log  *slog.Logger
+	seen sync.Map
+}
+
+func (w *onceWarnings) HandleWarningHeader(code int, _ string, text string) {
+	if code != 299 || text == "" {
+		return
+	}
+	if _, dup := w.seen.LoadOrStore(text, true); !dup {
+		w.log.Warn("the kube-apiserver warns (logged once)", "warning", text)
 	}
 }
