@@ -80,9 +80,9 @@ func NewShared(ctx context.Context, cfg SharedConfig) (*Shared, error) {
 		rc.Burst = DefaultBurst
 	}
 	if rc.ContentType == "" {
-		// Protobuf, as Kubernetes' own components speak: the apiserver
-		// spends less CPU on it than on JSON, and on one machine the
-		// apiserver's CPU is what a burst of Pods waits for.
+		// Protobuf, as Kubernetes' own components speak it (smaller
+		// watch events). BenchmarkKubeDirect showed no difference from
+		// JSON beyond its noise on 2 cores (docs/benchmarks.md).
 		rc.ContentType = "application/vnd.kubernetes.protobuf"
 		rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	}
