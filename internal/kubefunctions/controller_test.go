@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -120,7 +119,7 @@ func TestController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := &requestCounter{base: http.DefaultTransport, n: map[string]int{}}
+	reqs := &testutil.RequestCounter{}
 	ctl := client.New(adm.Admin, "")
 	ctl.Token, ctl.HTTP = tok.Token, &http.Client{Transport: reqs, Timeout: time.Minute}
 	c, err := New(Config{REST: kc.WorkerConfig(), Brisk: ctl, CreateNamespaces: true, Resync: time.Hour,
@@ -181,8 +180,8 @@ func TestController(t *testing.T) {
 	}
 	passes := func(n int) { // n more passes of the status loop
 		t.Helper()
-		from := reqs.count("GET /v1/functions")
-		testutil.Eventually(t, 30*time.Second, func() bool { return reqs.count("GET /v1/functions") >= from+n }, "status passes")
+		from := reqs.Count("GET /v1/functions")
+		testutil.Eventually(t, 30*time.Second, func() bool { return reqs.Count("GET /v1/functions") >= from+n }, "status passes")
 	}
 
 	// Not opted in: nothing deployed, the condition says how to opt in.
@@ -311,24 +310,4 @@ func installCRD(t *testing.T, dyn dynamic.Interface) {
 		_, err := dyn.Resource(GVR).List(ctx, metav1.ListOptions{Limit: 1})
 		return err == nil
 	}, "functions.brisk.dev served")
-}
-
-// requestCounter counts the requests a client sends, by method and path.
-type requestCounter struct {
-	base http.RoundTripper
-	mu   sync.Mutex
-	n    map[string]int
-}
-
-func (r *requestCounter) RoundTrip(req *http.Request) (*http.Response, error) {
-	r.mu.Lock()
-	r.n[req.Method+" "+req.URL.Path]++
-	r.mu.Unlock()
-	return r.base.RoundTrip(req)
-}
-
-func (r *requestCounter) count(k string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[k]
 }

@@ -1,13 +1,16 @@
 package testutil
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -144,4 +147,29 @@ func GoBuild(pkg, out string, static bool) error {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
 	}
 	return nil
+}
+
+// RequestCounter is an http.RoundTripper that counts the requests it
+// passes to Base (http.DefaultTransport when nil), by "METHOD /path".
+type RequestCounter struct {
+	Base http.RoundTripper
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (r *RequestCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[req.Method+" "+req.URL.Path]++
+	r.mu.Unlock()
+	return cmp.Or[http.RoundTripper](r.Base, http.DefaultTransport).RoundTrip(req)
+}
+
+// Count is how many requests "METHOD /path" went through.
+func (r *RequestCounter) Count(k string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[k]
 }

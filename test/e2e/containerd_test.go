@@ -332,34 +332,7 @@ func TestContainerdWithNativeEmergency(t *testing.T) {
 	c := newCluster(t)
 	c.mustBrisk(t, "image", "build", "trace", "--data-dir", c.dataDir, "--containerd-namespace", e2eNamespace)
 	p := c.up(t, append(slices.Clone(containerdArgs), "--emergency-runtime", "native", "--emergency-slots", "4")...)
-	// The worker's emergency track is known once its first heartbeat is in
-	// (the data planes learn it with the same update); a call before that
-	// would rightly go to the regular queue.
-	eventually(t, 30*time.Second, "the worker's emergency slots reported", func() bool {
-		st, err := c.cl.Status(context.Background())
-		return err == nil && len(st.Nodes) == 1 && st.Nodes[0].Emergency != nil && st.Nodes[0].Emergency.Slots == 4
-	})
-	c.mustBrisk(t, "fn", "deploy", "pair", "--builtin", "trace", "--memory", "64", "--concurrency", "1",
-		"--scaling-mode", "dual", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
-
-	first := c.invoke(t, "pair", `{"ms": 1}`)
-	if first.status != 200 || !strings.HasPrefix(first.sandbox, "ei-") || first.reply.Sandbox != first.sandbox {
-		t.Fatalf("first call at zero: status %d sandbox %q body=%s; want an emergency sandbox (ei-)", first.status, first.sandbox, first.body)
-	}
-	// Its log is the native runtime's, under the worker's emergency state.
-	logs, _ := filepath.Glob(filepath.Join(c.dataDir, "worker", "emergency", "logs", "pair", "ei-*.log"))
-	if len(logs) == 0 {
-		t.Errorf("no native-runtime log of the emergency sandbox under %s", filepath.Join(c.dataDir, "worker", "emergency"))
-	}
-	// The metric filter counts the first call: a regular sandbox follows,
-	// in containerd.
-	eventually(t, 60*time.Second, "a regular sandbox after the emergency call", func() bool {
-		return c.fn(t, "pair").Status.Ready >= 1
-	})
-	regular := c.invoke(t, "pair", `{"ms": 1}`)
-	if regular.status != 200 || strings.HasPrefix(regular.sandbox, "ei-") {
-		t.Fatalf("call with a regular sandbox ready: status %d sandbox %q", regular.status, regular.sandbox)
-	}
+	regular := emergencyThenRegular(t, c, 4)
 	names := containers(t, ctr)
 	if !slices.Contains(names, regular.sandbox) {
 		t.Errorf("containers %v do not hold the regular sandbox %s", names, regular.sandbox)
@@ -373,4 +346,41 @@ func TestContainerdWithNativeEmergency(t *testing.T) {
 	if leaks := containerdLeaks(ctr); len(leaks) > 0 {
 		t.Fatalf("left after the cluster stopped:\n  %s", strings.Join(leaks, "\n  "))
 	}
+}
+
+// emergencyThenRegular is PulseNet's pairing as a user sees it, on a
+// cluster whose worker has slots emergency slots: a dual-mode function
+// "pair" at zero gets its first call served by an emergency sandbox (ei-,
+// logged under the worker's emergency state, the native runtime's), and
+// once a regular sandbox is ready the next call goes there, which it
+// returns for the runtime's own checks.
+func emergencyThenRegular(t *testing.T, c *cluster, slots int) invocation {
+	t.Helper()
+	// The worker's emergency track is known once its first heartbeat is in
+	// (the data planes learn it with the same update); a call before that
+	// would rightly go to the regular queue.
+	eventually(t, 30*time.Second, "the worker's emergency slots reported", func() bool {
+		st, err := c.cl.Status(context.Background())
+		return err == nil && len(st.Nodes) == 1 && st.Nodes[0].Emergency != nil && st.Nodes[0].Emergency.Slots == slots
+	})
+	c.mustBrisk(t, "fn", "deploy", "pair", "--builtin", "trace", "--memory", "64", "--concurrency", "1",
+		"--scaling-mode", "dual", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
+
+	first := c.invoke(t, "pair", `{"ms": 1}`)
+	if first.status != 200 || !strings.HasPrefix(first.sandbox, "ei-") || first.reply.Sandbox != first.sandbox {
+		t.Fatalf("first call at zero: status %d sandbox %q body=%s; want an emergency sandbox (ei-)", first.status, first.sandbox, first.body)
+	}
+	logs, _ := filepath.Glob(filepath.Join(c.dataDir, "worker", "emergency", "logs", "pair", "ei-*.log"))
+	if len(logs) == 0 {
+		t.Errorf("no native-runtime log of the emergency sandbox under %s", filepath.Join(c.dataDir, "worker", "emergency"))
+	}
+	// The metric filter counts the first call: a regular sandbox follows.
+	eventually(t, 60*time.Second, "a regular sandbox after the emergency call", func() bool {
+		return c.fn(t, "pair").Status.Ready >= 1
+	})
+	regular := c.invoke(t, "pair", `{"ms": 1}`)
+	if regular.status != 200 || strings.HasPrefix(regular.sandbox, "ei-") {
+		t.Fatalf("call with a regular sandbox ready: status %d sandbox %q body %q", regular.status, regular.sandbox, regular.body)
+	}
+	return regular
 }

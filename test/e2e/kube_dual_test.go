@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -207,27 +206,9 @@ func TestKubeWithNativeEmergency(t *testing.T) {
 	c := newCluster(t)
 	p := c.up(t, append([]string{"--runtime", "kube", "--kubeconfig", kc.Kubeconfig, "--kube-namespace", ns,
 		"--kube-nodes", strings.Join(kc.Nodes, ","), "--emergency-slots", "4"}, kubeEmergencyArgs...)...)
-	eventually(t, 30*time.Second, "the worker's emergency slots reported", func() bool {
-		st, err := c.cl.Status(context.Background())
-		return err == nil && len(st.Nodes) == 1 && st.Nodes[0].Emergency != nil && st.Nodes[0].Emergency.Slots == 4
-	})
-	c.mustBrisk(t, "fn", "deploy", "pair", "--builtin", "trace", "--memory", "64", "--concurrency", "1",
-		"--scaling-mode", "dual", "--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")
-
-	first := c.invoke(t, "pair", `{"ms": 1}`)
-	if first.status != 200 || !strings.HasPrefix(first.sandbox, "ei-") || first.reply.Sandbox != first.sandbox {
-		t.Fatalf("first call at zero: status %d sandbox %q body=%s; want an emergency sandbox (ei-)", first.status, first.sandbox, first.body)
-	}
-	logs, _ := filepath.Glob(filepath.Join(c.dataDir, "worker", "emergency", "logs", "pair", "ei-*.log"))
-	if len(logs) == 0 {
-		t.Errorf("no native-runtime log of the emergency sandbox under %s", filepath.Join(c.dataDir, "worker", "emergency"))
-	}
-	eventually(t, 60*time.Second, "a regular Pod after the emergency call", func() bool {
-		return c.fn(t, "pair").Status.Ready >= 1
-	})
-	regular := c.invoke(t, "pair", `{"ms": 1}`)
-	if regular.status != 200 || strings.HasPrefix(regular.sandbox, "ei-") || !strings.HasPrefix(string(regular.body), "pod "+ns+"/") {
-		t.Fatalf("call with a regular sandbox ready: status %d sandbox %q body %q; want a Pod's", regular.status, regular.sandbox, regular.body)
+	regular := emergencyThenRegular(t, c, 4)
+	if !strings.HasPrefix(string(regular.body), "pod "+ns+"/") {
+		t.Fatalf("call with a regular sandbox ready: body %q; want a Pod's", regular.body)
 	}
 	st, err := c.cl.Status(context.Background())
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
@@ -69,7 +69,7 @@ func TestKubeFunctions(t *testing.T) {
 	p := c.up(t)
 	briskCl := client.New(c.admin, c.invokeAddr)
 	briskCl.Token = adminToken(c.admin)
-	reqs := &requestCounter{base: http.DefaultTransport, n: map[string]int{}}
+	reqs := &testutil.RequestCounter{}
 	briskCl.HTTP = &http.Client{Transport: reqs, Timeout: time.Minute}
 	ctrl, err := kubefunctions.New(kubefunctions.Config{REST: kc.WorkerConfig(), Brisk: briskCl, CreateNamespaces: true,
 		StatusInterval: 200 * time.Millisecond, RetryMax: 2 * time.Second})
@@ -222,9 +222,9 @@ func TestKubeFunctions(t *testing.T) {
 		s, r, msg := ready(get("needs"))
 		return s == "False" && r == kubefunctions.ReasonInvalidSpec && strings.Contains(msg, "not found in namespace")
 	})
-	lists, creates := reqs.count("GET /v1/functions"), reqs.count("POST /v1/functions")
-	eventually(t, 30*time.Second, "5 more passes of the status loop", func() bool { return reqs.count("GET /v1/functions") >= lists+5 })
-	if n := reqs.count("POST /v1/functions"); n != creates {
+	lists, creates := reqs.Count("GET /v1/functions"), reqs.Count("POST /v1/functions")
+	eventually(t, 30*time.Second, "5 more passes of the status loop", func() bool { return reqs.Count("GET /v1/functions") >= lists+5 })
+	if n := reqs.Count("POST /v1/functions"); n != creates {
 		t.Errorf("a refused spec was sent %d more times", n-creates)
 	}
 	c.mustBrisk(t, "secret", "create", "db", "-n", ns, "--from-literal", "pw")
@@ -362,26 +362,6 @@ func functionObject(t *testing.T, ns, name, specYAML string) *unstructured.Unstr
 	o.SetNamespace(ns)
 	o.SetName(name)
 	return o
-}
-
-// requestCounter counts the requests a client sends, by method and path.
-type requestCounter struct {
-	base http.RoundTripper
-	mu   sync.Mutex
-	n    map[string]int
-}
-
-func (r *requestCounter) RoundTrip(req *http.Request) (*http.Response, error) {
-	r.mu.Lock()
-	r.n[req.Method+" "+req.URL.Path]++
-	r.mu.Unlock()
-	return r.base.RoundTrip(req)
-}
-
-func (r *requestCounter) count(k string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[k]
 }
 
 func fileExists(p string) bool {

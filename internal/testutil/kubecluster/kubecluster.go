@@ -259,22 +259,34 @@ func freePorts(n int) ([]int, error) {
 // start runs binary name with args, its output in Dir/name.log.
 func (c *Cluster) start(t testing.TB, name string, args ...string) {
 	t.Helper()
-	logPath := filepath.Join(c.Dir, name+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644) // appended to by a restart
+	p, err := startProc(c.Dir, name, filepath.Join(c.bin, name), args...)
 	if err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
-	cmd := exec.Command(filepath.Join(c.bin, name), args...)
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+}
+
+// startProc runs path with args in dir, its output appended to
+// dir/name.log (a restart appends), and reaps it.
+func startProc(dir, name, path string, args ...string) (*proc, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Dir = c.Dir
+	cmd.Dir = dir
 	// HOME in the state directory: nothing writes caches or configs into
 	// the real one. Pdeathsig: a test binary that dies does not leave
-	// its cluster running.
-	cmd.Env = append(os.Environ(), "HOME="+c.Dir)
+	// its processes running.
+	cmd.Env = append(os.Environ(), "HOME="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		t.Fatalf("kubecluster: start %s: %v", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
@@ -282,9 +294,7 @@ func (c *Cluster) start(t testing.TB, name string, args ...string) {
 		f.Close()
 		close(p.done)
 	}()
-	c.mu.Lock()
-	c.procs = append(c.procs, p)
-	c.mu.Unlock()
+	return p, nil
 }
 
 // CrashAPIServer kills the kube-apiserver with SIGKILL, as a crash, runs
@@ -335,13 +345,8 @@ func (c *Cluster) stop(t testing.TB) {
 		case <-p.done:
 			t.Logf("kubecluster: %s had exited already: %v", p.name, p.err)
 		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-p.done:
-			case <-time.After(stopTimeout):
-				t.Logf("kubecluster: %s (pid %d) still runs %v after SIGTERM: SIGKILL", p.name, p.cmd.Process.Pid, stopTimeout)
-				_ = p.cmd.Process.Kill()
-				<-p.done
+			if p.stop() {
+				t.Logf("kubecluster: %s (pid %d) still ran %v after SIGTERM: SIGKILL", p.name, p.cmd.Process.Pid, stopTimeout)
 			}
 		}
 		if t.Failed() {

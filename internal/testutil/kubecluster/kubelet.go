@@ -513,43 +513,29 @@ func unescapeMount(s string) string {
 // start runs a daemon of the kubelet, its output in Dir/name.log.
 func (k *Kubelet) start(t testing.TB, name, path string, args ...string) {
 	t.Helper()
-	logPath := filepath.Join(k.Dir, name+".log")
-	f, err := os.Create(logPath)
+	p, err := startProc(k.Dir, name, path, args...)
 	if err != nil {
 		t.Fatalf("kubecluster: %v", err)
 	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Dir = k.Dir
-	cmd.Env = append(os.Environ(), "HOME="+k.Dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("kubecluster: start %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	k.procs = append(k.procs, p)
 }
 
 // stop ends the process by its PID: SIGTERM, then SIGKILL after
-// stopTimeout.
-func (p *proc) stop() {
+// stopTimeout. killed says SIGKILL was needed.
+func (p *proc) stop() (killed bool) {
 	select {
 	case <-p.done:
-		return
+		return false
 	default:
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
+		return false
 	case <-time.After(stopTimeout):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+		return true
 	}
 }
 
