@@ -17,7 +17,7 @@ import (
 func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
-	var out, keepAlive string
+	var out, keepAlive, calibrate string
 	var modes []string
 	var windows []time.Duration
 	c := &cobra.Command{
@@ -58,6 +58,17 @@ See docs/policies.md.`,
 				return err
 			}
 			sc.Seed = cfg.Seed
+			if calibrate != "" {
+				cal, err := bench.CalibrateFromFile(cfg, calibrate)
+				if err != nil {
+					return fmt.Errorf("--calibrate: %w", err)
+				}
+				sc.Overhead = cal.Overhead
+				if !c.Flags().Changed("cold-start") && cal.ColdCalls > 0 {
+					sc.ColdStart, sc.CachedColdStart = cal.ColdWait, min(sc.CachedColdStart, cal.ColdWait)
+				}
+				fmt.Fprintln(c.ErrOrStderr(), cal)
+			}
 			if len(modes) > 0 {
 				return simModes(c, cfg, sc, modes, windows, out)
 			}
@@ -85,6 +96,7 @@ See docs/policies.md.`,
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
+	fl.StringVar(&calibrate, "calibrate", "", "a replay of the same schedule (its --out directory or invocations.csv): each call's overhead is drawn from the calls it sent at about the same time, and --cold-start, unless given, is its measured cold calls' median wait for a sandbox")
 	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	fl.StringSliceVar(&modes, "modes", nil, "compare scaling modes (async, sync, dual) across --stable-windows, as PulseNet's Fig. 11: slowdown against memory, a run each under --out/<mode>-<window>/, --out/modes.csv and modes.png (keep-alive policy ttl)")

@@ -60,6 +60,13 @@ type Config struct {
 	// than one value, each call draws one (seeded): a measured
 	// distribution rather than its median.
 	CallOverhead []time.Duration
+	// Overhead, when set, replaces CallOverhead: a call draws its overhead
+	// from the calls a real run of the same schedule sent at about the
+	// same time. It carries that machine's load over time into the
+	// simulation: a minute's first moments, when hundreds of calls and
+	// sandbox creations start at once on its cores, cost every call then
+	// more than a quiet second does.
+	Overhead *OverheadProfile
 	// Tick is the autoscaler period (default 2 s, Knative's).
 	Tick time.Duration
 	// The dual track (ScalingMode dual, PulseNet): a call that finds no
@@ -397,8 +404,35 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	return &sm.res, nil
 }
 
-// overhead is the next call's CallOverhead.
-func (sm *simulator) overhead() int64 {
+// OverheadProfile is a real run's call overheads over time: Windows[i]
+// holds the time beyond its runtime and its wait for a sandbox of each call
+// scheduled in [i×Window, (i+1)×Window) from the run's start. An empty
+// window borrows the nearest non-empty one's.
+type OverheadProfile struct {
+	Window  time.Duration
+	Windows [][]time.Duration
+}
+
+// draw is an overhead for a call arriving at offset at.
+func (p *OverheadProfile) draw(at int64, rng *rand.Rand) int64 {
+	i := min(max(int(at/int64(p.Window)), 0), len(p.Windows)-1)
+	for d := 0; d < len(p.Windows); d++ {
+		for _, j := range [2]int{i - d, i + d} {
+			if j >= 0 && j < len(p.Windows) && len(p.Windows[j]) > 0 {
+				w := p.Windows[j]
+				return int64(w[rng.IntN(len(w))])
+			}
+		}
+	}
+	return 0
+}
+
+// overhead is the time added to the response of a call that arrived at
+// offset at: drawn from the Overhead profile, or CallOverhead.
+func (sm *simulator) overhead(at int64) int64 {
+	if p := sm.cfg.Overhead; p != nil && p.Window > 0 && len(p.Windows) > 0 {
+		return p.draw(at, sm.rng)
+	}
 	switch o := sm.cfg.CallOverhead; len(o) {
 	case 0:
 		return 0
@@ -658,7 +692,7 @@ func (sm *simulator) finish(c *call) {
 		Phase: sm.s.Phase(inv), Instance: sb.id, InvocationID: sm.s.InvocationID(inv),
 		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
 		RequestedUs: int64(inv.RuntimeMs) * 1000, ConnUs: (c.start - c.arrival) / 1000,
-		ResponseUs: (sm.now - c.arrival + sm.overhead()) / 1000, ActualUs: (sm.now - c.start) / 1000,
+		ResponseUs: (sm.now - c.arrival + sm.overhead(c.arrival)) / 1000, ActualUs: (sm.now - c.start) / 1000,
 		MemoryMB: int(inv.MemoryMB), Function: fn.name, Status: 200, Cold: c.cold,
 		QueueUs: (c.start - c.arrival) / 1000, Sandbox: sb.id,
 	})

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -138,5 +139,21 @@ func TestDualTrack(t *testing.T) {
 	cfg.EmergencySlots = -1
 	if res, _ := Run(schedule(10, 2*time.Minute, 100), cfg); res.EmergencyCalls != 0 || res.SandboxesCreated == 0 {
 		t.Fatalf("without slots: %d emergency calls, %d regular sandboxes", res.EmergencyCalls, res.SandboxesCreated)
+	}
+}
+
+// TestOverheadProfileDraw: a call draws from its own window, and from the
+// nearest non-empty one when its own is empty or past the profile's end.
+func TestOverheadProfileDraw(t *testing.T) {
+	p := &OverheadProfile{Window: 100 * time.Millisecond, Windows: [][]time.Duration{{time.Millisecond}, nil, nil, {7 * time.Millisecond}}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct {
+		at   time.Duration
+		want time.Duration
+	}{{50 * time.Millisecond, time.Millisecond}, {150 * time.Millisecond, time.Millisecond}, {250 * time.Millisecond, 7 * time.Millisecond},
+		{350 * time.Millisecond, 7 * time.Millisecond}, {time.Hour, 7 * time.Millisecond}} {
+		if got := p.draw(int64(c.at), rng); got != int64(c.want) {
+			t.Errorf("at %s: drew %s, want %s", c.at, time.Duration(got), c.want)
+		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -44,10 +43,15 @@ func TestSimAgreesWithReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The simulator's one calibrated input: a warm call's time beyond its
-	// requested runtime (loopback HTTP, the data plane, the emulated
-	// function's timer slack), as measured on this run's warm calls. It is
-	// what a short function's slowdown is made of.
+	// The simulator's calibrated inputs are the real system's costs as this
+	// run measured them (Calibrate): each call's time beyond its runtime
+	// and its wait for a sandbox (loopback HTTP, the data plane, the
+	// emulated function's timer slack), drawn from the calls sent at about
+	// the same time, since a minute's first moment (hundreds of calls and
+	// sandbox creations at once on two cores) costs every call then more;
+	// and the measured cold calls' median wait for their sandbox as the
+	// creation time. What the simulator decides itself is which calls are
+	// cold and how many sandboxes live when.
 	f, err := os.Open(filepath.Join(out, "invocations.csv"))
 	if err != nil {
 		t.Fatal(err)
@@ -57,20 +61,18 @@ func TestSimAgreesWithReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var overhead []time.Duration
-	for _, r := range recs {
-		if r.OK() && !r.Cold {
-			overhead = append(overhead, time.Duration(max(r.ResponseUs-r.RequestedUs, 0))*time.Microsecond)
-		}
+	cal, err := Calibrate(cfg, recs)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(overhead) == 0 {
-		t.Fatal("no warm calls")
+	t.Log(cal)
+	if cal.ColdCalls == 0 {
+		t.Fatal("no cold calls in the measured phase")
 	}
-	slices.Sort(overhead)
-	t.Logf("warm-call overhead of %d calls: median %s, p99 %s", len(overhead), overhead[len(overhead)/2], overhead[len(overhead)*99/100])
+	coldStart := max(createDelay, cal.ColdWait)
 	// The emulated workers' nodes: 1,000 cores and 4 TiB, calls that sleep.
 	simd, _, err := Sim(cfg, sim.Config{Nodes: workers, NodeCores: emulatedNodeMilliCPU / 1000, NodeMemMB: emulatedNodeMemoryMB,
-		ColdStart: createDelay, CachedColdStart: createDelay, CallOverhead: overhead, Seed: cfg.Seed}, "")
+		ColdStart: coldStart, CachedColdStart: coldStart, Overhead: cal.Overhead, Seed: cfg.Seed}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,58 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+)
+
+// TestCalibrate places each record by its invocation's scheduled offset
+// (time scale applied), keeps its response beyond runtime and queueing,
+// takes the measured phase's cold waits' median, and refuses records of
+// another schedule.
+func TestCalibrate(t *testing.T) {
+	cfg := ReplayConfig{TraceDir: moduleRoot(t) + "/traces/azure_500", Minutes: 2, Warmup: 1, TimeScale: 0.25, Seed: 42,
+		IAT: "exponential", Granularity: "minute", MaxRuntime: 2 * time.Second}
+	s, err := cfg.Schedule()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last invocation of the run, a measured one.
+	inv := &s.Invocations[len(s.Invocations)-1]
+	off := loadgen.ScaleOffset(inv.Offset, cfg.TimeScale)
+	rec := func(inv *loadgen.Invocation, cold bool, respUs, queueUs int64) loadgen.Record {
+		start := time.Unix(1_700_000_000, 0).Add(loadgen.ScaleOffset(inv.Offset, cfg.TimeScale))
+		return loadgen.Record{Phase: s.Phase(inv), StartTime: start.UnixMicro() + 300, LatenessUs: 300, Function: loadgen.FunctionName(s.Functions[inv.Func].Row), InvocationID: s.InvocationID(inv),
+			Status: 200, RequestedUs: 1000, ResponseUs: respUs, QueueUs: queueUs, Cold: cold}
+	}
+	first := &s.Invocations[0]
+	recs := []loadgen.Record{rec(inv, true, 1000+70_000+5_000, 70_000), rec(inv, true, 1000+50_000+3_000, 50_000),
+		rec(inv, true, 1000+90_000, 90_000), rec(first, false, 1000+800, 0)}
+	c, err := Calibrate(cfg, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Calls != 4 || c.ColdCalls != 3 || c.ColdWait != 70*time.Millisecond {
+		t.Fatalf("calls %d, cold %d, cold wait %s: want 4, 3, 70ms", c.Calls, c.ColdCalls, c.ColdWait)
+	}
+	got := c.Overhead.Windows[off/CalibrationWindow]
+	want := []time.Duration{5 * time.Millisecond, 3 * time.Millisecond, 0}
+	if len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Fatalf("window of offset %s: %v, want %v", off, got, want)
+	}
+	if w := c.Overhead.Windows[0]; len(w) != 1 || w[0] != 800*time.Microsecond {
+		t.Fatalf("first window: %v, want [800µs]", w)
+	}
+	foreign := append(recs, loadgen.Record{Function: "trace-func-999999", InvocationID: "min0.inv0", Status: 200})
+	if _, err := Calibrate(cfg, foreign); err == nil || !strings.Contains(err.Error(), "not in this schedule") {
+		t.Fatalf("a record of another schedule: %v, want refused", err)
+	}
+	// Another time scale: the same invocations, sent at other offsets.
+	late := append([]loadgen.Record(nil), recs...)
+	late[0].StartTime += 2_000_000
+	if _, err := Calibrate(cfg, late); err == nil || !strings.Contains(err.Error(), "off this schedule") {
+		t.Fatalf("a record sent 2 s off its schedule: %v, want refused", err)
+	}
+}
