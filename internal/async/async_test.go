@@ -2,7 +2,6 @@ package async
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -584,10 +583,10 @@ func TestResubmitIsIdempotent(t *testing.T) {
 	}
 }
 
-// A call with a fresh (server-made) id is stored with its queued record in
-// one round trip: the record is there once Submit returns, it never
-// overwrites a state already written, and a call the stream refuses leaves
-// no record behind.
+// A call with a fresh (server-made) id is stored with one write, the call
+// alone: it has no record until its attempt, yet Get and List say it is
+// queued (from the stream); a record written already is what Get and List
+// show; a call the stream refuses is not found.
 func TestFreshSubmit(t *testing.T) {
 	e := start(t, t.TempDir(), Config{MaxQueued: 2})
 	ctx := context.Background()
@@ -597,15 +596,13 @@ func TestFreshSubmit(t *testing.T) {
 	if err := fresh("f1"); err != nil {
 		t.Fatal(err)
 	}
-	ent, err := e.q.status.Get(ctx, "f1")
-	if err != nil {
-		t.Fatalf("no queued record after a fresh submit: %v", err)
+	if _, err := e.q.status.Get(ctx, "f1"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("a fresh submit wrote a record: %v", err)
 	}
-	var r Record
-	if err := json.Unmarshal(ent.Value(), &r); err != nil || r.Status != StatusQueued || r.Function != "fn" {
-		t.Fatalf("queued record: %+v %v", r, err)
+	if r, err := e.q.Get(ctx, "f1"); err != nil || r.Status != StatusQueued || r.Function != "fn" {
+		t.Fatalf("f1 from the stream: %+v %v", r, err)
 	}
-	// A later state is never overwritten by a queued record.
+	// A state written already is the call's.
 	if err := e.q.putStatus(ctx, &Record{ID: "f2", Function: "fn", Status: StatusSucceeded}); err != nil {
 		t.Fatal(err)
 	}
@@ -613,19 +610,81 @@ func TestFreshSubmit(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r, err := e.q.Get(ctx, "f2"); err != nil || r.Status != StatusSucceeded {
-		t.Fatalf("a fresh submit overwrote a later state: %+v %v", r, err)
+		t.Fatalf("f2: %+v %v, want its record's succeeded", r, err)
 	}
-	// The queue is full (MaxQueued 2): refused, and no record stays.
+	list := func(f Filter) string {
+		t.Helper()
+		recs, err := e.q.List(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, r := range recs {
+			fmt.Fprintf(&b, "%s:%s ", r.ID, r.Status)
+		}
+		return strings.TrimSpace(b.String())
+	}
+	if got := list(Filter{Function: "fn", Status: StatusQueued}); got != "f1:queued" {
+		t.Fatalf("queued calls: %q, want f1 from the stream (f2 has a record)", got)
+	}
+	if got := list(Filter{}); got != "f1:queued f2:succeeded" && got != "f2:succeeded f1:queued" {
+		t.Fatalf("all calls: %q, want f1 once and f2's record", got)
+	}
+	if got := list(Filter{Function: "other"}); got != "" {
+		t.Fatalf("another function's calls: %q", got)
+	}
+	// The queue is full (MaxQueued 2): refused, and nothing to be found.
 	if err := fresh("f3"); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("third fresh submit: %v, want ErrQueueFull", err)
 	}
-	testutil.Eventually(t, 5*time.Second, func() bool {
-		_, err := e.q.status.Get(ctx, "f3")
-		return errors.Is(err, jetstream.ErrKeyNotFound)
-	}, "a refused call's queued record stayed")
-	// The stored ones run.
+	if _, err := e.q.Get(ctx, "f3"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("refused call: %v, want not found", err)
+	}
+	// The stored one runs, and leaves the queued list.
 	run(t, e.q, newScripted(func(c *Call, _ int) Result { return ok("ran " + string(c.Body)) }))
-	if r := waitStatus(t, e.q, "f1", StatusSucceeded); string(r.Result.Body) != "ran f1" {
+	if r := waitStatus(t, e.q, "f1", StatusSucceeded); string(r.Result.Body) != "ran f1" || r.Attempts != 1 {
 		t.Fatalf("f1: %+v", r)
+	}
+	if got := list(Filter{Status: StatusQueued}); got != "" {
+		t.Fatalf("queued after the run: %q", got)
+	}
+}
+
+// Listing record-less queued calls reads the newest of the stream, and of
+// one function among others', bounded like the records.
+func TestListFreshIsBounded(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	ctx := context.Background()
+	base := time.Now()
+	n := MaxList + 50
+	for i := range n {
+		fn := "fn"
+		if i%3 == 0 {
+			fn = "other"
+		}
+		c := &Call{ID: fmt.Sprintf("l%d", i), Function: fn, Method: "GET", Path: "/", Submitted: base.Add(time.Duration(i) * time.Second), Fresh: true}
+		if err := e.q.Submit(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := e.q.List(ctx, Filter{Limit: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != MaxList || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[MaxList-1].ID != fmt.Sprintf("l%d", n-MaxList) {
+		t.Fatalf("all: %d records, %s .. %s", len(recs), recs[0].ID, recs[len(recs)-1].ID)
+	}
+	// "other" holds every third call: its 5 newest are the last 5 multiples of 3.
+	recs, err = e.q.List(ctx, Filter{Function: "other", Status: StatusQueued, Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := (n - 1) / 3 * 3
+	if len(recs) != 5 || recs[0].ID != fmt.Sprintf("l%d", last) || recs[4].ID != fmt.Sprintf("l%d", last-12) || recs[0].Function != "other" {
+		t.Fatalf("other's 5 newest: %+v", recs)
+	}
+	all, err := e.q.List(ctx, Filter{Function: "other", Limit: MaxList})
+	if err != nil || len(all) != (n+2)/3 {
+		t.Fatalf("all of other's: %d, %v; want %d", len(all), err, (n+2)/3)
 	}
 }

@@ -27,9 +27,6 @@ const (
 	hdrCall      = "Brisk-Call"
 	// kvPrefix is the subject of the status bucket's keys.
 	kvPrefix = "$KV." + StatusBucket + "."
-	// hdrExpectedLastSubjSeq "0" stores a message only where its subject
-	// has none: the KV's create.
-	hdrExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
 )
 
 // Errors Submit and the lookups return.
@@ -302,6 +299,13 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if int64(len(meta)+len(c.Body))+headRoom > q.nc.MaxPayload() {
 		return ErrTooLarge
 	}
+	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
+	msg.Header.Set(hdrCall, string(meta))
+	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
+	msg.Data = c.Body
+	if c.Fresh {
+		return q.submitFresh(ctx, c, msg)
+	}
 	// The queued record goes first and only where none exists, so that it
 	// can neither overwrite a later state nor be missing when the
 	// consumer writes one. It claims the id: an id whose record names
@@ -310,13 +314,6 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	rec, err := json.Marshal(&Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
 	if err != nil {
 		return err
-	}
-	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
-	msg.Header.Set(hdrCall, string(meta))
-	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
-	msg.Data = c.Body
-	if c.Fresh {
-		return q.submitFresh(ctx, c, rec, msg)
 	}
 	rev, err := q.status.Create(ctx, c.ID, rec)
 	switch {
@@ -351,61 +348,20 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 // the consumer yields (yield.go).
 func (q *Queue) Accepting() (done func()) { return q.yield.accepting() }
 
-// submitFresh stores a call whose id nobody else can hold: its queued
-// record and the call are sent together and awaited together, one round
-// trip instead of two. The record is created only where none exists (the
-// KV's create condition), so it can never overwrite the state a fast
-// consumer already wrote; if it is not stored, Get still finds the call in
-// the stream. A call the stream refuses takes its record back.
-func (q *Queue) submitFresh(ctx context.Context, c *Call, rec []byte, msg *nats.Msg) error {
-	rm := nats.NewMsg(kvPrefix + c.ID)
-	rm.Header.Set(hdrExpectedLastSubjSeq, "0")
-	rm.Data = rec
-	recAck, err := q.js.PublishMsgAsync(rm)
-	if err != nil {
-		return fmt.Errorf("async: store call: %w", err)
-	}
-	callAck, err := q.js.PublishMsgAsync(msg)
-	if err != nil {
-		q.dropRecord(ctx, recAck)
-		return fmt.Errorf("async: store call: %w", err)
-	}
-	select {
-	case <-callAck.Ok():
-	case err = <-callAck.Err():
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	if err != nil {
-		q.dropRecord(ctx, recAck)
+// submitFresh stores a call whose id nobody else can hold with one
+// JetStream write: the call alone. Its queued state is the call's presence
+// in the calls stream (Get and List read it there); the consumer writes
+// the first record, at its attempt's end (or when it outlasts
+// runningAfter).
+func (q *Queue) submitFresh(ctx context.Context, c *Call, msg *nats.Msg) error {
+	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
 		if isLimit(err) {
 			return ErrQueueFull
 		}
 		return fmt.Errorf("async: store call: %w", err)
 	}
-	// Both were sent at once; the record's answer is (nearly) in too. A
-	// record not stored is no loss (Get reads the stream), but waiting for
-	// it lets a caller who reads the record see it.
-	select {
-	case <-recAck.Ok():
-	case <-recAck.Err():
-	case <-ctx.Done():
-	}
 	q.m.accepted.WithLabelValues(c.Function).Inc()
 	return nil
-}
-
-// dropRecord deletes the queued record of a call that was not stored, once
-// its write is known to have landed.
-func (q *Queue) dropRecord(ctx context.Context, recAck jetstream.PubAckFuture) {
-	t := time.NewTimer(5 * time.Second)
-	defer t.Stop()
-	select {
-	case ack := <-recAck.Ok():
-		_ = q.status.Delete(context.WithoutCancel(ctx), recAck.Msg().Subject[len(kvPrefix):], jetstream.LastRevision(ack.Sequence))
-	case <-recAck.Err():
-	case <-t.C:
-	}
 }
 
 func isLimit(err error) bool {

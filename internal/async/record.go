@@ -92,12 +92,47 @@ type Filter struct {
 // MaxList bounds the records one List returns.
 const MaxList = 1000
 
-// List returns the status records matching f, newest first.
+// List returns the status records matching f, newest first: the status
+// bucket's, and for queued calls submitted with a data-plane id (which
+// have no record until their first attempt ends) the calls stream's.
 func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
 	f.Limit = min(f.Limit, MaxList)
+	out, err := q.listRecords(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	if f.Status == "" || f.Status == StatusQueued {
+		waiting, err := q.listWaiting(ctx, f.Function, f.Limit)
+		if err != nil {
+			return nil, err
+		}
+		listed := make(map[string]bool, len(out))
+		for _, r := range out {
+			listed[r.ID] = true
+		}
+		for _, r := range waiting {
+			if listed[r.ID] {
+				continue
+			}
+			// A call with a record is the record's (listed above, or not
+			// matching f): only record-less calls are added.
+			if _, err := q.status.Get(ctx, r.ID); !errors.Is(err, jetstream.ErrKeyNotFound) {
+				if err != nil && ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+			out = append(out, r)
+		}
+	}
+	return newest(out, f.Limit), nil
+}
+
+// listRecords returns the status bucket's records matching f.
+func (q *Queue) listRecords(ctx context.Context, f Filter) ([]Record, error) {
 	w, err := q.status.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("async: %w", err)
@@ -112,7 +147,7 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 			return nil, ctx.Err()
 		}
 		if e == nil {
-			break // the initial values are all in
+			return out, nil // the initial values are all in
 		}
 		var r Record
 		if json.Unmarshal(e.Value(), &r) != nil {
@@ -125,7 +160,53 @@ func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 			out = newest(out, f.Limit) // records hold results: keep only those that may be listed
 		}
 	}
-	return newest(out, f.Limit), nil
+}
+
+// listWaiting returns up to limit of the newest calls of fn ("" = all) in
+// the calls stream, as queued records. The stream is in submission order:
+// it reads the last limit sequence numbers' worth, then four times as many,
+// until it has limit calls or has read the whole stream; each read is the
+// next stored call at or after a sequence number (acknowledged calls are
+// gone from the stream and skipped by the server).
+func (q *Queue) listWaiting(ctx context.Context, fn string, limit int) ([]Record, error) {
+	info, err := q.calls.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("async: %w", err)
+	}
+	st := info.State
+	if st.Msgs == 0 {
+		return nil, nil
+	}
+	subj := callsPrefix + ">"
+	if fn != "" {
+		subj = callsPrefix + fn + ".>"
+	}
+	var out []Record
+	for span := uint64(limit); ; span *= 4 {
+		from := st.FirstSeq
+		if st.LastSeq-st.FirstSeq >= span {
+			from = st.LastSeq - span + 1
+		}
+		out = out[:0]
+		for seq := from; seq <= st.LastSeq; {
+			m, err := q.calls.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			} else if err != nil {
+				return nil, fmt.Errorf("async: %w", err)
+			}
+			if m.Sequence > st.LastSeq {
+				break
+			}
+			if c, err := decodeCall(m.Subject, m.Header, nil); err == nil {
+				out = append(out, Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+			}
+			seq = m.Sequence + 1
+		}
+		if len(out) >= limit || from == st.FirstSeq {
+			return newest(out, limit), nil
+		}
+	}
 }
 
 // newest sorts rs newest first and keeps n.
