@@ -271,7 +271,7 @@ func usageOr(err error) error {
 
 func newControlPlane(g *globals) *cobra.Command {
 	f := &cpFlags{}
-	var id, peers, adminTokenFile, joinTokenFile string
+	var id, peers, adminTokenFile, joinTokenFile, deployTokenFile string
 	c := &cobra.Command{
 		Use:   "controlplane",
 		Short: "Run a control plane (registry, autoscaler, placer, admin API), alone or as one of 3 or 5 replicas",
@@ -314,7 +314,8 @@ BRISK_CA_CERT.`,
 			for _, t := range []struct {
 				flag, path string
 				dst        *string
-			}{{"--bootstrap-admin-token-file", adminTokenFile, &cfg.BootstrapAdminToken}, {"--bootstrap-join-token-file", joinTokenFile, &cfg.BootstrapJoinToken}} {
+			}{{"--bootstrap-admin-token-file", adminTokenFile, &cfg.BootstrapAdminToken}, {"--bootstrap-join-token-file", joinTokenFile, &cfg.BootstrapJoinToken},
+				{"--bootstrap-deploy-token-file", deployTokenFile, &cfg.BootstrapDeployToken}} {
 				if t.path == "" {
 					continue
 				}
@@ -385,6 +386,7 @@ BRISK_CA_CERT.`,
 	c.Flags().StringVar(&peers, "peers", "", "every replica of an HA control plane: id=raft|admin|grpc,... (empty: run alone)")
 	c.Flags().StringVar(&adminTokenFile, "bootstrap-admin-token-file", "", "file holding the first admin token, made elsewhere (brisk k8s install puts it in a Secret): registered when the registry has no token, instead of making one into <data-dir>/admin.token")
 	c.Flags().StringVar(&joinTokenFile, "bootstrap-join-token-file", "", "file holding the cluster's first join token, made elsewhere: registered when the registry has no join token, instead of making one into <data-dir>/join.token")
+	c.Flags().StringVar(&deployTokenFile, "bootstrap-deploy-token-file", "", "file holding a deploy token made elsewhere (brisk k8s install's, for the Function controller): registered as bootstrap-deploy while the registry is unused and has no token of that name")
 	return c
 }
 

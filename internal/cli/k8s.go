@@ -122,8 +122,9 @@ func newK8sInstall() *cobra.Command {
 		Short: "Install or update brisk on a Kubernetes cluster (server-side apply; idempotent)",
 		Long: `Apply brisk's manifests (brisk k8s manifests shows them) with server-side apply,
 as field manager brisk-k8s-install. The first install also makes the
-Secrets: brisk-controlplane (the cluster CA, its key, the first admin token
-and join token; only the control plane mounts it) and brisk-join (the CA
+Secrets: brisk-controlplane (the cluster CA, its key, the first admin token,
+join token and the Function controller's deploy token; only the control
+plane mounts it whole) and brisk-join (the CA
 certificate and the join token, for the workers and data planes). An
 existing Secret is never replaced. Running it again changes nothing;
 with other flags it updates what differs, and removes the objects of the

@@ -323,9 +323,10 @@ func isRemoteAlert(err error) bool {
 	return errors.As(err, &ae) || err != nil && strings.Contains(err.Error(), "remote error")
 }
 
-// TestBootstrapTokensGiven runs a control plane given its first admin and
-// join tokens (as brisk k8s install makes them into a Secret): it accepts
-// them, writes neither to its data dir, and makes no others.
+// TestBootstrapTokensGiven runs a control plane given its first admin,
+// join and deploy tokens (as brisk k8s install makes them into a Secret):
+// it accepts them, each with its own scope only, writes none to its data
+// dir, makes no others, and brings none back once revoked.
 func TestBootstrapTokensGiven(t *testing.T) {
 	dir := t.TempDir()
 	ca, err := pki.CreateCA(dir)
@@ -334,8 +335,9 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	}
 	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
 	join, _, _ := auth.New([]string{auth.ScopeJoin}, nil, "")
+	deploy, _, _ := auth.New([]string{auth.ScopeDeploy}, nil, "")
 	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
-		BootstrapAdminToken: admin, BootstrapJoinToken: join,
+		BootstrapAdminToken: admin, BootstrapJoinToken: join, BootstrapDeployToken: deploy,
 		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -358,8 +360,9 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	if _, err := c.join(t, join, pki.KindWorker, "", "w1"); err != nil {
 		t.Errorf("joining with the given join token: %v", err)
 	}
-	for tok, want := range map[string]int{admin: http.StatusOK, join: http.StatusForbidden, "": http.StatusUnauthorized} {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+cp.AdminAddr()+"/v1/tokens", nil)
+	get := func(path, tok string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+cp.AdminAddr()+path, nil)
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
@@ -368,13 +371,20 @@ func TestBootstrapTokensGiven(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("GET /v1/tokens with token %.12q: %d, want %d", tok, resp.StatusCode, want)
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		path, tok string
+		want      int
+	}{{"/v1/tokens", admin, http.StatusOK}, {"/v1/tokens", join, http.StatusForbidden}, {"/v1/tokens", "", http.StatusUnauthorized},
+		{"/v1/tokens", deploy, http.StatusForbidden}, {"/v1/functions", deploy, http.StatusOK}, {"/v1/functions", join, http.StatusForbidden}} {
+		if got := get(c.path, c.tok); got != c.want {
+			t.Errorf("GET %s with token %.12q: %d, want %d", c.path, c.tok, got, c.want)
 		}
 	}
 	toks, err := cp.store.Tokens()
-	if err != nil || len(toks) != 2 {
-		t.Fatalf("registry tokens: %d (%v), want the 2 given", len(toks), err)
+	if err != nil || len(toks) != 3 {
+		t.Fatalf("registry tokens: %d (%v), want the 3 given", len(toks), err)
 	}
 
 	// w1 registers (the registry is in use), then the join token is
@@ -385,7 +395,7 @@ func TestBootstrapTokensGiven(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tk := range toks {
-		if slices.Contains(tk.Scopes, auth.ScopeJoin) {
+		if slices.Contains(tk.Scopes, auth.ScopeJoin) || slices.Contains(tk.Scopes, auth.ScopeDeploy) {
 			if err := cp.store.DeleteToken(tk.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -396,6 +406,12 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
 		t.Fatal(err)
+	}
+	if err := cp.bootstrapDeployToken(); err != nil {
+		t.Fatal(err)
+	}
+	if got := get("/v1/functions", deploy); got != http.StatusUnauthorized {
+		t.Errorf("the revoked given deploy token after a new bootstrap: %d, want 401", got)
 	}
 	if _, err := c.join(t, join, pki.KindWorker, "", "w2"); err == nil {
 		t.Error("the revoked given join token joined a worker after a new bootstrap")

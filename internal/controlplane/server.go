@@ -81,6 +81,11 @@ type Config struct {
 	// their kind, instead of made and written to DataDir (brisk k8s
 	// install makes them into a Secret every replica reads).
 	BootstrapAdminToken, BootstrapJoinToken string
+	// BootstrapDeployToken, when set, is registered as a deploy token
+	// named bootstrap-deploy when the registry has none of that name and
+	// nothing has used it yet (brisk k8s install gives the Function
+	// controller one, not the admin token). Never made when not given.
+	BootstrapDeployToken string
 
 	Clock  clock.Clock
 	Logger *slog.Logger
@@ -274,6 +279,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
+		return err
+	}
+	if err := cp.bootstrapDeployToken(); err != nil {
 		return err
 	}
 	if err := cp.loadDataPlaneKeys(); err != nil {

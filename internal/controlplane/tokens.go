@@ -120,6 +120,41 @@ func (cp *ControlPlane) bootstrapToken() error {
 	return cp.loadTokens()
 }
 
+// bootstrapDeployName names the given deploy token's record.
+const bootstrapDeployName = "bootstrap-deploy"
+
+// bootstrapDeployToken registers the given deploy token when no token of
+// its name exists and the registry is unused (givenTokenUsable): a revoked
+// one does not come back.
+func (cp *ControlPlane) bootstrapDeployToken() error {
+	tok := cp.cfg.BootstrapDeployToken
+	if cp.cfg.AuthDisabled || tok == "" {
+		return nil
+	}
+	toks, err := cp.store.Tokens()
+	if err != nil {
+		return err
+	}
+	for _, t := range toks {
+		if t.Name == bootstrapDeployName {
+			return nil
+		}
+	}
+	if !cp.givenTokenUsable("deploy") {
+		return nil
+	}
+	g, err := auth.GrantOf(tok, []string{auth.ScopeDeploy})
+	if err != nil {
+		return fmt.Errorf("controlplane: the bootstrap deploy token: %w", err)
+	}
+	rec := &store.Token{ID: g.ID, Name: bootstrapDeployName, Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
+	if err := cp.store.CreateToken(rec); err != nil {
+		return err
+	}
+	cp.log.Info("registered the given deploy token", "id", g.ID)
+	return cp.loadTokens()
+}
+
 // givenTokenUsable says whether a bootstrap token given in the
 // configuration may be registered: only in a registry nothing has used yet
 // (no worker, data plane or function). Every new leader term bootstraps

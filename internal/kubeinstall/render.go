@@ -343,6 +343,17 @@ func (o *Options) apply(u *unstructured.Unstructured) error {
 // podSpec sets the image, its pull policy, the control-plane addresses
 // and the options of every container.
 func (o *Options) podSpec(p *corev1.PodSpec) {
+	if o.FunctionsCreateNamespaces {
+		for _, v := range p.Volumes {
+			if s := v.Secret; s != nil {
+				for i := range s.Items {
+					if s.Items[i].Key == KeyDeployToken {
+						s.Items[i] = corev1.KeyToPath{Key: KeyAdminToken, Path: KeyAdminToken}
+					}
+				}
+			}
+		}
+	}
 	for _, cs := range [][]corev1.Container{p.InitContainers, p.Containers} {
 		for i := range cs {
 			c := &cs[i]
@@ -354,6 +365,9 @@ func (o *Options) podSpec(p *corev1.PodSpec) {
 					c.Args[j] = "--kube-namespace=" + o.SandboxNamespace
 				case strings.HasPrefix(a, "--create-namespaces="):
 					c.Args[j] = "--create-namespaces=" + strconv.FormatBool(o.FunctionsCreateNamespaces)
+				case a == "--token-file=/etc/brisk/"+KeyDeployToken && o.FunctionsCreateNamespaces:
+					// Creating brisk namespaces is an admin's act.
+					c.Args[j] = "--token-file=/etc/brisk/" + KeyAdminToken
 				}
 			}
 			for j := range c.Env {

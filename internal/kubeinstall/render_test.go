@@ -2,6 +2,7 @@ package kubeinstall
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -187,9 +188,15 @@ func TestRenderLeastPrivilege(t *testing.T) {
 	}
 	fc := find[appsv1.Deployment](t, objs, "Deployment", "brisk-functions").Spec.Template.Spec
 	for _, v := range fc.Volumes {
-		if v.Secret != nil && v.Secret.SecretName == SecretControlPlane && (len(v.Secret.Items) != 2 || v.Secret.Items[1].Key != KeyAdminToken) {
-			t.Errorf("the Function controller mounts %+v of the control plane's Secret, want ca.crt and admin.token only", v.Secret.Items)
+		if v.Secret != nil && v.Secret.SecretName == SecretControlPlane && (len(v.Secret.Items) != 2 || v.Secret.Items[1].Key != KeyDeployToken) {
+			t.Errorf("the Function controller mounts %+v of the control plane's Secret, want ca.crt and deploy.token only", v.Secret.Items)
 		}
+	}
+	if !contains(fc.Containers[0].Args, "--token-file=/etc/brisk/deploy.token") {
+		t.Errorf("the Function controller's args %v: want the deploy token", fc.Containers[0].Args)
+	}
+	if !contains(cp.Containers[0].Args, "--bootstrap-deploy-token-file=/etc/brisk/deploy.token") {
+		t.Errorf("the control plane's args %v: want the deploy token registered", cp.Containers[0].Args)
 	}
 	for _, p := range []corev1.PodSpec{dp, cp, fc} {
 		if p.SecurityContext == nil || p.SecurityContext.RunAsNonRoot == nil || !*p.SecurityContext.RunAsNonRoot {
@@ -398,8 +405,23 @@ func TestRenderFunctionsCreateNamespaces(t *testing.T) {
 		if on {
 			want = "--create-namespaces=true"
 		}
-		if !contains(fc.Spec.Template.Spec.Containers[0].Args, want) {
-			t.Errorf("FunctionsCreateNamespaces %v: args %v, want %s", on, fc.Spec.Template.Spec.Containers[0].Args, want)
+		token := KeyDeployToken
+		if on {
+			token = KeyAdminToken // creating namespaces is an admin's act
+		}
+		if args := fc.Spec.Template.Spec.Containers[0].Args; !contains(args, want) || !contains(args, "--token-file=/etc/brisk/"+token) {
+			t.Errorf("FunctionsCreateNamespaces %v: args %v, want %s and the %s", on, args, want, token)
+		}
+		var mounted []string
+		for _, v := range fc.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				for _, it := range v.Secret.Items {
+					mounted = append(mounted, it.Key)
+				}
+			}
+		}
+		if !slices.Equal(mounted, []string{KeyCACert, token}) {
+			t.Errorf("FunctionsCreateNamespaces %v: mounts %v, want ca.crt and %s", on, mounted, token)
 		}
 	}
 }

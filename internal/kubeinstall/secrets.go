@@ -14,8 +14,10 @@ import (
 )
 
 // The Secrets Install makes, and their keys. The control plane's holds
-// the CA's key and the admin token; the workers and data planes mount
-// only the other, which holds what they join with.
+// the CA's key and the admin, join and deploy tokens (the Function
+// controller mounts the CA certificate and the deploy token of it); the
+// workers and data planes mount only the other, which holds what they
+// join with.
 const (
 	SecretControlPlane = "brisk-controlplane"
 	SecretJoin         = "brisk-join"
@@ -23,10 +25,11 @@ const (
 	KeyCAKey           = pki.CAKeyFile               // ca.key
 	KeyAdminToken      = controlplane.AdminTokenFile // admin.token
 	KeyJoinToken       = pki.JoinTokenFile           // join.token
+	KeyDeployToken     = "deploy.token"
 )
 
-// newControlPlaneSecret makes a cluster CA and a first admin and join
-// token, the control plane's Secret.
+// newControlPlaneSecret makes a cluster CA and a first admin, join and
+// deploy token, the control plane's Secret.
 func newControlPlaneSecret(ns string) (*corev1.Secret, error) {
 	dir, err := os.MkdirTemp("", "brisk-ca-")
 	if err != nil {
@@ -50,7 +53,11 @@ func newControlPlaneSecret(ns string) (*corev1.Secret, error) {
 	if err != nil {
 		return nil, err
 	}
-	data[KeyAdminToken], data[KeyJoinToken] = []byte(admin+"\n"), []byte(join+"\n")
+	deploy, _, err := auth.New([]string{auth.ScopeDeploy}, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	data[KeyAdminToken], data[KeyJoinToken], data[KeyDeployToken] = []byte(admin+"\n"), []byte(join+"\n"), []byte(deploy+"\n")
 	return &corev1.Secret{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: metav1.ObjectMeta{Name: SecretControlPlane, Namespace: ns, Labels: managedLabels()},
@@ -62,7 +69,7 @@ func newControlPlaneSecret(ns string) (*corev1.Secret, error) {
 // joinSecret is the workers' and data planes' Secret, taken from the
 // control plane's.
 func joinSecret(cp *corev1.Secret) (*corev1.Secret, error) {
-	for _, k := range []string{KeyCACert, KeyCAKey, KeyAdminToken, KeyJoinToken} {
+	for _, k := range []string{KeyCACert, KeyCAKey, KeyAdminToken, KeyJoinToken, KeyDeployToken} {
 		if len(cp.Data[k]) == 0 {
 			return nil, fmt.Errorf("secret %s/%s has no %s: delete it to have install make a new cluster CA and tokens (the cluster's certificates and tokens then change)", cp.Namespace, cp.Name, k)
 		}

@@ -21,10 +21,13 @@ import (
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/kubefunctions"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // TestKubeFunctions is issue 22's CRD: Function objects applied to a real
@@ -67,11 +70,22 @@ func TestKubeFunctions(t *testing.T) {
 
 	c := newCluster(t)
 	p := c.up(t)
+	// As brisk k8s install runs it: a deploy token (on every namespace),
+	// brisk's namespace made by an admin, none created by the controller.
+	adm := client.New(c.admin, c.invokeAddr)
+	adm.Token = adminToken(c.admin)
+	if _, err := adm.PutNamespace(ctx, ns, spec.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	deploy, err := adm.CreateToken(ctx, api.TokenRequest{Name: "k8s-functions", Scopes: []string{auth.ScopeDeploy}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	briskCl := client.New(c.admin, c.invokeAddr)
-	briskCl.Token = adminToken(c.admin)
+	briskCl.Token = deploy.Token
 	reqs := &testutil.RequestCounter{}
 	briskCl.HTTP = &http.Client{Transport: reqs, Timeout: time.Minute}
-	ctrl, err := kubefunctions.New(kubefunctions.Config{REST: kc.WorkerConfig(), Brisk: briskCl, CreateNamespaces: true,
+	ctrl, err := kubefunctions.New(kubefunctions.Config{REST: kc.WorkerConfig(), Brisk: briskCl, CreateNamespaces: false,
 		StatusInterval: 200 * time.Millisecond, RetryMax: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
