@@ -33,6 +33,13 @@ const cgroupParent = "brisk"
 
 const cfsPeriod = 100_000 // µs; the kernel's default CFS period
 
+// DefaultMaxPids bounds the processes and threads of one sandbox: a
+// function that forks without end (a fork bomb, or a bug) fails to fork
+// past it instead of taking the worker's pid space, which every other
+// sandbox and the worker itself need. Generous for a function: language
+// runtimes start tens of threads.
+const DefaultMaxPids = 1024
+
 // Hierarchy creates, limits, watches and removes sandbox cgroups on either
 // cgroup v2 (one unified hierarchy) or v1 (one hierarchy per controller,
 // mounted at <root>/cpu and <root>/memory, possibly next to a controller-less
@@ -43,8 +50,10 @@ type Hierarchy struct {
 	root string
 	// v2: whether brisk/ could be given the controller; v1: the
 	// controller's hierarchy mount point, "" when absent.
-	cpuV2, memV2 bool
-	cpuV1, memV1 string
+	cpuV2, memV2, pidsV2 bool
+	cpuV1, memV1, pidsV1 string
+	// maxPids is each sandbox's pids.max (SetMaxPids); 0: no limit.
+	maxPids int64
 	// v1: the freezer hierarchy's mount point, "" when absent; teardown
 	// freezes the sandbox before it kills, so nothing forks meanwhile.
 	freezerV1 string
@@ -83,6 +92,9 @@ func Detect(root string, warn func(msg string, args ...any)) (*Hierarchy, error)
 	if exists(filepath.Join(root, "memory", "memory.limit_in_bytes")) {
 		cg.memV1 = filepath.Join(root, "memory")
 	}
+	if exists(filepath.Join(root, "pids", "cgroup.procs")) {
+		cg.pidsV1 = filepath.Join(root, "pids")
+	}
 	// The root of a v1 freezer hierarchy has no freezer.state (its children do).
 	if exists(filepath.Join(root, "freezer", "tasks")) {
 		cg.freezerV1 = filepath.Join(root, "freezer")
@@ -99,11 +111,15 @@ func Detect(root string, warn func(msg string, args ...any)) (*Hierarchy, error)
 	if cg.freezerV1 == "" {
 		warn("cgroup v1 freezer not mounted; teardown kills a sandbox's processes without freezing them first", "root", root)
 	}
+	if cg.pidsV1 == "" {
+		warn("cgroup v1 pids controller not mounted; sandboxes may fork without limit", "root", root)
+	}
+	cg.maxPids = DefaultMaxPids
 	return cg, nil
 }
 
 func setupV2(root string, warn func(msg string, args ...any)) (*Hierarchy, error) {
-	cg := &Hierarchy{v2: true, root: root}
+	cg := &Hierarchy{v2: true, root: root, maxPids: DefaultMaxPids}
 	parent := filepath.Join(root, cgroupParent)
 	if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("cgroup v2: %w", err)
@@ -112,7 +128,7 @@ func setupV2(root string, warn func(msg string, args ...any)) (*Hierarchy, error
 	for _, c := range []struct {
 		name string
 		ok   *bool
-	}{{"cpu", &cg.cpuV2}, {"memory", &cg.memV2}} {
+	}{{"cpu", &cg.cpuV2}, {"memory", &cg.memV2}, {"pids", &cg.pidsV2}} {
 		if !hasWord(avail, c.name) {
 			warn("cgroup v2 controller not available; sandboxes run without its limits", "controller", c.name, "root", root)
 			continue
@@ -147,6 +163,10 @@ func (h *Hierarchy) Limits() (cpu, memory bool) {
 	return h.cpuV1 != "", h.memV1 != ""
 }
 
+// SetMaxPids sets the pids.max of the sandboxes created from now on (0: no
+// limit); Detect sets DefaultMaxPids.
+func (h *Hierarchy) SetMaxPids(n int64) { h.maxPids = max(n, 0) }
+
 // Cgroup is one sandbox's cgroup: one directory on v2, one per mounted
 // controller on v1.
 type Cgroup struct {
@@ -176,6 +196,9 @@ func (cg *Hierarchy) Open(rel string) *Cgroup {
 	if cg.cpuV1 != "" {
 		s.dirs = append(s.dirs, filepath.Join(cg.cpuV1, rel))
 	}
+	if cg.pidsV1 != "" {
+		s.dirs = append(s.dirs, filepath.Join(cg.pidsV1, rel))
+	}
 	if cg.freezerV1 != "" {
 		s.freezer = filepath.Join(cg.freezerV1, rel)
 		s.dirs = append(s.dirs, s.freezer)
@@ -200,7 +223,39 @@ func (cg *Hierarchy) Create(name string, res spec.Resources) (s *Cgroup, err err
 		s.RemoveNow()
 		return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
 	}
+	if d := s.pidsDir(); d != "" && cg.maxPids > 0 {
+		if err := writeFile(filepath.Join(d, "pids.max"), strconv.FormatInt(cg.maxPids, 10)); err != nil {
+			s.RemoveNow()
+			return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
+		}
+	}
 	return s, nil
+}
+
+// pidsDir is the directory holding the cgroup's pids.* files, "" without
+// the pids controller.
+func (s *Cgroup) pidsDir() string {
+	switch {
+	case s.cg.v2 && s.cg.pidsV2:
+		return s.dirs[0]
+	case !s.cg.v2 && s.cg.pidsV1 != "":
+		return filepath.Join(s.cg.pidsV1, s.rel)
+	}
+	return ""
+}
+
+// PidsLimited reports how many times a fork in the cgroup failed at its
+// pids.max; ok is false without the pids controller.
+func (s *Cgroup) PidsLimited() (n int64, ok bool) {
+	d := s.pidsDir()
+	if d == "" {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(d, "pids.events"))
+	if err != nil {
+		return 0, false
+	}
+	return field(b, "max")
 }
 
 // List returns the names of the cgroups under brisk/ that start with
@@ -455,7 +510,9 @@ func (s *Cgroup) Procs() []int {
 			}
 		}
 	}
-	return pids
+	// On v1 a process is in the cgroup of each hierarchy: list it once.
+	slices.Sort(pids)
+	return slices.Compact(pids)
 }
 
 // Kill SIGKILLs every process in the cgroup, including any that left the

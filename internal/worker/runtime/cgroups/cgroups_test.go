@@ -350,3 +350,72 @@ func TestReset(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A sandbox's processes cannot fork past its pids.max: a fork bomb stays
+// inside its cgroup's limit, its failed forks are counted, and teardown
+// ends what it made.
+func TestPidsLimit(t *testing.T) {
+	testutil.RequiresRoot(t)
+	h := detect(t, DefaultRoot)
+	if !h.pidsV2 && h.pidsV1 == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("no pids controller on the CI machine")
+		}
+		t.Skip("no pids controller here")
+	}
+	const limit = 8
+	h.SetMaxPids(limit)
+	s, err := h.Create(testName("pids"), spec.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Remove(context.Background()) })
+	if got := readTrim(t, filepath.Join(s.pidsDir(), "pids.max")); got != strconv.Itoa(limit) {
+		t.Fatalf("pids.max = %q, want %d", got, limit)
+	}
+	// 30 sleepers, each forked by the shell: at most limit of the shell
+	// and its children can exist at once.
+	cmd := exec.Command("sh", "-c", "for i in $(seq 1 30); do sleep 1000 & done; wait")
+	if h.V2() {
+		fd, err := s.OpenDir()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Close(fd)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		err = cmd.Start()
+	} else {
+		procs.SpawnThread(func() {
+			leave, jerr := s.JoinThread()
+			if jerr != nil {
+				err = jerr
+				return
+			}
+			err = cmd.Start()
+			if lerr := leave(); lerr != nil && err == nil {
+				err = lerr
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		n, ok := s.PidsLimited()
+		return ok && n > 0
+	}, "no fork refused at pids.max %d (processes now: %d)", limit, len(s.Procs()))
+	if n := len(s.Procs()); n > limit {
+		cur, _ := os.ReadFile(filepath.Join(s.pidsDir(), "pids.current"))
+		pp, _ := os.ReadFile(filepath.Join(s.pidsDir(), "cgroup.procs"))
+		ev, _ := os.ReadFile(filepath.Join(s.pidsDir(), "pids.events"))
+		t.Errorf("%d processes in the cgroup, over its pids.max %d (pids.current %q, pids.events %q, cgroup.procs %q)", n, limit, cur, ev, pp)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -662,5 +663,27 @@ func TestWritableRootOnRequest(t *testing.T) {
 	s, err := c.Spec(nsCtx())
 	if err != nil || s.Root.Readonly || s.Linux.Seccomp == nil {
 		t.Fatalf("spec %v, %v: want a writable root and the default seccomp profile", s.Root, err)
+	}
+}
+
+// A sandbox's cgroup bounds its processes (cgroups.DefaultMaxPids): a
+// fork bomb fails inside it instead of taking the node's pids.
+func TestPidsLimited(t *testing.T) {
+	testutil.RequiresRoot(t)
+	r := newRuntime(t, newPool(t, 1), "")
+	id := newID()
+	createReady(t, r, id, echoFn("pids", nil))
+	t.Cleanup(func() { _ = r.Kill(context.Background(), id) })
+	cg := "/" + r.cfg.Namespace + "/" + id
+	path := filepath.Join("/sys/fs/cgroup", cg, "pids.max")
+	if !r.v2 {
+		path = filepath.Join("/sys/fs/cgroup/pids", cg, "pids.max")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the sandbox's pids limit: %v", err)
+	}
+	if got := strings.TrimSpace(string(b)); got != strconv.Itoa(cgroups.DefaultMaxPids) {
+		t.Fatalf("%s = %q, want %d", path, got, cgroups.DefaultMaxPids)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -64,6 +65,8 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.ep.NetNS}),
 		oci.WithCgroup(sb.cgroup),
 		oci.WithMounts(mounts),
+		// A fork bomb fails at the limit instead of taking the node's pids.
+		oci.WithPidsLimit(cgroups.DefaultMaxPids),
 		seccomp.WithDefaultProfile(), // after the capabilities, which it reads
 	}
 	if !f.WritableRoot {
