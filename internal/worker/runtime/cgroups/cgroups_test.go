@@ -72,6 +72,32 @@ func mountV1(t *testing.T) string {
 	return mnt
 }
 
+// startIn starts cmd in s, born there: cloned into its directory on v2,
+// forked by a thread that joined it on v1.
+func startIn(s *Cgroup, cmd *exec.Cmd) (err error) {
+	if s.cg.V2() {
+		fd, err := s.OpenDir()
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		return cmd.Start()
+	}
+	procs.SpawnThread(func() {
+		leave, jerr := s.JoinThread()
+		if jerr != nil {
+			err = jerr
+			return
+		}
+		err = cmd.Start()
+		if lerr := leave(); lerr != nil && err == nil {
+			err = lerr
+		}
+	})
+	return err
+}
+
 func TestCreateLimits(t *testing.T) {
 	testutil.RequiresRoot(t)
 	cg := detect(t, DefaultRoot)
@@ -162,20 +188,8 @@ func TestJoinThreadV1(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Remove(context.Background()) })
-			var cmd *exec.Cmd
-			procs.SpawnThread(func() {
-				leave, jerr := s.JoinThread()
-				if jerr != nil {
-					err = jerr
-					return
-				}
-				cmd = exec.Command("sleep", "1000")
-				err = cmd.Start()
-				if lerr := leave(); lerr != nil && err == nil {
-					err = lerr
-				}
-			})
-			if err != nil {
+			cmd := exec.Command("sleep", "1000")
+			if err := startIn(s, cmd); err != nil {
 				t.Fatal(err)
 			}
 			exited := make(chan error, 1)
@@ -376,28 +390,7 @@ func TestPidsLimit(t *testing.T) {
 	// 30 sleepers, each forked by the shell: at most limit of the shell
 	// and its children can exist at once.
 	cmd := exec.Command("sh", "-c", "for i in $(seq 1 30); do sleep 1000 & done; wait")
-	if h.V2() {
-		fd, err := s.OpenDir()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer syscall.Close(fd)
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
-		err = cmd.Start()
-	} else {
-		procs.SpawnThread(func() {
-			leave, jerr := s.JoinThread()
-			if jerr != nil {
-				err = jerr
-				return
-			}
-			err = cmd.Start()
-			if lerr := leave(); lerr != nil && err == nil {
-				err = lerr
-			}
-		})
-	}
-	if err != nil {
+	if err := startIn(s, cmd); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)
