@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
@@ -650,8 +651,9 @@ func TestFreshSubmit(t *testing.T) {
 	}
 }
 
-// Listing record-less queued calls reads the newest of the stream, and of
-// one function among others', bounded like the records.
+// Listing record-less queued calls reads the queue's head (the next to
+// run) of all functions or of one among others', bounded like the records,
+// and a call stored twice (put back at the tail) is listed once.
 func TestListFreshIsBounded(t *testing.T) {
 	e := start(t, t.TempDir(), Config{})
 	ctx := context.Background()
@@ -671,20 +673,70 @@ func TestListFreshIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != MaxList || recs[0].ID != fmt.Sprintf("l%d", n-1) || recs[MaxList-1].ID != fmt.Sprintf("l%d", n-MaxList) {
-		t.Fatalf("all: %d records, %s .. %s", len(recs), recs[0].ID, recs[len(recs)-1].ID)
+	if len(recs) != MaxList || recs[0].ID != fmt.Sprintf("l%d", MaxList-1) || recs[MaxList-1].ID != "l0" {
+		t.Fatalf("all: %d records, %s .. %s; want the queue's first %d, newest first", len(recs), recs[0].ID, recs[len(recs)-1].ID, MaxList)
 	}
-	// "other" holds every third call: its 5 newest are the last 5 multiples of 3.
+	// "other" holds every third call: its first 5 are l0, l3 .. l12.
 	recs, err = e.q.List(ctx, Filter{Function: "other", Status: StatusQueued, Limit: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := (n - 1) / 3 * 3
-	if len(recs) != 5 || recs[0].ID != fmt.Sprintf("l%d", last) || recs[4].ID != fmt.Sprintf("l%d", last-12) || recs[0].Function != "other" {
-		t.Fatalf("other's 5 newest: %+v", recs)
+	if len(recs) != 5 || recs[0].ID != "l12" || recs[4].ID != "l0" || recs[0].Function != "other" {
+		t.Fatalf("other's first 5: %+v", recs)
 	}
 	all, err := e.q.List(ctx, Filter{Function: "other", Limit: MaxList})
 	if err != nil || len(all) != (n+2)/3 {
 		t.Fatalf("all of other's: %d, %v; want %d", len(all), err, (n+2)/3)
+	}
+	// l0 put back at the tail, as the consumer's requeue does: still one call.
+	m, err := e.q.calls.GetLastMsgForSubject(ctx, callsPrefix+"other.l0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := nats.NewMsg(m.Subject)
+	again.Header = m.Header
+	again.Header.Set(jetstream.MsgIDHeader, "l0.requeue.1")
+	again.Data = m.Data
+	if _, err := e.q.js.PublishMsg(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	again2, err := e.q.List(ctx, Filter{Function: "other", Limit: MaxList})
+	if err != nil || len(again2) != len(all) {
+		t.Fatalf("after a requeue: %d calls (%v), want %d", len(again2), err, len(all))
+	}
+}
+
+// An id a data-plane submit made is taken while its call waits, although
+// it has no record: a client's submit of the same id to another function
+// is refused (it would otherwise claim the call's status and, as its
+// record, make the waiting call look settled), to the same function it is
+// the same call; and a record of another function under the id never
+// settles the call.
+func TestFreshIDIsTaken(t *testing.T) {
+	e := start(t, t.TempDir(), Config{})
+	ctx := context.Background()
+	if err := e.q.Submit(ctx, &Call{ID: "victim1", Function: "fn", Method: "POST", Path: "/", Fresh: true}); err != nil {
+		t.Fatal(err)
+	}
+	err := e.q.Submit(ctx, &Call{ID: "victim1", Function: "attacker", Method: "POST", Path: "/"})
+	if !errors.Is(err, ErrIDTaken) {
+		t.Fatalf("another function's submit of a waiting call's id: %v, want ErrIDTaken", err)
+	}
+	if err := e.q.Submit(ctx, &Call{ID: "victim1", Function: "fn", Method: "POST", Path: "/"}); err != nil {
+		t.Fatalf("the same function's submit of the id: %v, want accepted (the same call)", err)
+	}
+	if r, err := e.q.Get(ctx, "victim1"); err != nil || r.Function != "fn" || r.Status != StatusQueued {
+		t.Fatalf("victim1: %+v %v, want fn's queued call", r, err)
+	}
+	if n, err := e.q.calls.Info(ctx); err != nil || n.State.Msgs != 1 {
+		t.Fatalf("calls stored: %v %v, want 1", n.State.Msgs, err)
+	}
+	// A foreign final record (written however) does not settle fn's call
+	// when it is delivered again: it runs.
+	if err := e.q.putStatus(ctx, &Record{ID: "victim1", Function: "attacker", Status: StatusSucceeded, Attempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, settled := e.q.priorAttempts(ctx, &Call{ID: "victim1", Function: "fn"}); n != 0 || settled {
+		t.Fatalf("priorAttempts of fn's call under attacker's record: %d, %v; want 0, false", n, settled)
 	}
 }

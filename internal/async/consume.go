@@ -171,16 +171,17 @@ func (l *fnLimits) enter(ctx context.Context, fn string, n int) (release func(),
 	}
 }
 
-// priorAttempts reads a call's record: the attempts made so far, and
+// priorAttempts reads call c's record: the attempts made so far, and
 // whether the call was settled already (its consumer died between the
-// final record and the acknowledgement).
-func (q *Queue) priorAttempts(ctx context.Context, id string) (int, bool) {
-	e, err := q.status.Get(ctx, id)
+// final record and the acknowledgement). A record of another function
+// under the same id is not this call's.
+func (q *Queue) priorAttempts(ctx context.Context, c *Call) (int, bool) {
+	e, err := q.status.Get(ctx, c.ID)
 	if err != nil {
 		return 0, false
 	}
 	var r Record
-	if json.Unmarshal(e.Value(), &r) != nil {
+	if json.Unmarshal(e.Value(), &r) != nil || r.Function != c.Function {
 		return 0, false
 	}
 	return r.Attempts, r.Status.Final()
@@ -201,7 +202,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	// redelivery reads the record.
 	attempt := 1
 	if meta, err := msg.Metadata(); err != nil || meta.NumDelivered > 1 || msg.Headers().Get(hdrRequeued) != "" {
-		prior, settled := q.priorAttempts(ctx, c.ID)
+		prior, settled := q.priorAttempts(ctx, c)
 		if settled {
 			_ = msg.Ack()
 			return

@@ -328,6 +328,22 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 		rev = 0 // a client retrying its submit: the record is not ours
 	case err != nil:
 		return fmt.Errorf("async: store call: %w", err)
+	default:
+		// A call stored with a data-plane id has no record until its
+		// attempt: the calls stream says whether the id is taken.
+		m, gerr := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+c.ID)
+		if gerr == nil || !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
+		}
+		switch {
+		case gerr == nil:
+			if fn, _, _ := splitSubject(m.Subject); fn != c.Function {
+				return ErrIDTaken
+			}
+			return nil // the same call, queued already
+		case !errors.Is(gerr, jetstream.ErrMsgNotFound):
+			return fmt.Errorf("async: store call: %w", gerr)
+		}
 	}
 	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
 		if rev != 0 {

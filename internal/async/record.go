@@ -53,24 +53,46 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 	if !ValidID(id) {
 		return nil, ErrBadID
 	}
-	e, err := q.status.Get(ctx, id)
-	if err == nil {
-		var r Record
-		if err := json.Unmarshal(e.Value(), &r); err != nil {
-			return nil, fmt.Errorf("async: record %s: %w", id, err)
-		}
-		return &r, nil
+	r, err := q.record(ctx, id)
+	if !errors.Is(err, ErrNotFound) {
+		return r, err
 	}
-	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+	// No record (a data-plane id not yet attempted, or its record lost or
+	// expired): the streams say.
+	if r, err := q.inStreams(ctx, id); !errors.Is(err, ErrNotFound) {
+		return r, err
+	}
+	// The call may have ended between the two reads: its record is written
+	// before it leaves the calls stream.
+	return q.record(ctx, id)
+}
+
+// record reads call id's status record; ErrNotFound when it has none.
+func (q *Queue) record(ctx context.Context, id string) (*Record, error) {
+	e, err := q.status.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, ErrNotFound
+	} else if err != nil {
 		return nil, fmt.Errorf("async: %w", err)
 	}
-	// No record (its write was lost, or it expired): the streams say.
+	var r Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, fmt.Errorf("async: record %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+// inStreams finds call id in the calls stream (queued) or the dead-letter
+// stream; ErrNotFound when in neither.
+func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
 	if m, err := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
 		if err != nil {
 			return nil, err
 		}
 		return &Record{ID: id, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}, nil
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("async: %w", err)
 	}
 	if m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
@@ -78,6 +100,8 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 			return nil, err
 		}
 		return &Record{ID: id, Function: c.Function, Status: StatusDead, SubmittedAt: c.Submitted, Error: m.Header.Get(hdrDeadReason)}, nil
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("async: %w", err)
 	}
 	return nil, ErrNotFound
 }
@@ -94,7 +118,8 @@ const MaxList = 1000
 
 // List returns the status records matching f, newest first: the status
 // bucket's, and for queued calls submitted with a data-plane id (which
-// have no record until their first attempt ends) the calls stream's.
+// have no record until their first attempt ends) the calls stream's —
+// those of the queue's head, the next f.Limit to run (listWaiting).
 func (q *Queue) List(ctx context.Context, f Filter) ([]Record, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
@@ -162,51 +187,36 @@ func (q *Queue) listRecords(ctx context.Context, f Filter) ([]Record, error) {
 	}
 }
 
-// listWaiting returns up to limit of the newest calls of fn ("" = all) in
-// the calls stream, as queued records. The stream is in submission order:
-// it reads the last limit sequence numbers' worth, then four times as many,
-// until it has limit calls or has read the whole stream; each read is the
-// next stored call at or after a sequence number (acknowledged calls are
-// gone from the stream and skipped by the server).
+// listWaiting returns, as queued records, the first limit calls of fn
+// ("" = all) in the calls stream: the head of the queue, the next to run.
+// Each read is the next stored call of fn at or after a sequence number
+// (the server skips other functions' calls and acknowledged ones), so a
+// list costs about limit reads however long the queue; a call put back
+// at the queue's tail (requeue) is there twice for a moment and listed
+// once.
 func (q *Queue) listWaiting(ctx context.Context, fn string, limit int) ([]Record, error) {
-	info, err := q.calls.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("async: %w", err)
-	}
-	st := info.State
-	if st.Msgs == 0 {
-		return nil, nil
-	}
 	subj := callsPrefix + ">"
 	if fn != "" {
 		subj = callsPrefix + fn + ".>"
 	}
 	var out []Record
-	for span := uint64(limit); ; span *= 4 {
-		from := st.FirstSeq
-		if st.LastSeq-st.FirstSeq >= span {
-			from = st.LastSeq - span + 1
+	seen := make(map[string]bool, limit)
+	for seq, reads := uint64(1), 0; len(out) < limit && reads < 2*limit+16; reads++ {
+		m, err := q.calls.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("async: %w", err)
 		}
-		out = out[:0]
-		for seq := from; seq <= st.LastSeq; {
-			m, err := q.calls.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				break
-			} else if err != nil {
-				return nil, fmt.Errorf("async: %w", err)
-			}
-			if m.Sequence > st.LastSeq {
-				break
-			}
-			if c, err := decodeCall(m.Subject, m.Header, nil); err == nil {
-				out = append(out, Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
-			}
-			seq = m.Sequence + 1
+		seq = m.Sequence + 1
+		c, err := decodeCall(m.Subject, m.Header, nil)
+		if err != nil || seen[c.ID] {
+			continue
 		}
-		if len(out) >= limit || from == st.FirstSeq {
-			return newest(out, limit), nil
-		}
+		seen[c.ID] = true
+		out = append(out, Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
 	}
+	return out, nil
 }
 
 // newest sorts rs newest first and keeps n.

@@ -167,7 +167,11 @@ func (cp *ControlPlane) givenTokenUsable(kind string) bool {
 	dps, err2 := cp.store.DataPlanes()
 	fns, err3 := cp.store.Functions()
 	if err := errors.Join(err1, err2, err3); err != nil || len(ws)+len(dps)+len(fns) > 0 {
-		cp.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); making a new one into the data dir",
+		then := "making a new one into the data dir"
+		if kind == "deploy" {
+			then = "give its user a token made with brisk token create"
+		}
+		cp.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); "+then,
 			"kind", kind, "err", err)
 		return false
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -204,7 +205,7 @@ func Install(ctx context.Context, cfg *rest.Config, o Options) ([]Change, error)
 			want[key(u)] = true
 		}
 	}
-	secretsDone := false
+	secretsDone, legacySecret := false, false
 	for _, u := range all {
 		if !forRuntime(u, o.WorkerRuntime) {
 			continue
@@ -218,12 +219,17 @@ func Install(ctx context.Context, cfg *rest.Config, o Options) ([]Change, error)
 			continue
 		}
 		if !secretsDone && applyRank(u) > rankSecret {
-			chs, err := c.ensureSecrets(ctx, o.Namespace)
+			chs, deployToken, err := c.ensureSecrets(ctx, o.Namespace)
 			changes = append(changes, chs...)
 			if err != nil {
 				return changes, err
 			}
-			secretsDone = true
+			secretsDone, legacySecret = true, !deployToken
+		}
+		if legacySecret && u.GetKind() == "Deployment" && u.GetName() == "brisk-functions" {
+			if err := typed(u, func(d *appsv1.Deployment) error { useAdminToken(&d.Spec.Template.Spec); return nil }); err != nil {
+				return changes, err
+			}
 		}
 		ch, err := c.apply(ctx, u)
 		if err != nil {
@@ -275,8 +281,10 @@ func (c *client) applyNamespace(ctx context.Context, u *unstructured.Unstructure
 
 // ensureSecrets makes the control plane's Secret when there is none
 // (never replacing one: the cluster's CA and tokens live in it), and
-// applies the join Secret from it.
-func (c *client) ensureSecrets(ctx context.Context, ns string) ([]Change, error) {
+// applies the join Secret from it. deployToken says whether the Secret
+// holds the Function controller's deploy token (those made before install
+// made one do not).
+func (c *client) ensureSecrets(ctx context.Context, ns string) (_ []Change, deployToken bool, err error) {
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
 	r := c.dyn.Resource(gvr).Namespace(ns)
 	var cp corev1.Secret
@@ -285,37 +293,37 @@ func (c *client) ensureSecrets(ctx context.Context, ns string) ([]Change, error)
 	switch {
 	case err == nil:
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cur.Object, &cp); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	case apierrors.IsNotFound(err):
 		s, err := newControlPlaneSecret(ns)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(s)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		clean(m)
 		if _, err := r.Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{FieldManager: FieldManager}); err != nil {
-			return nil, fmt.Errorf("create secret %s/%s: %w", ns, SecretControlPlane, err)
+			return nil, false, fmt.Errorf("create secret %s/%s: %w", ns, SecretControlPlane, err)
 		}
 		cp, action = *s, Created
 	default:
-		return nil, fmt.Errorf("secret %s/%s: %w", ns, SecretControlPlane, err)
+		return nil, false, fmt.Errorf("secret %s/%s: %w", ns, SecretControlPlane, err)
 	}
 	changes := []Change{{Kind: "Secret", Namespace: ns, Name: SecretControlPlane, Action: action}}
 	js, err := joinSecret(&cp)
 	if err != nil {
-		return changes, err
+		return changes, false, err
 	}
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(js)
 	if err != nil {
-		return changes, err
+		return changes, false, err
 	}
 	clean(m)
 	ch, err := c.apply(ctx, &unstructured.Unstructured{Object: m})
-	return append(changes, ch), err
+	return append(changes, ch), len(cp.Data[KeyDeployToken]) > 0, err
 }
 
 // UninstallOptions say what Uninstall removes besides the objects.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func TestInstall(t *testing.T) {
 	if _, ok := join.Data[KeyCAKey]; ok || string(join.Data[KeyJoinToken]) != string(cpSecret.Data[KeyJoinToken]) {
 		t.Errorf("join Secret holds %d keys; want the CA certificate and the control plane's join token only", len(join.Data))
 	}
-	for k, scope := range map[string]string{KeyAdminToken: auth.ScopeAdmin, KeyJoinToken: auth.ScopeJoin} {
+	for k, scope := range map[string]string{KeyAdminToken: auth.ScopeAdmin, KeyJoinToken: auth.ScopeJoin, KeyDeployToken: auth.ScopeDeploy} {
 		if _, err := auth.GrantOf(string(cpSecret.Data[k][:len(cpSecret.Data[k])-1]), []string{scope}); err != nil {
 			t.Errorf("%s: %v", k, err)
 		}
@@ -89,6 +90,56 @@ func TestInstall(t *testing.T) {
 	}
 	if s, _ := cs.CoreV1().Secrets(o.Namespace).Get(ctx, SecretControlPlane, metav1.GetOptions{}); string(s.Data[KeyCAKey]) != string(cpSecret.Data[KeyCAKey]) {
 		t.Error("re-install replaced the cluster CA")
+	}
+
+	// A Secret made before install made deploy tokens: install neither
+	// refuses nor rotates it; the Function controller keeps the admin
+	// token, as its control plane would not register a new deploy token.
+	controllerToken := func() (item, arg string) {
+		t.Helper()
+		d, err := cs.AppsV1().Deployments(o.Namespace).Get(ctx, "brisk-functions", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Secret != nil && len(v.Secret.Items) == 2 {
+				item = v.Secret.Items[1].Key
+			}
+		}
+		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--token-file=") {
+				arg = a
+			}
+		}
+		return item, arg
+	}
+	legacy := cpSecret.DeepCopy()
+	delete(legacy.Data, KeyDeployToken)
+	if _, err := cs.CoreV1().Secrets(o.Namespace).Update(ctx, legacy, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if chs, err := Install(ctx, cfg, o); err != nil {
+		t.Fatalf("install over a Secret without %s: %v\n%v", KeyDeployToken, err, chs)
+	}
+	if item, arg := controllerToken(); item != KeyAdminToken || arg != "--token-file=/etc/brisk/"+KeyAdminToken {
+		t.Errorf("over a Secret without %s the controller mounts %q with %q, want the admin token", KeyDeployToken, item, arg)
+	}
+	if s, _ := cs.CoreV1().Secrets(o.Namespace).Get(ctx, SecretControlPlane, metav1.GetOptions{}); string(s.Data[KeyCAKey]) != string(cpSecret.Data[KeyCAKey]) {
+		t.Error("install over an older Secret replaced the cluster CA")
+	}
+	restored := cpSecret.DeepCopy()
+	restored.ResourceVersion = ""
+	if cur, err := cs.CoreV1().Secrets(o.Namespace).Get(ctx, SecretControlPlane, metav1.GetOptions{}); err == nil {
+		restored.ResourceVersion = cur.ResourceVersion
+	}
+	if _, err := cs.CoreV1().Secrets(o.Namespace).Update(ctx, restored, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Install(ctx, cfg, o); err != nil {
+		t.Fatal(err)
+	}
+	if item, arg := controllerToken(); item != KeyDeployToken || arg != "--token-file=/etc/brisk/"+KeyDeployToken {
+		t.Errorf("the controller mounts %q with %q, want the deploy token", item, arg)
 	}
 
 	sa := func(name string) authzv1.SubjectAccessReviewSpec {

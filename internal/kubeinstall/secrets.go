@@ -69,7 +69,7 @@ func newControlPlaneSecret(ns string) (*corev1.Secret, error) {
 // joinSecret is the workers' and data planes' Secret, taken from the
 // control plane's.
 func joinSecret(cp *corev1.Secret) (*corev1.Secret, error) {
-	for _, k := range []string{KeyCACert, KeyCAKey, KeyAdminToken, KeyJoinToken, KeyDeployToken} {
+	for _, k := range []string{KeyCACert, KeyCAKey, KeyAdminToken, KeyJoinToken} {
 		if len(cp.Data[k]) == 0 {
 			return nil, fmt.Errorf("secret %s/%s has no %s: delete it to have install make a new cluster CA and tokens (the cluster's certificates and tokens then change)", cp.Namespace, cp.Name, k)
 		}
@@ -80,6 +80,29 @@ func joinSecret(cp *corev1.Secret) (*corev1.Secret, error) {
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{KeyCACert: cp.Data[KeyCACert], KeyJoinToken: cp.Data[KeyJoinToken]},
 	}, nil
+}
+
+// useAdminToken gives the Function controller of pod spec p the admin
+// token instead of its deploy token: to create brisk namespaces (an
+// admin's act), or in a Secret made before install made deploy tokens,
+// whose control plane will not register one now (its registry is in use).
+func useAdminToken(p *corev1.PodSpec) {
+	for _, v := range p.Volumes {
+		if s := v.Secret; s != nil {
+			for i := range s.Items {
+				if s.Items[i].Key == KeyDeployToken {
+					s.Items[i] = corev1.KeyToPath{Key: KeyAdminToken, Path: KeyAdminToken}
+				}
+			}
+		}
+	}
+	for i := range p.Containers {
+		for j, a := range p.Containers[i].Args {
+			if a == "--token-file=/etc/brisk/"+KeyDeployToken {
+				p.Containers[i].Args[j] = "--token-file=/etc/brisk/" + KeyAdminToken
+			}
+		}
+	}
 }
 
 func managedLabels() map[string]string {
