@@ -305,6 +305,8 @@ type simulator struct {
 	version   uint64
 
 	rng *rand.Rand
+	// near is the Overhead profile's nearest non-empty window of each.
+	near []int
 	// emNext is the round-robin start over nodes for emergency calls (the
 	// data plane's candidates); emSeq names their sandboxes.
 	emNext, emSeq int
@@ -413,25 +415,48 @@ type OverheadProfile struct {
 	Windows [][]time.Duration
 }
 
-// draw is an overhead for a call arriving at offset at.
-func (p *OverheadProfile) draw(at int64, rng *rand.Rand) int64 {
-	i := min(max(int(at/int64(p.Window)), 0), len(p.Windows)-1)
-	for d := 0; d < len(p.Windows); d++ {
-		for _, j := range [2]int{i - d, i + d} {
-			if j >= 0 && j < len(p.Windows) && len(p.Windows[j]) > 0 {
-				w := p.Windows[j]
-				return int64(w[rng.IntN(len(w))])
-			}
+// nearest maps each window to the nearest non-empty one (the earlier on a
+// tie), or -1 when all are empty: two passes, so that a draw is O(1).
+func (p *OverheadProfile) nearest() []int {
+	n := len(p.Windows)
+	near := make([]int, n)
+	last := -1
+	for i := range n {
+		if len(p.Windows[i]) > 0 {
+			last = i
+		}
+		near[i] = last
+	}
+	next := -1
+	for i := n - 1; i >= 0; i-- {
+		if len(p.Windows[i]) > 0 {
+			next = i
+		}
+		if next >= 0 && (near[i] < 0 || next-i < i-near[i]) {
+			near[i] = next
 		}
 	}
-	return 0
+	return near
+}
+
+// draw is an overhead for a call arriving at offset at; near is nearest().
+func (p *OverheadProfile) draw(at int64, rng *rand.Rand, near []int) int64 {
+	i := min(max(int(at/int64(p.Window)), 0), len(p.Windows)-1)
+	if near[i] < 0 {
+		return 0
+	}
+	w := p.Windows[near[i]]
+	return int64(w[rng.IntN(len(w))])
 }
 
 // overhead is the time added to the response of a call that arrived at
 // offset at: drawn from the Overhead profile, or CallOverhead.
 func (sm *simulator) overhead(at int64) int64 {
 	if p := sm.cfg.Overhead; p != nil && p.Window > 0 && len(p.Windows) > 0 {
-		return p.draw(at, sm.rng)
+		if sm.near == nil {
+			sm.near = p.nearest()
+		}
+		return p.draw(at, sm.rng, sm.near)
 	}
 	switch o := sm.cfg.CallOverhead; len(o) {
 	case 0:

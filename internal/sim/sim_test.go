@@ -145,15 +145,18 @@ func TestDualTrack(t *testing.T) {
 // TestOverheadProfileDraw: a call draws from its own window, and from the
 // nearest non-empty one when its own is empty or past the profile's end.
 func TestOverheadProfileDraw(t *testing.T) {
-	p := &OverheadProfile{Window: 100 * time.Millisecond, Windows: [][]time.Duration{{time.Millisecond}, nil, nil, {7 * time.Millisecond}}}
+	p := &OverheadProfile{Window: 100 * time.Millisecond, Windows: [][]time.Duration{{time.Millisecond}, nil, nil, {7 * time.Millisecond}, nil}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, c := range []struct {
 		at   time.Duration
 		want time.Duration
 	}{{50 * time.Millisecond, time.Millisecond}, {150 * time.Millisecond, time.Millisecond}, {250 * time.Millisecond, 7 * time.Millisecond},
-		{350 * time.Millisecond, 7 * time.Millisecond}, {time.Hour, 7 * time.Millisecond}} {
-		if got := p.draw(int64(c.at), rng); got != int64(c.want) {
+		{350 * time.Millisecond, 7 * time.Millisecond}, {450 * time.Millisecond, 7 * time.Millisecond}, {time.Hour, 7 * time.Millisecond}} {
+		if got := p.draw(int64(c.at), rng, p.nearest()); got != int64(c.want) {
 			t.Errorf("at %s: drew %s, want %s", c.at, time.Duration(got), c.want)
 		}
+	}
+	if got := (&OverheadProfile{Window: time.Second, Windows: make([][]time.Duration, 3)}).nearest(); got[0] != -1 || got[2] != -1 {
+		t.Errorf("an empty profile's nearest windows: %v, want none", got)
 	}
 }

@@ -31,6 +31,13 @@ type Calibration struct {
 // CalibrationWindow is the width of an overhead profile's windows.
 const CalibrationWindow = 100 * time.Millisecond
 
+// maxCalibrationWindows bounds an overhead profile's windows (and its
+// memory); maxRecordUs a record's times (a day).
+const (
+	maxCalibrationWindows = 100_000
+	maxRecordUs           = int64(24 * time.Hour / time.Microsecond)
+)
+
 // calibrationSkew is how far a record's scheduled send may be from where
 // the schedule puts it (they agree to microseconds).
 const calibrationSkew = 10 * time.Millisecond
@@ -74,36 +81,49 @@ func Calibrate(cfg ReplayConfig, recs []loadgen.Record) (*Calibration, error) {
 		offsets[key{loadgen.FunctionName(s.Functions[inv.Func].Row), s.InvocationID(inv)}] = off
 		end = max(end, off)
 	}
-	c := &Calibration{Overhead: &sim.OverheadProfile{Window: CalibrationWindow,
-		Windows: make([][]time.Duration, int(end/CalibrationWindow)+1)}}
+	// At most maxCalibrationWindows windows: a long schedule gets wider ones.
+	width := max(CalibrationWindow, end/maxCalibrationWindows+1)
+	c := &Calibration{Overhead: &sim.OverheadProfile{Window: width, Windows: make([][]time.Duration, int(end/width)+1)}}
 	var waits []time.Duration
 	// Each record's scheduled send (its send less its lateness) less its
 	// offset is the run's start: the same for all when the schedule is
 	// the one the run followed.
 	var start0 int64
+	seen := make(map[key]bool, len(recs))
 	for i := range recs {
 		r := &recs[i]
-		off, ok := offsets[key{r.Function, r.InvocationID}]
+		k := key{r.Function, r.InvocationID}
+		off, ok := offsets[k]
 		if !ok {
 			return nil, fmt.Errorf("record %d (%s %s) is not in this schedule: calibrate from a replay of the same trace window, seed, arrivals and time scale", i, r.Function, r.InvocationID)
 		}
+		if seen[k] {
+			return nil, fmt.Errorf("record %d (%s %s): the invocation is in the file twice", i, r.Function, r.InvocationID)
+		}
+		seen[k] = true
+		// Times in µs, compared before any conversion (which could wrap).
+		for _, v := range []int64{r.ResponseUs, r.RequestedUs, r.QueueUs, r.LatenessUs} {
+			if v < 0 || v > maxRecordUs {
+				return nil, fmt.Errorf("record %d (%s %s): a time of %d µs is outside 0..%d", i, r.Function, r.InvocationID, v, int64(maxRecordUs))
+			}
+		}
 		if st := r.StartTime - r.LatenessUs - off.Microseconds(); i == 0 {
 			start0 = st
-		} else if d := time.Duration(st-start0) * time.Microsecond; d.Abs() > calibrationSkew {
-			return nil, fmt.Errorf("record %d (%s %s) was sent %s off this schedule: calibrate from a replay of the same trace window, seed, arrivals and time scale", i, r.Function, r.InvocationID, d)
+		} else if d := st - start0; d > calibrationSkew.Microseconds() || d < -calibrationSkew.Microseconds() {
+			return nil, fmt.Errorf("record %d (%s %s) was sent %d µs off this schedule: calibrate from a replay of the same trace window, seed, arrivals and time scale", i, r.Function, r.InvocationID, d)
 		}
 		if !r.OK() {
 			continue
 		}
-		w := &c.Overhead.Windows[off/CalibrationWindow]
+		w := &c.Overhead.Windows[off/width]
 		*w = append(*w, time.Duration(max(r.ResponseUs-r.RequestedUs-r.QueueUs, 0))*time.Microsecond)
 		c.Calls++
 		if r.Cold && r.Phase == 2 {
 			waits = append(waits, time.Duration(r.QueueUs)*time.Microsecond)
 		}
 	}
-	if c.Calls == 0 {
-		return nil, fmt.Errorf("no completed calls to calibrate from")
+	if c.Calls == 0 || 2*c.Calls < len(recs) {
+		return nil, fmt.Errorf("%d of %d calls completed: a run that failed this much says little about the system's costs", c.Calls, len(recs))
 	}
 	if c.ColdCalls = len(waits); len(waits) > 0 {
 		slices.Sort(waits)

@@ -19,17 +19,32 @@ func TestCalibrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The last invocation of the run, a measured one.
-	inv := &s.Invocations[len(s.Invocations)-1]
-	off := loadgen.ScaleOffset(inv.Offset, cfg.TimeScale)
+	// Three measured invocations scheduled in one window.
+	var three []*loadgen.Invocation
+	for i := range s.Invocations {
+		inv := &s.Invocations[i]
+		w := loadgen.ScaleOffset(inv.Offset, cfg.TimeScale) / CalibrationWindow
+		if s.Phase(inv) != 2 || len(three) > 0 && loadgen.ScaleOffset(three[0].Offset, cfg.TimeScale)/CalibrationWindow != w {
+			three = three[:0]
+		}
+		if s.Phase(inv) == 2 {
+			if three = append(three, inv); len(three) == 3 {
+				break
+			}
+		}
+	}
+	if len(three) != 3 {
+		t.Fatal("no window with three measured invocations")
+	}
+	off := loadgen.ScaleOffset(three[0].Offset, cfg.TimeScale)
 	rec := func(inv *loadgen.Invocation, cold bool, respUs, queueUs int64) loadgen.Record {
 		start := time.Unix(1_700_000_000, 0).Add(loadgen.ScaleOffset(inv.Offset, cfg.TimeScale))
 		return loadgen.Record{Phase: s.Phase(inv), StartTime: start.UnixMicro() + 300, LatenessUs: 300, Function: loadgen.FunctionName(s.Functions[inv.Func].Row), InvocationID: s.InvocationID(inv),
 			Status: 200, RequestedUs: 1000, ResponseUs: respUs, QueueUs: queueUs, Cold: cold}
 	}
 	first := &s.Invocations[0]
-	recs := []loadgen.Record{rec(inv, true, 1000+70_000+5_000, 70_000), rec(inv, true, 1000+50_000+3_000, 50_000),
-		rec(inv, true, 1000+90_000, 90_000), rec(first, false, 1000+800, 0)}
+	recs := []loadgen.Record{rec(three[0], true, 1000+70_000+5_000, 70_000), rec(three[1], true, 1000+50_000+3_000, 50_000),
+		rec(three[2], true, 1000+90_000, 90_000), rec(first, false, 1000+800, 0)}
 	c, err := Calibrate(cfg, recs)
 	if err != nil {
 		t.Fatal(err)
@@ -50,9 +65,24 @@ func TestCalibrate(t *testing.T) {
 		t.Fatalf("a record of another schedule: %v, want refused", err)
 	}
 	// Another time scale: the same invocations, sent at other offsets.
-	late := append([]loadgen.Record(nil), recs...)
-	late[0].StartTime += 2_000_000
-	if _, err := Calibrate(cfg, late); err == nil || !strings.Contains(err.Error(), "off this schedule") {
-		t.Fatalf("a record sent 2 s off its schedule: %v, want refused", err)
+	bad := func(what, want string, edit func(r []loadgen.Record) []loadgen.Record) {
+		t.Helper()
+		if _, err := Calibrate(cfg, edit(append([]loadgen.Record(nil), recs...))); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want refused (%q)", what, err, want)
+		}
 	}
+	bad("a record sent 2 s off its schedule", "off this schedule", func(r []loadgen.Record) []loadgen.Record { r[0].StartTime += 2_000_000; return r })
+	bad("a record 584 years off (µs that would wrap as a Duration)", "off this schedule", func(r []loadgen.Record) []loadgen.Record {
+		r[0].StartTime += 18446744073709552
+		return r
+	})
+	bad("a response of 1e16 µs", "outside", func(r []loadgen.Record) []loadgen.Record { r[0].ResponseUs = 1e16; return r })
+	bad("a negative queue wait", "outside", func(r []loadgen.Record) []loadgen.Record { r[1].QueueUs = -5_000_000; return r })
+	bad("the file twice", "twice", func(r []loadgen.Record) []loadgen.Record { return append(r, r...) })
+	bad("most calls failed", "completed", func(r []loadgen.Record) []loadgen.Record {
+		for i := range r[:3] {
+			r[i].Status = 503
+		}
+		return r
+	})
 }
