@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -154,9 +155,11 @@ func TestInvokeAuthentication(t *testing.T) {
 		t.Fatalf("public function without a token: %d, want 200", code)
 	}
 	caller := strings.TrimSpace(c.mustBrisk(t, "token", "create", "caller", "--scope", "invoke", "--function", "private", "-q"))
-	if code := callWith(t, "POST", url+"private", "Bearer "+caller, `{"ms": 1}`); code != http.StatusOK {
-		t.Fatalf("private function with its invoke token: %d, want 200", code)
-	}
+	// The data planes learn a new token from the control plane's push: at
+	// once, but not before the create's reply.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return callWith(t, "POST", url+"private", "Bearer "+caller, `{"ms": 1}`) == http.StatusOK
+	}, "private function with its invoke token: never 200")
 	if out := c.mustBrisk(t, "invoke", "private", "--data", `{"ms": 1}`); !strings.Contains(out, `"Status":"OK"`) {
 		t.Fatalf("brisk invoke: %s", out)
 	}
