@@ -2,7 +2,8 @@
 # Builds the Kubernetes pieces brisk is tested and benchmarked against
 # (issue 22) from the Go module proxy:
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and
-# kubelet v1.36.3, etcd v3.6.16 and KWOK v0.8.0. No binary download: each is built
+# kubelet v1.36.3, etcd v3.6.16, KWOK v0.8.0 and CoreDNS v1.15.0 (only the
+# plugins the tests use: the cluster DNS of a real kubelet's Pods). No binary download: each is built
 # from source in a throwaway module under the cache directory, which is
 # what makes k8s.io/kubernetes buildable as a dependency (its staging
 # modules are published as v0.36.3 but required as v0.0.0 with replaces a
@@ -21,6 +22,7 @@ k8s=v1.36.3
 staging=v0.36.3
 etcd=v3.6.16
 kwok=v0.8.0
+coredns=v1.15.0
 dir=${1:-${BRISK_K8S_CACHE:-/var/cache/brisk/k8s-$k8s}}
 bin=$dir/bin
 mkdir -p "$bin" "$dir/src"
@@ -123,5 +125,30 @@ if [ ! -x "$bin/kwok" ]; then
   log "building kwok $kwok"
   go build -trimpath -ldflags "-s -w" -o "$bin/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok
   mv "$bin/kwok.tmp" "$bin/kwok"
+fi
+if [ ! -x "$bin/coredns" ]; then
+  if new_module coredns github.com/coredns/coredns "$coredns"; then
+    # CoreDNS's own main imports every plugin (clouds' SDKs included):
+    # these three keep the build small.
+    cat > main.go <<'EOF'
+// Command coredns is CoreDNS with the plugins brisk's tests use: cluster
+// names from the Kubernetes API on one address, nothing forwarded.
+package main
+
+import (
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+)
+
+func main() { coremain.Run() }
+EOF
+    go mod tidy
+  fi
+  log "building coredns $coredns"
+  go build -trimpath -ldflags "-s -w" -o "$bin/coredns.tmp" .
+  mv "$bin/coredns.tmp" "$bin/coredns"
 fi
 echo "$bin"

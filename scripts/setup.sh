@@ -64,6 +64,8 @@ if [ ! -x "$K8S_CACHE/bin/kwok" ] || [ ! -x "$K8S_CACHE/bin/kube-apiserver" ] ||
   echo "setup: building the Kubernetes test binaries into $K8S_CACHE (about 6 minutes; log $K8S_LOG)"
 elif [ ! -x "$K8S_CACHE/bin/kubelet" ]; then
   echo "setup: building the kubelet into $K8S_CACHE (about a minute; log $K8S_LOG)"
+elif [ ! -x "$K8S_CACHE/bin/coredns" ]; then
+  echo "setup: building CoreDNS into $K8S_CACHE (log $K8S_LOG)"
 fi
 if ! K8S_BIN=$("$(dirname "$0")/k8s-binaries.sh" "$K8S_CACHE" 2>"$K8S_LOG"); then
   echo "setup: building the Kubernetes test binaries failed; last log lines:" >&2

@@ -52,6 +52,7 @@ func (f *k8sFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.o.StorageSize, "storage-size", "1Gi", "each control-plane replica's registry volume (a PersistentVolumeClaim)")
 	fl.StringVar(&f.o.StorageClass, "storage-class", "", "storage class of those volumes (default: the cluster's)")
 	fl.BoolVar(&f.o.Ephemeral, "ephemeral-storage", false, "keep the registry in an emptyDir instead: lost with the Pods (clusters without volumes, tests)")
+	fl.StringVar(&f.o.APIServer, "api-server", "", "HOST:PORT where the kube worker and the Function controller reach the apiserver (default: the kubernetes Service's ClusterIP, which needs kube-proxy or a replacement on the nodes)")
 	fl.BoolVar(&f.o.FunctionsCreateNamespaces, "functions-create-namespaces", false, "let the Function controller create the brisk namespace (with no quota) of a Kubernetes namespace's first Function; off: an admin makes them")
 }
 

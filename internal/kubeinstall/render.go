@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,6 +77,12 @@ type Options struct {
 	// brisk namespace (with no quota) of a Kubernetes namespace whose
 	// first Function appears. Off: an admin makes brisk namespaces.
 	FunctionsCreateNamespaces bool
+	// APIServer, host:port, is where the Pods that use the Kubernetes API
+	// (the kube worker, the Function controller) reach the apiserver,
+	// given them as KUBERNETES_SERVICE_HOST and _PORT. Empty: the
+	// kubernetes Service's ClusterIP, which needs a kube-proxy (or a
+	// replacement) on the nodes.
+	APIServer string
 }
 
 // ImageRef is the default reference of brisk's own image.
@@ -128,6 +135,13 @@ func (o *Options) defaults() error {
 	q, err := resource.ParseQuantity(o.StorageSize)
 	if err != nil || q.Sign() <= 0 {
 		return fmt.Errorf("storage size %q: want a positive quantity such as 1Gi", o.StorageSize)
+	}
+	if o.APIServer != "" {
+		host, port, err := net.SplitHostPort(o.APIServer)
+		p, perr := strconv.Atoi(port)
+		if err != nil || host == "" || perr != nil || p < 1 || p > 65535 || strings.ContainsAny(host, " \t\n$") {
+			return fmt.Errorf("apiserver address %q: want HOST:PORT, as the nodes' Pods reach it", o.APIServer)
+		}
 	}
 	if o.StorageClass != "" && len(validation.IsDNS1123Subdomain(o.StorageClass)) > 0 {
 		return fmt.Errorf("storage class %q: not a valid name", o.StorageClass)
@@ -344,19 +358,19 @@ func (o *Options) apply(u *unstructured.Unstructured) error {
 // and the options of every container.
 func (o *Options) podSpec(p *corev1.PodSpec) {
 	if o.FunctionsCreateNamespaces {
-		for _, v := range p.Volumes {
-			if s := v.Secret; s != nil {
-				for i := range s.Items {
-					if s.Items[i].Key == KeyDeployToken {
-						s.Items[i] = corev1.KeyToPath{Key: KeyAdminToken, Path: KeyAdminToken}
-					}
-				}
-			}
-		}
+		useAdminToken(p) // creating brisk namespaces is an admin's act
 	}
+	usesAPI := p.AutomountServiceAccountToken != nil && *p.AutomountServiceAccountToken
 	for _, cs := range [][]corev1.Container{p.InitContainers, p.Containers} {
 		for i := range cs {
 			c := &cs[i]
+			if usesAPI && o.APIServer != "" {
+				// A container's own variables win over those the kubelet
+				// makes from the kubernetes Service.
+				host, port, _ := net.SplitHostPort(o.APIServer)
+				c.Env = append(c.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: host},
+					corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: port})
+			}
 			c.Image = o.Image
 			c.ImagePullPolicy = PullPolicy(o.Image)
 			for j, a := range c.Args {
@@ -365,9 +379,6 @@ func (o *Options) podSpec(p *corev1.PodSpec) {
 					c.Args[j] = "--kube-namespace=" + o.SandboxNamespace
 				case strings.HasPrefix(a, "--create-namespaces="):
 					c.Args[j] = "--create-namespaces=" + strconv.FormatBool(o.FunctionsCreateNamespaces)
-				case a == "--token-file=/etc/brisk/"+KeyDeployToken && o.FunctionsCreateNamespaces:
-					// Creating brisk namespaces is an admin's act.
-					c.Args[j] = "--token-file=/etc/brisk/" + KeyAdminToken
 				}
 			}
 			for j := range c.Env {

@@ -259,6 +259,8 @@ func TestRenderRejects(t *testing.T) {
 		// The sandboxes away from brisk's Secrets.
 		{Namespace: "faas", SandboxNamespace: "faas"}, {SandboxNamespace: "Not_A_Name"},
 		{Namespace: strings.Repeat("n", 60)}, // its sandbox namespace would be too long
+		{APIServer: "10.0.0.1"}, {APIServer: "10.0.0.1:0"}, {APIServer: ":443"}, {APIServer: "10.0.0.1:https"},
+		{APIServer: "$(POD_IP):443"},
 	} {
 		if _, err := Render(o); err == nil {
 			t.Errorf("Render(%+v) accepted", o)
@@ -423,5 +425,40 @@ func TestRenderFunctionsCreateNamespaces(t *testing.T) {
 		if !slices.Equal(mounted, []string{KeyCACert, token}) {
 			t.Errorf("FunctionsCreateNamespaces %v: mounts %v, want ca.crt and %s", on, mounted, token)
 		}
+	}
+}
+
+// TestRenderAPIServer: --api-server reaches the Pods that use the API (the
+// kube worker, the Function controller) as the variables client-go's
+// in-cluster config reads, and no other Pod.
+func TestRenderAPIServer(t *testing.T) {
+	env := func(c corev1.Container) map[string]string {
+		m := map[string]string{}
+		for _, e := range c.Env {
+			m[e.Name] = e.Value
+		}
+		return m
+	}
+	objs := render(t, Options{WorkerRuntime: "kube", APIServer: "10.216.0.1:6443"})
+	for _, c := range []corev1.Container{
+		find[appsv1.DaemonSet](t, objs, "DaemonSet", "brisk-worker").Spec.Template.Spec.Containers[0],
+		find[appsv1.Deployment](t, objs, "Deployment", "brisk-functions").Spec.Template.Spec.Containers[0],
+	} {
+		if e := env(c); e["KUBERNETES_SERVICE_HOST"] != "10.216.0.1" || e["KUBERNETES_SERVICE_PORT"] != "6443" {
+			t.Errorf("%s: %v, want the apiserver's address", c.Name, e)
+		}
+	}
+	for _, c := range []corev1.Container{
+		find[appsv1.StatefulSet](t, objs, "StatefulSet", "brisk-controlplane").Spec.Template.Spec.Containers[0],
+		find[appsv1.Deployment](t, objs, "Deployment", "brisk-dataplane").Spec.Template.Spec.Containers[0],
+	} {
+		if _, ok := env(c)["KUBERNETES_SERVICE_HOST"]; ok {
+			t.Errorf("%s, which has no API token, is given the apiserver's address", c.Name)
+		}
+	}
+	// Without it, the kubelet's variables of the kubernetes Service stay.
+	w := find[appsv1.DaemonSet](t, render(t, Options{WorkerRuntime: "kube"}), "DaemonSet", "brisk-worker").Spec.Template.Spec.Containers[0]
+	if _, ok := env(w)["KUBERNETES_SERVICE_HOST"]; ok {
+		t.Error("the worker's apiserver address is set without --api-server")
 	}
 }

@@ -224,7 +224,7 @@ func Open(cfg Config) (*Registry, error) {
 
 	ln := cfg.listener
 	if ln == nil {
-		if ln, err = net.Listen("tcp", self.RaftAddr); err != nil {
+		if ln, err = listenOwn(net.Listen, self.RaftAddr, ownNameWait, logger); err != nil {
 			return fail(fmt.Errorf("replica: raft transport: %w", err))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"log/slog"
 	"net"
 	"time"
@@ -94,4 +95,28 @@ func (w *slogWriter) LevelWrite(level hclog.Level, p []byte) (int, error) {
 	}
 	w.l.Log(context.Background(), lvl, string(line), "component", "raft")
 	return n, nil
+}
+
+// ownNameWait bounds how long Open waits for the name of its own raft
+// address to resolve. On Kubernetes that name is a StatefulSet Pod's DNS
+// record, which appears only once the Pod's address is published: after
+// its container may have started.
+const ownNameWait = 30 * time.Second
+
+// listenOwn binds addr with listen, retrying while its host does not
+// resolve (a DNS error) for up to wait; any other error is returned at
+// once.
+func listenOwn(listen func(network, addr string) (net.Listener, error), addr string, wait time.Duration, log *slog.Logger) (net.Listener, error) {
+	deadline := time.Now().Add(wait)
+	for logged := false; ; logged = true {
+		ln, err := listen("tcp", addr)
+		var dnsErr *net.DNSError
+		if err == nil || !errors.As(err, &dnsErr) || !time.Now().Before(deadline) {
+			return ln, err
+		}
+		if !logged {
+			log.Info("replica: own raft address does not resolve yet; waiting", "addr", addr, "err", err, "for", wait)
+		}
+		time.Sleep(200 * time.Millisecond) // no event to wait on: DNS is asked again
+	}
 }

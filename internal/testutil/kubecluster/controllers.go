@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -14,8 +15,13 @@ import (
 // DisableQPSLimits does; 0 keeps the stock limits (controller-manager 20
 // QPS, burst 30; scheduler 50, burst 100), which bound a scale-up from the
 // client side. Neither serves HTTPS (--secure-port=0): a caller sees them
-// work by what they do. Both stop with the cluster.
-func (c *Cluster) StartControllers(t testing.TB, qps float64) {
+// work by what they do. Both stop with the cluster. extra names more of
+// the controller manager's controllers to run (for Pods on a real
+// kubelet: endpointslice-controller for cluster DNS,
+// root-ca-certificate-publisher-controller for service-account tokens'
+// CA, garbage-collector-controller and namespace-controller for deletes
+// to reach the Pods).
+func (c *Cluster) StartControllers(t testing.TB, qps float64, extra ...string) {
 	t.Helper()
 	for _, name := range []string{"kube-controller-manager", "kube-scheduler"} {
 		if _, err := os.Stat(filepath.Join(c.bin, name)); err != nil {
@@ -34,7 +40,8 @@ func (c *Cluster) StartControllers(t testing.TB, qps float64) {
 	c.start(t, "kube-controller-manager", append(append(common,
 		// The StatefulSet and DaemonSet controllers for brisk's own
 		// manifests (internal/kubeinstall); idle, they cost a few watches.
-		"--controllers=deployment-controller,replicaset-controller,statefulset-controller,daemonset-controller",
+		"--controllers="+strings.Join(append([]string{"deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller"}, extra...), ","),
+		"--root-ca-file="+c.pki.caFile,
 		"--cert-dir="+filepath.Join(c.Dir, "kcm-certs")), limits()...)...)
 	c.start(t, "kube-scheduler", append(append(common,
 		"--cert-dir="+filepath.Join(c.Dir, "scheduler-certs")), limits()...)...)

@@ -44,7 +44,7 @@ const (
 	// KubeletSubnet holds the Pods' addresses; the bridge takes the first.
 	KubeletSubnet = "10.216.0.0/24"
 	kubeletBridge = "bkubelet0"
-	kubeletGW     = "10.216.0.1/24"
+	kubeletGW     = KubeletGatewayIP + "/24"
 	// kubeletCNINet names the CNI network (and its cache entries).
 	kubeletCNINet = "brisk-kubelet"
 	// kubeletCgroupRoot is the kubelet's cgroupRoot: its kubepods tree
@@ -86,6 +86,7 @@ type Kubelet struct {
 
 	c        *Cluster
 	procs    []*proc
+	api      *apiProxy // the apiserver for the Pods (APIServer)
 	unlock   func()
 	before   hostPaths // what was at the fixed host paths before the start
 	state    string    // hostState before the start
@@ -149,7 +150,10 @@ const cniBinDir = "/usr/lib/cni"
 // socket in the test's temporary directory) whose CRI plugin runs Pods
 // with runc and gives them addresses of KubeletSubnet on a bridge of
 // their own, reachable from this host only (no NAT, no route off the
-// machine). The Pods' sandbox image is PauseImage, built here. It returns
+// machine). Pods reach the apiserver at APIServer (a forwarder on the
+// bridge's address) and resolve names through StartDNS's CoreDNS, the
+// kubelet's cluster DNS; no kube-proxy runs. The Pods' sandbox image is
+// PauseImage, built here. It returns
 // when the node is Ready; Stop, also run when the test ends, deletes the
 // node's Pods, stops both daemons by PID and removes everything the run
 // wrote on the host.
@@ -192,6 +196,13 @@ func StartKubelet(t testing.TB, c *Cluster) *Kubelet {
 	k.ContainerdSocket = filepath.Join(k.Dir, "containerd.sock")
 	if err := k.prepare(); err != nil {
 		t.Fatalf("kubecluster: %v", err)
+	}
+	target, err := apiTarget(c.Host)
+	if err == nil {
+		k.api, err = startAPIProxy(target)
+	}
+	if err != nil {
+		t.Fatalf("kubecluster: the apiserver's address for Pods: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
@@ -341,6 +352,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		"evictionHard": map[string]string{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
 			"nodefs.inodesFree": "1%"},
 		"maxPods": 30,
+		// StartDNS serves it; ClusterFirst Pods get it as their resolver.
+		"clusterDNS":    []string{KubeletGatewayIP},
+		"clusterDomain": ClusterDomain,
 	}
 	for _, f := range []struct {
 		name string
@@ -572,7 +586,7 @@ func (k *Kubelet) Stop() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
 	defer cancel()
-	if k.exited() == nil && len(k.procs) == 2 {
+	if k.exited() == nil && len(k.procs) >= 2 { // containerd and the kubelet run
 		fail(k.drain(ctx))
 	}
 	// The kubelet first, then what it left in containerd, then containerd.
@@ -581,6 +595,9 @@ func (k *Kubelet) Stop() error {
 			fail(k.deleteContainers(ctx))
 		}
 		k.procs[i].stop()
+	}
+	if k.api != nil {
+		k.api.close()
 	}
 	if err := k.c.Client.CoreV1().Nodes().Delete(ctx, KubeletNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		fail(err)
