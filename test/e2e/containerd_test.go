@@ -112,16 +112,20 @@ func TestContainerdFunctionLifecycle(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 60*time.Second, "3 ready sandboxes under 3 concurrent clients", func() bool {
-		return c.fn(t, "hello").Status.Ready == 3
+	// One container per ready sandbox: the autoscaler may go past 3 for
+	// a moment (a sandbox being made or drained has its container too).
+	var last []string
+	eventually(t, 60*time.Second, "3 ready sandboxes, 3 containers, under 3 concurrent clients", func() bool {
+		if c.fn(t, "hello").Status.Ready != 3 {
+			return false
+		}
+		last = containers(t, ctr)
+		return len(last) == 3
 	})
 	stop.Store(true)
 	wg.Wait()
 	if n := failures.Load(); n != 0 {
-		t.Fatalf("%d calls failed under load", n)
-	}
-	if n := containers(t, ctr); len(n) != 3 {
-		t.Fatalf("containers under load = %v, want 3", n)
+		t.Fatalf("%d calls failed under load (containers %v)", n, last)
 	}
 
 	// Idle: back to zero, containers gone.
