@@ -210,21 +210,9 @@ func (cp *ControlPlane) bootstrapJoinToken() error {
 			return nil
 		}
 	}
-	var g auth.Grant
-	path := filepath.Join(cp.cfg.DataDir, JoinTokenFile)
-	if tok := cp.cfg.BootstrapJoinToken; tok != "" && cp.givenTokenUsable("join") {
-		if g, err = auth.GrantOf(tok, []string{auth.ScopeJoin}); err != nil {
-			return fmt.Errorf("controlplane: the bootstrap join token: %w", err)
-		}
-		path = "" // whoever gave it has it
-	} else {
-		var tok string
-		if tok, g, err = auth.New([]string{auth.ScopeJoin}, nil, ""); err != nil {
-			return err
-		}
-		if err := writeSecret(path, tok+"\n"); err != nil {
-			return fmt.Errorf("controlplane: writing the join token: %w", err)
-		}
+	g, path, _, err := cp.firstToken(auth.ScopeJoin, cp.cfg.BootstrapJoinToken, filepath.Join(cp.cfg.DataDir, JoinTokenFile))
+	if err != nil {
+		return err
 	}
 	rec := &store.Token{ID: g.ID, Name: "bootstrap-join", Scopes: g.Scopes, Hash: g.Hash, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {

@@ -45,20 +45,8 @@ func startTLSControlPlane(t *testing.T) *tlsCP {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
+	cp, _ := runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
 		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cp.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-cp.Ready():
-	case err := <-done:
-		t.Fatalf("control plane: %v", err)
-	}
 	tok, err := pki.ReadSecretFile(filepath.Join(dir, JoinTokenFile))
 	if err != nil {
 		t.Fatalf("join token: %v", err)
@@ -336,21 +324,9 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
 	join, _, _ := auth.New([]string{auth.ScopeJoin}, nil, "")
 	deploy, _, _ := auth.New([]string{auth.ScopeDeploy}, nil, "")
-	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
+	cp, _ := runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
 		BootstrapAdminToken: admin, BootstrapJoinToken: join, BootstrapDeployToken: deploy,
 		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cp.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-cp.Ready():
-	case err := <-done:
-		t.Fatalf("control plane: %v", err)
-	}
 	for _, f := range []string{AdminTokenFile, JoinTokenFile} {
 		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s written although the token was given: %v", f, err)

@@ -21,20 +21,9 @@ import (
 // functions may keep them as they are, but not forge them.
 func TestReservedLabels(t *testing.T) {
 	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
-	cp, err := New(Config{DataDir: t.TempDir(), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+	cp, _ := runCP(t, Config{DataDir: t.TempDir(), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 		BootstrapAdminToken: admin, StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- cp.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-cp.Ready():
-	case err := <-done:
-		t.Fatalf("control plane: %v", err)
-	}
+	ctx := context.Background()
 	as := func(tok string) *client.Client {
 		c := client.New("http://"+cp.AdminAddr(), "")
 		c.Token = tok
@@ -68,7 +57,7 @@ func TestReservedLabels(t *testing.T) {
 	mark := map[string]string{"brisk.dev/kubernetes-function": "team-a/x", "app": "a"}
 
 	// The limited token cannot forge the mark, on a new function or its own.
-	_, err = tenant.Create(ctx, fn("spoof", mark))
+	_, err := tenant.Create(ctx, fn("spoof", mark))
 	forbidden("create with the mark by a namespace token", err)
 	if _, err := tenant.Create(ctx, fn("spoof", map[string]string{"app": "a"})); err != nil {
 		t.Fatal(err)

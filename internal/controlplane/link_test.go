@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,18 +22,31 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // stop is called.
 func startCP(t *testing.T, dir string) (cp *ControlPlane, stop func()) {
 	t.Helper()
-	cp, err := New(Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", Logger: quiet,
+	return runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", Logger: quiet,
 		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, StartupGrace: 5 * time.Second,
 		KeepAlivePolicy: spec.KeepAliveTTL}) // scale-downs here expect victims at once
+}
+
+// runCP runs a control plane of cfg until the test ends or stop is
+// called; it returns once the control plane is ready, and fails the test
+// if it stops before.
+func runCP(t *testing.T, cfg Config) (cp *ControlPlane, stop func()) {
+	t.Helper()
+	cp, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { cp.Run(ctx); close(done) }()
-	<-cp.Ready()
-	stop = func() { cancel(); <-done }
+	done := make(chan error, 1)
+	go func() { done <- cp.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
+	select {
+	case <-cp.Ready():
+	case err := <-done:
+		t.Fatalf("control plane: %v", err)
+	}
 	return cp, stop
 }
 

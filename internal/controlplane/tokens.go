@@ -95,22 +95,9 @@ func (cp *ControlPlane) bootstrapToken() error {
 	if cp.cfg.AuthDisabled || cp.tokens.Len() > 0 {
 		return nil
 	}
-	var g auth.Grant
-	var err error
-	path := filepath.Join(cp.cfg.DataDir, AdminTokenFile)
-	if tok := cp.cfg.BootstrapAdminToken; tok != "" && cp.givenTokenUsable("admin") {
-		if g, err = auth.GrantOf(tok, []string{auth.ScopeAdmin}); err != nil {
-			return fmt.Errorf("controlplane: the bootstrap admin token: %w", err)
-		}
-		path = "" // whoever gave it has it
-	} else {
-		var tok string
-		if tok, g, err = auth.New([]string{auth.ScopeAdmin}, nil, ""); err != nil {
-			return err
-		}
-		if err := writeSecret(path, tok+"\n"); err != nil {
-			return fmt.Errorf("controlplane: writing the first admin token: %w", err)
-		}
+	g, path, _, err := cp.firstToken(auth.ScopeAdmin, cp.cfg.BootstrapAdminToken, filepath.Join(cp.cfg.DataDir, AdminTokenFile))
+	if err != nil {
+		return err
 	}
 	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {
@@ -120,6 +107,30 @@ func (cp *ControlPlane) bootstrapToken() error {
 	return cp.loadTokens()
 }
 
+// firstToken is a bootstrap token of scope: the given one while the
+// registry is unused (givenTokenUsable), else, with a path, a new one
+// written there (written is "" for a given token: whoever gave it has
+// it). ok is false when there is none to register.
+func (cp *ControlPlane) firstToken(scope, given, path string) (g auth.Grant, written string, ok bool, err error) {
+	if given != "" && cp.givenTokenUsable(scope) {
+		if g, err = auth.GrantOf(given, []string{scope}); err != nil {
+			return g, "", false, fmt.Errorf("controlplane: the bootstrap %s token: %w", scope, err)
+		}
+		return g, "", true, nil
+	}
+	if path == "" {
+		return g, "", false, nil
+	}
+	tok, g, err := auth.New([]string{scope}, nil, "")
+	if err != nil {
+		return g, "", false, err
+	}
+	if err := writeSecret(path, tok+"\n"); err != nil {
+		return g, "", false, fmt.Errorf("controlplane: writing the first %s token: %w", scope, err)
+	}
+	return g, path, true, nil
+}
+
 // bootstrapDeployName names the given deploy token's record.
 const bootstrapDeployName = "bootstrap-deploy"
 
@@ -127,8 +138,7 @@ const bootstrapDeployName = "bootstrap-deploy"
 // its name exists and the registry is unused (givenTokenUsable): a revoked
 // one does not come back.
 func (cp *ControlPlane) bootstrapDeployToken() error {
-	tok := cp.cfg.BootstrapDeployToken
-	if cp.cfg.AuthDisabled || tok == "" {
+	if cp.cfg.AuthDisabled || cp.cfg.BootstrapDeployToken == "" {
 		return nil
 	}
 	toks, err := cp.store.Tokens()
@@ -140,12 +150,9 @@ func (cp *ControlPlane) bootstrapDeployToken() error {
 			return nil
 		}
 	}
-	if !cp.givenTokenUsable("deploy") {
-		return nil
-	}
-	g, err := auth.GrantOf(tok, []string{auth.ScopeDeploy})
-	if err != nil {
-		return fmt.Errorf("controlplane: the bootstrap deploy token: %w", err)
+	g, _, ok, err := cp.firstToken(auth.ScopeDeploy, cp.cfg.BootstrapDeployToken, "")
+	if err != nil || !ok {
+		return err
 	}
 	rec := &store.Token{ID: g.ID, Name: bootstrapDeployName, Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
 	if err := cp.store.CreateToken(rec); err != nil {
@@ -168,7 +175,7 @@ func (cp *ControlPlane) givenTokenUsable(kind string) bool {
 	fns, err3 := cp.store.Functions()
 	if err := errors.Join(err1, err2, err3); err != nil || len(ws)+len(dps)+len(fns) > 0 {
 		then := "making a new one into the data dir"
-		if kind == "deploy" {
+		if kind == auth.ScopeDeploy {
 			then = "give its user a token made with brisk token create"
 		}
 		cp.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); "+then,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
@@ -42,17 +40,8 @@ func TestController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installCRD(t, dyn)
-	if _, err := kc.Client.RbacV1().ClusterRoles().Create(ctx, ClusterRole("brisk-functions"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "brisk-functions"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "brisk-functions"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubecluster.WorkerUser}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kc.InstallFunctionCRD(t)
+	kc.GrantClusterRole(t, ClusterRole("brisk-functions"), kubecluster.WorkerUser)
 
 	adm := startBrisk(t)
 	// A controller of one namespace (-n) runs with a Role there and
@@ -69,16 +58,7 @@ func TestController(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kc.Client.RbacV1().ClusterRoles().Create(ctx, NamespaceReader(nsOnly, "brisk-functions-team-n"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "brisk-functions-team-n"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "brisk-functions-team-n"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "ns-only"}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kc.GrantClusterRole(t, NamespaceReader(nsOnly, "brisk-functions-team-n"), "ns-only")
 	rc := kc.AdminConfig()
 	rc.Impersonate.UserName = "ns-only"
 	c2, err := New(Config{REST: rc, Brisk: adm, Namespace: nsOnly, StatusInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
@@ -288,26 +268,4 @@ func startBrisk(t *testing.T) *client.Client {
 	c := client.New("http://"+cp.AdminAddr(), "")
 	c.Token = admin
 	return c
-}
-
-// installCRD creates the Function CRD and waits until it is served.
-func installCRD(t *testing.T, dyn dynamic.Interface) {
-	t.Helper()
-	data, err := os.ReadFile("../../deploy/kubernetes/function-crd.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := yaml.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
-	}
-	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	ctx := context.Background()
-	if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("installing the Function CRD: %v", err)
-	}
-	testutil.Eventually(t, 30*time.Second, func() bool {
-		_, err := dyn.Resource(GVR).List(ctx, metav1.ListOptions{Limit: 1})
-		return err == nil
-	}, "functions.brisk.dev served")
 }

@@ -36,19 +36,7 @@ func TestKubeRegularTrack(t *testing.T) {
 	p := c.up(t, args...)
 
 	// pods lists the function's live Pods (not being deleted) by name.
-	pods := func(fn string) map[string]corev1.Pod {
-		list, err := kc.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: kube.Selector + "," + kube.LabelFunction + "=" + fn})
-		if err != nil {
-			t.Fatalf("list pods: %v", err)
-		}
-		out := map[string]corev1.Pod{}
-		for _, p := range list.Items {
-			if p.DeletionTimestamp == nil {
-				out[p.Name] = p
-			}
-		}
-		return out
-	}
+	pods := func(fn string) map[string]corev1.Pod { return kubePods(t, kc, ns, fn) }
 
 	c.mustBrisk(t, "fn", "deploy", "hello", "--builtin", "trace", "--max", "5",
 		"--stable-window", "2s", "--scale-to-zero-grace", "1s", "--keep-alive", "ttl")

@@ -11,11 +11,9 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
@@ -49,7 +47,7 @@ func TestKubeFunctions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installFunctionCRD(t, dyn)
+	kc.InstallFunctionCRD(t)
 	ns := kc.Namespace(t, "team-a")
 	// Opted in: the controller serves only namespaces so labelled.
 	if _, err := kc.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType,
@@ -57,16 +55,7 @@ func TestKubeFunctions(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The controller's user has the ClusterRole's rights and no others.
-	if _, err := kc.Client.RbacV1().ClusterRoles().Create(ctx, kubefunctions.ClusterRole("brisk-functions"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "brisk-functions"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "brisk-functions"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubecluster.WorkerUser}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	kc.GrantClusterRole(t, kubefunctions.ClusterRole("brisk-functions"), kubecluster.WorkerUser)
 
 	c := newCluster(t)
 	p := c.up(t)
@@ -323,44 +312,6 @@ func TestKubeFunctions(t *testing.T) {
 	eventually(t, 30*time.Second, "later deployed again", func() bool {
 		v, err := c.cl.Get(ctx, "later")
 		return err == nil && v.Revision != before && deployed("later")
-	})
-}
-
-// installFunctionCRD creates the CRD from deploy/kubernetes and waits
-// until it is served.
-func installFunctionCRD(t *testing.T, dyn dynamic.Interface) {
-	t.Helper()
-	data, err := os.ReadFile("../../deploy/kubernetes/function-crd.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := yaml.Unmarshal(data, &m); err != nil {
-		t.Fatal(err)
-	}
-	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	ctx := context.Background()
-	if _, err := crds.Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("installing the Function CRD: %v", err)
-	}
-	eventually(t, 30*time.Second, "the Function CRD established", func() bool {
-		o, err := crds.Get(ctx, "functions.brisk.dev", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		conds, _, _ := unstructured.NestedSlice(o.Object, "status", "conditions")
-		for _, c := range conds {
-			if m := c.(map[string]any); m["type"] == "Established" && m["status"] == "True" {
-				return true
-			}
-		}
-		return false
-	})
-	// Established can come a moment before the resource is served.
-	fns := dyn.Resource(kubefunctions.GVR)
-	eventually(t, 30*time.Second, "functions.brisk.dev served", func() bool {
-		_, err := fns.List(ctx, metav1.ListOptions{Limit: 1})
-		return err == nil
 	})
 }
 

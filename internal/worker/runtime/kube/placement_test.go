@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -176,18 +175,7 @@ func TestKubeScheduler(t *testing.T) {
 		if _, err := NodesCapacity(ctxT(t), sh.Client(), nil); !apierrors.IsForbidden(err) {
 			t.Errorf("NodesCapacity without NodeReaderRole = %v, want Forbidden", err)
 		}
-		ctx := ctxT(t)
-		if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, NodeReaderRole("brisk-node-reader"), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		crb := &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "brisk-node-reader"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "brisk-node-reader"},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: kubecluster.WorkerUser}},
-		}
-		if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		c.GrantClusterRole(t, NodeReaderRole("brisk-node-reader"), kubecluster.WorkerUser)
 		var all Capacity
 		testutil.Eventually(t, wait, func() bool { // RBAC applies within moments
 			var err error
