@@ -64,7 +64,7 @@ type env struct {
 	dir string
 }
 
-func start(t *testing.T, dir string, cfg Config) *env {
+func start(t testing.TB, dir string, cfg Config) *env {
 	t.Helper()
 	srv, err := StartServer(ServerConfig{Dir: dir})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -223,6 +224,9 @@ func (q *Queue) MaxBody() int64 {
 	return q.nc.MaxPayload() - 64<<10
 }
 
+// metaBufs holds the buffers call heads are encoded in.
+var metaBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
 // headRoom is kept free in a stored call's message beyond its head and
 // body: the other header lines, and a dead letter's reason.
 const headRoom = 4 << 10
@@ -289,23 +293,23 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if c.Submitted.IsZero() {
 		c.Submitted = q.now()
 	}
-	meta, err := json.Marshal(callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano(), Host: c.Host, Remote: c.Remote})
-	if err != nil {
-		return err
-	}
+	bp := metaBufs.Get().(*[]byte)
+	*bp = (&callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano(), Host: c.Host, Remote: c.Remote}).appendJSON((*bp)[:0])
+	meta := string(*bp)
+	metaBufs.Put(bp)
 	// The head counts against the payload limit too (headers escaped in
 	// JSON grow), with room for the dead letter's reason: a call stored
 	// at the limit must still fit in the dead-letter stream.
 	if int64(len(meta)+len(c.Body))+headRoom > q.nc.MaxPayload() {
 		return ErrTooLarge
 	}
-	msg := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
-	msg.Header.Set(hdrCall, string(meta))
-	msg.Header.Set(jetstream.MsgIDHeader, c.ID)
-	msg.Data = c.Body
+	msg := &nats.Msg{Subject: callsPrefix + c.Function + "." + c.ID, Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
 	if c.Fresh {
 		return q.submitFresh(ctx, c, msg)
 	}
+	// A client's id may come again (a retried submit): JetStream stores
+	// it once within its duplicate window.
+	msg.Header[jetstream.MsgIDHeader] = []string{c.ID}
 	// The queued record goes first and only where none exists, so that it
 	// can neither overwrite a later state nor be missing when the
 	// consumer writes one. It claims the id: an id whose record names
@@ -345,7 +349,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 			return fmt.Errorf("async: store call: %w", gerr)
 		}
 	}
-	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
+	if err := q.publish(ctx, msg); err != nil {
 		if rev != 0 {
 			// A refused call leaves no record saying it is queued.
 			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
@@ -369,8 +373,11 @@ func (q *Queue) Accepting() (done func()) { return q.yield.accepting() }
 // in the calls stream (Get and List read it there); the consumer writes
 // the first record, at its attempt's end (or when it outlasts
 // runningAfter).
+//
+// Its message has no Nats-Msg-Id: nobody submits a fresh id twice, and
+// JetStream's duplicate window need not remember it.
 func (q *Queue) submitFresh(ctx context.Context, c *Call, msg *nats.Msg) error {
-	if _, err := q.js.PublishMsg(ctx, msg); err != nil {
+	if err := q.publish(ctx, msg); err != nil {
 		if isLimit(err) {
 			return ErrQueueFull
 		}
