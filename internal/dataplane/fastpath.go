@@ -42,6 +42,7 @@ type frontReq struct {
 	te                        bool // Te: trailers
 	idempotent                bool
 	isHead                    bool
+	async                     bool // a submit (fastasync.go)
 }
 
 // next reads the next request. It returns the function called and
@@ -138,8 +139,10 @@ func (c *frontConn) parse() *function {
 			return nil
 		}
 		fn = c.f.d.lookupCall(string(name))
-	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) || bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
-		return nil // asynchronous calls and the Lambda API: the net/http path (async.go, lambda.go)
+	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) {
+		return c.parseAsync(path[len(asyncPrefix):])
+	} else if bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
+		return nil // the Lambda API: the net/http path (lambda.go)
 	} else {
 		rq.rest = path
 		if label := httpx.HostLabel(string(rq.host)); httpx.NamesFunction(label) {
@@ -166,6 +169,9 @@ func (c *frontConn) call(fn *function) bool {
 	if len(callID) == 0 {
 		writeCallID(&c.callID)
 		callID = c.callID[:]
+	}
+	if rq.async {
+		return c.submitAsync(fn, callID, len(rq.callID) == 0)
 	}
 	set := fn.set.Load()
 	limit := max(d.cfg.WriteTimeout, set.conf.queueTimeout+set.conf.timeout+deadlineSlack)
