@@ -122,23 +122,35 @@ func appendJSONString(b []byte, s string) []byte {
 // JetStream client's default does.
 const publishTimeout = 5 * time.Second
 
-// publish stores msg in its stream and waits for the acknowledgement.
+// publish stores msg in its stream and waits for the acknowledgement. As
+// the JetStream client does, it tries again, twice, 250 ms apart, when no
+// server answers for the stream: a moment without one (a stream leader
+// changing, a server restarting) is not an error the client should see.
 func (q *Queue) publish(ctx context.Context, msg *nats.Msg) error {
-	timeout := publishTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	reply, err := q.nc.RequestMsg(msg, timeout)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) {
+	for attempt := 0; ; attempt++ {
+		reply, err := q.nc.RequestMsgWithContext(ctx, msg)
+		switch {
+		case errors.Is(err, nats.ErrNoResponders) && attempt < jetstream.DefaultPubRetryAttempts:
+			t := time.NewTimer(jetstream.DefaultPubRetryWait)
+			select {
+			case <-t.C:
+				continue
+			case <-ctx.Done():
+				t.Stop()
+				return jetstream.ErrNoStreamResponse
+			}
+		case errors.Is(err, nats.ErrNoResponders):
 			return jetstream.ErrNoStreamResponse
+		case err != nil:
+			return err
 		}
-		return err
+		return pubAckErr(reply.Data)
 	}
-	return pubAckErr(reply.Data)
 }
 
 // pubAckErr reads a JetStream acknowledgement: nil for a stored message

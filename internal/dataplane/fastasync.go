@@ -16,7 +16,8 @@ import (
 // net/http's request, header map, context and background read were about
 // a third of the data plane's CPU per submit, and the accept benchmark
 // runs the cores out (docs/benchmarks.md, "Asynchronous calls"). The
-// front end takes only the plain submit: a known function, a valid or no
+// front end takes only the plain submit: not HEAD (whose 202 has no body),
+// a known function, a valid or no
 // X-Call-Id, no X-Callback-Url (async.go checks a callback address) and a
 // body within the queue's limit. Anything else — and every error but a
 // refused token or a queue that refuses the call — is submitAsync's, on
@@ -40,7 +41,7 @@ func (c *frontConn) parseAsync(tail []byte) *function {
 		name, rq.rest = name[:i], name[i:]
 	}
 	name = httpx.PathName(name)
-	if len(name) == 0 || same(rq.method, http.MethodConnect) {
+	if len(name) == 0 || rq.isHead || same(rq.method, http.MethodConnect) {
 		return nil
 	}
 	if rq.length > min(d.cfg.MaxBodyBytes, q.MaxBody()) {

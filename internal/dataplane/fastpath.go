@@ -202,7 +202,7 @@ func (c *frontConn) keepAlive() bool { return !c.req.close && !c.f.closing.Load(
 // and leaves the state; it reports whether the connection goes on.
 func (c *frontConn) answerError(f failure, callID []byte) bool {
 	keep := c.keepAlive()
-	ok := c.writeError(f, callID, keep)
+	ok := c.writeError(f, callID, keep, c.req.isHead)
 	return c.leaveCall() && ok && keep
 }
 
@@ -286,7 +286,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		f := d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", upErr))
 		st.code = f.code
 		d.finish(st, nil)
-		c.writeError(f, callID, false)
+		c.writeError(f, callID, false, c.req.isHead)
 		return false
 	case cut:
 		// The status went out already: closing the connection shows the
@@ -489,9 +489,9 @@ func (c *frontConn) writeStatus(rh *replyHead) {
 	}
 }
 
-// writeError writes a brisk-generated error as JSON. It reports whether
-// the write succeeded.
-func (c *frontConn) writeError(f failure, callID []byte, keep bool) bool {
+// writeError writes a brisk-generated error as JSON, without the body in
+// reply to a HEAD request (head). It reports whether the write succeeded.
+func (c *frontConn) writeError(f failure, callID []byte, keep, head bool) bool {
 	body := errorJSON(f)
 	c.f.d.prom.errors.inc(f.why)
 	bw := c.bw
@@ -521,7 +521,9 @@ func (c *frontConn) writeError(f failure, callID []byte, keep bool) bool {
 		bw.WriteString("Connection: close\r\n")
 	}
 	bw.WriteString("\r\n")
-	bw.Write(body)
+	if !head {
+		bw.Write(body)
+	}
 	return bw.Flush() == nil
 }
 

@@ -455,7 +455,7 @@ func (c *frontConn) finish() {
 // for what the client still sends, so that the answer is not lost to a
 // reset.
 func (c *frontConn) refuse(f failure) {
-	if !c.writeError(f, nil, false) {
+	if !c.writeError(f, nil, false, false) {
 		return
 	}
 	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
