@@ -20,7 +20,6 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -336,8 +335,12 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 	}
 	if recs, err := c.awaitCalls(ctx, []string{id}, cfg.Timeout, 1); err != nil {
 		return nil, "", fmt.Errorf("bench async: the warm-up call: %w", err)
-	} else if recs[0].Status != async.StatusSucceeded {
-		return nil, "", fmt.Errorf("bench async: the warm-up call ended %s: %s", recs[0].Status, recs[0].Error)
+	} else if st := recs[0].Status(); st != async.StatusSucceeded {
+		why := ""
+		if r, err := c.Client.Call(ctx, id); err == nil {
+			why = r.Error
+		}
+		return nil, "", fmt.Errorf("bench async: the warm-up call ended %s: %s", st, why)
 	}
 
 	// Phase 1: accept rate.
@@ -755,8 +758,8 @@ func (s *asyncSubmitter) oneByOne(ctx context.Context, n int, gap time.Duration)
 // queue hands calls out about in order, so it first waits for the last
 // one and only then reads them all, with workers concurrent reads: the
 // polling costs the run under way next to nothing.
-func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Duration, workers int) ([]*async.Record, error) {
-	recs := make([]*async.Record, len(ids))
+func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Duration, workers int) ([]callEnd, error) {
+	recs := make([]callEnd, len(ids))
 	if len(ids) == 0 {
 		return recs, nil
 	}
@@ -782,7 +785,7 @@ func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Dur
 					i := pending[j]
 					r, err := c.Client.Call(ctx, ids[i])
 					if err == nil {
-						recs[i] = slim(r)
+						recs[i] = endOf(r)
 					}
 					if err != nil || !r.Status.Final() {
 						mu.Lock()
@@ -818,23 +821,47 @@ func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Dur
 	}
 }
 
-// slim keeps what the summary and calls.csv read of a record. The run
-// holds every call's record to its end, and with --local in the process
-// that runs the cluster too: the result bodies and headers it never reads
-// were most of the heap, and marking them made the garbage collector's
-// cycles during the next phase ~270 ms long, a core's worth of the two
-// taken from the submits for that time.
-func slim(r *async.Record) *async.Record {
-	s := &async.Record{ID: r.ID, Status: r.Status, Attempts: r.Attempts, SubmittedAt: r.SubmittedAt,
-		StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Error: r.Error}
-	if r.Result != nil {
-		s.Result = &api.CallResult{Status: r.Result.Status}
-		if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
-			s.Result.Header = http.Header{loadgen.HeaderTiming: {t}}
+// callEnd is what the run keeps of a call's record: what the summary and
+// calls.csv read, without pointers. The run holds every call's to its
+// end, with --local in the process that runs the cluster too: as records,
+// they were a third of that process's heap objects (the garbage collector
+// marked them at every cycle, taking the CPU from the submits meanwhile).
+type callEnd struct {
+	submitted, started, finished int64 // Unix ns; 0: unknown
+	queueUs                      int64 // the last attempt's queue wait; -1: not reported
+	attempts                     int32
+	status                       uint8 // index in callStatuses; 0: no record read
+	result                       bool  // the record has the attempt's result
+}
+
+var callStatuses = [...]async.Status{"", async.StatusQueued, async.StatusRunning, async.StatusSucceeded, async.StatusFailed, async.StatusDead}
+
+func endOf(r *async.Record) callEnd {
+	e := callEnd{submitted: r.SubmittedAt.UnixNano(), queueUs: -1, attempts: int32(r.Attempts)}
+	if r.StartedAt != nil {
+		e.started = r.StartedAt.UnixNano()
+	}
+	if r.FinishedAt != nil {
+		e.finished = r.FinishedAt.UnixNano()
+	}
+	for i, st := range callStatuses[1:] {
+		if r.Status == st {
+			e.status = uint8(i + 1)
 		}
 	}
-	return s
+	if r.Result != nil {
+		e.result = true
+		if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
+			e.queueUs = timingQueueUs(t)
+		}
+	}
+	return e
 }
+
+// Status is the call's end state ("" when no record was read).
+func (e *callEnd) Status() async.Status { return callStatuses[e.status] }
+
+func unixTime(ns int64) time.Time { return time.Unix(0, ns) }
 
 // cpuTrace samples this process's CPU time until stopped, to read it at
 // times known only afterwards (a call's FinishedAt).
@@ -908,7 +935,7 @@ func (ct *cpuTrace) at(t time.Time) time.Duration {
 type phaseRecords struct {
 	phase string
 	ids   []string
-	recs  []*async.Record
+	recs  []callEnd
 }
 
 // writeCallsCSV writes one row per call: its phase, id, end state,
@@ -917,26 +944,24 @@ type phaseRecords struct {
 func writeCallsCSV(w io.Writer, phases []phaseRecords) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"phase", "call_id", "status", "attempts", "submitted_us", "started_us", "finished_us", "queue_us"})
-	us := func(t *time.Time) string {
-		if t == nil || t.IsZero() {
+	us := func(ns int64) string {
+		if ns == 0 {
 			return ""
 		}
-		return strconv.FormatInt(t.UnixMicro(), 10)
+		return strconv.FormatInt(ns/1e3, 10)
 	}
 	for _, p := range phases {
 		for i, id := range p.ids {
-			r := p.recs[i]
-			if r == nil {
+			r := &p.recs[i]
+			if r.status == 0 {
 				_ = cw.Write([]string{p.phase, id, "unknown", "", "", "", "", ""})
 				continue
 			}
 			q := ""
-			if r.Result != nil {
-				if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
-					q = strconv.FormatInt(timingQueueUs(t), 10)
-				}
+			if r.queueUs >= 0 {
+				q = strconv.FormatInt(r.queueUs, 10)
 			}
-			_ = cw.Write([]string{p.phase, id, string(r.Status), strconv.Itoa(r.Attempts), us(&r.SubmittedAt), us(r.StartedAt), us(r.FinishedAt), q})
+			_ = cw.Write([]string{p.phase, id, string(r.Status()), strconv.Itoa(int(r.attempts)), us(r.submitted), us(r.started), us(r.finished), q})
 		}
 	}
 	cw.Flush()
@@ -944,18 +969,19 @@ func writeCallsCSV(w io.Writer, phases []phaseRecords) error {
 }
 
 // outcome counts how the calls ended.
-func outcome(recs []*async.Record) CallOutcome {
+func outcome(recs []callEnd) CallOutcome {
 	o := CallOutcome{Accepted: len(recs)}
-	for _, r := range recs {
-		switch {
-		case r == nil || !r.Status.Final():
+	for i := range recs {
+		r := &recs[i]
+		switch st := r.Status(); {
+		case !st.Final():
 			o.Unfinished++
-		case r.Status == async.StatusSucceeded:
+		case st == async.StatusSucceeded:
 			o.Succeeded++
 		default:
 			o.Failed++
 		}
-		if r != nil && r.Attempts > 1 {
+		if r.attempts > 1 {
 			o.Retried++
 		}
 	}
@@ -964,29 +990,29 @@ func outcome(recs []*async.Record) CallOutcome {
 
 // span returns the first and last SubmittedAt and the last FinishedAt of
 // the finished calls.
-func span(recs []*async.Record) (first, lastSubmit, lastFinish time.Time) {
-	for _, r := range recs {
-		if r == nil || r.FinishedAt == nil {
+func span(recs []callEnd) (first, lastSubmit, lastFinish time.Time) {
+	var f, ls, lf int64
+	for i := range recs {
+		r := &recs[i]
+		if r.finished == 0 {
 			continue
 		}
-		if first.IsZero() || r.SubmittedAt.Before(first) {
-			first = r.SubmittedAt
+		if f == 0 || r.submitted < f {
+			f = r.submitted
 		}
-		if r.SubmittedAt.After(lastSubmit) {
-			lastSubmit = r.SubmittedAt
-		}
-		if r.FinishedAt.After(lastFinish) {
-			lastFinish = *r.FinishedAt
-		}
+		ls, lf = max(ls, r.submitted), max(lf, r.finished)
 	}
-	return first, lastSubmit, lastFinish
+	if f == 0 {
+		return
+	}
+	return unixTime(f), unixTime(ls), unixTime(lf)
 }
 
 // finishedBy counts the calls finished by t.
-func finishedBy(recs []*async.Record, t time.Time) int {
+func finishedBy(recs []callEnd, t time.Time) int {
 	n := 0
-	for _, r := range recs {
-		if r != nil && r.FinishedAt != nil && !r.FinishedAt.After(t) {
+	for i := range recs {
+		if f := recs[i].finished; f != 0 && f <= t.UnixNano() {
 			n++
 		}
 	}
@@ -994,22 +1020,23 @@ func finishedBy(recs []*async.Record, t time.Time) int {
 }
 
 // lightPhase computes phase 2's latencies from the records.
-func lightPhase(recs []*async.Record, cfg AsyncConfig, acceptMs []float64) LightPhase {
+func lightPhase(recs []callEnd, cfg AsyncConfig, acceptMs []float64) LightPhase {
 	var over, disp, wait, e2e []float64
 	noTiming := 0
-	for _, r := range recs {
-		if r == nil || r.StartedAt == nil || r.FinishedAt == nil || r.Result == nil || r.Status != async.StatusSucceeded {
+	for i := range recs {
+		r := &recs[i]
+		if r.started == 0 || r.finished == 0 || !r.result || r.Status() != async.StatusSucceeded {
 			continue
 		}
-		d := ms(r.StartedAt.Sub(r.SubmittedAt))
+		d := ms(time.Duration(r.started - r.submitted))
 		q := 0.0
-		if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
-			q = float64(timingQueueUs(t)) / 1000
+		if r.queueUs >= 0 {
+			q = float64(r.queueUs) / 1000
 		} else {
 			noTiming++
 		}
 		disp, wait, over = append(disp, d), append(wait, q), append(over, d+q)
-		e2e = append(e2e, ms(r.FinishedAt.Sub(r.SubmittedAt)))
+		e2e = append(e2e, ms(time.Duration(r.finished-r.submitted)))
 	}
 	return LightPhase{Count: cfg.LightCalls, GapMs: ms(cfg.LightGap), OverheadMs: loadgen.NewDist(over), DispatchMs: loadgen.NewDist(disp),
 		QueueWaitMs: loadgen.NewDist(wait), EndToEndMs: loadgen.NewDist(e2e), LatencyMs: loadgen.NewDist(acceptMs), Outcome: outcome(recs), NoTiming: noTiming}
