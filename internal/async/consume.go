@@ -62,8 +62,12 @@ func (q *Queue) requeue(ctx context.Context, msg jetstream.Msg) error {
 	return err
 }
 
-// pullExpiry bounds one pull request of the consumer.
-const pullExpiry = 2 * time.Second
+// pullExpiry bounds one pull request of the consumer; pullBatch is the
+// most calls one asks for.
+const (
+	pullExpiry = time.Second
+	pullBatch  = 256
+)
 
 // runningAfter is how long an attempt runs before its record says running.
 const runningAfter = 50 * time.Millisecond
@@ -76,50 +80,80 @@ const deferHold = time.Second
 
 // Run delivers calls to inv until ctx ends. Every data plane runs one; the
 // shared durable consumer gives each call to one of them at a time.
+//
+// It pulls with one request at a time, for as many calls as it has free
+// slots (at most pullBatch), each request ending when it is filled or
+// after pullExpiry. The JetStream client's continuous iterator (Messages)
+// stalled here: with a backlog pending, the server holding no request of
+// ours and nothing in flight, its Next waited out the whole expiry (2 s at
+// a time, several times per 100,000-call drain; docs/benchmarks.md): its
+// own count of what its requests still had coming went wrong. A request
+// whose calls have all arrived, or which expired, is simply followed by
+// the next.
 func (q *Queue) Run(ctx context.Context, inv Invoker) error {
-	// A pull request the server stops filling is renewed only when it
-	// expires: with the client's default of 30 s, draining a 100,000-call
-	// backlog stalled for 30 s at a time (measured; docs/benchmarks.md).
-	it, err := q.cons.Messages(jetstream.PullMaxMessages(min(q.cfg.MaxInFlight, 256)), jetstream.PullExpiry(pullExpiry))
-	if err != nil {
-		return fmt.Errorf("async: consume: %w", err)
-	}
-	stopped := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-stopped:
-		}
-		it.Stop()
-	}()
-	defer close(stopped)
 	go q.watchDepth(ctx)
-
 	slots := make(chan struct{}, q.cfg.MaxInFlight)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	lim := &fnLimits{m: map[string]*fnLimit{}, slots: q.cfg.MaxInFlight}
+	batchMax := min(q.cfg.MaxInFlight, pullBatch)
+	failures := 0
 	for {
+		// Wait for one free slot, then take the others free now.
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			return nil
 		}
-		msg, err := it.Next()
-		if err != nil {
+		n := 1
+	take:
+		for n < batchMax {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break take
+			}
+		}
+		// The server ends the request a little before the context (the
+		// client's rule); the context ends it at once when Run stops.
+		fctx, cancel := context.WithTimeout(ctx, pullExpiry)
+		batch, err := q.cons.Fetch(n, jetstream.FetchContext(fctx))
+		got := 0
+		if err == nil {
+			for msg := range batch.Messages() {
+				got++
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-slots }()
+					q.deliver(ctx, inv, lim, msg)
+				}()
+			}
+			err = batch.Error()
+		}
+		cancel()
+		for range n - got {
 			<-slots
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded):
+			failures = 0
+		default:
+			// The server is away (restarting, a leader changing): try
+			// again soon, without spinning.
+			failures++
+			q.cfg.Logger.Warn("async: consume", "err", err)
+			t := time.NewTimer(min(time.Duration(failures)*100*time.Millisecond, 2*time.Second))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
 				return nil
 			}
-			q.cfg.Logger.Warn("async: consume", "err", err)
-			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-slots }()
-			q.deliver(ctx, inv, lim, msg)
-		}()
 	}
 }
 
