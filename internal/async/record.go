@@ -34,8 +34,9 @@ func (q *Queue) putStatus(ctx context.Context, r *Record) error {
 	if err != nil {
 		return err
 	}
-	_, err = q.status.Put(ctx, r.ID, b)
-	return err
+	// A key-value put is a publish to the key's subject: the hand-read
+	// publish (meta.go) spares the client's ack decoding.
+	return q.publish(ctx, &nats.Msg{Subject: kvPrefix + r.ID, Data: b})
 }
 
 // putStatusAsync writes a transient state without waiting: losing it
