@@ -1108,8 +1108,12 @@ func formatDrain(d *DrainPhase) string {
 // asyncGoals are the targets against the run.
 func asyncGoals(s *AsyncSummary) []Goal {
 	return []Goal{
-		{Name: "accepted per second", Target: "≥ 10000", Measured: s.Accept.AcceptedPerS, Met: s.Accept.AcceptedPerS >= 10_000},
-		{Name: fmt.Sprintf("accept latency p99 at %.0f/s offered (ms)", s.Paced.OfferedPerS), Target: "≤ 5", Measured: s.Paced.LatencyMs.P99,
+		{Name: fmt.Sprintf("accepted per second, %d clients", s.Accept.Clients), Target: "≥ 10000", Measured: s.Accept.AcceptedPerS, Met: s.Accept.AcceptedPerS >= 10_000},
+		{Name: fmt.Sprintf("accept latency p99, %d clients (ms)", s.Accept.Clients), Target: "≤ 5", Measured: s.Accept.LatencyMs.P99,
+			Met: s.Accept.LatencyMs.N > 0 && s.Accept.LatencyMs.P99 <= 5 && s.Accept.AcceptedPerS >= 10_000},
+		// Stricter than the goal: a schedule the clients keep, so
+		// that a stall shows in every call due meanwhile.
+		{Name: fmt.Sprintf("paced: accept latency p99 at %.0f/s offered (ms)", s.Paced.OfferedPerS), Target: "≤ 5", Measured: s.Paced.LatencyMs.P99,
 			Met: s.Paced.LatencyMs.N > 0 && s.Paced.LatencyMs.P99 <= 5 && s.Paced.OfferedPerS >= 10_000 && s.Paced.AcceptedPerS >= 0.95*s.Paced.OfferedPerS},
 		{Name: "accept→start p50 at light load (ms)", Target: "≤ 2", Measured: s.Light.OverheadMs.P50, Met: s.Light.OverheadMs.N > 0 && s.Light.OverheadMs.P50 <= 2},
 		{Name: "drain rate / sync throughput", Target: "≥ 0.5", Measured: s.DrainOverSync, Met: s.DrainOverSync >= 0.5},
