@@ -21,7 +21,9 @@ function with --sandboxes pre-warmed sandboxes, in four phases:
 
  1. accept: --clients clients submit as fast as they can for
     --accept-duration (at most --accept-max calls): calls accepted per
-    second and the client's time to the 202; then every call is awaited.
+    second and the client's time to the 202 (over plain HTTP/1.1 the
+    clients use brisk's own wire code, lighter than net/http's client);
+    then every call is awaited.
     Then (1b, paced) the clients send on a fixed schedule of --accept-rate
     calls per second for as long: the accept latency at that load (from a
     call's scheduled time when every client was busy then, so a slow
