@@ -396,13 +396,29 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 
 // authorizedCall reads call id's record for a caller allowed to see it;
 // otherwise it answers and returns false.
+//
+// Whether a call exists is told only to those who may read it: a caller
+// without a valid token gets 401 for an id nobody holds as for another
+// tenant's call, and a token for other functions gets 404 for either (a
+// client's ids can be guessable: "payroll-2025").
 func (d *DataPlane) authorizedCall(ctx context.Context, w http.ResponseWriter, r *http.Request, id string) (*async.Record, bool) {
 	rec, err := d.cfg.Async.Get(ctx, id)
+	if errors.Is(err, async.ErrNotFound) && d.authOn.Load() {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if err := auth.HasScope(d.tokens, tok, auth.ScopeInvoke); err != nil && !errors.Is(err, auth.ErrForbidden) {
+			d.writeError(w, nil, fail(http.StatusUnauthorized, reasonUnauthorized, "%s: %v", callsPath, err))
+			return nil, false
+		}
+	}
 	if d.callError(w, err) {
 		return nil, false
 	}
 	if f := d.authCalls(r, rec.Function, auth.ScopeInvoke, true); f.code != 0 {
-		d.writeError(w, nil, f)
+		if f.code == http.StatusForbidden {
+			d.callError(w, async.ErrNotFound)
+		} else {
+			d.writeError(w, nil, f)
+		}
 		return nil, false
 	}
 	return rec, true
@@ -450,7 +466,8 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) 
 	case err == nil:
 		return failure{}
 	case errors.Is(err, auth.ErrForbidden) && byID:
-		// The call's function is not the caller's to learn.
+		// The call's function is not the caller's to learn (nor is the
+		// call: authorizedCall answers 404).
 		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for the call's function, or admin)", scope)
 	case errors.Is(err, auth.ErrForbidden):
 		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", scope, fnName)

@@ -368,9 +368,14 @@ func TestAsyncAttackRefusals(t *testing.T) {
 		{"get id > escaped", "GET", "/v1/calls/%3E", tn.admin, nil, "", 400, "bad-request"},
 		{"retry id *", "POST", "/v1/calls/*/retry", tn.admin, nil, "", 400, "bad-request"},
 		// Another tenant's calls.
-		{"read b's call with a's token", "GET", "/v1/calls/b-call", tn.a, nil, "", 403, "forbidden"},
+		// Whether b's call exists is not a's to learn: 404 as for no call.
+		{"read b's call with a's token", "GET", "/v1/calls/b-call", tn.a, nil, "", 404, "no-call"},
+		{"read no call with a's token", "GET", "/v1/calls/nobodys-call", tn.a, nil, "", 404, "no-call"},
 		{"read b's call without a token", "GET", "/v1/calls/b-call", "", nil, "", 401, "unauthorized"},
-		{"retry b's call with a's token", "POST", "/v1/calls/b-call/retry", tn.a, nil, "", 403, "forbidden"},
+		{"read no call without a token", "GET", "/v1/calls/nobodys-call", "", nil, "", 401, "unauthorized"},
+		{"read no call with a bad token", "GET", "/v1/calls/nobodys-call", "Bearer nonsense", nil, "", 401, "unauthorized"},
+		{"retry b's call with a's token", "POST", "/v1/calls/b-call/retry", tn.a, nil, "", 404, "no-call"},
+		{"retry no call without a token", "POST", "/v1/calls/nobodys-call/retry", "", nil, "", 401, "unauthorized"},
 		{"list b with a's token", "GET", "/v1/calls?function=b", tn.a, nil, "", 403, "forbidden"},
 		{"list all with a's token", "GET", "/v1/calls", tn.a, nil, "", 403, "forbidden"},
 		{"list by status with a's token", "GET", "/v1/calls?status=succeeded", tn.a, nil, "", 403, "forbidden"},
@@ -529,7 +534,7 @@ func TestAsyncAttackPurgeDeadIsStrict(t *testing.T) {
 }
 
 // Probing call ids with a token for another function tells nothing about
-// the call's function.
+// the call, nor whether it exists.
 func TestAsyncAttackRefusalNamesNoOtherFunction(t *testing.T) {
 	tn := newTenants(t, nil, async.Config{}, 200)
 	if r := as(t, "POST", tn.ts.URL+"/async-function/b", tn.b, http.Header{"X-Call-Id": {"payroll-2025"}}, ""); r.code != http.StatusAccepted {
@@ -538,7 +543,7 @@ func TestAsyncAttackRefusalNamesNoOtherFunction(t *testing.T) {
 	tn.await(t, "payroll-2025", async.StatusSucceeded)
 	for _, req := range []struct{ method, path string }{{"GET", "/v1/calls/payroll-2025"}, {"POST", "/v1/calls/payroll-2025/retry"}} {
 		r := as(t, req.method, tn.ts.URL+req.path, tn.a, nil, "")
-		wantReason(t, r, http.StatusForbidden, "forbidden", "")
+		wantReason(t, r, http.StatusNotFound, "no-call", "")
 		if strings.Contains(r.body, `\"b\"`) {
 			t.Fatalf("%s %s: the refusal names the call's function: %s", req.method, req.path, r.body)
 		}
