@@ -66,8 +66,10 @@ func (c *frontConn) parseAsync(tail []byte) *function {
 // It reports whether the connection may carry another request.
 func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	d := c.f.d
-	q := d.cfg.Async
-	defer q.Accepting()()
+	if done := c.accepting; done != nil {
+		c.accepting = nil
+		defer done()
+	}
 	rq := &c.req
 	if _, ok := c.move(inRead, stCall, d.nanotime(), d.cfg.WriteTimeout); !ok {
 		return false

@@ -77,6 +77,11 @@ func (c *frontConn) next() (*function, reqAction) {
 		return nil, actHandoff
 	}
 	rq := &c.req
+	if rq.async {
+		// A submit counts from its arrival, its body's upload included
+		// (Queue.Accepting); serve ends it if the body never comes.
+		c.accepting = c.f.d.cfg.Async.Accepting()
+	}
 	// The body's buffer is charged to the data plane's body budget before
 	// it is made: heads announcing bodies they never send must not hold
 	// memory past it. Without budget, net/http's path takes the request

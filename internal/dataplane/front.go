@@ -340,6 +340,8 @@ type frontConn struct {
 	rhdrs  []h1.Header
 	st     reqState
 	callID [32]byte
+	// accepting ends the submit in hand's Queue.Accepting (fastasync.go).
+	accepting func()
 }
 
 // killIf closes c if its word is still w; it reports whether it did.
@@ -384,6 +386,10 @@ func (c *frontConn) serve() {
 	}
 	for {
 		fn, act := c.next()
+		if act != actCall && c.accepting != nil {
+			c.accepting()
+			c.accepting = nil
+		}
 		switch act {
 		case actClose:
 			return
