@@ -115,7 +115,7 @@ func TestBenchAsyncLocal(t *testing.T) {
 	if !s.Drain.Paused || s.Drain.SubmitPerS <= 0 || s.Drain.DrainedPerS <= 0 || s.Drain.SubmitCPU <= 0 || s.Drain.CPU <= 0 {
 		t.Errorf("drain phase: %s", data)
 	}
-	if s.Sync.Completed <= 0 || s.Sync.ThroughputRPS <= 0 || s.Sync.CPU <= 0 || s.DrainOverSync <= 0 || s.CPURatio <= 0 || len(s.Goals) != 4 {
+	if s.Sync.Completed <= 0 || s.Sync.ThroughputRPS <= 0 || s.Sync.CPU <= 0 || s.DrainOverSync <= 0 || s.CPURatio <= 0 || len(s.Goals) != 5 {
 		t.Errorf("sync phase and ratio: %s", data)
 	}
 	f, err := os.Open(filepath.Join(out, "calls.csv"))
