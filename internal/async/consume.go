@@ -390,7 +390,12 @@ func backoff(p Policy, n int) time.Duration {
 // settle ends a call: final record, dead letter when it did not succeed,
 // callback, then the message leaves the queue. Each step is safe to repeat
 // if this consumer dies before the ack (the dead letter is de-duplicated).
+//
+// The writes outlive ctx (bounded by the publish timeout): an attempt that
+// ended as its data plane stops must still leave its record before its
+// message leaves the queue, or its result would be lost.
 func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Record, inv Invoker) {
+	wctx := context.WithoutCancel(ctx)
 	rec.ID, rec.Function, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.Submitted, c.CallbackURL
 	if rec.Status != StatusSucceeded {
 		dm := nats.NewMsg(deadPrefix + c.Function + "." + c.ID)
@@ -404,7 +409,7 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 		dm.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dead-%s-%d", c.ID, seq))
 		dm.Header.Set(hdrDeadReason, rec.Error)
 		dm.Data = msg.Data()
-		if _, err := q.js.PublishMsg(ctx, dm); err != nil {
+		if _, err := q.js.PublishMsg(wctx, dm); err != nil {
 			q.cfg.Logger.Warn("async: dead letter not stored; the call stays queued", "call", c.ID, "err", err)
 			_ = msg.NakWithDelay(time.Second)
 			return
@@ -418,7 +423,7 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 	if c.CallbackURL != "" && rec.Result != nil {
 		rec.Callback = q.callback(ctx, c, rec)
 	}
-	if err := q.putStatus(ctx, rec); err != nil {
+	if err := q.putStatus(wctx, rec); err != nil {
 		q.cfg.Logger.Warn("async: status record not stored", "call", c.ID, "err", err)
 	}
 	// The final record is stored: a lost ack only redelivers a call that
