@@ -665,9 +665,21 @@ func (k *Kubelet) deleteContainers(ctx context.Context) error {
 				case <-ctx.Done():
 				}
 			}
-			// The CRI plugin may have deleted an exited task meanwhile.
+			// The CRI plugin may have deleted an exited task meanwhile, or
+			// its shim exited under the delete ("ttrpc: closed"): what
+			// counts is that no task is left.
 			if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-				errs = append(errs, fmt.Errorf("task %s: %w", c.ID(), err))
+				if _, terr := c.Task(ctx, nil); terr != nil && errdefs.IsNotFound(terr) {
+					err = nil
+				} else if t2, terr := c.Task(ctx, nil); terr == nil {
+					_, err = t2.Delete(ctx, containerd.WithProcessKill)
+					if errdefs.IsNotFound(err) {
+						err = nil
+					}
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("task %s: %w", c.ID(), err))
+				}
 			}
 		}
 		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
