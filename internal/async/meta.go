@@ -1,6 +1,7 @@
 package async
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -158,7 +159,8 @@ func (q *Queue) publish(ctx context.Context, msg *nats.Msg) error {
 func pubAckErr(data []byte) error {
 	// The usual reply, {"stream":"NAME","seq":N[,"duplicate":true]},
 	// names no error: no need to decode it.
-	if len(data) > 11 && string(data[:11]) == `{"stream":"` && !containsError(data) {
+	const usual = `{"stream":"`
+	if len(data) > len(usual) && bytes.HasPrefix(data, []byte(usual)) && !bytes.Contains(data, []byte(`"error"`)) {
 		return nil
 	}
 	var ack struct {
@@ -175,14 +177,4 @@ func pubAckErr(data []byte) error {
 		return jetstream.ErrInvalidJSAck
 	}
 	return nil
-}
-
-func containsError(data []byte) bool {
-	const key = `"error"`
-	for i := 0; i+len(key) <= len(data); i++ {
-		if data[i] == '"' && string(data[i:i+len(key)]) == key {
-			return true
-		}
-	}
-	return false
 }

@@ -305,7 +305,13 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	}
 	msg := &nats.Msg{Subject: callsPrefix + c.Function + "." + c.ID, Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
 	if c.Fresh {
-		return q.submitFresh(ctx, c, msg)
+		// An id nobody else can hold: one JetStream write, the call alone.
+		// Its queued state is the call's presence in the calls stream (Get
+		// and List read it there); the consumer writes the first record,
+		// at its attempt's end (or when it outlasts runningAfter). No
+		// Nats-Msg-Id: nobody submits a fresh id twice, and JetStream's
+		// duplicate window need not remember it.
+		return q.store(ctx, c, msg)
 	}
 	// A client's id may come again (a retried submit): JetStream stores
 	// it once within its duplicate window.
@@ -349,18 +355,12 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 			return fmt.Errorf("async: store call: %w", gerr)
 		}
 	}
-	if err := q.publish(ctx, msg); err != nil {
-		if rev != 0 {
-			// A refused call leaves no record saying it is queued.
-			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
-		}
-		if isLimit(err) {
-			return ErrQueueFull
-		}
-		return fmt.Errorf("async: store call: %w", err)
+	err = q.store(ctx, c, msg)
+	if err != nil && rev != 0 {
+		// A refused call leaves no record saying it is queued.
+		_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
 	}
-	q.m.accepted.WithLabelValues(c.Function).Inc()
-	return nil
+	return err
 }
 
 // Accepting marks a submit in progress on this data plane, from its
@@ -368,15 +368,8 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 // the consumer yields (yield.go).
 func (q *Queue) Accepting() (done func()) { return q.yield.accepting() }
 
-// submitFresh stores a call whose id nobody else can hold with one
-// JetStream write: the call alone. Its queued state is the call's presence
-// in the calls stream (Get and List read it there); the consumer writes
-// the first record, at its attempt's end (or when it outlasts
-// runningAfter).
-//
-// Its message has no Nats-Msg-Id: nobody submits a fresh id twice, and
-// JetStream's duplicate window need not remember it.
-func (q *Queue) submitFresh(ctx context.Context, c *Call, msg *nats.Msg) error {
+// store publishes call c's message and counts it accepted.
+func (q *Queue) store(ctx context.Context, c *Call, msg *nats.Msg) error {
 	if err := q.publish(ctx, msg); err != nil {
 		if isLimit(err) {
 			return ErrQueueFull

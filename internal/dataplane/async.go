@@ -134,9 +134,17 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	hdr["Location"] = []string{loc}
 	hdr["Content-Type"] = hdrJSON
 	w.WriteHeader(http.StatusAccepted)
-	// The id is letters, digits, '-' and '_' (async.ValidID): no escaping.
-	_, _ = io.WriteString(w, `{"call_id":"`+c.ID+`","status":"`+string(async.StatusQueued)+`","location":"`+loc+"\"}\n")
+	_, _ = io.WriteString(w, acceptedOpen+c.ID+acceptedMid+c.ID+acceptedEnd)
 }
+
+// A submit's 202 body is these around the call id, twice:
+// {"call_id":"ID","status":"queued","location":"/v1/calls/ID"}. The id is
+// letters, digits, '-' and '_' (async.ValidID): no escaping.
+const (
+	acceptedOpen = `{"call_id":"`
+	acceptedMid  = `","status":"` + string(async.StatusQueued) + `","location":"` + callsPath + "/"
+	acceptedEnd  = "\"}\n"
+)
 
 // asyncCall is the call to store for request r of fn, whose token was
 // checked (keepAuth: its Authorization goes on to the function).
@@ -403,10 +411,10 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 // client's ids can be guessable: "payroll-2025").
 func (d *DataPlane) authorizedCall(ctx context.Context, w http.ResponseWriter, r *http.Request, id string) (*async.Record, bool) {
 	rec, err := d.cfg.Async.Get(ctx, id)
-	if errors.Is(err, async.ErrNotFound) && d.authOn.Load() {
-		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		if err := auth.HasScope(d.tokens, tok, auth.ScopeInvoke); err != nil && !errors.Is(err, auth.ErrForbidden) {
-			d.writeError(w, nil, fail(http.StatusUnauthorized, reasonUnauthorized, "%s: %v", callsPath, err))
+	if errors.Is(err, async.ErrNotFound) {
+		// As for a call of a function gone: an invalid token is refused.
+		if f := d.authCalls(r, "", auth.ScopeInvoke, true); f.code == http.StatusUnauthorized {
+			d.writeError(w, nil, f)
 			return nil, false
 		}
 	}

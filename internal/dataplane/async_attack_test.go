@@ -118,10 +118,11 @@ func (h *hits) of(id string) int {
 }
 
 // tenants: functions a and b each with their own invoke token, pub public,
-// and an admin token.
+// an admin token and a deploy-only token.
 type tenants struct {
 	*asyncEnv
 	a, b, admin  string // "Bearer ..."
+	deploy       string
 	hitsA, hitsB *hits
 }
 
@@ -130,13 +131,14 @@ func newTenants(t *testing.T, mod func(*Config), acfg async.Config, codeB int) *
 	ta, ga := newToken(t, []string{auth.ScopeInvoke}, []string{"a"})
 	tb, gb := newToken(t, []string{auth.ScopeInvoke}, []string{"b"})
 	adm, gadm := newToken(t, []string{auth.ScopeAdmin}, nil)
-	tn := &tenants{asyncEnv: e, a: "Bearer " + ta, b: "Bearer " + tb, admin: "Bearer " + adm, hitsA: &hits{}, hitsB: &hits{}}
+	dep, gdep := newToken(t, []string{auth.ScopeDeploy}, nil)
+	tn := &tenants{asyncEnv: e, a: "Bearer " + ta, b: "Bearer " + tb, admin: "Bearer " + adm, deploy: "Bearer " + dep, hitsA: &hits{}, hitsB: &hits{}}
 	addrA, addrB := tn.hitsA.sandbox(t, 200), tn.hitsB.sandbox(t, codeB)
 	priv := func(s *briskv1.FunctionSpec) { s.Auth = spec.AuthToken; s.Async = &briskv1.AsyncPolicy{MaxAttempts: 1} }
 	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true,
 		Functions: []*briskv1.FunctionSpec{fnSpec("a", priv), fnSpec("b", priv), fnSpec("pub", func(s *briskv1.FunctionSpec) { s.Auth = spec.AuthPublic })},
 		Added:     []*briskv1.Endpoint{ep("a", "sb-a", addrA), ep("b", "sb-b", addrB), ep("pub", "sb-p", addrA)},
-		Auth:      &briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{ga, gb, gadm}}})
+		Auth:      &briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{ga, gb, gadm, gdep}}})
 	return tn
 }
 

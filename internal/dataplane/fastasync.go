@@ -1,14 +1,12 @@
 package dataplane
 
 import (
-	"bytes"
 	"net/http"
 	"net/textproto"
 	"strconv"
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/h1"
-	"github.com/brisk-faas/brisk/internal/httpx"
 )
 
 // The front end's submit: POST /async-function/NAME[/rest] read and
@@ -35,12 +33,8 @@ func (c *frontConn) parseAsync(tail []byte) *function {
 		return nil
 	}
 	rq := &c.req
-	name := tail
-	rq.rest = []byte("/")
-	if i := bytes.IndexByte(name, '/'); i >= 0 {
-		name, rq.rest = name[:i], name[i:]
-	}
-	name = httpx.PathName(name)
+	var name []byte
+	name, rq.rest = functionTail(tail)
 	if len(name) == 0 || rq.isHead || same(rq.method, http.MethodConnect) {
 		return nil
 	}
@@ -93,20 +87,17 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	bw.WriteString(id)
 	bw.WriteString("\r\n")
 	h1.WriteDate(bw)
-	// The body is submitAsync's (async.go); the id needs no escaping
-	// (async.ValidID).
-	const open, mid, end = `{"call_id":"`, `","status":"` + string(async.StatusQueued) + `","location":"` + callsPath + "/", "\"}\n"
 	bw.WriteString("Content-Length: ")
-	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(open)+len(mid)+len(end)+2*len(id)), 10))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(acceptedOpen)+len(acceptedMid)+len(acceptedEnd)+2*len(id)), 10))
 	bw.WriteString("\r\n")
 	if !keep {
 		bw.WriteString("Connection: close\r\n")
 	}
-	bw.WriteString("\r\n" + open)
+	bw.WriteString("\r\n" + acceptedOpen)
 	bw.WriteString(id)
-	bw.WriteString(mid)
+	bw.WriteString(acceptedMid)
 	bw.WriteString(id)
-	bw.WriteString(end)
+	bw.WriteString(acceptedEnd)
 	ok := bw.Flush() == nil
 	return c.leaveCall() && ok && keep
 }

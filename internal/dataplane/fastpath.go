@@ -134,12 +134,8 @@ func (c *frontConn) parse() *function {
 	// Route as DataPlane.resolve does.
 	var fn *function
 	if bytes.HasPrefix(path, []byte(functionPrefix)) {
-		name := path[len(functionPrefix):]
-		rq.rest = []byte("/")
-		if i := bytes.IndexByte(name, '/'); i >= 0 {
-			name, rq.rest = name[:i], name[i:]
-		}
-		name = httpx.PathName(name) // NAME.NAMESPACE (faas-cli)
+		var name []byte
+		name, rq.rest = functionTail(path[len(functionPrefix):])
 		if len(name) == 0 {
 			return nil
 		}
@@ -160,6 +156,17 @@ func (c *frontConn) parse() *function {
 		}
 	}
 	return fn
+}
+
+// functionTail splits what follows /function/ or /async-function/: the
+// function's name (of NAME.NAMESPACE, as faas-cli sends it) and the rest
+// of the path, "/" when there is none.
+func functionTail(tail []byte) (name, rest []byte) {
+	name, rest = tail, []byte("/")
+	if i := bytes.IndexByte(tail, '/'); i >= 0 {
+		name, rest = tail[:i], tail[i:]
+	}
+	return httpx.PathName(name), rest
 }
 
 // call serves one request for fn. It reports whether the connection may

@@ -861,8 +861,6 @@ func endOf(r *async.Record) callEnd {
 // Status is the call's end state ("" when no record was read).
 func (e *callEnd) Status() async.Status { return callStatuses[e.status] }
 
-func unixTime(ns int64) time.Time { return time.Unix(0, ns) }
-
 // cpuTrace samples this process's CPU time until stopped, to read it at
 // times known only afterwards (a call's FinishedAt).
 type cpuTrace struct {
@@ -1005,7 +1003,7 @@ func span(recs []callEnd) (first, lastSubmit, lastFinish time.Time) {
 	if f == 0 {
 		return
 	}
-	return unixTime(f), unixTime(ls), unixTime(lf)
+	return time.Unix(0, f), time.Unix(0, ls), time.Unix(0, lf)
 }
 
 // finishedBy counts the calls finished by t.
