@@ -174,6 +174,7 @@ type wkFlags struct {
 	emulate                                 int
 	createDelay                             time.Duration
 	cpu                                     string
+	cpuOvercommit                           float64
 	memoryMB, maxSandboxes                  int64
 	emergencySlots                          int
 	stopOnExit                              bool
@@ -194,7 +195,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
-	fl.Int64Var(&f.memoryMB, "memory", 0, "memory capacity offered per node in MiB (default: all memory)")
+	fl.Float64Var(&f.cpuOvercommit, "cpu-overcommit", local.DefaultCPUOvercommit, "how many times --cpu the CPU requests of a node's sandboxes may add up to (1 = none): most FaaS sandboxes sit idle, and memory stays the hard limit; not with --runtime kube, whose kubelet admits Pods by their real requests")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
 	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
@@ -219,6 +220,12 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	if err != nil {
 		return local.Workers{}, err
 	}
+	if !(f.cpuOvercommit >= 1 && f.cpuOvercommit <= local.MaxCPUOvercommit) {
+		return local.Workers{}, usageError{fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to %d", f.cpuOvercommit, local.MaxCPUOvercommit)}
+	}
+	if f.rt == "kube" && c.Flags().Changed("cpu-overcommit") && f.cpuOvercommit != 1 {
+		return local.Workers{}, usageError{fmt.Errorf("--cpu-overcommit does not apply to --runtime kube: the kubelet admits Pods by their real requests")}
+	}
 	if f.rt == "process" && f.emulate != 1 {
 		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
@@ -226,7 +233,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 		return local.Workers{}, usageError{err}
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
-		Capacity: capacity, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
+		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
 		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {

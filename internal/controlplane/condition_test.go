@@ -24,7 +24,7 @@ func TestConditionNoCapacity(t *testing.T) {
 		return strings.HasPrefix(e.watch.condition("big"), "no-capacity: no node has room")
 	}, "no-capacity on the endpoint stream")
 	st, _ := e.cp.cluster.functionStatus("big")
-	if st.Condition != "no-capacity" || !strings.Contains(st.Message, "cpu 64000m") {
+	if st.Condition != "no-capacity" || !strings.Contains(st.Message, "64000m CPU") {
 		t.Fatalf("status condition %q %q, want no-capacity naming the cpu asked for", st.Condition, st.Message)
 	}
 

@@ -173,3 +173,31 @@ func TestFailingFunctionAnswersAtOnce(t *testing.T) {
 		fnSpec("crashy", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 20 })}})
 	wantReason(t, get(t, srv.URL+"/function/crashy"), 504, "queue-timeout", "waiting for a sandbox")
 }
+
+// A function that finds no node with room and no idle sandbox to take
+// (the control plane's no-capacity with fail_fast) answers 503 at once,
+// naming the node and the resource, instead of letting each call wait out
+// its queue timeout; without fail_fast its calls still wait.
+func TestNoRoomAnswersAtOnce(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	slow := func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 60_000 }
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("late", slow)}})
+	waiting := goGet(t, srv.URL+"/function/late")
+	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("late").nwait.Load() == 1 }, "the call never queued")
+	msg := "no node has room for a sandbox of 250m CPU and 128 MiB, and no idle sandbox to evict for it (node n0: CPU 2000m of 2000m requested)"
+	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{{Function: "late", Reason: "no-capacity", Message: msg}}})
+	if n := d.lookup("late").nwait.Load(); n != 1 {
+		t.Fatalf("no-capacity without fail_fast answered the waiting call (waiting %d)", n)
+	}
+	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{{Function: "late", Reason: "no-capacity", Message: msg, FailFast: true}}})
+	select {
+	case r := <-waiting:
+		wantReason(t, r, 503, "no-capacity", "node n0: CPU 2000m of 2000m")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting call was not answered when the control plane found no room")
+	}
+	wantReason(t, get(t, srv.URL+"/function/late"), 503, "no-capacity", "no room for a sandbox")
+	if got := d.errorCount(reasonNoCapacity); got != 2 {
+		t.Fatalf("no-capacity counted %v times, want 2", got)
+	}
+}

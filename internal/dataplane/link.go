@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -167,6 +168,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 			Queued:         queued,
 			NoCapacity:     queued > 0,
 			LatencyBuckets: latency,
+			InFlight:       fn.inFlight(),
 		})
 	}
 	return rep
@@ -174,7 +176,10 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 
 // collectUrgent reports the functions with requests waiting and no free
 // slot. avg_concurrency is the load now, and requests is 0: arrivals are
-// counted once, by the periodic report.
+// counted once, by the periodic report. It also lists every other function
+// with calls in flight now (in_flight only), so that the control plane
+// making room for the waiting calls knows which sandboxes are busy at this
+// moment, not as of the last periodic report.
 func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	d.urgentMu.Lock()
 	fns := d.urgentFns
@@ -192,7 +197,17 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 			AvgConcurrency: float64(fn.stats.current()),
 			Queued:         queued,
 			NoCapacity:     true,
+			InFlight:       fn.inFlight(),
 		})
+	}
+	if len(rep.Functions) == 0 {
+		return rep
+	}
+	waiting := len(rep.Functions)
+	for name, fn := range d.functions() {
+		if n := fn.inFlight(); n > 0 && !slices.ContainsFunc(rep.Functions[:waiting], func(m *briskv1.FunctionMetric) bool { return m.Function == name }) {
+			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: n})
+		}
 	}
 	return rep
 }

@@ -433,6 +433,8 @@ func (d *DataPlane) acquireError(err error, fn *function, conf *fnConf) failure 
 		return fail(http.StatusNotFound, reasonFunctionDeleted, "function %q was deleted", fn.name)
 	case errors.Is(err, errFunctionFailing):
 		f = fail(http.StatusServiceUnavailable, reasonFunctionFailing, "function %q cannot start a sandbox", fn.name)
+	case errors.Is(err, errNoRoom):
+		f = fail(http.StatusServiceUnavailable, reasonNoCapacity, "function %q: no room for a sandbox", fn.name)
 	default: // the client's context ended
 		return failure{statusClientGone, reasonNone, err.Error()}
 	}

@@ -14,6 +14,7 @@ var (
 	errQueueTimeout    = errors.New("timed out waiting for a sandbox")
 	errFunctionDeleted = errors.New("function deleted")
 	errFunctionFailing = errors.New("the function's sandboxes fail to start")
+	errNoRoom          = errors.New("no node has room for a sandbox")
 )
 
 // waiter is one queued request. Whoever dequeues it (a releaser, an Apply
@@ -68,10 +69,10 @@ func (fn *function) wait(ctx context.Context, conf *fnConf, onQueued func(*funct
 		fn.mu.Unlock()
 		return nil, errFunctionDeleted
 	}
-	if fn.failingFast() {
+	if err := fn.failingFast(); err != nil {
 		fn.mu.Unlock()
 		onQueued(fn) // the demand still reaches the control plane, which retries
-		return nil, errFunctionFailing
+		return nil, err
 	}
 	if !low && int(fn.nwait.Load()-fn.nlow) >= conf.queueDepth {
 		fn.mu.Unlock()
@@ -164,23 +165,28 @@ func (fn *function) fail(err error) {
 }
 
 // failingFast says whether a call that finds no free slot is answered at
-// once: the function's starts keep failing and it has no sandbox that
-// could free a slot.
-func (fn *function) failingFast() bool {
+// once, and with what: the function's starts keep failing, or no node has
+// room for its first sandbox, and it has no sandbox that could free a slot.
+func (fn *function) failingFast() error {
 	c := fn.cond.Load()
 	if c == nil || !c.failFast {
-		return false
+		return nil
 	}
-	set := fn.set.Load()
-	return set == nil || len(set.eps) == 0
+	if set := fn.set.Load(); set != nil && len(set.eps) > 0 {
+		return nil
+	}
+	if c.why == reasonNoCapacity {
+		return errNoRoom
+	}
+	return errFunctionFailing
 }
 
-// failWaiters answers every queued call with err, if the function fails
+// failWaiters answers every queued call at once, if the function fails
 // fast.
-func (fn *function) failWaiters(err error) {
+func (fn *function) failWaiters() {
 	fn.mu.Lock()
 	defer fn.mu.Unlock()
-	if fn.failingFast() {
+	if err := fn.failingFast(); err != nil {
 		fn.failWaitersLocked(err)
 	}
 }

@@ -104,7 +104,8 @@ type fnCondition struct {
 	why errReason
 	msg string
 	// failFast: the function's starts keep failing (FailFastAfter in a
-	// row): a call that finds no sandbox is answered at once.
+	// row), or no node has room for its first sandbox: a call that finds no
+	// sandbox is answered at once.
 	failFast bool
 }
 
@@ -365,10 +366,11 @@ func (d *DataPlane) applyConditions(b *briskv1.EndpointBatch) {
 			continue
 		}
 		if why := reasonOf(c.GetReason()); why != reasonNone {
-			fc := &fnCondition{why: why, msg: c.GetMessage(), failFast: why == reasonFunctionFailing && c.GetFailFast()}
+			fc := &fnCondition{why: why, msg: c.GetMessage(),
+				failFast: (why == reasonFunctionFailing || why == reasonNoCapacity) && c.GetFailFast()}
 			fn.cond.Store(fc)
 			if fc.failFast {
-				fn.failWaiters(errFunctionFailing) // calls waiting for a sandbox learn why now
+				fn.failWaiters() // calls waiting for a sandbox learn why now
 			}
 		} else {
 			fn.cond.Store(nil)

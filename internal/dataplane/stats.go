@@ -46,6 +46,12 @@ func (s *loadStats) depart(now int64) {
 	s.mu.Unlock()
 }
 
+// inFlight is how many of fn's calls hold a sandbox slot now: its load
+// less the calls waiting in its queue.
+func (fn *function) inFlight() int32 {
+	return int32(max(fn.stats.current()-int64(fn.nwait.Load()), 0))
+}
+
 // current returns the load now.
 func (s *loadStats) current() int64 {
 	s.mu.Lock()

@@ -40,18 +40,33 @@ import (
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
+// DefaultCPUOvercommit is brisk up's and brisk worker's CPU overcommit: the
+// CPU requests of a node's sandboxes may add up to four times its cores.
+// FaaS sandboxes are mostly idle (in the Azure traces most functions are
+// called less than once a minute), so reserving each one's request would
+// fill a 2-core node with 8 idle 250m sandboxes; OpenWhisk reserves no CPU
+// at all. Memory is never overcommitted.
+const DefaultCPUOvercommit = 4
+
+// MaxCPUOvercommit bounds the factor.
+const MaxCPUOvercommit = 100
+
 // Workers describes the worker nodes a daemon hosts.
 type Workers struct {
-	Runtime      string        // "process" (default), "emulated", "containerd", "native" or "kube"
-	Nodes        int           // emulated only: nodes in this process; default 1
-	NodeID       string        // node id, or the prefix of emulated node ids; default hostname
-	CreateDelay  time.Duration // emulated only: sandbox creation delay
-	StateDir     string        // process and containerd: sandbox table or labels, and logs
-	Capacity     spec.Resources
-	MaxSandboxes int
-	Listen       string // gRPC listen address; default 127.0.0.1:0
-	Advertise    string
-	StopOnExit   bool
+	Runtime     string        // "process" (default), "emulated", "containerd", "native" or "kube"
+	Nodes       int           // emulated only: nodes in this process; default 1
+	NodeID      string        // node id, or the prefix of emulated node ids; default hostname
+	CreateDelay time.Duration // emulated only: sandbox creation delay
+	StateDir    string        // process and containerd: sandbox table or labels, and logs
+	Capacity    spec.Resources
+	// CPUOvercommit multiplies Capacity's CPU into what the CPU requests
+	// of a node's sandboxes may add up to (0 or 1: none). Not for kube,
+	// whose kubelet admits Pods by their real requests.
+	CPUOvercommit float64
+	MaxSandboxes  int
+	Listen        string // gRPC listen address; default 127.0.0.1:0
+	Advertise     string
+	StopOnExit    bool
 	// SandboxUser is who the process runtime runs sandboxes as (see
 	// process.Config.User); empty: nobody as root, else this user.
 	SandboxUser string
@@ -172,6 +187,11 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	}
 	if err := CheckEmergencyRuntime(w.Runtime, w.EmergencyRuntime); err != nil {
 		return nil, nil, err
+	}
+	if w.CPUOvercommit > 1 && w.Runtime != "kube" {
+		cores := w.Capacity.MilliCPU
+		w.Capacity.MilliCPU = int64(float64(cores) * w.CPUOvercommit)
+		log.Info("CPU requests overcommitted", "cpu_m", cores, "overcommit", w.CPUOvercommit, "requests_up_to_m", w.Capacity.MilliCPU)
 	}
 	if w.EmergencyRuntime == w.Runtime {
 		w.EmergencyRuntime = ""

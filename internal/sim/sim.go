@@ -216,6 +216,9 @@ type function struct {
 	lastLevel int64
 	requests  int64
 	active    bool
+	// inflight counts its calls running in regular sandboxes; busyPos is
+	// its index in simulator.busy while that is above zero.
+	inflight, busyPos int
 	// dual-mode functions: keep-alive and recent inter-arrival times for
 	// the metric filter (the data plane's iatTracker).
 	dual      bool
@@ -303,6 +306,10 @@ type simulator struct {
 	sandboxes map[string]*sandbox
 	live      int
 	version   uint64
+
+	// busy lists the functions with calls running in regular sandboxes,
+	// which an urgent report names (the data plane's collectUrgent).
+	busy []*function
 
 	rng *rand.Rand
 	// near is the Overhead profile's nearest non-empty window of each.
@@ -591,8 +598,30 @@ func (sm *simulator) arrive(i int32) {
 	fn.queue = append(fn.queue, c)
 	c.queued = true
 	sm.push(event{at: sm.now + int64(spec.DefaultQueueTimeout), kind: evQueueTimeout, c: c})
-	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true}}}})
+	fms := make([]*briskv1.FunctionMetric, 0, 1+len(sm.busy))
+	fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true, InFlight: int32(fn.inflight)})
+	for _, b := range sm.busy {
+		if b != fn {
+			fms = append(fms, &briskv1.FunctionMetric{Function: b.name, InFlight: int32(b.inflight)})
+		}
+	}
+	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true, Functions: fms}})
+}
+
+// running counts a call starting (+1) or ending (-1) in one of fn's
+// regular sandboxes.
+func (sm *simulator) running(fn *function, delta int) {
+	fn.inflight += delta
+	switch {
+	case delta > 0 && fn.inflight == delta:
+		fn.busyPos = len(sm.busy)
+		sm.busy = append(sm.busy, fn)
+	case delta < 0 && fn.inflight == 0:
+		last := sm.busy[len(sm.busy)-1]
+		sm.busy[fn.busyPos], last.busyPos = last, fn.busyPos
+		sm.busy[len(sm.busy)-1] = nil
+		sm.busy = sm.busy[:len(sm.busy)-1]
+	}
 }
 
 // emergency serves c on a one-shot sandbox of the next node (round robin)
@@ -656,6 +685,9 @@ func (sm *simulator) dispatch(c *call, sb *sandbox) {
 	// arrived after the call did.
 	c.sb, c.start, c.cold = sb, sm.now, sb.readyAt > c.arrival
 	sb.inflight++
+	if !sb.emergency {
+		sm.running(sb.fn, 1)
+	}
 	n := sb.node
 	sm.advance(n)
 	c.finishV = n.v + float64(sm.s.Invocations[c.inv].RuntimeMs)
@@ -710,6 +742,9 @@ func (sm *simulator) finish(c *call) {
 	sb := c.sb
 	fn := sb.fn
 	sb.inflight--
+	if !sb.emergency {
+		sm.running(fn, -1)
+	}
 	if !sb.emergency || sb.counted {
 		fn.setLevel(sm.now, -1)
 	}
@@ -769,7 +804,7 @@ func (sm *simulator) second() {
 		}
 		fn.setLevel(sm.now, 0)
 		fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
-			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && pick(fn) == nil})
+			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && pick(fn) == nil, InFlight: int32(fn.inflight)})
 		fn.active = fn.level > 0
 		fn.area, fn.requests = 0, 0
 	}

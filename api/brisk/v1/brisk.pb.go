@@ -2894,8 +2894,13 @@ type FunctionMetric struct {
 	// when none ended; trailing empty buckets are left out. Periodic reports
 	// only.
 	LatencyBuckets []uint64 `protobuf:"varint,6,rep,packed,name=latency_buckets,json=latencyBuckets,proto3" json:"latency_buckets,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Calls running in the function's sandboxes at the report's time (not
+	// queued ones). An urgent report lists every function with calls in flight
+	// at that moment, so that the control plane can tell idle sandboxes, whose
+	// room a waiting call may take, from busy ones.
+	InFlight      int32 `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FunctionMetric) Reset() {
@@ -2968,6 +2973,13 @@ func (x *FunctionMetric) GetLatencyBuckets() []uint64 {
 		return x.LatencyBuckets
 	}
 	return nil
+}
+
+func (x *FunctionMetric) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
 }
 
 type MetricsReport struct {
@@ -3466,7 +3478,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1b\n" +
-	"\tfail_fast\x18\x04 \x01(\bR\bfailFast\"\xd3\x01\n" +
+	"\tfail_fast\x18\x04 \x01(\bR\bfailFast\"\xf0\x01\n" +
 	"\x0eFunctionMetric\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12'\n" +
 	"\x0favg_concurrency\x18\x02 \x01(\x01R\x0eavgConcurrency\x12\x1a\n" +
@@ -3474,7 +3486,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x06queued\x18\x04 \x01(\x05R\x06queued\x12\x1f\n" +
 	"\vno_capacity\x18\x05 \x01(\bR\n" +
 	"noCapacity\x12'\n" +
-	"\x0flatency_buckets\x18\x06 \x03(\x04R\x0elatencyBuckets\"\xbd\x01\n" +
+	"\x0flatency_buckets\x18\x06 \x03(\x04R\x0elatencyBuckets\x12\x1b\n" +
+	"\tin_flight\x18\a \x01(\x05R\binFlight\"\xbd\x01\n" +
 	"\rMetricsReport\x12\"\n" +
 	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x1f\n" +

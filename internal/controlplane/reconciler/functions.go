@@ -46,6 +46,7 @@ type fnState struct {
 	lastUsed     time.Time
 	coldStart    time.Duration
 	surplusSince time.Time
+	yieldedAt    time.Time // when it last gave idle sandboxes up (evictOn)
 
 	placeErr string // why the last placement found no node ("": it did not fail)
 	quotaErr string // why its namespace's quota has no room for the next sandbox
@@ -56,6 +57,9 @@ type fnState struct {
 type fnCondition struct {
 	reason, message string
 	failures        int
+	// none: the function has no sandbox of its current revision, even one
+	// starting, so a call waiting for one could only time out.
+	none bool
 }
 
 // FailFastAfter is how many sandbox starts of a function must fail in a row
@@ -64,8 +68,19 @@ type fnCondition struct {
 // plane goes on retrying with back-off, and a start that succeeds clears it.
 const FailFastAfter = 3
 
+// failFast says whether data planes answer a call that finds no sandbox at
+// once: the function's starts keep failing, or no node has room for its
+// first sandbox and no idle sandbox anywhere could make some (a call would
+// wait out its queue timeout for nothing; the control plane goes on
+// retrying, and room that appears clears the condition).
 func (c fnCondition) failFast() bool {
-	return c.reason == CondFunctionFailing && c.failures >= FailFastAfter
+	switch c.reason {
+	case CondFunctionFailing:
+		return c.failures >= FailFastAfter
+	case CondNoCapacity:
+		return c.none
+	}
+	return false
 }
 
 // Reasons a function lacks sandboxes, as data planes get them.
@@ -78,7 +93,15 @@ const (
 type dpSample struct {
 	dataPlane      string
 	load, requests float64
-	at             time.Time
+	at             time.Time // of load and requests (periodic reports)
+	// inFlight is the calls running in the function's sandboxes as of
+	// inFlightAt (periodic and urgent reports).
+	inFlight   int32
+	inFlightAt time.Time
+	// skipLoad: the function yielded since this data plane's last periodic
+	// report, so its next one covers load from before the yield, which the
+	// autoscaler must not count (it would take the room back).
+	skipLoad bool
 }
 
 // KPAConfig is f's autoscaler configuration: the cluster defaults with the
@@ -254,12 +277,17 @@ const loadSampleLag = 2 * time.Second
 const loadStaleAfter = 2500 * time.Millisecond
 
 func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
+	dp := r.GetDataPlaneId()
+	if r.GetUrgent() {
+		c.recordInFlight(now, dp, r.GetFunctions())
+	}
 	for _, m := range r.GetFunctions() {
 		fs := c.fns[m.GetFunction()]
 		if fs == nil {
 			continue
 		}
 		if !r.GetUrgent() {
+			c.setInFlight(fs, dp, m.GetInFlight(), now)
 			iv := float64(r.GetIntervalMs()) / 1000
 			req := 0.0
 			if iv > 0 {
@@ -320,6 +348,18 @@ func (c *Reconciler) coverQueued(fs *fnState, now time.Time, queued int) {
 	}
 }
 
+// activeCurrent counts fs's sandboxes of its current revision that are not
+// on their way out (starting or ready).
+func (fs *fnState) activeCurrent() int {
+	n := 0
+	for _, r := range fs.sandboxes {
+		if r.state != sbTombstoned && r.rev == fs.spec.Revision {
+			n++
+		}
+	}
+	return n
+}
+
 func (fs *fnState) readyCurrent() int {
 	ready := 0
 	for _, r := range fs.sandboxes {
@@ -355,13 +395,70 @@ func (c *Reconciler) decide(fs *fnState, now time.Time) {
 }
 
 func (fs *fnState) setLoad(dp string, load, rate float64, now time.Time) {
+	s := fs.sample(dp)
+	if s.skipLoad || (s.at.IsZero() && now.Sub(fs.yieldedAt) <= loadStaleAfter) {
+		load, s.skipLoad = 0, false
+	}
+	s.load, s.requests, s.at = load, rate, now
+}
+
+// forgetLoad drops the load fs's data planes have reported, and the load of
+// each one's next periodic report: fs yielded its idle sandboxes.
+func (fs *fnState) forgetLoad(now time.Time) {
+	fs.yieldedAt = now
+	for i := range fs.dpLoad {
+		s := &fs.dpLoad[i]
+		s.load, s.skipLoad = 0, true
+	}
+}
+
+// sample is dp's entry in fs.dpLoad, added if missing.
+func (fs *fnState) sample(dp string) *dpSample {
 	for i := range fs.dpLoad {
 		if fs.dpLoad[i].dataPlane == dp {
-			fs.dpLoad[i].load, fs.dpLoad[i].requests, fs.dpLoad[i].at = load, rate, now
-			return
+			return &fs.dpLoad[i]
 		}
 	}
-	fs.dpLoad = append(fs.dpLoad, dpSample{dp, load, rate, now})
+	fs.dpLoad = append(fs.dpLoad, dpSample{dataPlane: dp})
+	return &fs.dpLoad[len(fs.dpLoad)-1]
+}
+
+// setInFlight records dp's count of fs's calls in flight at now.
+func (c *Reconciler) setInFlight(fs *fnState, dp string, n int32, now time.Time) {
+	if n <= 0 && len(fs.dpLoad) == 0 {
+		return
+	}
+	s := fs.sample(dp)
+	s.inFlight, s.inFlightAt = max(n, 0), now
+	if n > 0 {
+		c.busyFns[fs] = struct{}{}
+	}
+}
+
+// recordInFlight takes an urgent report's calls in flight: every function
+// with calls running on dp is listed, so the busy ones it leaves out have
+// none there now.
+func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []*briskv1.FunctionMetric) {
+	listed := make(map[*fnState]bool, len(ms))
+	for _, m := range ms {
+		if fs := c.fns[m.GetFunction()]; fs != nil {
+			listed[fs] = true
+			c.setInFlight(fs, dp, m.GetInFlight(), now)
+		}
+	}
+	for fs := range c.busyFns {
+		busy := false
+		for i := range fs.dpLoad {
+			s := &fs.dpLoad[i]
+			if s.dataPlane == dp && !listed[fs] {
+				s.inFlight, s.inFlightAt = 0, now
+			}
+			busy = busy || (s.inFlight > 0 && now.Sub(s.inFlightAt) <= loadStaleAfter)
+		}
+		if !busy || fs.deleted {
+			delete(c.busyFns, fs)
+		}
+	}
 }
 
 // sampleLoad records each function's load, summed over data planes, into its
@@ -386,8 +483,11 @@ func (fs *fnState) sumLoad(now time.Time) (float64, bool) {
 	sum, rate := 0.0, 0.0
 	fresh := fs.dpLoad[:0]
 	for _, s := range fs.dpLoad {
-		if now.Sub(s.at) <= loadStaleAfter {
+		loadFresh := now.Sub(s.at) <= loadStaleAfter
+		if loadFresh || now.Sub(s.inFlightAt) <= loadStaleAfter {
 			fresh = append(fresh, s)
+		}
+		if loadFresh {
 			sum += s.load
 			rate += s.requests
 		}
@@ -638,22 +738,47 @@ func (c *Reconciler) tombstone(r *sandboxRec) {
 	}
 }
 
-// noRoomMessage explains a failed placement for people.
+// noRoomMessage explains a failed placement for people: the sandbox's
+// request and, for the first few connected nodes, the resource each lacks.
 func (c *Reconciler) noRoomMessage(fs *fnState, err error) string {
 	if !errors.Is(err, placement.ErrNoCapacity) {
 		return err.Error()
 	}
+	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
+	const shown = 3
+	var short []string
 	connected := 0
-	for _, n := range c.nodeList {
-		if n.up && !n.rec.Drain {
-			connected++
+	for i, n := range c.nodeList {
+		if !n.up || n.rec.Drain {
+			continue
+		}
+		connected++
+		if len(short) < shown {
+			short = append(short, "node "+n.id+": "+lacking(&c.place[i], need))
 		}
 	}
 	if connected == 0 {
 		return "no worker node is connected"
 	}
-	return fmt.Sprintf("no node has room for a sandbox (cpu %dm, memory %d MiB; %d nodes connected)",
-		fs.spec.Resources.MilliCPU, fs.spec.Resources.MemoryMB, connected)
+	msg := fmt.Sprintf("no node has room for a sandbox of %dm CPU and %d MiB, and no idle sandbox to evict for it (%s",
+		need.MilliCPU, need.MemoryMB, strings.Join(short, "; "))
+	if connected > shown {
+		msg += fmt.Sprintf("; %d more nodes", connected-shown)
+	}
+	return msg + ")"
+}
+
+// lacking names what node p lacks for a sandbox asking need.
+func lacking(p *placement.Node, need placement.Resources) string {
+	switch {
+	case p.MaxSandboxes > 0 && p.Sandboxes >= p.MaxSandboxes:
+		return fmt.Sprintf("sandboxes %d of %d", p.Sandboxes, p.MaxSandboxes)
+	case need.MilliCPU > p.Allocatable.MilliCPU-p.Requested.MilliCPU:
+		return fmt.Sprintf("CPU %dm of %dm requested", p.Requested.MilliCPU, p.Allocatable.MilliCPU)
+	case need.MemoryMB > p.Allocatable.MemoryMB-p.Requested.MemoryMB:
+		return fmt.Sprintf("memory %d of %d MiB requested", p.Requested.MemoryMB, p.Allocatable.MemoryMB)
+	}
+	return "refused by the placement policy"
 }
 
 // condition says why fs lacks sandboxes, if anything is wrong.
@@ -665,7 +790,7 @@ func (fs *fnState) condition() fnCondition {
 		return fnCondition{reason: CondQuotaExceeded, message: fs.quotaErr}
 	}
 	if fs.placeErr != "" {
-		return fnCondition{reason: CondNoCapacity, message: fs.placeErr}
+		return fnCondition{reason: CondNoCapacity, message: fs.placeErr, none: fs.activeCurrent() == 0}
 	}
 	if fs.failures > 0 {
 		for _, r := range fs.sandboxes {
@@ -673,7 +798,7 @@ func (fs *fnState) condition() fnCondition {
 				return fnCondition{}
 			}
 		}
-		return fnCondition{CondFunctionFailing, fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure), fs.failures}
+		return fnCondition{reason: CondFunctionFailing, message: fmt.Sprintf("%d sandbox starts failed in a row, the last: %s", fs.failures, fs.lastFailure), failures: fs.failures}
 	}
 	return fnCondition{}
 }

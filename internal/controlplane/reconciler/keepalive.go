@@ -12,12 +12,17 @@ import (
 )
 
 // Keep-alive (docs/policies.md, Keep-alive). Under ttl, the autoscaler's
-// decision is the whole story: a sandbox leaves once demand has been below
-// it for the keep-alive (the KPA's windows, or its scale-down delay). Under
-// gd (the default), sandboxes beyond the demand are idle but kept: they
-// serve the next burst warm, and they leave after the keep-alive (15 min by
-// default) or earlier when a new sandbox finds no node with room (evicted
-// in FaasCache's Greedy-Dual-Size-Frequency order).
+// decision is the whole story while there is room: a sandbox leaves once
+// demand has been below it for the keep-alive (the KPA's windows, or its
+// scale-down delay). Under gd (the default), sandboxes beyond the demand are
+// idle but kept: they serve the next burst warm, and they leave after the
+// keep-alive (15 min by default). Under either, when a new sandbox finds no
+// node with room, idle sandboxes (no call in the data planes' last reports,
+// above their function's min) give their room up at once, in the keep-alive
+// policy's eviction order (FaasCache's Greedy-Dual-Size-Frequency for gd,
+// least recently used for ttl), whatever their autoscaler's window says: a
+// function that yields forgets the load behind its scale (KPA.Yield) and is
+// brought back by its next call.
 
 // KeepAlivePolicyOf is f's effective keep-alive policy.
 func (c *Reconciler) KeepAlivePolicyOf(f *spec.Function) string {
@@ -63,18 +68,15 @@ func (c *Reconciler) touch(now time.Time, fs *fnState, n int64) {
 }
 
 // evictFor makes room for count sandboxes of fs by evicting idle sandboxes
-// of gd functions, and reports whether any room is coming (evicted now, or
-// already being freed by sandboxes on their way out and not claimed by an
-// earlier sandbox of this call). Resources return when the evicted
+// of other functions, and reports whether any room is coming (evicted now,
+// or already being freed by sandboxes on their way out and not claimed by
+// an earlier sandbox of this call). Resources return when the evicted
 // sandboxes are gone, so the caller retries then.
 func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
-	if c.gdFunctions == 0 || count <= 0 {
+	if count <= 0 {
 		return false
 	}
-	idle := c.idleByNode(fs)
-	if len(idle) == 0 {
-		return false
-	}
+	idle := c.idleByNode(now, fs)
 	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
 	// room is each usable node's free capacity plus what is leaving it,
 	// less what this call has claimed; slots likewise for MaxSandboxes.
@@ -144,13 +146,16 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
 	return progress
 }
 
-// idleByNode lists, per node, the idle sandboxes of gd functions other than
-// fs: current-revision, ready and reachable ones beyond the function's
-// demand, as victims() orders them (newest first).
-func (c *Reconciler) idleByNode(fs *fnState) map[*nodeState][]*sandboxRec {
+// idleByNode lists, per node, the idle sandboxes of functions other than
+// fs: current-revision, ready and reachable ones beyond what the function
+// needs now (its calls in flight or queued by the data planes' fresh
+// reports, and at least its min), as victims() orders them (newest first).
+// A gd function's kept surplus is idle by this rule, and so is a sandbox
+// its autoscaler still wants only because its window remembers past load.
+func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sandboxRec {
 	idle := map[*nodeState][]*sandboxRec{}
 	for _, g := range c.order {
-		if g == fs || g.deleted || !c.gdHolds(g.spec) {
+		if g == fs || g.deleted {
 			continue
 		}
 		active, reachable := 0, 0
@@ -162,9 +167,10 @@ func (c *Reconciler) idleByNode(fs *fnState) map[*nodeState][]*sandboxRec {
 				}
 			}
 		}
-		// Sandboxes on a node whose link is down count toward the surplus
-		// but cannot be evicted: the reachable ones beyond demand can.
-		surplus := min(active, reachable) - g.desired
+		// Sandboxes still starting, or on a node whose link is down, count
+		// toward what the function keeps but cannot be evicted: the
+		// reachable ones beyond its need can.
+		surplus := min(active-max(g.spec.Scaling.Min, g.busy(now)), reachable)
 		if surplus <= 0 {
 			continue
 		}
@@ -182,9 +188,30 @@ func (c *Reconciler) idleByNode(fs *fnState) map[*nodeState][]*sandboxRec {
 	return idle
 }
 
+// busy is how many sandboxes fs's calls occupy now: its calls in flight
+// by the data planes' fresh reports over its concurrency, rounded up. A
+// data plane's urgent report (a call waiting for room) brings its counts of
+// that moment; others are at most a periodic report old.
+func (fs *fnState) busy(now time.Time) int {
+	var n int32
+	for _, s := range fs.dpLoad {
+		if now.Sub(s.inFlightAt) <= loadStaleAfter {
+			n += s.inFlight
+		}
+	}
+	if n <= 0 {
+		return 0
+	}
+	if fs.spec.Concurrency <= 0 { // unbounded: one sandbox takes it all
+		return 1
+	}
+	return (int(n) + fs.spec.Concurrency - 1) / fs.spec.Concurrency
+}
+
 // evictOn asks the keep-alive policy which of cands (idle sandboxes on n)
 // go to free memMB, then more while CPU or a slot is still short, and
-// tombstones them.
+// tombstones them. A function left with fewer sandboxes than its autoscaler
+// wanted yields: its desired scale drops to what it has left.
 func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*sandboxRec, freeCPU, memMB, slots int64) []*sandboxRec {
 	cands = slices.Clone(cands)
 	slices.SortFunc(cands, func(a, b *sandboxRec) int { return strings.Compare(a.id, b.id) })
@@ -217,10 +244,29 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 			take(idx[j])
 		}
 	}
+	var yielded []*fnState
 	for _, r := range out {
 		c.log.Debug("evict idle sandbox", "function", r.fn.spec.Name, "sandbox", r.id, "node", n.id, "for", fs.spec.Name)
 		c.tombstone(r)
 		c.stats.Evictions++
+		if !slices.Contains(yielded, r.fn) {
+			yielded = append(yielded, r.fn)
+		}
+	}
+	for _, g := range yielded {
+		active := 0
+		for _, r := range g.sandboxes {
+			if r.state != sbTombstoned && r.rev == g.spec.Revision {
+				active++
+			}
+		}
+		if active < g.desired {
+			c.log.Debug("function yields idle sandboxes", "function", g.spec.Name, "desired", active, "was", g.desired, "for", fs.spec.Name)
+			g.desired = active
+			g.kpa.Yield(now, active)
+			g.forgetLoad(now)
+			g.surplusSince = time.Time{}
+		}
 	}
 	return out
 }

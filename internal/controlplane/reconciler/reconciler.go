@@ -66,10 +66,14 @@ type Reconciler struct {
 	placer   placement.Policy
 	placers  map[string]placement.Policy // per-function overrides, by policy name
 	rng      *rand.Rand
-	// keep orders idle sandboxes of gd functions for eviction;
-	// gdFunctions counts the functions that keep them.
+	// keep orders idle sandboxes for eviction; gdFunctions counts the
+	// functions that keep idle sandboxes beyond their demand (gd).
 	keep        keepalive.Policy
 	gdFunctions int
+	// busyFns holds the functions some data plane last reported with calls
+	// in flight: an urgent report lists all of its data plane's, so the
+	// ones it leaves out are idle there now.
+	busyFns map[*fnState]struct{}
 
 	quotas map[string]spec.Quota
 	nsUse  map[string]*nsUsage
@@ -122,7 +126,7 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		cfg: cfg, log: cfg.Logger, rng: rng,
-		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage),
+		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage), busyFns: make(map[*fnState]struct{}),
 		placer: p, placers: make(map[string]placement.Policy), keep: keepalive.NewGD(0),
 	}, nil
 }

@@ -113,6 +113,26 @@ func (k *KPA) Adopt(now time.Time, scale int) {
 	k.zeroing = false
 }
 
+// Yield makes scale the last decision and forgets the load that led to the
+// previous one: the function's idle sandboxes above scale were taken for
+// another function's waiting calls, and it must not take their room back
+// before load of its own arrives again. The windows, panic mode, the
+// scale-down delay's history and an adoption are dropped, so the next Decide
+// without new records holds scale (no data) and one with records starts from
+// them alone. now keeps the step signature uniform.
+func (k *KPA) Yield(now time.Time, scale int) {
+	_ = now
+	k.stableWin.reset()
+	k.panicWin.reset()
+	if k.delay != nil {
+		k.delay.length = 0
+	}
+	k.exitPanic()
+	k.last = max(scale, 0)
+	k.adopted, k.adoptedTill = 0, time.Time{}
+	k.zeroing = false
+}
+
 // Decide runs one autoscaling decision at now with ready sandboxes (Ready, not pending).
 // Knative ticks every 2s; callers also call it at once when WantsPoke says so.
 func (k *KPA) Decide(now time.Time, ready int) Decision {

@@ -394,3 +394,23 @@ func TestKPAHotPathDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Record+Decide allocate %v times per run, want 0", n)
 	}
 }
+
+// A function that yields its idle sandboxes holds the yielded scale until
+// load of its own arrives: the window's old load, panic mode, the
+// scale-down delay and an adoption no longer bring the room back.
+func TestKPAYieldForgetsTheLoadBehindTheScale(t *testing.T) {
+	cfg := DefaultConfig()
+	target1(&cfg)
+	cfg.ScaleDownDelay = 30 * time.Second
+	k := NewKPA(cfg, t0)
+	// A burst into panic, then quiet: the window, the delay and panic mode
+	// all keep 4.
+	run(t, k, []step{rec(0, 5, 1), rec(6, 10, 4), decidePanic(10, 1, 4), rec(11, 12, 0), decidePanic(12, 4, 4)})
+	k.Adopt(at(12), 4)
+	k.Yield(at(13), 1)
+	run(t, k, []step{decideNoData(14, 1, 1)})
+	// Idle records lead to zero after the grace, as for any idle function.
+	run(t, k, []step{rec(15, 15, 0), decide(15, 1, 1), rec(16, 46, 0), decide(46, 1, 0)})
+	// New load is decided on alone.
+	run(t, k, []step{rec(47, 47, 2), decide(47, 0, 1)})
+}

@@ -64,6 +64,12 @@ func (w *avgWindow) record(sec int64, v float64) {
 	w.buckets[w.slot(sec)] += v
 }
 
+// reset forgets every write.
+func (w *avgWindow) reset() {
+	clear(w.buckets)
+	w.first, w.last, w.written = 0, 0, false
+}
+
 // empty is Knative's IsEmpty: nothing was written within the last window.
 func (w *avgWindow) empty(sec int64) bool {
 	return !w.written || sec-w.last > w.size()

@@ -1,0 +1,202 @@
+package reconciler
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// fullWorld is one node with room for four 250m sandboxes by CPU.
+func fullWorld(t *testing.T) *world {
+	w := newWorld(t, 0)
+	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 1000, MemoryMB: 8192}}})
+	w.running["n0"] = map[string]string{}
+	w.step(SessionUp{Node: "n0"})
+	return w
+}
+
+func (w *world) deployCPU(name, policy string, min int) {
+	w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
+		Scaling:   spec.Scaling{KeepAlivePolicy: policy, Min: min}}})
+}
+
+// call is one call of name arriving with no sandbox: the data plane's
+// urgent report; then its load in the next periodic report.
+func (w *world) call(name string) []Command {
+	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: name, Queued: 1, NoCapacity: true}}}})
+	w.load(name, 0.05)
+	return cmds
+}
+
+// load is a periodic report of name's average concurrency, and of its
+// calls in flight at the report's time.
+func (w *world) load(name string, avg float64, inFlight ...int32) {
+	m := &briskv1.FunctionMetric{Function: name, AvgConcurrency: avg, Requests: 1}
+	if len(inFlight) > 0 {
+		m.InFlight = inFlight[0]
+	}
+	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000, Functions: []*briskv1.FunctionMetric{m}}})
+}
+
+func conditionOf(cmds []Command, fn string) *briskv1.FunctionCondition {
+	var last *briskv1.FunctionCondition
+	for _, c := range cmds {
+		if x, ok := c.(SetCondition); ok && x.Condition.GetFunction() == fn {
+			last = x.Condition
+		}
+	}
+	return last
+}
+
+// A node full of idle sandboxes, each still wanted by its function's
+// autoscaler window (one call a few seconds ago), gives one up at once to
+// another function's waiting call, under either keep-alive policy; the
+// function that yielded does not take the room back on later ticks, and
+// its own next call brings it back the same way.
+func TestIdleSandboxesYieldToAWaitingCall(t *testing.T) {
+	for _, policy := range []string{spec.KeepAliveGD, spec.KeepAliveTTL} {
+		t.Run(policy, func(t *testing.T) {
+			w := fullWorld(t)
+			for i := range 5 {
+				w.deployCPU(fmt.Sprintf("f%d", i), policy, 0)
+			}
+			for i := range 4 {
+				if n := count[Create](w.call(fmt.Sprintf("f%d", i))); n != 1 {
+					t.Fatalf("f%d: %d creates for its first call, want 1", i, n)
+				}
+				w.now = w.now.Add(time.Second)
+			}
+			w.idle(5 * time.Second) // the reports go stale; every window still wants 1
+			for i := range 4 {
+				if r, _, _ := w.status(fmt.Sprintf("f%d", i)); r != 1 {
+					t.Fatalf("f%d: %d ready, want 1 (within its window)", i, r)
+				}
+			}
+			cmds := w.call("f4")
+			if c := conditionOf(cmds, "f4"); c != nil && c.GetReason() != "" {
+				t.Fatalf("condition %v while an idle sandbox makes room", c)
+			}
+			if ev := w.r.Stats().Evictions; ev != 1 {
+				t.Fatalf("%d evictions, want 1", ev)
+			}
+			var retry *RetryAt
+			for _, c := range cmds {
+				if x, ok := c.(RetryAt); ok && x.Function == "f4" {
+					retry = &x
+				}
+			}
+			if retry == nil {
+				t.Fatal("no retry armed for f4")
+			}
+			w.now = retry.At
+			if n := count[Create](w.step(Retry{Function: "f4"})); n != 1 {
+				t.Fatalf("%d creates on retry, want f4's sandbox", n)
+			}
+			// The first called (least recently used; for gd also the lowest
+			// priority among equals) yielded and stays at zero.
+			var yielded string
+			for i := range 4 {
+				name := fmt.Sprintf("f%d", i)
+				if st, _ := w.r.FunctionStatus(name); st.Ready == 0 {
+					yielded = name
+					if st.Desired != 0 {
+						t.Fatalf("%s: desired %d after yielding, want 0", name, st.Desired)
+					}
+				}
+			}
+			if yielded == "" {
+				t.Fatal("no function yielded its sandbox")
+			}
+			// The data plane's next report still covers its last call, from
+			// before the yield: that load must not bring the room back.
+			before := w.r.Stats().Creations
+			w.load(yielded, 0.05)
+			w.idle(10 * time.Second)
+			if got := w.r.Stats().Creations - before; got != 0 {
+				t.Fatalf("%d creations in 10 idle seconds after the yield, want 0 (the room is not taken back)", got)
+			}
+			// Its next call evicts another idle sandbox and comes back.
+			w.now = w.now.Add(time.Second)
+			cmds = w.call(yielded)
+			for _, c := range cmds {
+				if x, ok := c.(RetryAt); ok && x.Function == yielded {
+					w.now = x.At
+					w.step(Retry{Function: yielded})
+				}
+			}
+			if r, _, _ := w.status(yielded); r != 1 {
+				t.Fatalf("%s: %d ready after its next call, want 1", yielded, r)
+			}
+		})
+	}
+}
+
+// Busy sandboxes and a function's min are not taken: with nothing idle the
+// waiting call's function gets the no-capacity condition, fail-fast because
+// it has no sandbox, naming the node and the resource it lacks.
+func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
+	w := fullWorld(t)
+	w.deployCPU("pinned", spec.KeepAliveGD, 2)
+	for _, name := range []string{"busy1", "busy2", "late"} {
+		w.deployCPU(name, spec.KeepAliveTTL, 0)
+	}
+	w.call("busy1")
+	w.call("busy2")
+	w.load("busy1", 1, 1) // a call in flight on each
+	w.load("busy2", 1, 1)
+	// An urgent report lists every function with calls in flight.
+	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true, Functions: []*briskv1.FunctionMetric{
+		{Function: "late", Queued: 1, NoCapacity: true}, {Function: "busy1", InFlight: 1}, {Function: "busy2", InFlight: 1}}}})
+	if ev := w.r.Stats().Evictions; ev != 0 {
+		t.Fatalf("%d evictions of busy or min sandboxes, want 0", ev)
+	}
+	c := conditionOf(cmds, "late")
+	if c == nil || c.GetReason() != CondNoCapacity || !c.GetFailFast() {
+		t.Fatalf("condition %v, want no-capacity, fail-fast", c)
+	}
+	for _, want := range []string{"node n0", "CPU 1000m of 1000m requested", "250m CPU"} {
+		if !strings.Contains(c.GetMessage(), want) {
+			t.Errorf("message %q lacks %q", c.GetMessage(), want)
+		}
+	}
+	// busy1's call ends: the next urgent report (another call of late)
+	// lists only busy2 in flight, and busy1's sandbox is taken.
+	w.now = w.now.Add(time.Second)
+	cmds = w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true, Functions: []*briskv1.FunctionMetric{
+		{Function: "late", Queued: 1, NoCapacity: true}, {Function: "busy2", InFlight: 1}}}})
+	if ev := w.r.Stats().Evictions; ev != 1 {
+		t.Fatalf("%d evictions once busy1 is idle, want 1", ev)
+	}
+	if c := conditionOf(cmds, "late"); c == nil || c.GetReason() != "" {
+		t.Fatalf("condition %v once room is coming, want cleared", c)
+	}
+	if r, _, _ := w.status("busy2"); r != 1 {
+		t.Fatalf("busy2: %d ready, want its busy sandbox kept", r)
+	}
+	if r, _, _ := w.status("pinned"); r != 2 {
+		t.Fatalf("pinned: %d ready, want its min of 2 kept", r)
+	}
+}
+
+// A function whose first sandbox is starting is not failed fast when a
+// second finds no room: its calls can wait for the first.
+func TestNoRoomWithASandboxComingDoesNotFailFast(t *testing.T) {
+	w := fullWorld(t)
+	w.deployCPU("big", spec.KeepAliveTTL, 0)
+	w.load("big", 10)
+	w.step(ScaleTo{Function: "big", Desired: 5})
+	st, _ := w.r.FunctionStatus("big")
+	if st.Ready != 4 || st.Condition != CondNoCapacity {
+		t.Fatalf("status %+v, want 4 ready and no-capacity", st)
+	}
+	if c := w.r.fns["big"].cond; c.failFast() {
+		t.Fatalf("condition %+v fails fast with 4 sandboxes", c)
+	}
+}
