@@ -200,3 +200,37 @@ func TestNoRoomWithASandboxComingDoesNotFailFast(t *testing.T) {
 		t.Fatalf("condition %+v fails fast with 4 sandboxes", c)
 	}
 }
+
+// A rollout on a full node: the new revision's sandboxes take the room of
+// idle sandboxes of the old revision (which would leave once the new one
+// serves, and so would wait forever for it).
+func TestRolloutOnAFullNodeTakesAnOldIdleSandbox(t *testing.T) {
+	w := fullWorld(t)
+	f := &spec.Function{Name: "hog", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128}, Scaling: spec.Scaling{Min: 4}}
+	w.step(UpsertFunction{Spec: f})
+	if r, _, _ := w.status("hog"); r != 4 {
+		t.Fatalf("%d ready, want 4", r)
+	}
+	g := *f
+	g.Revision, g.Scaling.Min = 2, 1
+	cmds := w.step(UpsertFunction{Spec: &g})
+	if ev := w.r.Stats().Evictions; ev == 0 {
+		t.Fatal("no eviction of an old-revision sandbox")
+	}
+	for _, c := range cmds {
+		if x, ok := c.(RetryAt); ok && x.Function == "hog" {
+			w.now = x.At
+			w.step(Retry{Function: "hog"})
+		}
+	}
+	st, _ := w.r.FunctionStatus("hog")
+	if st.Ready != st.Desired || st.Ready == 0 || st.Terminating != 0 {
+		t.Fatalf("status %+v, want the new revision's sandboxes ready and the old ones gone", st)
+	}
+	for _, sb := range st.Sandboxes {
+		if sb.Revision != 2 {
+			t.Fatalf("sandbox %+v of the old revision left", sb)
+		}
+	}
+}

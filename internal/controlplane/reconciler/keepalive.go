@@ -146,31 +146,53 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
 	return progress
 }
 
-// idleByNode lists, per node, the idle sandboxes of functions other than
-// fs: current-revision, ready and reachable ones beyond what the function
-// needs now (its calls in flight or queued by the data planes' fresh
-// reports, and at least its min), as victims() orders them (newest first).
-// A gd function's kept surplus is idle by this rule, and so is a sandbox
-// its autoscaler still wants only because its window remembers past load.
+// idleByNode lists, per node, the idle sandboxes that may make room for
+// fs: ready and reachable ones beyond what their function needs now (its
+// calls in flight by the data planes' reports, and at least its min). Of
+// other functions, the current revision's, as victims() orders them
+// (newest first); of every function, fs included, those of older
+// revisions still serving during a rollout (they leave once the current
+// revision serves, which on a full node may need their room). A gd
+// function's kept surplus is idle by this rule, and so is a sandbox its
+// autoscaler still wants only because its window remembers past load.
 func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sandboxRec {
 	idle := map[*nodeState][]*sandboxRec{}
 	for _, g := range c.order {
-		if g == fs || g.deleted {
+		if g.deleted {
 			continue
 		}
+		busy := g.busy(now)
 		active, reachable := 0, 0
+		var old []*sandboxRec
 		for _, r := range g.sandboxes {
-			if r.state != sbTombstoned && r.rev == g.spec.Revision {
+			switch {
+			case r.state == sbTombstoned:
+			case r.rev != g.spec.Revision:
+				if r.state == sbReady && !r.withdrawn {
+					old = append(old, r)
+				}
+			default:
 				active++
 				if r.state == sbReady && !r.withdrawn {
 					reachable++
 				}
 			}
 		}
+		// Calls in flight may be on old sandboxes or current ones: each
+		// kind keeps enough for all of them.
+		if k := len(old) - busy; k > 0 {
+			slices.SortFunc(old, func(a, b *sandboxRec) int { return strings.Compare(a.id, b.id) })
+			for _, r := range old[:k] {
+				idle[r.node] = append(idle[r.node], r)
+			}
+		}
+		if g == fs {
+			continue
+		}
 		// Sandboxes still starting, or on a node whose link is down, count
 		// toward what the function keeps but cannot be evicted: the
 		// reachable ones beyond its need can.
-		surplus := min(active-max(g.spec.Scaling.Min, g.busy(now)), reachable)
+		surplus := min(active-max(g.spec.Scaling.Min, busy), reachable)
 		if surplus <= 0 {
 			continue
 		}
@@ -249,7 +271,7 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 		c.log.Debug("evict idle sandbox", "function", r.fn.spec.Name, "sandbox", r.id, "node", n.id, "for", fs.spec.Name)
 		c.tombstone(r)
 		c.stats.Evictions++
-		if !slices.Contains(yielded, r.fn) {
+		if r.fn != fs && r.rev == r.fn.spec.Revision && !slices.Contains(yielded, r.fn) {
 			yielded = append(yielded, r.fn)
 		}
 	}
@@ -263,7 +285,8 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 		if active < g.desired {
 			c.log.Debug("function yields idle sandboxes", "function", g.spec.Name, "desired", active, "was", g.desired, "for", fs.spec.Name)
 			g.desired = active
-			g.kpa.Yield(now, active)
+			c.boundDesired(g)
+			g.kpa.Yield(now, g.desired)
 			g.forgetLoad(now)
 			g.surplusSince = time.Time{}
 		}
