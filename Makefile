@@ -10,7 +10,7 @@ FUZZ_TARGETS = internal/h1:FuzzRequestHead internal/h1:FuzzReplyHead internal/h1
 
 PREFIX    ?= /usr/local
 
-.PHONY: help build install demo up test test-short fuzz readme-check vet fmt bench microbench proto setup clean
+.PHONY: help build build-demo install demo up test test-short fuzz readme-check vet fmt bench microbench proto setup setup-test clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,17 +20,21 @@ build: ## build bin/brisk, bin/brisk-trace (the lean trace function) and bin/bri
 	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
 	./scripts/build-sandbox-init.sh $(dir $(BIN))brisk-sandbox-init
 
+build-demo: ## build only what the demo runs: bin/brisk and bin/brisk-trace (no C compiler needed)
+	$(GO) build -o $(BIN) ./cmd/brisk
+	CGO_ENABLED=0 $(GO) build -ldflags="-s -w" -o $(dir $(BIN))brisk-trace ./cmd/brisk-trace
+
 install: build ## copy bin/brisk, bin/brisk-trace and bin/brisk-sandbox-init to $(PREFIX)/bin
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 $(BIN) $(dir $(BIN))brisk-trace $(dir $(BIN))brisk-sandbox-init $(DESTDIR)$(PREFIX)/bin/
 
-demo: build ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
+demo: build-demo ## start a local cluster, deploy and call functions, keep serving until Ctrl-C
 	./scripts/demo.sh
 
 up: build ## run a local cluster (brisk up) in the foreground
 	./$(BIN) up
 
-test: vet ## run the whole test suite (unit, race, integration, bounded fuzzing) — what CI runs
+test: setup-test vet ## install what the tests need (scripts/setup.sh --test), run the whole suite (unit, race, integration, bounded fuzzing) — what CI runs
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	$(MAKE) fidelity
 	$(MAKE) fuzz
@@ -68,8 +72,11 @@ proto: ## regenerate api/brisk/v1 from brisk.proto (needs protoc: make setup)
 	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc --go_out=. --go_opt=paths=source_relative \
 	  --go-grpc_out=. --go-grpc_opt=paths=source_relative api/brisk/v1/brisk.proto
 
-setup: ## install what building, testing and regenerating need (Debian; root)
+setup: ## install what building brisk and the demo need: Go, make, curl (Debian; root)
 	./scripts/setup.sh
+
+setup-test: ## install what the tests and code generation need, once per machine (Debian; root): make test runs it
+	./scripts/setup.sh --test
 
 clean:
 	rm -rf bin

@@ -85,7 +85,7 @@ add_command() { # $1 line, $2 command text
       lmarkers[$i]="$kind$US$prefix$US$marg$US$mline${US}1"
       case $kind in
         skip-line) action=skip arg=$marg ;;
-        needs) command -v "$marg" >/dev/null || { action=skip arg="$marg is not installed (scripts/setup.sh installs it)"; } ;;
+        needs) command -v "$marg" >/dev/null || { action=skip arg="$marg is not installed (scripts/setup.sh --test installs it)"; } ;;
         exit) [ "$action" = run ] && arg=$marg ;;
       esac
     done

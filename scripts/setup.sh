@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# Installs what brisk's build, tests and code generation need on Debian.
-# Idempotent; run as root (or with sudo available).
+# Installs what brisk needs on Debian. Idempotent; run as root (or with sudo
+# available).
+#
+#   scripts/setup.sh          what building brisk and running the demo need:
+#                             Go, make, curl (seconds when they are there)
+#   scripts/setup.sh --test   also what the test suite and code generation
+#                             need: a C compiler, containerd and runc, CNI
+#                             plugins, protoc, Chromium, the Python Lambda
+#                             clients, and the Kubernetes test binaries
+#                             (built once per machine, 5-12 minutes)
 set -euo pipefail
 need_go="1.26"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+TEST=false
+case "${1:-}" in
+  "") ;;
+  --test) TEST=true ;;
+  *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
 
 have_go() {
   command -v go >/dev/null 2>&1 || return 1
@@ -13,24 +27,26 @@ have_go() {
 }
 
 pkgs=()
-command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
-command -v git >/dev/null 2>&1 || pkgs+=(git)
 command -v make >/dev/null 2>&1 || pkgs+=(make)
 command -v curl >/dev/null 2>&1 || pkgs+=(curl)
-# The native runtime's sandbox init is C (scripts/build-sandbox-init.sh, and
-# cgo in brisk): a compiler and the kernel's and libc's headers.
-command -v gcc >/dev/null 2>&1 || pkgs+=(gcc)
-[ -f /usr/include/x86_64-linux-gnu/sys/mount.h ] || [ -f /usr/include/sys/mount.h ] || pkgs+=(libc6-dev)
-# The containerd runtime (--runtime containerd) and its tests.
-command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
-command -v runc >/dev/null 2>&1 || pkgs+=(runc)
-# The CNI plugins (bridge, host-local, loopback) of the real kubelet's Pods
-# in the kube runtime's tests (kubecluster.StartKubelet).
-[ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
-# The headless browser the dashboard's test drives (test/e2e/dashboard_test.go).
-command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
-# The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
-python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
+if $TEST; then
+  command -v protoc >/dev/null 2>&1 || pkgs+=(protobuf-compiler)
+  command -v git >/dev/null 2>&1 || pkgs+=(git)
+  # The native runtime's sandbox init is C (scripts/build-sandbox-init.sh, and
+  # cgo in brisk): a compiler and the kernel's and libc's headers.
+  command -v gcc >/dev/null 2>&1 || pkgs+=(gcc)
+  [ -f /usr/include/x86_64-linux-gnu/sys/mount.h ] || [ -f /usr/include/sys/mount.h ] || pkgs+=(libc6-dev)
+  # The containerd runtime (--runtime containerd) and its tests.
+  command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
+  command -v runc >/dev/null 2>&1 || pkgs+=(runc)
+  # The CNI plugins (bridge, host-local, loopback) of the real kubelet's Pods
+  # in the kube runtime's tests (kubecluster.StartKubelet).
+  [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+  # The headless browser the dashboard's test drives (test/e2e/dashboard_test.go).
+  command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
+  # The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
+fi
 if ! command -v go >/dev/null 2>&1; then pkgs+=(golang-go); fi
 if [ ${#pkgs[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
@@ -45,6 +61,10 @@ if ! have_go; then
     echo "setup: brisk needs Go >= $need_go (found: $(go version 2>/dev/null || echo none))" >&2
     exit 1
   fi
+fi
+if ! $TEST; then
+  echo "setup: ok ($(go version)); make build compiles brisk (the Go modules come with it)"
+  exit 0
 fi
 go mod download
 

@@ -183,7 +183,7 @@ func chromiumPath(t *testing.T) string {
 		}
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium not found: scripts/setup.sh installs it (apt-get install chromium)")
+		t.Fatal("chromium not found: scripts/setup.sh --test installs it (apt-get install chromium)")
 	}
 	t.Skip("chromium not found (apt-get install chromium, or make setup)")
 	return ""

@@ -10,14 +10,14 @@ import (
 	"testing"
 )
 
-// pyClients is the venv scripts/setup.sh fills with boto3 and the aws CLI.
+// pyClients is the venv scripts/setup.sh --test fills with boto3 and the aws CLI.
 func pyClients(t *testing.T) string {
 	dir, _ := filepath.Abs("../../.cache/pyclients")
 	if _, err := os.Stat(filepath.Join(dir, "bin", "aws")); err != nil {
 		if os.Geteuid() == 0 {
-			t.Fatalf("boto3 and the aws CLI are missing from %s: run scripts/setup.sh (CI does)", dir)
+			t.Fatalf("boto3 and the aws CLI are missing from %s: run scripts/setup.sh --test (make test does)", dir)
 		}
-		t.Skipf("boto3 and the aws CLI are not installed (%s): scripts/setup.sh installs them", dir)
+		t.Skipf("boto3 and the aws CLI are not installed (%s): scripts/setup.sh --test installs them", dir)
 	}
 	return dir
 }

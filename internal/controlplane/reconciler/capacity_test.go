@@ -234,3 +234,14 @@ func TestRolloutOnAFullNodeTakesAnOldIdleSandbox(t *testing.T) {
 		}
 	}
 }
+
+// With no node connected (a cluster starting, a worker restarting) a call
+// waits for one rather than failing fast.
+func TestNoNodeConnectedDoesNotFailFast(t *testing.T) {
+	w := newWorld(t, 0)
+	w.deployCPU("f", spec.KeepAliveTTL, 0)
+	c := conditionOf(w.call("f"), "f")
+	if c == nil || c.GetReason() != CondNoCapacity || c.GetFailFast() || !strings.Contains(c.GetMessage(), "no worker node is connected") {
+		t.Fatalf("condition %v, want no-capacity (no node connected), not fail-fast", c)
+	}
+}

@@ -49,6 +49,10 @@ type fnState struct {
 	yieldedAt    time.Time // when it last gave idle sandboxes up (evictOn)
 
 	placeErr string // why the last placement found no node ("": it did not fail)
+	// full: the last placement failed for room on connected nodes (not for
+	// want of a connected node, which a worker restart or a cluster's
+	// start also brings, and which calls wait out).
+	full     bool
 	quotaErr string // why its namespace's quota has no room for the next sandbox
 	// cond is the condition last published to data planes.
 	cond fnCondition
@@ -572,7 +576,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 				}
 				c.stats.PlacementFailures++
 				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
-				fs.placeErr = c.noRoomMessage(fs, err)
+				fs.placeErr, fs.full = c.noRoomMessage(fs, err), errors.Is(err, placement.ErrNoCapacity) && c.connectedNodes() > 0
 				c.armRetry(fs, now.Add(500*time.Millisecond))
 				break
 			}
@@ -747,16 +751,12 @@ func (c *Reconciler) noRoomMessage(fs *fnState, err error) string {
 	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
 	const shown = 3
 	var short []string
-	connected := 0
 	for i, n := range c.nodeList {
-		if !n.up || n.rec.Drain {
-			continue
-		}
-		connected++
-		if len(short) < shown {
+		if n.up && !n.rec.Drain && len(short) < shown {
 			short = append(short, "node "+n.id+": "+lacking(&c.place[i], need))
 		}
 	}
+	connected := c.connectedNodes()
 	if connected == 0 {
 		return "no worker node is connected"
 	}
@@ -766,6 +766,18 @@ func (c *Reconciler) noRoomMessage(fs *fnState, err error) string {
 		msg += fmt.Sprintf("; %d more nodes", connected-shown)
 	}
 	return msg + ")"
+}
+
+// connectedNodes counts the nodes new sandboxes may go to: connected and
+// not draining.
+func (c *Reconciler) connectedNodes() int {
+	k := 0
+	for _, n := range c.nodeList {
+		if n.up && !n.rec.Drain {
+			k++
+		}
+	}
+	return k
 }
 
 // lacking names what node p lacks for a sandbox asking need.
@@ -790,7 +802,7 @@ func (fs *fnState) condition() fnCondition {
 		return fnCondition{reason: CondQuotaExceeded, message: fs.quotaErr}
 	}
 	if fs.placeErr != "" {
-		return fnCondition{reason: CondNoCapacity, message: fs.placeErr, none: fs.activeCurrent() == 0}
+		return fnCondition{reason: CondNoCapacity, message: fs.placeErr, none: fs.full && fs.activeCurrent() == 0}
 	}
 	if fs.failures > 0 {
 		for _, r := range fs.sandboxes {

@@ -84,7 +84,7 @@ func setup(t testing.TB) {
 		defer cancel()
 		c, err := containerd.New(image.DefaultContainerdAddress, containerd.WithTimeout(10*time.Second))
 		if err != nil {
-			setupErr = fmt.Errorf("containerd at %s (CI starts it in .ci/run; locally: scripts/setup.sh, then containerd): %w",
+			setupErr = fmt.Errorf("containerd at %s (make test starts it: scripts/setup.sh --test): %w",
 				image.DefaultContainerdAddress, err)
 			return
 		}
