@@ -26,6 +26,23 @@ type Config struct {
 	// sandboxes may connect to despite the firewall, e.g. a local proxy.
 	AllowHostPorts []uint16
 
+	// Egress lets sandboxes open connections beyond the host, NAT'd
+	// (masqueraded) through it; the host's own addresses, other sandboxes,
+	// link-local addresses (169.254.0.0/16: cloud metadata services) and
+	// EgressDeny stay refused. It turns the host's IPv4 forwarding on, as
+	// every container bridge with NAT does. Default() sets it; it needs the
+	// firewall.
+	Egress bool
+	// EgressDeny are more destinations refused to sandboxes with Egress.
+	EgressDeny []netip.Prefix
+	// DNS serves sandboxes a resolver on the gateway's port 53 (dns.go):
+	// a forwarder to DNSUpstreams. Default() sets it; it needs the
+	// firewall (the port is redirected there).
+	DNS bool
+	// DNSUpstreams are the resolvers (host:port) the forwarder relays to;
+	// empty: the nameservers of the host's /etc/resolv.conf at Start.
+	DNSUpstreams []string
+
 	// MaxReady caps the endpoints kept ready: Release recycles an endpoint
 	// while fewer are ready and destroys it otherwise. The slack above Size
 	// is what lets steady churn recycle instead of create+destroy (the
@@ -45,7 +62,7 @@ var defaultSubnet = netip.MustParsePrefix("10.211.0.0/16")
 
 // Default returns the configuration a worker runs with unless told otherwise.
 func Default() Config {
-	return Config{Size: defaultSize, Bridge: defaultBridge, Subnet: defaultSubnet, NamePrefix: defaultPrefix}
+	return Config{Size: defaultSize, Bridge: defaultBridge, Subnet: defaultSubnet, NamePrefix: defaultPrefix, Egress: true, DNS: true}
 }
 
 // ErrInvalidConfig matches (errors.Is) every error Validate returns.
@@ -114,6 +131,21 @@ func (c Config) Validate() error {
 	}
 	if c.NoFirewall && len(c.AllowHostPorts) > 0 {
 		bad("AllowHostPorts", c.AllowHostPorts, "needs the firewall (NoFirewall is set)")
+	}
+	if c.NoFirewall && (c.Egress || c.DNS) {
+		bad("NoFirewall", true, "Egress and DNS need the firewall (their NAT lives in its tables)")
+	}
+	for _, d := range c.EgressDeny {
+		if !d.IsValid() || !d.Addr().Is4() || d.Masked() != d {
+			bad("EgressDeny", d, "must be IPv4 network addresses, e.g. 10.0.0.0/8")
+			break
+		}
+	}
+	for _, u := range c.DNSUpstreams {
+		if _, err := netip.ParseAddrPort(u); err != nil {
+			bad("DNSUpstreams", strconv.Quote(u), "must be ip:port")
+			break
+		}
 	}
 	if len(c.Bridge) > maxIfName || !bridgeRE.MatchString(c.Bridge) {
 		bad("Bridge", strconv.Quote(c.Bridge), "must be a link name of 1-15 characters [A-Za-z0-9_.-]")

@@ -12,35 +12,53 @@ import (
 )
 
 // The pool's firewall keeps sandboxes away from the host and from each
-// other. It lives in two nf_tables tables of the pool's own, named after
-// its prefix (firewallTable), so it never touches a rule it did not create:
+// other, lets them out to the world through NAT, and sends their DNS to the
+// pool's forwarder. It lives in two nf_tables tables of the pool's own,
+// named after its prefix (firewallTable), so it never touches a rule it did
+// not create:
 //
 //	table inet brisk_netpool_<prefix>
 //	  chain input   (hook input, priority filter, policy accept)
 //	    iifname <bridge> ct state established,related accept
 //	    iifname <bridge> tcp dport <AllowHostPorts...> accept
-//	    iifname <bridge> drop
+//	    iifname <bridge> ip daddr <gateway> udp,tcp dport <dns port> accept   (DNS)
+//	    iifname <bridge> reject (tcp reset, else icmpx admin-prohibited)
 //	  chain forward (hook forward, priority filter, policy accept)
-//	    ip saddr <subnet> ip daddr <subnet> drop
+//	    ip saddr <subnet> ip daddr <subnet> reject
+//	    ip saddr <subnet> ip daddr 169.254.0.0/16 reject
+//	    ip saddr <subnet> ip daddr <EgressDeny...> reject
+//	    ip saddr <subnet> reject                                             (without Egress)
+//	  chain prerouting  (hook prerouting, priority dstnat; DNS)
+//	    iifname <bridge> ip daddr <gateway> udp,tcp dport 53 redirect to :<dns port>
+//	  chain postrouting (hook postrouting, priority srcnat; Egress)
+//	    ip saddr <subnet> oifname != <bridge> masquerade
 //	table bridge brisk_netpool_<prefix>
 //	  chain forward (hook forward, priority filter, policy accept)
 //	    iifname "<prefix>-*" oifname "<prefix>-*" drop
 //
 // input: a sandbox reaches no address of the host's (the gateway, every
 // other local address, over IPv4 or IPv6): not the control plane's admin or
-// gRPC ports, not a data plane, not the worker. The host's own connections
-// into sandboxes (data plane, readiness probe) still work: their replies are
-// established traffic. forward (inet): no sandbox reaches another through
-// the host's routing (a hairpin through the gateway, which needs the host
-// to forward, e.g. with proxy_arp_pvlan, or a sandbox with CAP_NET_RAW
-// addressing frames to the gateway). forward (bridge): no frame goes from
-// one sandbox's port to another's even if port isolation (set on every
-// veth by build) were lost. Everything else, sandboxes' outbound traffic
-// beyond the host included, is left as it was.
+// gRPC ports, not a data plane, not the worker; only the DNS forwarder's
+// port on the gateway. The host's own connections into sandboxes (data
+// plane, readiness probe) still work: their replies are established
+// traffic. forward (inet): no sandbox reaches another through the host's
+// routing (a hairpin through the gateway, which needs the host to forward,
+// e.g. with proxy_arp_pvlan, or a sandbox with CAP_NET_RAW addressing frames
+// to the gateway), nor a link-local address (a cloud's metadata service),
+// nor a denied network; the rest is forwarded, with the sandbox's address
+// masqueraded as the host's. forward (bridge): no frame goes from one
+// sandbox's port to another's even if port isolation (set on every veth by
+// build) were lost. What is refused is rejected, not dropped: a
+// connection fails at once (reset, or host unreachable) instead of hanging
+// until the client's timeout.
 //
 // installFirewall replaces the tables in one transaction: a restarted
 // worker swaps its predecessor's rules for its own without a moment
 // unprotected and without duplicates.
+
+// linkLocal is refused to sandboxes always: cloud metadata services answer
+// there.
+var linkLocal = netip.MustParsePrefix("169.254.0.0/16")
 
 // firewallTable names the pool's tables (one inet, one bridge).
 func firewallTable(prefix string) string { return "brisk_netpool_" + prefix }
@@ -55,7 +73,8 @@ func firewallTables(prefix string) (inet, bridge *nftables.Table) {
 var ErrFirewall = errors.New("netpool: cannot install the sandbox firewall (nf_tables); Config.NoFirewall (--net-firewall=false) runs without it")
 
 // installFirewall creates (or atomically replaces) the pool's tables.
-func installFirewall(cfg Config) error {
+// dnsPort is the DNS forwarder's port on the gateway (0: none).
+func installFirewall(cfg Config, dnsPort uint16) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrFirewall, err)
@@ -69,24 +88,58 @@ func installFirewall(cfg Config) error {
 		c.DelTable(t)
 		c.AddTable(t)
 	}
+	chain := func(t *nftables.Table, name string, hook *nftables.ChainHook, typ nftables.ChainType, prio *nftables.ChainPriority) *nftables.Chain {
+		return c.AddChain(&nftables.Chain{Name: name, Table: t, Hooknum: hook, Priority: prio, Type: typ, Policy: &accept})
+	}
 	base := func(t *nftables.Table, name string, hook *nftables.ChainHook) *nftables.Chain {
-		return c.AddChain(&nftables.Chain{Name: name, Table: t, Hooknum: hook,
-			Priority: nftables.ChainPriorityFilter, Type: nftables.ChainTypeFilter, Policy: &accept})
+		return chain(t, name, hook, nftables.ChainTypeFilter, nftables.ChainPriorityFilter)
 	}
 	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: exprs})
 	}
+	// reject refuses what match matches at once: a TCP reset, or an ICMP
+	// "administratively prohibited" for anything else.
+	reject := func(ch *nftables.Chain, match ...[]expr.Any) {
+		m := concat(match...)
+		rule(ch, concat(m, l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
+		rule(ch, concat(m, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})...)
+	}
 	fromBridge := matchIfname(expr.MetaKeyIIFNAME, cfg.Bridge, true)
+	gw := netip.PrefixFrom(gatewayOf(cfg.Subnet), 32)
 
 	in := base(inet, "input", nftables.ChainHookInput)
 	rule(in, concat(fromBridge, ctEstablished(), verdict(expr.VerdictAccept))...)
 	for _, port := range cfg.AllowHostPorts {
 		rule(in, concat(fromBridge, tcpDport(port), verdict(expr.VerdictAccept))...)
 	}
-	rule(in, concat(fromBridge, verdict(expr.VerdictDrop))...)
+	if dnsPort != 0 {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			rule(in, concat(fromBridge, ipv4(), ipInPrefix(16, gw), l4proto(proto), thDport(dnsPort), verdict(expr.VerdictAccept))...)
+		}
+	}
+	reject(in, fromBridge)
 
+	fromSandbox := concat(ipv4(), ipInPrefix(12, cfg.Subnet))
 	fwd := base(inet, "forward", nftables.ChainHookForward)
-	rule(fwd, concat(ipv4(), ipInPrefix(12, cfg.Subnet), ipInPrefix(16, cfg.Subnet), verdict(expr.VerdictDrop))...)
+	for _, to := range append([]netip.Prefix{cfg.Subnet, linkLocal}, cfg.EgressDeny...) {
+		reject(fwd, fromSandbox, ipInPrefix(16, to))
+	}
+	if !cfg.Egress {
+		reject(fwd, fromSandbox)
+	}
+
+	if dnsPort != 0 {
+		pre := chain(inet, "prerouting", nftables.ChainHookPrerouting, nftables.ChainTypeNAT, nftables.ChainPriorityNATDest)
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			rule(pre, concat(fromBridge, ipv4(), ipInPrefix(16, gw), l4proto(proto), thDport(sandboxDNSPort),
+				[]expr.Any{&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(dnsPort)},
+					&expr.Redir{RegisterProtoMin: 1}})...)
+		}
+	}
+	if cfg.Egress {
+		post := chain(inet, "postrouting", nftables.ChainHookPostrouting, nftables.ChainTypeNAT, nftables.ChainPriorityNATSource)
+		rule(post, concat(fromSandbox, matchIfnameNot(expr.MetaKeyOIFNAME, cfg.Bridge), []expr.Any{&expr.Masq{}})...)
+	}
 
 	bfwd := base(br, "forward", nftables.ChainHookForward)
 	port := cfg.NamePrefix + "-"
@@ -152,6 +205,33 @@ func ctEstablished() []expr.Any {
 			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
 			Xor:  binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+}
+
+// matchIfnameNot is matchIfname's exact match, negated.
+func matchIfnameNot(key expr.MetaKey, name string) []expr.Any {
+	data := make([]byte, unix.IFNAMSIZ)
+	copy(data, name)
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data},
+	}
+}
+
+// l4proto is "meta l4proto proto".
+func l4proto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+// thDport is "th dport port": the destination port of a TCP or UDP header
+// (after an l4proto match).
+func thDport(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	}
 }
 

@@ -163,7 +163,9 @@ func TestFirewallLifecycle(t *testing.T) {
 		}
 	})
 
-	want := map[string]int{"inet/input": 2, "inet/forward": 1, "bridge/forward": 1}
+	// input: established, reject (TCP and the rest); forward: rejects of
+	// other sandboxes, link-local and, without Egress, everything.
+	want := map[string]int{"inet/input": 3, "inet/forward": 6, "bridge/forward": 1}
 	old := startPool(t, cfg, false)
 	if got := firewallRules(t, cfg.NamePrefix); !maps.Equal(got, want) {
 		t.Fatalf("after Start: rules %v, want %v", got, want)

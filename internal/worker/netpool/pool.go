@@ -58,6 +58,8 @@ type Pool struct {
 	autoFill  bool                          // tests turn the refiller off for determinism
 	faultHook func(name, step string) error // tests fail teardown steps; nil in production
 
+	dns *dnsForwarder // the sandboxes' resolver (Config.DNS); guarded by mu
+
 	closeMu    sync.Mutex // serialises Close calls
 	bridgeDone bool       // Close undid Start's bridge work; guarded by closeMu
 
@@ -181,11 +183,36 @@ func (p *Pool) start(ctx context.Context) error {
 	}
 	// Before any endpoint exists (adopted ones aside, whose sandboxes the
 	// previous worker's rules, replaced here in one step, kept in).
-	if !p.cfg.NoFirewall {
-		if err := installFirewall(p.cfg); err != nil {
+	var port uint16
+	if p.cfg.DNS {
+		ups := p.cfg.DNSUpstreams
+		if len(ups) == 0 {
+			var err error
+			if ups, err = HostResolvers(); err != nil || len(ups) == 0 {
+				p.log.Warn("sandbox DNS: no nameserver in the host's resolv.conf: sandboxes' queries will fail", "err", err)
+			}
+		}
+		f, err := startDNS(p.gateway, ups, p.log)
+		if err != nil {
+			return fmt.Errorf("netpool: sandbox DNS forwarder on %v: %w", p.gateway, err)
+		}
+		p.mu.Lock()
+		p.dns = f
+		p.mu.Unlock()
+		port = f.port()
+		p.log.Info("sandbox DNS forwarder", "listen", netip.AddrPortFrom(p.gateway, port), "upstreams", ups)
+	}
+	if p.cfg.Egress {
+		if err := enableForwarding(); err != nil {
 			return err
 		}
-		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts)
+	}
+	if !p.cfg.NoFirewall {
+		if err := installFirewall(p.cfg, port); err != nil {
+			return err
+		}
+		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts,
+			"egress", p.cfg.Egress, "egress_deny", p.cfg.EgressDeny)
 	}
 	p.mu.Lock()
 	if p.closed {
@@ -214,6 +241,32 @@ func (p *Pool) start(ctx context.Context) error {
 		go p.refiller(runCtx)
 	}
 	return nil
+}
+
+// ipForward is the host's IPv4 forwarding switch.
+const ipForward = "/proc/sys/net/ipv4/ip_forward"
+
+// enableForwarding turns the host's IPv4 forwarding on (Config.Egress):
+// sandboxes' connections beyond the host are routed through it. It is a
+// host-wide setting, left on at Close (as container runtimes leave it):
+// something else may have come to rely on it meanwhile.
+func enableForwarding() error {
+	if b, err := os.ReadFile(ipForward); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(ipForward, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("netpool: egress needs IPv4 forwarding (%s): %w", ipForward, err)
+	}
+	return nil
+}
+
+// ResolvConf is the /etc/resolv.conf a sandbox of this pool gets, or ""
+// when the pool serves no DNS.
+func (p *Pool) ResolvConf() string {
+	if !p.cfg.DNS {
+		return ""
+	}
+	return ResolvConf(p.gateway)
 }
 
 // ensureBridge finds or creates the bridge, brings it up and gives it the
@@ -623,6 +676,13 @@ func (p *Pool) Close(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, retryMax)
+	}
+	p.mu.Lock()
+	dns := p.dns
+	p.dns = nil
+	p.mu.Unlock()
+	if dns != nil {
+		dns.close()
 	}
 	if !p.bridgeDone {
 		if err := p.removeBridge(); err != nil {

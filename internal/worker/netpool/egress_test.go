@@ -1,0 +1,163 @@
+package netpool
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/testutil/fakenet"
+)
+
+// egressConfig is testConfig n with egress and DNS to the fake internet's
+// resolver.
+func egressConfig(n int, f *fakenet.Net) Config {
+	cfg := testConfig(n, 0)
+	cfg.Egress, cfg.DNS, cfg.DNSUpstreams = true, true, []string{f.DNS}
+	return cfg
+}
+
+// dialIn dials from inside ep's namespace (the socket is made on a thread
+// there, and stays the namespace's), whichever goroutine asks.
+func dialIn(ep *Endpoint) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := inNetNS(ep.NetNS, func() error {
+			var d net.Dialer
+			var err error
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
+
+// lookupFrom resolves name from inside ep's namespace through the
+// gateway's port 53, as a sandbox whose /etc/resolv.conf names the gateway.
+func lookupFrom(ep *Endpoint, name, network string) ([]string, error) {
+	dial := dialIn(ep)
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return dial(ctx, network, netip.AddrPortFrom(ep.Gateway, 53).String())
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return r.LookupHost(ctx, name)
+}
+
+// getFrom fetches url from inside ep's namespace, resolving through it.
+func getFrom(ep *Endpoint, url string) (string, error) {
+	dial := dialIn(ep)
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return dial(ctx, "udp", netip.AddrPortFrom(ep.Gateway, 53).String())
+	}}
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		ips, err := r.LookupHost(ctx, host)
+		if err != nil {
+			return nil, err
+		}
+		return dial(ctx, network, net.JoinHostPort(ips[0], port))
+	}}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 20 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// A sandbox reaches the world beyond the host through NAT, and resolves
+// names through the gateway's forwarder (over UDP and TCP); the world sees
+// the host's address, not the sandbox's.
+func TestEgressAndDNS(t *testing.T) {
+	t.Parallel()
+	f := fakenet.Start(t, 30)
+	p := startPool(t, egressConfig(30, f), false)
+	a := take(t, p)
+	for _, network := range []string{"udp", "tcp"} {
+		addrs, err := lookupFrom(a, "web."+fakenet.Zone, network)
+		if err != nil || len(addrs) != 1 || addrs[0] != f.Addr.String() {
+			t.Fatalf("lookup over %s from the sandbox: %v, %v; want [%v]", network, addrs, err, f.Addr)
+		}
+	}
+	if _, err := lookupFrom(a, "nowhere.example.", "udp"); !isNotFound(err) {
+		t.Fatalf("lookup of a name the upstream does not know: %v, want not found", err)
+	}
+	body, err := getFrom(a, "http://web."+strings.TrimSuffix(fakenet.Zone, ".")+"/")
+	if err != nil || body != "hello from the internet" {
+		t.Fatalf("GET from the sandbox: %q, %v", body, err)
+	}
+	clients := f.Clients()
+	if len(clients) != 1 || !strings.HasPrefix(clients[0], f.Host.String()+":") {
+		t.Fatalf("the internet saw %v, want the host's address %v (masqueraded)", clients, f.Host)
+	}
+	if p.ResolvConf() != "# written by brisk: the worker's DNS forwarder on the sandbox network's gateway\nnameserver "+a.Gateway.String()+"\noptions timeout:2 attempts:2\n" {
+		t.Fatalf("resolv.conf %q", p.ResolvConf())
+	}
+}
+
+// Refused destinations fail at once (a reset or an unreachable, never a
+// silent drop): without egress, a denied network, link-local addresses
+// (metadata services), the host's own ports.
+func TestEgressRefusalsAreRejected(t *testing.T) {
+	t.Parallel()
+	f := fakenet.Start(t, 31)
+	cfg := egressConfig(31, f)
+	cfg.Egress = false
+	p := startPool(t, cfg, false)
+	a := take(t, p)
+	refused := func(what, addr string) {
+		t.Helper()
+		_, err := dialFrom(a.NetNS, addr, 20*time.Second)
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.EHOSTUNREACH) {
+			t.Errorf("%s (%s): %v, want refused or unreachable at once", what, addr, err)
+		}
+	}
+	refused("egress off", f.HTTP)
+	refused("the host's port", hostListen(t, a.Gateway).Addr().String())
+
+	f2 := fakenet.Start(t, 32)
+	cfg2 := egressConfig(32, f2)
+	cfg2.EgressDeny = []netip.Prefix{netip.MustParsePrefix("198.18.32.0/24")}
+	b := take(t, startPool(t, cfg2, false))
+	for _, addr := range []string{f2.HTTP, "169.254.169.254:80"} {
+		if _, err := dialFrom(b.NetNS, addr, 20*time.Second); !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.EHOSTUNREACH) {
+			t.Errorf("denied %s: %v, want refused or unreachable at once", addr, err)
+		}
+	}
+	// Denied destinations are not reached, but names still resolve.
+	if addrs, err := lookupFrom(b, "web."+fakenet.Zone, "udp"); err != nil || len(addrs) != 1 {
+		t.Errorf("lookup with the resolver's network denied to sandboxes: %v, %v", addrs, err)
+	}
+}
+
+// With no upstream answering, the forwarder answers SERVFAIL: a sandbox's
+// lookup fails as a server failure, not by waiting out its timeouts.
+func TestDNSWithoutUpstreamFailsFast(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(33, 0)
+	cfg.Egress, cfg.DNS, cfg.DNSUpstreams = true, true, []string{"127.0.0.1:9"} // discard: nothing answers
+	a := take(t, startPool(t, cfg, false))
+	_, err := lookupFrom(a, "web."+fakenet.Zone, "udp")
+	var de *net.DNSError
+	if !errors.As(err, &de) || de.IsTimeout || de.IsNotFound {
+		t.Fatalf("lookup with no upstream: %v, want a server failure (not a timeout)", err)
+	}
+}
+
+func isNotFound(err error) bool {
+	var de *net.DNSError
+	return errors.As(err, &de) && de.IsNotFound
+}
