@@ -28,7 +28,7 @@ import (
 // timeouts.
 
 const (
-	sandboxDNSPort   = 53 // where a sandbox's resolver sends (the gateway's)
+	sandboxDNSPort   = 53          // where a sandbox's resolver sends (the gateway's)
 	dnsUpstreamWait  = time.Second // per upstream and query
 	dnsTCPIdle       = 10 * time.Second
 	dnsMaxInFlight   = 256 // queries relayed at once (UDP and TCP)
