@@ -33,6 +33,8 @@ type ctrFlags struct {
 	firewall                        bool
 	allowHostPorts                  []int
 	shells                          int
+	egress, dns                     bool
+	egressDeny, dnsUpstreams        []string
 }
 
 func (f *ctrFlags) register(c *cobra.Command) {
@@ -47,6 +49,10 @@ func (f *ctrFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.prefix, "net-prefix", d.NamePrefix, "with --runtime containerd or native: name prefix of the sandboxes' network namespaces and veths")
 	fl.BoolVar(&f.firewall, "net-firewall", true, "with --runtime containerd or native: netfilter rules (nf_tables table brisk_netpool_<net-prefix>) that keep sandboxes from every address of this host (admin, gRPC, data plane ports) and from each other; =false only where the kernel lacks nf_tables")
 	fl.IntVar(&f.shells, "native-shells", 0, "with --runtime native: parked sandbox shells kept ready (0 = 16)")
+	fl.BoolVar(&f.egress, "net-egress", d.Egress, "with --runtime containerd or native: sandboxes may open connections beyond this host, NAT'd through it (turns the host's IPv4 forwarding on); this host's addresses, other sandboxes and link-local addresses (cloud metadata) stay refused")
+	fl.StringSliceVar(&f.egressDeny, "net-egress-deny", nil, "with --runtime containerd or native: more networks sandboxes may not reach, e.g. 10.0.0.0/8,192.168.0.0/16")
+	fl.BoolVar(&f.dns, "net-dns", d.DNS, "with --runtime containerd or native: sandboxes resolve names through a DNS forwarder on their gateway (their /etc/resolv.conf names it), which relays to this host's resolvers")
+	fl.StringSliceVar(&f.dnsUpstreams, "net-dns-upstreams", nil, "with --runtime containerd or native: resolvers (ip:port) the sandboxes' DNS forwarder relays to (default: the nameservers of this host's /etc/resolv.conf)")
 	fl.IntSliceVar(&f.allowHostPorts, "net-allow-host-ports", nil, "with --runtime containerd or native: TCP ports on this host that sandboxes may connect to despite --net-firewall, e.g. 3128,8125")
 }
 
@@ -63,6 +69,18 @@ func (f *ctrFlags) apply(w *local.Workers) error {
 	w.NetPool = netpool.Default()
 	w.NetPool.Size, w.NetPool.Subnet, w.NetPool.Bridge, w.NetPool.NamePrefix = f.poolSize, subnet, f.bridge, f.prefix
 	w.NetPool.NoFirewall = !f.firewall
+	w.NetPool.Egress, w.NetPool.DNS = f.egress, f.dns
+	if !f.firewall { // their NAT lives in the firewall's tables
+		w.NetPool.Egress, w.NetPool.DNS = false, false
+	}
+	for _, d := range f.egressDeny {
+		pfx, err := netip.ParsePrefix(d)
+		if err != nil {
+			return usageError{fmt.Errorf("--net-egress-deny %q: want an IPv4 network like 10.0.0.0/8", d)}
+		}
+		w.NetPool.EgressDeny = append(w.NetPool.EgressDeny, pfx)
+	}
+	w.NetPool.DNSUpstreams = f.dnsUpstreams
 	if f.shells < 0 {
 		return usageError{fmt.Errorf("--native-shells %d must not be negative", f.shells)}
 	}

@@ -401,6 +401,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 	}
 	b.Hostname = truncate(s.ID, 64)
+	if rc := r.cfg.Pool.ResolvConf(); rc != "" {
+		b.Etc = append(b.Etc, nsinit.File{Name: "resolv.conf", Data: rc})
+	}
+	b.Etc = append(b.Etc, nsinit.File{Name: "hosts", Data: netpool.HostsFile(sh.ep.IP, b.Hostname)})
 	files := []*os.File{logf}
 	if exe != nil {
 		files = append(files, exe)

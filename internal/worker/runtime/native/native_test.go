@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/testutil/fakenet"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
@@ -460,4 +463,65 @@ func TestSeccompProfile(t *testing.T) {
 	if len(prog) < 100 {
 		t.Errorf("default profile compiled to %d instructions; want the whole allow list", len(prog))
 	}
+}
+
+// A sandbox's network is one functions can use: /etc/resolv.conf names the
+// pool's DNS forwarder and /etc/hosts the sandbox itself, names resolve,
+// and connections beyond the host go out (to a fake internet the test
+// makes); the host's own ports are refused at once.
+func TestNetworkEgressAndDNS(t *testing.T) {
+	f := fakenet.Start(t, 40)
+	pcfg := poolConfig()
+	pcfg.Egress, pcfg.DNS, pcfg.DNSUpstreams = true, true, []string{f.DNS}
+	r := newRuntime(t, newPool(t, pcfg), t.TempDir(), true)
+	inst := start(t, r, "net-1", probeFn("net"))
+	gw := pcfg.Subnet.Addr().Next()
+	host := netip.AddrPortFrom(gw, hostPort(t)).String() // the host's address the sandbox knows
+	q := url.Values{"name": {"web." + fakenet.Zone}, "url": {"http://web.fake.test/"}, "dial": {host}}
+	c := http.Client{Timeout: time.Minute}
+	resp, err := c.Get("http://" + inst.Addr + "/net?" + q.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	if rc := got["/etc/resolv.conf"]; !strings.Contains(rc, "nameserver "+gw.String()+"\n") {
+		t.Errorf("resolv.conf %q, want the gateway %v", rc, gw)
+	}
+	if h := got["/etc/hosts"]; !strings.Contains(h, "localhost") || !strings.Contains(h, "\tnet-1\n") {
+		t.Errorf("hosts %q, want localhost and the sandbox's name", h)
+	}
+	if got["lookup"] != f.Addr.String() {
+		t.Errorf("lookup from the sandbox: %q, want %v", got["lookup"], f.Addr)
+	}
+	if got["fetch"] != "hello from the internet" {
+		t.Errorf("fetch from the sandbox: %q", got["fetch"])
+	}
+	if d := got["dial"]; !strings.Contains(d, "connection refused") {
+		t.Errorf("dial of the host's %s: %q, want refused at once", host, d)
+	}
+}
+
+// hostPort listens on every address of the host (the pool's gateway
+// among them) and returns the port.
+func hostPort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }

@@ -266,6 +266,11 @@ struct secret {
   uint64_t size;
 };
 
+struct file {
+  char *name;  // under /etc
+  char *data;
+};
+
 struct bind {
   char *lower;
   char **argv;  // NULL-terminated
@@ -279,6 +284,8 @@ struct bind {
   uint32_t seccomp_len;  // instructions
   struct secret *secrets;
   uint32_t nsecrets;
+  struct file *files;
+  uint32_t nfiles;
 };
 
 #define FLAG_EXEC_FD 1u
@@ -356,6 +363,13 @@ static void decode(const char *msg, size_t n, struct bind *b) {
   for (uint32_t i = 0; i < b->nsecrets; i++) {
     b->secrets[i].name = str(&r);
     b->secrets[i].size = u64(&r);
+  }
+  b->nfiles = u32(&r);
+  if (b->nfiles > 16) fail("bind message: %u files", b->nfiles);
+  b->files = alloc(((size_t)b->nfiles + 1) * sizeof *b->files);
+  for (uint32_t i = 0; i < b->nfiles; i++) {
+    b->files[i].name = str(&r);
+    b->files[i].data = str(&r);
   }
   if (r.p != r.end) fail("bind message: %zu bytes too many", (size_t)(r.end - r.p));
   if (!b->argv[0]) fail("bind message: no arguments");
@@ -610,6 +624,32 @@ static void mount_secrets(const struct bind *b, int fd) {
     fail("secrets: remount %s read-only: %s", SECRETS_DIR, es(r));
 }
 
+// write_etc writes the bind's files into the new root's /etc (the
+// writable layer): /etc/resolv.conf and /etc/hosts of the sandbox's
+// network. What the lower layer had there (a file, or a symbolic link such
+// as systemd-resolved's) is replaced, never followed.
+static void write_etc(const struct bind *b) {
+  long r;
+  if (b->nfiles == 0) return;
+  if ((r = x_mkdir("/etc", 0755)) < 0 && r != -EEXIST) fail("mkdir /etc: %s", es(r));
+  for (uint32_t i = 0; i < b->nfiles; i++) {
+    const char *n = b->files[i].name;
+    if (!*n || x_streq(n, ".") || x_streq(n, "..") || x_strchr(n, '/')) fail("etc: bad file \"%s\"", n);
+    char p[4096];
+    join(p, sizeof p, "/etc", n);
+    if ((r = S3(SYS_unlinkat, AT_FDCWD, p, 0)) < 0 && r != -ENOENT) fail("etc: remove %s: %s", p, es(r));
+    long fd = x_open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) fail("etc: %s: %s", p, es(fd));
+    const char *d = b->files[i].data;
+    for (size_t w = 0, len = x_strlen(d); w < len;) {
+      long k = x_write((int)fd, d + w, len - w);
+      if (k < 0) fail("etc: %s: %s", p, es(k));
+      w += (size_t)k;
+    }
+    if ((r = S2(SYS_fchmod, fd, 0644)) < 0 || (r = x_close((int)fd)) < 0) fail("etc: %s: %s", p, es(r));
+  }
+}
+
 // look_path finds name in env's PATH inside the new root.
 static const char *look_path(const char *name, char **env) {
   const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -662,6 +702,7 @@ static void start(struct bind *b, int *fds, int nfds, const char *st) {
   if ((r = S3(SYS_dup3, fds[0], 1, 0)) < 0 || (r = S3(SYS_dup3, fds[0], 2, 0)) < 0) fail("log: %s", es(r));
   x_close(fds[0]);
   build_root(b, st);
+  write_etc(b);
   if (b->nsecrets > 0) {
     mount_secrets(b, fds[nfds - 1]);
     x_close(fds[nfds - 1]);  // not for the function

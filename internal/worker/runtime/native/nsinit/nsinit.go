@@ -83,6 +83,16 @@ type Bind struct {
 	// mount lives and ends with the sandbox's mount namespace, which no
 	// later sandbox shares (a shell is never bound twice).
 	Secrets []Secret
+	// Etc are files the init writes into the new root's /etc (its
+	// writable layer) before the function starts, replacing what the
+	// lower layer has there: the sandbox network's resolv.conf and hosts.
+	// Names are plain file names; at most 16, their data without NUL.
+	Etc []File
+}
+
+// File is one of Bind.Etc.
+type File struct {
+	Name, Data string
 }
 
 // EncodeFilter lays a BPF program out as the kernel's struct sock_filter
@@ -135,6 +145,17 @@ func (b *Bind) Encode() ([]byte, error) {
 	for _, s := range b.Secrets {
 		e.str(s.Name)
 		e.out = binary.NativeEndian.AppendUint64(e.out, uint64(s.Size))
+	}
+	if len(b.Etc) > 16 {
+		return nil, fmt.Errorf("bind message: %d files for /etc", len(b.Etc))
+	}
+	e.u32(uint32(len(b.Etc)))
+	for _, f := range b.Etc {
+		if f.Name == "" || f.Name == "." || f.Name == ".." || strings.ContainsAny(f.Name, "/\x00") || strings.Contains(f.Data, "\x00") {
+			return nil, fmt.Errorf("bind message: bad /etc file %q", f.Name)
+		}
+		e.str(f.Name)
+		e.str(f.Data)
 	}
 	if e.err != nil {
 		return nil, e.err

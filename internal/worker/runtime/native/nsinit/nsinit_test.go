@@ -27,7 +27,7 @@ func TestFilterEncoding(t *testing.T) {
 func TestEncodeLayout(t *testing.T) {
 	b := &Bind{Lower: "/img", Argv: []string{"f", "-x"}, Env: []string{"A=1"}, Dir: "/w", ExecFD: true,
 		UID: 1000, GID: 1001, Hostname: "h", Caps: []int{0, 40}, Seccomp: make([]byte, 16),
-		Secrets: []Secret{{Name: "k", Size: 7}}}
+		Secrets: []Secret{{Name: "k", Size: 7}}, Etc: []File{{Name: "resolv.conf", Data: "nameserver 10.0.0.1\n"}}}
 	msg, err := b.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +71,9 @@ func TestEncodeLayout(t *testing.T) {
 	next(16)
 	if n, name, size := u32(), str(), binary.NativeEndian.Uint64(next(8)); n != 1 || name != "k" || size != 7 {
 		t.Errorf("secrets %d %q %d", n, name, size)
+	}
+	if n, name, data := u32(), str(), str(); n != 1 || name != "resolv.conf" || data != "nameserver 10.0.0.1\n" {
+		t.Errorf("etc files %d %q %q", n, name, data)
 	}
 	if r.Len() != 0 {
 		t.Errorf("%d bytes left over", r.Len())

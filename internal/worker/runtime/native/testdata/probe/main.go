@@ -9,12 +9,14 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 )
@@ -48,8 +50,49 @@ func main() {
 }
 
 func handle(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == secretsprobe.Path {
+	switch r.URL.Path {
+	case secretsprobe.Path:
 		secretsprobe.ServeHTTP(w, r)
+		return
+	case "/net":
+		// What the sandbox's network gives it: its /etc/resolv.conf and
+		// /etc/hosts, a name looked up through them (?name=), a URL
+		// fetched (?url=), and a TCP connect's error (?dial=).
+		out := map[string]string{}
+		for _, f := range []string{"/etc/resolv.conf", "/etc/hosts"} {
+			b, err := os.ReadFile(f)
+			out[f] = string(b)
+			if err != nil {
+				out[f] = "error: " + err.Error()
+			}
+		}
+		q := r.URL.Query()
+		if name := q.Get("name"); name != "" {
+			addrs, err := net.LookupHost(name)
+			out["lookup"] = strings.Join(addrs, ",")
+			if err != nil {
+				out["lookup"] = "error: " + err.Error()
+			}
+		}
+		if u := q.Get("url"); u != "" {
+			c := http.Client{Timeout: 20 * time.Second}
+			if resp, err := c.Get(u); err != nil {
+				out["fetch"] = "error: " + err.Error()
+			} else {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				out["fetch"] = string(b)
+			}
+		}
+		if a := q.Get("dial"); a != "" {
+			out["dial"] = "connected"
+			if c, err := net.DialTimeout("tcp", a, 20*time.Second); err != nil {
+				out["dial"] = "error: " + err.Error()
+			} else {
+				c.Close()
+			}
+		}
+		_ = json.NewEncoder(w).Encode(out)
 		return
 	}
 	_ = json.NewEncoder(w).Encode(probe())
