@@ -128,6 +128,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
+	if err := writeNetFiles(dir, cfg.Pool); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
 	client, err := containerd.New(cfg.Address, containerd.WithTimeout(dialTimeout),
 		containerd.WithDefaultNamespace(cfg.Namespace))
 	if err != nil {

@@ -33,7 +33,8 @@ const (
 // pooled network namespace; the function's limits as cgroup limits; the
 // default seccomp profile; and a read-only root file system (unless the
 // spec asks for a writable one) with a tmpfs on /tmp; with secrets, their
-// directory bound read-only on spec.SecretsDir (secrets.go).
+// directory bound read-only on spec.SecretsDir (secrets.go); the sandbox
+// network's /etc/resolv.conf and /etc/hosts, bound read-only (netfiles.go).
 func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []oci.SpecOpts {
 	f := s.Function
 	env := make([]string, 0, len(f.Env)+3)
@@ -54,6 +55,7 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 		Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 		Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(tmpMB, 10) + "m"},
 	}}
+	mounts = append(mounts, netMounts(r.cfg.StateDir, r.cfg.Pool)...)
 	if len(f.Secrets) > 0 {
 		env = append(env, runtime.EnvSecretsDir+"="+spec.SecretsDir)
 		mounts = append(mounts, secretsMount(r.secretsDir(s.ID)))
