@@ -36,7 +36,7 @@
 #define MAX_MESSAGE (192 << 10)  // nsinit.MaxMessage
 #define MAX_FDS 3
 #define SECRETS_DIR "/var/openfaas/secrets"  // nsinit.SecretsDir
-#define MAGIC "BRB1"                        // nsinit.bindMagic
+#define MAGIC "BRB2"                        // nsinit.bindMagic (its version: 2 has the /etc files)
 #define PAGE 4096                           // tmpfs sizes only: rounding up is harmless
 
 // ---- system calls ----

@@ -108,7 +108,7 @@ func EncodeFilter(prog []unix.SockFilter) []byte {
 }
 
 // bindMagic opens every bind message: the layout's version (init.c checks it).
-const bindMagic = "BRB1"
+const bindMagic = "BRB2" // the version of the message: an init of another one refuses it by name
 
 // Encode lays b out for init.c: bindMagic, then the fields in Bind's order,
 // native byte order, strings and byte strings as a u32 length and the bytes,
