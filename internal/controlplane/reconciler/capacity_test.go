@@ -245,3 +245,75 @@ func TestNoNodeConnectedDoesNotFailFast(t *testing.T) {
 		t.Fatalf("condition %v, want no-capacity (no node connected), not fail-fast", c)
 	}
 }
+
+// A sandbox made for a queued call serves it as soon as it is ready, before
+// any report says it is busy: another data plane's waiting call must not
+// take it (review finding: two functions evicted each other on every call).
+// Once its data plane reports it idle, it may go.
+func TestQueuedCallKeepsItsNewSandbox(t *testing.T) {
+	w := newWorld(t, 0)
+	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 250, MemoryMB: 8192}}})
+	w.running["n0"] = map[string]string{}
+	w.step(SessionUp{Node: "n0"})
+	w.deployCPU("g", spec.KeepAliveTTL, 0)
+	w.deployCPU("h", spec.KeepAliveTTL, 0)
+	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp1", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "g", Queued: 1, NoCapacity: true}}}})
+	if r, _, _ := w.status("g"); r != 1 {
+		t.Fatalf("g: %d ready, want 1", r)
+	}
+	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp2", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "h", Queued: 1, NoCapacity: true}}}})
+	if ev := w.r.Stats().Evictions; ev != 0 {
+		t.Fatalf("%d evictions of g's sandbox while its queued call goes to it", ev)
+	}
+	if c := conditionOf(cmds, "h"); c == nil || c.GetReason() != CondNoCapacity {
+		t.Fatalf("h: condition %v, want no-capacity", c)
+	}
+	// dp1 reports g's call done: g is idle, and h's next call takes its room.
+	w.now = w.now.Add(time.Second)
+	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp1", IntervalMs: 1000,
+		Functions: []*briskv1.FunctionMetric{{Function: "g", AvgConcurrency: 0.01, Requests: 1}}}})
+	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp2", Urgent: true,
+		Functions: []*briskv1.FunctionMetric{{Function: "h", Queued: 1, NoCapacity: true}}}})
+	if ev := w.r.Stats().Evictions; ev != 1 {
+		t.Fatalf("%d evictions once g is idle, want 1", ev)
+	}
+}
+
+// A function's reachable sandboxes cover its min and its calls; one on a
+// node whose link is down covers nothing, so the reachable one stays.
+func TestUnreachableSandboxesDoNotCoverTheMin(t *testing.T) {
+	w := newWorld(t, 0)
+	for _, id := range []string{"n0", "n1"} {
+		w.step(RegisterNode{Worker: &store.Worker{ID: id, Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 250, MemoryMB: 8192}}})
+		w.running[id] = map[string]string{}
+		w.step(SessionUp{Node: id})
+	}
+	w.deployCPU("g", spec.KeepAliveGD, 1)
+	w.step(ScaleTo{Function: "g", Desired: 2}) // one sandbox on each node
+	if r, _, _ := w.status("g"); r != 2 {
+		t.Fatalf("g: %d ready, want 2", r)
+	}
+	w.step(SessionDown{Node: "n1", Withdraw: true})
+	w.deployCPU("h", spec.KeepAliveTTL, 0)
+	w.call("h")
+	if ev := w.r.Stats().Evictions; ev != 0 {
+		t.Fatalf("%d evictions: g's only reachable sandbox was taken below its min", ev)
+	}
+}
+
+// Deleted functions do not stay in the busy set (review finding: it held
+// every deleted function's state on a cluster that never queued).
+func TestBusySetForgetsDeletedFunctions(t *testing.T) {
+	w := fullWorld(t)
+	w.deployCPU("f", spec.KeepAliveTTL, 0)
+	w.load("f", 1, 1)
+	if _, ok := w.r.busyFns[w.r.fns["f"]]; !ok {
+		t.Fatal("f with a call in flight is not in the busy set")
+	}
+	w.step(RemoveFunction{Name: "f"})
+	if n := len(w.r.busyFns); n != 0 {
+		t.Fatalf("%d functions in the busy set after the delete, want 0", n)
+	}
+}

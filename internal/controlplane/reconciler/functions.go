@@ -98,10 +98,11 @@ type dpSample struct {
 	dataPlane      string
 	load, requests float64
 	at             time.Time // of load and requests (periodic reports)
-	// inFlight is the calls running in the function's sandboxes as of
-	// inFlightAt (periodic and urgent reports).
-	inFlight   int32
-	inFlightAt time.Time
+	// inFlight and queued are the calls running in the function's
+	// sandboxes and waiting for one as of inFlightAt (periodic and urgent
+	// reports).
+	inFlight, queued int32
+	inFlightAt       time.Time
 	// skipLoad: the function yielded since this data plane's last periodic
 	// report, so its next one covers load from before the yield, which the
 	// autoscaler must not count (it would take the room back).
@@ -239,6 +240,7 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 		return
 	}
 	fs.deleted, fs.desired = true, 0
+	delete(c.busyFns, fs)
 	if c.gdHolds(fs.spec) {
 		c.gdFunctions--
 	}
@@ -291,7 +293,7 @@ func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
 			continue
 		}
 		if !r.GetUrgent() {
-			c.setInFlight(fs, dp, m.GetInFlight(), now)
+			c.setInFlight(fs, dp, m.GetInFlight(), m.GetQueued(), now)
 			iv := float64(r.GetIntervalMs()) / 1000
 			req := 0.0
 			if iv > 0 {
@@ -427,14 +429,15 @@ func (fs *fnState) sample(dp string) *dpSample {
 	return &fs.dpLoad[len(fs.dpLoad)-1]
 }
 
-// setInFlight records dp's count of fs's calls in flight at now.
-func (c *Reconciler) setInFlight(fs *fnState, dp string, n int32, now time.Time) {
-	if n <= 0 && len(fs.dpLoad) == 0 {
+// setInFlight records dp's counts of fs's calls in flight and queued at
+// now.
+func (c *Reconciler) setInFlight(fs *fnState, dp string, inFlight, queued int32, now time.Time) {
+	if inFlight <= 0 && queued <= 0 && len(fs.dpLoad) == 0 {
 		return
 	}
 	s := fs.sample(dp)
-	s.inFlight, s.inFlightAt = max(n, 0), now
-	if n > 0 {
+	s.inFlight, s.queued, s.inFlightAt = max(inFlight, 0), max(queued, 0), now
+	if s.inFlight+s.queued > 0 && !fs.deleted {
 		c.busyFns[fs] = struct{}{}
 	}
 }
@@ -447,19 +450,27 @@ func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []*briskv1.Func
 	for _, m := range ms {
 		if fs := c.fns[m.GetFunction()]; fs != nil {
 			listed[fs] = true
-			c.setInFlight(fs, dp, m.GetInFlight(), now)
+			c.setInFlight(fs, dp, m.GetInFlight(), m.GetQueued(), now)
 		}
 	}
 	for fs := range c.busyFns {
-		busy := false
-		for i := range fs.dpLoad {
-			s := &fs.dpLoad[i]
-			if s.dataPlane == dp && !listed[fs] {
-				s.inFlight, s.inFlightAt = 0, now
-			}
-			busy = busy || (s.inFlight > 0 && now.Sub(s.inFlightAt) <= loadStaleAfter)
+		if listed[fs] {
+			continue
 		}
-		if !busy || fs.deleted {
+		for i := range fs.dpLoad {
+			if s := &fs.dpLoad[i]; s.dataPlane == dp {
+				s.inFlight, s.queued, s.inFlightAt = 0, 0, now
+			}
+		}
+	}
+	c.pruneBusy(now)
+}
+
+// pruneBusy drops from busyFns the functions with no fresh report of calls
+// in flight or queued, and deleted ones.
+func (c *Reconciler) pruneBusy(now time.Time) {
+	for fs := range c.busyFns {
+		if fs.deleted || fs.busy(now) == 0 {
 			delete(c.busyFns, fs)
 		}
 	}
@@ -475,6 +486,7 @@ func (c *Reconciler) sampleLoad(now time.Time) {
 			fs.kpa.Record(now, sum)
 		}
 	}
+	c.pruneBusy(now)
 }
 
 // sumLoad drops stale data planes' reports and sums the rest; false if

@@ -189,10 +189,10 @@ func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sa
 		if g == fs {
 			continue
 		}
-		// Sandboxes still starting, or on a node whose link is down, count
-		// toward what the function keeps but cannot be evicted: the
-		// reachable ones beyond its need can.
-		surplus := min(active-max(g.spec.Scaling.Min, busy), reachable)
+		// Only reachable ready sandboxes serve calls, so they are what must
+		// cover the function's need; sandboxes still starting, or on a node
+		// whose link is down, cover nothing and are never evicted here.
+		surplus := min(active, reachable) - max(g.spec.Scaling.Min, busy)
 		if surplus <= 0 {
 			continue
 		}
@@ -211,14 +211,16 @@ func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sa
 }
 
 // busy is how many sandboxes fs's calls occupy now: its calls in flight
-// by the data planes' fresh reports over its concurrency, rounded up. A
-// data plane's urgent report (a call waiting for room) brings its counts of
-// that moment; others are at most a periodic report old.
+// and queued by the data planes' fresh reports, over its concurrency,
+// rounded up. A data plane's urgent report (a call waiting for room) brings
+// its counts of that moment; others are at most a periodic report old. A
+// queued call counts because the sandbox made for it takes it as soon as
+// it is ready, before any report says so.
 func (fs *fnState) busy(now time.Time) int {
 	var n int32
 	for _, s := range fs.dpLoad {
 		if now.Sub(s.inFlightAt) <= loadStaleAfter {
-			n += s.inFlight
+			n += s.inFlight + s.queued
 		}
 	}
 	if n <= 0 {
