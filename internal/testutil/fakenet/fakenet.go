@@ -123,6 +123,27 @@ func (f *Net) Queries() []string {
 	return append([]string(nil), f.queries...)
 }
 
+// Dial connects from inside the namespace (as a machine of the internet
+// would).
+func (f *Net) Dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := f.in(func() error {
+		var err error
+		c, err = net.DialTimeout(network, addr, timeout)
+		return err
+	})
+	return c, err
+}
+
+// Route sends the namespace's traffic for prefix through the host, as a
+// router in front of the host would.
+func (f *Net) Route(t testing.TB, prefix netip.Prefix) {
+	t.Helper()
+	if out, err := exec.Command("ip", "-n", f.Name, "route", "add", prefix.String(), "via", f.Host.String()).CombinedOutput(); err != nil {
+		t.Fatalf("fakenet: route %v: %v: %s", prefix, err, out)
+	}
+}
+
 // in runs fn on a thread inside the namespace: the sockets it opens are
 // the namespace's for good.
 func (f *Net) in(fn func() error) error {

@@ -28,14 +28,18 @@ import (
 // timeouts.
 
 const (
-	sandboxDNSPort   = 53          // where a sandbox's resolver sends (the gateway's)
-	dnsUpstreamWait  = time.Second // per upstream and query
-	dnsTCPIdle       = 10 * time.Second
-	dnsMaxInFlight   = 256 // queries relayed at once (UDP and TCP)
-	dnsMaxTCPConns   = 64
-	dnsMaxMessage    = 65535
-	resolvConfPath   = "/etc/resolv.conf"
-	defaultDNSPortUp = "53"
+	sandboxDNSPort  = 53          // where a sandbox's resolver sends (the gateway's)
+	dnsUpstreamWait = time.Second // per upstream and query
+	dnsTCPIdle      = 10 * time.Second
+	dnsMaxInFlight  = 256 // queries relayed at once (UDP and TCP)
+	dnsMaxTCPConns  = 64
+	// One sandbox's share of those, so that a sandbox that floods (or
+	// holds connections open) slows only its own lookups.
+	dnsPerSourceInFlight = 16
+	dnsPerSourceTCPConns = 4
+	dnsMaxMessage        = 65535
+	resolvConfPath       = "/etc/resolv.conf"
+	defaultDNSPortUp     = "53"
 )
 
 // HostResolvers reads the nameservers of the host's /etc/resolv.conf as
@@ -62,6 +66,8 @@ func HostResolvers() ([]string, error) {
 // dnsForwarder relays sandboxes' queries to the upstreams.
 type dnsForwarder struct {
 	log       *slog.Logger
+	subnet    netip.Prefix // queries from elsewhere are ignored
+	gateway   netip.Addr
 	upstreams []string
 	udp       *net.UDPConn
 	tcp       *net.TCPListener
@@ -70,14 +76,18 @@ type dnsForwarder struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
-	mu     sync.Mutex
-	closed bool
-	active map[*net.TCPConn]struct{} // closed by close
+	done chan struct{} // closed by close
+
+	mu          sync.Mutex
+	closed      bool
+	active      map[*net.TCPConn]struct{} // closed by close
+	queries     map[netip.Addr]int        // in flight per source
+	tcpBySource map[netip.Addr]int        // TCP connections per source
 }
 
 // startDNS listens on addr's ephemeral UDP and TCP ports (the same number)
-// and serves until close.
-func startDNS(addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsForwarder, error) {
+// and serves sandboxes of subnet until close.
+func startDNS(addr netip.Addr, subnet netip.Prefix, upstreams []string, log *slog.Logger) (*dnsForwarder, error) {
 	var (
 		u   *net.UDPConn
 		t   *net.TCPListener
@@ -101,8 +111,9 @@ func startDNS(addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsForwar
 	if u == nil {
 		return nil, err
 	}
-	f := &dnsForwarder{log: log, upstreams: upstreams, udp: u, tcp: t,
-		slots: make(chan struct{}, dnsMaxInFlight), conns: make(chan struct{}, dnsMaxTCPConns), active: map[*net.TCPConn]struct{}{}}
+	f := &dnsForwarder{log: log, subnet: subnet, gateway: addr, upstreams: upstreams, udp: u, tcp: t,
+		slots: make(chan struct{}, dnsMaxInFlight), conns: make(chan struct{}, dnsMaxTCPConns), done: make(chan struct{}),
+		active: map[*net.TCPConn]struct{}{}, queries: map[netip.Addr]int{}, tcpBySource: map[netip.Addr]int{}}
 	f.wg.Add(2)
 	go f.serveUDP()
 	go f.serveTCP()
@@ -114,6 +125,7 @@ func (f *dnsForwarder) port() uint16 { return f.udp.LocalAddr().(*net.UDPAddr).A
 
 func (f *dnsForwarder) close() {
 	f.closeOnce.Do(func() {
+		close(f.done)
 		f.udp.Close()
 		f.tcp.Close()
 		f.mu.Lock()
@@ -137,15 +149,20 @@ func (f *dnsForwarder) serveUDP() {
 			}
 			continue
 		}
+		src := from.Addr().Unmap()
+		if !f.sandbox(src) || !f.take(f.queries, src, dnsPerSourceInFlight) {
+			continue // not a sandbox, or it has its share in flight: as a lost packet
+		}
 		select {
 		case f.slots <- struct{}{}:
 		default:
+			f.give(f.queries, src)
 			continue // overloaded: the client retries, as with a lost packet
 		}
 		q := append([]byte(nil), buf[:n]...)
 		f.wg.Add(1)
 		go func() {
-			defer func() { <-f.slots; f.wg.Done() }()
+			defer func() { <-f.slots; f.give(f.queries, src); f.wg.Done() }()
 			if reply := f.relay(q, "udp"); reply != nil {
 				_, _ = f.udp.WriteToUDPAddrPort(reply, from)
 			}
@@ -163,9 +180,15 @@ func (f *dnsForwarder) serveTCP() {
 			}
 			continue
 		}
+		src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+		if !f.sandbox(src) || !f.take(f.tcpBySource, src, dnsPerSourceTCPConns) {
+			c.Close()
+			continue
+		}
 		select {
 		case f.conns <- struct{}{}:
 		default:
+			f.give(f.tcpBySource, src)
 			c.Close()
 			continue
 		}
@@ -174,6 +197,7 @@ func (f *dnsForwarder) serveTCP() {
 			f.mu.Unlock()
 			c.Close()
 			<-f.conns
+			f.give(f.tcpBySource, src)
 			return
 		}
 		f.active[c] = struct{}{}
@@ -186,6 +210,7 @@ func (f *dnsForwarder) serveTCP() {
 				f.mu.Unlock()
 				c.Close()
 				<-f.conns
+				f.give(f.tcpBySource, src)
 				f.wg.Done()
 			}()
 			f.serveConn(c)
@@ -202,7 +227,11 @@ func (f *dnsForwarder) serveConn(c *net.TCPConn) {
 		if err != nil {
 			return
 		}
-		f.slots <- struct{}{}
+		select {
+		case f.slots <- struct{}{}:
+		case <-f.done:
+			return
+		}
 		reply := f.relay(q, "tcp")
 		<-f.slots
 		if reply == nil {
@@ -215,6 +244,33 @@ func (f *dnsForwarder) serveConn(c *net.TCPConn) {
 		if _, err := c.Write(reply); err != nil {
 			return
 		}
+	}
+}
+
+// sandbox reports whether a query from src is a sandbox's: in the subnet,
+// not the gateway (a sandbox with CAP_NET_RAW could forge other sources,
+// which the firewall drops too).
+func (f *dnsForwarder) sandbox(src netip.Addr) bool {
+	return f.subnet.Contains(src) && src != f.gateway
+}
+
+// take counts one more of src's in m, unless it has limit already.
+func (f *dnsForwarder) take(m map[netip.Addr]int, src netip.Addr, limit int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m[src] >= limit {
+		return false
+	}
+	m[src]++
+	return true
+}
+
+// give undoes take.
+func (f *dnsForwarder) give(m map[netip.Addr]int, src netip.Addr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m[src]--; m[src] <= 0 {
+		delete(m, src)
 	}
 }
 

@@ -161,3 +161,24 @@ func isNotFound(err error) bool {
 	var de *net.DNSError
 	return errors.As(err, &de) && de.IsNotFound
 }
+
+// With forwarding on for egress, a machine that routes the sandboxes'
+// subnet to this host still reaches no sandbox: nothing is forwarded into
+// the bridge but replies (review finding: sandboxes' ports were open to
+// the host's network, past the data plane).
+func TestEgressAdmitsNoInboundConnections(t *testing.T) {
+	t.Parallel()
+	f := fakenet.Start(t, 34)
+	cfg := egressConfig(34, f)
+	a := take(t, startPool(t, cfg, false))
+	ln := listenIn(t, a)
+	f.Route(t, cfg.Subnet)
+	if c, err := f.Dial("tcp", ln.Addr().String(), blockedWithin); err == nil {
+		c.Close()
+		t.Fatalf("the internet connected to sandbox %s at %s", a.Name, ln.Addr())
+	}
+	// The sandbox's own connections out still work (their replies come in).
+	if body, err := getFrom(a, "http://"+f.HTTP+"/"); err != nil || body != "hello from the internet" {
+		t.Fatalf("sandbox -> internet: %q, %v", body, err)
+	}
+}

@@ -21,17 +21,21 @@ import (
 //	  chain input   (hook input, priority filter, policy accept)
 //	    iifname <bridge> ct state established,related accept
 //	    iifname <bridge> tcp dport <AllowHostPorts...> accept
-//	    iifname <bridge> ip daddr <gateway> udp,tcp dport <dns port> accept   (DNS)
+//	    iifname <bridge> ip saddr <subnet> ip daddr <gateway> udp,tcp dport <dns port> accept   (DNS)
 //	    iifname <bridge> reject (tcp reset, else icmpx admin-prohibited)
 //	  chain forward (hook forward, priority filter, policy accept)
-//	    ip saddr <subnet> ip daddr <subnet> reject
-//	    ip saddr <subnet> ip daddr 169.254.0.0/16 reject
-//	    ip saddr <subnet> ip daddr <EgressDeny...> reject
-//	    ip saddr <subnet> reject                                             (without Egress)
+//	    iifname <bridge> meta nfproto != ipv4 drop
+//	    iifname <bridge> ip saddr != <subnet> drop
+//	    iifname <bridge> ip daddr <subnet> reject
+//	    iifname <bridge> ip daddr 169.254.0.0/16 reject
+//	    iifname <bridge> ip daddr <EgressDeny...> reject
+//	    iifname <bridge> reject                                              (without Egress)
+//	    oifname <bridge> ct state established,related accept
+//	    oifname <bridge> drop
 //	  chain prerouting  (hook prerouting, priority dstnat; DNS)
-//	    iifname <bridge> ip daddr <gateway> udp,tcp dport 53 redirect to :<dns port>
+//	    iifname <bridge> ip saddr <subnet> ip daddr <gateway> udp,tcp dport 53 redirect to :<dns port>
 //	  chain postrouting (hook postrouting, priority srcnat; Egress)
-//	    ip saddr <subnet> oifname != <bridge> masquerade
+//	    ip saddr <subnet> ip saddr != <gateway> oifname != <bridge> masquerade
 //	table bridge brisk_netpool_<prefix>
 //	  chain forward (hook forward, priority filter, policy accept)
 //	    iifname "<prefix>-*" oifname "<prefix>-*" drop
@@ -39,14 +43,18 @@ import (
 // input: a sandbox reaches no address of the host's (the gateway, every
 // other local address, over IPv4 or IPv6): not the control plane's admin or
 // gRPC ports, not a data plane, not the worker; only the DNS forwarder's
-// port on the gateway. The host's own connections into sandboxes (data
+// port on the gateway, from a sandbox's own address. The host's own
+// connections into sandboxes (data
 // plane, readiness probe) still work: their replies are established
 // traffic. forward (inet): no sandbox reaches another through the host's
 // routing (a hairpin through the gateway, which needs the host to forward,
 // e.g. with proxy_arp_pvlan, or a sandbox with CAP_NET_RAW addressing frames
 // to the gateway), nor a link-local address (a cloud's metadata service),
 // nor a denied network; the rest is forwarded, with the sandbox's address
-// masqueraded as the host's. forward (bridge): no frame goes from one
+// masqueraded as the host's; packets with a forged source or other than
+// IPv4 are dropped; nothing is forwarded into the bridge but replies (with
+// forwarding on, a machine routing the subnet here would otherwise reach
+// sandboxes' ports past the data plane). forward (bridge): no frame goes from one
 // sandbox's port to another's even if port isolation (set on every veth by
 // build) were lost. What is refused is rejected, not dropped: a
 // connection fails at once (reset, or host unreachable) instead of hanging
@@ -112,33 +120,49 @@ func installFirewall(cfg Config, dnsPort uint16) error {
 	for _, port := range cfg.AllowHostPorts {
 		rule(in, concat(fromBridge, tcpDport(port), verdict(expr.VerdictAccept))...)
 	}
+	// A sandbox's own address, as its packets must carry (one with
+	// CAP_NET_RAW could forge another: forward drops those, and DNS takes
+	// only these).
+	fromSandbox := concat(fromBridge, ipv4(), ipInPrefix(12, cfg.Subnet))
 	if dnsPort != 0 {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			rule(in, concat(fromBridge, ipv4(), ipInPrefix(16, gw), l4proto(proto), thDport(dnsPort), verdict(expr.VerdictAccept))...)
+			rule(in, concat(fromSandbox, ipInPrefix(16, gw), l4proto(proto), thDport(dnsPort), verdict(expr.VerdictAccept))...)
 		}
 	}
 	reject(in, fromBridge)
 
-	fromSandbox := concat(ipv4(), ipInPrefix(12, cfg.Subnet))
+	// forward: what enters from the bridge is a sandbox's own IPv4 or
+	// nothing; what leaves into the bridge is a reply to a sandbox's
+	// connection or nothing (with forwarding on, a machine routing the
+	// subnet to this host would otherwise reach sandboxes' ports past the
+	// data plane).
 	fwd := base(inet, "forward", nftables.ChainHookForward)
+	rule(fwd, concat(fromBridge, notIPv4(), verdict(expr.VerdictDrop))...)
+	rule(fwd, concat(fromBridge, ipv4(), ipNotInPrefix(12, cfg.Subnet), verdict(expr.VerdictDrop))...)
 	for _, to := range append([]netip.Prefix{cfg.Subnet, linkLocal}, cfg.EgressDeny...) {
-		reject(fwd, fromSandbox, ipInPrefix(16, to))
+		reject(fwd, fromBridge, ipv4(), ipInPrefix(16, to))
 	}
 	if !cfg.Egress {
-		reject(fwd, fromSandbox)
+		reject(fwd, fromBridge)
 	}
+	toBridge := matchIfname(expr.MetaKeyOIFNAME, cfg.Bridge, true)
+	rule(fwd, concat(toBridge, ctEstablished(), verdict(expr.VerdictAccept))...)
+	rule(fwd, concat(toBridge, verdict(expr.VerdictDrop))...)
 
 	if dnsPort != 0 {
 		pre := chain(inet, "prerouting", nftables.ChainHookPrerouting, nftables.ChainTypeNAT, nftables.ChainPriorityNATDest)
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			rule(pre, concat(fromBridge, ipv4(), ipInPrefix(16, gw), l4proto(proto), thDport(sandboxDNSPort),
+			rule(pre, concat(fromSandbox, ipInPrefix(16, gw), l4proto(proto), thDport(sandboxDNSPort),
 				[]expr.Any{&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(dnsPort)},
 					&expr.Redir{RegisterProtoMin: 1}})...)
 		}
 	}
 	if cfg.Egress {
+		// Not the gateway's own traffic (the DNS forwarder's): only
+		// sandboxes' is masqueraded.
 		post := chain(inet, "postrouting", nftables.ChainHookPostrouting, nftables.ChainTypeNAT, nftables.ChainPriorityNATSource)
-		rule(post, concat(fromSandbox, matchIfnameNot(expr.MetaKeyOIFNAME, cfg.Bridge), []expr.Any{&expr.Masq{}})...)
+		rule(post, concat(ipv4(), ipInPrefix(12, cfg.Subnet), ipNotInPrefix(12, gw), matchIfnameNot(expr.MetaKeyOIFNAME, cfg.Bridge),
+			[]expr.Any{&expr.Masq{}})...)
 	}
 
 	bfwd := base(br, "forward", nftables.ChainHookForward)
@@ -251,6 +275,21 @@ func ipv4() []expr.Any {
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 	}
+}
+
+// notIPv4 is "meta nfproto != ipv4".
+func notIPv4() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// ipNotInPrefix is ipInPrefix negated.
+func ipNotInPrefix(offset uint32, prefix netip.Prefix) []expr.Any {
+	m := ipInPrefix(offset, prefix)
+	m[len(m)-1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return m
 }
 
 // ipInPrefix matches the IPv4 address at offset (12 source, 16

@@ -163,9 +163,11 @@ func TestFirewallLifecycle(t *testing.T) {
 		}
 	})
 
-	// input: established, reject (TCP and the rest); forward: rejects of
-	// other sandboxes, link-local and, without Egress, everything.
-	want := map[string]int{"inet/input": 3, "inet/forward": 6, "bridge/forward": 1}
+	// input: established, reject (TCP and the rest); forward: drops of
+	// other than IPv4 and of forged sources, rejects (TCP and the rest) of
+	// other sandboxes, link-local and, without Egress, everything, then
+	// replies into the bridge accepted and the rest dropped.
+	want := map[string]int{"inet/input": 3, "inet/forward": 10, "bridge/forward": 1}
 	old := startPool(t, cfg, false)
 	if got := firewallRules(t, cfg.NamePrefix); !maps.Equal(got, want) {
 		t.Fatalf("after Start: rules %v, want %v", got, want)

@@ -192,7 +192,7 @@ func (p *Pool) start(ctx context.Context) error {
 				p.log.Warn("sandbox DNS: no nameserver in the host's resolv.conf: sandboxes' queries will fail", "err", err)
 			}
 		}
-		f, err := startDNS(p.gateway, ups, p.log)
+		f, err := startDNS(p.gateway, p.cfg.Subnet, ups, p.log)
 		if err != nil {
 			return fmt.Errorf("netpool: sandbox DNS forwarder on %v: %w", p.gateway, err)
 		}
