@@ -74,12 +74,12 @@ func newFnUpdate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fn.Revision, fn.CreatedAt, fn.UpdatedAt = 0, time.Time{}, time.Time{}
+			fn.Revision, fn.Generation, fn.CreatedAt, fn.UpdatedAt = 0, 0, time.Time{}, time.Time{}
 			out, err := cl.Update(c.Context(), fn)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("function %s updated (revision %d)\n", out.Name, out.Revision)
+			fmt.Printf("function %s updated (revision %d)\n", out.Name, out.RevisionNumber())
 			if err := f.setTraffic(c, cl, out.Name); err != nil {
 				return err
 			}
@@ -121,7 +121,7 @@ started with PORT set to the port it must serve HTTP on.`,
 			if err != nil {
 				return err
 			}
-			fmt.Printf("function %s %s (revision %d)\n", out.Name, verb, out.Revision)
+			fmt.Printf("function %s %s (revision %d)\n", out.Name, verb, out.RevisionNumber())
 			if old != nil {
 				// deploy replaces the whole spec (fn update changes only
 				// the flags given): say what that replaced.
@@ -398,7 +398,7 @@ func newFnList(g *globals) *cobra.Command {
 			fmt.Fprintln(tw, "NAME\tNAMESPACE\tKIND\tDESIRED\tREADY\tPENDING\tCONCURRENCY\tREVISION\tCONDITION")
 			for _, f := range fns {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", f.Name, f.Namespace, kind(f.Function), f.Status.Desired, f.Status.Ready,
-					f.Status.Pending, f.Concurrency, f.Revision, condition(f.Status.Condition, f.Status.Message))
+					f.Status.Pending, f.Concurrency, f.RevisionNumber(), condition(f.Status.Condition, f.Status.Message))
 			}
 			return tw.Flush()
 		},
@@ -744,7 +744,7 @@ func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.F
 			return err
 		}
 		if v.Revision != out.Revision {
-			return fmt.Errorf("function %s changed again while waiting (revision %d)", out.Name, v.Revision)
+			return fmt.Errorf("function %s changed again while waiting (revision %d)", out.Name, v.RevisionNumber())
 		}
 		states := map[string]int{}
 		for _, sb := range v.Status.Sandboxes {
@@ -752,7 +752,7 @@ func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.F
 				states[sb.State]++
 			}
 		}
-		line := fmt.Sprintf("sandboxes of revision %d: %d starting, %d ready (desired %d)", out.Revision, states["assumed"]+states["pending"], states["ready"], v.Status.Desired)
+		line := fmt.Sprintf("sandboxes of revision %d: %d starting, %d ready (desired %d)", out.RevisionNumber(), states["assumed"]+states["pending"], states["ready"], v.Status.Desired)
 		if line != last {
 			fmt.Println(line)
 			last = line
@@ -780,7 +780,7 @@ func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.F
 func specChanges(a, b *spec.Function) string {
 	fields := func(f *spec.Function) map[string]json.RawMessage {
 		c := *f
-		c.Revision, c.CreatedAt, c.UpdatedAt = 0, time.Time{}, time.Time{}
+		c.Revision, c.Generation, c.CreatedAt, c.UpdatedAt = 0, 0, time.Time{}, time.Time{}
 		raw, _ := json.Marshal(&c)
 		m := map[string]json.RawMessage{}
 		_ = json.Unmarshal(raw, &m)
@@ -874,10 +874,10 @@ func setTraffic(c *cobra.Command, cl *client.Client, name, split string) error {
 
 func printTraffic(f *spec.Function) {
 	if len(f.Traffic) == 0 {
-		fmt.Printf("function %s: every call to the current revision (%d)\n", f.Name, f.Revision)
+		fmt.Printf("function %s: every call to the current revision (%d)\n", f.Name, f.RevisionNumber())
 		return
 	}
-	fmt.Printf("function %s: traffic %s (latest = revision %d)\n", f.Name, spec.FormatTraffic(f.Traffic), f.Revision)
+	fmt.Printf("function %s: traffic %s (latest = revision %d)\n", f.Name, spec.FormatTraffic(f.Traffic), f.RevisionNumber())
 }
 
 func newFnTraffic(g *globals) *cobra.Command {
@@ -910,7 +910,11 @@ revision. Each data plane sends every 100 calls exactly by the percents.`,
 						if t.Missing {
 							by += " (revision no longer kept)"
 						}
-						fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\n", t.Name(), t.Percent, t.ServedRevision, by, t.Desired, t.Ready)
+						served := t.ServedRevision
+						if t.ServedGeneration > 0 {
+							served = t.ServedGeneration
+						}
+						fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%d\n", t.Name(), t.Percent, served, by, t.Desired, t.Ready)
 					}
 					return tw.Flush()
 				}
@@ -949,7 +953,7 @@ revision changed from the one before it.`,
 				if i == 0 {
 					cur = " (current)"
 				}
-				fmt.Fprintf(tw, "%d%s\t%s\t%s\t%s\n", f.Revision, cur, f.UpdatedAt.Format("2006-01-02 15:04:05"), kind(f), changes)
+				fmt.Fprintf(tw, "%d%s\t%s\t%s\t%s\n", f.RevisionNumber(), cur, f.UpdatedAt.Format("2006-01-02 15:04:05"), kind(f), changes)
 			}
 			return tw.Flush()
 		},
@@ -981,7 +985,7 @@ func newFnRollback(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("function %s rolled back: revision %d has the spec of an earlier one\n", out.Name, out.Revision)
+			fmt.Printf("function %s rolled back: revision %d has the spec of an earlier one\n", out.Name, out.RevisionNumber())
 			if d := specChanges(before.Function, out); d != "" {
 				fmt.Printf("changed: %s\n", d)
 			}

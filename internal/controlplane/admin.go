@@ -252,7 +252,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	l.Lock()
 	defer l.Unlock()
 	now := time.Now().UTC()
-	f.Revision, f.CreatedAt, f.UpdatedAt = cp.nextRevision(), now, now
+	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt = cp.nextRevision(), 1, now, now
 	if err := cp.store.CreateFunction(f); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
@@ -310,7 +310,7 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 // replaceFunction makes f the function's new revision in place of old,
 // which goes to its history; the caller holds the name's lock.
 func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
-	f.CreatedAt, f.UpdatedAt, f.Revision = old.CreatedAt, time.Now().UTC(), cp.nextRevision()
+	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation = old.CreatedAt, time.Now().UTC(), cp.nextRevision(), old.Generation+1
 	if err := cp.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
@@ -390,7 +390,7 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	}
 	var to *spec.Function
 	switch {
-	case req.Revision == old.Revision:
+	case req.Revision == old.Revision || (req.Revision == old.Generation && old.Generation > 0):
 		writeError(w, http.StatusConflict, fmt.Sprintf("revision %d is the current one", req.Revision))
 		return
 	case req.Revision == 0 && len(revs) > 0:

@@ -543,7 +543,7 @@ func (cp *ControlPlane) dashboardView(now time.Time, limit int) *api.Dashboard {
 	slices.SortFunc(rows, func(a, b *dashRow) int { return strings.Compare(a.f.Name, b.f.Name) })
 	for _, row := range rows {
 		fig := snap.fns[row.f.Name]
-		v.Functions = append(v.Functions, api.DashboardFunction{Name: row.f.Name, Namespace: namespaceOf(row.f), Revision: row.f.Revision,
+		v.Functions = append(v.Functions, api.DashboardFunction{Name: row.f.Name, Namespace: namespaceOf(row.f), Revision: row.f.RevisionNumber(),
 			Desired: row.st.Desired, Ready: row.st.Ready, Pending: row.st.Pending, Terminating: row.st.Terminating,
 			Condition: row.st.Condition, Message: row.st.Message, Failures: row.st.Failures, Sandboxes: row.sbx,
 			CallsPerSecond: fig.callsPerSec, ColdStartsPerSecond: fig.creationPerSec, Calls: fig.calls,

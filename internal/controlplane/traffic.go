@@ -88,6 +88,9 @@ func (cp *ControlPlane) removeSplit(name string) {
 // caller may give them), and the revision functions it adds fit the
 // namespace's function quota. It answers the refusal itself.
 func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
+	if !cp.resolveTraffic(w, f, cur) {
+		return false
+	}
 	if err := spec.ValidateTraffic(f.Traffic); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return false
@@ -150,6 +153,37 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 	return true
 }
 
+// resolveTraffic turns the targets of f's split that name a revision by
+// its generation (rev-3) into that revision's id, and notes each pinned
+// target's generation. A number that is neither a kept revision's id nor
+// its generation is left for checkTraffic to refuse.
+func (cp *ControlPlane) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function) bool {
+	var revs []*spec.Function
+	loaded := cur == nil
+	for i := range f.Traffic {
+		t := &f.Traffic[i]
+		if t.Revision == 0 {
+			continue
+		}
+		if cur != nil && (t.Revision == cur.Revision || (t.Revision == cur.Generation && cur.Generation > 0)) {
+			t.Revision, t.Generation = cur.Revision, cur.Generation
+			continue
+		}
+		if !loaded {
+			var err error
+			if revs, err = cp.store.Revisions(f.Name); err != nil {
+				writeStoreError(w, "reading revisions: ", err)
+				return false
+			}
+			loaded = true
+		}
+		if kept := revisionIn(revs, t.Revision); kept != nil {
+			t.Revision, t.Generation = kept.Revision, kept.Generation
+		}
+	}
+	return true
+}
+
 // checkPinnedKept refuses an update that would push a revision old's split
 // pins out of the kept history (the oldest goes once MaxRevisions are
 // kept): its share would silently move to the current revision.
@@ -167,7 +201,7 @@ func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Functio
 	}
 	for _, t := range old.Traffic {
 		if t.Revision == revs[0].Revision {
-			writeError(w, http.StatusConflict, fmt.Sprintf("revision %d, the oldest kept, takes %d%% of function %q's calls: another revision would drop it from the history; move its traffic first (brisk fn traffic %s)", t.Revision, t.Percent, old.Name, old.Name))
+			writeError(w, http.StatusConflict, fmt.Sprintf("%s, the oldest kept revision, takes %d%% of function %q's calls: another revision would drop it from the history; move its traffic first (brisk fn traffic %s)", t.Name(), t.Percent, old.Name, old.Name))
 			return false
 		}
 	}
@@ -210,9 +244,13 @@ func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
 	writeCompactJSON(w, http.StatusOK, &f)
 }
 
-// revisionIn returns revision rev of a function's kept revisions, or nil.
+// revisionIn returns the kept revision whose id is rev, or else whose
+// generation is rev, or nil.
 func revisionIn(revs []*spec.Function, rev uint64) *spec.Function {
 	if i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Revision == rev }); i >= 0 {
+		return revs[i]
+	}
+	if i := slices.IndexFunc(revs, func(g *spec.Function) bool { return g.Generation == rev && rev > 0 }); i >= 0 {
 		return revs[i]
 	}
 	return nil
@@ -224,11 +262,11 @@ func (c *Cluster) trafficStatusLocked(f *spec.Function) []api.TrafficStatus {
 	var out []api.TrafficStatus
 	for _, t := range f.Traffic {
 		fn := f.TrafficFunction(t)
-		ts := api.TrafficStatus{TrafficTarget: t, Function: fn, ServedRevision: f.Revision}
+		ts := api.TrafficStatus{TrafficTarget: t, Function: fn, ServedRevision: f.Revision, ServedGeneration: f.Generation}
 		if st, ok := c.r.FunctionStatus(fn); ok {
 			ts.Ready, ts.Desired = st.Ready, st.Desired
 			if fn != f.Name {
-				ts.ServedRevision = t.Revision
+				ts.ServedRevision, ts.ServedGeneration = t.Revision, t.Generation
 			}
 		} else {
 			ts.Function, ts.Missing = f.Name, true // served by the current revision

@@ -145,10 +145,10 @@ func TestFromSpecRoundTrip(t *testing.T) {
 func TestSameSpec(t *testing.T) {
 	a, _ := ToSpec(object(t, hello))
 	b, _ := ToSpec(object(t, hello))
-	b.Revision, b.CreatedAt, b.UpdatedAt = 7, time.Now(), time.Now()
+	b.Revision, b.Generation, b.CreatedAt, b.UpdatedAt = 7, 3, time.Now(), time.Now()
 	b.Traffic = []spec.TrafficTarget{{Revision: 3, Percent: 100}}
 	if !sameSpec(a, b) {
-		t.Error("revision, times and traffic make specs differ")
+		t.Error("revision, generation, times and traffic make specs differ")
 	}
 	b.Env = map[string]string{"GREETING": "hello"}
 	if sameSpec(a, b) {

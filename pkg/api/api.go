@@ -34,10 +34,11 @@ type TrafficRequest struct {
 // pinned earlier one) and its sandboxes.
 type TrafficStatus struct {
 	spec.TrafficTarget
-	Function       string `json:"function"`
-	ServedRevision uint64 `json:"served_revision"`
-	Desired        int    `json:"desired"`
-	Ready          int    `json:"ready"`
+	Function         string `json:"function"`
+	ServedRevision   uint64 `json:"served_revision"`
+	ServedGeneration uint64 `json:"served_generation,omitempty"` // the served revision's number (spec.Function.Generation)
+	Desired          int    `json:"desired"`
+	Ready            int    `json:"ready"`
 	// Missing: the pinned revision is no longer kept; its share goes to
 	// the current revision.
 	Missing bool `json:"missing,omitempty"`

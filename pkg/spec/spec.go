@@ -85,10 +85,25 @@ type Function struct {
 	// (PUT /v1/functions/NAME/traffic).
 	Traffic []TrafficTarget `json:"traffic,omitempty"`
 
-	// Set by the control plane.
-	Revision  uint64    `json:"revision,omitempty"`
-	CreatedAt time.Time `json:"created_at,omitzero"`
-	UpdatedAt time.Time `json:"updated_at,omitzero"`
+	// Set by the control plane. Revision identifies this version of the
+	// spec everywhere (workers, data planes, pinned revisions' functions):
+	// unique across deletes and re-creates of the name. Generation numbers
+	// the function's revisions 1, 2, 3, ...: what people call "revision N"
+	// (fn list, fn revisions, fn rollback N, traffic rev-N); 0 for a
+	// revision made before generations existed.
+	Revision   uint64    `json:"revision,omitempty"`
+	Generation uint64    `json:"generation,omitempty"`
+	CreatedAt  time.Time `json:"created_at,omitzero"`
+	UpdatedAt  time.Time `json:"updated_at,omitzero"`
+}
+
+// RevisionNumber is f's revision as people read it: its generation, or
+// its revision id where it has none.
+func (f *Function) RevisionNumber() uint64 {
+	if f.Generation > 0 {
+		return f.Generation
+	}
+	return f.Revision
 }
 
 // Resources are what one sandbox requests from its node (placement counts

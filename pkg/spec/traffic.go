@@ -10,10 +10,13 @@ import (
 )
 
 // TrafficTarget is one share of a function's calls: Percent of them go to
-// Revision (0: the current revision, whatever it is then).
+// Revision (0: the current revision, whatever it is then). A client may
+// name the revision by its generation (rev-3); the control plane stores
+// the revision's id there and its generation in Generation.
 type TrafficTarget struct {
-	Revision uint64 `json:"revision"`
-	Percent  int    `json:"percent"`
+	Revision   uint64 `json:"revision"`
+	Generation uint64 `json:"generation,omitempty"`
+	Percent    int    `json:"percent"`
 }
 
 // MaxTrafficTargets bounds a split: each pinned revision runs sandboxes of
@@ -53,10 +56,14 @@ func ValidateTraffic(ts []TrafficTarget) error {
 	return nil
 }
 
-// Name is the target as the CLI writes it: rev-N, or latest.
+// Name is the target as the CLI writes it: rev-N (its generation where
+// known), or latest.
 func (t TrafficTarget) Name() string {
-	if t.Revision == 0 {
+	switch {
+	case t.Revision == 0:
 		return Latest
+	case t.Generation > 0:
+		return "rev-" + strconv.FormatUint(t.Generation, 10)
 	}
 	return "rev-" + strconv.FormatUint(t.Revision, 10)
 }

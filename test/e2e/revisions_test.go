@@ -67,3 +67,45 @@ func TestRevisionsAndRollback(t *testing.T) {
 		t.Fatalf("revisions of a re-created function: %d %v, want only its own", len(revs), err)
 	}
 }
+
+// Revisions are numbered 1, 2, 3, ... per function, and that number is
+// what fn list, fn revisions, fn rollback N and traffic rev-N use (the
+// issue: fn list showed a nanosecond id).
+func TestRevisionNumbers(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "fn", "deploy", "num", "--builtin", "trace", "--env", "V=1")
+	c.mustBrisk(t, "fn", "update", "num", "--env", "V=2")
+	if out := c.mustBrisk(t, "fn", "update", "num", "--env", "V=3"); !strings.Contains(out, "(revision 3)") {
+		t.Fatalf("the third revision's update:\n%s", out)
+	}
+	var row string
+	for _, line := range strings.Split(c.mustBrisk(t, "fn", "list"), "\n") {
+		if strings.HasPrefix(line, "num ") {
+			row = line
+		}
+	}
+	if fields := strings.Fields(row); len(fields) < 8 || fields[7] != "3" {
+		t.Fatalf("fn list row %q: want REVISION 3", row)
+	}
+	revs := c.mustBrisk(t, "fn", "revisions", "num")
+	for _, want := range []string{"\n3 (current)", "\n2 ", "\n1 "} {
+		if !strings.Contains(revs, want) {
+			t.Fatalf("fn revisions lacks %q:\n%s", want, revs)
+		}
+	}
+	out := c.mustBrisk(t, "fn", "traffic", "num", "rev-2=50,latest=50")
+	if !strings.Contains(out, "rev-2=50") || !strings.Contains(out, "latest = revision 3") {
+		t.Fatalf("fn traffic rev-2:\n%s", out)
+	}
+	if v := c.fn(t, "num"); len(v.Traffic) != 2 || v.Traffic[1].Generation != 2 || v.Traffic[1].Revision < 1e15 {
+		t.Fatalf("the split %+v: want rev-2 stored as revision 2's id", v.Traffic)
+	}
+	c.mustBrisk(t, "fn", "traffic", "num", "latest=100")
+	if out := c.mustBrisk(t, "fn", "rollback", "num", "1"); !strings.Contains(out, "revision 4") {
+		t.Fatalf("rollback to revision 1:\n%s", out)
+	}
+	if v := c.fn(t, "num"); v.Env["V"] != "1" || v.Generation != 4 {
+		t.Fatalf("after rollback to 1: V=%q generation %d, want V=1 and revision 4", v.Env["V"], v.Generation)
+	}
+}

@@ -69,7 +69,7 @@ func TestTrafficSplit(t *testing.T) {
 	if out := c.mustBrisk(t, "fn", "list"); strings.Contains(out, pinned) {
 		t.Fatalf("fn list shows %s:\n%s", pinned, out)
 	}
-	if out := c.mustBrisk(t, "fn", "traffic", "canary"); !strings.Contains(out, pinned) || !strings.Contains(out, fmt.Sprintf("rev-%d", first)) {
+	if out := c.mustBrisk(t, "fn", "traffic", "canary"); !strings.Contains(out, pinned) || !strings.Contains(out, "rev-1 ") { // the first revision, by its number
 		t.Fatalf("fn traffic canary:\n%s", out)
 	}
 
