@@ -13,11 +13,7 @@ import (
 
 // fullWorld is one node with room for four 250m sandboxes by CPU.
 func fullWorld(t *testing.T) *world {
-	w := newWorld(t, 0)
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 1000, MemoryMB: 8192}}})
-	w.running["n0"] = map[string]string{}
-	w.step(SessionUp{Node: "n0"})
-	return w
+	return oneNodeWorld(t, spec.Resources{MilliCPU: 1000, MemoryMB: 8192})
 }
 
 func (w *world) deployCPU(name, policy string, min int) {
@@ -251,10 +247,7 @@ func TestNoNodeConnectedDoesNotFailFast(t *testing.T) {
 // take it (review finding: two functions evicted each other on every call).
 // Once its data plane reports it idle, it may go.
 func TestQueuedCallKeepsItsNewSandbox(t *testing.T) {
-	w := newWorld(t, 0)
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 250, MemoryMB: 8192}}})
-	w.running["n0"] = map[string]string{}
-	w.step(SessionUp{Node: "n0"})
+	w := oneNodeWorld(t, spec.Resources{MilliCPU: 250, MemoryMB: 8192})
 	w.deployCPU("g", spec.KeepAliveTTL, 0)
 	w.deployCPU("h", spec.KeepAliveTTL, 0)
 	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp1", Urgent: true,

@@ -11,8 +11,13 @@ import (
 
 // smallWorld is one node with room for four 128 MiB sandboxes.
 func smallWorld(t *testing.T) *world {
+	return oneNodeWorld(t, spec.Resources{MilliCPU: 4000, MemoryMB: 512})
+}
+
+// oneNodeWorld is one connected node "n0" of capacity c.
+func oneNodeWorld(t *testing.T, c spec.Resources) *world {
 	w := newWorld(t, 0)
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 512}}})
+	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: c}})
 	w.running["n0"] = map[string]string{}
 	w.step(SessionUp{Node: "n0"})
 	return w

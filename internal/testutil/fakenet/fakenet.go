@@ -12,13 +12,11 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
@@ -146,35 +144,7 @@ func (f *Net) Route(t testing.TB, prefix netip.Prefix) {
 
 // in runs fn on a thread inside the namespace: the sockets it opens are
 // the namespace's for good.
-func (f *Net) in(fn func() error) error {
-	target, err := netns.GetFromName(f.Name)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- err
-			return // the thread dies with the goroutine
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			done <- err
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			done <- err
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
-}
+func (f *Net) in(fn func() error) error { return testutil.InNetNS("/run/netns/"+f.Name, fn) }
 
 func (f *Net) serveUDP(c net.PacketConn) {
 	buf := make([]byte, 65535)

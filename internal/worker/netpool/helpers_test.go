@@ -9,13 +9,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
@@ -206,35 +204,5 @@ func (p *Pool) closeHandlesForTest() {
 }
 
 // inNetNS runs f on an OS thread inside the namespace at path; sockets f
-// opens belong to that namespace. Same thread discipline as newNamedNS.
-func inNetNS(path string, f func() error) error {
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("netpool: open %s: %w", path, err)
-	}
-	defer target.Close()
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread() // setns failed, so the thread did not move
-			done <- fmt.Errorf("netpool: enter %s: %w", path, err)
-			return
-		}
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			done <- errors.Join(ferr, fmt.Errorf("netpool: leave %s: %w", path, err))
-			return // still locked: the thread dies with the goroutine
-		}
-		runtime.UnlockOSThread()
-		done <- ferr
-	}()
-	return <-done
-}
+// opens belong to that namespace.
+func inNetNS(path string, f func() error) error { return testutil.InNetNS(path, f) }
