@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/testutil/fakenet"
 )
 
 // Issue 18's attack on the containerd runtime: a sandbox that has learnt
@@ -60,5 +61,33 @@ func TestSandboxCannotReachHostOrOtherSandboxes(t *testing.T) {
 		} else {
 			t.Logf("sandbox -> %s (%s): %s", what, to, got)
 		}
+	}
+}
+
+// A container's /etc/resolv.conf names the pool's DNS forwarder, so names
+// resolve (here through a fake internet's DNS server), and its connections
+// go beyond the host through NAT.
+func TestSandboxResolvesAndReachesOut(t *testing.T) {
+	testutil.RequiresRoot(t)
+	f := fakenet.Start(t, 50)
+	cfg := poolConfig(0)
+	cfg.Egress, cfg.DNS, cfg.DNSUpstreams = true, true, []string{f.DNS}
+	r := newRuntime(t, newPoolFrom(t, cfg, true), "")
+	a := createReady(t, r, newID(), echoFn("echo-net", nil))
+	call := func(path string) string {
+		t.Helper()
+		resp, err := httpClient.Get("http://" + a.Addr + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	if got := call("/lookup?name=" + url.QueryEscape("web."+fakenet.Zone)); got != f.Addr.String() {
+		t.Fatalf("lookup from the container: %q, want %v", got, f.Addr)
+	}
+	if got := call("/dial?addr=" + url.QueryEscape(f.HTTP)); got != "connected" {
+		t.Fatalf("connect beyond the host: %q", got)
 	}
 }

@@ -2,7 +2,8 @@
 // server on 0.0.0.0:$PORT that replies to GET / with its environment and
 // what it can see of its sandbox as JSON, and to GET /dial?addr=HOST:PORT
 // with "connected" or the error of a TCP connect (1 s at most) from inside
-// the sandbox, and to GET /secrets with what it sees of its secrets
+// the sandbox, to GET /lookup?name=NAME with the addresses its resolver
+// finds, and to GET /secrets with what it sees of its secrets
 // (secretsprobe). With ECHO_MODE=hog it instead
 // allocates memory until the OOM killer (or 1 GiB) stops it; with
 // ECHO_MODE=exit it exits with status 3.
@@ -16,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,6 +59,15 @@ func main() {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == secretsprobe.Path {
 				secretsprobe.ServeHTTP(w, r)
+				return
+			}
+			if r.URL.Path == "/lookup" { // through the sandbox's /etc/resolv.conf
+				addrs, err := net.LookupHost(r.URL.Query().Get("name"))
+				if err != nil {
+					fmt.Fprint(w, err)
+					return
+				}
+				fmt.Fprint(w, strings.Join(addrs, ","))
 				return
 			}
 			if r.URL.Path == "/dial" {
