@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strings"
 	"time"
@@ -534,6 +535,9 @@ func Decode(data []byte) (*Function, error) {
 		return nil, fmt.Errorf("%w: malformed JSON: %v", ErrInvalid, err)
 	} else if k != "" {
 		return nil, fmt.Errorf("%w: malformed JSON: key %q appears twice in one object", ErrInvalid, k)
+	}
+	if k, field := inexactKey(data, reflect.TypeFor[Function]()); k != "" {
+		return nil, fmt.Errorf("%w: unknown field %q (field names are case-sensitive: %q)", ErrInvalid, k, field)
 	}
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()

@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
 )
 
 // Limits on what one spec may carry, whatever the cluster: bounds on the
@@ -153,4 +157,100 @@ func duplicateKey(data []byte) (string, error) {
 			valueDone()
 		}
 	}
+}
+
+// inexactKey returns the first key of the JSON document data that names a
+// struct field of t (at any depth) other than as the field's JSON name is
+// spelled, with that name, or "". encoding/json matches field names
+// ignoring case, so {"name":"a","NAME":"b"} passed the duplicate check with
+// two different keys and registered "b"; a spec must spell its fields as
+// documented. Keys of maps (env, labels, ...) are the user's and free.
+func inexactKey(data []byte, t reflect.Type) (key, field string) {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if dec.Decode(&v) != nil {
+		return "", "" // the strict decode says what is wrong
+	}
+	return walkKeys(v, t)
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+func walkKeys(v any, t reflect.Type) (string, string) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		return "", "" // it reads its own form
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return "", ""
+		}
+		fields := jsonFields(t)
+		for _, k := range slices.Sorted(maps.Keys(obj)) { // the same key reported every time
+			if ft, ok := fields[k]; ok {
+				if key, field := walkKeys(obj[k], ft); key != "" {
+					return key, field
+				}
+				continue
+			}
+			for name := range fields {
+				if strings.EqualFold(name, k) {
+					return k, name
+				}
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if arr, ok := v.([]any); ok {
+			for _, e := range arr {
+				if key, field := walkKeys(e, t.Elem()); key != "" {
+					return key, field
+				}
+			}
+		}
+	case reflect.Map:
+		if obj, ok := v.(map[string]any); ok {
+			for _, k := range slices.Sorted(maps.Keys(obj)) {
+				if key, field := walkKeys(obj[k], t.Elem()); key != "" {
+					return key, field
+				}
+			}
+		}
+	}
+	return "", ""
+}
+
+// jsonFields maps struct t's JSON field names (embedded structs' fields
+// included, as encoding/json flattens them) to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		if ft := f.Type; f.Anonymous && name == "" {
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range jsonFields(ft) {
+					if _, ok := out[k]; !ok {
+						out[k] = v
+					}
+				}
+				continue
+			}
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
 }
