@@ -387,3 +387,21 @@ func TestInterimReplyFloodIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// An HTTP/1.0 request with Transfer-Encoding on a kept-alive connection:
+// net/http ignores the header, so the chunked body used to be read as the
+// next request (a desync, issue 36). Its framing is faulty (RFC 9112
+// section 6.1): 400, and the connection closes after it.
+func TestHTTP10TransferEncodingIsRefused(t *testing.T) {
+	_, srv := newTestDP(t, nil)
+	c := stalledUpload(t, srv.URL, "POST /function/f HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"+
+		"2e\r\nGET /function/f HTTP/1.1\r\nHost: x\r\n\r\n\r\n0\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading until the close: %v (read %q)", err, all)
+	}
+	if got := string(all); !strings.HasPrefix(got, "HTTP/1.1 400 ") || strings.Count(got, "HTTP/1.1 ") != 1 || !strings.Contains(got, "RFC 9112") {
+		t.Fatalf("reply %q: want one 400 naming the faulty framing, then the close", got)
+	}
+}

@@ -74,6 +74,10 @@ func (c *frontConn) next() (*function, reqAction) {
 	c.head = append(c.head[:0], buf[:end]...)
 	fn := c.parse()
 	if fn == nil {
+		if h1.HTTP10WithTransferEncoding(c.head) {
+			c.refuse(fail(http.StatusBadRequest, reasonBadRequest, "an HTTP/1.0 request with Transfer-Encoding has faulty framing (RFC 9112 section 6.1)"))
+			return nil, actClose
+		}
 		return nil, actHandoff
 	}
 	rq := &c.req

@@ -147,7 +147,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		ln = tls.NewListener(ln, tc)
 	}
 	srv := &http.Server{
-		Handler:           g.handler,
+		Handler:           http10Closes(g.handler),
 		Protocols:         &protocols,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
@@ -290,4 +290,19 @@ func (g *Gateway) probe(ctx context.Context, b *backend) error {
 		return fmt.Errorf("GET /healthz: %s", resp.Status)
 	}
 	return nil
+}
+
+// http10Closes closes an HTTP/1.0 connection after its request. net/http
+// ignores Transfer-Encoding on HTTP/1.0 requests, so on a kept-alive one
+// it would read a chunked body as the next request (a desync); RFC 9112
+// section 6.1 has such framing treated as faulty and the connection
+// closed. HTTP/1.0 clients that keep connections alive are rare enough
+// that closing all of them costs nothing worth keeping.
+func http10Closes(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 1 && r.ProtoMinor == 0 {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -602,3 +602,30 @@ func TestH2CClient(t *testing.T) {
 		t.Fatalf("h2c request arrived as %+v", e)
 	}
 }
+
+// An HTTP/1.0 request with Transfer-Encoding on a kept-alive connection:
+// net/http ignores the header, so the chunked body would be read as the
+// next request and relayed (a desync, issue 36). The gateway closes
+// HTTP/1.0 connections after their request: one reply, one call.
+func TestHTTP10ConnectionsClose(t *testing.T) {
+	dp := newFakeDP(t, "a")
+	g := runGateway(t, time.Hour, dp)
+	c, err := net.Dial("tcp", g.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	smuggled := "GET /function/f HTTP/1.1\r\nHost: x\r\n\r\n"
+	if _, err := fmt.Fprintf(c, "POST /function/f HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n",
+		len(smuggled), smuggled); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	all, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading until the close: %v (read %q)", err, all)
+	}
+	if n := strings.Count(string(all), "HTTP/1."); n != 1 || dp.hitCount() != 1 {
+		t.Fatalf("%d replies, %d calls at the data plane; want 1 and 1:\n%s", n, dp.hitCount(), all)
+	}
+}

@@ -155,3 +155,27 @@ func ParseRequestHead(b []byte, r *RequestHead) error {
 	}
 	return nil
 }
+
+// HTTP10WithTransferEncoding reports whether head, a whole request head,
+// is an HTTP/1.0 request with a Transfer-Encoding header. RFC 9112 section
+// 6.1 has such a message's framing treated as faulty and the connection
+// closed after it; net/http instead ignores the header, so on a kept-alive
+// connection it would read a chunked body as the next request.
+func HTTP10WithTransferEncoding(head []byte) bool {
+	eol := bytes.IndexByte(head, '\n')
+	if eol < 1 || !bytes.HasSuffix(bytes.TrimSuffix(head[:eol], []byte("\r")), []byte(" HTTP/1.0")) {
+		return false
+	}
+	for pos := eol + 1; pos < len(head); {
+		i := bytes.IndexByte(head[pos:], '\n')
+		if i < 0 {
+			break
+		}
+		line := head[pos : pos+i]
+		if colon := bytes.IndexByte(line, ':'); colon > 0 && EqualFold(bytes.TrimSpace(line[:colon]), "transfer-encoding") {
+			return true
+		}
+		pos += i + 1
+	}
+	return false
+}
