@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -186,6 +185,7 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	d.urgentFns = nil
 	d.urgentMu.Unlock()
 	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true}
+	listed := make(map[*function]bool, len(fns))
 	for _, fn := range fns {
 		fn.urgent.Store(false) // before reading queued: a later trigger re-queues fn
 		queued := fn.nwait.Load()
@@ -199,13 +199,13 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 			NoCapacity:     true,
 			InFlight:       fn.inFlight(),
 		})
+		listed[fn] = true
 	}
 	if len(rep.Functions) == 0 {
 		return rep
 	}
-	waiting := len(rep.Functions)
 	for name, fn := range d.functions() {
-		if n := fn.inFlight(); n > 0 && !slices.ContainsFunc(rep.Functions[:waiting], func(m *briskv1.FunctionMetric) bool { return m.Function == name }) {
+		if n := fn.inFlight(); n > 0 && !listed[fn] {
 			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: n})
 		}
 	}

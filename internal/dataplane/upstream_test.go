@@ -18,6 +18,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // countingSandbox is an httptest sandbox that counts the connections it
@@ -307,21 +308,12 @@ func TestReplyUntilClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
-				}
-			}()
+	testutil.ServeConns(t, ln, func(c net.Conn) {
+		defer c.Close()
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
 		}
-	}()
+	})
 	deploy(d, "f", ln.Addr().String())
 	for i := 0; i < 2; i++ {
 		if r := get(t, srv.URL+"/function/f"); r.err != nil || r.code != 200 || r.body != "all of it" {

@@ -173,3 +173,27 @@ func (r *RequestCounter) Count(k string) int {
 	defer r.mu.Unlock()
 	return r.n[k]
 }
+
+// ServeConns hands each connection ln accepts to handle, in a goroutine of
+// its own, until ln is closed, which the test's cleanup does.
+func ServeConns(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(c)
+		}
+	}()
+}
+
+// Greet writes greeting to c and closes it: a ServeConns handler for tests
+// that only need to know a connection got through.
+func Greet(greeting string) func(net.Conn) {
+	return func(c net.Conn) {
+		_, _ = io.WriteString(c, greeting)
+		c.Close()
+	}
+}

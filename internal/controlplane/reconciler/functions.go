@@ -211,12 +211,6 @@ func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
 
 func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
 	fs := c.fns[f.Name]
-	if fs != nil && c.gdHolds(fs.spec) {
-		c.gdFunctions--
-	}
-	if c.gdHolds(f) {
-		c.gdFunctions++
-	}
 	if fs == nil {
 		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.KPAConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
 		c.fns[f.Name] = fs
@@ -241,9 +235,6 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 	}
 	fs.deleted, fs.desired = true, 0
 	delete(c.busyFns, fs)
-	if c.gdHolds(fs.spec) {
-		c.gdFunctions--
-	}
 	delete(c.fns, name)
 	last := c.order[len(c.order)-1]
 	c.order[fs.pos], last.pos = last, fs.pos

@@ -278,13 +278,7 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 		}
 	}
 	for _, g := range yielded {
-		active := 0
-		for _, r := range g.sandboxes {
-			if r.state != sbTombstoned && r.rev == g.spec.Revision {
-				active++
-			}
-		}
-		if active < g.desired {
+		if active := g.activeCurrent(); active < g.desired {
 			c.log.Debug("function yields idle sandboxes", "function", g.spec.Name, "desired", active, "was", g.desired, "for", fs.spec.Name)
 			g.desired = active
 			c.boundDesired(g)

@@ -66,10 +66,8 @@ type Reconciler struct {
 	placer   placement.Policy
 	placers  map[string]placement.Policy // per-function overrides, by policy name
 	rng      *rand.Rand
-	// keep orders idle sandboxes for eviction; gdFunctions counts the
-	// functions that keep idle sandboxes beyond their demand (gd).
-	keep        keepalive.Policy
-	gdFunctions int
+	// keep orders idle sandboxes for eviction.
+	keep keepalive.Policy
 	// busyFns holds the functions some data plane last reported with calls
 	// in flight: an urgent report lists all of its data plane's, so the
 	// ones it leaves out are idle there now.

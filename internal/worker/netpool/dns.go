@@ -28,7 +28,7 @@ import (
 // timeouts.
 
 const (
-	sandboxDNSPort  = 53          // where a sandbox's resolver sends (the gateway's)
+	sandboxDNSPort  = 53          // DNS's port: where a sandbox's resolver sends (the gateway's) and upstreams listen
 	dnsUpstreamWait = time.Second // per upstream and query
 	dnsTCPIdle      = 10 * time.Second
 	dnsMaxInFlight  = 256 // queries relayed at once (UDP and TCP)
@@ -39,7 +39,6 @@ const (
 	dnsPerSourceTCPConns = 4
 	dnsMaxMessage        = 65535
 	resolvConfPath       = "/etc/resolv.conf"
-	defaultDNSPortUp     = "53"
 )
 
 // HostResolvers reads the nameservers of the host's /etc/resolv.conf as
@@ -56,7 +55,7 @@ func HostResolvers() ([]string, error) {
 		fields := strings.Fields(sc.Text())
 		if len(fields) >= 2 && fields[0] == "nameserver" {
 			if a, err := netip.ParseAddr(strings.SplitN(fields[1], "%", 2)[0]); err == nil {
-				out = append(out, net.JoinHostPort(a.String(), defaultDNSPortUp))
+				out = append(out, netip.AddrPortFrom(a, sandboxDNSPort).String())
 			}
 		}
 	}
@@ -292,11 +291,11 @@ func readTCPMessage(r io.Reader) ([]byte, error) {
 // answer it returns q's SERVFAIL (nil if q is not a query at all).
 func (f *dnsForwarder) relay(q []byte, network string) []byte {
 	for _, up := range f.upstreams {
-		if reply, err := exchange(network, up, q); err == nil {
+		reply, err := exchange(network, up, q)
+		if err == nil {
 			return reply
-		} else {
-			f.log.Debug("dns upstream", "upstream", up, "err", err)
 		}
+		f.log.Debug("dns upstream", "upstream", up, "err", err)
 	}
 	return servfail(q)
 }

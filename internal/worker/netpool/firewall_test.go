@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // Blocked connects must fail within this; allowed ones get far longer.
@@ -240,17 +242,7 @@ func hostListen(t *testing.T, ip netip.Addr) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, "hello from host")
-			c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, testutil.Greet("hello from host"))
 	return ln
 }
 

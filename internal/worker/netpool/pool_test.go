@@ -325,17 +325,7 @@ func listenIn(t *testing.T, ep *Endpoint) net.Listener {
 	if err != nil {
 		t.Fatalf("listen in %s: %v", ep.Name, err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, "hello from "+ep.Name)
-			c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, testutil.Greet("hello from "+ep.Name))
 	return ln
 }
 

@@ -31,16 +31,7 @@ func TestSandboxCannotReachHostOrOtherSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, testutil.Greet(""))
 
 	dial := func(from, to string) string {
 		t.Helper()

@@ -513,15 +513,6 @@ func hostPort(t *testing.T) uint16 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	testutil.ServeConns(t, ln, testutil.Greet(""))
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
