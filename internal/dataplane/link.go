@@ -176,9 +176,12 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 // collectUrgent reports the functions with requests waiting and no free
 // slot. avg_concurrency is the load now, and requests is 0: arrivals are
 // counted once, by the periodic report. It also lists every other function
-// with calls in flight now (in_flight only), so that the control plane
-// making room for the waiting calls knows which sandboxes are busy at this
-// moment, not as of the last periodic report.
+// with calls in flight or queued now (those two counts only: its own
+// urgent report went earlier), so that the control plane making room for
+// the waiting calls knows which sandboxes are busy at this moment, not as
+// of the last periodic report; a function left out has none on this data
+// plane, and one whose calls still wait keeps the sandbox being made for
+// them.
 func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	d.urgentMu.Lock()
 	fns := d.urgentFns
@@ -205,8 +208,9 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 		return rep
 	}
 	for name, fn := range d.functions() {
-		if n := fn.inFlight(); n > 0 && !listed[fn] {
-			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: n})
+		inFlight, queued := fn.inFlight(), fn.nwait.Load()
+		if (inFlight > 0 || queued > 0) && !listed[fn] {
+			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: inFlight, Queued: queued})
 		}
 	}
 	return rep

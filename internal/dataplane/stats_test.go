@@ -78,8 +78,15 @@ func TestUrgentReportsCoalesce(t *testing.T) {
 	// A new arrival re-arms its function.
 	goGet(t, srv.URL+"/function/b")
 	waitFor(t, "b queued again", func() bool { return d.queued("b") == 2 })
-	if m := metricFor(d.collectUrgent(time.Now()), "b"); m.GetQueued() != 2 {
+	rep = d.collectUrgent(time.Now())
+	if m := metricFor(rep, "b"); m.GetQueued() != 2 {
 		t.Errorf("b after a new arrival: %+v", m)
+	}
+	// a, whose calls still wait but whose urgent report went earlier, is
+	// listed with its counts: the control plane takes an urgent report as
+	// every busy function of its data plane.
+	if m := metricFor(rep, "a"); m.GetQueued() != n || m.GetNoCapacity() {
+		t.Errorf("a in b's urgent report: %+v, want queued %d, not no-capacity", m, n)
 	}
 	// Release the waiters so the servers can close.
 	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"a", "b"}})
