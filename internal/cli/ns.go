@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -18,29 +21,62 @@ func newNamespace(g *globals) *cobra.Command {
 		Long: `A namespace is a tenant: functions are deployed into one (--namespace,
 default "default"), a token bound to one (brisk token create --namespace)
 sees and touches only its functions, and its quota bounds its functions,
-its sandboxes and what they request. Quota fields of 0 are unlimited.`,
+its sandboxes and what they request. Quota fields of 0 are unlimited.
+
+Its egress policy narrows where its sandboxes may connect beyond the host
+(native and containerd runtimes): --egress-deny destinations are refused;
+with --egress-allow, only those are reached. A rule is CIDR[:PORTS[/PROTO]]:
+"10.0.0.0/8", "192.0.2.7:443", "203.0.113.0/24:80,8000-8100/tcp". The
+policy applies to running sandboxes at once; DNS always works.`,
 	}
 	c.AddCommand(newNamespaceSet(g, "create"), newNamespaceSet(g, "set"), newNamespaceList(g), newNamespaceDelete(g))
 	return c
 }
 
 func newNamespaceSet(g *globals, verb string) *cobra.Command {
-	var q spec.Quota
+	var (
+		q           spec.Quota
+		allow, deny []string
+		clearEgress bool
+	)
 	short := "Create a namespace with a quota"
 	if verb == "set" {
 		short = "Set a namespace's quota (creating it if needed)"
 	}
 	c := &cobra.Command{
-		Use:     verb + " NAME",
-		Short:   short,
-		Example: "  brisk ns create team-a --max-functions 20 --max-sandboxes 50 --max-cpu 8000 --max-memory 8192 --max-scale 20",
-		Args:    exactArgs(1),
+		Use:   verb + " NAME",
+		Short: short,
+		Example: `  brisk ns create team-a --max-functions 20 --max-sandboxes 50 --max-cpu 8000 --max-memory 8192 --max-scale 20
+  brisk ns set team-a --egress-allow 10.20.0.0/16:5432/tcp --egress-allow 203.0.113.10:443
+  brisk ns set team-b --egress-deny 10.0.0.0/8 --egress-deny 192.168.0.0/16`,
+		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			v, err := g.client().PutNamespace(c.Context(), args[0], q)
+			req := api.NamespaceRequest{Quota: q}
+			if len(allow)+len(deny) > 0 || clearEgress {
+				if clearEgress && len(allow)+len(deny) > 0 {
+					return usageError{errors.New("--egress-clear removes the policy: give it without --egress-allow or --egress-deny")}
+				}
+				req.Egress = &spec.EgressPolicy{}
+				for _, s := range allow {
+					r, err := spec.ParseEgressRule(s)
+					if err != nil {
+						return usageError{fmt.Errorf("--egress-allow: %w", err)}
+					}
+					req.Egress.Allow = append(req.Egress.Allow, r)
+				}
+				for _, s := range deny {
+					r, err := spec.ParseEgressRule(s)
+					if err != nil {
+						return usageError{fmt.Errorf("--egress-deny: %w", err)}
+					}
+					req.Egress.Deny = append(req.Egress.Deny, r)
+				}
+			}
+			v, err := g.client().SetNamespace(c.Context(), args[0], req)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("namespace %s: %s\n", v.Name, quotaText(v.Quota))
+			fmt.Printf("namespace %s: %s; egress: %s\n", v.Name, quotaText(v.Quota), egressText(v.Egress))
 			return nil
 		},
 	}
@@ -50,7 +86,38 @@ func newNamespaceSet(g *globals, verb string) *cobra.Command {
 	fl.Int64Var(&q.MaxMilliCPU, "max-cpu", 0, "CPU (millicores) its sandboxes may request at once")
 	fl.Int64Var(&q.MaxMemoryMB, "max-memory", 0, "memory (MiB) its sandboxes may request at once")
 	fl.IntVar(&q.MaxScale, "max-scale", 0, "the highest scaling.max (and min) of one function")
+	fl.StringArrayVar(&allow, "egress-allow", nil, "only these destinations, CIDR[:PORTS[/tcp|udp]] (repeatable; replaces the egress policy)")
+	fl.StringArrayVar(&deny, "egress-deny", nil, "refuse these destinations, CIDR[:PORTS[/tcp|udp]] (repeatable; replaces the egress policy)")
+	fl.BoolVar(&clearEgress, "egress-clear", false, "remove the egress policy (without egress flags it is kept)")
 	return c
+}
+
+// egressText is a policy in the CLI's rule form.
+func egressText(p spec.EgressPolicy) string {
+	if p.IsZero() {
+		return "unrestricted"
+	}
+	rule := func(r spec.EgressRule) string {
+		s := r.CIDR
+		if len(r.Ports) > 0 {
+			s += ":" + strings.Join(r.Ports, ",")
+			if r.Protocol != "" {
+				s += "/" + r.Protocol
+			}
+		}
+		return s
+	}
+	var parts []string
+	for _, r := range p.Deny {
+		parts = append(parts, "deny "+rule(r))
+	}
+	for _, r := range p.Allow {
+		parts = append(parts, "allow "+rule(r))
+	}
+	if len(p.Allow) > 0 {
+		parts = append(parts, "deny the rest")
+	}
+	return strings.Join(parts, ", ")
 }
 
 func quotaText(q spec.Quota) string {
@@ -79,9 +146,10 @@ func newNamespaceList(g *globals) *cobra.Command {
 				return printJSON(nss)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAMESPACE\tFUNCTIONS\tSANDBOXES\tCPU\tMEMORY MiB\tQUOTA")
+			fmt.Fprintln(tw, "NAMESPACE\tFUNCTIONS\tSANDBOXES\tCPU\tMEMORY MiB\tQUOTA\tEGRESS")
 			for _, v := range nss {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%dm\t%d\t%s\n", v.Name, v.Usage.Functions, v.Usage.Sandboxes, v.Usage.MilliCPU, v.Usage.MemoryMB, quotaText(v.Quota))
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%dm\t%d\t%s\t%s\n", v.Name, v.Usage.Functions, v.Usage.Sandboxes, v.Usage.MilliCPU, v.Usage.MemoryMB,
+					quotaText(v.Quota), egressText(v.Egress))
 			}
 			return tw.Flush()
 		},

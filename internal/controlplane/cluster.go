@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
@@ -44,6 +45,9 @@ type Cluster struct {
 	// the values it carried are stale.
 	secrets   map[string]*store.Secret
 	secretGen uint64
+	// egress is every namespace's egress policy, as each worker session
+	// gets it first and again on every change (setEgress).
+	egress *briskv1.EgressPolicies
 
 	idPrefix string
 	// placementFailures is the reconciler's count last exported.
@@ -223,6 +227,22 @@ func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 func (c *Cluster) sampleLoad() { c.step(reconciler.SampleLoad{}) }
 
 func (c *Cluster) setQuotas(q map[string]spec.Quota) { c.step(reconciler.SetQuotas{Quotas: q}) }
+
+// setEgress makes e the namespaces' egress policies and sends them to every
+// connected worker when they changed; they apply to running sandboxes too.
+func (c *Cluster) setEgress(e *briskv1.EgressPolicies) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.egress != nil && proto.Equal(c.egress, e) {
+		return
+	}
+	c.egress = e
+	for _, l := range c.links {
+		if l.sess != nil {
+			l.sess.setEgress(e)
+		}
+	}
+}
 
 func (c *Cluster) reportUnreachable(rep *briskv1.UnreachableReport) {
 	c.step(reconciler.Unreachable{Report: rep})

@@ -34,6 +34,7 @@ type session struct {
 	creates []*briskv1.CreateSandbox
 	tombs   []string
 	verify  []string
+	egress  *briskv1.EgressPolicies // the namespaces' egress policies, when they are to be sent
 	// sent holds the specs this worker has been sent in this session, with
 	// the secret generation their values were taken from.
 	sent   map[specKey]uint64
@@ -86,6 +87,15 @@ func (s *session) queueSpecLocked(f *spec.Function, secrets map[string][]byte, g
 	return true
 }
 
+// setEgress queues the namespaces' egress policies (the complete set),
+// replacing any not yet sent.
+func (s *session) setEgress(e *briskv1.EgressPolicies) {
+	s.mu.Lock()
+	s.egress = e
+	s.mu.Unlock()
+	s.signal()
+}
+
 // tombstone queues a Tombstone, after delay when one is given.
 func (s *session) tombstone(id string, delay time.Duration) {
 	if delay > 0 {
@@ -123,9 +133,12 @@ const maxBatchSpecBytes = 16 << 20
 func (s *session) take() *briskv1.Commands {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.specs)+len(s.creates)+len(s.tombs)+len(s.verify) == 0 {
+	if len(s.specs)+len(s.creates)+len(s.tombs)+len(s.verify) == 0 && s.egress == nil {
 		return nil
 	}
+	// The policies go first: before the creates of sandboxes they govern.
+	egress := s.egress
+	s.egress = nil
 	n, size := 0, 0
 	for n < len(s.specs) {
 		sz := proto.Size(s.specs[n])
@@ -135,11 +148,11 @@ func (s *session) take() *briskv1.Commands {
 		n, size = n+1, size+sz
 	}
 	if n < len(s.specs) {
-		c := &briskv1.Commands{Specs: s.specs[:n:n]}
+		c := &briskv1.Commands{Specs: s.specs[:n:n], Egress: egress}
 		s.specs = s.specs[n:]
 		return c
 	}
-	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs, Verify: s.verify}
+	c := &briskv1.Commands{Specs: s.specs, Creates: s.creates, Tombstones: s.tombs, Verify: s.verify, Egress: egress}
 	s.specs, s.creates, s.tombs, s.verify = nil, nil, nil, nil
 	return c
 }
@@ -293,6 +306,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 	}
 	sess := newSession(epoch)
 	c.mu.Lock()
+	sess.setEgress(c.egress) // before any create of this session
 	n.sess = sess
 	c.stepLocked(reconciler.SessionUp{Node: n.id, Versions: ack.GetVersions(), Records: records, BootID: ack.GetBootId(),
 		Rebooted: rebooted, Drained: drain, Early: early})

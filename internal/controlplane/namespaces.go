@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -83,11 +84,27 @@ func (cp *ControlPlane) loadQuotas() error {
 		return err
 	}
 	q := make(map[string]spec.Quota, len(nss))
+	egress := &briskv1.EgressPolicies{}
 	for _, n := range nss {
 		q[n.Name] = n.Quota
+		if !n.Egress.IsZero() {
+			egress.Namespaces = append(egress.Namespaces, egressToProto(n.Name, n.Egress))
+		}
 	}
 	cp.cluster.setQuotas(q)
+	cp.cluster.setEgress(egress)
 	return nil
+}
+
+func egressToProto(ns string, p spec.EgressPolicy) *briskv1.NamespaceEgress {
+	rules := func(rs []spec.EgressRule) []*briskv1.EgressRule {
+		out := make([]*briskv1.EgressRule, len(rs))
+		for i, r := range rs {
+			out[i] = &briskv1.EgressRule{Cidr: r.CIDR, Ports: r.Ports, Protocol: r.Protocol}
+		}
+		return out
+	}
+	return &briskv1.NamespaceEgress{Namespace: ns, Allow: rules(p.Allow), Deny: rules(p.Deny)}
 }
 
 func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
@@ -108,6 +125,22 @@ func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := &store.Namespace{Name: name, Quota: req.Quota, CreatedAt: time.Now().UTC()}
+	// One update at a time: egress left out of the request keeps the
+	// stored policy, which a concurrent update must not overwrite.
+	cp.namespaceMu.Lock()
+	defer cp.namespaceMu.Unlock()
+	if req.Egress != nil {
+		if err := req.Egress.Validate(); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		rec.Egress = *req.Egress
+	} else if old, err := cp.namespaceRecord(name); err != nil {
+		writeStoreError(w, "reading the namespace: ", err)
+		return
+	} else if old != nil {
+		rec.Egress = old.Egress
+	}
 	if err := cp.store.PutNamespace(rec); err != nil {
 		writeStoreError(w, "storing the namespace: ", err)
 		return
@@ -116,7 +149,21 @@ func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "loading namespaces: ", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Usage: cp.cluster.usage(name), CreatedAt: rec.CreatedAt})
+	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Egress: rec.Egress, Usage: cp.cluster.usage(name), CreatedAt: rec.CreatedAt})
+}
+
+// namespaceRecord is name's stored record, or nil when it has none.
+func (cp *ControlPlane) namespaceRecord(name string) (*store.Namespace, error) {
+	nss, err := cp.store.Namespaces()
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nss {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return nil, nil
 }
 
 func (cp *ControlPlane) listNamespaces(w http.ResponseWriter, r *http.Request) {
@@ -130,7 +177,7 @@ func (cp *ControlPlane) listNamespaces(w http.ResponseWriter, r *http.Request) {
 	}
 	views := map[string]NamespaceView{spec.DefaultNamespace: {Name: spec.DefaultNamespace}}
 	for _, n := range nss {
-		views[n.Name] = NamespaceView{Name: n.Name, Quota: n.Quota, CreatedAt: n.CreatedAt}
+		views[n.Name] = NamespaceView{Name: n.Name, Quota: n.Quota, Egress: n.Egress, CreatedAt: n.CreatedAt}
 	}
 	out := make([]NamespaceView, 0, len(views))
 	for _, name := range slices.Sorted(maps.Keys(views)) {
@@ -154,7 +201,14 @@ func (cp *ControlPlane) getNamespace(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	q, _ := c.r.Quota(name)
 	c.mu.Unlock()
-	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: q, Usage: c.usage(name)})
+	view := NamespaceView{Name: name, Quota: q, Usage: c.usage(name)}
+	if rec, err := cp.namespaceRecord(name); err != nil {
+		writeStoreError(w, "reading the namespace: ", err)
+		return
+	} else if rec != nil {
+		view.Egress, view.CreatedAt = rec.Egress, rec.CreatedAt
+	}
+	writeJSON(w, http.StatusOK, view)
 }
 
 func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) {

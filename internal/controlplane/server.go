@@ -197,6 +197,9 @@ type ControlPlane struct {
 	// secretMu orders secret writes and namespace deletions (held)
 	// against deploys (read-held): secrets.go, namespaces.go.
 	secretMu sync.RWMutex
+	// namespaceMu orders namespace updates (one keeps the stored egress
+	// policy when its request leaves it out).
+	namespaceMu sync.Mutex
 	// splits: function name -> the revision functions its traffic split
 	// runs (traffic.go).
 	splitMu sync.Mutex

@@ -257,6 +257,9 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 		}
 	}
 	n.mu.Unlock()
+	if e := c.GetEgress(); e != nil {
+		n.setEgress(e) // before the creates it governs start
+	}
 	for _, sb := range starts {
 		go n.create(ctx, sb)
 	}
@@ -267,6 +270,32 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 		go n.verify(ctx, id)
 	}
 	return true
+}
+
+// setEgress hands the namespaces' egress policies to the runtimes that
+// enforce them. A failure is logged: sandboxes then stay under the policies
+// their runtime had (none, for a namespace it never had one for).
+func (n *Node) setEgress(e *briskv1.EgressPolicies) {
+	policies := make(map[string]spec.EgressPolicy, len(e.GetNamespaces()))
+	for _, ns := range e.GetNamespaces() {
+		rules := func(rs []*briskv1.EgressRule) []spec.EgressRule {
+			out := make([]spec.EgressRule, len(rs))
+			for i, r := range rs {
+				out[i] = spec.EgressRule{CIDR: r.GetCidr(), Ports: r.GetPorts(), Protocol: r.GetProtocol()}
+			}
+			return out
+		}
+		policies[ns.GetNamespace()] = spec.EgressPolicy{Allow: rules(ns.GetAllow()), Deny: rules(ns.GetDeny())}
+	}
+	for _, rt := range n.runtimes() {
+		if en, ok := rt.(runtime.EgressEnforcer); ok {
+			if err := en.SetEgress(policies); err != nil {
+				n.log.Error("namespaces' egress policies not applied", "runtime", rt.Name(), "err", err)
+			} else {
+				n.log.Info("namespaces' egress policies applied", "runtime", rt.Name(), "namespaces", len(policies))
+			}
+		}
+	}
 }
 
 // acceptLocked admits a Create idempotently. It returns the sandbox to start,

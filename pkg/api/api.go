@@ -159,13 +159,17 @@ type FunctionSummary struct {
 // NamespaceRequest creates or changes a namespace (PUT /v1/namespaces/NAME).
 type NamespaceRequest struct {
 	Quota spec.Quota `json:"quota"`
+	// Egress replaces the namespace's egress policy; absent (null) keeps
+	// it, {} removes it.
+	Egress *spec.EgressPolicy `json:"egress,omitempty"`
 }
 
 // NamespaceView is a namespace with its quota and current use.
 type NamespaceView struct {
 	Name      string         `json:"name"`
-	Quota     spec.Quota     `json:"quota"`
-	Usage     NamespaceUsage `json:"usage"`
+	Quota     spec.Quota        `json:"quota"`
+	Egress    spec.EgressPolicy `json:"egress,omitzero"`
+	Usage     NamespaceUsage    `json:"usage"`
 	CreatedAt time.Time      `json:"created_at,omitzero"`
 }
 

@@ -286,6 +286,15 @@ func (q Quota) Validate() error {
 	return nil
 }
 
+// NamespaceOf is f's namespace (records stored before namespaces existed
+// have none: the default one).
+func NamespaceOf(f *Function) string {
+	if f.Namespace == "" {
+		return DefaultNamespace
+	}
+	return f.Namespace
+}
+
 // ValidNamespace reports whether ns may name a namespace (a DNS label).
 func ValidNamespace(ns string) bool { return len(ns) <= 63 && nameRE.MatchString(ns) }
 

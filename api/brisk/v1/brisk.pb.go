@@ -1818,7 +1818,12 @@ type Commands struct {
 	// one that is dead or refuses connections is reported EXITED (and
 	// replaced); a live one is announced again (the control plane then adds
 	// it back to the data planes that took it out of rotation).
-	Verify        []string `protobuf:"bytes,4,rep,name=verify,proto3" json:"verify,omitempty"`
+	Verify []string `protobuf:"bytes,4,rep,name=verify,proto3" json:"verify,omitempty"`
+	// Every namespace's egress policy, when set: the complete set, replacing
+	// the worker's (a namespace not listed has none). Sent at the start of
+	// each session and whenever a namespace's policy changes; it applies to
+	// running sandboxes too.
+	Egress        *EgressPolicies `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1881,6 +1886,178 @@ func (x *Commands) GetVerify() []string {
 	return nil
 }
 
+func (x *Commands) GetEgress() *EgressPolicies {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+type EgressPolicies struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespaces    []*NamespaceEgress     `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicies) Reset() {
+	*x = EgressPolicies{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicies) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicies) ProtoMessage() {}
+
+func (x *EgressPolicies) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicies.ProtoReflect.Descriptor instead.
+func (*EgressPolicies) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *EgressPolicies) GetNamespaces() []*NamespaceEgress {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+// NamespaceEgress is spec.EgressPolicy of one namespace.
+type NamespaceEgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Allow         []*EgressRule          `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	Deny          []*EgressRule          `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceEgress) Reset() {
+	*x = NamespaceEgress{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceEgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceEgress) ProtoMessage() {}
+
+func (x *NamespaceEgress) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceEgress.ProtoReflect.Descriptor instead.
+func (*NamespaceEgress) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *NamespaceEgress) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *NamespaceEgress) GetAllow() []*EgressRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *NamespaceEgress) GetDeny() []*EgressRule {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+type EgressRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Ports         []string               `protobuf:"bytes,2,rep,name=ports,proto3" json:"ports,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRule) Reset() {
+	*x = EgressRule{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRule) ProtoMessage() {}
+
+func (x *EgressRule) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
+func (*EgressRule) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *EgressRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *EgressRule) GetPorts() []string {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *EgressRule) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UnixMs        int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
@@ -1894,7 +2071,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2083,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2096,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -1968,7 +2145,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2157,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2170,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -2022,7 +2199,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2211,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2224,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2088,7 +2265,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2277,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2290,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -2144,7 +2321,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2333,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2346,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -2223,7 +2400,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2412,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2425,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -2268,7 +2445,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2457,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2470,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -2319,7 +2496,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2508,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2521,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2363,7 +2540,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2552,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2565,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2417,7 +2594,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2606,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2619,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2518,7 +2695,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2707,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2720,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2620,7 +2797,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +2809,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +2822,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -2679,7 +2856,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2868,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2881,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -2736,7 +2913,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2748,7 +2925,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2761,7 +2938,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -2822,7 +2999,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +3011,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +3024,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -2905,7 +3082,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3094,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3107,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -2995,7 +3172,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3184,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3197,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -3066,7 +3243,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3255,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3268,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
 }
 
 type UnreachableEndpoint struct {
@@ -3106,7 +3283,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3118,7 +3295,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3131,7 +3308,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -3172,7 +3349,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3361,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3374,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -3222,7 +3399,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3411,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3424,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{45}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -3395,14 +3572,28 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\rCreateSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"\xa3\x01\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\xd5\x01\n" +
 	"\bCommands\x12,\n" +
 	"\x05specs\x18\x01 \x03(\v2\x16.brisk.v1.FunctionSpecR\x05specs\x121\n" +
 	"\acreates\x18\x02 \x03(\v2\x17.brisk.v1.CreateSandboxR\acreates\x12\x1e\n" +
 	"\n" +
 	"tombstones\x18\x03 \x03(\tR\n" +
 	"tombstones\x12\x16\n" +
-	"\x06verify\x18\x04 \x03(\tR\x06verify\"\xd4\x01\n" +
+	"\x06verify\x18\x04 \x03(\tR\x06verify\x120\n" +
+	"\x06egress\x18\x05 \x01(\v2\x18.brisk.v1.EgressPoliciesR\x06egress\"K\n" +
+	"\x0eEgressPolicies\x129\n" +
+	"\n" +
+	"namespaces\x18\x01 \x03(\v2\x19.brisk.v1.NamespaceEgressR\n" +
+	"namespaces\"\x85\x01\n" +
+	"\x0fNamespaceEgress\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12*\n" +
+	"\x05allow\x18\x02 \x03(\v2\x14.brisk.v1.EgressRuleR\x05allow\x12(\n" +
+	"\x04deny\x18\x03 \x03(\v2\x14.brisk.v1.EgressRuleR\x04deny\"R\n" +
+	"\n" +
+	"EgressRule\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x14\n" +
+	"\x05ports\x18\x02 \x03(\tR\x05ports\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\xd4\x01\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12/\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x13.brisk.v1.ResourcesR\bcapacity\x12'\n" +
@@ -3545,7 +3736,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -3571,36 +3762,39 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*FetchResponse)(nil),             // 21: brisk.v1.FetchResponse
 	(*CreateSandbox)(nil),             // 22: brisk.v1.CreateSandbox
 	(*Commands)(nil),                  // 23: brisk.v1.Commands
-	(*Heartbeat)(nil),                 // 24: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 25: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 26: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 27: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 28: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 29: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 30: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 31: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 32: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 33: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 34: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 35: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 36: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 37: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 38: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 39: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 40: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 41: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 42: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 43: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 44: brisk.v1.UnreachableAck
-	nil,                               // 45: brisk.v1.FunctionSpec.EnvEntry
-	nil,                               // 46: brisk.v1.FunctionSpec.SecretDataEntry
+	(*EgressPolicies)(nil),            // 24: brisk.v1.EgressPolicies
+	(*NamespaceEgress)(nil),           // 25: brisk.v1.NamespaceEgress
+	(*EgressRule)(nil),                // 26: brisk.v1.EgressRule
+	(*Heartbeat)(nil),                 // 27: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 28: brisk.v1.Updates
+	(*JoinRequest)(nil),               // 29: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 30: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 31: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 32: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 33: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 34: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 35: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 36: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 37: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 38: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 39: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 40: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 41: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 42: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 43: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 44: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 45: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 46: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 47: brisk.v1.UnreachableAck
+	nil,                               // 48: brisk.v1.FunctionSpec.EnvEntry
+	nil,                               // 49: brisk.v1.FunctionSpec.SecretDataEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	45, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	48, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	5,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
-	46, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
+	49, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
 	4,  // 5: brisk.v1.FunctionSpec.traffic:type_name -> brisk.v1.TrafficTarget
 	0,  // 6: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
 	3,  // 7: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
@@ -3611,52 +3805,56 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	23, // 12: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
 	19, // 13: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
 	21, // 14: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	25, // 15: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	28, // 15: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
 	1,  // 16: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
 	18, // 17: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
 	6,  // 18: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
 	6,  // 19: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
 	3,  // 20: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
 	22, // 21: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	2,  // 22: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 23: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	12, // 24: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	6,  // 25: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	24, // 26: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 27: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 28: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	33, // 29: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	38, // 30: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	36, // 31: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	35, // 32: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	37, // 33: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	39, // 34: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	42, // 35: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	15, // 36: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	13, // 37: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	10, // 38: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	7,  // 39: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	28, // 40: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	30, // 41: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	32, // 42: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	40, // 43: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	43, // 44: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	26, // 45: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	16, // 46: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	14, // 47: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	11, // 48: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	8,  // 49: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	29, // 50: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	31, // 51: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	34, // 52: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	41, // 53: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	44, // 54: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	27, // 55: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	46, // [46:56] is the sub-list for method output_type
-	36, // [36:46] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	24, // 22: brisk.v1.Commands.egress:type_name -> brisk.v1.EgressPolicies
+	25, // 23: brisk.v1.EgressPolicies.namespaces:type_name -> brisk.v1.NamespaceEgress
+	26, // 24: brisk.v1.NamespaceEgress.allow:type_name -> brisk.v1.EgressRule
+	26, // 25: brisk.v1.NamespaceEgress.deny:type_name -> brisk.v1.EgressRule
+	2,  // 26: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 27: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	12, // 28: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	6,  // 29: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	27, // 30: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 31: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 32: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	36, // 33: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	41, // 34: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	39, // 35: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	38, // 36: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	40, // 37: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	42, // 38: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	45, // 39: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	15, // 40: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	13, // 41: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	10, // 42: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	7,  // 43: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	31, // 44: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	33, // 45: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	35, // 46: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	43, // 47: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	46, // 48: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	29, // 49: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	16, // 50: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	14, // 51: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	11, // 52: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	8,  // 53: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	32, // 54: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	34, // 55: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	37, // 56: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	44, // 57: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	47, // 58: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	30, // 59: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	50, // [50:60] is the sub-list for method output_type
+	40, // [40:50] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -3680,7 +3878,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

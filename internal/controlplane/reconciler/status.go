@@ -218,12 +218,7 @@ func (c *Reconciler) maxScale(fs *fnState) int {
 
 // NamespaceOf is f's namespace (records stored before namespaces existed
 // have none: the default one).
-func NamespaceOf(f *spec.Function) string {
-	if f.Namespace == "" {
-		return spec.DefaultNamespace
-	}
-	return f.Namespace
-}
+func NamespaceOf(f *spec.Function) string { return spec.NamespaceOf(f) }
 
 // Usage is what namespace ns holds now.
 func (c *Reconciler) Usage(ns string) api.NamespaceUsage {

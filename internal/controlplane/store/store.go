@@ -78,8 +78,9 @@ type DataPlane = api.DataPlane
 // Namespace is the durable record of a tenant's namespace and its quota.
 type Namespace struct {
 	Name      string     `json:"name"`
-	Quota     spec.Quota `json:"quota"`
-	CreatedAt time.Time  `json:"created_at"`
+	Quota     spec.Quota        `json:"quota"`
+	Egress    spec.EgressPolicy `json:"egress,omitzero"`
+	CreatedAt time.Time         `json:"created_at"`
 }
 
 // Secret is the durable record of a secret: a value functions of its

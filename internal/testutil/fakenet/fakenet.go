@@ -133,6 +133,31 @@ func (f *Net) Dial(network, addr string, timeout time.Duration) (net.Conn, error
 	return c, err
 }
 
+// Listen serves TCP port on the namespace's address until the test ends:
+// each connection gets "port <port>" and is closed. It returns the
+// address.
+func (f *Net) Listen(t testing.TB, port int) string {
+	t.Helper()
+	return f.ListenFunc(t, port, testutil.Greet(fmt.Sprintf("port %d", port)))
+}
+
+// ListenFunc serves TCP port on the namespace's address with handle (in a
+// goroutine per connection) until the test ends. It returns the address.
+func (f *Net) ListenFunc(t testing.TB, port int, handle func(net.Conn)) string {
+	t.Helper()
+	addr := netip.AddrPortFrom(f.Addr, uint16(port)).String()
+	var ln net.Listener
+	if err := f.in(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("fakenet: listen on %s: %v", addr, err)
+	}
+	testutil.ServeConns(t, ln, handle)
+	return addr
+}
+
 // Route sends the namespace's traffic for prefix through the host, as a
 // router in front of the host would.
 func (f *Net) Route(t testing.TB, prefix netip.Prefix) {

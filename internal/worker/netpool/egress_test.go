@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/fakenet"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // egressConfig is testConfig n with egress and DNS to the fake internet's
@@ -181,4 +183,117 @@ func TestEgressAdmitsNoInboundConnections(t *testing.T) {
 	if body, err := getFrom(a, "http://"+f.HTTP+"/"); err != nil || body != "hello from the internet" {
 		t.Fatalf("sandbox -> internet: %q, %v", body, err)
 	}
+}
+
+// A namespace's egress policy narrows where its sandboxes go: deny first,
+// then only what allow lists (ports per protocol); another namespace's
+// sandboxes are untouched; names still resolve; a policy set later applies
+// to running sandboxes, cutting their open connections; and a restarted
+// worker's pool keeps an adopted sandbox under its policy.
+func TestNamespaceEgressPolicy(t *testing.T) {
+	t.Parallel()
+	f, g := fakenet.Start(t, 35), fakenet.Start(t, 36)
+	f81, g81 := f.Listen(t, 81), g.Listen(t, 81)
+	f82 := f.Listen(t, 82)
+	echo := f.ListenFunc(t, 83, func(c net.Conn) { defer c.Close(); _, _ = io.Copy(c, c) })
+	cfg := egressConfig(35, f)
+	p := startPool(t, cfg, false)
+	a, b := take(t, p), take(t, p)
+	for ep, ns := range map[*Endpoint]string{a: "team-a", b: "team-b"} {
+		if err := p.Bind(ep, ns); err != nil {
+			t.Fatalf("Bind(%s, %s): %v", ep.Name, ns, err)
+		}
+	}
+	policies := map[string]spec.EgressPolicy{
+		"team-a": {Allow: []spec.EgressRule{{CIDR: f.Addr.String(), Ports: []string{"80-81"}, Protocol: "tcp"}}},
+		"team-b": {Deny: []spec.EgressRule{{CIDR: "198.18.36.0/24"}}},
+	}
+	if err := p.SetEgress(policies); err != nil {
+		t.Fatalf("SetEgress: %v", err)
+	}
+	reaches := func(ep *Endpoint, addr string, want bool) {
+		t.Helper()
+		got, err := dialFrom(ep.NetNS, addr, 20*time.Second)
+		switch {
+		case want && (err != nil || !strings.HasPrefix(got, "port ")):
+			t.Errorf("%s -> %s: %q, %v; want reached", ep.Name, addr, got, err)
+		case !want && !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.EHOSTUNREACH):
+			t.Errorf("%s -> %s: %q, %v; want refused at once", ep.Name, addr, got, err)
+		}
+	}
+	reaches(a, f81, true)  // allowed network and port
+	reaches(a, f82, false) // allowed network, not the port
+	reaches(a, g81, false) // not allowed
+	reaches(b, f82, true)  // b's policy allows all but g
+	reaches(b, g81, false)
+	if addrs, err := lookupFrom(a, "web."+fakenet.Zone, "udp"); err != nil || len(addrs) != 1 {
+		t.Errorf("lookup under an allow list without the resolver: %v, %v", addrs, err)
+	}
+
+	// An open connection, then a policy that denies its destination.
+	conn := openFrom(t, b, echo)
+	policies["team-b"] = spec.EgressPolicy{Deny: []spec.EgressRule{{CIDR: "198.18.35.0/24", Ports: []string{"82-83"}}}}
+	delete(policies, "team-a")
+	if err := p.SetEgress(policies); err != nil {
+		t.Fatalf("SetEgress: %v", err)
+	}
+	reaches(a, g81, true) // team-a has no policy now
+	reaches(b, f82, false)
+	reaches(b, g81, true)
+	if _, err := conn.Write([]byte("more")); err == nil {
+		buf := make([]byte, 16)
+		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err = conn.Read(buf); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("an open connection to a destination denied since: read %v, want a reset", err)
+		}
+	}
+
+	// A worker restart: the next pool adopts b's endpoint and keeps it
+	// under its policy before any policy is sent again; a's binding goes.
+	p.closeHandlesForTest()
+	p2 := newPool(t, cfg)
+	p2.autoFill = false
+	b2, err := p2.Adopt(b.Name)
+	if err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	if err := p2.Start(t.Context()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	reaches(b2, f82, false)
+	reaches(b2, g81, true)
+	if got := p2.egress.bound; len(got) != 1 || got[b.IP] != "team-b" {
+		t.Errorf("bindings after the restart: %v, want only %v in team-b", got, b.IP)
+	}
+	// The control plane's policies arrive again, tightened.
+	if err := p2.SetEgress(map[string]spec.EgressPolicy{"team-b": {Allow: []spec.EgressRule{{CIDR: "192.0.2.0/24"}}}}); err != nil {
+		t.Fatalf("SetEgress after restart: %v", err)
+	}
+	reaches(b2, g81, false)
+	p2.Release(b2)
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		p2.egress.mu.Lock()
+		defer p2.egress.mu.Unlock()
+		return len(p2.egress.bound) == 0
+	}, "a released endpoint's binding is removed")
+}
+
+// openFrom opens a TCP connection from inside ep's namespace to an echo
+// server at addr and checks it echoes.
+func openFrom(t *testing.T, ep *Endpoint, addr string) net.Conn {
+	t.Helper()
+	c, err := dialIn(ep)(t.Context(), "tcp", addr)
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", ep.Name, addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 4)
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through %s: %q, %v", addr, buf, err)
+	}
+	return c
 }

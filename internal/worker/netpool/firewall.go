@@ -184,7 +184,7 @@ func removeFirewall(prefix string) error {
 		return fmt.Errorf("netpool: remove firewall: %w", err)
 	}
 	inet, br := firewallTables(prefix)
-	for _, t := range []*nftables.Table{inet, br} {
+	for _, t := range []*nftables.Table{inet, br, egressTable(prefix)} {
 		c.AddTable(t) // a no-op if it exists, so that the delete cannot fail
 		c.DelTable(t)
 	}

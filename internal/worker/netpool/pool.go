@@ -58,7 +58,8 @@ type Pool struct {
 	autoFill  bool                          // tests turn the refiller off for determinism
 	faultHook func(name, step string) error // tests fail teardown steps; nil in production
 
-	dns *dnsForwarder // the sandboxes' resolver (Config.DNS); guarded by mu
+	dns    *dnsForwarder // the sandboxes' resolver (Config.DNS); guarded by mu
+	egress egress        // namespaces' egress policies (egress.go)
 
 	closeMu    sync.Mutex // serialises Close calls
 	bridgeDone bool       // Close undid Start's bridge work; guarded by closeMu
@@ -167,9 +168,11 @@ func (p *Pool) Start(ctx context.Context) error {
 
 func (p *Pool) start(ctx context.Context) error {
 	keep := map[string]bool{}
+	keepIPs := map[netip.Addr]bool{}
 	p.mu.Lock()
 	for r := range p.all { // only adopted ones exist before Start
 		keep[r.name] = true
+		keepIPs[r.ip] = true
 	}
 	p.mu.Unlock()
 	if err := cleanup(ctx, p.cfg, keep); err != nil {
@@ -213,6 +216,9 @@ func (p *Pool) start(ctx context.Context) error {
 		}
 		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts,
 			"egress", p.cfg.Egress, "egress_deny", p.cfg.EgressDeny)
+		if err := p.openEgress(keepIPs); err != nil {
+			return err
+		}
 	}
 	p.mu.Lock()
 	if p.closed {
@@ -423,6 +429,10 @@ func (p *Pool) finishRelease(r *record, recycle bool) {
 	defer p.bgWG.Done()
 	p.bg <- struct{}{}
 	defer func() { <-p.bg }()
+	if err := p.unbind(r.ip); err != nil {
+		// The next Bind of the address replaces its binding anyway.
+		p.log.Warn("endpoint's egress binding not removed", "endpoint", r.name, "err", err)
+	}
 	if recycle {
 		err := p.reset(r)
 		p.mu.Lock()

@@ -86,6 +86,15 @@ type Runtime interface {
 	List(ctx context.Context) ([]Listed, error)
 }
 
+// EgressEnforcer is implemented by runtimes whose sandboxes have a network
+// of their own (native, containerd): they hold each sandbox to its
+// namespace's egress policy (spec.EgressPolicy).
+type EgressEnforcer interface {
+	// SetEgress makes policies (by namespace, the complete set) the
+	// runtime's, for running sandboxes and those to come.
+	SetEgress(policies map[string]spec.EgressPolicy) error
+}
+
 // FunctionImage is the image that a runtime running only images (containerd,
 // kube; named runtime in the errors) starts for s, whose id and function
 // the caller has checked: the spec's, or the trace function's image for the

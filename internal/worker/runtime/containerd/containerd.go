@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Config configures the containerd runtime. StateDir and Pool are required.
@@ -240,6 +241,11 @@ func imageRef(s runtime.Spec) (string, error) {
 	return runtime.FunctionImage(s, "containerd")
 }
 
+// SetEgress is runtime.EgressEnforcer's: the network pool enforces them.
+func (r *Runtime) SetEgress(policies map[string]spec.EgressPolicy) error {
+	return r.cfg.Pool.SetEgress(policies)
+}
+
 // Create makes the sandbox's container in a pooled network namespace and
 // starts its task; the caller probes readiness (runtime.WaitReady on
 // Instance.Addr). A task that exits at once still yields an Instance whose
@@ -282,6 +288,12 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	sb := &sandbox{id: s.ID, function: f.Name, revision: f.Revision, memMB: f.SandboxLimits().MemoryMB,
 		cgroup: "/" + r.cfg.Namespace + "/" + s.ID, lock: make(chan struct{}, 1)}
 	if sb.ep, err = r.take(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s: network: %w", s.ID, err)
+	}
+	// Before the function runs: its first packet meets its namespace's
+	// egress policy.
+	if err := r.cfg.Pool.Bind(sb.ep, spec.NamespaceOf(f)); err != nil {
+		r.release(sb.ep)
 		return nil, fmt.Errorf("sandbox %s: network: %w", s.ID, err)
 	}
 	sb.addr = net.JoinHostPort(sb.ep.IP.String(), strconv.Itoa(f.Port))

@@ -28,6 +28,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
@@ -324,8 +325,14 @@ func (r *Runtime) ImportImage(ctx context.Context, rd io.Reader) ([]string, erro
 	return r.images.Import(ctx, rd)
 }
 
+// SetEgress is runtime.EgressEnforcer's: the network pool enforces them.
+func (r *Runtime) SetEgress(policies map[string]spec.EgressPolicy) error {
+	return r.cfg.Pool.SetEgress(policies)
+}
+
 // Create binds a parked shell to the function and returns once its
 // entrypoint runs; the caller probes readiness on Instance.Addr.
+
 func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -399,6 +406,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		if err := sh.cg.Limit(s.Function.SandboxLimits()); err != nil {
 			return fail(err)
 		}
+	}
+	// Before the function runs: its first packet meets its namespace's
+	// egress policy.
+	if err := r.cfg.Pool.Bind(sh.ep, spec.NamespaceOf(s.Function)); err != nil {
+		return fail(err)
 	}
 	b.Hostname = truncate(s.ID, 64)
 	if rc := r.cfg.Pool.ResolvConf(); rc != "" {
