@@ -166,11 +166,11 @@ type NamespaceRequest struct {
 
 // NamespaceView is a namespace with its quota and current use.
 type NamespaceView struct {
-	Name      string         `json:"name"`
+	Name      string            `json:"name"`
 	Quota     spec.Quota        `json:"quota"`
 	Egress    spec.EgressPolicy `json:"egress,omitzero"`
 	Usage     NamespaceUsage    `json:"usage"`
-	CreatedAt time.Time      `json:"created_at,omitzero"`
+	CreatedAt time.Time         `json:"created_at,omitzero"`
 }
 
 // NamespaceUsage is what a namespace's functions hold now.

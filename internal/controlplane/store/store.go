@@ -77,7 +77,7 @@ type DataPlane = api.DataPlane
 
 // Namespace is the durable record of a tenant's namespace and its quota.
 type Namespace struct {
-	Name      string     `json:"name"`
+	Name      string            `json:"name"`
 	Quota     spec.Quota        `json:"quota"`
 	Egress    spec.EgressPolicy `json:"egress,omitzero"`
 	CreatedAt time.Time         `json:"created_at"`

@@ -56,9 +56,9 @@ type egress struct {
 	table    *nftables.Table
 	set      *nftables.Set
 	policies map[string][]egressRule // by namespace, in the order checked
-	allowSet map[string]bool                    // namespaces whose policy has an allow list
-	chains   map[string]bool                    // namespace chains that exist
-	bound    map[netip.Addr]string              // sandbox address -> namespace
+	allowSet map[string]bool         // namespaces whose policy has an allow list
+	chains   map[string]bool         // namespace chains that exist
+	bound    map[netip.Addr]string   // sandbox address -> namespace
 }
 
 // openEgress makes the egress table, or takes over the one an earlier

@@ -28,11 +28,11 @@ import (
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Config configures the native runtime. StateDir and Pool are required.
