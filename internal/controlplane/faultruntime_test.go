@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/emulated"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // faultRuntime is one node's emulated runtime (a product runtime: sandboxes
@@ -58,6 +62,17 @@ func (r *faultRuntime) note(op, id string) {
 	r.mu.Lock()
 	r.events = append(r.events, rtEvent{op, id})
 	r.mu.Unlock()
+}
+
+// SetEgress records the namespaces' egress policies it was given, as an
+// "egress" event naming them ("team:1/0": one allow, no deny).
+func (r *faultRuntime) SetEgress(policies map[string]spec.EgressPolicy) error {
+	var parts []string
+	for _, ns := range slices.Sorted(maps.Keys(policies)) {
+		parts = append(parts, fmt.Sprintf("%s:%d/%d", ns, len(policies[ns].Allow), len(policies[ns].Deny)))
+	}
+	r.note("egress", strings.Join(parts, ","))
+	return nil
 }
 
 // Events returns the runtime calls so far, in order.

@@ -28,9 +28,13 @@ type EgressRule struct {
 	Protocol string   `json:"protocol,omitempty"` // "tcp" or "udp"; empty: both (only with Ports)
 }
 
-// MaxEgressRules bounds a policy's rules (allow and deny together): each
+// MaxEgressRules bounds a policy's rules (allow and deny together), and
+// MaxEgressPorts one rule's ports and ranges: each port of each rule
 // becomes firewall rules on every worker.
-const MaxEgressRules = 256
+const (
+	MaxEgressRules = 256
+	MaxEgressPorts = 16
+)
 
 // IsZero reports whether p restricts nothing.
 func (p EgressPolicy) IsZero() bool { return len(p.Allow) == 0 && len(p.Deny) == 0 }
@@ -92,6 +96,9 @@ func (r EgressRule) Parse() (ParsedEgressRule, error) {
 	}
 	if r.Protocol != "" && len(r.Ports) == 0 {
 		return out, fmt.Errorf("protocol %q needs ports", r.Protocol)
+	}
+	if len(r.Ports) > MaxEgressPorts {
+		return out, fmt.Errorf("%d ports, at most %d (ranges count as one: 8000-8100)", len(r.Ports), MaxEgressPorts)
 	}
 	for _, ps := range r.Ports {
 		pr, err := parsePortRange(ps)

@@ -62,7 +62,8 @@ import (
 //
 // installFirewall replaces the tables in one transaction: a restarted
 // worker swaps its predecessor's rules for its own without a moment
-// unprotected and without duplicates.
+// unprotected and without duplicates. Namespaces' egress policies live in
+// a third table (egress.go), which a restart keeps.
 
 // linkLocal is refused to sandboxes always: cloud metadata services answer
 // there.
