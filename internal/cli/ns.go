@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -39,9 +40,9 @@ func newNamespaceSet(g *globals, verb string) *cobra.Command {
 		allow, deny []string
 		clearEgress bool
 	)
-	short := "Create a namespace with a quota"
+	short := "Create a namespace with a quota and an egress policy"
 	if verb == "set" {
-		short = "Set a namespace's quota (creating it if needed)"
+		short = "Set a namespace's quota or egress policy (creating it if needed; what is not given is kept)"
 	}
 	c := &cobra.Command{
 		Use:   verb + " NAME",
@@ -51,7 +52,35 @@ func newNamespaceSet(g *globals, verb string) *cobra.Command {
   brisk ns set team-b --egress-deny 10.0.0.0/8 --egress-deny 192.168.0.0/16`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			req := api.NamespaceRequest{Quota: q}
+			var req api.NamespaceRequest
+			fl := c.Flags()
+			if fl.Changed("max-functions") || fl.Changed("max-sandboxes") || fl.Changed("max-cpu") || fl.Changed("max-memory") || fl.Changed("max-scale") {
+				// The quota flags given replace those fields; the others
+				// keep their values.
+				cur, err := g.client().Namespace(c.Context(), args[0])
+				if err != nil && !client.IsNotFound(err) {
+					return err
+				}
+				merged := spec.Quota{}
+				if err == nil {
+					merged = cur.Quota
+				}
+				set := func(name string, dst *int, v int) {
+					if fl.Changed(name) {
+						*dst = v
+					}
+				}
+				set("max-functions", &merged.MaxFunctions, q.MaxFunctions)
+				set("max-sandboxes", &merged.MaxSandboxes, q.MaxSandboxes)
+				set("max-scale", &merged.MaxScale, q.MaxScale)
+				if fl.Changed("max-cpu") {
+					merged.MaxMilliCPU = q.MaxMilliCPU
+				}
+				if fl.Changed("max-memory") {
+					merged.MaxMemoryMB = q.MaxMemoryMB
+				}
+				req.Quota = &merged
+			}
 			if len(allow)+len(deny) > 0 || clearEgress {
 				if clearEgress && len(allow)+len(deny) > 0 {
 					return usageError{errors.New("--egress-clear removes the policy: give it without --egress-allow or --egress-deny")}

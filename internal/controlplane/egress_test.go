@@ -71,6 +71,20 @@ func TestNamespaceEgressReachesWorkers(t *testing.T) {
 		t.Fatalf("GET after a quota update: %s (%v)", rec.Body, err)
 	}
 
+	// An egress-only update keeps the quota.
+	if rec := do(http.MethodPut, "/v1/namespaces/team", `{"egress":{"deny":[{"cidr":"10.9.0.0/16"}]}}`); rec.Code != http.StatusOK {
+		t.Fatalf("PUT egress: %d %s", rec.Code, rec.Body)
+	}
+	rec = do(http.MethodGet, "/v1/namespaces/team", "")
+	v = api.NamespaceView{}
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil || v.Quota.MaxFunctions != 3 || len(v.Egress.Deny) != 1 || len(v.Egress.Allow) != 0 {
+		t.Fatalf("GET after an egress update: %s (%v)", rec.Body, err)
+	}
+	testutil.Eventually(t, wait, func() bool {
+		ev := egressEvents()
+		return len(ev) > 0 && ev[len(ev)-1] == "team:0/1"
+	}, "the worker gets the new policy")
+
 	// A restarted worker gets the set before the creates of its session.
 	e.crashWorker(e.nodeIDs[0], false)
 	e.restartWorker(e.nodeIDs[0])
@@ -78,7 +92,7 @@ func TestNamespaceEgressReachesWorkers(t *testing.T) {
 	e.deploy("g", 1)
 	e.awaitConverged("g", 1)
 	evs := rt.Events()
-	if len(evs) == 0 || evs[0].op != "egress" || evs[0].id != "team:1/1" {
+	if len(evs) == 0 || evs[0].op != "egress" || evs[0].id != "team:0/1" {
 		t.Fatalf("the restarted worker's runtime calls: %v, want the policies first", evs)
 	}
 

@@ -120,26 +120,36 @@ func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if err := req.Quota.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
+	if req.Quota != nil {
+		if err := req.Quota.Validate(); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
-	rec := &store.Namespace{Name: name, Quota: req.Quota, CreatedAt: time.Now().UTC()}
-	// One update at a time: egress left out of the request keeps the
-	// stored policy, which a concurrent update must not overwrite.
-	cp.namespaceMu.Lock()
-	defer cp.namespaceMu.Unlock()
 	if req.Egress != nil {
 		if err := req.Egress.Validate(); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		rec.Egress = *req.Egress
-	} else if old, err := cp.namespaceRecord(name); err != nil {
+	}
+	// One update at a time: what the request leaves out keeps its stored
+	// value, which a concurrent update must not overwrite.
+	cp.namespaceMu.Lock()
+	defer cp.namespaceMu.Unlock()
+	rec := &store.Namespace{Name: name, CreatedAt: time.Now().UTC()}
+	old, err := cp.namespaceRecord(name)
+	if err != nil {
 		writeStoreError(w, "reading the namespace: ", err)
 		return
-	} else if old != nil {
-		rec.Egress = old.Egress
+	}
+	if old != nil {
+		rec.Quota, rec.Egress, rec.CreatedAt = old.Quota, old.Egress, old.CreatedAt
+	}
+	if req.Quota != nil {
+		rec.Quota = *req.Quota
+	}
+	if req.Egress != nil {
+		rec.Egress = *req.Egress
 	}
 	if err := cp.store.PutNamespace(rec); err != nil {
 		writeStoreError(w, "storing the namespace: ", err)
@@ -221,6 +231,8 @@ func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) 
 	// under its name).
 	cp.secretMu.Lock()
 	defer cp.secretMu.Unlock()
+	cp.namespaceMu.Lock() // the reload below publishes what the registry has now
+	defer cp.namespaceMu.Unlock()
 	if n := cp.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
 		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
 		return

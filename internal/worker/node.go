@@ -47,6 +47,7 @@ type Node struct {
 	createTO time.Duration
 	dial     func(context.Context, string) error // verify's connect (tests replace it)
 
+	egressMu   sync.Mutex // orders the sessions' egress policies (apply)
 	mu         sync.Mutex
 	epoch      uint64
 	term       uint64 // highest control-plane leadership term seen
@@ -258,7 +259,13 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 	}
 	n.mu.Unlock()
 	if e := c.GetEgress(); e != nil {
-		n.setEgress(e) // before the creates it governs start
+		// Before the creates it governs start; never a superseded
+		// session's over a newer one's (which waits for egressMu).
+		n.egressMu.Lock()
+		if n.currentEpoch() == epoch {
+			n.setEgress(e)
+		}
+		n.egressMu.Unlock()
 	}
 	for _, sb := range starts {
 		go n.create(ctx, sb)

@@ -158,7 +158,9 @@ type FunctionSummary struct {
 
 // NamespaceRequest creates or changes a namespace (PUT /v1/namespaces/NAME).
 type NamespaceRequest struct {
-	Quota spec.Quota `json:"quota"`
+	// Quota replaces the namespace's quota; absent (null) keeps it (a new
+	// namespace's: unlimited).
+	Quota *spec.Quota `json:"quota,omitempty"`
 	// Egress replaces the namespace's egress policy; absent (null) keeps
 	// it, {} removes it.
 	Egress *spec.EgressPolicy `json:"egress,omitempty"`

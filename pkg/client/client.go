@@ -369,14 +369,21 @@ func (c *Client) RevokeToken(ctx context.Context, id string) error {
 
 // PutNamespace creates a namespace or replaces its quota (admin scope).
 func (c *Client) PutNamespace(ctx context.Context, name string, q spec.Quota) (*api.NamespaceView, error) {
-	return c.SetNamespace(ctx, name, api.NamespaceRequest{Quota: q})
+	return c.SetNamespace(ctx, name, api.NamespaceRequest{Quota: &q})
 }
 
-// SetNamespace creates or updates a namespace: its quota, and its egress
-// policy when req.Egress is set (nil keeps the current one).
+// SetNamespace creates or updates a namespace: its quota and its egress
+// policy, each when set in req (nil keeps the current one).
 func (c *Client) SetNamespace(ctx context.Context, name string, req api.NamespaceRequest) (*api.NamespaceView, error) {
 	var out api.NamespaceView
 	err := c.do(ctx, http.MethodPut, "/v1/namespaces/"+url.PathEscape(name), req, &out)
+	return &out, err
+}
+
+// Namespace gets one namespace with its quota, egress policy and use.
+func (c *Client) Namespace(ctx context.Context, name string) (*api.NamespaceView, error) {
+	var out api.NamespaceView
+	err := c.do(ctx, http.MethodGet, "/v1/namespaces/"+url.PathEscape(name), nil, &out)
 	return &out, err
 }
 

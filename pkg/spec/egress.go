@@ -32,9 +32,36 @@ type EgressRule struct {
 // MaxEgressPorts one rule's ports and ranges: each port of each rule
 // becomes firewall rules on every worker.
 const (
-	MaxEgressRules = 256
-	MaxEgressPorts = 16
+	MaxEgressRules         = 256
+	MaxEgressPorts         = 16
+	MaxEgressFirewallRules = 1024 // what the rules expand to (firewallRules)
 )
+
+// firewallRules is how many nf_tables rules the policy becomes on a worker
+// (internal/worker/netpool/egress.go), rules it cannot parse counted as 1.
+func (p EgressPolicy) firewallRules() int {
+	n := 0
+	count := func(r EgressRule) int {
+		if len(r.Ports) == 0 {
+			return 1
+		}
+		protos := 2
+		if r.Protocol != "" {
+			protos = 1
+		}
+		return len(r.Ports) * protos
+	}
+	for _, r := range p.Deny {
+		n += 2 * count(r)
+	}
+	for _, r := range p.Allow {
+		n += count(r)
+	}
+	if len(p.Allow) > 0 {
+		n += 2
+	}
+	return n
+}
 
 // IsZero reports whether p restricts nothing.
 func (p EgressPolicy) IsZero() bool { return len(p.Allow) == 0 && len(p.Deny) == 0 }
@@ -43,6 +70,10 @@ func (p EgressPolicy) IsZero() bool { return len(p.Allow) == 0 && len(p.Deny) ==
 func (p EgressPolicy) Validate() error {
 	if n := len(p.Allow) + len(p.Deny); n > MaxEgressRules {
 		return fmt.Errorf("%w: egress: %d rules, at most %d", ErrInvalid, n, MaxEgressRules)
+	}
+	if n := p.firewallRules(); n > MaxEgressFirewallRules {
+		return fmt.Errorf("%w: egress: the policy takes %d firewall rules (a deny rule 2 per port range and protocol, an allow rule 1), at most %d: use fewer ports or wider networks",
+			ErrInvalid, n, MaxEgressFirewallRules)
 	}
 	for _, list := range []struct {
 		what  string

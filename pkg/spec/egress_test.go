@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -40,5 +41,13 @@ func TestParseEgressRule(t *testing.T) {
 	}
 	if err := many.Validate(); !errors.Is(err, ErrInvalid) {
 		t.Errorf("%d rules: %v", len(many.Allow), err)
+	}
+	// 40 deny rules of 16 ports on both protocols: 2,560 firewall rules.
+	wide := EgressPolicy{Deny: make([]EgressRule, 40)}
+	for i := range wide.Deny {
+		wide.Deny[i] = EgressRule{CIDR: "10.0.0.0/8", Ports: []string{"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"}}
+	}
+	if err := wide.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2560 firewall rules") {
+		t.Errorf("a policy of 2,560 firewall rules: %v", err)
 	}
 }

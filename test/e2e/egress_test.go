@@ -90,6 +90,9 @@ func TestNamespaceEgressPolicy(t *testing.T) {
 		t.Fatalf("ns set without egress flags dropped the policy:\n%s", out)
 	}
 	c.mustBrisk(t, "ns", "set", "team-a", "--egress-clear")
+	if out := c.mustBrisk(t, "ns", "list"); !strings.Contains(out, "functions 5,") || !strings.Contains(out, "unrestricted") {
+		t.Fatalf("after --egress-clear the quota stays and the policy goes:\n%s", out)
+	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return net("probe-a")["fetch"] == "hello from the internet" },
 		"the cleared policy reaches the running sandbox")
 }

@@ -1,10 +1,10 @@
 package netpool
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -23,12 +23,13 @@ import (
 // control plane sends them again:
 //
 //	table inet brisk_egress_<prefix>
-//	  map sandboxes { type ipv4_addr : verdict }       sandbox address -> jump ns-<namespace> (comment <namespace>)
+//	  map sandboxes { type ipv4_addr : verdict }       sandbox address -> goto ns-<namespace> (comment <namespace>)
 //	  chain forward (hook forward, priority filter + 10, policy accept)
 //	    iifname <bridge> ip saddr vmap @sandboxes
+//	    iifname <bridge> reject                                  (an address bound to no namespace)
 //	  chain ns-<namespace>
 //	    ip daddr <deny> [meta l4proto tcp|udp th dport <ports>] reject
-//	    ip daddr <allow> [...] return
+//	    ip daddr <allow> [...] return                            (to the hook: accepted)
 //	    reject                                                    (when allow is set)
 //
 // The chain runs after the firewall's forward chain (a higher priority
@@ -51,12 +52,17 @@ const (
 // egress is the pool's view of its egress table. Its mutex serialises the
 // table's transactions, which are short netlink round trips.
 type egress struct {
-	mu       sync.Mutex
-	enabled  bool // the firewall is on: Bind and SetEgress act
-	table    *nftables.Table
-	set      *nftables.Set
-	policies map[string][]egressRule // by namespace, in the order checked
-	allowSet map[string]bool         // namespaces whose policy has an allow list
+	mu      sync.Mutex
+	enabled bool // the firewall is on: Bind and SetEgress act
+	table   *nftables.Table
+	set     *nftables.Set
+	// want is the policy set last asked for (SetEgress), whether or not it
+	// could be installed; failed says it could not: Bind then refuses the
+	// namespaces it names rather than let their sandboxes out unchecked.
+	want     map[string]spec.EgressPolicy
+	failed   error
+	policies map[string][]egressRule // installed, by namespace, in the order checked
+	allowSet map[string]bool         // namespaces whose installed policy has an allow list
 	chains   map[string]bool         // namespace chains that exist
 	bound    map[netip.Addr]string   // sandbox address -> namespace
 }
@@ -64,58 +70,86 @@ type egress struct {
 // openEgress makes the egress table, or takes over the one an earlier
 // worker left: its namespace chains (and their rules) stay, and so do the
 // bindings of the addresses in keep (the adopted endpoints'); the others
-// go.
+// go. The forward chain is written afresh either way.
 func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 	e := &p.egress
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.table = egressTable(p.cfg.NamePrefix)
-	e.set = &nftables.Set{Table: e.table, Name: egressMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 	e.policies, e.allowSet = map[string][]egressRule{}, map[string]bool{}
-	e.chains, e.bound = map[string]bool{}, map[netip.Addr]string{}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrFirewall, err)
 	}
 	if _, err := c.ListTableOfFamily(e.table.Name, e.table.Family); err == nil {
-		if err := e.adoptLocked(c, keep); err == nil {
+		if err := e.adoptLocked(c, keep); err != nil {
+			p.log.Warn("egress table of an earlier worker unreadable: replacing it", "err", err)
+		} else if err := e.writeForwardLocked(c, p.cfg.Bridge, false); err != nil {
+			p.log.Warn("egress table of an earlier worker not updated: replacing it", "err", err)
+		} else {
 			e.enabled = true
 			return nil
-		} else {
-			p.log.Warn("egress table of an earlier worker unreadable: replacing it", "err", err)
+		}
+		c, err = nftables.New() // a fresh batch: nothing of the attempt's
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrFirewall, err)
 		}
 	}
 	c.AddTable(e.table)
 	c.DelTable(e.table)
 	c.AddTable(e.table)
-	accept := nftables.ChainPolicyAccept
-	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter + egressPriority)
-	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: e.table, Hooknum: nftables.ChainHookForward,
-		Priority: prio, Type: nftables.ChainTypeFilter, Policy: &accept})
-	if err := c.AddSet(e.set, nil); err != nil {
-		return fmt.Errorf("%w: %w", ErrFirewall, err)
-	}
-	c.AddRule(&nftables.Rule{Table: e.table, Chain: fwd, Exprs: concat(
-		matchIfname(expr.MetaKeyIIFNAME, p.cfg.Bridge, true), ipv4(),
-		[]expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: e.set.Name, SetID: e.set.ID, IsDestRegSet: true, DestRegister: 0},
-		})})
-	if err := c.Flush(); err != nil {
+	if err := e.writeForwardLocked(c, p.cfg.Bridge, true); err != nil {
 		return fmt.Errorf("%w: egress table: %w", ErrFirewall, err)
 	}
 	e.enabled = true
 	return nil
 }
 
+// writeForwardLocked writes (on c, then flushes) the map and the forward
+// chain: every packet from the bridge jumps to its sandbox's namespace's
+// chain; one from an address bound to none (no sandbox of the pool's
+// runtimes goes out unbound) is refused. fresh: the table is new (its
+// map and chains start empty).
+func (e *egress) writeForwardLocked(c *nftables.Conn, bridge string, fresh bool) error {
+	if fresh {
+		e.chains, e.bound = map[string]bool{}, map[netip.Addr]string{}
+		e.set = &nftables.Set{Table: e.table, Name: egressMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+		if err := c.AddSet(e.set, nil); err != nil {
+			return err
+		}
+	}
+	accept := nftables.ChainPolicyAccept
+	prio := nftables.ChainPriorityRef(*nftables.ChainPriorityFilter + egressPriority)
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: e.table, Hooknum: nftables.ChainHookForward,
+		Priority: prio, Type: nftables.ChainTypeFilter, Policy: &accept})
+	c.FlushChain(fwd)
+	fromBridge := matchIfname(expr.MetaKeyIIFNAME, bridge, true)
+	c.AddRule(&nftables.Rule{Table: e.table, Chain: fwd, Exprs: concat(fromBridge, ipv4(),
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: e.set.Name, SetID: e.set.ID, IsDestRegSet: true, DestRegister: 0},
+		})})
+	rejectOn(c, fwd, fromBridge)
+	return c.Flush()
+}
+
+// rejectOn adds to ch rules refusing what m matches at once: a TCP reset,
+// or an ICMP "administratively prohibited" for anything else.
+func rejectOn(c *nftables.Conn, ch *nftables.Chain, m []expr.Any) {
+	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch,
+		Exprs: concat(m, l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})})
+	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch,
+		Exprs: concat(m, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})})
+}
+
 // adoptLocked reads an earlier worker's table: its chains, and its
 // bindings, dropping those not in keep.
 func (e *egress) adoptLocked(c *nftables.Conn, keep map[netip.Addr]bool) error {
+	e.chains, e.bound = map[string]bool{}, map[netip.Addr]string{}
 	chains, err := c.ListChainsOfTableFamily(e.table.Family)
 	if err != nil {
 		return err
 	}
-	hasForward := false
 	for _, ch := range chains {
 		if ch.Table.Name != e.table.Name {
 			continue
@@ -123,14 +157,10 @@ func (e *egress) adoptLocked(c *nftables.Conn, keep map[netip.Addr]bool) error {
 		if ns, ok := strings.CutPrefix(ch.Name, egressChainPrefix); ok {
 			e.chains[ns] = true
 		}
-		hasForward = hasForward || ch.Name == "forward"
 	}
 	set, err := c.GetSetByName(e.table, egressMap)
 	if err != nil {
 		return err
-	}
-	if !hasForward {
-		return errors.New("no forward chain")
 	}
 	e.set = set
 	elems, err := c.GetSetElements(set)
@@ -153,20 +183,26 @@ func (e *egress) adoptLocked(c *nftables.Conn, keep map[netip.Addr]bool) error {
 		if err := c.SetDeleteElements(set, stale); err != nil {
 			return err
 		}
-		return c.Flush()
 	}
-	return nil
+	return nil // flushed with the forward chain
 }
 
 // Bind puts ep's sandbox under its namespace's egress policy, from now
 // until Release (a policy set later applies too). A sandbox must not start
-// when Bind fails: it would go out unrestricted.
+// when Bind fails: it would go out unrestricted, or not at all.
 func (p *Pool) Bind(ep *Endpoint, namespace string) error {
 	e := &p.egress
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	restricted := !e.want[namespace].IsZero()
 	if !e.enabled {
+		if restricted {
+			return fmt.Errorf("netpool: namespace %s has an egress policy, which needs the sandbox firewall (--net-firewall is off)", namespace)
+		}
 		return nil
+	}
+	if e.failed != nil && restricted {
+		return fmt.Errorf("netpool: namespace %s's egress policy is not installed: %w", namespace, e.failed)
 	}
 	if old, ok := e.bound[ep.IP]; ok && old == namespace {
 		return nil
@@ -175,10 +211,9 @@ func (p *Pool) Bind(ep *Endpoint, namespace string) error {
 	if err != nil {
 		return fmt.Errorf("netpool: egress: %w", err)
 	}
-	created := false
-	if !e.chains[namespace] {
-		e.writeChainLocked(c, namespace, true)
-		created = true
+	created := !e.chains[namespace]
+	if created {
+		e.writeChainLocked(c, namespace)
 	}
 	key := ep.IP.As4()
 	if _, ok := e.bound[ep.IP]; ok {
@@ -187,7 +222,7 @@ func (p *Pool) Bind(ep *Endpoint, namespace string) error {
 		}
 	}
 	if err := c.SetAddElements(e.set, []nftables.SetElement{{Key: key[:],
-		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: egressChainPrefix + namespace}, Comment: namespace}}); err != nil {
+		VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: egressChainPrefix + namespace}, Comment: namespace}}); err != nil {
 		return fmt.Errorf("netpool: egress: %w", err)
 	}
 	if err := c.Flush(); err != nil {
@@ -224,27 +259,36 @@ func (p *Pool) unbind(addr netip.Addr) error {
 }
 
 // SetEgress makes policies (by namespace; the complete set: a namespace
-// left out has none) the pool's, in one transaction, for running sandboxes
-// as for those to come.
+// left out has none) the pool's, in one transaction that rewrites the
+// chains of the namespaces whose policy changed, for running sandboxes as
+// for those to come. When it fails, nothing changed in the kernel, and
+// Bind refuses the namespaces policies names until a later SetEgress
+// succeeds.
 func (p *Pool) SetEgress(policies map[string]spec.EgressPolicy) error {
+	e := &p.egress
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.want = maps.Clone(policies)
+	e.failed = e.installLocked(policies)
+	return e.failed
+}
+
+func (e *egress) installLocked(policies map[string]spec.EgressPolicy) error {
 	parsed := make(map[string][]egressRule, len(policies))
 	allow := make(map[string]bool, len(policies))
 	for ns, pol := range policies {
-		if err := pol.Validate(); err != nil {
-			return fmt.Errorf("netpool: egress policy of namespace %s: %w", ns, err)
-		}
 		if !spec.ValidNamespace(ns) {
 			return fmt.Errorf("netpool: egress policy of namespace %q: not a namespace name", ns)
+		}
+		if err := pol.Validate(); err != nil {
+			return fmt.Errorf("netpool: egress policy of namespace %s: %w", ns, err)
 		}
 		parsed[ns] = rulesOf(pol)
 		allow[ns] = len(pol.Allow) > 0
 	}
-	e := &p.egress
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	if !e.enabled {
 		if len(policies) > 0 {
-			return fmt.Errorf("netpool: egress policies need the sandbox firewall (Config.NoFirewall is set): namespaces %v are not restricted",
+			return fmt.Errorf("netpool: egress policies need the sandbox firewall (--net-firewall is off): namespaces %v are not restricted, and their sandboxes do not start",
 				slices.Sorted(maps.Keys(policies)))
 		}
 		return nil
@@ -253,14 +297,22 @@ func (p *Pool) SetEgress(policies map[string]spec.EgressPolicy) error {
 	e.policies, e.allowSet = parsed, allow
 	c, err := nftables.New()
 	if err == nil {
-		names := maps.Clone(e.chains)
+		changed := 0
+		for ns := range e.chains {
+			if !reflect.DeepEqual(parsed[ns], old[ns]) || allow[ns] != oldAllow[ns] {
+				e.writeChainLocked(c, ns)
+				changed++
+			}
+		}
 		for ns := range parsed {
-			names[ns] = true
+			if !e.chains[ns] {
+				e.writeChainLocked(c, ns)
+				changed++
+			}
 		}
-		for ns := range names {
-			e.writeChainLocked(c, ns, !e.chains[ns])
+		if changed > 0 {
+			err = c.Flush()
 		}
-		err = c.Flush()
 	}
 	if err != nil {
 		e.policies, e.allowSet = old, oldAllow
@@ -273,30 +325,22 @@ func (p *Pool) SetEgress(policies map[string]spec.EgressPolicy) error {
 }
 
 // writeChainLocked queues (on c) namespace ns's chain with its policy's
-// rules: made when fresh, else flushed and refilled.
-func (e *egress) writeChainLocked(c *nftables.Conn, ns string, fresh bool) {
-	ch := &nftables.Chain{Name: egressChainPrefix + ns, Table: e.table}
-	if fresh {
-		c.AddChain(ch)
-	} else {
-		c.FlushChain(ch)
-	}
-	rule := func(exprs ...expr.Any) { c.AddRule(&nftables.Rule{Table: e.table, Chain: ch, Exprs: exprs}) }
-	reject := func(m []expr.Any) {
-		rule(concat(m, l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
-		rule(concat(m, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})...)
-	}
+// rules, made if need be, emptied first (never a rule twice, even if an
+// earlier transaction's outcome was unclear).
+func (e *egress) writeChainLocked(c *nftables.Conn, ns string) {
+	ch := c.AddChain(&nftables.Chain{Name: egressChainPrefix + ns, Table: e.table})
+	c.FlushChain(ch)
 	for _, r := range e.policies[ns] {
 		for _, m := range matchesOf(r.ParsedEgressRule) {
 			if r.deny {
-				reject(m)
+				rejectOn(c, ch, m)
 			} else {
-				rule(concat(m, verdict(expr.VerdictReturn))...)
+				c.AddRule(&nftables.Rule{Table: e.table, Chain: ch, Exprs: concat(m, verdict(expr.VerdictReturn))})
 			}
 		}
 	}
 	if e.allowSet[ns] {
-		reject(nil)
+		rejectOn(c, ch, nil)
 	}
 }
 

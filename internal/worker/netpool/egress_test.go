@@ -229,6 +229,13 @@ func TestNamespaceEgressPolicy(t *testing.T) {
 	if addrs, err := lookupFrom(a, "web."+fakenet.Zone, "udp"); err != nil || len(addrs) != 1 {
 		t.Errorf("lookup under an allow list without the resolver: %v, %v", addrs, err)
 	}
+	// An address bound to no namespace goes nowhere.
+	unbound, err := p.Take(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reaches(unbound, f81, false)
+	p.Release(unbound)
 
 	// An open connection, then a policy that denies its destination.
 	conn := openFrom(t, b, echo)

@@ -29,11 +29,16 @@ func waitStats(t *testing.T, p *Pool, what string, cond func(Stats) bool) {
 // statsOf defers reading Stats until the failure message is formatted.
 type statsOf *Pool
 
+// take takes an endpoint and binds it to the default namespace, as a
+// runtime does before its sandbox runs.
 func take(t *testing.T, p *Pool) *Endpoint {
 	t.Helper()
 	ep, err := p.Take(t.Context())
 	if err != nil {
 		t.Fatalf("Take: %v", err)
+	}
+	if err := p.Bind(ep, "default"); err != nil {
+		t.Fatalf("Bind: %v", err)
 	}
 	return ep
 }
