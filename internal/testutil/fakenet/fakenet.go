@@ -158,6 +158,44 @@ func (f *Net) ListenFunc(t testing.TB, port int, handle func(net.Conn)) string {
 	return addr
 }
 
+// ListenUDP serves UDP port on the namespace's address until the test
+// ends, recording each datagram's payload; it returns the address and what
+// has arrived so far.
+func (f *Net) ListenUDP(t testing.TB, port int) (string, func() []string) {
+	t.Helper()
+	addr := netip.AddrPortFrom(f.Addr, uint16(port)).String()
+	var pc net.PacketConn
+	if err := f.in(func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("fakenet: listen on udp %s: %v", addr, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got = append(got, string(buf[:n]))
+			mu.Unlock()
+		}
+	}()
+	return addr, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
+	}
+}
+
 // Route sends the namespace's traffic for prefix through the host, as a
 // router in front of the host would.
 func (f *Net) Route(t testing.TB, prefix netip.Prefix) {

@@ -3,14 +3,18 @@ package netpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/fakenet"
@@ -303,4 +307,68 @@ func openFrom(t *testing.T, ep *Endpoint, addr string) net.Conn {
 		t.Fatalf("echo through %s: %q, %v", addr, buf, err)
 	}
 	return c
+}
+
+// A sandbox (with CAP_NET_RAW, or root in its namespace as here) that
+// claims an address not its own sends nothing from it: not out under
+// another sandbox's namespace's egress policy (a one-way datagram), nor
+// from an address no sandbox has. Its own address still works.
+func TestSpoofedSourceIsDropped(t *testing.T) {
+	t.Parallel()
+	f := fakenet.Start(t, 37)
+	sink, arrived := f.ListenUDP(t, 9999)
+	cfg := egressConfig(37, f)
+	p := startPool(t, cfg, false)
+	a, b := take(t, p), take(t, p)
+	if err := p.Bind(a, "closed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetEgress(map[string]spec.EgressPolicy{"closed": {Allow: []spec.EgressRule{{CIDR: "192.0.2.0/24"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(ep *Endpoint, from netip.Addr, msg string) {
+		t.Helper()
+		err := inNetNS(ep.NetNS, func() error {
+			var laddr *net.UDPAddr
+			if from.IsValid() {
+				laddr = &net.UDPAddr{IP: from.AsSlice()}
+			}
+			c, err := net.DialUDP("udp4", laddr, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(sink)))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte(msg))
+			return err
+		})
+		if err != nil && !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.EHOSTUNREACH) {
+			t.Fatalf("send %q: %v", msg, err)
+		}
+	}
+	// a takes b's address, then an unused one, as second addresses.
+	h := nsHandle(t, a.NetNS)
+	defer h.Close()
+	eth0, err := h.LinkByName(sandboxIf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := addrAt(cfg.Subnet, 200)
+	for _, ip := range []netip.Addr{b.IP, unused} {
+		if err := h.AddrAdd(eth0, &netlink.Addr{IPNet: p.ipNet(ip)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		send(a, netip.Addr{}, fmt.Sprint("a as itself ", i))
+		send(a, b.IP, fmt.Sprint("a as b ", i))
+		send(a, unused, fmt.Sprint("a as nobody ", i))
+	}
+	// b's own datagram, sent last, arrives: what a sent has had its chance.
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		send(b, netip.Addr{}, "b")
+		return slices.Contains(arrived(), "b")
+	}, "b's datagram arrives")
+	if got := slices.DeleteFunc(arrived(), func(s string) bool { return s == "b" }); len(got) > 0 {
+		t.Fatalf("the internet got %q from a sandbox held to 192.0.2.0/24", got)
+	}
 }

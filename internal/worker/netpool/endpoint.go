@@ -103,6 +103,10 @@ func (p *Pool) build(r *record) error {
 	attrs.MasterIndex = p.bridgeIndex
 	attrs.Flags = net.FlagUp
 	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: sandboxIf, PeerNamespace: netlink.NsFd(ns)}
+	// Before the veth exists: its first frame meets the address check.
+	if err := p.addPort(r); err != nil {
+		return fmt.Errorf("netpool: %s: firewall: %w", r.name, err)
+	}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("netpool: %s: add veth: %w", r.name, err)
 	}

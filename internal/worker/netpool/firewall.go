@@ -37,6 +37,10 @@ import (
 //	  chain postrouting (hook postrouting, priority srcnat; Egress)
 //	    ip saddr <subnet> ip saddr != <gateway> oifname != <bridge> masquerade
 //	table bridge brisk_netpool_<prefix>
+//	  set ports { type ifname . ipv4_addr }   each endpoint's host veth and address (addPort)
+//	  chain prerouting (hook prerouting, priority filter, policy accept)
+//	    iifname "<prefix>-*" ether type ip iifname . ip saddr != @ports drop
+//	    iifname "<prefix>-*" ether type arp iifname . arp saddr ip != @ports drop
 //	  chain forward (hook forward, priority filter, policy accept)
 //	    iifname "<prefix>-*" oifname "<prefix>-*" drop
 //
@@ -56,7 +60,10 @@ import (
 // forwarding on, a machine routing the subnet here would otherwise reach
 // sandboxes' ports past the data plane). forward (bridge): no frame goes from one
 // sandbox's port to another's even if port isolation (set on every veth by
-// build) were lost. What is refused is rejected, not dropped: a
+// build) were lost. prerouting (bridge): a sandbox sends IPv4 and ARP only
+// with its own address (one with CAP_NET_RAW could otherwise claim another
+// sandbox's, and be answered in its place or go out under its namespace's
+// egress policy). What is refused is rejected, not dropped: a
 // connection fails at once (reset, or host unreachable) instead of hanging
 // until the client's timeout.
 //
@@ -82,8 +89,9 @@ func firewallTables(prefix string) (inet, bridge *nftables.Table) {
 var ErrFirewall = errors.New("netpool: cannot install the sandbox firewall (nf_tables); Config.NoFirewall (--net-firewall=false) runs without it")
 
 // installFirewall creates (or atomically replaces) the pool's tables.
-// dnsPort is the DNS forwarder's port on the gateway (0: none).
-func installFirewall(cfg Config, dnsPort uint16) error {
+// dnsPort is the DNS forwarder's port on the gateway (0: none); ports are
+// the endpoints that exist already (adopted ones), for the ports set.
+func installFirewall(cfg Config, dnsPort uint16, ports []*record) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrFirewall, err)
@@ -171,10 +179,69 @@ func installFirewall(cfg Config, dnsPort uint16) error {
 	rule(bfwd, concat(matchIfname(expr.MetaKeyIIFNAME, port, false), matchIfname(expr.MetaKeyOIFNAME, port, false),
 		verdict(expr.VerdictDrop))...)
 
+	set := portsSet(br)
+	var elems []nftables.SetElement
+	for _, r := range ports {
+		elems = append(elems, nftables.SetElement{Key: portKey(r.name, r.ip)})
+	}
+	if err := c.AddSet(set, elems); err != nil {
+		return fmt.Errorf("%w: %w", ErrFirewall, err)
+	}
+	bpre := base(br, "prerouting", nftables.ChainHookPrerouting)
+	for _, m := range []struct {
+		etherType uint16
+		srcOffset uint32 // of the sender's IPv4 address in the network header
+	}{{unix.ETH_P_IP, 12}, {unix.ETH_P_ARP, 14}} {
+		rule(bpre, concat(matchIfname(expr.MetaKeyIIFNAME, port, false),
+			[]expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(m.etherType)},
+				// iifname . source address, in registers 8-11 and 12.
+				&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 8},
+				&expr.Payload{DestRegister: 12, Base: expr.PayloadBaseNetworkHeader, Offset: m.srcOffset, Len: 4},
+				&expr.Lookup{SourceRegister: 8, SetName: set.Name, SetID: set.ID, Invert: true},
+			}, verdict(expr.VerdictDrop))...)
+	}
+
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("%w: %w", ErrFirewall, err)
 	}
 	return nil
+}
+
+// portsSet is the bridge table's set of (host veth, address) pairs: the
+// address each endpoint's sandbox may send from.
+func portsSet(br *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: br, Name: "ports", Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)}
+}
+
+// portKey is the ports set's key of host veth name and address.
+func portKey(name string, ip netip.Addr) []byte {
+	k := make([]byte, unix.IFNAMSIZ+4)
+	copy(k, name)
+	a := ip.As4()
+	copy(k[unix.IFNAMSIZ:], a[:])
+	return k
+}
+
+// addPort lets r's sandbox send from its address. The pair stays in the
+// set when r goes: the veth's name and the address are both r's index's,
+// so a later endpoint of that index needs the same pair, and no other
+// interface can carry that name meanwhile (the prefix is the pool's).
+func (p *Pool) addPort(r *record) error {
+	if p.cfg.NoFirewall {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	_, br := firewallTables(p.cfg.NamePrefix)
+	if err := c.SetAddElements(portsSet(br), []nftables.SetElement{{Key: portKey(r.name, r.ip)}}); err != nil {
+		return err
+	}
+	return c.Flush()
 }
 
 // removeFirewall deletes the pool's tables; tables already gone are

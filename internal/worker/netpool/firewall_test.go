@@ -169,7 +169,7 @@ func TestFirewallLifecycle(t *testing.T) {
 	// other than IPv4 and of forged sources, rejects (TCP and the rest) of
 	// other sandboxes, link-local and, without Egress, everything, then
 	// replies into the bridge accepted and the rest dropped.
-	want := map[string]int{"inet/input": 3, "inet/forward": 10, "bridge/forward": 1}
+	want := map[string]int{"inet/input": 3, "inet/forward": 10, "bridge/forward": 1, "bridge/prerouting": 2}
 	old := startPool(t, cfg, false)
 	if got := firewallRules(t, cfg.NamePrefix); !maps.Equal(got, want) {
 		t.Fatalf("after Start: rules %v, want %v", got, want)

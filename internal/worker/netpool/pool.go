@@ -169,10 +169,12 @@ func (p *Pool) Start(ctx context.Context) error {
 func (p *Pool) start(ctx context.Context) error {
 	keep := map[string]bool{}
 	keepIPs := map[netip.Addr]bool{}
+	var adopted []*record
 	p.mu.Lock()
 	for r := range p.all { // only adopted ones exist before Start
 		keep[r.name] = true
 		keepIPs[r.ip] = true
+		adopted = append(adopted, r)
 	}
 	p.mu.Unlock()
 	if err := cleanup(ctx, p.cfg, keep); err != nil {
@@ -211,7 +213,7 @@ func (p *Pool) start(ctx context.Context) error {
 		}
 	}
 	if !p.cfg.NoFirewall {
-		if err := installFirewall(p.cfg, port); err != nil {
+		if err := installFirewall(p.cfg, port, adopted); err != nil {
 			return err
 		}
 		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts,
