@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/rpc"
 )
@@ -159,7 +160,7 @@ func runFollower(ctx context.Context, cfg Config, reg *replica.Registry, peers [
 	gs := grpc.NewServer(rpc.ServerOptions(tlsCfg)...)
 	briskv1.RegisterControlPlaneServer(gs, &follower{reg: reg})
 	hs := &http.Server{
-		Handler:           followerAdmin(reg, peers, cfg.AdminTLS),
+		Handler:           auth.RefuseForged(followerAdmin(reg, peers, cfg.AdminTLS), cfg.AuthDisabled, writeError),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -237,6 +238,9 @@ func followerAdmin(reg *replica.Registry, peers []replica.Peer, adminTLS *tls.Co
 			l, _ := reg.Leader()
 			pr.Out.URL.Scheme, pr.Out.URL.Host = scheme, l.AdminAddr
 			pr.SetXForwarded()
+			// Checked here (auth.RefuseForged), against this replica's
+			// address: the leader's is another.
+			pr.Out.Header.Del("Origin")
 		},
 		Transport: transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -307,7 +307,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	gs := grpc.NewServer(append(rpc.ServerOptions(tlsCfg), IdentityInterceptors(cp.cfg.CA)...)...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
-		Handler:           cp.authenticate(cp.adminHandler()),
+		Handler:           auth.RefuseForged(cp.authenticate(cp.adminHandler()), cp.cfg.AuthDisabled, writeError),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,

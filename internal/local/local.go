@@ -621,7 +621,7 @@ func (c *Cluster) openFaaS() http.Handler {
 		}
 		hc.Transport = tr
 	}
-	return openfaas.New(base, hc, BuildInfo())
+	return openfaas.New(base, hc, BuildInfo()).WithHostCheck(c.cfg.ControlPlane.AuthDisabled)
 }
 
 // BuildInfo is the brisk binary's version and commit, from the Go build

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
@@ -89,6 +90,8 @@ type Handler struct {
 	admin string
 	hc    *http.Client
 	info  Info
+	// HostCheck: see WithHostCheck.
+	HostCheck bool
 }
 
 // New returns the handler.
@@ -99,6 +102,13 @@ func New(admin string, hc *http.Client, info Info) *Handler {
 	return &Handler{admin: admin, hc: hc, info: info}
 }
 
+// WithHostCheck makes the handler refuse requests whose Host is a name other
+// than localhost (auth.Forged): for an admin API without tokens.
+func (h *Handler) WithHostCheck(on bool) *Handler {
+	h.HostCheck = on
+	return h
+}
+
 func (h *Handler) client(r *http.Request) *client.Client {
 	c := client.New(h.admin, "")
 	c.HTTP = h.hc
@@ -107,6 +117,12 @@ func (h *Handler) client(r *http.Request) *client.Client {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Forwarded to the admin API from here, a page's request would no
+	// longer look like one there.
+	if status, why := auth.Forged(r, h.HostCheck); status != 0 {
+		fail(w, status, why)
+		return
+	}
 	p := r.URL.Path
 	switch {
 	case p == "/system/functions":

@@ -361,7 +361,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	defer close(sb.creating)
 
 	t0 := time.Now()
-	created, err := r.s.client.CoreV1().Pods(r.s.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	created, err := r.s.client.Pods(r.s.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		if !rejected(err) {
 			// The apiserver may have made the Pod all the same (the
@@ -417,7 +417,7 @@ func rejected(err error) bool {
 func (r *Runtime) deleteUncertain(ctx context.Context, sb *sandbox, token string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	p, err := r.s.client.CoreV1().Pods(r.s.namespace).Get(cctx, sb.name, metav1.GetOptions{})
+	p, err := r.s.client.Pods(r.s.namespace).Get(cctx, sb.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return
 	}
@@ -481,7 +481,7 @@ func (r *Runtime) remove(ctx context.Context, sb *sandbox, grace int64) error {
 	uid, gone := sb.uid, isClosed(sb.gone)
 	r.mu.Unlock()
 	if !gone && uid != "" {
-		err := r.s.client.CoreV1().Pods(r.s.namespace).Delete(ctx, sb.name, metav1.DeleteOptions{
+		err := r.s.client.Pods(r.s.namespace).Delete(ctx, sb.name, metav1.DeleteOptions{
 			GracePeriodSeconds: &grace,
 			Preconditions:      &metav1.Preconditions{UID: &uid},
 		})

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // Placement says who chooses the Kubernetes node of a Runtime's Pods.
@@ -105,10 +105,10 @@ type Capacity struct {
 // nodes, or of every schedulable node when names is empty: the capacity
 // of a worker node standing for them. Cordoned nodes count only when
 // named. It is a snapshot: nodes added later are not counted.
-func NodesCapacity(ctx context.Context, client kubernetes.Interface, names []string) (Capacity, error) {
+func NodesCapacity(ctx context.Context, client corev1client.NodesGetter, names []string) (Capacity, error) {
 	var nodes []corev1.Node
 	if len(names) == 0 {
-		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		list, err := client.Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return Capacity{}, fmt.Errorf("list nodes: %w", err)
 		}
@@ -119,7 +119,7 @@ func NodesCapacity(ctx context.Context, client kubernetes.Interface, names []str
 		}
 	} else {
 		for _, name := range names {
-			n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			n, err := client.Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return Capacity{}, fmt.Errorf("node %s: %w", name, err)
 			}
