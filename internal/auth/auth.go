@@ -318,6 +318,15 @@ func HasScope(c *Checker, tok, scope string) error {
 	return nil
 }
 
+// FunctionsAnywhere reports whether a valid token is limited to functions
+// but bound to no namespace (not an admin's): it may act on its functions
+// wherever they are, but creates them only in the default namespace, or
+// it could plant one of its names in any tenant's namespace.
+func FunctionsAnywhere(c *Checker, tok string) bool {
+	e, err := lookup(c, tok)
+	return err == nil && e.scopes&scopeBit(ScopeAdmin) == 0 && e.fns != nil && e.ns == ""
+}
+
 // NamespaceOf is the namespace a valid token is bound to ("": none, or
 // not a valid token).
 func NamespaceOf(c *Checker, tok string) string {

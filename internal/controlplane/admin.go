@@ -237,10 +237,26 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 	cp.revMu.Unlock()
 }
 
+// mayCreateIn refuses (403) a token limited to functions but to no
+// namespace a creation outside the default namespace
+// (auth.FunctionsAnywhere).
+func (cp *ControlPlane) mayCreateIn(w http.ResponseWriter, r *http.Request, ns string) bool {
+	if cp.cfg.AuthDisabled || ns == spec.DefaultNamespace {
+		return true
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	if auth.FunctionsAnywhere(cp.tokens, tok) {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions but not to a namespace: it creates them in %q only (bind a token to namespace %q: brisk token create --namespace %s)",
+			auth.ID(tok), spec.DefaultNamespace, ns, ns))
+		return false
+	}
+	return true
+}
+
 func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := cp.readSpec(w, r, "")
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) ||
-		!cp.maySetReservedLabels(w, r, f, nil) {
+	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayCreateIn(w, r, namespaceOf(f)) ||
+		!cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) || !cp.maySetReservedLabels(w, r, f, nil) {
 		return
 	}
 	cp.secretMu.RLock() // against a namespace's deletion and a secret's

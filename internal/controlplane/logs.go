@@ -17,6 +17,33 @@ import (
 	"github.com/brisk-faas/brisk/pkg/api"
 )
 
+// streamRecheck is how often a long-lived stream's token is checked again:
+// a revoked token, or one whose function went, ends it within this.
+const streamRecheck = time.Second
+
+// recheckStream calls cancel once the request's token no longer allows
+// reading function name's logs (revoked, or the function deleted or moved
+// to a namespace the token is not bound to), until ctx ends.
+func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.CancelFunc, r *http.Request, name string) {
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	ns := cp.namespaceOfFn(name)
+	t := time.NewTicker(streamRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		gone := cp.namespaceOfFn(name) != ns
+		if gone || (!cp.cfg.AuthDisabled && auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, name) != nil) {
+			cp.log.Info("a followed log stream ended: its token or function is gone", "function", name, "token", auth.ID(tok))
+			cancel()
+			return
+		}
+	}
+}
+
 // functionLogs serves GET /v1/functions/NAME/logs: the output of the
 // function's sandboxes, gathered from every connected worker (each keeps
 // the logs of the sandboxes it ran), as NDJSON api.LogLine, flushed line
@@ -56,6 +83,11 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go cp.recheckStream(ctx, cancel, r, name)
 	}
 	lines := make(chan *briskv1.LogLine, 256)
 	var wg sync.WaitGroup

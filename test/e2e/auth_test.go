@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -85,6 +86,7 @@ func TestAdminAPIAuthentication(t *testing.T) {
 	invoker := strings.TrimSpace(c.mustBrisk(t, "token", "create", "caller", "--scope", "invoke", "-q"))
 	narrow := strings.TrimSpace(c.mustBrisk(t, "token", "create", "team-a", "--scope", "deploy", "--function", "a1", "-q"))
 	bearer := func(tok string) string { return "Bearer " + tok }
+	c.mustBrisk(t, "ns", "create", "team-x")
 	for _, tc := range []struct {
 		name, authz, method, path, body string
 		want                            int
@@ -95,6 +97,9 @@ func TestAdminAPIAuthentication(t *testing.T) {
 		{"deploy cannot back up", bearer(deployer), "GET", "/v1/backup", "", 403},
 		{"invoke cannot deploy", bearer(invoker), "POST", "/v1/functions", `{"name": "i1", "builtin": "trace"}`, 403},
 		{"invoke cannot read", bearer(invoker), "GET", "/v1/functions/d1", "", 403},
+		// Bound to no namespace, it would plant its name in any tenant's
+		// (issue 36).
+		{"narrow cannot create its own in a namespace", bearer(narrow), "POST", "/v1/functions", `{"name": "a1", "namespace": "team-x", "builtin": "trace"}`, 403},
 		{"narrow creates its own", bearer(narrow), "POST", "/v1/functions", `{"name": "a1", "builtin": "trace"}`, 201},
 		{"narrow reads its own", bearer(narrow), "GET", "/v1/functions/a1", "", 200},
 		{"narrow cannot read others", bearer(narrow), "GET", "/v1/functions/d1", "", 403},
@@ -117,7 +122,20 @@ func TestAdminAPIAuthentication(t *testing.T) {
 		t.Fatalf("a refused create left function b1: %v", err)
 	}
 
-	// Revocation is immediate; the list never shows secrets.
+	// Revocation is immediate, for open log streams too (issue 36: one
+	// kept delivering for 90 s); the list never shows secrets.
+	req, err := http.NewRequest(http.MethodGet, base+"/v1/functions/d1/logs?follow=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", bearer(deployer))
+	stream, err := http.DefaultClient.Do(req)
+	if err != nil || stream.StatusCode != http.StatusOK {
+		t.Fatalf("follow d1's logs: %v %v", stream, err)
+	}
+	defer stream.Body.Close()
+	ended := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, stream.Body); ended <- err }()
 	toks, err := c.cl.Tokens(context.Background())
 	if err != nil || len(toks) != 5 {
 		t.Fatalf("tokens: %v %+v, want the admin token, the join token and 3 more", err, toks)
@@ -132,6 +150,11 @@ func TestAdminAPIAuthentication(t *testing.T) {
 	}
 	if code := callWith(t, "GET", base+"/v1/status", bearer(deployer), ""); code != http.StatusUnauthorized {
 		t.Fatalf("revoked token: %d, want 401", code)
+	}
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second): // the control plane checks every second
+		t.Fatal("a log stream of a revoked token still open after 30 s")
 	}
 	// The CLI without a token says what to do.
 	out, code := c.brisk(t, "fn", "list", "--token-file", filepath.Join(t.TempDir(), "none"))
