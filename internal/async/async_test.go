@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -482,6 +483,42 @@ func TestCallbackAddressesRefused(t *testing.T) {
 		if got := callbackAllowed(netip.MustParseAddr(tc.addr), allow); got != tc.ok {
 			t.Errorf("callbackAllowed(%s, %q) = %v, want %v", tc.addr, tc.allow, got, tc.ok)
 		}
+	}
+}
+
+// Every address of the host's own interfaces is refused, a public one too
+// (issue 36: a callback reached a listener on the host's public address):
+// checked inside a network namespace the test makes, whose interface has
+// a public-looking address.
+func TestCallbackRefusesTheHostsAddresses(t *testing.T) {
+	testutil.RequiresRoot(t)
+	const ns = "bcbhost"
+	_ = exec.Command("ip", "netns", "del", ns).Run()
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for _, args := range [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"-n", ns, "addr", "add", "198.51.100.7/32", "dev", "d0"},
+		{"-n", ns, "link", "set", "d0", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	var own, other bool
+	if err := testutil.InNetNS("/run/netns/"+ns, func() error {
+		own = callbackAllowed(netip.MustParseAddr("198.51.100.7"), nil)
+		other = callbackAllowed(netip.MustParseAddr("198.51.100.8"), nil)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if own || !other {
+		t.Fatalf("the host's own public address allowed %v, its neighbour %v: want refused, allowed", own, other)
+	}
+	if callbackAllowed(netip.MustParseAddr("255.255.255.255"), nil) {
+		t.Fatal("the broadcast address allowed")
 	}
 }
 

@@ -49,9 +49,11 @@ func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client
 
 // callbackAllowed: public addresses, and others only when an allowed range
 // holds them: loopback, private (the cluster's own network), carrier-grade
-// NAT, link-local (cloud metadata), unspecified and multicast ones are
-// refused. A NAT64 address is also checked as the IPv4 address a NAT64
-// gateway would forward it to.
+// NAT, link-local (cloud metadata), unspecified, broadcast and multicast
+// ones are refused, and so is every address of the host's own interfaces,
+// public ones too (brisk's listeners and whatever else serves there). A
+// NAT64 address is also checked as the IPv4 address a NAT64 gateway would
+// forward it to.
 func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
 	if nat64.Contains(a) {
 		b := a.As16()
@@ -65,14 +67,33 @@ func callbackAllowed(a netip.Addr, allow []netip.Prefix) bool {
 		}
 	}
 	return !(a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
-		slices.ContainsFunc(notPublic, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }))
+		slices.ContainsFunc(notPublic, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) || hostAddress(a))
+}
+
+// hostAddress reports whether a is an address of one of the host's
+// interfaces (asked of the kernel at each dial: callbacks are few, and
+// addresses come and go). When the kernel cannot say, it says yes: the
+// callback is refused rather than sent somewhere unchecked.
+func hostAddress(a netip.Addr) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, ia := range addrs {
+		if n, ok := ia.(*net.IPNet); ok {
+			if h, ok := netip.AddrFromSlice(n.IP); ok && h.Unmap() == a.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 var (
 	// notPublic are the ranges beyond netip's tests that are no public
 	// address: carrier-grade NAT (overlay networks; Alibaba Cloud's
 	// metadata service is 100.100.100.200) and "this network".
-	notPublic = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("0.0.0.0/8")}
+	notPublic = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("255.255.255.255/32")}
 	// nat64 is the well-known NAT64 prefix (RFC 6052).
 	nat64 = netip.MustParsePrefix("64:ff9b::/96")
 )
