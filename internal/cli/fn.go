@@ -627,7 +627,7 @@ time, text).`,
 		},
 	}
 	c.Flags().BoolVarP(&o.Follow, "follow", "f", false, "keep printing new lines until interrupted")
-	c.Flags().IntVar(&o.Tail, "tail", 0, "the last lines of each sandbox's log (0: all that is kept)")
+	c.Flags().IntVar(&o.Tail, "tail", 0, "the function's last lines, of all its sandboxes (0: all that is kept)")
 	c.Flags().StringVar(&o.Since, "since", "", "only logs written since: a duration (10m) or an RFC 3339 time")
 	c.Flags().StringVar(&o.Sandbox, "sandbox", "", "one sandbox's logs only")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")

@@ -1,11 +1,13 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +18,10 @@ import (
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/pkg/api"
 )
+
+// maxLogBacklog bounds the log lines held to cut a function's backlog to
+// its tail.
+const maxLogBacklog = 64 << 20
 
 // streamRecheck is how often a long-lived stream's token is checked again:
 // a revoked token, or one whose function went, ends it within this.
@@ -47,8 +53,10 @@ func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.Cancel
 // functionLogs serves GET /v1/functions/NAME/logs: the output of the
 // function's sandboxes, gathered from every connected worker (each keeps
 // the logs of the sandboxes it ran), as NDJSON api.LogLine, flushed line
-// by line. Query: tail (lines per sandbox), since (a duration, or RFC 3339
-// time), sandbox, follow=true (keep streaming until the client leaves).
+// by line. Query: tail (the last lines of the function's logs, of all its
+// sandboxes together; -1 or 0: all that is kept), since (a duration, or
+// RFC 3339 time), sandbox, follow=true (keep streaming until the client
+// leaves).
 func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
@@ -62,11 +70,11 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	req := &briskv1.LogsRequest{Function: name, Sandbox: q.Get("sandbox"), Follow: q.Get("follow") == "true"}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > 1_000_000 {
-			writeError(w, http.StatusBadRequest, "tail "+quote(v)+": want a line count")
+		if err != nil || n < -1 || n > 1_000_000 {
+			writeError(w, http.StatusBadRequest, "tail "+quote(v)+": want a line count (-1: all)")
 			return
 		}
-		req.Tail = int32(n)
+		req.Tail = int32(max(n, 0)) // faas-cli's default, -1, is "all"
 	}
 	if v := q.Get("since"); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
@@ -92,6 +100,7 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	lines := make(chan *briskv1.LogLine, 256)
 	var wg sync.WaitGroup
 	c := cp.cluster
+	streams := 0
 	c.mu.Lock()
 	for _, id := range c.r.NodeIDs() {
 		n := c.links[id]
@@ -103,8 +112,20 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		wg.Add(1)
+		streams++
 		go func(id string) {
 			defer wg.Done()
+			// Every stream ends its backlog once: with the worker's mark,
+			// or by ending.
+			marked := false
+			defer func() {
+				if !marked {
+					select {
+					case lines <- &briskv1.LogLine{BacklogEnd: true}:
+					case <-ctx.Done():
+					}
+				}
+			}()
 			cctx := metadata.AppendToOutgoingContext(ctx, "brisk-node", id)
 			nreq := &briskv1.LogsRequest{NodeId: id, Function: req.Function, Sandbox: req.Sandbox, Tail: req.Tail, SinceUnixMs: req.SinceUnixMs, Follow: req.Follow}
 			stream, err := briskv1.NewWorkerClient(conn).Logs(cctx, nreq)
@@ -118,6 +139,12 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 						cp.log.Debug("logs from a worker ended", "node", id, "err", err)
 					}
 					return
+				}
+				if l.GetBacklogEnd() {
+					if marked {
+						continue
+					}
+					marked = true
 				}
 				select {
 				case lines <- l:
@@ -135,11 +162,53 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{}) // a followed stream outlives the server's write timeout
 	enc := json.NewEncoder(w)
-	for l := range lines {
+	emit := func(l *briskv1.LogLine) {
 		_ = enc.Encode(api.LogLine{Function: l.GetFunction(), Sandbox: l.GetSandbox(), Node: l.GetNodeId(),
 			Time: time.UnixMilli(l.GetTimeUnixMs()).UTC(), Text: l.GetText()})
+	}
+	// With a tail, the backlog (each worker's last tail lines of each
+	// sandbox) is cut to the function's last tail lines, oldest first,
+	// before new lines flow; held up to maxLogBacklog bytes, past which it
+	// goes out as it is.
+	var (
+		backlog      []*briskv1.LogLine
+		backlogBytes int
+	)
+	if req.Tail == 0 {
+		streams = 0
+	}
+	flushBacklog := func() {
+		slices.SortStableFunc(backlog, func(a, b *briskv1.LogLine) int { return cmp.Compare(a.GetTimeUnixMs(), b.GetTimeUnixMs()) })
+		if len(backlog) > int(req.Tail) {
+			backlog = backlog[len(backlog)-int(req.Tail):]
+		}
+		for _, b := range backlog {
+			emit(b)
+		}
+		backlog, streams = nil, 0
+	}
+	for l := range lines {
+		switch {
+		case streams > 0 && l.GetBacklogEnd():
+			if streams--; streams == 0 {
+				flushBacklog()
+			}
+		case l.GetBacklogEnd():
+		case streams > 0:
+			backlog = append(backlog, l)
+			if backlogBytes += len(l.GetText()) + 64; backlogBytes > maxLogBacklog {
+				flushBacklog()
+				break
+			}
+			continue
+		default:
+			emit(l)
+		}
 		if len(lines) == 0 {
 			_ = rc.Flush()
 		}
+	}
+	if len(backlog) > 0 { // a stream that ended without its mark (ctx)
+		flushBacklog()
 	}
 }

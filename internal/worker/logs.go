@@ -81,6 +81,9 @@ func (d *Daemon) Logs(req *briskv1.LogsRequest, stream briskv1.Worker_LogsServer
 	if !req.GetFollow() {
 		return nil
 	}
+	if err := stream.Send(&briskv1.LogLine{Function: fn, BacklogEnd: true}); err != nil {
+		return err
+	}
 	ctx := stream.Context()
 	t := time.NewTicker(logPoll)
 	defer t.Stop()

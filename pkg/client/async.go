@@ -129,7 +129,7 @@ func pollUntil[T any](ctx context.Context, get func() (T, bool, error)) (T, erro
 
 // LogOptions select the logs Logs returns.
 type LogOptions struct {
-	Tail    int    // the last lines of each sandbox's log; 0: all that is kept
+	Tail    int    // the function's last lines, of all its sandboxes; 0: all that is kept
 	Since   string // a duration ("10m") or an RFC 3339 time
 	Sandbox string // one sandbox's only
 	Follow  bool   // keep streaming new lines until ctx ends

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,8 +155,44 @@ func TestOpenFaaSGatewayAPI(t *testing.T) {
 		code, _, body := do("GET", "/system/logs?name=env-verbs&tail=100", basic, "")
 		return code == 200 && strings.Contains(body, "Forking fprocess") && strings.Contains(body, "Wrote ") && strings.Contains(body, `"namespace":"openfaas-fn"`)
 	})
-	if out := c.mustBrisk(t, "fn", "logs", "env-verbs", "--tail", "2"); !strings.Contains(out, "Wrote ") || strings.Count(out, "\n") > 2*5 {
-		t.Fatalf("brisk fn logs --tail 2:\n%s", out)
+	if out := c.mustBrisk(t, "fn", "logs", "env-verbs", "--tail", "2"); !strings.Contains(out, "Wrote ") || strings.Count(out, "\n") != 2 {
+		t.Fatalf("brisk fn logs --tail 2: want the function's last 2 lines:\n%s", out)
+	}
+	// faas-cli logs NAME sends tail=-1 (all), also with --since; --lines N
+	// is the function's last N lines, not N per sandbox (issue 38).
+	for _, q := range []string{"tail=-1", "tail=-1&since=" + url.QueryEscape(time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))} {
+		if code, _, body := do("GET", "/system/logs?name=env-verbs&namespace=openfaas-fn&follow=false&"+q, basic, ""); code != 200 || !strings.Contains(body, "Forking fprocess") {
+			t.Fatalf("faas-cli logs (%s): %d %s", q, code, body)
+		}
+	}
+	// Two sandboxes with lines each: still 3 lines.
+	if code, _, body := do("POST", "/system/scale-function/env-verbs", basic, `{"serviceName":"env-verbs","replicas":2,"namespace":"openfaas-fn"}`); code/100 != 2 {
+		t.Fatalf("scale env-verbs: %d %s", code, body)
+	}
+	eventually(t, 60*time.Second, "lines from two sandboxes", func() bool {
+		var wg sync.WaitGroup
+		for range 4 { // at once: calls in a row may all go to one sandbox
+			wg.Go(func() { do("POST", "/function/env-verbs.openfaas-fn", "", "") })
+		}
+		wg.Wait()
+		_, _, body := do("GET", "/system/logs?name=env-verbs&namespace=openfaas-fn&follow=false&tail=-1", basic, "")
+		instances := map[string]int{}
+		for _, l := range strings.Split(strings.TrimSpace(body), "\n") {
+			var v struct{ Instance string }
+			if json.Unmarshal([]byte(l), &v) == nil {
+				instances[v.Instance]++
+			}
+		}
+		n := 0
+		for _, c := range instances {
+			if c >= 3 {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	if code, _, body := do("GET", "/system/logs?name=env-verbs&namespace=openfaas-fn&follow=false&tail=3", basic, ""); code != 200 || strings.Count(body, "\n") != 3 {
+		t.Fatalf("faas-cli logs --lines 3 of two sandboxes: %d, want 3 lines:\n%s", code, body)
 	}
 	// Follow: a line written after the stream began arrives.
 	fctx, stop := context.WithTimeout(context.Background(), 30*time.Second)

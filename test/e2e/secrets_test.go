@@ -57,7 +57,9 @@ func TestSecrets(t *testing.T) {
 	if code, body := do("POST", "/system/secrets", basic, `{"name":"secret-name","namespace":"openfaas-fn","value":"the value"}`); code/100 != 2 {
 		t.Fatalf("secret create: %d %s", code, body)
 	}
-	rawJSON, _ := json.Marshal(map[string]any{"name": "raw-secret", "rawValue": raw})
+	// faas-cli secret create --from-file sends the file as both value and
+	// rawValue (issue 38: refused with 400, and faas-cli exited 0).
+	rawJSON, _ := json.Marshal(map[string]any{"name": "raw-secret", "value": string(raw), "rawValue": raw})
 	if code, body := do("POST", "/system/secrets", basic, string(rawJSON)); code/100 != 2 {
 		t.Fatalf("secret create (raw): %d %s", code, body)
 	}

@@ -775,8 +775,12 @@ type LogLine struct {
 	// When the line was read: for lines already in the log, its file's last
 	// write (lines carry no time of their own); for followed lines, when
 	// the worker saw them.
-	TimeUnixMs    int64  `protobuf:"varint,4,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
-	Text          string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	TimeUnixMs int64  `protobuf:"varint,4,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	Text       string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	// Set on a line of no text that ends the lines already in the logs
+	// (follow: what comes after is new), so that the control plane can cut
+	// the whole function's backlog to its tail.
+	BacklogEnd    bool `protobuf:"varint,6,opt,name=backlog_end,json=backlogEnd,proto3" json:"backlog_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -844,6 +848,13 @@ func (x *LogLine) GetText() string {
 		return x.Text
 	}
 	return ""
+}
+
+func (x *LogLine) GetBacklogEnd() bool {
+	if x != nil {
+		return x.BacklogEnd
+	}
+	return false
 }
 
 type Header struct {
@@ -3499,14 +3510,16 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\asandbox\x18\x03 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04tail\x18\x04 \x01(\x05R\x04tail\x12\"\n" +
 	"\rsince_unix_ms\x18\x05 \x01(\x03R\vsinceUnixMs\x12\x16\n" +
-	"\x06follow\x18\x06 \x01(\bR\x06follow\"\x8e\x01\n" +
+	"\x06follow\x18\x06 \x01(\bR\x06follow\"\xaf\x01\n" +
 	"\aLogLine\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12\x18\n" +
 	"\asandbox\x18\x03 \x01(\tR\asandbox\x12 \n" +
 	"\ftime_unix_ms\x18\x04 \x01(\x03R\n" +
 	"timeUnixMs\x12\x12\n" +
-	"\x04text\x18\x05 \x01(\tR\x04text\"2\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\x12\x1f\n" +
+	"\vbacklog_end\x18\x06 \x01(\bR\n" +
+	"backlogEnd\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"\x86\x02\n" +

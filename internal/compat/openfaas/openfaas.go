@@ -305,11 +305,11 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 	o := client.LogOptions{Follow: q.Get("follow") == "true", Sandbox: q.Get("instance"), Since: q.Get("since")}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			fail(w, http.StatusBadRequest, "tail: want a line count")
+		if err != nil || n < -1 {
+			fail(w, http.StatusBadRequest, "tail: want a line count (-1: all)")
 			return
 		}
-		o.Tail = n
+		o.Tail = max(n, 0) // faas-cli sends -1 for "all"
 	}
 	cl := h.client(r)
 	v, err := cl.Get(r.Context(), name)
@@ -560,6 +560,11 @@ func (h *Handler) secrets(w http.ResponseWriter, r *http.Request) {
 		ns = briskNS(s.Namespace)
 	}
 	req := api.SecretRequest{Name: s.Name, Namespace: orDefault(ns), Value: s.Value, RawValue: s.RawValue}
+	if len(s.RawValue) > 0 {
+		// faas-cli's --from-file sends the file both ways; the bytes are
+		// the value (OpenFaaS's providers take rawValue first).
+		req.Value = ""
+	}
 	var err error
 	code := http.StatusOK
 	switch r.Method {
