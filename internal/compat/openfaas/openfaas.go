@@ -73,6 +73,9 @@ type Resources struct {
 type FunctionStatus struct {
 	Name string `json:"name"`
 	Function
+	// Annotations are always there, {} for none, as OpenFaaS's providers
+	// send them: Go clients of its API read the map without a nil check.
+	Annotations       map[string]string `json:"annotations"`
 	InvocationCount   float64   `json:"invocationCount"`
 	Replicas          uint64    `json:"replicas"`
 	AvailableReplicas uint64    `json:"availableReplicas"`
@@ -425,6 +428,12 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 		}
 		f.Scaling.Max = n
 	}
+	// OpenFaaS runs every function with a replica from its deployment on
+	// (tools wait for availableReplicas >= 1: faas-cli ready, CI
+	// pipelines, the certifier), unless scale to zero is asked for.
+	if _, set := d.Labels[labelScaleMin]; !set && d.Labels[labelZero] != "true" {
+		f.Scaling.Min = max(f.Scaling.Min, 1)
+	}
 	if d.Labels[labelZero] == "false" && f.Scaling.Min == 0 {
 		f.Scaling.Min = 1
 	}
@@ -468,6 +477,7 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 		st.Labels = map[string]string{}
 	}
 	st.Labels[labelFunction] = f.Name
+	st.Annotations = map[string]string{}
 	for k, val := range f.Annotations {
 		switch k {
 		case keepPrefix + "constraints":
@@ -479,13 +489,12 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 		case keepPrefix + "image":
 			st.Image = val
 		default:
-			if st.Annotations == nil {
-				st.Annotations = map[string]string{}
-			}
 			st.Annotations[k] = val
 		}
 	}
-	if f.Resources != (spec.Resources{}) {
+	// brisk's own defaults are not requests the deployment made (OpenFaaS
+	// shows none then).
+	if f.Resources != (spec.Resources{}) && f.Resources != (spec.Resources{MilliCPU: spec.DefaultMilliCPU, MemoryMB: spec.DefaultMemoryMB}) {
 		st.Requests = &Resources{Memory: memString(f.Resources.MemoryMB), CPU: cpuString(f.Resources.MilliCPU)}
 	}
 	if f.Limits != (spec.Resources{}) {

@@ -1,6 +1,7 @@
 package openfaas
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
@@ -39,5 +40,39 @@ func TestDeploymentRoundTrip(t *testing.T) {
 	}
 	if f, _ := ToSpec(&FunctionDeployment{Service: "t", Function: Function{Image: spec.BuiltinImagePrefix + "trace"}}); f.Builtin != "trace" || f.Image != "" {
 		t.Fatalf("builtin image: %+v", f)
+	}
+}
+
+// A function deployed with no annotations and no requests reports
+// "annotations": {} (a Go OpenFaaS client dereferences the map) and no
+// requests, not brisk's own defaults (issue 38).
+func TestStatusOfAPlainFunction(t *testing.T) {
+	f, err := ToSpec(&FunctionDeployment{Service: "plain", Function: Function{Image: "img:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Scaling.Min != 1 {
+		t.Errorf("min %d, want 1: OpenFaaS starts a function with one replica", f.Scaling.Min)
+	}
+	if z, _ := ToSpec(&FunctionDeployment{Service: "z", Function: Function{Image: "img:1", Labels: map[string]string{labelZero: "true"}}}); z.Scaling.Min != 0 {
+		t.Errorf("with %s=true: min %d, want 0", labelZero, z.Scaling.Min)
+	}
+	if m, _ := ToSpec(&FunctionDeployment{Service: "m", Function: Function{Image: "img:1", Labels: map[string]string{labelScaleMin: "0"}}}); m.Scaling.Min != 0 {
+		t.Errorf("with %s=0: min %d, want 0", labelScaleMin, m.Scaling.Min)
+	}
+	f.ApplyDefaults() // as the control plane stores it
+	b, err := json.Marshal(ToStatus(&controlplane.FunctionView{Function: f}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := got["annotations"].(map[string]any); !ok || len(a) != 0 {
+		t.Errorf("annotations %#v in %s, want {}", got["annotations"], b)
+	}
+	if _, ok := got["requests"]; ok {
+		t.Errorf("requests reported where none were asked: %s", b)
 	}
 }
