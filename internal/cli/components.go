@@ -156,15 +156,7 @@ func (f *cpFlags) generateAdminTLS(cfg *controlplane.Config) error {
 	return nil
 }
 
-func defaultDataDir() string {
-	if d := os.Getenv("BRISK_DATA_DIR"); d != "" {
-		return d
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(h, ".brisk")
-	}
-	return ".brisk"
-}
+func defaultDataDir() string { return client.DefaultDataDir() }
 
 // wkFlags are the worker's flags, shared by `up` and `worker`.
 type wkFlags struct {

@@ -529,7 +529,10 @@ func newInvoke(g *globals) *cobra.Command {
 				return usageError{errors.New("--wait and --callback need --async")}
 			}
 			res, err := g.client().InvokeFunction(c.Context(), args[0], method, body, h)
-			if err != nil {
+			// The data plane's own answer (an *client.Error with the
+			// result) is shown as the function's would be, then fails.
+			var be *client.Error
+			if err != nil && (res == nil || !errors.As(err, &be)) {
 				return err
 			}
 			if verbose {

@@ -10,13 +10,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -77,12 +75,12 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 		return usageError{fmt.Errorf("%w\nUsage: %s", err, c.UseLine())}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.admin, "admin-url", envOr("BRISK_ADMIN", "127.0.0.1:9090"), "control plane admin API address (env BRISK_ADMIN)")
-	pf.StringVar(&g.invoke, "invoke-url", envOr("BRISK_INVOKE", "127.0.0.1:8080"), "data plane invocation address (env BRISK_INVOKE)")
-	pf.StringVar(&g.token, "token", os.Getenv("BRISK_TOKEN"), "API token for the admin API and invocations (env BRISK_TOKEN; default: the one in --token-file)")
-	pf.StringVar(&g.tokenFile, "token-file", envOr("BRISK_TOKEN_FILE", filepath.Join(defaultDataDir(), controlplane.AdminTokenFile)),
+	pf.StringVar(&g.admin, "admin-url", envOr(client.EnvAdmin, client.DefaultAdmin), "control plane admin API address (env BRISK_ADMIN)")
+	pf.StringVar(&g.invoke, "invoke-url", envOr(client.EnvInvoke, client.DefaultInvoke), "data plane invocation address (env BRISK_INVOKE)")
+	pf.StringVar(&g.token, "token", os.Getenv(client.EnvToken), "API token for the admin API and invocations (env BRISK_TOKEN; default: the one in --token-file)")
+	pf.StringVar(&g.tokenFile, "token-file", client.DefaultTokenFile(),
 		"file holding the API token when --token is not given: brisk up writes the first admin token to <data-dir>/admin.token (env BRISK_TOKEN_FILE)")
-	pf.StringVar(&g.caCert, "ca-cert", os.Getenv("BRISK_CA_CERT"), "PEM CA certificate to trust, besides the system's roots, for https:// admin and invoke URLs, e.g. the cluster CA <data-dir>/ca.crt of a cluster run with --tls-generate (env BRISK_CA_CERT)")
+	pf.StringVar(&g.caCert, "ca-cert", os.Getenv(client.EnvCACert), "PEM CA certificate to trust, besides the system's roots, for https:// admin and invoke URLs, e.g. the cluster CA <data-dir>/ca.crt of a cluster run with --tls-generate (env BRISK_CA_CERT)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newApply(g), newGet(g), newCalls(g), newNATS(g), newTraceFn(), newToken(g), newNamespace(g), newSecret(g), newImage(g), newNetBench(), newBench(g), newReplay(g), newSim(), newCA(g), newUI(g), newK8s(g))
 	return root

@@ -17,6 +17,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/rpc"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -81,7 +82,7 @@ func (s *session) queueSpecLocked(f *spec.Function, secrets map[string][]byte, g
 		return false
 	}
 	s.sent[k] = gen
-	p := f.ToProto()
+	p := specpb.ToProto(f)
 	p.SecretData = secrets
 	s.specs = append(s.specs, p)
 	return true

@@ -8,6 +8,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -38,11 +39,11 @@ func TestSessionSendsSecretsWithSpecs(t *testing.T) {
 	if got := cmds.Specs[0].GetSecretData()["db"]; string(got) != "pw" || cmds.Specs[1].GetSecretData() != nil {
 		t.Fatalf("specs on the wire: %v / %v", cmds.Specs[0].GetSecretData(), cmds.Specs[1].GetSecretData())
 	}
-	if back := spec.FromProto(cmds.Specs[0]); string(back.SecretData["db"]) != "pw" || len(back.Secrets) != 2 {
+	if back := specpb.FromProto(cmds.Specs[0]); string(back.SecretData["db"]) != "pw" || len(back.Secrets) != 2 {
 		t.Fatalf("worker's view of the spec: %+v", back)
 	}
 	// What data planes and the admin API get: never a value.
-	if f.ToProto().GetSecretData() != nil {
+	if specpb.ToProto(f).GetSecretData() != nil {
 		t.Fatal("the stored spec carries secret values")
 	}
 

@@ -11,6 +11,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -135,7 +136,7 @@ func (d *DataPlane) functions() iter.Seq2[string, *function] {
 // prev's policy is kept when its name and capacity are unchanged so stateful
 // policies (round-robin) keep their position across revisions.
 func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
-	s := spec.FromProto(p)
+	s := specpb.FromProto(p)
 	c := &fnConf{
 		revision:     s.Revision,
 		capacity:     max(s.Concurrency, 0),
@@ -158,7 +159,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.public = p.GetAuth() == spec.AuthPublic
 	c.namespace = p.GetNamespace()
 	c.memoryMB = s.Resources.MemoryMB
-	a := spec.AsyncFromProto(p.GetAsync())
+	a := specpb.AsyncFromProto(p.GetAsync())
 	c.async = async.Policy{MaxAttempts: a.MaxAttempts, MaxAge: time.Duration(a.MaxAge), Backoff: time.Duration(a.Backoff),
 		BackoffMax: time.Duration(a.BackoffMax), RetryFunctionErrors: a.RetryFunctionErrors, Concurrency: a.Concurrency}
 	if p.GetScalingMode() == spec.ModeDual {

@@ -16,6 +16,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -136,7 +137,7 @@ func TestEmergencyRefusedWhenSlotsAreFull(t *testing.T) {
 // (their calls died with it) instead of adopting them (case 19).
 func TestRestartKillsLeftoverEmergencySandboxes(t *testing.T) {
 	n, rt := newEmergencyNode(t, 0, 1)
-	f := spec.FromProto(fnSpec)
+	f := specpb.FromProto(fnSpec)
 	for _, id := range []string{EmergencyPrefix + "old-1", "regular-1"} {
 		if _, err := rt.Create(context.Background(), runtime.Spec{ID: id, Function: f}); err != nil {
 			t.Fatal(err)
@@ -158,7 +159,7 @@ func TestRestartKillsLeftoverEmergencySandboxes(t *testing.T) {
 // behind forever.
 func TestRestartRemovesSandboxesNotRunning(t *testing.T) {
 	n, rt := newEmergencyNode(t, 0, 1)
-	f := spec.FromProto(fnSpec)
+	f := specpb.FromProto(fnSpec)
 	for _, id := range []string{"pending-1", "regular-1"} {
 		if _, err := rt.Create(context.Background(), runtime.Spec{ID: id, Function: f}); err != nil {
 			t.Fatal(err)

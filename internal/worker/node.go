@@ -10,6 +10,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -248,7 +249,7 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 		return false
 	}
 	for _, p := range c.GetSpecs() {
-		f := spec.FromProto(p)
+		f := specpb.FromProto(p)
 		n.specs[specKey{f.Name, f.Revision}] = f
 	}
 	var starts []*sandbox

@@ -103,11 +103,26 @@ func (c *Client) WaitCall(ctx context.Context, id string) (*CallRecord, error) {
 }
 
 // WaitReady polls a function until at least n of its sandboxes are ready
-// or ctx ends (a watch for scripts: deploy, then wait).
+// or ctx ends (a watch for scripts: deploy, then wait). It fails at once,
+// saying why, when n sandboxes would come only with calls (its min is
+// below n and nothing asks for more: a function at min 0 has no sandbox
+// until called, and is invocable all the same), and when the function is
+// failing.
 func (c *Client) WaitReady(ctx context.Context, name string, n int) (*api.FunctionView, error) {
 	return pollUntil(ctx, func() (*api.FunctionView, bool, error) {
 		v, err := c.Get(ctx, name)
-		return v, err == nil && v.Status.Ready >= n, err
+		switch {
+		case err != nil:
+			return v, false, err
+		case v.Status.Ready >= n:
+			return v, true, nil
+		case v.Function != nil && v.Function.Scaling.Min < n && v.Status.Desired < n:
+			return v, false, fmt.Errorf("function %s will not have %d ready sandboxes without calls: its min is %d and %d are wanted now (it is invocable: a call starts one)",
+				name, n, v.Function.Scaling.Min, v.Status.Desired)
+		case v.Status.Condition == "function-failing":
+			return v, false, fmt.Errorf("function %s is failing: %s", name, v.Status.Message)
+		}
+		return v, false, nil
 	})
 }
 

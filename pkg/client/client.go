@@ -35,6 +35,10 @@ import (
 type Error struct {
 	Status  int
 	Message string
+	// Reason is a data plane's own error reason (its X-Brisk-Error
+	// header: not-found, no-capacity, queue-timeout, ...), when the data
+	// plane answered a call itself.
+	Reason string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
@@ -323,6 +327,10 @@ type Result struct {
 }
 
 // InvokeFunction calls a function synchronously through the data plane.
+// The function's own answer, whatever its status, is a Result and a nil
+// error; an answer of the data plane itself (no such function, no
+// capacity, a timeout: it carries X-Brisk-Error) is the Result and an
+// *Error with its Reason, as InvokeAsync's refusals are.
 func (c *Client) InvokeFunction(ctx context.Context, name, method string, body []byte, header http.Header) (*Result, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.Invoke+"/function/"+name, bytes.NewReader(body))
 	if err != nil {
@@ -344,7 +352,13 @@ func (c *Client) InvokeFunction(ctx context.Context, name, method string, body [
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Status: resp.StatusCode, Header: resp.Header, Body: data, Duration: time.Since(start)}, nil
+	res := &Result{Status: resp.StatusCode, Header: resp.Header, Body: data, Duration: time.Since(start)}
+	if why := resp.Header.Get("X-Brisk-Error"); why != "" {
+		e := replyError(resp.StatusCode, data).(*Error)
+		e.Reason = why
+		return res, e
+	}
+	return res, nil
 }
 
 // CreateToken makes an API token (admin scope needed); the answer's Token

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
 
 // ErrInvalid marks a spec that failed validation; the message names the field.
@@ -558,91 +557,6 @@ func Decode(data []byte) (*Function, error) {
 		return nil, fmt.Errorf("%w: malformed JSON: trailing data after the object", ErrInvalid)
 	}
 	return &f, nil
-}
-
-// ToProto converts to the wire form sent to workers and data planes.
-func (f *Function) ToProto() *briskv1.FunctionSpec {
-	return &briskv1.FunctionSpec{
-		Name:           f.Name,
-		Revision:       f.Revision,
-		Builtin:        f.Builtin,
-		Command:        f.Command,
-		Image:          f.Image,
-		Port:           int32(f.Port),
-		Env:            f.Env,
-		Resources:      &briskv1.Resources{MilliCpu: f.Resources.MilliCPU, MemoryMb: f.Resources.MemoryMB},
-		Limits:         &briskv1.Resources{MilliCpu: f.Limits.MilliCPU, MemoryMb: f.Limits.MemoryMB},
-		Concurrency:    int32(f.Concurrency),
-		QueueDepth:     int32(f.Queue.Depth),
-		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
-		TimeoutMs:      time.Duration(f.Timeout).Milliseconds(),
-		LoadBalancing:  f.LoadBalancing,
-		WritableRoot:   f.WritableRoot,
-		StreamRequests: f.StreamRequests,
-		Auth:           f.Auth,
-		Namespace:      f.Namespace,
-		ScalingMode:    f.Scaling.Mode,
-		Async:          f.Async.WithDefaults().toProto(),
-		Secrets:        f.Secrets,
-		SecretData:     f.SecretData,
-		Traffic:        f.trafficToProto(),
-	}
-}
-
-func (a Async) toProto() *briskv1.AsyncPolicy {
-	return &briskv1.AsyncPolicy{
-		MaxAttempts:         int32(a.MaxAttempts),
-		MaxAgeMs:            time.Duration(a.MaxAge).Milliseconds(),
-		BackoffMs:           time.Duration(a.Backoff).Milliseconds(),
-		BackoffMaxMs:        time.Duration(a.BackoffMax).Milliseconds(),
-		RetryFunctionErrors: a.RetryFunctionErrors,
-		Concurrency:         int32(a.Concurrency),
-	}
-}
-
-// AsyncFromProto converts the wire form back, defaults filling what a
-// sender left zero.
-func AsyncFromProto(p *briskv1.AsyncPolicy) Async {
-	ms := func(v int64) Duration { return Duration(time.Duration(v) * time.Millisecond) }
-	return Async{
-		MaxAttempts:         int(p.GetMaxAttempts()),
-		MaxAge:              ms(p.GetMaxAgeMs()),
-		Backoff:             ms(p.GetBackoffMs()),
-		BackoffMax:          ms(p.GetBackoffMaxMs()),
-		RetryFunctionErrors: p.GetRetryFunctionErrors(),
-		Concurrency:         int(p.GetConcurrency()),
-	}.WithDefaults()
-}
-
-// FromProto converts the wire form back. Scaling is not on the wire: only
-// the control plane needs it.
-func FromProto(p *briskv1.FunctionSpec) *Function {
-	f := &Function{
-		Name:           p.GetName(),
-		Revision:       p.GetRevision(),
-		Builtin:        p.GetBuiltin(),
-		Command:        p.GetCommand(),
-		Image:          p.GetImage(),
-		Port:           int(p.GetPort()),
-		Env:            p.GetEnv(),
-		Resources:      Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
-		Limits:         Resources{MilliCPU: p.GetLimits().GetMilliCpu(), MemoryMB: p.GetLimits().GetMemoryMb()},
-		Concurrency:    int(p.GetConcurrency()),
-		Queue:          Queue{Depth: int(p.GetQueueDepth()), Timeout: Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
-		Timeout:        Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
-		LoadBalancing:  p.GetLoadBalancing(),
-		WritableRoot:   p.GetWritableRoot(),
-		StreamRequests: p.GetStreamRequests(),
-		Auth:           p.GetAuth(),
-		Namespace:      p.GetNamespace(),
-		Async:          AsyncFromProto(p.GetAsync()),
-		Secrets:        p.GetSecrets(),
-		SecretData:     p.GetSecretData(),
-	}
-	for _, t := range p.GetTraffic() {
-		f.Traffic = append(f.Traffic, TrafficTarget{Revision: t.GetRevision(), Percent: int(t.GetPercent())})
-	}
-	return f
 }
 
 // Duration is a time.Duration that reads and writes JSON as "30s".

@@ -84,12 +84,3 @@ func TestDecode(t *testing.T) {
 	}
 }
 
-func TestProtoRoundTrip(t *testing.T) {
-	f := valid()
-	f.Revision, f.Env, f.LoadBalancing = 7, map[string]string{"K": "V"}, "knative"
-	g := FromProto(f.ToProto())
-	if g.Name != f.Name || g.Revision != 7 || g.Env["K"] != "V" || g.Concurrency != f.Concurrency ||
-		g.Queue != f.Queue || g.Timeout != f.Timeout || g.Resources != f.Resources || g.LoadBalancing != "knative" || g.Port != f.Port {
-		t.Fatalf("round trip lost data:\n%+v\n%+v", f, g)
-	}
-}

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
 
 // TrafficTarget is one share of a function's calls: Percent of them go to
@@ -167,14 +166,3 @@ func (f *Function) TrafficFunction(t TrafficTarget) string {
 	return f.Name
 }
 
-// trafficToProto resolves each target to the function that serves it.
-func (f *Function) trafficToProto() []*briskv1.TrafficTarget {
-	if len(f.Traffic) == 0 {
-		return nil
-	}
-	out := make([]*briskv1.TrafficTarget, len(f.Traffic))
-	for i, t := range f.Traffic {
-		out[i] = &briskv1.TrafficTarget{Function: f.TrafficFunction(t), Revision: t.Revision, Percent: uint32(t.Percent)}
-	}
-	return out
-}

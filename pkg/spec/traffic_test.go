@@ -56,13 +56,4 @@ func TestNormalizeTrafficAndNames(t *testing.T) {
 	if err := f.Validate(); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a user could name a function %q: %v", name, err)
 	}
-	// On the wire each target names the function serving it.
-	g := &Function{Name: "web", Revision: 9, Traffic: []TrafficTarget{{Revision: 9, Percent: 50}, {Revision: 4, Percent: 50}}}
-	p := g.ToProto().GetTraffic()
-	if len(p) != 2 || p[0].GetFunction() != "web" || p[1].GetFunction() != "web_r4" || p[1].GetPercent() != 50 {
-		t.Fatalf("wire traffic: %v", p)
-	}
-	if back := FromProto(g.ToProto()); len(back.Traffic) != 2 || back.Traffic[1] != (TrafficTarget{Revision: 4, Percent: 50}) {
-		t.Fatalf("FromProto traffic: %+v", back.Traffic)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -200,7 +201,7 @@ func (c *Reconciler) PlacementOf(f *spec.Function) string {
 // WireSpec is f as data planes and workers get it: the spec with the
 // effective scaling mode and the keep-alive of an idle regular sandbox.
 func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
-	pf := f.ToProto()
+	pf := specpb.ToProto(f)
 	pf.ScalingMode = c.ModeOf(f)
 	pf.KeepAliveMs = c.KeepAliveOf(f).Milliseconds()
 	if pf.LoadBalancing == "" {

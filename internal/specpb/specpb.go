@@ -1,0 +1,108 @@
+// Package specpb converts function specs (pkg/spec) to and from their wire
+// form (api/brisk/v1), apart from pkg/spec so that the JSON SDK
+// (pkg/client) links no gRPC or protobuf.
+package specpb
+
+import (
+	"time"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// ToProto converts to the wire form sent to workers and data planes.
+func ToProto(f *spec.Function) *briskv1.FunctionSpec {
+	return &briskv1.FunctionSpec{
+		Name:           f.Name,
+		Revision:       f.Revision,
+		Builtin:        f.Builtin,
+		Command:        f.Command,
+		Image:          f.Image,
+		Port:           int32(f.Port),
+		Env:            f.Env,
+		Resources:      &briskv1.Resources{MilliCpu: f.Resources.MilliCPU, MemoryMb: f.Resources.MemoryMB},
+		Limits:         &briskv1.Resources{MilliCpu: f.Limits.MilliCPU, MemoryMb: f.Limits.MemoryMB},
+		Concurrency:    int32(f.Concurrency),
+		QueueDepth:     int32(f.Queue.Depth),
+		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
+		TimeoutMs:      time.Duration(f.Timeout).Milliseconds(),
+		LoadBalancing:  f.LoadBalancing,
+		WritableRoot:   f.WritableRoot,
+		StreamRequests: f.StreamRequests,
+		Auth:           f.Auth,
+		Namespace:      f.Namespace,
+		ScalingMode:    f.Scaling.Mode,
+		Async:          asyncToProto(f.Async.WithDefaults()),
+		Secrets:        f.Secrets,
+		SecretData:     f.SecretData,
+		Traffic:        trafficToProto(f),
+	}
+}
+
+func asyncToProto(a spec.Async) *briskv1.AsyncPolicy {
+	return &briskv1.AsyncPolicy{
+		MaxAttempts:         int32(a.MaxAttempts),
+		MaxAgeMs:            time.Duration(a.MaxAge).Milliseconds(),
+		BackoffMs:           time.Duration(a.Backoff).Milliseconds(),
+		BackoffMaxMs:        time.Duration(a.BackoffMax).Milliseconds(),
+		RetryFunctionErrors: a.RetryFunctionErrors,
+		Concurrency:         int32(a.Concurrency),
+	}
+}
+
+// AsyncFromProto converts the wire form back, defaults filling what a
+// sender left zero.
+func AsyncFromProto(p *briskv1.AsyncPolicy) spec.Async {
+	ms := func(v int64) spec.Duration { return spec.Duration(time.Duration(v) * time.Millisecond) }
+	return spec.Async{
+		MaxAttempts:         int(p.GetMaxAttempts()),
+		MaxAge:              ms(p.GetMaxAgeMs()),
+		Backoff:             ms(p.GetBackoffMs()),
+		BackoffMax:          ms(p.GetBackoffMaxMs()),
+		RetryFunctionErrors: p.GetRetryFunctionErrors(),
+		Concurrency:         int(p.GetConcurrency()),
+	}.WithDefaults()
+}
+
+// FromProto converts the wire form back. Scaling is not on the wire: only
+// the control plane needs it.
+func FromProto(p *briskv1.FunctionSpec) *spec.Function {
+	f := &spec.Function{
+		Name:           p.GetName(),
+		Revision:       p.GetRevision(),
+		Builtin:        p.GetBuiltin(),
+		Command:        p.GetCommand(),
+		Image:          p.GetImage(),
+		Port:           int(p.GetPort()),
+		Env:            p.GetEnv(),
+		Resources:      spec.Resources{MilliCPU: p.GetResources().GetMilliCpu(), MemoryMB: p.GetResources().GetMemoryMb()},
+		Limits:         spec.Resources{MilliCPU: p.GetLimits().GetMilliCpu(), MemoryMB: p.GetLimits().GetMemoryMb()},
+		Concurrency:    int(p.GetConcurrency()),
+		Queue:          spec.Queue{Depth: int(p.GetQueueDepth()), Timeout: spec.Duration(time.Duration(p.GetQueueTimeoutMs()) * time.Millisecond)},
+		Timeout:        spec.Duration(time.Duration(p.GetTimeoutMs()) * time.Millisecond),
+		LoadBalancing:  p.GetLoadBalancing(),
+		WritableRoot:   p.GetWritableRoot(),
+		StreamRequests: p.GetStreamRequests(),
+		Auth:           p.GetAuth(),
+		Namespace:      p.GetNamespace(),
+		Async:          AsyncFromProto(p.GetAsync()),
+		Secrets:        p.GetSecrets(),
+		SecretData:     p.GetSecretData(),
+	}
+	for _, t := range p.GetTraffic() {
+		f.Traffic = append(f.Traffic, spec.TrafficTarget{Revision: t.GetRevision(), Percent: int(t.GetPercent())})
+	}
+	return f
+}
+
+// trafficToProto resolves each target to the function that serves it.
+func trafficToProto(f *spec.Function) []*briskv1.TrafficTarget {
+	if len(f.Traffic) == 0 {
+		return nil
+	}
+	out := make([]*briskv1.TrafficTarget, len(f.Traffic))
+	for i, t := range f.Traffic {
+		out[i] = &briskv1.TrafficTarget{Function: f.TrafficFunction(t), Revision: t.Revision, Percent: uint32(t.Percent)}
+	}
+	return out
+}
