@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
 )
 
 // ErrInvalid marks a spec that failed validation; the message names the field.

@@ -83,4 +83,3 @@ func TestDecode(t *testing.T) {
 		}
 	}
 }
-

@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
 )
 
 // TrafficTarget is one share of a function's calls: Percent of them go to
@@ -165,4 +164,3 @@ func (f *Function) TrafficFunction(t TrafficTarget) string {
 	}
 	return f.Name
 }
-

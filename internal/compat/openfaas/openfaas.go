@@ -76,10 +76,10 @@ type FunctionStatus struct {
 	// Annotations are always there, {} for none, as OpenFaaS's providers
 	// send them: Go clients of its API read the map without a nil check.
 	Annotations       map[string]string `json:"annotations"`
-	InvocationCount   float64   `json:"invocationCount"`
-	Replicas          uint64    `json:"replicas"`
-	AvailableReplicas uint64    `json:"availableReplicas"`
-	CreatedAt         time.Time `json:"createdAt"`
+	InvocationCount   float64           `json:"invocationCount"`
+	Replicas          uint64            `json:"replicas"`
+	AvailableReplicas uint64            `json:"availableReplicas"`
+	CreatedAt         time.Time         `json:"createdAt"`
 }
 
 // Info is /system/info's provider version.
