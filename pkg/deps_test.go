@@ -18,5 +18,10 @@ func TestNoInternalImports(t *testing.T) {
 		if strings.Contains(p, "/brisk/internal/") {
 			t.Errorf("pkg/ depends on %s", p)
 		}
+		// The JSON SDK needs neither (they were 17 MB of a program using
+		// it): the wire conversions live in internal/specpb.
+		if strings.Contains(p, "google.golang.org/grpc") || strings.Contains(p, "google.golang.org/protobuf") {
+			t.Errorf("pkg/ links %s", p)
+		}
 	}
 }
