@@ -113,7 +113,7 @@ func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 func (e *egress) writeForwardLocked(c *nftables.Conn, bridge string, fresh bool) error {
 	if fresh {
 		e.chains, e.bound = map[string]bool{}, map[netip.Addr]string{}
-		e.set = &nftables.Set{Table: e.table, Name: egressMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+		e.set = &nftables.Set{Table: e.table, Name: egressMap, ID: egressMapID, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 		if err := c.AddSet(e.set, nil); err != nil {
 			return err
 		}

@@ -212,9 +212,17 @@ func installFirewall(cfg Config, dnsPort uint16, ports []*record) error {
 // portsSet is the bridge table's set of (host veth, address) pairs: the
 // address each endpoint's sandbox may send from.
 func portsSet(br *nftables.Table) *nftables.Set {
-	return &nftables.Set{Table: br, Name: "ports", Concatenation: true,
+	return &nftables.Set{Table: br, Name: "ports", Concatenation: true, ID: portsSetID,
 		KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)}
 }
+
+// The pool's sets' ids, which name a set within the transaction that makes
+// it. Set here: google/nftables allocates one from a package variable it
+// does not synchronise (a data race between pools started at once).
+const (
+	portsSetID  = 1
+	egressMapID = 2
+)
 
 // portKey is the ports set's key of host veth name and address.
 func portKey(name string, ip netip.Addr) []byte {
