@@ -135,6 +135,20 @@ func New(cfg Config) (*Daemon, error) {
 }
 
 // nodeIDs lists the hosted nodes' ids.
+// liveSandboxes maps every sandbox the daemon's nodes hold to its
+// function.
+func (d *Daemon) liveSandboxes() map[string]string {
+	out := map[string]string{}
+	for _, n := range d.nodes {
+		n.mu.Lock()
+		for id, sb := range n.sandboxes {
+			out[id] = sb.rec.GetFunction()
+		}
+		n.mu.Unlock()
+	}
+	return out
+}
+
 func (d *Daemon) nodeIDs() []string {
 	ids := make([]string, 0, len(d.nodes))
 	for _, nc := range d.cfg.Nodes {
@@ -215,7 +229,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			if lk, ok := rt.(LogKeeper); ok && !dirs[lk.LogDir()] {
 				dirs[lk.LogDir()] = true
 				wg.Add(1)
-				go func(dir string) { defer wg.Done(); rotateLogs(rctx, dir, MaxLogBytes) }(lk.LogDir())
+				go func(dir string) { defer wg.Done(); keepLogs(rctx, dir, defaultLogLimits, d.liveSandboxes, d.log) }(lk.LogDir())
 			}
 		}
 	}

@@ -3,8 +3,11 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -199,41 +202,171 @@ func followFile(path string, offsets map[string]int64, emit func(string) error) 
 	return nil
 }
 
-// rotateLogs keeps every log under LogDir below max bytes until ctx ends:
-// a log past it is copied to LOG.1 and truncated in place (the sandbox
-// holds it open for appending, so it writes on at the new end). Lines
-// written between the copy and the truncation are lost.
-func rotateLogs(ctx context.Context, dir string, max int64) {
-	t := time.NewTicker(rotateEvery)
+// logLimits bound the disk sandboxes' output takes (docs/operations.md,
+// "Logs"). Sandboxes write their logs directly (no worker in the path, so
+// a worker restart never blocks or breaks a function's output): the keeper
+// enforces the limits every logCheck, so a flood overshoots a file's cap
+// by at most what it writes in that time.
+type logLimits struct {
+	file      int64         // a live log past this is rotated (its last file bytes kept in .1)
+	function  int64         // one function's logs, every sandbox's, together
+	node      int64         // every log under the directory
+	retention time.Duration // a finished sandbox's logs go after this without writes
+}
+
+var defaultLogLimits = logLimits{file: MaxLogBytes, function: 100 << 20, node: 2 << 30, retention: 24 * time.Hour}
+
+const (
+	logCheck = time.Second // live logs' sizes
+	logSweep = 30          // every this many checks, the whole directory
+)
+
+// keepLogs holds the logs under dir to lim until ctx ends. live lists the
+// sandboxes running now as function/sandbox pairs.
+func keepLogs(ctx context.Context, dir string, lim logLimits, live func() map[string]string, log *slog.Logger) {
+	t := time.NewTicker(logCheck)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		rotateOnce(dir, max)
+		running := live()
+		for sb, fn := range running {
+			if dropped := capLog(filepath.Join(dir, fn, sb+".log"), lim.file); dropped > 0 {
+				log.Warn("a sandbox's output outgrew its log: rotated, and what it wrote beyond the cap since the last check dropped",
+					"function", fn, "sandbox", sb, "dropped_bytes", dropped, "cap_bytes", lim.file)
+			}
+		}
+		if tick%logSweep == 0 {
+			sweepLogs(dir, lim, running, time.Now(), log)
+		}
 	}
 }
 
-func rotateOnce(dir string, max int64) {
+// capLog rotates the log at path once it is past max bytes: its last max
+// bytes (from a line's start) go to path.1, streamed (never the whole file
+// in memory), and the log is truncated in place (the sandbox holds it open
+// for appending, so it writes on at the new start). What is beyond those
+// bytes is dropped, and a line in the log says how much; lines written
+// between the copy and the truncation are lost. It returns the bytes
+// dropped.
+func capLog(path string, max int64) int64 {
+	st, err := os.Stat(path)
+	if err != nil || st.Size() <= max {
+		return 0
+	}
+	src, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer src.Close()
+	size := st.Size()
+	from := size - max - 1 // the byte before the kept ones
+	// Start at a line: after the first newline at or after from.
+	br := bufio.NewReader(io.NewSectionReader(src, from, size-from))
+	skipped, err := br.ReadBytes('\n')
+	if err != nil {
+		skipped = []byte{0} // no newline: keep the last max bytes
+		br = bufio.NewReader(io.NewSectionReader(src, from+1, size-from-1))
+	}
+	tmp := path + ".1.tmp"
+	dst, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return 0
+	}
+	_, cerr := io.Copy(dst, br)
+	if err := dst.Close(); cerr != nil || err != nil {
+		_ = os.Remove(tmp)
+		return 0
+	}
+	if os.Rename(tmp, path+".1") != nil || os.Truncate(path, 0) != nil {
+		_ = os.Remove(tmp)
+		return 0
+	}
+	dropped := from + int64(len(skipped))
+	if dropped > 0 {
+		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0); err == nil {
+			fmt.Fprintf(f, "[brisk] %d bytes of this sandbox's output dropped: it wrote past its log's cap (%d bytes, checked every %v)\n", dropped, max, logCheck)
+			f.Close()
+		}
+	}
+	return dropped
+}
+
+// sweepLogs deletes, oldest first: finished sandboxes' logs past the
+// retention; then, while a function's logs are past its cap, its finished
+// sandboxes' logs and its rotated ones; then the same across the
+// directory while it is past the node's budget, and at last it truncates
+// the largest live logs.
+func sweepLogs(dir string, lim logLimits, running map[string]string, now time.Time, log *slog.Logger) {
+	type file struct {
+		path, fn string
+		size     int64
+		mod      time.Time
+		live     bool // the live log of a running sandbox (never deleted: it is open)
+	}
+	var all []file
+	perFn := map[string]int64{}
+	var total int64
 	fns, _ := os.ReadDir(dir)
 	for _, fe := range fns {
 		if !fe.IsDir() {
 			continue
 		}
-		for _, f := range logFiles(filepath.Join(dir, fe.Name()), "") {
-			st, err := os.Stat(f.path)
-			if err != nil || st.Size() <= max {
+		ents, _ := os.ReadDir(filepath.Join(dir, fe.Name()))
+		for _, e := range ents {
+			info, err := e.Info()
+			if err != nil || e.IsDir() {
 				continue
 			}
-			data, err := os.ReadFile(f.path)
-			if err != nil {
+			sb, isLive := strings.CutSuffix(e.Name(), ".log")
+			f := file{path: filepath.Join(dir, fe.Name(), e.Name()), fn: fe.Name(), size: info.Size(), mod: info.ModTime(),
+				live: isLive && running[sb] == fe.Name()}
+			if !f.live && now.Sub(f.mod) > lim.retention {
+				if os.Remove(f.path) == nil {
+					continue
+				}
+			}
+			all = append(all, f)
+			perFn[f.fn] += f.size
+			total += f.size
+		}
+	}
+	slices.SortFunc(all, func(a, b file) int { return a.mod.Compare(b.mod) })
+	removed := 0
+	drop := func(i int) {
+		if os.Remove(all[i].path) == nil {
+			perFn[all[i].fn] -= all[i].size
+			total -= all[i].size
+			all[i].size = 0
+			removed++
+		}
+	}
+	for i, f := range all {
+		if !f.live && f.size > 0 && perFn[f.fn] > lim.function {
+			drop(i)
+		}
+	}
+	for i, f := range all {
+		if !f.live && f.size > 0 && total > lim.node {
+			drop(i)
+		}
+	}
+	if total > lim.node { // only live logs left: the largest go first
+		slices.SortFunc(all, func(a, b file) int { return cmp.Compare(b.size, a.size) })
+		for _, f := range all {
+			if total <= lim.node || !f.live || f.size == 0 {
 				continue
 			}
-			if os.WriteFile(f.path+".1", data, 0o600) == nil {
-				_ = os.Truncate(f.path, 0)
+			if os.Truncate(f.path, 0) == nil {
+				total -= f.size
+				log.Warn("the node's logs outgrew their budget: a live sandbox's log truncated", "function", f.fn, "path", f.path, "bytes", f.size)
 			}
 		}
+	}
+	if removed > 0 {
+		log.Info("logs removed to keep the caps", "files", removed, "dir", dir)
 	}
 }
