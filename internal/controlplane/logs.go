@@ -62,7 +62,8 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
-	if cp.cluster.spec(name) == nil {
+	f := cp.cluster.spec(name)
+	if f == nil {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
@@ -85,6 +86,11 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, "since "+quote(v)+": want a duration (10m) or an RFC 3339 time")
 			return
 		}
+	}
+	// Never the logs of an earlier function of this name (deleted, perhaps
+	// another tenant's): only sandboxes written to since this one was made.
+	if !f.CreatedAt.IsZero() {
+		req.SinceUnixMs = max(req.SinceUnixMs, f.CreatedAt.UnixMilli())
 	}
 	ctx := r.Context()
 	if !req.Follow {

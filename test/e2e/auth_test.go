@@ -270,3 +270,24 @@ func TestNamespacesAndQuotas(t *testing.T) {
 		t.Fatalf("deleting a namespace with functions: exit %d\n%s", code, out)
 	}
 }
+
+// A function made again under a deleted one's name (perhaps by another
+// tenant) does not see the deleted one's log lines (issue 36).
+func TestRecreatedFunctionSeesNoOldLogs(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "ns", "create", "team-b")
+	c.mustBrisk(t, "ns", "create", "team-a")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "watchdog", "--env", "fprocess=cat")
+	if inv := c.invoke(t, "x", "b's data"); inv.status != 200 {
+		t.Fatalf("call: %d %s", inv.status, inv.body)
+	}
+	eventually(t, 30*time.Second, "b's log lines", func() bool {
+		return strings.Contains(c.mustBrisk(t, "fn", "logs", "x"), "Forking fprocess")
+	})
+	c.mustBrisk(t, "fn", "delete", "x")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-a", "--builtin", "watchdog", "--env", "fprocess=cat")
+	if out := c.mustBrisk(t, "fn", "logs", "x"); strings.TrimSpace(out) != "" {
+		t.Fatalf("the new x shows the deleted one's logs:\n%s", out)
+	}
+}
