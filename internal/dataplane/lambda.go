@@ -87,10 +87,11 @@ func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 		}
 		qual = q
 	}
+	// Unknown is 404 at once, as AWS answers: Lambda clients call functions
+	// that exist (after `brisk fn deploy --wait`, or CreateFunction and its
+	// Active state on AWS), so the grace other calls get for a function
+	// registered a moment ago (awaitFunction) would only delay the 404.
 	fn := d.lookupCall(name)
-	if fn == nil {
-		fn = d.awaitFunction(r.Context(), name)
-	}
 	if fn == nil || (qual != "" && qual != "$LATEST") {
 		lambdaError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s%s (brisk has no versions or aliases yet: use $LATEST)", name, qualSuffix(qual))
 		return true

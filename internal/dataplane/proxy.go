@@ -185,6 +185,7 @@ func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
 	if d.cfg.ControlPlane == "" || name == "" || spec.IsRevisionFunction(name) {
 		return nil
 	}
+	d.prom.unknownWaits.Inc()
 	t := time.NewTimer(unknownFunctionGrace)
 	defer t.Stop()
 	d.awaiting.Add(1)

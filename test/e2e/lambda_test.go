@@ -28,7 +28,11 @@ func TestLambdaClients(t *testing.T) {
 	py := pyClients(t)
 	c := newCluster(t)
 	c.up(t)
-	c.mustBrisk(t, "fn", "deploy", "hello", "--builtin", "trace")
+	c.mustBrisk(t, "fn", "deploy", "hello", "--builtin", "trace", "--wait")
+	waits := func() float64 {
+		return metricValue(t, "http://"+c.invokeAddr+"/metrics", "brisk_dataplane_unknown_function_waits_total")
+	}
+	waitsBefore := waits()
 	creds := c.mustBrisk(t, "token", "aws", "--env")
 	env := append(os.Environ(), "AWS_DEFAULT_REGION=us-east-1", "AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
 	for _, line := range strings.Split(strings.TrimSpace(creds), "\n") {
@@ -112,5 +116,11 @@ print(json.dumps(out))
 	aws.Env = env
 	if b, err := aws.CombinedOutput(); err == nil || !strings.Contains(string(b), "ResourceNotFoundException") {
 		t.Fatalf("aws lambda invoke of a missing function: %v\n%s", err, b)
+	}
+	// A missing function is 404 at once, as AWS answers, not after the
+	// grace other calls get for a function registered a moment ago (issue
+	// 38: 1-1.5 s).
+	if w := waits(); w != waitsBefore {
+		t.Fatalf("Lambda calls of missing functions waited for them (%v waits)", w-waitsBefore)
 	}
 }
