@@ -217,17 +217,41 @@ func (d *DataPlane) lambdaList(w http.ResponseWriter, r *http.Request, reqID str
 	if !ok {
 		return
 	}
-	var fns []map[string]any
+	// Pages as AWS's: MaxItems (1-10,000, default 50) functions after
+	// Marker, the NextMarker of the page before (here the last name it
+	// had: opaque to clients).
+	q := r.URL.Query()
+	limit := 50
+	if v := q.Get("MaxItems"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10_000 {
+			lambdaError(w, reqID, http.StatusBadRequest, "InvalidParameterValueException", "MaxItems %q: want 1 to 10000", v)
+			return
+		}
+		limit = n
+	}
+	marker := q.Get("Marker")
+	var names []string
+	fnOf := map[string]*function{}
 	for name, fn := range d.functions() {
-		if !spec.IsRevisionFunction(name) && allows(fn) {
-			fns = append(fns, lambdaConfig(fn, region))
+		if !spec.IsRevisionFunction(name) && name > marker && allows(fn) {
+			names = append(names, name)
+			fnOf[name] = fn
 		}
 	}
-	slices.SortFunc(fns, func(a, b map[string]any) int {
-		return strings.Compare(a["FunctionName"].(string), b["FunctionName"].(string))
-	})
+	slices.Sort(names)
+	out := map[string]any{}
+	if len(names) > limit {
+		names = names[:limit]
+		out["NextMarker"] = names[limit-1]
+	}
+	fns := make([]map[string]any, 0, len(names))
+	for _, name := range names {
+		fns = append(fns, lambdaConfig(fnOf[name], region))
+	}
+	out["Functions"] = fns
 	w.Header()["X-Amzn-Requestid"] = []string{reqID}
-	writeJSON(w, http.StatusOK, map[string]any{"Functions": fns})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // lambdaGet answers GetFunction.

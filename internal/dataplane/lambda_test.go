@@ -150,3 +150,46 @@ func eventResult(t *testing.T, d *DataPlane, fn string) async.Record {
 	})
 	return rec
 }
+
+// ListFunctions pages as AWS's does (issue 38: MaxItems and Marker were
+// ignored): the SDK's paginator walks every function a page at a time.
+func TestLambdaListFunctionsPages(t *testing.T) {
+	d, ts := newAsyncDP(t)
+	var specs []*briskv1.FunctionSpec
+	for _, n := range []string{"fa", "fb", "fc", "fd", "fe"} {
+		specs = append(specs, fnSpec(n))
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: specs})
+	tok, grant, err := auth.New([]string{auth.ScopeInvoke}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.applyAuth(&briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{
+		{Id: grant.ID, Hash: grant.Hash, Scopes: grant.Scopes, SigningKey: grant.SigningKey}}})
+	keyID, secret, _ := auth.AWSCredentials(tok)
+	cl := lambdaClient(ts.URL, keyID, secret)
+	pages := lambda.NewListFunctionsPaginator(cl, &lambda.ListFunctionsInput{MaxItems: aws.Int32(2)})
+	var names []string
+	n := 0
+	for pages.HasMorePages() {
+		out, err := pages.NextPage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Functions) > 2 {
+			t.Fatalf("a page of %d with MaxItems 2", len(out.Functions))
+		}
+		for _, f := range out.Functions {
+			names = append(names, aws.ToString(f.FunctionName))
+		}
+		if n++; n > 10 {
+			t.Fatal("the pages do not end")
+		}
+	}
+	if strings.Join(names, ",") != "fa,fb,fc,fd,fe" || n != 3 {
+		t.Fatalf("paged %v in %d pages, want every function in 3", names, n)
+	}
+	if _, err := cl.ListFunctions(context.Background(), &lambda.ListFunctionsInput{MaxItems: aws.Int32(0)}); apiErrorCode(err) != "InvalidParameterValueException" {
+		t.Fatalf("MaxItems 0: %v", err)
+	}
+}
