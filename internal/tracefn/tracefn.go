@@ -23,8 +23,11 @@ const (
 	MaxMillis = 600_000 // 10 minutes
 	MaxMiB    = 10_240
 
-	// DefaultMaxBody bounds the request body when Config.MaxBody is zero.
-	DefaultMaxBody = 1 << 20
+	// DefaultMaxBody bounds the request body when Config.MaxBody is zero:
+	// the data plane's own default (Lambda's synchronous payload limit),
+	// so that what the API accepts the built-ins take (a 5 MiB Lambda
+	// payload to a watchdog function failed at 1 MiB).
+	DefaultMaxBody = 6 << 20
 )
 
 // The InVitro loader's HTTP headers (docs/benchmarks.md, "Method"). requested_cpu carries

@@ -117,6 +117,22 @@ print(json.dumps(out))
 	if b, err := aws.CombinedOutput(); err == nil || !strings.Contains(string(b), "ResourceNotFoundException") {
 		t.Fatalf("aws lambda invoke of a missing function: %v\n%s", err, b)
 	}
+	// What the API takes the built-ins take: a 5 MiB payload to a watchdog
+	// function (issue 38: it failed there at 1 MiB).
+	c.mustBrisk(t, "fn", "deploy", "count", "--builtin", "watchdog", "--env", "fprocess=wc -c", "--wait", "--min", "1")
+	big := filepath.Join(t.TempDir(), "big.json")
+	if err := os.WriteFile(big, []byte(`"`+strings.Repeat("x", 5<<20-2)+`"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	aws = exec.Command(filepath.Join(py, "bin", "aws"), "lambda", "invoke", "--endpoint-url", endpoint, "--function-name", "count",
+		"--payload", "fileb://"+big, outFile)
+	aws.Env = env
+	if b, err := aws.CombinedOutput(); err != nil || !strings.Contains(string(b), `"StatusCode": 200`) {
+		t.Fatalf("a 5 MiB payload: %v\n%s", err, b)
+	}
+	if data, _ := os.ReadFile(outFile); strings.TrimSpace(string(data)) != "5242880" {
+		t.Fatalf("the watchdog counted %q bytes, want 5242880", data)
+	}
 	// A missing function is 404 at once, as AWS answers, not after the
 	// grace other calls get for a function registered a moment ago (issue
 	// 38: 1-1.5 s).
