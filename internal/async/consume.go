@@ -26,6 +26,9 @@ type Policy struct {
 	RetryFunctionErrors bool
 	// Concurrency bounds this consumer's running calls of the function.
 	Concurrency int
+	// UID is the function's identity now (spec.Function.UID): a call
+	// submitted to another (deleted) function of the name is dead.
+	UID string
 }
 
 // Invoker runs calls: the data plane, through its normal invocation path.
@@ -256,6 +259,11 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1, Error: "function " + c.Function + " no longer exists"}, nil)
 		return
 	}
+	if c.FunctionUID != "" && pol.UID != "" && c.FunctionUID != pol.UID {
+		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1,
+			Error: "function " + c.Function + " it was submitted to was deleted (a function of that name made since is another)"}, nil)
+		return
+	}
 	if age := q.now().Sub(c.Submitted); pol.MaxAge > 0 && age > pol.MaxAge {
 		q.settle(ctx, msg, c, &Record{Status: StatusDead, Attempts: attempt - 1, Error: fmt.Sprintf("older than the function's async.max_age %s", pol.MaxAge)}, nil)
 		return
@@ -299,7 +307,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		runMu.Lock()
 		defer runMu.Unlock()
 		if !attemptDone {
-			q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
+			q.putStatusAsync(&Record{ID: c.ID, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusRunning, Attempts: attempt, SubmittedAt: c.Submitted, StartedAt: &start, CallbackURL: c.CallbackURL})
 		}
 	})
 	res := inv.Invoke(ctx, c, q.cfg.MaxResultBytes)
@@ -338,7 +346,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 		rec.Status, rec.Error = StatusDead, fmt.Sprintf("%s; the next attempt would be past async.max_age %s", why, pol.MaxAge)
 		q.settle(ctx, msg, c, rec, inv)
 	default:
-		rec.ID, rec.Function, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.Submitted, c.CallbackURL
+		rec.ID, rec.Function, rec.FunctionUID, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.FunctionUID, c.Submitted, c.CallbackURL
 		rec.Status, rec.Error, rec.NextAttemptAt = StatusQueued, why, &next
 		q.putStatusAsync(rec)
 		q.m.retried.WithLabelValues(c.Function).Inc()
@@ -396,7 +404,7 @@ func backoff(p Policy, n int) time.Duration {
 // message leaves the queue, or its result would be lost.
 func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Record, inv Invoker) {
 	wctx := context.WithoutCancel(ctx)
-	rec.ID, rec.Function, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.Submitted, c.CallbackURL
+	rec.ID, rec.Function, rec.FunctionUID, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.FunctionUID, c.Submitted, c.CallbackURL
 	if rec.Status != StatusSucceeded {
 		dm := nats.NewMsg(deadPrefix + c.Function + "." + c.ID)
 		dm.Header = msg.Headers()

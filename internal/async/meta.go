@@ -71,6 +71,10 @@ func (m *callMeta) appendJSON(b []byte) []byte {
 		b = append(b, `,"ra":`...)
 		b = appendJSONString(b, m.Remote)
 	}
+	if m.UID != "" {
+		b = append(b, `,"u":`...)
+		b = appendJSONString(b, m.UID)
+	}
 	return append(b, '}')
 }
 

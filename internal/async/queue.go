@@ -251,6 +251,10 @@ type Call struct {
 	// never a client's): no other call can hold it, so Submit need not
 	// claim it before storing the call, and the two writes go together.
 	Fresh bool
+	// FunctionUID is the identity of the function it was submitted to
+	// (spec.Function.UID): never delivered to, nor shown for, a function
+	// made later under the same name. Empty for calls from before uids.
+	FunctionUID string
 }
 
 // callMeta is a Call's head as stored in the Brisk-Call header.
@@ -263,6 +267,7 @@ type callMeta struct {
 	Submit   int64       `json:"t"`
 	Host     string      `json:"host,omitempty"`
 	Remote   string      `json:"ra,omitempty"`
+	UID      string      `json:"u,omitempty"`
 }
 
 // ValidID reports whether id may name a call: it becomes a NATS subject
@@ -294,7 +299,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 		c.Submitted = q.now()
 	}
 	bp := metaBufs.Get().(*[]byte)
-	*bp = (&callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano(), Host: c.Host, Remote: c.Remote}).appendJSON((*bp)[:0])
+	*bp = (&callMeta{Method: c.Method, Path: c.Path, Query: c.Query, Header: c.Header, Callback: c.CallbackURL, Submit: c.Submitted.UnixNano(), Host: c.Host, Remote: c.Remote, UID: c.FunctionUID}).appendJSON((*bp)[:0])
 	meta := string(*bp)
 	metaBufs.Put(bp)
 	// The head counts against the payload limit too (headers escaped in
@@ -321,7 +326,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	// consumer writes one. It claims the id: an id whose record names
 	// another function is refused, not de-duplicated away or run over
 	// that call's record.
-	rec, err := json.Marshal(&Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+	rec, err := json.Marshal(&Record{ID: c.ID, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
 	if err != nil {
 		return err
 	}
@@ -401,7 +406,7 @@ func decodeCall(subject string, h nats.Header, data []byte) (*Call, error) {
 		return nil, fmt.Errorf("async: call %s: malformed head: %w", id, err)
 	}
 	return &Call{ID: id, Function: fn, Method: m.Method, Path: m.Path, Query: m.Query, Header: m.Header,
-		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit), Host: m.Host, Remote: m.Remote}, nil
+		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit), Host: m.Host, Remote: m.Remote, FunctionUID: m.UID}, nil
 }
 
 // splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID.

@@ -91,7 +91,7 @@ func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Record{ID: id, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}, nil
+		return &Record{ID: id, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}, nil
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("async: %w", err)
 	}
@@ -100,7 +100,7 @@ func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Record{ID: id, Function: c.Function, Status: StatusDead, SubmittedAt: c.Submitted, Error: m.Header.Get(hdrDeadReason)}, nil
+		return &Record{ID: id, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusDead, SubmittedAt: c.Submitted, Error: m.Header.Get(hdrDeadReason)}, nil
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("async: %w", err)
 	}
@@ -215,7 +215,7 @@ func (q *Queue) listWaiting(ctx context.Context, fn string, limit int) ([]Record
 			continue
 		}
 		seen[c.ID] = true
-		out = append(out, Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
+		out = append(out, Record{ID: c.ID, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL})
 	}
 	return out, nil
 }
@@ -254,7 +254,7 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	// this one and have the retry de-duplicated away.
 	out.Header.Set(jetstream.MsgIDHeader, c.ID+".retry."+strconv.FormatUint(m.Sequence, 10))
 	out.Data = m.Data
-	r := &Record{ID: c.ID, Function: c.Function, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
+	r := &Record{ID: c.ID, Function: c.Function, FunctionUID: c.FunctionUID, Status: StatusQueued, SubmittedAt: c.Submitted, CallbackURL: c.CallbackURL}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err

@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -237,6 +239,13 @@ func (cp *ControlPlane) noteRevision(rev uint64) {
 	cp.revMu.Unlock()
 }
 
+// newUID makes a function's identity (spec.Function.UID): 128 random bits.
+func newUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // mayCreateIn refuses (403) a token limited to functions but to no
 // namespace a creation outside the default namespace
 // (auth.FunctionsAnywhere).
@@ -268,7 +277,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	l.Lock()
 	defer l.Unlock()
 	now := time.Now().UTC()
-	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt = cp.nextRevision(), 1, now, now
+	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = cp.nextRevision(), 1, now, now, newUID()
 	if err := cp.store.CreateFunction(f); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
@@ -326,7 +335,7 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 // replaceFunction makes f the function's new revision in place of old,
 // which goes to its history; the caller holds the name's lock.
 func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
-	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation = old.CreatedAt, time.Now().UTC(), cp.nextRevision(), old.Generation+1
+	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), cp.nextRevision(), old.Generation+1, old.UID
 	if err := cp.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")

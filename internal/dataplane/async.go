@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -157,7 +158,7 @@ func (d *DataPlane) asyncCall(r *http.Request, fn *function, id, path string, bo
 		delete(h, "Authorization")
 	}
 	return &async.Call{ID: id, Function: fn.name, Method: r.Method, Path: path, Query: r.URL.RawQuery,
-		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr}
+		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr, FunctionUID: fn.set.Load().conf.async.UID}
 }
 
 // storeAsync submits c and says what failed, if anything.
@@ -244,6 +245,12 @@ func (d *DataPlane) Policy(ctx context.Context, name string) (async.Policy, bool
 func (d *DataPlane) Invoke(ctx context.Context, c *async.Call, maxBody int) (res async.Result) {
 	fn := d.lookup(c.Function)
 	if fn == nil {
+		return async.Result{Status: http.StatusNotFound, PlatformError: reasonFunctionDeleted.String()}
+	}
+	// Checked again here, as the call runs: it may have waited (for the
+	// function's async concurrency) while its function was deleted and
+	// another made under the name.
+	if uid := fn.set.Load().conf.async.UID; c.FunctionUID != "" && uid != "" && uid != c.FunctionUID {
 		return async.Result{Status: http.StatusNotFound, PlatformError: reasonFunctionDeleted.String()}
 	}
 	target := "http://async" + c.Path
@@ -355,6 +362,9 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 			d.writeError(w, nil, fail(http.StatusServiceUnavailable, reasonAsyncUnavailable, "%v", err))
 			return
 		}
+		// Not the calls of an earlier function of a name (deleted, perhaps
+		// another tenant's).
+		recs = slices.DeleteFunc(recs, func(rec async.Record) bool { return !d.sameFunction(&rec) })
 		writeJSON(w, http.StatusOK, map[string]any{"calls": recs})
 	case id == "" && r.Method == http.MethodDelete:
 		fnName := r.URL.Query().Get("function")
@@ -429,7 +439,24 @@ func (d *DataPlane) authorizedCall(ctx context.Context, w http.ResponseWriter, r
 		}
 		return nil, false
 	}
+	if !d.sameFunction(rec) { // an earlier function's: as if there were none
+		d.callError(w, async.ErrNotFound)
+		return nil, false
+	}
 	return rec, true
+}
+
+// sameFunction reports whether rec's call was submitted to the function
+// its name holds now, or to none (its function is gone: the admins' to
+// see) — not to an earlier function of the name, which a function made
+// later under it (perhaps by another tenant) must not see or retry.
+func (d *DataPlane) sameFunction(rec *async.Record) bool {
+	fn := d.lookup(rec.Function)
+	if fn == nil || rec.FunctionUID == "" {
+		return true
+	}
+	uid := fn.set.Load().conf.async.UID
+	return uid == "" || uid == rec.FunctionUID
 }
 
 // callError answers a lookup's error; it reports whether it did.

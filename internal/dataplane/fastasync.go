@@ -75,7 +75,7 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	id := string(callID)
 	call := &async.Call{ID: id, Function: fn.name, Method: methodString(rq.method), Path: string(rq.rest),
 		Query: string(rq.query), Header: c.asyncHeader(keepAuth), Body: rq.body, Host: string(rq.host),
-		Remote: c.remote, Fresh: fresh}
+		Remote: c.remote, Fresh: fresh, FunctionUID: fn.set.Load().conf.async.UID}
 	if f := d.storeAsync(c.ctx, call); f.code != 0 {
 		return c.answerError(f, callID)
 	}

@@ -161,7 +161,7 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	c.memoryMB = s.Resources.MemoryMB
 	a := specpb.AsyncFromProto(p.GetAsync())
 	c.async = async.Policy{MaxAttempts: a.MaxAttempts, MaxAge: time.Duration(a.MaxAge), Backoff: time.Duration(a.Backoff),
-		BackoffMax: time.Duration(a.BackoffMax), RetryFunctionErrors: a.RetryFunctionErrors, Concurrency: a.Concurrency}
+		BackoffMax: time.Duration(a.BackoffMax), RetryFunctionErrors: a.RetryFunctionErrors, Concurrency: a.Concurrency, UID: p.GetUid()}
 	if p.GetScalingMode() == spec.ModeDual {
 		c.dual, c.wire, c.keepAlive = true, p, time.Duration(p.GetKeepAliveMs())*time.Millisecond
 	}

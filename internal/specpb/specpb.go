@@ -36,6 +36,7 @@ func ToProto(f *spec.Function) *briskv1.FunctionSpec {
 		Secrets:        f.Secrets,
 		SecretData:     f.SecretData,
 		Traffic:        trafficToProto(f),
+		Uid:            f.UID,
 	}
 }
 
@@ -88,6 +89,7 @@ func FromProto(p *briskv1.FunctionSpec) *spec.Function {
 		Async:          AsyncFromProto(p.GetAsync()),
 		Secrets:        p.GetSecrets(),
 		SecretData:     p.GetSecretData(),
+		UID:            p.GetUid(),
 	}
 	for _, t := range p.GetTraffic() {
 		f.Traffic = append(f.Traffic, spec.TrafficTarget{Revision: t.GetRevision(), Percent: int(t.GetPercent())})

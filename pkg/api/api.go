@@ -245,8 +245,12 @@ func (s CallStatus) Final() bool {
 
 // CallRecord is an asynchronous call's status (GET /v1/calls/ID).
 type CallRecord struct {
-	ID            string     `json:"id"`
-	Function      string     `json:"function"`
+	ID       string `json:"id"`
+	Function string `json:"function"`
+	// FunctionUID is the identity of the function it was submitted to
+	// (spec.Function.UID): a function made later under the same name is
+	// another, and neither sees nor runs this call.
+	FunctionUID   string     `json:"function_uid,omitempty"`
 	Status        CallStatus `json:"status"`
 	Attempts      int        `json:"attempts"`
 	SubmittedAt   time.Time  `json:"submitted_at"`

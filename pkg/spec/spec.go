@@ -90,6 +90,11 @@ type Function struct {
 	// the function's revisions 1, 2, 3, ...: what people call "revision N"
 	// (fn list, fn revisions, fn rollback N, traffic rev-N); 0 for a
 	// revision made before generations existed.
+	// UID is the function's identity, made at its creation and kept by its
+	// revisions, never reused: a function made again under a deleted
+	// one's name (in any namespace) has another, and sees none of the
+	// deleted one's calls or results. Empty for functions made before uids.
+	UID        string    `json:"uid,omitempty"`
 	Revision   uint64    `json:"revision,omitempty"`
 	Generation uint64    `json:"generation,omitempty"`
 	CreatedAt  time.Time `json:"created_at,omitzero"`

@@ -291,3 +291,65 @@ func TestRecreatedFunctionSeesNoOldLogs(t *testing.T) {
 		t.Fatalf("the new x shows the deleted one's logs:\n%s", out)
 	}
 }
+
+// Calls still queued for a deleted function never run on a function made
+// again under its name by another tenant (issue 36: they were delivered to
+// the newcomer's code with their bodies): they are dead, and the newcomer
+// does not see them.
+func TestQueuedCallsDieWithTheirFunction(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "ns", "create", "team-b")
+	c.mustBrisk(t, "ns", "create", "team-a")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "trace", "--max", "1", "--async-concurrency", "1", "--public")
+	var ids []string
+	for range 6 {
+		resp, err := c.hc.Post("http://"+c.invokeAddr+"/async-function/x", "application/json", strings.NewReader(`{"ms": 1500}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submit: %d", resp.StatusCode)
+		}
+		ids = append(ids, resp.Header.Get("X-Call-Id"))
+	}
+	eventually(t, 30*time.Second, "the first call running", func() bool {
+		rec, err := c.cl.Call(context.Background(), ids[0])
+		return err == nil && rec.Status != "queued"
+	})
+	c.mustBrisk(t, "fn", "delete", "x")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-a", "--builtin", "trace", "--public")
+	metrics := "http://" + c.invokeAddr + "/metrics"
+	count := func(name string) float64 {
+		resp, err := http.Get(metrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				var f float64
+				if _, err := fmtSscan(v, &f); err == nil {
+					return f
+				}
+			}
+		}
+		return 0
+	}
+	succeeded := `brisk_async_delivered_total{function="x",outcome="succeeded"}`
+	failed := `brisk_async_delivered_total{function="x",outcome="failed"}`
+	dead := `brisk_async_dead_lettered_total{function="x"}`
+	eventually(t, 60*time.Second, "every call settled", func() bool { return count(succeeded)+count(failed)+count(dead) >= 6 })
+	if s := count(succeeded); s > 1 {
+		t.Fatalf("%v of the deleted function's queued calls ran (on the new x); only the one running at the deletion may have", s)
+	}
+	// The newcomer sees none of them.
+	if recs, err := c.cl.Calls(context.Background(), "x", "", 100); err != nil || len(recs) != 0 {
+		t.Fatalf("the new x lists %d calls (%v), want none of the deleted one's", len(recs), err)
+	}
+	if _, err := c.cl.Call(context.Background(), ids[5]); !client.IsNotFound(err) {
+		t.Fatalf("a deleted function's call read through the new one: %v, want 404", err)
+	}
+}

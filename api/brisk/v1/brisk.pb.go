@@ -226,7 +226,11 @@ type FunctionSpec struct {
 	// How calls are split between revisions (spec.Function.Traffic); empty:
 	// all to this function. Each target names the function that serves it:
 	// this one for the current revision, NAME_rREV for a pinned one.
-	Traffic       []*TrafficTarget `protobuf:"bytes,24,rep,name=traffic,proto3" json:"traffic,omitempty"`
+	Traffic []*TrafficTarget `protobuf:"bytes,24,rep,name=traffic,proto3" json:"traffic,omitempty"`
+	// The function's identity (spec.Function.UID): calls submitted to it
+	// carry it, and are never run by, nor shown for, another function of
+	// the name.
+	Uid           string `protobuf:"bytes,25,opt,name=uid,proto3" json:"uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -427,6 +431,13 @@ func (x *FunctionSpec) GetTraffic() []*TrafficTarget {
 		return x.Traffic
 	}
 	return nil
+}
+
+func (x *FunctionSpec) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
 }
 
 type TrafficTarget struct {
@@ -3445,7 +3456,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xe3\a\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xf5\a\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -3474,7 +3485,8 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\asecrets\x18\x16 \x03(\tR\asecrets\x12G\n" +
 	"\vsecret_data\x18\x17 \x03(\v2&.brisk.v1.FunctionSpec.SecretDataEntryR\n" +
 	"secretData\x121\n" +
-	"\atraffic\x18\x18 \x03(\v2\x17.brisk.v1.TrafficTargetR\atraffic\x1a6\n" +
+	"\atraffic\x18\x18 \x03(\v2\x17.brisk.v1.TrafficTargetR\atraffic\x12\x10\n" +
+	"\x03uid\x18\x19 \x01(\tR\x03uid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
