@@ -85,6 +85,9 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	}
 	set := fn.set.Load()
 	f, keepAuth := authorize(d, fn, set.conf, r.Header.Get("Authorization"))
+	if f.code == 0 && !fresh {
+		f = mayChooseCallID(d, fn, set.conf, r.Header.Get("Authorization"))
+	}
 	if f.code != 0 {
 		d.writeError(w, callID, f)
 		return

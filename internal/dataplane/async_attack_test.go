@@ -160,7 +160,7 @@ func (tn *tenants) await(t *testing.T, id string, want async.Status) async.Recor
 // and "/v1/calls//" are the list too.
 func TestAsyncAttackListingPublicCallsNeedsAToken(t *testing.T) {
 	tn := newTenants(t, nil, async.Config{}, 200)
-	r := as(t, "POST", tn.ts.URL+"/async-function/pub", "", http.Header{"X-Call-Id": {"pub-1"}}, "secret input")
+	r := as(t, "POST", tn.ts.URL+"/async-function/pub", tn.admin, http.Header{"X-Call-Id": {"pub-1"}}, "secret input")
 	if r.code != http.StatusAccepted {
 		t.Fatalf("submit: %d %s", r.code, r.body)
 	}
@@ -574,4 +574,33 @@ func TestAsyncAttackRetryMessageIDCannotBeTaken(t *testing.T) {
 	}
 	waitFor(t, "the victim's retried call to run", func() bool { return tn.hitsB.of("job") == 2 })
 	tn.await(t, "job", async.StatusFailed)
+}
+
+// On a public function an anonymous caller may not choose the call id
+// (issue 36): it could take an id the function's owner will use, whose
+// submit would then be a duplicate of the attacker's call (and its result,
+// readable by id, the attacker's). Both submit paths refuse it; a fresh id
+// and a caller with a token are served.
+func TestAsyncAttackClaimingAPublicCallID(t *testing.T) {
+	tn := newTenants(t, nil, async.Config{}, 200)
+	addr := tn.ts.URL
+	for _, chunked := range []bool{false, true} {
+		body := "Content-Length: 1\r\n\r\nx"
+		if chunked { // net/http's path
+			body = "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n"
+		}
+		resp, got := rawCall(t, addr, "POST /async-function/pub HTTP/1.1\r\nHost: x\r\nX-Call-Id: nightly-report\r\n"+body)
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(got, "X-Call-Id") {
+			t.Fatalf("an anonymous claim of a call id (chunked %v): %d %s, want 403", chunked, resp.StatusCode, got)
+		}
+		if resp, _ := rawCall(t, addr, "POST /async-function/pub HTTP/1.1\r\nHost: x\r\n"+body); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("an anonymous submit with a fresh id (chunked %v): %d", chunked, resp.StatusCode)
+		}
+	}
+	if r := as(t, "GET", addr+"/v1/calls/nightly-report", tn.admin, nil, ""); r.code != http.StatusNotFound {
+		t.Fatalf("the refused claim left a call: %d %s", r.code, r.body)
+	}
+	if r := as(t, "POST", addr+"/async-function/pub", tn.admin, http.Header{"X-Call-Id": {"nightly-report"}}, "the owner's"); r.code != http.StatusAccepted {
+		t.Fatalf("the owner's submit with its id: %d %s", r.code, r.body)
+	}
 }

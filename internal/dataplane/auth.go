@@ -53,6 +53,23 @@ func authorize[S string | []byte](d *DataPlane, fn *function, conf *fnConf, auth
 	return fail(http.StatusUnauthorized, reasonUnauthorized, "function %q: %v", fn.name, err), false
 }
 
+// mayChooseCallID checks a submit that names its call id (X-Call-Id) of
+// fn: on a public function only a caller with a token allowed to invoke
+// it may, or an anonymous caller could take an id the function's owner
+// will use (the owner's submit is then a duplicate of the attacker's call,
+// whose result anyone may read by its id). Other functions' callers passed
+// authorize already.
+func mayChooseCallID[S string | []byte](d *DataPlane, fn *function, conf *fnConf, authz S) failure {
+	if !conf.public || !d.authOn.Load() {
+		return failure{}
+	}
+	tok, ok := auth.FromHeader(string(authz)) // a submit naming its id: rare, may allocate
+	if ok && auth.Check(d.tokens, tok, auth.ScopeInvoke, conf.namespace, fn.name) == nil {
+		return failure{}
+	}
+	return fail(http.StatusForbidden, reasonForbidden, "function %q: choosing an asynchronous call's id (X-Call-Id) of a public function needs a token that may invoke it; leave X-Call-Id out to get a fresh id", fn.name)
+}
+
 // bearer takes the token out of "Bearer <token>" without allocating.
 func bearer[S string | []byte](v S) (S, bool) {
 	const scheme = "bearer "

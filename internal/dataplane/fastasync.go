@@ -68,7 +68,11 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	if _, ok := c.move(inRead, stCall, d.nanotime(), d.cfg.WriteTimeout); !ok {
 		return false
 	}
-	f, keepAuth := authorize(d, fn, fn.set.Load().conf, rq.parsed.Authorization)
+	conf := fn.set.Load().conf
+	f, keepAuth := authorize(d, fn, conf, rq.parsed.Authorization)
+	if f.code == 0 && !fresh {
+		f = mayChooseCallID(d, fn, conf, rq.parsed.Authorization)
+	}
 	if f.code != 0 {
 		return c.answerError(f, callID)
 	}
