@@ -74,7 +74,7 @@ func newFnUpdate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fn.Revision, fn.Generation, fn.CreatedAt, fn.UpdatedAt = 0, 0, time.Time{}, time.Time{}
+			fn.UID, fn.Revision, fn.Generation, fn.CreatedAt, fn.UpdatedAt = "", 0, 0, time.Time{}, time.Time{}
 			out, err := cl.Update(c.Context(), fn)
 			if err != nil {
 				return err
@@ -783,7 +783,7 @@ func (f *deployFlags) waitReady(c *cobra.Command, cl *client.Client, out *spec.F
 func specChanges(a, b *spec.Function) string {
 	fields := func(f *spec.Function) map[string]json.RawMessage {
 		c := *f
-		c.Revision, c.Generation, c.CreatedAt, c.UpdatedAt = 0, 0, time.Time{}, time.Time{}
+		c.UID, c.Revision, c.Generation, c.CreatedAt, c.UpdatedAt = "", 0, 0, time.Time{}, time.Time{}
 		raw, _ := json.Marshal(&c)
 		m := map[string]json.RawMessage{}
 		_ = json.Unmarshal(raw, &m)

@@ -55,9 +55,10 @@ const Finalizer = "brisk.dev/function"
 func objectKey(namespace, name string) string { return namespace + "/" + name }
 
 // serverSet are the spec fields an object does not carry: its name and
-// namespace are the object's metadata, the revision and times are brisk's,
-// and the traffic split is not part of a revision (brisk fn traffic).
-var serverSet = []string{"name", "namespace", "revision", "generation", "created_at", "updated_at", "traffic"}
+// namespace are the object's metadata, the uid, revision and times are
+// brisk's, and the traffic split is not part of a revision (brisk fn
+// traffic).
+var serverSet = []string{"name", "namespace", "uid", "revision", "generation", "created_at", "updated_at", "traffic"}
 
 // ToSpec reads a Function object as a brisk spec, strictly (an unknown
 // field is an error, as in the admin API), with its name and namespace
@@ -162,7 +163,7 @@ func jsonNumbers(v any) any {
 func sameSpec(desired, current *spec.Function) bool {
 	norm := func(f *spec.Function) []byte {
 		c := *f
-		c.Revision, c.Generation, c.Traffic, c.SecretData = 0, 0, nil, nil
+		c.UID, c.Revision, c.Generation, c.Traffic, c.SecretData = "", 0, 0, nil, nil
 		c.CreatedAt, c.UpdatedAt = time.Time{}, time.Time{}
 		b, _ := json.Marshal(&c)
 		return b
