@@ -3,7 +3,9 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -54,32 +56,26 @@ func newNamespaceSet(g *globals, verb string) *cobra.Command {
 		RunE: func(c *cobra.Command, args []string) error {
 			var req api.NamespaceRequest
 			fl := c.Flags()
-			if fl.Changed("max-functions") || fl.Changed("max-sandboxes") || fl.Changed("max-cpu") || fl.Changed("max-memory") || fl.Changed("max-scale") {
-				// The quota flags given replace those fields; the others
-				// keep their values.
+			// The quota flags given replace those fields of the current
+			// quota; the others keep their values.
+			keepers := map[string]func(was spec.Quota){
+				"max-functions": func(was spec.Quota) { q.MaxFunctions = was.MaxFunctions },
+				"max-sandboxes": func(was spec.Quota) { q.MaxSandboxes = was.MaxSandboxes },
+				"max-cpu":       func(was spec.Quota) { q.MaxMilliCPU = was.MaxMilliCPU },
+				"max-memory":    func(was spec.Quota) { q.MaxMemoryMB = was.MaxMemoryMB },
+				"max-scale":     func(was spec.Quota) { q.MaxScale = was.MaxScale },
+			}
+			if slices.ContainsFunc(slices.Collect(maps.Keys(keepers)), fl.Changed) {
 				cur, err := g.client().Namespace(c.Context(), args[0])
 				if err != nil && !client.IsNotFound(err) {
 					return err
 				}
-				merged := spec.Quota{}
-				if err == nil {
-					merged = cur.Quota
-				}
-				set := func(name string, dst *int, v int) {
-					if fl.Changed(name) {
-						*dst = v
+				for name, keep := range keepers {
+					if err == nil && !fl.Changed(name) {
+						keep(cur.Quota)
 					}
 				}
-				set("max-functions", &merged.MaxFunctions, q.MaxFunctions)
-				set("max-sandboxes", &merged.MaxSandboxes, q.MaxSandboxes)
-				set("max-scale", &merged.MaxScale, q.MaxScale)
-				if fl.Changed("max-cpu") {
-					merged.MaxMilliCPU = q.MaxMilliCPU
-				}
-				if fl.Changed("max-memory") {
-					merged.MaxMemoryMB = q.MaxMemoryMB
-				}
-				req.Quota = &merged
+				req.Quota = &q
 			}
 			if len(allow)+len(deny) > 0 || clearEgress {
 				if clearEgress && len(allow)+len(deny) > 0 {

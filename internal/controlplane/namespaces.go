@@ -8,9 +8,9 @@ import (
 	"slices"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -84,27 +84,13 @@ func (cp *ControlPlane) loadQuotas() error {
 		return err
 	}
 	q := make(map[string]spec.Quota, len(nss))
-	egress := &briskv1.EgressPolicies{}
+	egress := make(map[string]spec.EgressPolicy, len(nss))
 	for _, n := range nss {
-		q[n.Name] = n.Quota
-		if !n.Egress.IsZero() {
-			egress.Namespaces = append(egress.Namespaces, egressToProto(n.Name, n.Egress))
-		}
+		q[n.Name], egress[n.Name] = n.Quota, n.Egress
 	}
 	cp.cluster.setQuotas(q)
-	cp.cluster.setEgress(egress)
+	cp.cluster.setEgress(specpb.EgressToProto(egress))
 	return nil
-}
-
-func egressToProto(ns string, p spec.EgressPolicy) *briskv1.NamespaceEgress {
-	rules := func(rs []spec.EgressRule) []*briskv1.EgressRule {
-		out := make([]*briskv1.EgressRule, len(rs))
-		for i, r := range rs {
-			out[i] = &briskv1.EgressRule{Cidr: r.CIDR, Ports: r.Ports, Protocol: r.Protocol}
-		}
-		return out
-	}
-	return &briskv1.NamespaceEgress{Namespace: ns, Allow: rules(p.Allow), Deny: rules(p.Deny)}
 }
 
 func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {

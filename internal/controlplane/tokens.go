@@ -12,6 +12,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // The admin API's authentication: every route but /healthz and the
@@ -20,10 +21,9 @@ import (
 // and function it needs (authorize). Tokens live in the registry, hashed;
 // the checker holds the grants of the current ones.
 
-// AdminTokenFile is the file in the data dir where a control plane that
-// finds no token at all writes the first admin token (mode 0600); the CLI
-// reads it when given no other token.
-const AdminTokenFile = "admin.token"
+// AdminTokenFile is api.AdminTokenFile: the file in the data dir where a
+// control plane that finds no token at all writes the first admin token.
+const AdminTokenFile = api.AdminTokenFile
 
 // authenticate wraps the admin mux: a request without a valid token is
 // refused before any route (so unknown routes answer 401 too).

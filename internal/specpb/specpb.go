@@ -4,6 +4,8 @@
 package specpb
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
@@ -105,6 +107,44 @@ func trafficToProto(f *spec.Function) []*briskv1.TrafficTarget {
 	out := make([]*briskv1.TrafficTarget, len(f.Traffic))
 	for i, t := range f.Traffic {
 		out[i] = &briskv1.TrafficTarget{Function: f.TrafficFunction(t), Revision: t.Revision, Percent: uint32(t.Percent)}
+	}
+	return out
+}
+
+// EgressToProto is every namespace's egress policy (by namespace) as
+// workers get it: namespaces in name order, those without a policy left
+// out.
+func EgressToProto(policies map[string]spec.EgressPolicy) *briskv1.EgressPolicies {
+	out := &briskv1.EgressPolicies{}
+	for _, ns := range slices.Sorted(maps.Keys(policies)) {
+		p := policies[ns]
+		if p.IsZero() {
+			continue
+		}
+		rules := func(rs []spec.EgressRule) []*briskv1.EgressRule {
+			out := make([]*briskv1.EgressRule, len(rs))
+			for i, r := range rs {
+				out[i] = &briskv1.EgressRule{Cidr: r.CIDR, Ports: r.Ports, Protocol: r.Protocol}
+			}
+			return out
+		}
+		out.Namespaces = append(out.Namespaces, &briskv1.NamespaceEgress{Namespace: ns, Allow: rules(p.Allow), Deny: rules(p.Deny)})
+	}
+	return out
+}
+
+// EgressFromProto is EgressToProto's inverse.
+func EgressFromProto(e *briskv1.EgressPolicies) map[string]spec.EgressPolicy {
+	rules := func(rs []*briskv1.EgressRule) []spec.EgressRule {
+		out := make([]spec.EgressRule, len(rs))
+		for i, r := range rs {
+			out[i] = spec.EgressRule{CIDR: r.GetCidr(), Ports: r.GetPorts(), Protocol: r.GetProtocol()}
+		}
+		return out
+	}
+	out := make(map[string]spec.EgressPolicy, len(e.GetNamespaces()))
+	for _, ns := range e.GetNamespaces() {
+		out[ns.GetNamespace()] = spec.EgressPolicy{Allow: rules(ns.GetAllow()), Deny: rules(ns.GetDeny())}
 	}
 	return out
 }

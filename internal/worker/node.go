@@ -284,17 +284,7 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 // enforce them. A failure is logged: sandboxes then stay under the policies
 // their runtime had (none, for a namespace it never had one for).
 func (n *Node) setEgress(e *briskv1.EgressPolicies) {
-	policies := make(map[string]spec.EgressPolicy, len(e.GetNamespaces()))
-	for _, ns := range e.GetNamespaces() {
-		rules := func(rs []*briskv1.EgressRule) []spec.EgressRule {
-			out := make([]spec.EgressRule, len(rs))
-			for i, r := range rs {
-				out[i] = spec.EgressRule{CIDR: r.GetCidr(), Ports: r.GetPorts(), Protocol: r.GetProtocol()}
-			}
-			return out
-		}
-		policies[ns.GetNamespace()] = spec.EgressPolicy{Allow: rules(ns.GetAllow()), Deny: rules(ns.GetDeny())}
-	}
+	policies := specpb.EgressFromProto(e)
 	for _, rt := range n.runtimes() {
 		if en, ok := rt.(runtime.EgressEnforcer); ok {
 			if err := en.SetEgress(policies); err != nil {

@@ -156,6 +156,11 @@ type FunctionSummary struct {
 	Message   string `json:"message,omitempty"`
 }
 
+// AdminTokenFile is the file in a control plane's data dir where it writes
+// the first admin token (mode 0600) when it finds no token at all; the CLI
+// and client.FromEnv read it when given no other token.
+const AdminTokenFile = "admin.token"
+
 // NamespaceRequest creates or changes a namespace (PUT /v1/namespaces/NAME).
 type NamespaceRequest struct {
 	// Quota replaces the namespace's quota; absent (null) keeps it (a new

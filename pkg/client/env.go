@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // Environment variables FromEnv reads, the brisk CLI's too.
@@ -39,7 +41,7 @@ func DefaultDataDir() string {
 // DefaultTokenFile is the token file the CLI reads: $BRISK_TOKEN_FILE, or
 // the admin token `brisk up` writes to its data dir.
 func DefaultTokenFile() string {
-	return cmp.Or(os.Getenv(EnvTokenFile), filepath.Join(DefaultDataDir(), "admin.token"))
+	return cmp.Or(os.Getenv(EnvTokenFile), filepath.Join(DefaultDataDir(), api.AdminTokenFile))
 }
 
 // FromEnv returns a client configured as the brisk CLI is without flags:

@@ -322,21 +322,8 @@ func TestQueuedCallsDieWithTheirFunction(t *testing.T) {
 	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-a", "--builtin", "trace", "--public")
 	metrics := "http://" + c.invokeAddr + "/metrics"
 	count := func(name string) float64 {
-		resp, err := http.Get(metrics)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, name+" "); ok {
-				var f float64
-				if _, err := fmtSscan(v, &f); err == nil {
-					return f
-				}
-			}
-		}
-		return 0
+		v, _ := metricSample(t, metrics, name)
+		return v
 	}
 	succeeded := `brisk_async_delivered_total{function="x",outcome="succeeded"}`
 	failed := `brisk_async_delivered_total{function="x",outcome="failed"}`

@@ -75,8 +75,20 @@ func sandboxIDs(t *testing.T, c *cluster, name string) []string {
 	return ids
 }
 
-// metricValue reads one unlabelled sample from a Prometheus text endpoint.
+// metricValue reads one sample from a Prometheus text endpoint: name is
+// the metric's name with its labels as the endpoint writes them.
 func metricValue(t testing.TB, url, name string) float64 {
+	t.Helper()
+	v, ok := metricSample(t, url, name)
+	if !ok {
+		t.Fatalf("metric %s not found at %s", name, url)
+	}
+	return v
+}
+
+// metricSample is metricValue's sample, and false when there is none (a
+// counter no event has made yet).
+func metricSample(t testing.TB, url, name string) (float64, bool) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -85,13 +97,12 @@ func metricValue(t testing.TB, url, name string) float64 {
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, name+" ") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
 			var v float64
-			if _, err := fmtSscan(strings.TrimPrefix(line, name+" "), &v); err == nil {
-				return v
+			if _, err := fmtSscan(rest, &v); err == nil {
+				return v, true
 			}
 		}
 	}
-	t.Fatalf("metric %s not found at %s", name, url)
-	return 0
+	return 0, false
 }

@@ -62,7 +62,6 @@ type egress struct {
 	want     map[string]spec.EgressPolicy
 	failed   error
 	policies map[string][]egressRule // installed, by namespace, in the order checked
-	allowSet map[string]bool         // namespaces whose installed policy has an allow list
 	chains   map[string]bool         // namespace chains that exist
 	bound    map[netip.Addr]string   // sandbox address -> namespace
 }
@@ -76,7 +75,7 @@ func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.table = egressTable(p.cfg.NamePrefix)
-	e.policies, e.allowSet = map[string][]egressRule{}, map[string]bool{}
+	e.policies = map[string][]egressRule{}
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrFirewall, err)
@@ -275,7 +274,6 @@ func (p *Pool) SetEgress(policies map[string]spec.EgressPolicy) error {
 
 func (e *egress) installLocked(policies map[string]spec.EgressPolicy) error {
 	parsed := make(map[string][]egressRule, len(policies))
-	allow := make(map[string]bool, len(policies))
 	for ns, pol := range policies {
 		if !spec.ValidNamespace(ns) {
 			return fmt.Errorf("netpool: egress policy of namespace %q: not a namespace name", ns)
@@ -284,7 +282,6 @@ func (e *egress) installLocked(policies map[string]spec.EgressPolicy) error {
 			return fmt.Errorf("netpool: egress policy of namespace %s: %w", ns, err)
 		}
 		parsed[ns] = rulesOf(pol)
-		allow[ns] = len(pol.Allow) > 0
 	}
 	if !e.enabled {
 		if len(policies) > 0 {
@@ -293,13 +290,13 @@ func (e *egress) installLocked(policies map[string]spec.EgressPolicy) error {
 		}
 		return nil
 	}
-	old, oldAllow := e.policies, e.allowSet
-	e.policies, e.allowSet = parsed, allow
+	old := e.policies
+	e.policies = parsed
 	c, err := nftables.New()
 	if err == nil {
 		changed := 0
 		for ns := range e.chains {
-			if !reflect.DeepEqual(parsed[ns], old[ns]) || allow[ns] != oldAllow[ns] {
+			if !reflect.DeepEqual(parsed[ns], old[ns]) {
 				e.writeChainLocked(c, ns)
 				changed++
 			}
@@ -315,7 +312,7 @@ func (e *egress) installLocked(policies map[string]spec.EgressPolicy) error {
 		}
 	}
 	if err != nil {
-		e.policies, e.allowSet = old, oldAllow
+		e.policies = old
 		return fmt.Errorf("netpool: egress policies: %w", err)
 	}
 	for ns := range parsed {
@@ -339,9 +336,6 @@ func (e *egress) writeChainLocked(c *nftables.Conn, ns string) {
 			}
 		}
 	}
-	if e.allowSet[ns] {
-		rejectOn(c, ch, nil)
-	}
 }
 
 // egressRule is one rule of a namespace's chain.
@@ -350,7 +344,11 @@ type egressRule struct {
 	deny bool
 }
 
-// rulesOf orders a policy's rules as its chain checks them: deny first.
+// everywhere is the rule that ends an allow list: refuse the rest.
+var everywhere = egressRule{spec.ParsedEgressRule{Prefix: netip.MustParsePrefix("0.0.0.0/0")}, true}
+
+// rulesOf orders a policy's rules as its chain checks them: deny first,
+// then allow, then, after an allow list, a refusal of everything else.
 func rulesOf(p spec.EgressPolicy) []egressRule {
 	var out []egressRule
 	for _, deny := range []bool{true, false} {
@@ -362,6 +360,9 @@ func rulesOf(p spec.EgressPolicy) []egressRule {
 			pr, _ := r.Parse() // validated
 			out = append(out, egressRule{pr, deny})
 		}
+	}
+	if len(p.Allow) > 0 {
+		out = append(out, everywhere)
 	}
 	return out
 }
@@ -382,12 +383,10 @@ func matchesOf(r spec.ParsedEgressRule) [][]expr.Any {
 			continue
 		}
 		for _, pr := range r.Ports {
-			port := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
-			if pr.First == pr.Last {
-				port = append(port, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(pr.First)})
-			} else {
-				port = append(port, &expr.Range{Op: expr.CmpOpEq, Register: 1,
-					FromData: binaryutil.BigEndian.PutUint16(pr.First), ToData: binaryutil.BigEndian.PutUint16(pr.Last)})
+			port := thDport(pr.First)
+			if pr.First != pr.Last {
+				port = []expr.Any{port[0], &expr.Range{Op: expr.CmpOpEq, Register: 1,
+					FromData: binaryutil.BigEndian.PutUint16(pr.First), ToData: binaryutil.BigEndian.PutUint16(pr.Last)}}
 			}
 			out = append(out, concat(dst, l4proto(proto.p), port))
 		}

@@ -114,13 +114,8 @@ func installFirewall(cfg Config, dnsPort uint16, ports []*record) error {
 	rule := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: exprs})
 	}
-	// reject refuses what match matches at once: a TCP reset, or an ICMP
-	// "administratively prohibited" for anything else.
-	reject := func(ch *nftables.Chain, match ...[]expr.Any) {
-		m := concat(match...)
-		rule(ch, concat(m, l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
-		rule(ch, concat(m, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}})...)
-	}
+	// reject refuses what match matches at once (rejectOn).
+	reject := func(ch *nftables.Chain, match ...[]expr.Any) { rejectOn(c, ch, concat(match...)) }
 	fromBridge := matchIfname(expr.MetaKeyIIFNAME, cfg.Bridge, true)
 	gw := netip.PrefixFrom(gatewayOf(cfg.Subnet), 32)
 
