@@ -19,6 +19,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -163,6 +164,7 @@ type wkFlags struct {
 	listen, advertise, nodeID, rt, stateDir string
 	emergencyRT                             string
 	sandboxUser                             string
+	python, node                            string
 	emulate                                 int
 	createDelay                             time.Duration
 	cpu                                     string
@@ -191,6 +193,8 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
 	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
+	fl.StringVar(&f.python, "python", lang.DefaultPython, "interpreter of functions deployed from Python source (fn deploy --lang python), with --runtime process or native")
+	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native (looked up in PATH)")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
@@ -226,7 +230,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
-		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT}
+		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
 			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}

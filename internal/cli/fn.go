@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -50,6 +51,9 @@ type deployFlags struct {
 	asyncAttempts, asyncConcurrency int
 	asyncMaxAge, asyncBackoff       time.Duration
 	asyncRetryFnErrors              bool
+	// deployed from source
+	lang, code, handler, contract string
+	cl                            *client.Client // uploads --code
 }
 
 // newFnUpdate changes only the flags given, keeping the rest of the
@@ -63,6 +67,7 @@ func newFnUpdate(g *globals) *cobra.Command {
 		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cl := g.client()
+			f.cl = cl
 			if c.Flags().Changed("traffic") && c.Flags().NFlag() == trafficOnlyFlags(c) {
 				return f.setTraffic(c, cl, args[0]) // a split is not a revision
 			}
@@ -96,18 +101,22 @@ func newFnDeploy(g *globals) *cobra.Command {
 		Use:   "deploy NAME",
 		Short: "Register a function, or update it if it exists",
 		Long: `Register a function, or update it (a new revision) if it exists.
-Exactly one of --builtin, --command or --image says what runs. A --command is
-started with PORT set to the port it must serve HTTP on.`,
+Exactly one of --builtin, --command, --image or --code says what runs. A --command is
+started with PORT set to the port it must serve HTTP on. --code deploys Python or
+Node source: brisk uploads it and runs the handler in a managed runtime.`,
 		Example: `  brisk fn deploy hello --builtin trace
   brisk fn deploy myfn --command "/path/to/server --flag" --port 8080 --min 0 --max 20 --concurrency 1
-  brisk fn deploy myfn -f spec.json`,
+  brisk fn deploy myfn -f spec.json
+  brisk fn deploy greet --code ./src --lang python --handler app.handler --wait
+  brisk fn deploy web --code handler.js --contract http`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			cl := g.client()
+			f.cl = cl
 			fn, err := f.spec(c, args[0])
 			if err != nil {
 				return err
 			}
-			cl := g.client()
 			out, err := cl.Create(c.Context(), fn)
 			verb := "created"
 			var old *spec.Function
@@ -147,6 +156,10 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.builtin, "builtin", "", "built-in function to run: trace")
 	fl.StringVar(&f.command, "command", "", "local command to run (process and native runtimes); quotes group words; '$PORT' (quoted, so that your shell leaves it) is the sandbox's port")
 	fl.StringVar(&f.image, "image", "", "OCI image to run (containerd runtime)")
+	fl.StringVar(&f.code, "code", "", "deploy from source: a directory, a .zip, or one source file, uploaded and run in a managed runtime (process and native runtimes; docs/languages.md)")
+	fl.StringVar(&f.lang, "lang", "", "with --code: python or node (default: guessed from the files)")
+	fl.StringVar(&f.handler, "handler", "", "with --code: MODULE.FUNCTION to call, e.g. app.handler (default: lambda_function.lambda_handler or index.handler; with --contract http handler.handle, or for Node handler, the module's export)")
+	fl.StringVar(&f.contract, "contract", "", "with --code: lambda (AWS Lambda's handler(event, context), the default) or http (a request in, status/headers/body out, as OpenFaaS's templates)")
 	fl.IntVar(&f.port, "port", 0, "port the function serves HTTP on in its sandbox (containerd and native runtimes; default 8080); the process runtime picks a free port per sandbox and passes it as PORT")
 	fl.IntVar(&f.min, "min", 0, "minimum sandboxes (0 allows scale to zero)")
 	fl.IntVar(&f.max, "max", 0, "maximum sandboxes (0 = unbounded)")
@@ -181,6 +194,108 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.IntVar(&f.asyncConcurrency, "async-concurrency", 0, fmt.Sprintf("asynchronous calls of the function running at once per data plane (default %d)", spec.DefaultAsyncConcurrency))
 }
 
+// applyCode sets fn's code from --code (uploaded) and its companions,
+// which alone change an existing code function's settings.
+func (f *deployFlags) applyCode(c *cobra.Command, fn *spec.Function) error {
+	set := c.Flags().Changed
+	if !set("code") {
+		if (set("lang") || set("handler") || set("contract")) && fn.Code == nil {
+			return usageError{errors.New("--lang, --handler and --contract go with --code (the function is not deployed from source)")}
+		}
+		if fn.Code != nil {
+			if set("lang") {
+				fn.Code.Language = f.lang
+			}
+			if set("handler") {
+				fn.Code.Handler = f.handler
+			}
+			if set("contract") {
+				fn.Code.Contract = f.contract
+			}
+		}
+		return nil
+	}
+	data, err := readCode(f.code)
+	if err != nil {
+		return usageError{fmt.Errorf("--code %s: %w", f.code, err)}
+	}
+	a, err := codezip.Open(data)
+	if err != nil {
+		return usageError{fmt.Errorf("--code %s: %w", f.code, err)}
+	}
+	lang := f.lang
+	if lang == "" {
+		if lang = guessLang(a.Files); lang == "" {
+			return usageError{fmt.Errorf("--code %s: say --lang python or --lang node (the files do not tell)", f.code)}
+		}
+	}
+	code := &spec.Code{Language: lang, Handler: f.handler, Contract: f.contract}
+	if code.Contract == "" {
+		code.Contract = spec.ContractLambda
+	}
+	if code.Handler == "" {
+		code.Handler = spec.DefaultHandler(lang, code.Contract)
+		if fi, err := os.Stat(f.code); err == nil && fi.Mode().IsRegular() && !strings.HasSuffix(f.code, ".zip") {
+			// One file: its module, and the contract's usual function name.
+			mod := strings.TrimSuffix(filepath.Base(f.code), filepath.Ext(f.code))
+			_, name, _ := strings.Cut(spec.DefaultHandler(lang, code.Contract)+".", ".")
+			code.Handler = strings.TrimSuffix(mod+"."+name, ".")
+		}
+	}
+	if err := a.CheckHandler(code); err != nil {
+		return usageError{fmt.Errorf("--code %s: %w (name it with --handler MODULE.FUNCTION)", f.code, err)}
+	}
+	if f.cl == nil {
+		return errors.New("--code: no control plane to upload to")
+	}
+	up, err := f.cl.UploadCode(c.Context(), data)
+	if err != nil {
+		return err
+	}
+	code.Digest = up.Digest
+	fn.Code = code
+	return nil
+}
+
+// readCode is --code's archive: a .zip as it is, a directory or one file
+// zipped.
+func readCode(p string) ([]byte, error) {
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return nil, err
+	case fi.IsDir():
+		return codezip.Zip(p)
+	case strings.HasSuffix(p, ".zip"):
+		if fi.Size() > spec.MaxCodeBytes {
+			return nil, fmt.Errorf("%d bytes, at most %d", fi.Size(), spec.MaxCodeBytes)
+		}
+		return os.ReadFile(p)
+	}
+	return codezip.ZipFile(p)
+}
+
+// guessLang is the language of an archive's files: python when it has .py
+// files and no .js, node the other way round, "" when it cannot tell.
+func guessLang(files []string) string {
+	var py, js bool
+	for _, f := range files {
+		switch filepath.Ext(f) {
+		case ".py":
+			py = true
+		case ".js", ".mjs", ".cjs":
+			js = true
+		}
+	}
+	switch {
+	case py && !js:
+		return spec.LangPython
+	case js && !py:
+		return spec.LangNode
+	}
+	return ""
+}
+
 func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error) {
 	fn := &spec.Function{}
 	if f.file != "" {
@@ -205,8 +320,8 @@ func (f *deployFlags) spec(c *cobra.Command, name string) (*spec.Function, error
 // apply overrides fn with every flag the user set, then validates.
 func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function, error) {
 	set := c.Flags().Changed
-	if set("builtin") || set("command") || set("image") {
-		fn.Builtin, fn.Command, fn.Image = f.builtin, nil, f.image
+	if set("builtin") || set("command") || set("image") || set("code") {
+		fn.Builtin, fn.Command, fn.Image, fn.Code = f.builtin, nil, f.image, nil
 		if f.command != "" {
 			argv, err := splitCommand(f.command)
 			if err != nil {
@@ -214,6 +329,9 @@ func (f *deployFlags) apply(c *cobra.Command, fn *spec.Function) (*spec.Function
 			}
 			fn.Command = argv
 		}
+	}
+	if err := f.applyCode(c, fn); err != nil {
+		return nil, err
 	}
 	if set("port") {
 		fn.Port = f.port
@@ -419,6 +537,8 @@ func kind(f *spec.Function) string {
 		return "builtin:" + f.Builtin
 	case f.Image != "":
 		return "image"
+	case f.Code != nil:
+		return f.Code.Language
 	default:
 		return "command"
 	}

@@ -50,6 +50,7 @@ const maxSpecBytes = 1 << 20
 func (cp *ControlPlane) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/functions", cp.createFunction)
+	mux.HandleFunc("POST /v1/code", cp.uploadCode)
 	mux.HandleFunc("GET /v1/functions", cp.listFunctions)
 	mux.HandleFunc("GET /v1/functions/{name}", cp.getFunction)
 	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
@@ -165,6 +166,9 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 	}
 	if err := cp.cfg.Caps.Check(f); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	if f.Code != nil && !cp.checkCode(w, f.Code) {
 		return nil, false
 	}
 	return f, true

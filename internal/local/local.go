@@ -30,6 +30,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/worker"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	brt "github.com/brisk-faas/brisk/internal/worker/runtime"
 	ctrd "github.com/brisk-faas/brisk/internal/worker/runtime/containerd"
@@ -70,6 +71,9 @@ type Workers struct {
 	// SandboxUser is who the process runtime runs sandboxes as (see
 	// process.Config.User); empty: nobody as root, else this user.
 	SandboxUser string
+	// Python and Node are the interpreters of functions deployed from
+	// source (lang.Config; empty: the defaults).
+	Python, Node string
 	// Identity: with CA the daemon gets a certificate from it directly
 	// (one process with the control plane); with Join it joins the
 	// cluster when it starts. Neither: plaintext gRPC.
@@ -198,6 +202,9 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 	}
 	cfg := worker.Config{Listen: w.Listen, Advertise: w.Advertise, ControlPlane: controlPlane,
 		StopSandboxesOnExit: w.StopOnExit, Logger: log.With("component", "worker")}
+	if w.StateDir != "" && w.Runtime != "emulated" {
+		cfg.Lang = lang.Config{Dir: filepath.Join(w.StateDir, "lang"), Python: w.Python, Node: w.Node}
+	}
 	var side *Sidecars
 	switch w.Runtime {
 	case "", "process":

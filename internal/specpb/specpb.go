@@ -39,7 +39,15 @@ func ToProto(f *spec.Function) *briskv1.FunctionSpec {
 		SecretData:     f.SecretData,
 		Traffic:        trafficToProto(f),
 		Uid:            f.UID,
+		Code:           codeToProto(f.Code),
 	}
+}
+
+func codeToProto(c *spec.Code) *briskv1.FunctionCode {
+	if c == nil {
+		return nil
+	}
+	return &briskv1.FunctionCode{Language: c.Language, Handler: c.Handler, Contract: c.Contract, Digest: c.Digest}
 }
 
 func asyncToProto(a spec.Async) *briskv1.AsyncPolicy {
@@ -92,6 +100,9 @@ func FromProto(p *briskv1.FunctionSpec) *spec.Function {
 		Secrets:        p.GetSecrets(),
 		SecretData:     p.GetSecretData(),
 		UID:            p.GetUid(),
+	}
+	if c := p.GetCode(); c != nil {
+		f.Code = &spec.Code{Language: c.GetLanguage(), Handler: c.GetHandler(), Contract: c.GetContract(), Digest: c.GetDigest()}
 	}
 	for _, t := range p.GetTraffic() {
 		f.Traffic = append(f.Traffic, spec.TrafficTarget{Revision: t.GetRevision(), Percent: int(t.GetPercent())})

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/rpc"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -71,6 +73,11 @@ type Config struct {
 	// certificate). Neither: plaintext (--insecure-no-tls, tests).
 	Identity *pki.Identity
 	Join     *pki.Joiner
+	// Lang runs functions deployed from source (spec.Code) on runtimes
+	// that run commands: Dir is where their code is kept (empty: such
+	// functions fail to start, saying why, except on the emulated
+	// runtime, which runs nothing). Fetch is set by the daemon.
+	Lang lang.Config
 }
 
 func (c *Config) defaults() {
@@ -101,6 +108,10 @@ type Daemon struct {
 	first *Node
 	lis   net.Listener
 	ready chan struct{}
+	lang  *lang.Manager // nil without Config.Lang.Dir
+	// cp is the control plane's client once Run has dialled it.
+	cpMu sync.Mutex
+	cp   briskv1.ControlPlaneClient
 }
 
 // New builds a daemon; it starts nothing.
@@ -114,6 +125,14 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	boot := randomID()
 	d := &Daemon{cfg: cfg, log: cfg.Logger, nodes: make(map[string]*Node), ready: make(chan struct{})}
+	if cfg.Lang.Dir != "" {
+		lc := cfg.Lang
+		lc.Fetch, lc.Logger = d.fetchCode, cfg.Logger.With("component", "lang")
+		var err error
+		if d.lang, err = lang.New(lc); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
 	for _, nc := range cfg.Nodes {
 		if nc.ID == "" || nc.Runtime == nil {
 			return nil, errors.New("worker: every node needs an id and a runtime")
@@ -123,6 +142,7 @@ func New(cfg Config) (*Daemon, error) {
 		}
 		n := newNode(nc.ID, boot, nc.Runtime, nc.Capacity, nc.MaxSandboxes, cfg.CreateTimeout, cfg.Logger)
 		n.em.slots = max(0, nc.EmergencySlots)
+		n.lang = d.lang
 		if nc.EmergencyRuntime != nil {
 			n.emRT = nc.EmergencyRuntime
 		}
@@ -246,6 +266,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		srv.Stop()
 	}
 	wg.Wait()
+	for _, n := range d.nodes {
+		for _, rt := range n.runtimes() {
+			if ts, ok := rt.(interface{ StopTemplates() }); ok {
+				ts.StopTemplates()
+			}
+		}
+	}
 	if d.cfg.StopSandboxesOnExit {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		var sw sync.WaitGroup
@@ -277,6 +304,14 @@ func (d *Daemon) registerLoop(ctx context.Context, adv string) {
 	}
 	defer conn.Close()
 	cp := briskv1.NewControlPlaneClient(conn)
+	d.cpMu.Lock()
+	d.cp = cp
+	d.cpMu.Unlock()
+	defer func() {
+		d.cpMu.Lock()
+		d.cp = nil
+		d.cpMu.Unlock()
+	}()
 	registered := make(map[string]time.Time)
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -308,6 +343,34 @@ func (d *Daemon) registerLoop(ctx context.Context, adv string) {
 			return
 		case <-tick.C:
 		}
+	}
+}
+
+// fetchCode gets a code archive from the control plane (lang.Config.Fetch).
+func (d *Daemon) fetchCode(ctx context.Context, digest string) ([]byte, error) {
+	d.cpMu.Lock()
+	cp := d.cp
+	d.cpMu.Unlock()
+	if cp == nil {
+		return nil, errors.New("not connected to the control plane")
+	}
+	stream, err := cp.FetchCode(ctx, &briskv1.FetchCodeRequest{Digest: digest})
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(out)+len(m.GetData()) > spec.MaxCodeBytes {
+			return nil, fmt.Errorf("the archive is over %d bytes", spec.MaxCodeBytes)
+		}
+		out = append(out, m.GetData()...)
 	}
 }
 

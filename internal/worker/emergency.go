@@ -131,7 +131,11 @@ func (n *Node) emergency(ctx context.Context, req *briskv1.EmergencyRequest) (*b
 		return nil, err
 	}
 	failed := true
-	inst, err := n.emRT.Create(ctx, runtime.Spec{ID: id, Function: f})
+	rs, err := n.prepare(ctx, n.emRT, runtime.Spec{ID: id, Function: f})
+	var inst *runtime.Instance
+	if err == nil {
+		inst, err = n.emRT.Create(ctx, rs)
+	}
 	if err != nil {
 		n.releaseEmergency(res, true, time.Since(t0))
 		n.log.Warn("emergency sandbox did not start", "function", f.Name, "sandbox", id, "err", err)

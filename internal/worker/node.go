@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/specpb"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -47,6 +49,7 @@ type Node struct {
 	log      *slog.Logger
 	createTO time.Duration
 	dial     func(context.Context, string) error // verify's connect (tests replace it)
+	lang     *lang.Manager                       // code functions' runners; nil: none
 
 	egressMu   sync.Mutex // orders the sessions' egress policies (apply)
 	mu         sync.Mutex
@@ -250,7 +253,11 @@ func (n *Node) apply(ctx context.Context, epoch uint64, c *briskv1.Commands) boo
 	}
 	for _, p := range c.GetSpecs() {
 		f := specpb.FromProto(p)
-		n.specs[specKey{f.Name, f.Revision}] = f
+		k := specKey{f.Name, f.Revision}
+		if _, seen := n.specs[k]; !seen && f.Code != nil {
+			go n.prewarm(ctx, f)
+		}
+		n.specs[k] = f
 	}
 	var starts []*sandbox
 	for _, cr := range c.GetCreates() {
@@ -341,7 +348,11 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 	n.mu.Unlock()
 	defer cancel()
 
-	inst, err := n.rt.Create(ctx, runtime.Spec{ID: sb.rec.Id, Function: sb.spec})
+	rs, err := n.prepare(ctx, n.rt, runtime.Spec{ID: sb.rec.Id, Function: sb.spec})
+	var inst *runtime.Instance
+	if err == nil {
+		inst, err = n.rt.Create(ctx, rs)
+	}
 	startUs := time.Since(sb.started).Microseconds() // creation; the rest until Ready is readiness
 	if err == nil {
 		n.mu.Lock()
@@ -353,7 +364,7 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		if err != nil && inst.Exited != nil && inst.ExitErr != nil {
 			select {
 			case <-inst.Exited:
-				err = fmt.Errorf("exited while starting: %v", inst.ExitErr())
+				err = fmt.Errorf("exited while starting: %v%s", inst.ExitErr(), n.lastWords(rt(n.rt), sb))
 			default:
 			}
 		}
@@ -382,6 +393,73 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 	if inst.Exited != nil {
 		go n.watchExit(sb, inst)
 	}
+}
+
+// prepare resolves what rt is to start for s: a code function's runner
+// (package lang) on runtimes that run commands; other specs as they are.
+func (n *Node) prepare(ctx context.Context, rt runtime.Runtime, s runtime.Spec) (runtime.Spec, error) {
+	if s.Function.Code == nil || rt.Name() == "emulated" {
+		return s, nil
+	}
+	switch rt.Name() {
+	case "process", "native":
+	default:
+		return s, fmt.Errorf("the %s runtime does not run functions deployed from source (%s): use the process or native runtime", rt.Name(), s.Function.Code.Language)
+	}
+	if n.lang == nil {
+		return s, errors.New("this worker keeps no code for functions deployed from source (it has no state directory)")
+	}
+	m, ok := rt.(runtime.Mounter)
+	return n.lang.Prepare(ctx, s, lang.Target{Mount: ok && m.CanMount(), ListenAll: rt.Name() == "native"})
+}
+
+// prewarm has the node's runtimes make f's template (runtime.Prewarmer)
+// as soon as the control plane offers it, before any of its sandboxes.
+func (n *Node) prewarm(ctx context.Context, f *spec.Function) {
+	for _, rt := range n.runtimes() {
+		p, ok := rt.(runtime.Prewarmer)
+		if !ok {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.createTO)
+		s, err := n.prepare(ctx, rt, runtime.Spec{ID: "prewarm", Function: f})
+		cancel()
+		if err != nil {
+			n.log.Debug("no template for function", "function", f.Name, "err", err)
+			continue
+		}
+		p.Prewarm(s)
+	}
+}
+
+// lastWords is the end of a sandbox's log, for the message of a sandbox
+// that exited while starting (a language runner's "cannot load handler"
+// line, a traceback's last line), or "" when rt keeps no logs.
+func (n *Node) lastWords(lk LogKeeper, sb *sandbox) string {
+	if lk == nil {
+		return ""
+	}
+	lines := lastLines(filepath.Join(lk.LogDir(), sb.rec.GetFunction(), sb.rec.GetId()+".log"), 3)
+	var keep []string
+	for _, l := range lines {
+		if l = strings.TrimSpace(l); l != "" {
+			keep = append(keep, l)
+		}
+	}
+	if len(keep) == 0 {
+		return ""
+	}
+	out := strings.Join(keep, " | ")
+	if len(out) > 600 {
+		out = "..." + out[len(out)-600:]
+	}
+	return "; its output ends: " + out
+}
+
+// rt is the runtime's LogKeeper, nil if it keeps no logs.
+func rt(r runtime.Runtime) LogKeeper {
+	lk, _ := r.(LogKeeper)
+	return lk
 }
 
 // watchExit reports a sandbox that dies on its own (crash, OOM, exit).

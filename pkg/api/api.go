@@ -128,6 +128,15 @@ type EmergencyStatus struct {
 	MemoryMBSeconds float64 `json:"memory_mb_seconds"`
 }
 
+// CodeUpload answers POST /v1/code: the archive's digest, which a spec's
+// code.digest names, and what it holds.
+type CodeUpload struct {
+	Digest       string `json:"digest"`
+	Size         int64  `json:"size"`          // the zip's bytes
+	Files        int    `json:"files"`         // regular files in it
+	UnpackedSize int64  `json:"unpacked_size"` // their bytes
+}
+
 // DataPlane is a registered data plane.
 type DataPlane struct {
 	ID           string    `json:"id"`

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -235,6 +236,19 @@ func (c *Client) Create(ctx context.Context, f *spec.Function) (*spec.Function, 
 	var out spec.Function
 	return &out, c.do(ctx, http.MethodPost, "/v1/functions", f, &out)
 }
+
+// UploadCode stores a zip archive of a function's source (at most
+// spec.MaxCodeBytes) and returns its digest, which a spec's code.digest
+// names (spec.Code). Uploading the same archive again changes nothing.
+func (c *Client) UploadCode(ctx context.Context, zip []byte) (*api.CodeUpload, error) {
+	var out api.CodeUpload
+	return &out, c.do(ctx, http.MethodPost, "/v1/code", zip, &out)
+}
+
+// ZipCode packs a directory of source (regular files; __pycache__ and
+// .git left out) into an archive for UploadCode, the same tree always
+// into the same bytes.
+func ZipCode(dir string) ([]byte, error) { return codezip.Zip(dir) }
 
 // CreateJSON registers a new function from its JSON spec and, unlike
 // Create, does not decode the stored spec the control plane answers with:

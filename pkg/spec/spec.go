@@ -31,10 +31,14 @@ type Function struct {
 	// when empty): tokens bound to a namespace see and touch only its
 	// functions, and its quota bounds them. Names are unique across
 	// namespaces.
-	Namespace     string            `json:"namespace,omitempty"`
-	Builtin       string            `json:"builtin,omitempty"`
-	Command       []string          `json:"command,omitempty"`
-	Image         string            `json:"image,omitempty"`
+	Namespace string   `json:"namespace,omitempty"`
+	Builtin   string   `json:"builtin,omitempty"`
+	Command   []string `json:"command,omitempty"`
+	Image     string   `json:"image,omitempty"`
+	// Code is source code brisk runs in a managed language runtime
+	// (Python, Node): the fourth kind of function, after builtin, command
+	// and image.
+	Code          *Code             `json:"code,omitempty"`
 	Port          int               `json:"port,omitempty"`
 	Env           map[string]string `json:"env,omitempty"`
 	Resources     Resources         `json:"resources"`
@@ -338,6 +342,9 @@ func (f *Function) ApplyDefaults() {
 	if f.Namespace == "" {
 		f.Namespace = DefaultNamespace
 	}
+	if f.Code != nil {
+		f.Code.applyDefaults()
+	}
 }
 
 // Validate checks a spec after ApplyDefaults. The error wraps ErrInvalid and
@@ -353,13 +360,18 @@ func (f *Function) Validate() error {
 		return bad("name", "%q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", f.Name)
 	}
 	kinds := 0
-	for _, set := range []bool{f.Builtin != "", len(f.Command) > 0, f.Image != ""} {
+	for _, set := range []bool{f.Builtin != "", len(f.Command) > 0, f.Image != "", f.Code != nil} {
 		if set {
 			kinds++
 		}
 	}
 	if kinds != 1 {
-		return bad("builtin/command/image", "exactly one must be set (got %d)", kinds)
+		return bad("builtin/command/image/code", "exactly one must be set (got %d)", kinds)
+	}
+	if f.Code != nil {
+		if err := f.Code.validate(bad); err != nil {
+			return err
+		}
 	}
 	if f.Builtin != "" && !contains(Builtins, f.Builtin) {
 		return bad("builtin", "%q is not one of %s", f.Builtin, strings.Join(Builtins, ", "))

@@ -230,7 +230,10 @@ type FunctionSpec struct {
 	// The function's identity (spec.Function.UID): calls submitted to it
 	// carry it, and are never run by, nor shown for, another function of
 	// the name.
-	Uid           string `protobuf:"bytes,25,opt,name=uid,proto3" json:"uid,omitempty"`
+	Uid string `protobuf:"bytes,25,opt,name=uid,proto3" json:"uid,omitempty"`
+	// Source code run in a managed language runtime (spec.Code): workers
+	// fetch the archive by digest (ControlPlane.FetchCode).
+	Code          *FunctionCode `protobuf:"bytes,26,opt,name=code,proto3" json:"code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +443,81 @@ func (x *FunctionSpec) GetUid() string {
 	return ""
 }
 
+func (x *FunctionSpec) GetCode() *FunctionCode {
+	if x != nil {
+		return x.Code
+	}
+	return nil
+}
+
+type FunctionCode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Language      string                 `protobuf:"bytes,1,opt,name=language,proto3" json:"language,omitempty"` // "python" or "node"
+	Handler       string                 `protobuf:"bytes,2,opt,name=handler,proto3" json:"handler,omitempty"`   // MODULE.FUNCTION
+	Contract      string                 `protobuf:"bytes,3,opt,name=contract,proto3" json:"contract,omitempty"` // "lambda" or "http"
+	Digest        string                 `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`     // sha256:<hex> of the zip archive
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FunctionCode) Reset() {
+	*x = FunctionCode{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FunctionCode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FunctionCode) ProtoMessage() {}
+
+func (x *FunctionCode) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FunctionCode.ProtoReflect.Descriptor instead.
+func (*FunctionCode) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FunctionCode) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *FunctionCode) GetHandler() string {
+	if x != nil {
+		return x.Handler
+	}
+	return ""
+}
+
+func (x *FunctionCode) GetContract() string {
+	if x != nil {
+		return x.Contract
+	}
+	return ""
+}
+
+func (x *FunctionCode) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 type TrafficTarget struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
@@ -451,7 +529,7 @@ type TrafficTarget struct {
 
 func (x *TrafficTarget) Reset() {
 	*x = TrafficTarget{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +541,7 @@ func (x *TrafficTarget) String() string {
 func (*TrafficTarget) ProtoMessage() {}
 
 func (x *TrafficTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[2]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +554,7 @@ func (x *TrafficTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrafficTarget.ProtoReflect.Descriptor instead.
 func (*TrafficTarget) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{2}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TrafficTarget) GetFunction() string {
@@ -515,7 +593,7 @@ type AsyncPolicy struct {
 
 func (x *AsyncPolicy) Reset() {
 	*x = AsyncPolicy{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +605,7 @@ func (x *AsyncPolicy) String() string {
 func (*AsyncPolicy) ProtoMessage() {}
 
 func (x *AsyncPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[3]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +618,7 @@ func (x *AsyncPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AsyncPolicy.ProtoReflect.Descriptor instead.
 func (*AsyncPolicy) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{3}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AsyncPolicy) GetMaxAttempts() int32 {
@@ -603,7 +681,7 @@ type SandboxRecord struct {
 
 func (x *SandboxRecord) Reset() {
 	*x = SandboxRecord{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +693,7 @@ func (x *SandboxRecord) String() string {
 func (*SandboxRecord) ProtoMessage() {}
 
 func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[4]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +706,7 @@ func (x *SandboxRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRecord.ProtoReflect.Descriptor instead.
 func (*SandboxRecord) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{4}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SandboxRecord) GetId() string {
@@ -708,7 +786,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +798,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[5]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +811,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{5}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LogsRequest) GetNodeId() string {
@@ -798,7 +876,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +888,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[6]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +901,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{6}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LogLine) GetNodeId() string {
@@ -878,7 +956,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +968,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[7]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +981,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{7}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Header) GetName() string {
@@ -936,7 +1014,7 @@ type EmergencyRequest struct {
 
 func (x *EmergencyRequest) Reset() {
 	*x = EmergencyRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -948,7 +1026,7 @@ func (x *EmergencyRequest) String() string {
 func (*EmergencyRequest) ProtoMessage() {}
 
 func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[8]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -961,7 +1039,7 @@ func (x *EmergencyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyRequest.ProtoReflect.Descriptor instead.
 func (*EmergencyRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{8}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EmergencyRequest) GetNodeId() string {
@@ -1033,7 +1111,7 @@ type EmergencyReply struct {
 
 func (x *EmergencyReply) Reset() {
 	*x = EmergencyReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1123,7 @@ func (x *EmergencyReply) String() string {
 func (*EmergencyReply) ProtoMessage() {}
 
 func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[9]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1136,7 @@ func (x *EmergencyReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyReply.ProtoReflect.Descriptor instead.
 func (*EmergencyReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{9}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EmergencyReply) GetStatus() int32 {
@@ -1112,7 +1190,7 @@ type EmergencyStats struct {
 
 func (x *EmergencyStats) Reset() {
 	*x = EmergencyStats{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1202,7 @@ func (x *EmergencyStats) String() string {
 func (*EmergencyStats) ProtoMessage() {}
 
 func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[10]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1215,7 @@ func (x *EmergencyStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyStats.ProtoReflect.Descriptor instead.
 func (*EmergencyStats) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{10}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EmergencyStats) GetSlots() int32 {
@@ -1185,7 +1263,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1275,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[11]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1288,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{11}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -1230,7 +1308,7 @@ type ImportImageReply struct {
 
 func (x *ImportImageReply) Reset() {
 	*x = ImportImageReply{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1320,7 @@ func (x *ImportImageReply) String() string {
 func (*ImportImageReply) ProtoMessage() {}
 
 func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[12]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1333,7 @@ func (x *ImportImageReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageReply.ProtoReflect.Descriptor instead.
 func (*ImportImageReply) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{12}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ImportImageReply) GetRefs() []string {
@@ -1287,7 +1365,7 @@ type ToWorker struct {
 
 func (x *ToWorker) Reset() {
 	*x = ToWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1377,7 @@ func (x *ToWorker) String() string {
 func (*ToWorker) ProtoMessage() {}
 
 func (x *ToWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[13]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1390,7 @@ func (x *ToWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToWorker.ProtoReflect.Descriptor instead.
 func (*ToWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{13}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ToWorker) GetEpoch() uint64 {
@@ -1393,7 +1471,7 @@ type FromWorker struct {
 
 func (x *FromWorker) Reset() {
 	*x = FromWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1483,7 @@ func (x *FromWorker) String() string {
 func (*FromWorker) ProtoMessage() {}
 
 func (x *FromWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[14]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1496,7 @@ func (x *FromWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FromWorker.ProtoReflect.Descriptor instead.
 func (*FromWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{14}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FromWorker) GetEpoch() uint64 {
@@ -1497,7 +1575,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1587,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[15]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1600,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{15}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Hello) GetEpoch() uint64 {
@@ -1570,7 +1648,7 @@ type SandboxVersion struct {
 
 func (x *SandboxVersion) Reset() {
 	*x = SandboxVersion{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1660,7 @@ func (x *SandboxVersion) String() string {
 func (*SandboxVersion) ProtoMessage() {}
 
 func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[16]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +1673,7 @@ func (x *SandboxVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxVersion.ProtoReflect.Descriptor instead.
 func (*SandboxVersion) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{16}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SandboxVersion) GetId() string {
@@ -1625,7 +1703,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1715,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[17]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1728,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{17}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1690,7 +1768,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1780,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[18]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1793,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{18}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FetchRequest) GetIds() []string {
@@ -1734,7 +1812,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1824,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[19]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1837,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{19}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FetchResponse) GetRecords() []*SandboxRecord {
@@ -1780,7 +1858,7 @@ type CreateSandbox struct {
 
 func (x *CreateSandbox) Reset() {
 	*x = CreateSandbox{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1870,7 @@ func (x *CreateSandbox) String() string {
 func (*CreateSandbox) ProtoMessage() {}
 
 func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[20]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +1883,7 @@ func (x *CreateSandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandbox.ProtoReflect.Descriptor instead.
 func (*CreateSandbox) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{20}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateSandbox) GetId() string {
@@ -1852,7 +1930,7 @@ type Commands struct {
 
 func (x *Commands) Reset() {
 	*x = Commands{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +1942,7 @@ func (x *Commands) String() string {
 func (*Commands) ProtoMessage() {}
 
 func (x *Commands) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[21]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +1955,7 @@ func (x *Commands) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Commands.ProtoReflect.Descriptor instead.
 func (*Commands) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{21}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Commands) GetSpecs() []*FunctionSpec {
@@ -1924,7 +2002,7 @@ type EgressPolicies struct {
 
 func (x *EgressPolicies) Reset() {
 	*x = EgressPolicies{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2014,7 @@ func (x *EgressPolicies) String() string {
 func (*EgressPolicies) ProtoMessage() {}
 
 func (x *EgressPolicies) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[22]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2027,7 @@ func (x *EgressPolicies) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressPolicies.ProtoReflect.Descriptor instead.
 func (*EgressPolicies) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{22}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EgressPolicies) GetNamespaces() []*NamespaceEgress {
@@ -1971,7 +2049,7 @@ type NamespaceEgress struct {
 
 func (x *NamespaceEgress) Reset() {
 	*x = NamespaceEgress{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2061,7 @@ func (x *NamespaceEgress) String() string {
 func (*NamespaceEgress) ProtoMessage() {}
 
 func (x *NamespaceEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[23]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2074,7 @@ func (x *NamespaceEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceEgress.ProtoReflect.Descriptor instead.
 func (*NamespaceEgress) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{23}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NamespaceEgress) GetNamespace() string {
@@ -2031,7 +2109,7 @@ type EgressRule struct {
 
 func (x *EgressRule) Reset() {
 	*x = EgressRule{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2121,7 @@ func (x *EgressRule) String() string {
 func (*EgressRule) ProtoMessage() {}
 
 func (x *EgressRule) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[24]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2134,7 @@ func (x *EgressRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
 func (*EgressRule) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{24}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EgressRule) GetCidr() string {
@@ -2093,7 +2171,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2183,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[25]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2196,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{25}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Heartbeat) GetUnixMs() int64 {
@@ -2167,7 +2245,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2257,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[26]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2270,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{26}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -2209,6 +2287,94 @@ func (x *Updates) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+type FetchCodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchCodeRequest) Reset() {
+	*x = FetchCodeRequest{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchCodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchCodeRequest) ProtoMessage() {}
+
+func (x *FetchCodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchCodeRequest.ProtoReflect.Descriptor instead.
+func (*FetchCodeRequest) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *FetchCodeRequest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+type CodeChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CodeChunk) Reset() {
+	*x = CodeChunk{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CodeChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CodeChunk) ProtoMessage() {}
+
+func (x *CodeChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CodeChunk.ProtoReflect.Descriptor instead.
+func (*CodeChunk) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CodeChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type JoinRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`                    // a token with the join (or admin) scope
@@ -2221,7 +2387,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2399,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2412,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2287,7 +2453,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2465,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2478,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -2343,7 +2509,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2355,7 +2521,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2368,7 +2534,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -2422,7 +2588,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2600,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2613,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -2467,7 +2633,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2645,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2658,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -2518,7 +2684,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2696,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2709,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2562,7 +2728,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2740,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2753,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2616,7 +2782,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2794,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2807,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2717,7 +2883,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2895,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2908,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2819,7 +2985,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +2997,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +3010,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -2878,7 +3044,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3056,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3069,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -2935,7 +3101,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3113,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3126,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -3021,7 +3187,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3033,7 +3199,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3046,7 +3212,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -3104,7 +3270,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3116,7 +3282,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3129,7 +3295,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -3194,7 +3360,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3206,7 +3372,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3219,7 +3385,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -3265,7 +3431,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3443,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3456,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{45}
 }
 
 type UnreachableEndpoint struct {
@@ -3305,7 +3471,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3317,7 +3483,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3330,7 +3496,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{43}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -3371,7 +3537,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3549,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3562,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{44}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -3421,7 +3587,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3599,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3612,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{45}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{48}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -3456,7 +3622,7 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\x18api/brisk/v1/brisk.proto\x12\bbrisk.v1\"E\n" +
 	"\tResources\x12\x1b\n" +
 	"\tmilli_cpu\x18\x01 \x01(\x03R\bmilliCpu\x12\x1b\n" +
-	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xf5\a\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"\xa1\b\n" +
 	"\fFunctionSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -3486,13 +3652,19 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\vsecret_data\x18\x17 \x03(\v2&.brisk.v1.FunctionSpec.SecretDataEntryR\n" +
 	"secretData\x121\n" +
 	"\atraffic\x18\x18 \x03(\v2\x17.brisk.v1.TrafficTargetR\atraffic\x12\x10\n" +
-	"\x03uid\x18\x19 \x01(\tR\x03uid\x1a6\n" +
+	"\x03uid\x18\x19 \x01(\tR\x03uid\x12*\n" +
+	"\x04code\x18\x1a \x01(\v2\x16.brisk.v1.FunctionCodeR\x04code\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
 	"\x0fSecretDataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"a\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"x\n" +
+	"\fFunctionCode\x12\x1a\n" +
+	"\blanguage\x18\x01 \x01(\tR\blanguage\x12\x18\n" +
+	"\ahandler\x18\x02 \x01(\tR\ahandler\x12\x1a\n" +
+	"\bcontract\x18\x03 \x01(\tR\bcontract\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\"a\n" +
 	"\rTrafficTarget\x12\x1a\n" +
 	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x18\n" +
@@ -3627,7 +3799,11 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\temergency\x18\x05 \x01(\v2\x18.brisk.v1.EmergencyStatsR\temergency\"o\n" +
 	"\aUpdates\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.brisk.v1.SandboxRecordR\arecords\x121\n" +
-	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"d\n" +
+	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"*\n" +
+	"\x10FetchCodeRequest\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\"\x1f\n" +
+	"\tCodeChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"d\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x19\n" +
@@ -3739,14 +3915,15 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\aSession\x12\x12.brisk.v1.ToWorker\x1a\x14.brisk.v1.FromWorker(\x010\x01\x12A\n" +
 	"\vImportImage\x12\x14.brisk.v1.ImageChunk\x1a\x1a.brisk.v1.ImportImageReply(\x01\x12A\n" +
 	"\tEmergency\x12\x1a.brisk.v1.EmergencyRequest\x1a\x18.brisk.v1.EmergencyReply\x122\n" +
-	"\x04Logs\x12\x15.brisk.v1.LogsRequest\x1a\x11.brisk.v1.LogLine0\x012\xd2\x03\n" +
+	"\x04Logs\x12\x15.brisk.v1.LogsRequest\x1a\x11.brisk.v1.LogLine0\x012\x92\x04\n" +
 	"\fControlPlane\x12S\n" +
 	"\x0eRegisterWorker\x12\x1f.brisk.v1.RegisterWorkerRequest\x1a .brisk.v1.RegisterWorkerResponse\x12\\\n" +
 	"\x11RegisterDataPlane\x12\".brisk.v1.RegisterDataPlaneRequest\x1a#.brisk.v1.RegisterDataPlaneResponse\x12L\n" +
 	"\x0eWatchEndpoints\x12\x1f.brisk.v1.WatchEndpointsRequest\x1a\x17.brisk.v1.EndpointBatch0\x01\x12>\n" +
 	"\rReportMetrics\x12\x17.brisk.v1.MetricsReport\x1a\x14.brisk.v1.MetricsAck\x12J\n" +
 	"\x11ReportUnreachable\x12\x1b.brisk.v1.UnreachableReport\x1a\x18.brisk.v1.UnreachableAck\x125\n" +
-	"\x04Join\x12\x15.brisk.v1.JoinRequest\x1a\x16.brisk.v1.JoinResponseB2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
+	"\x04Join\x12\x15.brisk.v1.JoinRequest\x1a\x16.brisk.v1.JoinResponse\x12>\n" +
+	"\tFetchCode\x12\x1a.brisk.v1.FetchCodeRequest\x1a\x13.brisk.v1.CodeChunk0\x01B2Z0github.com/brisk-faas/brisk/api/brisk/v1;briskv1b\x06proto3"
 
 var (
 	file_api_brisk_v1_brisk_proto_rawDescOnce sync.Once
@@ -3761,125 +3938,131 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
 	(*Resources)(nil),                 // 2: brisk.v1.Resources
 	(*FunctionSpec)(nil),              // 3: brisk.v1.FunctionSpec
-	(*TrafficTarget)(nil),             // 4: brisk.v1.TrafficTarget
-	(*AsyncPolicy)(nil),               // 5: brisk.v1.AsyncPolicy
-	(*SandboxRecord)(nil),             // 6: brisk.v1.SandboxRecord
-	(*LogsRequest)(nil),               // 7: brisk.v1.LogsRequest
-	(*LogLine)(nil),                   // 8: brisk.v1.LogLine
-	(*Header)(nil),                    // 9: brisk.v1.Header
-	(*EmergencyRequest)(nil),          // 10: brisk.v1.EmergencyRequest
-	(*EmergencyReply)(nil),            // 11: brisk.v1.EmergencyReply
-	(*EmergencyStats)(nil),            // 12: brisk.v1.EmergencyStats
-	(*ImageChunk)(nil),                // 13: brisk.v1.ImageChunk
-	(*ImportImageReply)(nil),          // 14: brisk.v1.ImportImageReply
-	(*ToWorker)(nil),                  // 15: brisk.v1.ToWorker
-	(*FromWorker)(nil),                // 16: brisk.v1.FromWorker
-	(*Hello)(nil),                     // 17: brisk.v1.Hello
-	(*SandboxVersion)(nil),            // 18: brisk.v1.SandboxVersion
-	(*HelloAck)(nil),                  // 19: brisk.v1.HelloAck
-	(*FetchRequest)(nil),              // 20: brisk.v1.FetchRequest
-	(*FetchResponse)(nil),             // 21: brisk.v1.FetchResponse
-	(*CreateSandbox)(nil),             // 22: brisk.v1.CreateSandbox
-	(*Commands)(nil),                  // 23: brisk.v1.Commands
-	(*EgressPolicies)(nil),            // 24: brisk.v1.EgressPolicies
-	(*NamespaceEgress)(nil),           // 25: brisk.v1.NamespaceEgress
-	(*EgressRule)(nil),                // 26: brisk.v1.EgressRule
-	(*Heartbeat)(nil),                 // 27: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 28: brisk.v1.Updates
-	(*JoinRequest)(nil),               // 29: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 30: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 31: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 32: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 33: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 34: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 35: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 36: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 37: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 38: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 39: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 40: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 41: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 42: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 43: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 44: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 45: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 46: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 47: brisk.v1.UnreachableAck
-	nil,                               // 48: brisk.v1.FunctionSpec.EnvEntry
-	nil,                               // 49: brisk.v1.FunctionSpec.SecretDataEntry
+	(*FunctionCode)(nil),              // 4: brisk.v1.FunctionCode
+	(*TrafficTarget)(nil),             // 5: brisk.v1.TrafficTarget
+	(*AsyncPolicy)(nil),               // 6: brisk.v1.AsyncPolicy
+	(*SandboxRecord)(nil),             // 7: brisk.v1.SandboxRecord
+	(*LogsRequest)(nil),               // 8: brisk.v1.LogsRequest
+	(*LogLine)(nil),                   // 9: brisk.v1.LogLine
+	(*Header)(nil),                    // 10: brisk.v1.Header
+	(*EmergencyRequest)(nil),          // 11: brisk.v1.EmergencyRequest
+	(*EmergencyReply)(nil),            // 12: brisk.v1.EmergencyReply
+	(*EmergencyStats)(nil),            // 13: brisk.v1.EmergencyStats
+	(*ImageChunk)(nil),                // 14: brisk.v1.ImageChunk
+	(*ImportImageReply)(nil),          // 15: brisk.v1.ImportImageReply
+	(*ToWorker)(nil),                  // 16: brisk.v1.ToWorker
+	(*FromWorker)(nil),                // 17: brisk.v1.FromWorker
+	(*Hello)(nil),                     // 18: brisk.v1.Hello
+	(*SandboxVersion)(nil),            // 19: brisk.v1.SandboxVersion
+	(*HelloAck)(nil),                  // 20: brisk.v1.HelloAck
+	(*FetchRequest)(nil),              // 21: brisk.v1.FetchRequest
+	(*FetchResponse)(nil),             // 22: brisk.v1.FetchResponse
+	(*CreateSandbox)(nil),             // 23: brisk.v1.CreateSandbox
+	(*Commands)(nil),                  // 24: brisk.v1.Commands
+	(*EgressPolicies)(nil),            // 25: brisk.v1.EgressPolicies
+	(*NamespaceEgress)(nil),           // 26: brisk.v1.NamespaceEgress
+	(*EgressRule)(nil),                // 27: brisk.v1.EgressRule
+	(*Heartbeat)(nil),                 // 28: brisk.v1.Heartbeat
+	(*Updates)(nil),                   // 29: brisk.v1.Updates
+	(*FetchCodeRequest)(nil),          // 30: brisk.v1.FetchCodeRequest
+	(*CodeChunk)(nil),                 // 31: brisk.v1.CodeChunk
+	(*JoinRequest)(nil),               // 32: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 33: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 34: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 35: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 36: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 37: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 38: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 39: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 40: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 41: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 42: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 43: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 44: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 45: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 46: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 47: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 48: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 49: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 50: brisk.v1.UnreachableAck
+	nil,                               // 51: brisk.v1.FunctionSpec.EnvEntry
+	nil,                               // 52: brisk.v1.FunctionSpec.SecretDataEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	48, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	51, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
-	5,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
-	49, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
-	4,  // 5: brisk.v1.FunctionSpec.traffic:type_name -> brisk.v1.TrafficTarget
-	0,  // 6: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
-	3,  // 7: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
-	9,  // 8: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
-	9,  // 9: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
-	17, // 10: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
-	20, // 11: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
-	23, // 12: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
-	19, // 13: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
-	21, // 14: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	28, // 15: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
-	1,  // 16: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
-	18, // 17: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
-	6,  // 18: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
-	6,  // 19: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
-	3,  // 20: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
-	22, // 21: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
-	24, // 22: brisk.v1.Commands.egress:type_name -> brisk.v1.EgressPolicies
-	25, // 23: brisk.v1.EgressPolicies.namespaces:type_name -> brisk.v1.NamespaceEgress
-	26, // 24: brisk.v1.NamespaceEgress.allow:type_name -> brisk.v1.EgressRule
-	26, // 25: brisk.v1.NamespaceEgress.deny:type_name -> brisk.v1.EgressRule
-	2,  // 26: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
-	2,  // 27: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
-	12, // 28: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	6,  // 29: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	27, // 30: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 31: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 32: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	36, // 33: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	41, // 34: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	39, // 35: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	38, // 36: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	40, // 37: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	42, // 38: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	45, // 39: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	15, // 40: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	13, // 41: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	10, // 42: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	7,  // 43: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	31, // 44: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	33, // 45: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	35, // 46: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	43, // 47: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	46, // 48: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	29, // 49: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	16, // 50: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	14, // 51: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	11, // 52: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	8,  // 53: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	32, // 54: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	34, // 55: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	37, // 56: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	44, // 57: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	47, // 58: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	30, // 59: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	50, // [50:60] is the sub-list for method output_type
-	40, // [40:50] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	6,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
+	52, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
+	5,  // 5: brisk.v1.FunctionSpec.traffic:type_name -> brisk.v1.TrafficTarget
+	4,  // 6: brisk.v1.FunctionSpec.code:type_name -> brisk.v1.FunctionCode
+	0,  // 7: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
+	3,  // 8: brisk.v1.EmergencyRequest.spec:type_name -> brisk.v1.FunctionSpec
+	10, // 9: brisk.v1.EmergencyRequest.headers:type_name -> brisk.v1.Header
+	10, // 10: brisk.v1.EmergencyReply.headers:type_name -> brisk.v1.Header
+	18, // 11: brisk.v1.ToWorker.hello:type_name -> brisk.v1.Hello
+	21, // 12: brisk.v1.ToWorker.fetch:type_name -> brisk.v1.FetchRequest
+	24, // 13: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
+	20, // 14: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
+	22, // 15: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
+	29, // 16: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	1,  // 17: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
+	19, // 18: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
+	7,  // 19: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
+	7,  // 20: brisk.v1.FetchResponse.records:type_name -> brisk.v1.SandboxRecord
+	3,  // 21: brisk.v1.Commands.specs:type_name -> brisk.v1.FunctionSpec
+	23, // 22: brisk.v1.Commands.creates:type_name -> brisk.v1.CreateSandbox
+	25, // 23: brisk.v1.Commands.egress:type_name -> brisk.v1.EgressPolicies
+	26, // 24: brisk.v1.EgressPolicies.namespaces:type_name -> brisk.v1.NamespaceEgress
+	27, // 25: brisk.v1.NamespaceEgress.allow:type_name -> brisk.v1.EgressRule
+	27, // 26: brisk.v1.NamespaceEgress.deny:type_name -> brisk.v1.EgressRule
+	2,  // 27: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
+	2,  // 28: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
+	13, // 29: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
+	7,  // 30: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	28, // 31: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 32: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 33: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	39, // 34: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	44, // 35: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	42, // 36: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	41, // 37: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	43, // 38: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	45, // 39: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	48, // 40: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	16, // 41: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	14, // 42: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	11, // 43: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	8,  // 44: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	34, // 45: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	36, // 46: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	38, // 47: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	46, // 48: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	49, // 49: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	32, // 50: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	30, // 51: brisk.v1.ControlPlane.FetchCode:input_type -> brisk.v1.FetchCodeRequest
+	17, // 52: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	15, // 53: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	12, // 54: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	9,  // 55: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	35, // 56: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	37, // 57: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	40, // 58: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	47, // 59: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	50, // 60: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	33, // 61: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	31, // 62: brisk.v1.ControlPlane.FetchCode:output_type -> brisk.v1.CodeChunk
+	52, // [52:63] is the sub-list for method output_type
+	41, // [41:52] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -3887,12 +4070,12 @@ func file_api_brisk_v1_brisk_proto_init() {
 	if File_api_brisk_v1_brisk_proto != nil {
 		return
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[13].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[14].OneofWrappers = []any{
 		(*ToWorker_Hello)(nil),
 		(*ToWorker_Fetch)(nil),
 		(*ToWorker_Commands)(nil),
 	}
-	file_api_brisk_v1_brisk_proto_msgTypes[14].OneofWrappers = []any{
+	file_api_brisk_v1_brisk_proto_msgTypes[15].OneofWrappers = []any{
 		(*FromWorker_HelloAck)(nil),
 		(*FromWorker_Fetch)(nil),
 		(*FromWorker_Updates)(nil),
@@ -3903,7 +4086,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

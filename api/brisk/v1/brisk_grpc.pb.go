@@ -262,6 +262,7 @@ const (
 	ControlPlane_ReportMetrics_FullMethodName     = "/brisk.v1.ControlPlane/ReportMetrics"
 	ControlPlane_ReportUnreachable_FullMethodName = "/brisk.v1.ControlPlane/ReportUnreachable"
 	ControlPlane_Join_FullMethodName              = "/brisk.v1.ControlPlane/Join"
+	ControlPlane_FetchCode_FullMethodName         = "/brisk.v1.ControlPlane/FetchCode"
 )
 
 // ControlPlaneClient is the client API for ControlPlane service.
@@ -288,6 +289,9 @@ type ControlPlaneClient interface {
 	// file or a pin of its public key) before it sends the token. See
 	// docs/security.md "Component identity".
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// FetchCode streams a code archive (spec.Code) a worker needs for a
+	// sandbox it is to start, by digest. Workers only.
+	FetchCode(ctx context.Context, in *FetchCodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CodeChunk], error)
 }
 
 type controlPlaneClient struct {
@@ -367,6 +371,25 @@ func (c *controlPlaneClient) Join(ctx context.Context, in *JoinRequest, opts ...
 	return out, nil
 }
 
+func (c *controlPlaneClient) FetchCode(ctx context.Context, in *FetchCodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CodeChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ControlPlane_ServiceDesc.Streams[1], ControlPlane_FetchCode_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchCodeRequest, CodeChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ControlPlane_FetchCodeClient = grpc.ServerStreamingClient[CodeChunk]
+
 // ControlPlaneServer is the server API for ControlPlane service.
 // All implementations must embed UnimplementedControlPlaneServer
 // for forward compatibility.
@@ -391,6 +414,9 @@ type ControlPlaneServer interface {
 	// file or a pin of its public key) before it sends the token. See
 	// docs/security.md "Component identity".
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// FetchCode streams a code archive (spec.Code) a worker needs for a
+	// sandbox it is to start, by digest. Workers only.
+	FetchCode(*FetchCodeRequest, grpc.ServerStreamingServer[CodeChunk]) error
 	mustEmbedUnimplementedControlPlaneServer()
 }
 
@@ -418,6 +444,9 @@ func (UnimplementedControlPlaneServer) ReportUnreachable(context.Context, *Unrea
 }
 func (UnimplementedControlPlaneServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedControlPlaneServer) FetchCode(*FetchCodeRequest, grpc.ServerStreamingServer[CodeChunk]) error {
+	return status.Error(codes.Unimplemented, "method FetchCode not implemented")
 }
 func (UnimplementedControlPlaneServer) mustEmbedUnimplementedControlPlaneServer() {}
 func (UnimplementedControlPlaneServer) testEmbeddedByValue()                      {}
@@ -541,6 +570,17 @@ func _ControlPlane_Join_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlPlane_FetchCode_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchCodeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControlPlaneServer).FetchCode(m, &grpc.GenericServerStream[FetchCodeRequest, CodeChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ControlPlane_FetchCodeServer = grpc.ServerStreamingServer[CodeChunk]
+
 // ControlPlane_ServiceDesc is the grpc.ServiceDesc for ControlPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -573,6 +613,11 @@ var ControlPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchEndpoints",
 			Handler:       _ControlPlane_WatchEndpoints_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchCode",
+			Handler:       _ControlPlane_FetchCode_Handler,
 			ServerStreams: true,
 		},
 	},

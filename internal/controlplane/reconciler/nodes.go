@@ -549,22 +549,29 @@ func (c *Reconciler) refreshEmergency() {
 	}
 }
 
-// offerDual sends node n every dual-mode function's spec, which its
-// emergency track needs (and checks calls against).
+// offerDual sends node n every spec it needs before any of its sandboxes:
+// dual-mode functions' (the emergency track serves only those, and checks
+// calls against them) and functions deployed from source (the node makes
+// their templates ahead of their first sandbox).
 func (c *Reconciler) offerDual(n *nodeState) {
 	if !n.up {
 		return
 	}
 	for _, fs := range c.order {
-		if c.ModeOf(fs.spec) == spec.ModeDual {
+		if c.offered(fs.spec) {
 			c.emit(Offer{Node: n.id, Spec: fs.spec})
 		}
 	}
 }
 
-// offerToAll sends f's spec to every live session when f is in dual mode.
+// offered says whether every node gets f's spec at once (offerDual).
+func (c *Reconciler) offered(f *spec.Function) bool {
+	return c.ModeOf(f) == spec.ModeDual || f.Code != nil
+}
+
+// offerToAll sends f's spec to every live session when offered says so.
 func (c *Reconciler) offerToAll(f *spec.Function) {
-	if c.ModeOf(f) != spec.ModeDual {
+	if !c.offered(f) {
 		return
 	}
 	for _, n := range c.nodeList {

@@ -33,6 +33,8 @@ const (
 	opDeleteSecret
 	opPutRevision
 	opDeleteRevisions
+	opPutCode
+	opDeleteCode
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -58,6 +60,8 @@ type fsm struct {
 	// revisions: function name -> RevisionKey -> spec, at most
 	// store.MaxRevisions per function.
 	revisions map[string]map[string]json.RawMessage
+	// code: digest -> the archive as a JSON string (base64).
+	code map[string]json.RawMessage
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -71,6 +75,7 @@ func newFSM() *fsm {
 		namespaces: map[string]json.RawMessage{},
 		secrets:    map[string]json.RawMessage{},
 		revisions:  map[string]map[string]json.RawMessage{},
+		code:       map[string]json.RawMessage{},
 	}
 }
 
@@ -144,6 +149,12 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 		}
 	case opDeleteRevisions:
 		delete(f.revisions, c.Key)
+	case opPutCode:
+		if _, ok := f.code[c.Key]; !ok {
+			f.code[c.Key] = c.Value
+		}
+	case opDeleteCode:
+		return remove(f.code, "code", c)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -205,6 +216,7 @@ type snapshotData struct {
 	Namespaces map[string]json.RawMessage            `json:"namespaces,omitempty"`
 	Secrets    map[string]json.RawMessage            `json:"secrets,omitempty"`
 	Revisions  map[string]map[string]json.RawMessage `json:"revisions,omitempty"`
+	Code       map[string]json.RawMessage            `json:"code,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -220,6 +232,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Namespaces: maps.Clone(f.namespaces),
 		Secrets:    maps.Clone(f.secrets),
 		Revisions:  cloneRevisions(f.revisions),
+		Code:       maps.Clone(f.code),
 	}}, nil
 }
 
@@ -251,8 +264,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.Revisions == nil {
 		d.Revisions = map[string]map[string]json.RawMessage{}
 	}
+	if d.Code == nil {
+		d.Code = map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
-	f.revisions = d.Revisions
+	f.revisions, f.code = d.Revisions, d.Code
 	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces, f.secrets = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces, d.Secrets
 	f.mu.Unlock()
 	return nil

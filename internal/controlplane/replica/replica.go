@@ -25,9 +25,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -553,6 +555,36 @@ func (r *Registry) Revisions(name string) ([]*spec.Function, error) {
 // DeleteRevisions forgets function name's history.
 func (r *Registry) DeleteRevisions(name string) error {
 	return r.apply(command{Op: opDeleteRevisions, Key: name})
+}
+
+// PutCode keeps a code archive under its digest, once.
+func (r *Registry) PutCode(digest string, zip []byte) error { return r.put(opPutCode, digest, zip) }
+
+// Code returns the archive this replica holds under digest.
+func (r *Registry) Code(digest string) ([]byte, error) {
+	r.fsm.mu.RLock()
+	raw, ok := r.fsm.code[digest]
+	r.fsm.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("code %q: %w", digest, store.ErrNotFound)
+	}
+	var zip []byte
+	if err := json.Unmarshal(raw, &zip); err != nil {
+		return nil, fmt.Errorf("replica: code %s: corrupt record: %w", digest, err)
+	}
+	return zip, nil
+}
+
+// DeleteCode forgets an archive; ErrNotFound if absent.
+func (r *Registry) DeleteCode(digest string) error {
+	return r.apply(command{Op: opDeleteCode, Key: digest})
+}
+
+// CodeDigests lists the archives this replica holds, sorted.
+func (r *Registry) CodeDigests() ([]string, error) {
+	r.fsm.mu.RLock()
+	defer r.fsm.mu.RUnlock()
+	return slices.Sorted(maps.Keys(r.fsm.code)), nil
 }
 
 // Namespaces returns every namespace this replica has applied, by name.

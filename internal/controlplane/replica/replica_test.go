@@ -713,8 +713,15 @@ func TestSnapshotRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	zipA, zipB := []byte("PK archive a"), []byte("PK archive b")
+	if err := r.PutCode("sha256:a", zipA); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
+	}
+	if err := r.PutCode("sha256:b", zipB); err != nil { // in the log tail only
+		t.Fatal(err)
 	}
 	if err := r.UpdateSecret(&store.Secret{Namespace: "default", Name: "s1", Value: []byte("v2")}); err != nil {
 		t.Fatal(err)
@@ -755,6 +762,17 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 	if revs, _ := r.Revisions("f01"); len(revs) != store.MaxRevisions || revs[0].Revision != 3 {
 		t.Fatalf("revisions after snapshot restore: %d from %d, want %d from 3", len(revs), revs[0].Revision, store.MaxRevisions)
+	}
+	for d, want := range map[string][]byte{"sha256:a": zipA, "sha256:b": zipB} {
+		if got, err := r.Code(d); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("code %s after snapshot restore: %q, %v", d, got, err)
+		}
+	}
+	if ds, _ := r.CodeDigests(); len(ds) != 2 {
+		t.Fatalf("code digests after restore: %v", ds)
+	}
+	if _, err := r.Code("sha256:c"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing code: %v", err)
 	}
 }
 

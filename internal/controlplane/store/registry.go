@@ -36,6 +36,12 @@ type Registry interface {
 	PutRevision(f *spec.Function) error
 	Revisions(name string) ([]*spec.Function, error)
 	DeleteRevisions(name string) error
+	// PutCode keeps a code archive (spec.Code) under its digest, once;
+	// Code returns it (ErrNotFound if absent); CodeDigests lists them.
+	PutCode(digest string, zip []byte) error
+	Code(digest string) ([]byte, error)
+	DeleteCode(digest string) error
+	CodeDigests() ([]string, error)
 	Close() error
 }
 

@@ -36,6 +36,7 @@ var (
 	bucketNamespaces = []byte("namespaces")
 	bucketSecrets    = []byte("secrets")
 	bucketRevisions  = []byte("revisions")
+	bucketCode       = []byte("code")
 )
 
 // Worker is the durable record of a worker node.
@@ -163,10 +164,11 @@ const (
 	bNamespaces
 	bSecrets
 	bRevisions
+	bCode
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets, bRevisions: bucketRevisions}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets, bRevisions: bucketRevisions, bCode: bucketCode}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -603,6 +605,46 @@ func (t *txn) keys(bucket byte, prefix string) [][]byte {
 		out = append(out, bytes.Clone(k))
 	}
 	return out
+}
+
+// PutCode keeps a code archive under its digest (spec.Code); putting one
+// that is there already changes nothing.
+func (s *Store) PutCode(digest string, zip []byte) error {
+	return s.update(func(t *txn) error {
+		if t.get(bCode, []byte(digest)) != nil {
+			return nil
+		}
+		return t.put(bCode, []byte(digest), zip)
+	})
+}
+
+// Code returns the archive stored under digest; ErrNotFound if absent.
+func (s *Store) Code(digest string) ([]byte, error) {
+	var out []byte
+	err := s.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketCode).Get([]byte(digest))
+		if v == nil {
+			return fmt.Errorf("code %q: %w", digest, ErrNotFound)
+		}
+		out = bytes.Clone(v)
+		return nil
+	})
+	return out, err
+}
+
+// DeleteCode forgets an archive; ErrNotFound if absent.
+func (s *Store) DeleteCode(digest string) error { return s.remove(bCode, "code", digest) }
+
+// CodeDigests lists the stored archives' digests, sorted.
+func (s *Store) CodeDigests() ([]string, error) {
+	var out []string
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketCode).ForEach(func(k, _ []byte) error {
+			out = append(out, string(k))
+			return nil
+		})
+	})
+	return out, err
 }
 
 // create stores v under key, a new one (ErrExists if taken); remove

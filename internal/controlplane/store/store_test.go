@@ -1,8 +1,10 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -206,5 +208,45 @@ func TestRevisions(t *testing.T) {
 	}
 	if revs, _ := s.Revisions("ab"); len(revs) != 1 || revs[0].Revision != 99 {
 		t.Fatalf("another function's history: %+v", revs)
+	}
+}
+
+// Code archives are kept by digest, once, and survive a reopen.
+func TestCodeSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("z"), walSize) // past the log: bbolt's commit makes it durable
+	for d, data := range map[string][]byte{"sha256:a": []byte("A"), "sha256:big": big} {
+		if err := s.PutCode(d, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.PutCode("sha256:a", []byte("other")); err != nil { // the same digest: no change
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got, err := s.Code("sha256:a"); err != nil || string(got) != "A" {
+		t.Fatalf("code a: %q, %v", got, err)
+	}
+	if got, err := s.Code("sha256:big"); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("code big: %d bytes, %v", len(got), err)
+	}
+	if ds, err := s.CodeDigests(); err != nil || strings.Join(ds, ",") != "sha256:a,sha256:big" {
+		t.Fatalf("digests %v, %v", ds, err)
+	}
+	if err := s.DeleteCode("sha256:a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Code("sha256:a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted code: %v", err)
 	}
 }

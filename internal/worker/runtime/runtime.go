@@ -34,6 +34,30 @@ var (
 type Spec struct {
 	ID       string         // sandbox id, unique for the life of the cluster
 	Function *spec.Function // resolved function spec at one revision
+	// Mounts are host directories the sandbox sees read-only at another
+	// path (a code function's source at /var/task): only runtimes that
+	// implement Mounter with CanMount true are given any.
+	Mounts []Mount
+}
+
+// Mount is a read-only bind mount of a host directory into a sandbox.
+type Mount struct {
+	Source string // absolute host path
+	Target string // absolute path in the sandbox
+}
+
+// Prewarmer is implemented by runtimes that start some sandboxes from
+// templates (the process runtime, for Python source): Prewarm makes s's
+// template before its first sandbox is asked for, in the background.
+type Prewarmer interface {
+	Prewarm(s Spec)
+}
+
+// Mounter is implemented by runtimes that can give a sandbox Spec.Mounts.
+type Mounter interface {
+	// CanMount says whether they can now (the process runtime only as
+	// root).
+	CanMount() bool
 }
 
 // Instance is a started sandbox.

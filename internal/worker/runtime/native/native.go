@@ -230,6 +230,10 @@ func isExecutable(p string) bool {
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "native" }
 
+// CanMount implements runtime.Mounter: the init binds Spec.Mounts into the
+// new root (nsinit.Bind.Mounts).
+func (r *Runtime) CanMount() bool { return true }
+
 // Start fills the shell pool and keeps it full until Close. The network
 // pool must have started.
 func (r *Runtime) Start() {
@@ -523,6 +527,9 @@ func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err err
 	}
 	if len(b.Argv) == 0 {
 		return nil, nil, fmt.Errorf("image %s has no entrypoint and the function no command", f.Image)
+	}
+	for _, m := range s.Mounts {
+		b.Mounts = append(b.Mounts, nsinit.Mount{Source: m.Source, Target: m.Target})
 	}
 	b.Env = runtime.FunctionEnv(env, s, f.Port, "")
 	if len(f.Command) > 0 {

@@ -55,6 +55,11 @@ type Config struct {
 	// Logger receives debug records of sandbox starts and exits and
 	// warnings about missing cgroup controllers. Default: discard.
 	Logger *slog.Logger
+	// NoTemplates starts every sandbox fresh; by default those of
+	// functions deployed from Python source are forked from a template
+	// (template.go). MaxTemplates bounds them (DefaultMaxTemplates when 0).
+	NoTemplates  bool
+	MaxTemplates int
 }
 
 // DefaultKillGrace is the SIGTERM-to-SIGKILL grace when Config.KillGrace is 0.
@@ -113,6 +118,7 @@ type Runtime struct {
 	// Creates in progress: a port the kernel hands out again before its
 	// sandbox has bound it is not given to a second sandbox.
 	ports map[int]struct{}
+	tpls  *templates // nil with Config.NoTemplates
 }
 
 var (
@@ -137,6 +143,11 @@ type sandbox struct {
 	watchOnce sync.Once
 	gone      chan struct{}
 
+	// tpl is the template the sandbox was forked from, nil for one started
+	// fresh (template.go).
+	tpl         *template
+	tplExitOnce sync.Once // tplExitErr, once the child has ended
+	tplExitErr  error
 	// lock serialises Kill and List's cleanup of this sandbox. It is a
 	// channel so that waiting for it honours ctx.
 	lock chan struct{}
@@ -225,6 +236,11 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
 	r.table = table
+	if !cfg.NoTemplates {
+		if r.tpls, err = openTemplates(r, cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates)); err != nil {
+			return nil, fmt.Errorf("process runtime: templates: %w", err)
+		}
+	}
 	if err := reapSecrets(cfg.StateDir, recs); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
@@ -243,6 +259,10 @@ func New(cfg Config) (*Runtime, error) {
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "process" }
+
+// CanMount implements runtime.Mounter: as root, a sandbox gets a mount
+// namespace of its own, with Spec.Mounts bound in it (secrets.go).
+func (r *Runtime) CanMount() bool { return r.secretsNS }
 
 // Create starts the sandbox's process and returns once it runs; the caller
 // probes readiness (runtime.WaitReady with Instance.Exited). A command that
@@ -275,6 +295,19 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.mu.Unlock()
 	}()
 
+	if r.tpls != nil && Templatable(s) {
+		if t := r.tpls.get(s); t != nil {
+			inst, err := r.createFromTemplate(ctx, s, t)
+			if err == nil {
+				r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", t.id)
+				return inst, nil
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+			}
+			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", t.id, "err", err)
+		}
+	}
 	port, err := r.reservePort()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
@@ -411,7 +444,7 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 // older container runtimes) is it moved there right after it started: in
 // that window of well under a millisecond it runs in the worker's cgroup,
 // and a child it forks then stays there.
-func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *cgroups.Cgroup) (cmd *exec.Cmd, err error) {
+func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *cgroups.Cgroup, extra ...*os.File) (cmd *exec.Cmd, err error) {
 	var exe *os.File
 	if s.Function.Builtin != "" && len(s.Function.Command) == 0 {
 		// brisk's own binary may sit where the sandbox's user cannot reach
@@ -433,7 +466,22 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *c
 				return
 			}
 		}
-		cmd, err = r.startOnThread(argv, env, logf, exe, cg)
+		if len(s.Mounts) > 0 {
+			if !r.secretsNS {
+				err = &secretsError{errors.New("mounts need root")}
+				return
+			}
+			if len(s.Function.Secrets) == 0 {
+				if err = ownMountNS(); err != nil {
+					err = &secretsError{err}
+					return
+				}
+			}
+			if err = bindMounts(s.Mounts); err != nil {
+				return
+			}
+		}
+		cmd, err = r.startOnThread(argv, env, logf, exe, cg, extra)
 	})
 	if _, ok := err.(*secretsError); ok {
 		return nil, err // not the command's fault: no explainStart
@@ -445,7 +493,7 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *c
 }
 
 // startOnThread is start on a thread of its own (procs.SpawnThread).
-func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgroups.Cgroup) (*exec.Cmd, error) {
+func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgroups.Cgroup, extra []*os.File) (*exec.Cmd, error) {
 	if err := procs.SetNoNewPrivs(); err != nil {
 		return nil, err
 	}
@@ -454,6 +502,7 @@ func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgro
 		if exe != nil {
 			cmd.Path, cmd.ExtraFiles = "/proc/self/fd/3", []*os.File{exe}
 		}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, extra...)
 		cmd.Env, cmd.Dir = env, sandboxHome
 		cmd.Stdout, cmd.Stderr = logf, logf
 		attr.Setpgid, attr.Credential = true, r.id.cred

@@ -73,6 +73,7 @@ func newRuntime(t *testing.T, cfg Config) *Runtime {
 func killAll(t *testing.T, r *Runtime) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
+	r.StopTemplates()
 	list, err := r.List(ctx)
 	if err != nil {
 		t.Errorf("cleanup List: %v", err)

@@ -59,13 +59,8 @@ func mountSecrets(f *spec.Function) error {
 	if err := mkdirPublic(spec.SecretsDir); err != nil {
 		return &secretsError{fmt.Errorf("mount point: %w", err)}
 	}
-	// CLONE_NEWNS implies CLONE_FS: this thread alone gets the new
-	// namespace, and its own root and working directory.
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return &secretsError{fmt.Errorf("unshare the mount namespace: %w", err)}
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return &secretsError{fmt.Errorf("make mounts slaves: %w", err)}
+	if err := ownMountNS(); err != nil {
+		return &secretsError{err}
 	}
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	if err := unix.Mount("tmpfs", spec.SecretsDir, "tmpfs", flags, runtime.SecretsTmpfsData(f)); err != nil {
@@ -77,6 +72,41 @@ func mountSecrets(f *spec.Function) error {
 	// The superblock read-only: writes fail with EROFS, whoever tries.
 	if err := unix.Mount("", spec.SecretsDir, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
 		return &secretsError{fmt.Errorf("remount %s read-only: %w", spec.SecretsDir, err)}
+	}
+	return nil
+}
+
+// ownMountNS moves the spawn thread into a mount namespace of its own whose
+// mounts are slaves of the host's (see above). CLONE_NEWNS implies
+// CLONE_FS: this thread alone gets the new namespace, and its own root and
+// working directory.
+func ownMountNS() error {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare the mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slaves: %w", err)
+	}
+	return nil
+}
+
+// bindMounts gives the sandbox's mount namespace (ownMountNS, on the spawn
+// thread) its read-only binds (runtime.Spec.Mounts: a code function's
+// source and runner). The mount points are made on the host, empty, once.
+func bindMounts(ms []runtime.Mount) error {
+	for _, m := range ms {
+		if err := mkdirPublic(m.Target); err != nil {
+			return &secretsError{fmt.Errorf("mount point: %w", err)}
+		}
+	}
+	for _, m := range ms {
+		if err := unix.Mount(m.Source, m.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return &secretsError{fmt.Errorf("bind %s on %s: %w", m.Source, m.Target, err)}
+		}
+		const flags = unix.MS_REMOUNT | unix.MS_BIND | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV
+		if err := unix.Mount("", m.Target, "", flags, ""); err != nil {
+			return &secretsError{fmt.Errorf("remount %s read-only: %w", m.Target, err)}
+		}
 	}
 	return nil
 }

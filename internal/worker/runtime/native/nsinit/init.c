@@ -36,7 +36,7 @@
 #define MAX_MESSAGE (192 << 10)  // nsinit.MaxMessage
 #define MAX_FDS 3
 #define SECRETS_DIR "/var/openfaas/secrets"  // nsinit.SecretsDir
-#define MAGIC "BRB2"                        // nsinit.bindMagic (its version: 2 has the /etc files)
+#define MAGIC "BRB3"                        // nsinit.bindMagic (its version: 3 has the bind mounts)
 #define PAGE 4096                           // tmpfs sizes only: rounding up is harmless
 
 // ---- system calls ----
@@ -271,6 +271,11 @@ struct file {
   char *data;
 };
 
+struct mnt {
+  char *src;  // host path
+  char *dst;  // path in the new root
+};
+
 struct bind {
   char *lower;
   char **argv;  // NULL-terminated
@@ -286,6 +291,8 @@ struct bind {
   uint32_t nsecrets;
   struct file *files;
   uint32_t nfiles;
+  struct mnt *mounts;
+  uint32_t nmounts;
 };
 
 #define FLAG_EXEC_FD 1u
@@ -370,6 +377,13 @@ static void decode(const char *msg, size_t n, struct bind *b) {
   for (uint32_t i = 0; i < b->nfiles; i++) {
     b->files[i].name = str(&r);
     b->files[i].data = str(&r);
+  }
+  b->nmounts = u32(&r);
+  if (b->nmounts > 8) fail("bind message: %u mounts", b->nmounts);
+  b->mounts = alloc(((size_t)b->nmounts + 1) * sizeof *b->mounts);
+  for (uint32_t i = 0; i < b->nmounts; i++) {
+    b->mounts[i].src = str(&r);
+    b->mounts[i].dst = str(&r);
   }
   if (r.p != r.end) fail("bind message: %zu bytes too many", (size_t)(r.end - r.p));
   if (!b->argv[0]) fail("bind message: no arguments");
@@ -522,6 +536,9 @@ static const char *prepare(const char *st, const char *mb) {
 
 // ---- at bind ----
 
+static void mkdir_public(char *dir);
+static void bind_mounts(const struct bind *b, const char *root);
+
 // build_root mounts the tmpfs upper layer over the read-only lower layer,
 // moves the prepared /proc, /dev and /sys under it and pivots into it.
 static void build_root(const struct bind *b, const char *st) {
@@ -542,6 +559,7 @@ static void build_root(const struct bind *b, const char *st) {
     join(q, sizeof q, st, moved[i]);
     if ((r = x_mount(q, p, 0, MS_MOVE, 0)) < 0) fail("move /%s: %s", moved[i], es(r));
   }
+  bind_mounts(b, root);
   // An image without /tmp gets one anyone can write to, as in a container.
   join(p, sizeof p, root, "tmp");
   struct stat s;
@@ -562,7 +580,7 @@ static void mkdir_public(char *dir) {
   struct stat s;
   long r;
   if (x_stat(dir, &s, 0) == 0) {
-    if (!S_ISDIR(s.st_mode)) fail("secrets: %s is not a directory", dir);
+    if (!S_ISDIR(s.st_mode)) fail("%s is not a directory", dir);
     return;
   }
   char *slash = 0;
@@ -573,8 +591,26 @@ static void mkdir_public(char *dir) {
     mkdir_public(dir);
     *slash = '/';
   }
-  if ((r = x_mkdir(dir, 0755)) < 0 && r != -EEXIST) fail("secrets: mkdir %s: %s", dir, es(r));
-  if ((r = x_chmod(dir, 0755)) < 0) fail("secrets: chmod %s: %s", dir, es(r));
+  if ((r = x_mkdir(dir, 0755)) < 0 && r != -EEXIST) fail("mkdir %s: %s", dir, es(r));
+  if ((r = x_chmod(dir, 0755)) < 0) fail("chmod %s: %s", dir, es(r));
+}
+
+// bind_mounts binds the bind's host directories read-only into the new
+// root (mounted at root, not yet pivoted into): a code function's source
+// and runner. The mount points are made in the writable layer when the
+// lower one lacks them.
+static void bind_mounts(const struct bind *b, const char *root) {
+  static char p[4096];
+  long r;
+  for (uint32_t i = 0; i < b->nmounts; i++) {
+    const struct mnt *m = &b->mounts[i];
+    if (m->dst[0] != '/' || m->src[0] != '/') fail("mount %s on %s: paths must be absolute", m->src, m->dst);
+    if (fmt(p, sizeof p, "%s%s", root, m->dst) >= sizeof p - 1) fail("mount %s: path too long", m->dst);
+    mkdir_public(p);
+    if ((r = x_mount(m->src, p, 0, MS_BIND | MS_REC, 0)) < 0) fail("bind %s on %s: %s", m->src, m->dst, es(r));
+    if ((r = x_mount("", p, 0, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, 0)) < 0)
+      fail("remount %s read-only: %s", m->dst, es(r));
+  }
 }
 
 // mount_secrets mounts a tmpfs on SECRETS_DIR in the new root, writes the

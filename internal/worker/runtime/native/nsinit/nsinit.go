@@ -88,6 +88,14 @@ type Bind struct {
 	// lower layer has there: the sandbox network's resolv.conf and hosts.
 	// Names are plain file names; at most 16, their data without NUL.
 	Etc []File
+	// Mounts are host directories bound read-only into the new root
+	// before the pivot (runtime.Spec.Mounts): at most 8, absolute paths.
+	Mounts []Mount
+}
+
+// Mount is one of Bind.Mounts.
+type Mount struct {
+	Source, Target string
 }
 
 // File is one of Bind.Etc.
@@ -108,7 +116,7 @@ func EncodeFilter(prog []unix.SockFilter) []byte {
 }
 
 // bindMagic opens every bind message: the layout's version (init.c checks it).
-const bindMagic = "BRB2" // the version of the message: an init of another one refuses it by name
+const bindMagic = "BRB3" // the version of the message: an init of another one refuses it by name
 
 // Encode lays b out for init.c: bindMagic, then the fields in Bind's order,
 // native byte order, strings and byte strings as a u32 length and the bytes,
@@ -156,6 +164,17 @@ func (b *Bind) Encode() ([]byte, error) {
 		}
 		e.str(f.Name)
 		e.str(f.Data)
+	}
+	if len(b.Mounts) > 8 {
+		return nil, fmt.Errorf("bind message: %d mounts", len(b.Mounts))
+	}
+	e.u32(uint32(len(b.Mounts)))
+	for _, m := range b.Mounts {
+		if !strings.HasPrefix(m.Source, "/") || !strings.HasPrefix(m.Target, "/") || strings.Contains(m.Target, "..") {
+			return nil, fmt.Errorf("bind message: mount %q on %q: want absolute paths", m.Source, m.Target)
+		}
+		e.str(m.Source)
+		e.str(m.Target)
 	}
 	if e.err != nil {
 		return nil, e.err

@@ -27,7 +27,8 @@ func TestFilterEncoding(t *testing.T) {
 func TestEncodeLayout(t *testing.T) {
 	b := &Bind{Lower: "/img", Argv: []string{"f", "-x"}, Env: []string{"A=1"}, Dir: "/w", ExecFD: true,
 		UID: 1000, GID: 1001, Hostname: "h", Caps: []int{0, 40}, Seccomp: make([]byte, 16),
-		Secrets: []Secret{{Name: "k", Size: 7}}, Etc: []File{{Name: "resolv.conf", Data: "nameserver 10.0.0.1\n"}}}
+		Secrets: []Secret{{Name: "k", Size: 7}}, Etc: []File{{Name: "resolv.conf", Data: "nameserver 10.0.0.1\n"}},
+		Mounts: []Mount{{Source: "/state/code/ab", Target: "/var/task"}}}
 	msg, err := b.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -75,6 +76,9 @@ func TestEncodeLayout(t *testing.T) {
 	if n, name, data := u32(), str(), str(); n != 1 || name != "resolv.conf" || data != "nameserver 10.0.0.1\n" {
 		t.Errorf("etc files %d %q %q", n, name, data)
 	}
+	if n, src, dst := u32(), str(), str(); n != 1 || src != "/state/code/ab" || dst != "/var/task" {
+		t.Errorf("mounts %d %q %q", n, src, dst)
+	}
 	if r.Len() != 0 {
 		t.Errorf("%d bytes left over", r.Len())
 	}
@@ -88,6 +92,8 @@ func TestEncodeRefuses(t *testing.T) {
 		"capability 64":      {Argv: []string{"a"}, Caps: []int{64}},
 		"torn seccomp":       {Argv: []string{"a"}, Seccomp: make([]byte, 9)},
 		"too big":            {Argv: []string{strings.Repeat("a", MaxMessage)}},
+		"relative mount":     {Argv: []string{"a"}, Mounts: []Mount{{Source: "code", Target: "/var/task"}}},
+		"mount escaping":     {Argv: []string{"a"}, Mounts: []Mount{{Source: "/code", Target: "/var/../etc"}}},
 	} {
 		if _, err := b.Encode(); err == nil {
 			t.Errorf("%s: encoded", name)

@@ -1,0 +1,117 @@
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/codezip"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// uploadCode serves POST /v1/code: a zip archive of a function's source,
+// checked (codezip.Open) and kept in the registry under its digest, which
+// a spec's code.digest then names. Any token that may deploy may upload:
+// archives are named by their content, so one tenant's upload tells
+// another nothing it could not compute from the bytes themselves.
+func (cp *ControlPlane) uploadCode(w http.ResponseWriter, r *http.Request) {
+	if !cp.cfg.AuthDisabled {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+			if errors.Is(err, auth.ErrForbidden) {
+				writeError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow deploy, which uploading code needs", auth.ID(tok)))
+			} else {
+				writeError(w, http.StatusUnauthorized, err.Error())
+			}
+			return
+		}
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, spec.MaxCodeBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("code archive larger than %d MiB (put large dependencies in an image)", spec.MaxCodeBytes>>20))
+		} else {
+			writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		}
+		return
+	}
+	a, err := codezip.Open(data)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	d := codezip.Digest(data)
+	if err := cp.store.PutCode(d, data); err != nil {
+		writeStoreError(w, "storing code: ", err)
+		return
+	}
+	writeCompactJSON(w, http.StatusCreated, api.CodeUpload{Digest: d, Size: int64(len(data)), Files: len(a.Files), UnpackedSize: a.Size})
+}
+
+// checkCode refuses (400) a spec whose code is not uploaded or lacks its
+// handler's module; on refusal it has answered.
+func (cp *ControlPlane) checkCode(w http.ResponseWriter, c *spec.Code) bool {
+	data, err := cp.store.Code(c.Digest)
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: code.digest: %s has not been uploaded (POST /v1/code)", c.Digest))
+		return false
+	}
+	if err != nil {
+		writeStoreError(w, "reading code: ", err)
+		return false
+	}
+	a, err := codezip.Open(data)
+	if err == nil {
+		err = a.CheckHandler(c)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid function spec: code: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// codeChunk is FetchCode's message size: well under gRPC's limits.
+const codeChunk = 1 << 20
+
+// FetchCode streams a code archive to a worker that is to start a sandbox
+// of a function deployed from it.
+func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.ControlPlane_FetchCodeServer) error {
+	if cp.cfg.CA != nil {
+		c := callerCert(stream.Context())
+		if c == nil {
+			return status.Error(codes.Unauthenticated, "a certificate of the cluster CA is required")
+		}
+		if kind, _ := pki.IDs(c); kind != pki.KindWorker {
+			return status.Errorf(codes.PermissionDenied, "only workers fetch code (this certificate is a %s's)", kind)
+		}
+	}
+	if !spec.ValidDigest(r.GetDigest()) {
+		return status.Errorf(codes.InvalidArgument, "digest %q: want sha256:<64 hex digits>", r.GetDigest())
+	}
+	data, err := cp.store.Code(r.GetDigest())
+	if errors.Is(err, store.ErrNotFound) {
+		return status.Errorf(codes.NotFound, "code %s is not in the registry", r.GetDigest())
+	}
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "reading code: %v", err)
+	}
+	for len(data) > 0 {
+		n := min(len(data), codeChunk)
+		if err := stream.Send(&briskv1.CodeChunk{Data: data[:n]}); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}

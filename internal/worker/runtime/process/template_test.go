@@ -1,0 +1,246 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/codezip"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// templateSource is a Python function whose sandboxes say who they are:
+// their pid and parent, a random number, and a module global that a call
+// may set (a child's memory writes must stay its own).
+const templateSource = `import os, random
+STATE = {"written": None}
+def handler(event, context):
+    if "write" in event:
+        STATE["written"] = event["write"]
+    return {"pid": os.getpid(), "ppid": os.getppid(), "random": random.random(), "written": STATE["written"], "port": os.environ.get("PORT")}
+`
+
+// codeSpec prepares sandbox id of a Python function deployed from src.
+func codeSpec(t *testing.T, r *Runtime, m *lang.Manager, id, src string) runtime.Spec {
+	t.Helper()
+	f := &spec.Function{Name: "pyfn", Revision: 1, Port: 8080, Concurrency: 1,
+		Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda}}
+	data, err := codezip.ZipFile(writeFile(t, "app.py", src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Code.Digest = codezip.Digest(data)
+	f.ApplyDefaults()
+	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: r.CanMount()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func writeFile(t *testing.T, name, data string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// newLang returns a language manager that serves src's archive as the
+// control plane would.
+func newLang(t *testing.T, src string) *lang.Manager {
+	t.Helper()
+	if _, err := os.Stat(lang.DefaultPython); err != nil {
+		t.Skip("no " + lang.DefaultPython)
+	}
+	data, err := codezip.ZipFile(writeFile(t, "app.py", src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "brisk-lang-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil { // the sandbox's user reaches it without root's mounts
+		t.Fatal(err)
+	}
+	m, err := lang.New(lang.Config{Dir: dir, Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+type whoami struct {
+	PID, PPID int
+	Random    float64
+	Written   *string
+	Port      string
+}
+
+func call(t *testing.T, addr, body string) whoami {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var w whoami
+	if resp.StatusCode != 200 || json.Unmarshal(b, &w) != nil {
+		t.Fatalf("call %s: %d %s", addr, resp.StatusCode, b)
+	}
+	return w
+}
+
+func startSandbox(t *testing.T, r *Runtime, s runtime.Spec) *runtime.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	inst, err := r.Create(ctx, s)
+	if err != nil {
+		t.Fatalf("Create %s: %v", s.ID, err)
+	}
+	if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+		t.Fatalf("sandbox %s: %v", s.ID, err)
+	}
+	return inst
+}
+
+// templateReady waits until the function's template has loaded it.
+func templateReady(t *testing.T, r *Runtime, s runtime.Spec) *template {
+	t.Helper()
+	r.Prewarm(s)
+	var tpl *template
+	testutil.Eventually(t, waitLong, func() bool {
+		tpl = r.tpls.get(s)
+		return tpl != nil
+	}, "the template loads the function")
+	return tpl
+}
+
+// Sandboxes of a Python function are forked from its template: children
+// of the template, each on its own port, with its own random numbers and
+// memory; a child killed is reported as any sandbox; a restarted runtime
+// kills the templates it did not start and adopts their children.
+func TestTemplateForksSandboxes(t *testing.T) {
+	m := newLang(t, templateSource)
+	stateDir := t.TempDir()
+	r := newRuntime(t, Config{StateDir: stateDir})
+	tpl := templateReady(t, r, codeSpec(t, r, m, "x", templateSource))
+
+	var kids []whoami
+	insts := map[string]*runtime.Instance{}
+	for i := range 3 {
+		id := "sb-" + strconv.Itoa(i)
+		insts[id] = startSandbox(t, r, codeSpec(t, r, m, id, templateSource))
+		kids = append(kids, call(t, insts[id].Addr, `{}`))
+	}
+	seen := map[float64]bool{}
+	for i, k := range kids {
+		if k.PPID != tpl.pid {
+			t.Fatalf("sandbox %d: parent %d, want the template %d", i, k.PPID, tpl.pid)
+		}
+		if seen[k.Random] {
+			t.Fatalf("two sandboxes drew the same random number %v: the template's generator state was not reseeded", k.Random)
+		}
+		seen[k.Random] = true
+		if strconv.Itoa(portOf(insts["sb-"+strconv.Itoa(i)].Addr)) != k.Port {
+			t.Fatalf("sandbox %d sees PORT %s, serves %s", i, k.Port, insts["sb-"+strconv.Itoa(i)].Addr)
+		}
+	}
+	// A write in one child's memory is not seen by another, nor by a
+	// child forked after it.
+	if w := call(t, insts["sb-0"].Addr, `{"write": "mine"}`); w.Written == nil || *w.Written != "mine" {
+		t.Fatalf("the writer does not see its own write: %+v", w)
+	}
+	if w := call(t, insts["sb-1"].Addr, `{}`); w.Written != nil {
+		t.Fatalf("another child sees the write: %+v", w)
+	}
+	late := startSandbox(t, r, codeSpec(t, r, m, "sb-late", templateSource))
+	if w := call(t, late.Addr, `{}`); w.Written != nil || w.PPID != tpl.pid {
+		t.Fatalf("a later child: %+v", w)
+	}
+
+	// Kill reports the sandbox killed, and the template goes on.
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	if err := r.Kill(ctx, "sb-0"); err != nil {
+		t.Fatal(err)
+	}
+	<-insts["sb-0"].Exited
+	if err := insts["sb-0"].ExitErr(); !errors.Is(err, ErrKilled) {
+		t.Fatalf("killed child: %v", err)
+	}
+	// A child that crashes is reported with the status the template saw.
+	if err := syscall.Kill(kids[1].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-insts["sb-1"].Exited
+	if err := insts["sb-1"].ExitErr(); err == nil || !strings.Contains(err.Error(), "killed by signal 9") {
+		t.Fatalf("crashed child: %v", err)
+	}
+
+	// A restarted runtime on the same state: the old template is killed,
+	// its children are adopted.
+	r2, err := New(Config{StateDir: stateDir, BriskBinary: helper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitLong, func() bool { return !alive(tpl.pid) }, "the earlier worker's template is killed")
+	list, err := r2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := 0
+	for _, l := range list {
+		if l.Running {
+			running++
+		}
+	}
+	if running != 2 { // sb-2 and sb-late
+		t.Fatalf("after a restart: %+v; want the two live children adopted", list)
+	}
+	if w := call(t, late.Addr, `{}`); w.PID != call(t, late.Addr, `{}`).PID {
+		t.Fatal("the adopted child changed")
+	}
+	killAll(t, r2)
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// A template that dies is reported, and the function's sandboxes start
+// fresh meanwhile; one whose module cannot load never serves, and its
+// sandboxes fail fresh with the reason.
+func TestTemplateFailureFallsBackToFreshStarts(t *testing.T) {
+	m := newLang(t, templateSource)
+	r := newRuntime(t, Config{})
+	tpl := templateReady(t, r, codeSpec(t, r, m, "x", templateSource))
+	if err := syscall.Kill(tpl.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-tpl.done
+	if tpl.err == nil || !strings.Contains(tpl.err.Error(), "killed by signal 9") {
+		t.Fatalf("the template's end: %v", tpl.err)
+	}
+	inst := startSandbox(t, r, codeSpec(t, r, m, "fresh", templateSource))
+	if w := call(t, inst.Addr, `{}`); w.PPID == tpl.pid || w.PPID != os.Getpid() {
+		t.Fatalf("after the template died: parent %d, want this worker %d (a fresh start)", w.PPID, os.Getpid())
+	}
+	if r.TemplateCount() != 0 {
+		t.Fatalf("%d templates after the failure; want none until the retry delay passes", r.TemplateCount())
+	}
+}
