@@ -165,6 +165,7 @@ type wkFlags struct {
 	emergencyRT                             string
 	sandboxUser                             string
 	python, node                            string
+	templates                               bool
 	emulate                                 int
 	createDelay                             time.Duration
 	cpu                                     string
@@ -194,6 +195,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
 	fl.StringVar(&f.python, "python", lang.DefaultPython, "interpreter of functions deployed from Python source (fn deploy --lang python), with --runtime process or native")
+	fl.BoolVar(&f.templates, "templates", true, "with --runtime process: start sandboxes of functions deployed from Python source by forking a per-revision template that has imported them (docs/languages.md); =false starts each fresh")
 	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native (looked up in PATH)")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
@@ -230,7 +232,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
-		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node}
+		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node, NoTemplates: !f.templates}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
 			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}

@@ -74,6 +74,9 @@ type Workers struct {
 	// Python and Node are the interpreters of functions deployed from
 	// source (lang.Config; empty: the defaults).
 	Python, Node string
+	// NoTemplates starts every sandbox of a Python function fresh
+	// (process.Config.NoTemplates).
+	NoTemplates bool
 	// Identity: with CA the daemon gets a certificate from it directly
 	// (one process with the control plane); with Join it joins the
 	// cluster when it starts. Neither: plaintext gRPC.
@@ -211,7 +214,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
 		}
-		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, Logger: log.With("component", "runtime")})
+		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, NoTemplates: w.NoTemplates, Logger: log.With("component", "runtime")})
 		if err != nil {
 			return nil, nil, err
 		}

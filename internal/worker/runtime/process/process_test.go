@@ -54,7 +54,7 @@ const waitLong = 30 * time.Second // only bounds failing tests
 
 // newRuntime returns a runtime on a fresh StateDir whose sandboxes are all
 // killed when the test ends.
-func newRuntime(t *testing.T, cfg Config) *Runtime {
+func newRuntime(t testing.TB, cfg Config) *Runtime {
 	t.Helper()
 	if cfg.StateDir == "" {
 		cfg.StateDir = t.TempDir()
@@ -70,7 +70,7 @@ func newRuntime(t *testing.T, cfg Config) *Runtime {
 	return r
 }
 
-func killAll(t *testing.T, r *Runtime) {
+func killAll(t testing.TB, r *Runtime) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
 	r.StopTemplates()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -32,7 +34,13 @@ def handler(event, context):
 `
 
 // codeSpec prepares sandbox id of a Python function deployed from src.
-func codeSpec(t *testing.T, r *Runtime, m *lang.Manager, id, src string) runtime.Spec {
+func codeSpec(t testing.TB, r *Runtime, m *lang.Manager, id, src string) runtime.Spec {
+	return codeSpecMount(t, m, id, src, r.CanMount())
+}
+
+// codeSpecMount is codeSpec with the code bound at lang.TaskDir (mount) or
+// run from the manager's directory.
+func codeSpecMount(t testing.TB, m *lang.Manager, id, src string, mount bool) runtime.Spec {
 	t.Helper()
 	f := &spec.Function{Name: "pyfn", Revision: 1, Port: 8080, Concurrency: 1,
 		Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda}}
@@ -42,14 +50,14 @@ func codeSpec(t *testing.T, r *Runtime, m *lang.Manager, id, src string) runtime
 	}
 	f.Code.Digest = codezip.Digest(data)
 	f.ApplyDefaults()
-	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: r.CanMount()})
+	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: mount})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-func writeFile(t *testing.T, name, data string) string {
+func writeFile(t testing.TB, name, data string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
@@ -60,7 +68,7 @@ func writeFile(t *testing.T, name, data string) string {
 
 // newLang returns a language manager that serves src's archive as the
 // control plane would.
-func newLang(t *testing.T, src string) *lang.Manager {
+func newLang(t testing.TB, src string) *lang.Manager {
 	t.Helper()
 	if _, err := os.Stat(lang.DefaultPython); err != nil {
 		t.Skip("no " + lang.DefaultPython)
@@ -121,7 +129,7 @@ func startSandbox(t *testing.T, r *Runtime, s runtime.Spec) *runtime.Instance {
 }
 
 // templateReady waits until the function's template has loaded it.
-func templateReady(t *testing.T, r *Runtime, s runtime.Spec) *template {
+func templateReady(t testing.TB, r *Runtime, s runtime.Spec) *template {
 	t.Helper()
 	r.Prewarm(s)
 	var tpl *template
@@ -242,5 +250,35 @@ func TestTemplateFailureFallsBackToFreshStarts(t *testing.T) {
 	}
 	if r.TemplateCount() != 0 {
 		t.Fatalf("%d templates after the failure; want none until the retry delay passes", r.TemplateCount())
+	}
+}
+
+// heavySource imports what ROUND3's measurements did (100–270 ms on this
+// machine): the cost a template pays once and a fresh start every time.
+const heavySource = `import json, decimal, asyncio, email.mime.multipart, xml.etree.ElementTree, http.server
+def handler(event, context):
+    return {"ok": True}
+`
+
+// BenchmarkPythonColdStart is runtimetest.ColdStart (Create → readiness →
+// first 200, conc at once) of a Python function whose imports take ~100
+// ms, started fresh and forked from its template, side by side:
+//
+//	go test -run '^$' -bench PythonColdStart -benchtime 10x ./internal/worker/runtime/process/
+func BenchmarkPythonColdStart(b *testing.B) {
+	for _, conc := range []int{1, 10, 50} {
+		for _, mode := range []string{"fresh", "template"} {
+			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
+				m := newLang(b, heavySource)
+				r := newRuntime(b, Config{NoTemplates: mode == "fresh"})
+				// The code from the manager's directory: runtimetest's
+				// specs carry no mounts.
+				s := codeSpecMount(b, m, "x", heavySource, false)
+				if mode == "template" {
+					templateReady(b, r, s)
+				}
+				runtimetest.ColdStart(b, r, s.Function, conc, runtimetest.ColdStartOptions{})
+			})
+		}
 	}
 }
