@@ -58,6 +58,7 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	f.register(c, 10, 40*time.Millisecond)
 	fl := c.Flags()
 	registerReplayFlags(fl, &cfg)
+	fl.BoolVar(&cfg.Python, "python", false, "deploy the trace functions as Python source (the trace function's protocol with a web function's imports, ~100 ms; docs/languages.md) instead of the built-in: on the process runtime their sandboxes start from templates unless the workers run --templates=false")
 	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
 	fl.StringVar(&cfg.Placement, "placement", "", "the registered functions' placement policy: "+strings.Join(spec.Placements, ", ")+"; default: the cluster's")

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -53,6 +55,10 @@ type ReplayConfig struct {
 	// function's largest memory over 10) suit emulated sandboxes, but are
 	// below what a real process needs. 0: the loader's requests.
 	MinSandboxMemoryMB int64
+	// Python deploys the functions as Python source (pytrace.py: the
+	// trace function's protocol, with a web function's imports) instead
+	// of the built-in: for the process and native runtimes.
+	Python bool
 }
 
 // Schedule loads the trace window and draws the schedule.
@@ -140,6 +146,18 @@ type ReplayConfigJSON struct {
 	MinSandboxMiB   int64   `json:"min_sandbox_memory_mb,omitempty"`
 }
 
+//go:embed pytrace.py
+var pyTraceSource []byte
+
+// pyTraceZip is pytrace.py as an archive to upload.
+var pyTraceZip = func() []byte {
+	b, err := codezip.ZipFiles(map[string][]byte{"pytrace.py": pyTraceSource})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
+
 // Replay registers the trace's functions and replays the schedule.
 func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*ReplaySummary, string, error) {
 	s, err := cfg.Schedule()
@@ -170,6 +188,16 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		memMB[f.Name()] = float64(mem)
 		if f.Total() > 0 {
 			active++
+		}
+	}
+	if cfg.Python {
+		up, err := c.Client.UploadCode(ctx, pyTraceZip)
+		if err != nil {
+			return nil, "", fmt.Errorf("uploading the Python trace function: %w", err)
+		}
+		for _, f := range fns {
+			f.Builtin = ""
+			f.Code = &spec.Code{Language: spec.LangPython, Handler: "pytrace.handle", Contract: spec.ContractHTTP, Digest: up.Digest}
 		}
 	}
 	defer cleanup(c, &o, names)

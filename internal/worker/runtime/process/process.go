@@ -21,6 +21,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
@@ -145,7 +146,7 @@ type sandbox struct {
 
 	// tpl is the template the sandbox was forked from, nil for one started
 	// fresh (template.go).
-	tpl         *template
+	tpl         *forkserver.Template
 	tplExitOnce sync.Once // tplExitErr, once the child has ended
 	tplExitErr  error
 	// lock serialises Kill and List's cleanup of this sandbox. It is a
@@ -296,16 +297,16 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	}()
 
 	if r.tpls != nil && Templatable(s) {
-		if t := r.tpls.get(s); t != nil {
+		if t := r.tpls.Get(s); t != nil {
 			inst, err := r.createFromTemplate(ctx, s, t)
 			if err == nil {
-				r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", t.id)
+				r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", procOf(t).id)
 				return inst, nil
 			}
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 			}
-			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", t.id, "err", err)
+			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", procOf(t).id, "err", err)
 		}
 	}
 	port, err := r.reservePort()

@@ -17,6 +17,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -129,12 +130,12 @@ func startSandbox(t *testing.T, r *Runtime, s runtime.Spec) *runtime.Instance {
 }
 
 // templateReady waits until the function's template has loaded it.
-func templateReady(t testing.TB, r *Runtime, s runtime.Spec) *template {
+func templateReady(t testing.TB, r *Runtime, s runtime.Spec) *forkserver.Template {
 	t.Helper()
 	r.Prewarm(s)
-	var tpl *template
+	var tpl *forkserver.Template
 	testutil.Eventually(t, waitLong, func() bool {
-		tpl = r.tpls.get(s)
+		tpl = r.tpls.Get(s)
 		return tpl != nil
 	}, "the template loads the function")
 	return tpl
@@ -159,8 +160,8 @@ func TestTemplateForksSandboxes(t *testing.T) {
 	}
 	seen := map[float64]bool{}
 	for i, k := range kids {
-		if k.PPID != tpl.pid {
-			t.Fatalf("sandbox %d: parent %d, want the template %d", i, k.PPID, tpl.pid)
+		if k.PPID != procOf(tpl).pid {
+			t.Fatalf("sandbox %d: parent %d, want the template %d", i, k.PPID, procOf(tpl).pid)
 		}
 		if seen[k.Random] {
 			t.Fatalf("two sandboxes drew the same random number %v: the template's generator state was not reseeded", k.Random)
@@ -179,7 +180,7 @@ func TestTemplateForksSandboxes(t *testing.T) {
 		t.Fatalf("another child sees the write: %+v", w)
 	}
 	late := startSandbox(t, r, codeSpec(t, r, m, "sb-late", templateSource))
-	if w := call(t, late.Addr, `{}`); w.Written != nil || w.PPID != tpl.pid {
+	if w := call(t, late.Addr, `{}`); w.Written != nil || w.PPID != procOf(tpl).pid {
 		t.Fatalf("a later child: %+v", w)
 	}
 
@@ -208,7 +209,7 @@ func TestTemplateForksSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, waitLong, func() bool { return !alive(tpl.pid) }, "the earlier worker's template is killed")
+	testutil.Eventually(t, waitLong, func() bool { return !alive(procOf(tpl).pid) }, "the earlier worker's template is killed")
 	list, err := r2.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -237,15 +238,15 @@ func TestTemplateFailureFallsBackToFreshStarts(t *testing.T) {
 	m := newLang(t, templateSource)
 	r := newRuntime(t, Config{})
 	tpl := templateReady(t, r, codeSpec(t, r, m, "x", templateSource))
-	if err := syscall.Kill(tpl.pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(procOf(tpl).pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-tpl.done
-	if tpl.err == nil || !strings.Contains(tpl.err.Error(), "killed by signal 9") {
-		t.Fatalf("the template's end: %v", tpl.err)
+	<-tpl.Done()
+	if tpl.Err() == nil || !strings.Contains(tpl.Err().Error(), "killed by signal 9") {
+		t.Fatalf("the template's end: %v", tpl.Err())
 	}
 	inst := startSandbox(t, r, codeSpec(t, r, m, "fresh", templateSource))
-	if w := call(t, inst.Addr, `{}`); w.PPID == tpl.pid || w.PPID != os.Getpid() {
+	if w := call(t, inst.Addr, `{}`); w.PPID == procOf(tpl).pid || w.PPID != os.Getpid() {
 		t.Fatalf("after the template died: parent %d, want this worker %d (a fresh start)", w.PPID, os.Getpid())
 	}
 	if r.TemplateCount() != 0 {

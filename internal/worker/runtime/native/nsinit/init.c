@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,7 +35,7 @@
 
 #define CONTROL_FD 3
 #define MAX_MESSAGE (192 << 10)  // nsinit.MaxMessage
-#define MAX_FDS 3
+#define MAX_FDS 4
 #define SECRETS_DIR "/var/openfaas/secrets"  // nsinit.SecretsDir
 #define MAGIC "BRB3"                        // nsinit.bindMagic (its version: 3 has the bind mounts)
 #define PAGE 4096                           // tmpfs sizes only: rounding up is harmless
@@ -296,6 +297,8 @@ struct bind {
 };
 
 #define FLAG_EXEC_FD 1u
+#define FLAG_TEMPLATE 2u  // nsinit.Bind.Template
+#define TEMPLATE_FD 10    // nsinit.TemplateFD
 
 struct reader {
   const char *p, *end;
@@ -729,19 +732,52 @@ static void drop_privileges(const struct bind *b) {
   if ((r = S5(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) < 0) fail("no_new_privs: %s", es(r));
 }
 
+// write_proc writes s to a file of /proc/self.
+static void write_proc(const char *p, const char *s) {
+  long fd = x_open(p, O_WRONLY | O_CLOEXEC, 0), r;
+  if (fd < 0) fail("%s: %s", p, es(fd));
+  if ((r = x_write((int)fd, s, x_strlen(s))) < 0) fail("%s: %s", p, es(r));
+  x_close((int)fd);
+}
+
+// enter_user_namespace makes a template's process (already the sandbox's
+// user, with no capability left on the host) root of a user namespace of
+// its own, mapped to that user: it then holds capabilities over the
+// namespaces its children make in it (a private mount namespace and /tmp
+// each) and over nothing else (user_namespaces(7)). docs/security.md,
+// "Templates".
+static void enter_user_namespace(const struct bind *b) {
+  long r;
+  char map[64];
+  if ((r = S1(SYS_unshare, CLONE_NEWUSER)) < 0) fail("user namespace: %s", es(r));
+  write_proc("/proc/self/setgroups", "deny");
+  fmt(map, sizeof map, "0 %u 1", b->uid);
+  write_proc("/proc/self/uid_map", map);
+  fmt(map, sizeof map, "0 %u 1", b->gid);
+  write_proc("/proc/self/gid_map", map);
+}
+
 // start builds the sandbox and execs its entrypoint; it returns only by
 // fail.
 static void start(struct bind *b, int *fds, int nfds, const char *st) {
   long r;
-  int want = 1 + !!(b->flags & FLAG_EXEC_FD) + (b->nsecrets > 0);
+  int tpl = !!(b->flags & FLAG_TEMPLATE);
+  int want = 1 + !!(b->flags & FLAG_EXEC_FD) + (b->nsecrets > 0) + tpl;
   if (nfds != want) fail("bind message: %d descriptors, want %d", nfds, want);
+  int secrets_fd = fds[1 + !!(b->flags & FLAG_EXEC_FD)];
   if ((r = S3(SYS_dup3, fds[0], 1, 0)) < 0 || (r = S3(SYS_dup3, fds[0], 2, 0)) < 0) fail("log: %s", es(r));
   x_close(fds[0]);
+  if (tpl) {
+    // The template's control socket, at a number the runner is told; not
+    // close-on-exec, unlike every other descriptor received.
+    if ((r = S3(SYS_dup3, fds[nfds - 1], TEMPLATE_FD, 0)) < 0) fail("template socket: %s", es(r));
+    x_close(fds[nfds - 1]);
+  }
   build_root(b, st);
   write_etc(b);
   if (b->nsecrets > 0) {
-    mount_secrets(b, fds[nfds - 1]);
-    x_close(fds[nfds - 1]);  // not for the function
+    mount_secrets(b, secrets_fd);
+    x_close(secrets_fd);  // not for the function
   }
   if ((r = S2(SYS_sethostname, b->hostname, x_strlen(b->hostname))) < 0) fail("hostname: %s", es(r));
   const char *path = b->argv[0];
@@ -755,6 +791,7 @@ static void start(struct bind *b, int *fds, int nfds, const char *st) {
   const char *dir = *b->dir ? b->dir : "/";
   if ((r = x_chdir(dir)) < 0) fail("working directory %s: %s", dir, es(r));
   drop_privileges(b);
+  if (tpl) enter_user_namespace(b);
   if (b->seccomp_len > 0) {
     struct sock_fprog prog = {.len = (unsigned short)b->seccomp_len, .filter = b->seccomp};
     if ((r = S3(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog)) < 0) fail("seccomp: %s", es(r));

@@ -30,6 +30,9 @@ const BinaryName = "brisk-sandbox-init"
 // ControlFD is the descriptor of the init's end of the control socket.
 const ControlFD = 3
 
+// TemplateFD is where a template finds its control socket (Bind.Template).
+const TemplateFD = 10
+
 // MaxMessage bounds the bind message (the seccomp program is most of it),
 // below a SOCK_SEQPACKET socket's default send buffer (net.core.wmem_default,
 // 208 KiB), so that a message Encode accepts can be sent.
@@ -63,7 +66,13 @@ type Bind struct {
 	Dir  string
 	// ExecFD says Argv[0] is to be executed from the passed descriptor (a
 	// binary the sandbox's user could not reach by path).
-	ExecFD   bool
+	ExecFD bool
+	// Template makes the process a function's template (docs/languages.md):
+	// the last descriptor passed is its control socket, which the function
+	// finds at TemplateFD, and after dropping privileges it becomes root
+	// of a user namespace of its own, mapped to UID and GID, before the
+	// seccomp program is loaded.
+	Template bool
 	UID      uint32
 	GID      uint32
 	Hostname string
@@ -131,6 +140,9 @@ func (b *Bind) Encode() ([]byte, error) {
 	var flags uint32
 	if b.ExecFD {
 		flags |= 1
+	}
+	if b.Template {
+		flags |= 2
 	}
 	e.u32(flags)
 	e.u32(b.UID)
