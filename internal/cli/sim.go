@@ -1,14 +1,22 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"math"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 	"github.com/brisk-faas/brisk/internal/sim"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -17,7 +25,7 @@ import (
 func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
-	var out, keepAlive, calibrate string
+	var out, keepAlive, calibrate, templateFractions string
 	var modes []string
 	var windows []time.Duration
 	c := &cobra.Command{
@@ -28,13 +36,15 @@ clock: the control plane's real reconciler (autoscaler, placement policy,
 sandbox table) decides, emulated data planes queue and balance calls, and
 emulated workers run them on processor-sharing cores (load makes calls
 slower) after a cold start that is cheaper where the node already holds the
-function's image. The schedule, the metrics and the outputs (summary.json,
-invocations.csv, CDF plots) are replay's. A run is deterministic for --seed.
-See docs/policies.md.`,
+function's image, and takes a few milliseconds where the node holds the
+function's template (--template-fraction of the nodes do). The schedule,
+the metrics and the outputs (summary.json, invocations.csv, CDF plots) are
+replay's. A run is deterministic for --seed. See docs/policies.md.`,
 		Example: `  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --out results/sim-1000
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 100 --placement ch-rlu
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --placement kubernetes,ch-bl,ch-rlu --out results/compare
-  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 10000 --replicate 100 --out results/region`,
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 10000 --replicate 100 --out results/region
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --cold-start 150ms --cached-cold-start 150ms --template-fraction 0,0.1,0.5,1 --out results/templates`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.TraceDir = args[0]
@@ -53,7 +63,21 @@ See docs/policies.md.`,
 			if sc.EmergencySlots < 0 || sc.EmergencyStart < 0 || sc.EmergencyPercentile < 0 || sc.EmergencyPercentile > 100 {
 				return usageError{fmt.Errorf("--emergency-slots, --emergency-start must not be negative, --emergency-percentile in [0, 100]")}
 			}
-			var err error
+			fractions, err := parseTemplateFractions(templateFractions)
+			if err != nil {
+				return err
+			}
+			if sc.TemplateStart <= 0 {
+				return usageError{fmt.Errorf("--template-start %s: want a positive duration", sc.TemplateStart)}
+			}
+			if len(fractions) > 1 && (len(placements) > 1 || len(modes) > 0) {
+				return usageError{fmt.Errorf("--template-fraction sweeps several fractions: give one --placement and no --modes")}
+			}
+			sc.TemplateFraction = fractions[0]
+			var tr *templateRuns
+			if c.Flags().Changed("template-fraction") {
+				tr = observeTemplates(&sc)
+			}
 			if sc.KeepAlivePolicy, sc.KeepAlive, err = keepAliveFlag(keepAlive); err != nil {
 				return err
 			}
@@ -69,15 +93,34 @@ See docs/policies.md.`,
 				}
 				fmt.Fprintln(c.ErrOrStderr(), cal)
 			}
+			if len(fractions) > 1 {
+				return simTemplates(c, cfg, sc, fractions, out)
+			}
 			if len(modes) > 0 {
-				return simModes(c, cfg, sc, modes, windows, out)
+				return simModes(c, cfg, sc, tr, modes, windows, out)
 			}
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)
+				if err == nil && tr != nil {
+					var b strings.Builder
+					for i, p := range placements {
+						dir := ""
+						if out != "" {
+							dir = filepath.Join(out, p)
+						}
+						fmt.Fprintf(&b, "%s: %s\n", p, tr.runs[i].line())
+						err = errors.Join(err, tr.runs[i].addToSummary(dir))
+					}
+					text += b.String()
+				}
 				fmt.Fprint(c.OutOrStdout(), text)
 				return err
 			}
 			_, text, err := bench.Sim(cfg, sc, out)
+			if err == nil && tr != nil {
+				text += "\n  " + tr.last().line()
+				err = tr.last().addToSummary(out)
+			}
 			fmt.Fprintln(c.OutOrStdout(), text)
 			return err
 		},
@@ -100,13 +143,15 @@ See docs/policies.md.`,
 	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	fl.StringSliceVar(&modes, "modes", nil, "compare scaling modes (async, sync, dual) across --stable-windows, as PulseNet's Fig. 11: slowdown against memory, a run each under --out/<mode>-<window>/, --out/modes.csv and modes.png (keep-alive policy ttl)")
+	fl.StringVar(&templateFractions, "template-fraction", "0", "functions from Python source: the fraction of the nodes holding each function's template (chosen per function by rendezvous hashing; placement does not prefer them), where a sandbox forks in --template-start instead of a fresh start (--cold-start); 0: no templates, 1: every node; several, comma-separated, compare them (a run each under --out/template-<F>/, compare.md)")
+	fl.DurationVar(&sc.TemplateStart, "template-start", sim.DefaultTemplateStart, "a sandbox's start from its function's template on a node holding it (an emergency sandbox's there too, instead of --emergency-start)")
 	fl.DurationSliceVar(&windows, "stable-windows", []time.Duration{6 * time.Second, time.Minute, 10 * time.Minute}, "with --modes: the stable windows swept (keep-alive = window + 30 s grace)")
 	return c
 }
 
 // simModes runs the simulation once per mode and stable window and writes
 // the comparison as brisk bench modes does.
-func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, modes []string, windows []time.Duration, out string) error {
+func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, tr *templateRuns, modes []string, windows []time.Duration, out string) error {
 	if out == "" {
 		return usageError{fmt.Errorf("--modes needs --out DIR: each run writes its files under it")}
 	}
@@ -119,7 +164,12 @@ func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, modes []s
 			run, rsc := cfg, sc
 			run.ScalingMode, run.StableWindow = m, w
 			rsc.ScalingMode, rsc.StableWindow, rsc.KeepAlivePolicy, rsc.KeepAlive = m, w, spec.KeepAliveTTL, 0
-			sum, text, err := bench.Sim(run, rsc, filepath.Join(out, m+"-"+w.String()))
+			dir := filepath.Join(out, m+"-"+w.String())
+			sum, text, err := bench.Sim(run, rsc, dir)
+			if err == nil && tr != nil {
+				text += "\n  " + tr.last().line()
+				err = tr.last().addToSummary(dir)
+			}
 			if err != nil {
 				return fmt.Errorf("%s, stable window %s: %w", m, w, err)
 			}
@@ -129,4 +179,186 @@ func simModes(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, modes []s
 		}
 	}
 	return writeModes(c, out, points, modes)
+}
+
+// parseTemplateFractions reads --template-fraction: one fraction of the
+// nodes in [0, 1], or several, comma-separated.
+func parseTemplateFractions(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(v >= 0 && v <= 1) {
+			return nil, usageError{fmt.Errorf("--template-fraction %q: want fractions in [0, 1], comma-separated", s)}
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// templateRun is what one run's templates did, from the simulator's result
+// (bench.Sim's summary does not carry it).
+type templateRun struct {
+	fraction float64
+	start    time.Duration
+	nodes    int // holding each function's template
+	// starts of regular sandboxes from a template, of created; emergency
+	// sandboxes from a template.
+	starts, created, emergency int64
+	// p50 is the geometric mean over functions of each function's median
+	// slowdown (the measured phase's completed calls, as the p99 headline);
+	// p99 is each function's p99 slowdown (the CDF).
+	p50 float64
+	p99 []float64
+}
+
+// templateRuns collects a templateRun per simulation, in order.
+type templateRuns struct{ runs []templateRun }
+
+func (t *templateRuns) last() *templateRun { return &t.runs[len(t.runs)-1] }
+
+// observeTemplates makes every run of sc report its templates to the
+// returned collector (sc's fraction and start: set them first).
+func observeTemplates(sc *sim.Config) *templateRuns {
+	t := &templateRuns{}
+	fraction, start := sc.TemplateFraction, sc.TemplateStart
+	sc.OnResult = func(res *sim.Result) {
+		_, pf := loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{})
+		t.runs = append(t.runs, templateRun{fraction: fraction, start: start, nodes: res.TemplateNodes, starts: res.TemplateStarts,
+			created: res.SandboxesCreated, emergency: res.EmergencyTemplateStarts, p50: medianSlowdownGeomean(res.Records), p99: pf.P99})
+	}
+	return t
+}
+
+// medianSlowdownGeomean is the geometric mean over functions of each
+// function's median slowdown, over the calls loadgen.Slowdowns' p99
+// headline counts (completed, measured phase).
+func medianSlowdownGeomean(recs []loadgen.Record) float64 {
+	byFn := map[string][]float64{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Phase != 2 || !r.OK() || r.RequestedUs <= 0 || r.ResponseUs <= 0 {
+			continue
+		}
+		byFn[r.Function] = append(byFn[r.Function], float64(r.ResponseUs)/float64(r.RequestedUs))
+	}
+	if len(byFn) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, name := range slices.Sorted(maps.Keys(byFn)) {
+		v := byFn[name]
+		slices.Sort(v)
+		sum += math.Log(loadgen.Percentile(v, 50))
+	}
+	return math.Exp(sum / float64(len(byFn)))
+}
+
+func (r *templateRun) hitRate() float64 {
+	if r.created == 0 {
+		return 0
+	}
+	return float64(r.starts) / float64(r.created)
+}
+
+// line is the run's templates for the text summary.
+func (r *templateRun) line() string {
+	if r.nodes == 0 {
+		return "templates: none (fraction 0)"
+	}
+	s := fmt.Sprintf("templates: fraction %g (%d nodes per function), start %s: %d of %d sandboxes created from a template (hit rate %.1f%%)",
+		r.fraction, r.nodes, r.start, r.starts, r.created, 100*r.hitRate())
+	if r.emergency > 0 {
+		s += fmt.Sprintf(", %d emergency sandboxes", r.emergency)
+	}
+	return s
+}
+
+// templateSummary is summary.json's "templates" block.
+type templateSummary struct {
+	Fraction         float64 `json:"fraction"`
+	NodesPerFunction int     `json:"nodes_per_function"`
+	StartMs          float64 `json:"start_ms"`
+	// Starts counts the regular sandboxes that forked a template, of
+	// SandboxesCreated; HitRate is their ratio.
+	Starts           int64   `json:"starts"`
+	SandboxesCreated int64   `json:"sandboxes_created"`
+	HitRate          float64 `json:"hit_rate"`
+	EmergencyStarts  int64   `json:"emergency_starts"`
+	// PlacementAware is false: the placement policy does not know where
+	// templates are (the reconciler offers no hook for it).
+	PlacementAware     bool    `json:"placement_aware"`
+	SlowdownGeomeanP50 float64 `json:"slowdown_geomean_p50"`
+}
+
+// addToSummary adds the "templates" block to dir/summary.json, leaving
+// the rest of bench's file as it wrote it ("" writes nothing).
+func (r *templateRun) addToSummary(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	path := filepath.Join(dir, "summary.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	body := bytes.TrimRight(b, " \n")
+	if !bytes.HasSuffix(body, []byte("}")) {
+		return fmt.Errorf("%s: not a JSON object", path)
+	}
+	block, err := json.MarshalIndent(templateSummary{Fraction: r.fraction, NodesPerFunction: r.nodes, StartMs: float64(r.start) / 1e6,
+		Starts: r.starts, SandboxesCreated: r.created, HitRate: r.hitRate(), EmergencyStarts: r.emergency,
+		SlowdownGeomeanP50: r.p50}, "  ", "  ")
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	out.Write(bytes.TrimRight(body[:len(body)-1], " \n"))
+	out.WriteString(",\n  \"templates\": ")
+	out.Write(block)
+	out.WriteString("\n}\n")
+	if !json.Valid(out.Bytes()) {
+		return fmt.Errorf("%s: adding the templates block made invalid JSON", path)
+	}
+	return os.WriteFile(path, out.Bytes(), 0o644)
+}
+
+// simTemplates runs the simulation once per template fraction: each run's
+// outputs under out/template-<F>/, and a table (compare.md) and the
+// per-function p99 slowdown CDF (slowdown_cdf.png) of the runs in out.
+func simTemplates(c *cobra.Command, cfg bench.ReplayConfig, sc sim.Config, fractions []float64, out string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| template fraction | template nodes per function | slowdown gmean p50 | slowdown gmean p99 | cold starts (measured) | sandboxes created | template hit rate | memory GiB·s | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
+	var series []loadgen.Series
+	for _, f := range fractions {
+		rsc := sc
+		rsc.TemplateFraction = f
+		tr := observeTemplates(&rsc)
+		name := strconv.FormatFloat(f, 'g', -1, 64)
+		dir := ""
+		if out != "" {
+			dir = filepath.Join(out, "template-"+name)
+		}
+		sum, text, err := bench.Sim(cfg, rsc, dir)
+		if err == nil {
+			text += "\n  " + tr.last().line()
+			err = tr.last().addToSummary(dir)
+		}
+		if err != nil {
+			return fmt.Errorf("template fraction %s: %w", name, err)
+		}
+		fmt.Fprintf(c.ErrOrStderr(), "== template fraction %s\n%s\n", name, text)
+		r := tr.last()
+		fmt.Fprintf(&b, "| %s | %d | %.3f | %.3f | %d | %d | %.3f | %.0f | %.1f |\n", name, r.nodes, r.p50, sum.Slowdown.GeomeanP99,
+			sum.ColdStarts, sum.SandboxesCreated, r.hitRate(), sum.MemoryCost.GBs, sum.Sim.WallSeconds)
+		series = append(series, loadgen.Series{Name: "template fraction " + name, Values: r.p99})
+	}
+	fmt.Fprint(c.OutOrStdout(), b.String())
+	if out == "" {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(out, "compare.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	title := fmt.Sprintf("per-function p99 slowdown, %d nodes, templates on a fraction of them", sc.Nodes)
+	return loadgen.PlotCDF(filepath.Join(out, "slowdown_cdf.png"), title, "slowdown (response / requested)", true, series...)
 }

@@ -75,7 +75,7 @@ type Workers struct {
 	// source (lang.Config; empty: the defaults).
 	Python, Node string
 	// NoTemplates starts every sandbox of a Python function fresh
-	// (process.Config.NoTemplates).
+	// (process.Config.NoTemplates, native.Config.NoTemplates).
 	NoTemplates bool
 	// Identity: with CA the daemon gets a certificate from it directly
 	// (one process with the control plane); with Join it joins the
@@ -464,7 +464,7 @@ func buildNative(w Workers, log *slog.Logger) (*Sidecars, error) {
 
 func newNative(w Workers, stateDir string, pool *netpool.Pool, log *slog.Logger) (*native.Runtime, error) {
 	return native.New(native.Config{StateDir: stateDir, Pool: pool, Shells: w.NativeShells,
-		User: w.SandboxUser, Logger: log.With("component", "runtime", "runtime", "native")})
+		User: w.SandboxUser, NoTemplates: w.NoTemplates, Logger: log.With("component", "runtime", "runtime", "native")})
 }
 
 func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {

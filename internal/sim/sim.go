@@ -11,8 +11,9 @@
 // are processor-sharing: with n calls running on c cores each progresses
 // at min(1, c/n), so load makes calls slower. A sandbox becomes ready a
 // cold-start time after its Create, less where the node already holds the
-// function's image. Nothing reads the wall clock: a run is a function of
-// the schedule and the config.
+// function's image, and a few milliseconds where the node holds the
+// function's template (template.go). Nothing reads the wall clock: a run
+// is a function of the schedule and the config.
 package sim
 
 import (
@@ -81,6 +82,24 @@ type Config struct {
 	EmergencySlots      int
 	EmergencyStart      time.Duration
 	EmergencyPercentile float64
+	// Templates (functions deployed from Python source): a node holding a
+	// function's template, a pre-initialised interpreter with the function
+	// imported, forks a sandbox of it in TemplateStart (default 5 ms)
+	// instead of starting one in ColdStart or CachedColdStart; an emergency
+	// sandbox there starts in TemplateStart too, instead of
+	// EmergencyStart. Each function's template is on
+	// TemplateCount(TemplateFraction, Nodes) nodes, chosen by rendezvous
+	// hashing of (function, node) (TemplateNodes). 0: no templates, the
+	// model without them; 1: every node holds every function's template.
+	// Placement does not know where templates are: the reconciler's
+	// policy chooses as it would without them (docs/policies.md,
+	// "Templates on a fraction of the nodes").
+	TemplateFraction float64
+	TemplateStart    time.Duration
+	// OnResult, when set, is called with the result just before Run
+	// returns it: for callers that reach Run through a wrapper keeping
+	// only a summary (bench.Sim), such as the CLI's template counts.
+	OnResult func(*Result)
 }
 
 func (c *Config) defaults() {
@@ -111,6 +130,13 @@ func (c *Config) defaults() {
 	if c.Autoscale == (autoscale.Config{}) {
 		c.Autoscale = autoscale.DefaultConfig()
 	}
+	if !(c.TemplateFraction > 0) { // also NaN
+		c.TemplateFraction = 0
+	}
+	c.TemplateFraction = min(c.TemplateFraction, 1)
+	if c.TemplateFraction > 0 && c.TemplateStart <= 0 {
+		c.TemplateStart = DefaultTemplateStart
+	}
 	if c.ScalingMode == spec.ModeDual {
 		if c.EmergencySlots == 0 {
 			c.EmergencySlots = int(2 * c.NodeCores)
@@ -137,6 +163,13 @@ type Result struct {
 	Events   int64
 	// Start is the virtual time of the schedule's offset 0.
 	Start time.Time
+
+	// TemplateNodes is how many nodes hold each function's template;
+	// TemplateStarts counts the regular sandboxes created on a node holding
+	// their function's template (TemplateStarts / SandboxesCreated is the
+	// template hit rate), EmergencyTemplateStarts the emergency ones.
+	TemplateNodes                           int
+	TemplateStarts, EmergencyTemplateStarts int64
 }
 
 // event kinds
@@ -216,6 +249,8 @@ type function struct {
 	lastLevel int64
 	requests  int64
 	active    bool
+	// tmpl is where its template is (template.go), set on first use.
+	tmpl templateCut
 	// inflight counts its calls running in regular sandboxes; busyPos is
 	// its index in simulator.busy while that is above zero.
 	inflight, busyPos int
@@ -317,6 +352,8 @@ type simulator struct {
 	// emNext is the round-robin start over nodes for emergency calls (the
 	// data plane's candidates); emSeq names their sandboxes.
 	emNext, emSeq int
+	// tmpl says which nodes hold which function's template.
+	tmpl templates
 
 	res Result
 }
@@ -334,13 +371,15 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
 	sm.res.Start = sm.start
 	for i := range cfg.Nodes {
-		n := &node{id: fmt.Sprintf("sim-%05d", i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{}), emFree: cfg.EmergencySlots}
+		n := &node{id: nodeID(i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{}), emFree: cfg.EmergencySlots}
 		sm.nodes[n.id] = n
 		sm.nodeList = append(sm.nodeList, n)
 		sm.step(reconciler.RegisterNode{Worker: &store.Worker{ID: n.id, Address: n.id, Runtime: "sim",
 			Capacity: spec.Resources{MilliCPU: cfg.NodeMilliCP, MemoryMB: cfg.NodeMemMB}}})
 		sm.step(reconciler.SessionUp{Node: n.id})
 	}
+	sm.tmpl = newTemplates(sm.nodeList, cfg.TemplateFraction)
+	sm.res.TemplateNodes = sm.tmpl.k
 	for i := range s.Functions {
 		f := &s.Functions[i]
 		cpu, mem := loadgen.ResourceRequest(f)
@@ -410,6 +449,9 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		sm.res.NodeBusy[i] = n.busy
 	}
 	sm.res.SandboxesCreated = int64(r.Stats().Creations)
+	if cfg.OnResult != nil {
+		cfg.OnResult(&sm.res)
+	}
 	return &sm.res, nil
 }
 
@@ -496,6 +538,10 @@ func (sm *simulator) step(ev reconciler.Event) {
 			d := sm.cfg.ColdStart
 			if _, ok := n.images[key]; ok {
 				d = sm.cfg.CachedColdStart
+			}
+			if sm.tmpl.holds(fn, n) {
+				d = sm.cfg.TemplateStart
+				sm.res.TemplateStarts++
 			}
 			n.images[key] = struct{}{}
 			sm.add(&sandbox{id: x.ID, fn: fn, node: n, memMB: x.Spec.Resources.MemoryMB, createdAt: sm.now})
@@ -646,7 +692,12 @@ func (sm *simulator) emergency(c *call, fn *function) bool {
 		fn.requests++
 		fn.setLevel(sm.now, 1)
 	}
-	sb.readyAt = sm.now + int64(sm.cfg.EmergencyStart)
+	start := sm.cfg.EmergencyStart
+	if sm.tmpl.holds(fn, n) { // a fork of the function's template
+		start = sm.cfg.TemplateStart
+		sm.res.EmergencyTemplateStarts++
+	}
+	sb.readyAt = sm.now + int64(start)
 	sm.add(sb)
 	sm.res.EmergencyCalls++
 	c.sb = sb

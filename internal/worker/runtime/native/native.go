@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
@@ -69,6 +70,11 @@ type Config struct {
 	KillGrace time.Duration
 	// Logger receives sandbox starts, exits and adoption. Default: discard.
 	Logger *slog.Logger
+	// NoTemplates starts every sandbox fresh; by default those of
+	// functions deployed from Python source are forked from a template
+	// (template.go). MaxTemplates bounds them (16 when 0).
+	NoTemplates  bool
+	MaxTemplates int
 }
 
 // Defaults.
@@ -90,6 +96,10 @@ type Runtime struct {
 	initArgv []string
 	trace    []string // argv of the builtin trace function
 	seccomp  []byte   // the compiled profile, as nsinit.Bind carries it
+	// tplSeccomp is the templates' (template.go); tpls their set, nil
+	// with Config.NoTemplates.
+	tplSeccomp []byte
+	tpls       *forkserver.Set
 	caps     []int
 	uid, gid uint32
 	staging  string
@@ -131,6 +141,9 @@ type sandbox struct {
 	// gone is closed when an adopted sandbox (no exited channel) ends.
 	watchOnce sync.Once
 	gone      chan struct{}
+	// exitVal is a template child's exit error, worked out once.
+	exitOnce sync.Once
+	exitVal  error
 }
 
 func (sb *sandbox) running() bool {
@@ -210,6 +223,13 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("native runtime: %w", err)
 	}
 	r.seccomp = nsinit.EncodeFilter(prog)
+	// A template's children make their mount, UTS and IPC namespaces and
+	// mount their /tmp under it, then load r.seccomp on top (template.go).
+	if prog, err = defaultSeccomp("CAP_SYS_ADMIN"); err != nil {
+		return nil, fmt.Errorf("native runtime: %w", err)
+	}
+	r.tplSeccomp = nsinit.EncodeFilter(prog)
+	r.initTemplates()
 	if r.cg, err = cgroups.Detect(cmp.Or(cfg.CgroupRoot, cgroups.DefaultRoot), r.log.Warn); err != nil {
 		return nil, fmt.Errorf("native runtime: cgroups: %w", err)
 	}
@@ -344,6 +364,18 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if err := validate(s); err != nil {
 		return nil, err
 	}
+	if r.tpls != nil && forkserver.Templatable(s) {
+		if t := r.tpls.Get(s); t != nil {
+			inst, err := r.createFromTemplate(ctx, s, t)
+			if err == nil {
+				return inst, nil
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+			}
+			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "err", err)
+		}
+	}
 	b, exe, err := r.bindFor(s)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
@@ -462,6 +494,10 @@ func truncate(s string, n int) string {
 func (r *Runtime) exitErr(sb *sandbox) error {
 	if sb.running() {
 		return nil
+	}
+	if sb.sh.tpl != nil {
+		sb.exitOnce.Do(func() { sb.exitVal = r.templateChildExitErr(sb) })
+		return sb.exitVal
 	}
 	status := "exited"
 	var ee *exec.ExitError
@@ -735,6 +771,11 @@ func (r *Runtime) persist() error {
 	r.mu.Lock()
 	recs := make([]record, 0, len(r.sandboxes))
 	for _, sb := range r.sandboxes {
+		if sb.sh.tpl != nil {
+			// A template's child dies with its template, which a
+			// restarted worker reaps: nothing to adopt.
+			continue
+		}
 		recs = append(recs, sb.rec)
 	}
 	r.mu.Unlock()

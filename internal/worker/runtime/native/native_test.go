@@ -133,7 +133,7 @@ func newRuntimeWith(t testing.TB, pool *netpool.Pool, stateDir string, startPool
 		}
 	}
 	r.Start()
-	t.Cleanup(func() { killAll(t, r); r.Close() })
+	t.Cleanup(func() { killAll(t, r); r.StopTemplates(); r.Close() })
 	return r
 }
 

@@ -37,14 +37,16 @@ func defaultCapNumbers() []int {
 }
 
 // defaultSeccomp compiles containerd's default seccomp profile, for a
-// container with the default capabilities, into a classic BPF program for
+// container with the default capabilities (and extra ones: a template's
+// CAP_SYS_ADMIN, which it holds in its own user namespace only), into a classic BPF program for
 // this machine's architecture. Rules the compiler cannot express (none in
 // the profile today) are left out, which denies what they would allow.
-func defaultSeccomp() ([]unix.SockFilter, error) {
+func defaultSeccomp(extra ...string) ([]unix.SockFilter, error) {
 	names := make([]string, len(defaultCaps))
 	for i, c := range defaultCaps {
 		names[i] = c.name
 	}
+	names = append(names, extra...)
 	sp := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{
 		Bounding: names, Effective: names, Permitted: names,
 	}}}

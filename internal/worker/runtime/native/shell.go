@@ -20,6 +20,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -51,6 +52,14 @@ type shell struct {
 	exited  chan struct{} // closed once the worker has reaped the init
 	exitErr error         // how it ended, set before exited closes
 	bound   atomic.Bool
+
+	// A template's child (template.go) is a shell of its own cgroup whose
+	// network namespace is its template's: tpl is that template, nsPid
+	// the child's pid as the template sees it, port its port.
+	tpl   *forkserver.Template
+	tplSh *shell
+	nsPid int
+	port  int
 }
 
 func (sh *shell) hasExited() bool {
@@ -280,7 +289,11 @@ func (r *Runtime) destroy(ctx context.Context, sh *shell) error {
 			}
 		}
 	}
-	if sh.ep != nil {
+	switch {
+	case sh.tpl != nil: // the template's network namespace and port
+		releaseChild(sh)
+		sh.ep = nil
+	case sh.ep != nil:
 		r.cfg.Pool.Release(sh.ep)
 		sh.ep = nil
 	}

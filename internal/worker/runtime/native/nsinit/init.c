@@ -750,6 +750,9 @@ static void enter_user_namespace(const struct bind *b) {
   long r;
   char map[64];
   if ((r = S1(SYS_unshare, CLONE_NEWUSER)) < 0) fail("user namespace: %s", es(r));
+  // The change of uid made the process non-dumpable, which leaves its
+  // /proc/self files root's: the maps could not be written.
+  if ((r = S5(SYS_prctl, PR_SET_DUMPABLE, 1, 0, 0, 0)) < 0) fail("dumpable: %s", es(r));
   write_proc("/proc/self/setgroups", "deny");
   fmt(map, sizeof map, "0 %u 1", b->uid);
   write_proc("/proc/self/uid_map", map);

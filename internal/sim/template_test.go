@@ -1,0 +1,269 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/loadgen"
+)
+
+// traceSample is the first minutes of traces/azure_100 (the first one
+// warm-up), as brisk sim draws it with seed 42.
+func traceSample(t *testing.T, minutes int) *loadgen.Schedule {
+	t.Helper()
+	tr, err := loadgen.LoadTrace("../../traces/azure_100", loadgen.TraceOptions{Columns: minutes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := loadgen.BuildSchedule(tr, loadgen.ScheduleConfig{Seed: 42, IAT: loadgen.Exponential, Granularity: loadgen.Minute, WarmupColumns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func simNodeIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = nodeID(i)
+	}
+	return ids
+}
+
+func TestTemplateCount(t *testing.T) {
+	for _, c := range []struct {
+		f    float64
+		n, k int
+	}{{0, 50, 0}, {-0.5, 50, 0}, {math.NaN(), 50, 0}, {0.1, 50, 5}, {0.01, 50, 1}, {0.07, 100, 7}, {0.25, 1000, 250},
+		{0.5, 3, 2}, {1, 50, 50}, {2, 50, 50}, {0.1, 0, 0}, {1e-9, 10, 1}} {
+		if got := TemplateCount(c.f, c.n); got != c.k {
+			t.Errorf("TemplateCount(%g, %d) = %d, want %d", c.f, c.n, got, c.k)
+		}
+	}
+}
+
+// selectRank finds the element of each rank, as sorting would, ties in the
+// score included.
+func TestSelectRank(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 2, 3, 7, 50, 1000} {
+		a := make([]hrw, n)
+		for i := range a {
+			a[i] = hrw{s: rng.Uint64N(uint64(n)/2 + 1), i: int32(i)} // many equal scores
+		}
+		sorted := slices.Clone(a)
+		slices.SortFunc(sorted, func(x, y hrw) int {
+			if x.above(y) {
+				return -1
+			}
+			return 1
+		})
+		for r := range n {
+			if got := selectRank(slices.Clone(a), r); got != sorted[r] {
+				t.Fatalf("n %d rank %d: %+v, want %+v", n, r, got, sorted[r])
+			}
+		}
+	}
+}
+
+// A fraction of 0.1 on 50 nodes gives every function exactly 5 template
+// nodes: its 5 highest rendezvous scores, the same on every call, spread
+// over the nodes, and a node added to the cluster never takes a template
+// away from the nodes that held it.
+func TestTemplateNodesRendezvous(t *testing.T) {
+	ids := simNodeIDs(50)
+	perNode := make([]int, len(ids))
+	for f := range 200 {
+		name := fmt.Sprintf("trace-fn-%d", f)
+		got := TemplateNodes(name, ids, 0.1)
+		if len(got) != 5 || !slices.IsSorted(got) {
+			t.Fatalf("%s: template nodes %v, want 5, ascending", name, got)
+		}
+		// By brute force: the 5 best scores.
+		fh := nodeHash(name)
+		all := make([]hrw, len(ids))
+		for i, id := range ids {
+			all[i] = score(fh, nodeHash(id), i)
+		}
+		slices.SortFunc(all, func(x, y hrw) int {
+			if x.above(y) {
+				return -1
+			}
+			return 1
+		})
+		var want []int
+		for _, s := range all[:5] {
+			want = append(want, int(s.i))
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: %v, want the top scores %v", name, got, want)
+		}
+		if again := TemplateNodes(name, slices.Clone(ids), 0.1); !slices.Equal(again, got) {
+			t.Fatalf("%s: %v, then %v", name, got, again)
+		}
+		grown := TemplateNodes(name, simNodeIDs(51), 0.1) // 6 nodes now
+		for _, i := range got {
+			if !slices.Contains(grown, i) {
+				t.Fatalf("%s: node %d lost its template when a node joined: %v → %v", name, i, got, grown)
+			}
+		}
+		for _, i := range got {
+			perNode[i]++
+		}
+	}
+	// 1,000 templates on 50 nodes: 20 each on average.
+	if lo, hi := slices.Min(perNode), slices.Max(perNode); lo < 5 || hi > 40 {
+		t.Fatalf("templates per node from %d to %d: not spread", lo, hi)
+	}
+	if got := TemplateNodes("f", ids, 0); len(got) != 0 {
+		t.Fatalf("fraction 0: %v", got)
+	}
+	if got := TemplateNodes("f", ids, 1); len(got) != 50 {
+		t.Fatalf("fraction 1: %d nodes", len(got))
+	}
+}
+
+// The simulator's per-function cut agrees with TemplateNodes.
+func TestTemplatesHoldsMatchesTemplateNodes(t *testing.T) {
+	for _, frac := range []float64{0.01, 0.1, 0.33, 0.9} {
+		var nodes []*node
+		for i := range 50 {
+			nodes = append(nodes, &node{id: nodeID(i), idx: i})
+		}
+		tm := newTemplates(nodes, frac)
+		for f := range 50 {
+			fn := &function{name: fmt.Sprintf("trace-fn-%d", f)}
+			want := TemplateNodes(fn.name, simNodeIDs(50), frac)
+			var got []int
+			for _, n := range nodes {
+				if tm.holds(fn, n) {
+					got = append(got, n.idx)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("fraction %g, %s: simulator holds on %v, TemplateNodes %v", frac, fn.name, got, want)
+			}
+		}
+	}
+}
+
+// Fraction 0 is the simulator without templates: the same records, events
+// and sandboxes for the same seed, whatever TemplateStart says.
+func TestTemplateFractionZeroIsUnchanged(t *testing.T) {
+	s := traceSample(t, 3)
+	for _, base := range []Config{
+		{Nodes: 10, Seed: 7, Placement: "ch-rlu"},
+		{Nodes: 10, Seed: 7, ScalingMode: "dual", KeepAlivePolicy: "ttl", StableWindow: 6 * time.Second},
+	} {
+		a, err := Run(s, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		with := base
+		with.TemplateFraction, with.TemplateStart = 0, 5*time.Millisecond
+		observed := false
+		with.OnResult = func(*Result) { observed = true }
+		b, err := Run(s, with)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !observed {
+			t.Fatal("OnResult was not called")
+		}
+		if b.TemplateStarts != 0 || b.EmergencyTemplateStarts != 0 || b.TemplateNodes != 0 {
+			t.Fatalf("fraction 0: %d template starts, %d emergency, %d nodes", b.TemplateStarts, b.EmergencyTemplateStarts, b.TemplateNodes)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s: fraction 0 changed the run: %d/%d records, %d/%d sandboxes, %d/%d events", base.ScalingMode,
+				len(a.Records), len(b.Records), a.SandboxesCreated, b.SandboxesCreated, a.Events, b.Events)
+		}
+	}
+}
+
+// Fraction 1: every creation forks a template and starts in TemplateStart,
+// emergency sandboxes included.
+func TestTemplateFractionOne(t *testing.T) {
+	res, err := Run(traceSample(t, 3), Config{Nodes: 10, Seed: 1, ColdStart: 150 * time.Millisecond, TemplateFraction: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.SandboxesCreated == 0 || res.TemplateStarts != res.SandboxesCreated || res.TemplateNodes != 10 {
+		t.Fatalf("%d template starts of %d creations on %d template nodes; want all, on 10", res.TemplateStarts, res.SandboxesCreated, res.TemplateNodes)
+	}
+
+	// One function: the first call waits for its sandbox, 5 ms (the
+	// default) from a template against 150 ms without.
+	first := func(frac float64) int64 {
+		res, err := Run(schedule(5, time.Second, 100), Config{Nodes: 4, Seed: 1, ColdStart: 150 * time.Millisecond, TemplateFraction: frac})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.SandboxesCreated != 1 || !res.Records[0].Cold {
+			t.Fatalf("fraction %g: %d sandboxes, first call %+v", frac, res.SandboxesCreated, res.Records[0])
+		}
+		return res.Records[0].ResponseUs
+	}
+	if got, want := first(1), int64(105_000); got != want {
+		t.Fatalf("from a template: the first call took %d µs, want %d", got, want)
+	}
+	if got, want := first(0), int64(250_000); got != want {
+		t.Fatalf("without templates: the first call took %d µs, want %d", got, want)
+	}
+
+	// Dual: emergency sandboxes fork the template too (7 ms here, against
+	// the 10 ms EmergencyStart).
+	cfg := Config{Nodes: 2, Seed: 1, ScalingMode: "dual", ColdStart: 500 * time.Millisecond, StableWindow: 6 * time.Second,
+		KeepAlivePolicy: "ttl", TemplateFraction: 1, TemplateStart: 7 * time.Millisecond}
+	res, err = Run(schedule(10, 2*time.Minute, 100), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.EmergencyCalls != 10 || res.EmergencyTemplateStarts != 10 {
+		t.Fatalf("%d emergency calls, %d from a template; want 10 and 10", res.EmergencyCalls, res.EmergencyTemplateStarts)
+	}
+	for _, r := range res.Records {
+		if r.Sandbox[:3] != "ei-" || r.ResponseUs != 107_000 {
+			t.Fatalf("emergency call %+v: want 100 ms of work after a 7 ms template start", r)
+		}
+	}
+}
+
+// The question the option answers: from no templates to templates
+// everywhere, on a trace sample with a 150 ms fresh start, more template
+// nodes never make the slowdown worse, and the hit rate grows.
+func TestTemplateSlowdownImprovesWithFraction(t *testing.T) {
+	s := traceSample(t, 4)
+	var prevSlow, prevHit, slow0 float64
+	for i, frac := range []float64{0, 0.1, 0.25, 0.5, 1} {
+		res, err := Run(s, Config{Nodes: 20, Seed: 42, ColdStart: 150 * time.Millisecond, CachedColdStart: 150 * time.Millisecond,
+			TemplateFraction: frac})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sd, _ := loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{})
+		hit := float64(res.TemplateStarts) / float64(res.SandboxesCreated)
+		t.Logf("fraction %.2f: slowdown gmean p99 %.4f, %d sandboxes, template hit rate %.3f", frac, sd.GeomeanP99, res.SandboxesCreated, hit)
+		if i > 0 && (sd.GeomeanP99 > prevSlow || hit < prevHit) {
+			t.Fatalf("fraction %g: slowdown %.4f (was %.4f), hit rate %.3f (was %.3f): more templates made it worse",
+				frac, sd.GeomeanP99, prevSlow, hit, prevHit)
+		}
+		switch frac {
+		case 0:
+			slow0 = sd.GeomeanP99
+			if hit != 0 {
+				t.Fatalf("fraction 0: hit rate %g", hit)
+			}
+		case 1: // and a clear gain, not a tie
+			if hit != 1 || sd.GeomeanP99 > 0.9*slow0 {
+				t.Fatalf("fraction 1: hit rate %g, slowdown %.4f against %.4f without templates", hit, sd.GeomeanP99, slow0)
+			}
+		}
+		prevSlow, prevHit = sd.GeomeanP99, hit
+	}
+}

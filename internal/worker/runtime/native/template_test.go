@@ -1,0 +1,234 @@
+package native
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
+	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/pkg/codezip"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// isolationSource answers who the sandbox is and what it can see: a
+// module global and files a call may write, its capabilities and seccomp
+// mode, and whether the root file system takes writes.
+const isolationSource = `import os, random, socket
+STATE = {"written": None}
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return line.split()[1]
+def handler(event, context):
+    if "write" in event:
+        STATE["written"] = event["write"]
+        with open("/tmp/" + event["write"], "w") as f:
+            f.write("x")
+    try:
+        with open("/etc/brisk-probe", "w") as f:
+            f.write("x")
+        root_writable = True
+    except OSError:
+        root_writable = False
+    return {"pid": os.getpid(), "random": random.random(), "written": STATE["written"], "tmp": sorted(os.listdir("/tmp")),
+            "hostname": socket.gethostname(), "cap_eff": status("CapEff"), "cap_bnd": status("CapBnd"),
+            "seccomp": status("Seccomp"), "no_new_privs": status("NoNewPrivs"), "root_writable": root_writable,
+            "task": sorted(os.listdir("/var/task"))}
+`
+
+type childView struct {
+	PID                            int
+	Random                         float64
+	Written                        *string
+	Tmp                            []string
+	Hostname                       string
+	CapEff, CapBnd, Seccomp, NoNew string
+	RootWritable                   bool `json:"root_writable"`
+	Task                           []string
+}
+
+func (c *childView) UnmarshalJSON(b []byte) error {
+	type plain childView
+	var aux struct {
+		plain
+		NoNewPrivs string `json:"no_new_privs"`
+		CapEff     string `json:"cap_eff"`
+		CapBnd     string `json:"cap_bnd"`
+	}
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	*c = childView(aux.plain)
+	c.NoNew, c.CapEff, c.CapBnd = aux.NoNewPrivs, aux.CapEff, aux.CapBnd
+	return nil
+}
+
+// pyLang is a language manager serving src's archive as app.py.
+func pyLang(t testing.TB, src string) (*lang.Manager, string) {
+	t.Helper()
+	if _, err := os.Stat(lang.DefaultPython); err != nil {
+		t.Skip("no " + lang.DefaultPython)
+	}
+	data, err := codezip.ZipFiles(map[string][]byte{"app.py": []byte(src)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := lang.New(lang.Config{Dir: filepath.Join(t.TempDir(), "lang"), Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, codezip.Digest(data)
+}
+
+func pySpec(t testing.TB, m *lang.Manager, digest, id string) runtime.Spec {
+	t.Helper()
+	f := &spec.Function{Name: "pyfn", Revision: 1, Concurrency: 1, Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
+		Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda, Digest: digest}}
+	f.ApplyDefaults()
+	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: true, ListenAll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func ask(t *testing.T, addr, body string) childView {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var v childView
+	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
+		t.Fatalf("%s: %d %s", addr, resp.StatusCode, b)
+	}
+	return v
+}
+
+func nativeTemplateReady(t testing.TB, r *Runtime, s runtime.Spec) *forkserver.Template {
+	t.Helper()
+	r.Prewarm(s)
+	var tpl *forkserver.Template
+	testutil.Eventually(t, waitLong, func() bool {
+		tpl = r.tpls.Get(s)
+		return tpl != nil
+	}, "the template loads the function")
+	return tpl
+}
+
+// Sandboxes forked from a native template each get their own mount, UTS
+// and IPC namespaces, /tmp, cgroup and port, no capability, the sandbox's
+// seccomp program, a read-only root, fresh randomness and their own
+// memory; they are killed as any sandbox, and die with their template.
+func TestTemplateChildrenAreSandboxes(t *testing.T) {
+	m, digest := pyLang(t, isolationSource)
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	tpl := nativeTemplateReady(t, r, pySpec(t, m, digest, "x"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	insts := make([]*runtime.Instance, 3)
+	views := make([]childView, 3)
+	for i := range insts {
+		s := pySpec(t, m, digest, "child-"+strconv.Itoa(i))
+		inst, err := r.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+			t.Fatal(err)
+		}
+		insts[i] = inst
+		views[i] = ask(t, inst.Addr, fmt.Sprintf(`{"write": "from-%d"}`, i))
+	}
+	r.mu.Lock()
+	forked := r.sandboxes["child-0"].sh.tpl == tpl
+	r.mu.Unlock()
+	if !forked {
+		t.Fatal("child-0 was not forked from the template")
+	}
+	for i, v := range views {
+		if len(v.Tmp) != 1 || v.Tmp[0] != fmt.Sprintf("from-%d", i) {
+			t.Errorf("child %d sees /tmp %v: want only its own file", i, v.Tmp)
+		}
+		if v.Written == nil || *v.Written != fmt.Sprintf("from-%d", i) {
+			t.Errorf("child %d: its own write reads %v", i, v.Written)
+		}
+		if v.Hostname != "child-"+strconv.Itoa(i) {
+			t.Errorf("child %d: hostname %q", i, v.Hostname)
+		}
+		if v.CapEff != "0000000000000000" || v.CapBnd != "0000000000000000" || v.Seccomp != "2" || v.NoNew != "1" {
+			t.Errorf("child %d: CapEff %s CapBnd %s Seccomp %s NoNewPrivs %s; want no capability, a filter, no_new_privs", i, v.CapEff, v.CapBnd, v.Seccomp, v.NoNew)
+		}
+		if v.RootWritable {
+			t.Errorf("child %d could write /etc", i)
+		}
+		if strings.Join(v.Task, ",") != "app.py" {
+			t.Errorf("child %d: /var/task holds %v", i, v.Task)
+		}
+		for j := range i {
+			if views[j].Random == v.Random {
+				t.Errorf("children %d and %d drew the same random number", j, i)
+			}
+		}
+	}
+	// Another child's call sees neither the first's global nor its file.
+	if v := ask(t, insts[1].Addr, `{}`); v.Written == nil || *v.Written != "from-1" || len(v.Tmp) != 1 {
+		t.Fatalf("child 1 after child 0's write: %+v", v)
+	}
+	if err := r.Kill(ctx, "child-0"); err != nil {
+		t.Fatal(err)
+	}
+	<-insts[0].Exited
+	if err := insts[0].ExitErr(); !errors.Is(err, runtime.ErrKilled) {
+		t.Fatalf("killed child: %v", err)
+	}
+	// The template's end ends its children, and is reported.
+	r.stopTemplate(tpl)
+	<-insts[1].Exited
+	<-insts[2].Exited
+	if err := insts[1].ExitErr(); err == nil || errors.Is(err, runtime.ErrKilled) {
+		t.Fatalf("a child of a dead template: %v", err)
+	}
+	<-tpl.Done()
+	testutil.Eventually(t, waitLong, func() bool { return r.TemplateCount() == 0 }, "the dead template leaves the set")
+}
+
+// A template whose function cannot load fails; sandboxes then start fresh
+// and fail with the reason, and nothing is left of either.
+func TestTemplateLoadFailureFallsBack(t *testing.T) {
+	m, digest := pyLang(t, "def handler(event, context)\n    return 1\n")
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	s := pySpec(t, m, digest, "x")
+	r.Prewarm(s)
+	testutil.Eventually(t, waitLong, func() bool {
+		r.tpls.Get(s) // starts one unless the last failed within Retry
+		return r.TemplateCount() == 0 && r.tpls.Get(s) == nil && r.TemplateCount() == 0
+	}, "the failed template leaves the set and is not retried at once")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	inst, err := r.Create(ctx, pySpec(t, m, digest, "fresh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err == nil {
+		t.Fatal("a function with a syntax error became ready")
+	}
+	if err := r.Kill(ctx, "fresh"); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatal(err)
+	}
+}
