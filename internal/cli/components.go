@@ -166,6 +166,7 @@ type wkFlags struct {
 	sandboxUser                             string
 	python, node                            string
 	templates                               bool
+	maxTemplates                            int
 	emulate                                 int
 	createDelay                             time.Duration
 	cpu                                     string
@@ -196,6 +197,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
 	fl.StringVar(&f.python, "python", lang.DefaultPython, "interpreter of functions deployed from Python source (fn deploy --lang python), with --runtime process or native")
 	fl.BoolVar(&f.templates, "templates", true, "with --runtime process or native: start sandboxes of functions deployed from Python source by forking a per-revision template that has imported them (docs/languages.md); =false starts each fresh")
+	fl.IntVar(&f.maxTemplates, "max-templates", 16, "with --templates: the most templates a node keeps (least recently used first out; each holds a function's imported interpreter, 15–30 MiB for a typical one)")
 	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native (looked up in PATH)")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
@@ -232,7 +234,7 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
-		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node, NoTemplates: !f.templates}
+		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node, NoTemplates: !f.templates, MaxTemplates: f.maxTemplates}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
 			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}

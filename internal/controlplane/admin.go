@@ -453,6 +453,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	l := cp.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
+	code := cp.codeOf(name)
 	if err := cp.store.DeleteFunction(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
@@ -467,6 +468,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	if err := cp.store.DeleteRevisions(name); err != nil {
 		cp.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
 	}
+	cp.dropUnusedCode(code)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -115,3 +115,46 @@ func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.Co
 	}
 	return nil
 }
+
+// codeOf is the digests of the code archives function name and its kept
+// revisions run.
+func (cp *ControlPlane) codeOf(name string) map[string]bool {
+	out := map[string]bool{}
+	if f := cp.cluster.spec(name); f != nil && f.Code != nil {
+		out[f.Code.Digest] = true
+	}
+	revs, _ := cp.store.Revisions(name)
+	for _, f := range revs {
+		if f.Code != nil {
+			out[f.Code.Digest] = true
+		}
+	}
+	return out
+}
+
+// dropUnusedCode deletes, of digests (those of a function just deleted),
+// the archives no function or kept revision runs any more. Only those:
+// an archive uploaded for a deploy still to come stays.
+func (cp *ControlPlane) dropUnusedCode(digests map[string]bool) {
+	if len(digests) == 0 {
+		return
+	}
+	fns, err := cp.store.Functions()
+	if err != nil {
+		cp.log.Warn("code archives of a deleted function kept", "err", err)
+		return
+	}
+	for _, f := range fns {
+		for d := range cp.codeOf(f.Name) {
+			delete(digests, d)
+		}
+		if len(digests) == 0 {
+			return
+		}
+	}
+	for d := range digests {
+		if err := cp.store.DeleteCode(d); err != nil && !errors.Is(err, store.ErrNotFound) {
+			cp.log.Warn("code archive of a deleted function kept", "digest", d, "err", err)
+		}
+	}
+}

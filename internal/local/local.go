@@ -76,7 +76,8 @@ type Workers struct {
 	Python, Node string
 	// NoTemplates starts every sandbox of a Python function fresh
 	// (process.Config.NoTemplates, native.Config.NoTemplates).
-	NoTemplates bool
+	NoTemplates  bool
+	MaxTemplates int
 	// Identity: with CA the daemon gets a certificate from it directly
 	// (one process with the control plane); with Join it joins the
 	// cluster when it starts. Neither: plaintext gRPC.
@@ -214,7 +215,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
 		}
-		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, NoTemplates: w.NoTemplates, Logger: log.With("component", "runtime")})
+		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, NoTemplates: w.NoTemplates, MaxTemplates: w.MaxTemplates, Logger: log.With("component", "runtime")})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -464,7 +465,7 @@ func buildNative(w Workers, log *slog.Logger) (*Sidecars, error) {
 
 func newNative(w Workers, stateDir string, pool *netpool.Pool, log *slog.Logger) (*native.Runtime, error) {
 	return native.New(native.Config{StateDir: stateDir, Pool: pool, Shells: w.NativeShells,
-		User: w.SandboxUser, NoTemplates: w.NoTemplates, Logger: log.With("component", "runtime", "runtime", "native")})
+		User: w.SandboxUser, NoTemplates: w.NoTemplates, MaxTemplates: w.MaxTemplates, Logger: log.With("component", "runtime", "runtime", "native")})
 }
 
 func buildContainerd(w Workers, log *slog.Logger) (*Sidecars, error) {

@@ -182,6 +182,24 @@ func TestLanguageDeployErrors(t *testing.T) {
 		}
 	}
 
+	// An archive goes with the last function (or kept revision) that ran
+	// it, not before.
+	gc := c.upload(t, zipOf(t, map[string]string{"app.py": "def handler(event, context):\n    return 1\n"}))
+	for _, name := range []string{"gc-a", "gc-b"} {
+		if status, msg := c.postSpec(t, `{"name": "`+name+`", "code": {"language": "python", "handler": "app.handler", "digest": "`+gc+`"}}`); status != 201 {
+			t.Fatalf("deploy %s: %d %s", name, status, msg)
+		}
+	}
+	c.mustBrisk(t, "fn", "delete", "gc-a")
+	if status, msg := c.postSpec(t, `{"name": "gc-c", "code": {"language": "python", "handler": "app.handler", "digest": "`+gc+`"}}`); status != 201 {
+		t.Fatalf("the archive went with gc-a while gc-b runs it: %d %s", status, msg)
+	}
+	c.mustBrisk(t, "fn", "delete", "gc-b")
+	c.mustBrisk(t, "fn", "delete", "gc-c")
+	if status, msg := c.postSpec(t, `{"name": "gc-d", "code": {"language": "python", "handler": "app.handler", "digest": "`+gc+`"}}`); status != 400 || !strings.Contains(msg, "has not been uploaded") {
+		t.Fatalf("the archive outlived every function that ran it: %d %s", status, msg)
+	}
+
 	bad := writeTree(t, map[string]string{"app.py": "def handler(event, context)\n    return 1\n"})
 	out, code = c.brisk(t, "fn", "deploy", "broken", "--code", bad, "--handler", "app.handler", "--min", "1", "--wait", "--wait-timeout", "60s")
 	if code == 0 || !strings.Contains(out, "SyntaxError") {

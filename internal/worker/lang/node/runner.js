@@ -24,9 +24,60 @@
 // a TCP connect, so a function that cannot load never listens. The runner
 // prints the error's stack, then as its last line of stderr "brisk: cannot
 // load handler H: reason", and exits with status 1.
+//
+// Startup snapshots. Run as
+//
+//   node --snapshot-blob BLOB --build-snapshot runner.js
+//
+// (with the environment above) the runner loads the handler as it would
+// before serving, node runs the event loop until nothing keeps it alive,
+// then writes its heap, handler and modules loaded, to BLOB (relative to
+// the working directory it was started in); `node --snapshot-blob BLOB`
+// then starts from that heap and the runner serves at once. A handler
+// that cannot load fails the build as it fails a start (status 1). One
+// that cannot be in a snapshot makes the build print "brisk: cannot
+// snapshot handler H: reason" last and exit with status 3: an ES module,
+// a native addon, a built-in module node cannot snapshot (http, https,
+// tls...), an interval or unref'd timer started as it loads. Node itself
+// may fail the build otherwise (V8 aborts on a handle it cannot
+// serialise: a socket left open). Start a function whose build failed
+// fresh: that start is what says whether it loads.
+//
+// A process started from a snapshot reads its environment when it starts
+// (PORT, BRISK_LISTEN_HOST, BRISK_FUNCTION, ... and process.env as the
+// handler sees it), not the build's; what the handler's modules computed
+// as they loaded, from the environment or otherwise, is the build's.
+// BRISK_HANDLER and BRISK_CODE_DIR, when set, must be the build's.
 'use strict';
 
-const http = require('http');
+// When building a snapshot, node warns on stderr of each built-in module
+// not verified in snapshots that the script requires (v8, module, vm and
+// async_hooks among the runner's); the runner's use of them is tested, and
+// those warnings are dropped.
+function builtin(id) {
+  const own = Object.getOwnPropertyDescriptor(process, 'emit');
+  const emit = process.emit;
+  process.emit = function (name, w, ...rest) {
+    if (name === 'warning' && w instanceof Error && String(w.message).startsWith("It's not yet fully verified whether built-in module")) {
+      return false;
+    }
+    return Reflect.apply(emit, this, [name, w, ...rest]);
+  };
+  try {
+    return require(id);
+  } finally {
+    if (own === undefined) delete process.emit;
+    else Object.defineProperty(process, 'emit', own);
+  }
+}
+
+// node --build-snapshot runs the script without CommonJS's wrapper (no
+// module): a start does not pay the 2 ms require('v8') takes.
+const building = typeof module === 'undefined' && builtin('v8').startupSnapshot.isBuildingSnapshot();
+
+// Node cannot put http in a snapshot: a process started from one loads it
+// as it starts.
+let http = building ? null : require('http');
 const fs = require('fs');
 const path = require('path');
 const querystring = require('querystring');
@@ -47,14 +98,20 @@ function positive(s, def) {
   return n > 0 ? n : def;
 }
 
-const functionName = env.BRISK_FUNCTION || env.AWS_LAMBDA_FUNCTION_NAME || '';
-const timeoutMs = positive(env.BRISK_TIMEOUT_MS, 300000);
-const memoryMB = String(positive(env.BRISK_MEMORY_MB, 128));
-const contract = env.BRISK_CONTRACT || 'lambda';
-const handlerName = env.BRISK_HANDLER || '';
-const arn = 'arn:aws:lambda:brisk:000000000000:function:' + functionName;
-const logGroup = '/aws/lambda/' + functionName;
+// The settings from the environment (configure); read again by a process
+// started from a snapshot.
+let functionName, timeoutMs, memoryMB, contract, handlerName, arn, logGroup;
 let logStream = '';
+
+function configure() {
+  functionName = env.BRISK_FUNCTION || env.AWS_LAMBDA_FUNCTION_NAME || '';
+  timeoutMs = positive(env.BRISK_TIMEOUT_MS, 300000);
+  memoryMB = String(positive(env.BRISK_MEMORY_MB, 128));
+  contract = env.BRISK_CONTRACT || 'lambda';
+  handlerName = env.BRISK_HANDLER || '';
+  arn = 'arn:aws:lambda:brisk:000000000000:function:' + functionName;
+  logGroup = '/aws/lambda/' + functionName;
+}
 
 let handler = null; // the user's function, once loaded
 
@@ -78,10 +135,16 @@ function isFile(p) {
   }
 }
 
-async function loadHandler() {
+function checkContract() {
   if (contract !== 'lambda' && contract !== 'http') {
     throw new LoadError(`contract "${contract}" is not "lambda" or "http"`);
   }
+}
+
+// findHandler changes to the code's directory and finds the handler's
+// module: its file (as found, and its path), and the export named.
+function findHandler() {
+  checkContract();
   const dir = path.resolve(env.BRISK_CODE_DIR || '.');
   process.chdir(dir);
   const dot = handlerName.lastIndexOf('.');
@@ -96,7 +159,11 @@ async function loadHandler() {
   if (found === undefined) {
     throw new LoadError(`Error: Cannot find module '${rel}' in ${dir} (tried ${tried.join(', ')})`);
   }
-  const file = path.join(dir, found);
+  return { dir, found, file: path.join(dir, found), name };
+}
+
+async function loadHandler() {
+  const { found, file, name } = findHandler();
   let m;
   let esm = false;
   if (found.endsWith('.mjs')) {
@@ -111,6 +178,12 @@ async function loadHandler() {
       esm = true;
     }
   }
+  return handlerIn(m, esm, found, name);
+}
+
+// handlerIn is the function named in the module m (its exports or, when
+// esm, its namespace) of the file found.
+function handlerIn(m, esm, found, name) {
   let fn;
   if (name === '') {
     // The module is the function: module.exports, an ES module's default
@@ -556,12 +629,216 @@ function httpError(res, err) {
   send(res, 500, TEXT_TYPE, text + '\n');
 }
 
+// ------------------------------------------------------------- snapshot
+
+// A reason the handler cannot be in a snapshot.
+class SnapshotError extends Error {}
+
+// The built-in modules that node (20) cannot put in a snapshot: building
+// one holding them fails (V8 aborts: "global handle not serialized", or
+// http's methods.toSorted is not a function).
+const UNSNAPSHOTTABLE = new Set([
+  'http', 'https', 'http2', 'tls', 'repl',
+  '_http_client', '_http_common', '_http_outgoing', '_http_server', '_stream_wrap', '_tls_common', '_tls_wrap',
+]);
+
+// buildSnapshot loads the handler (as loadHandler does, with require
+// alone) in a process building a snapshot, and has a process started from
+// it serve the handler.
+function buildSnapshot() {
+  configure();
+  const Module = builtin('module');
+  const vm = builtin('vm');
+  // Node refuses to start from a snapshot holding modules its loader ran
+  // (compiled with Module.prototype._compile): the runner compiles and
+  // runs them itself while building, as that would. Native addons cannot
+  // be in a snapshot.
+  const load = Module._load;
+  const compile = Module.prototype._compile;
+  const loadAddon = Module._extensions['.node'];
+  let refused = null; // the first thing found that cannot be in a snapshot
+  const cannotSnapshot = (reason) => {
+    refused ??= new SnapshotError(reason);
+    return refused;
+  };
+  Module._load = function (request, parent, isMain) {
+    const id = typeof request === 'string' && request.startsWith('node:') ? request.slice(5) : request;
+    if (UNSNAPSHOTTABLE.has(id) && Module.isBuiltin(request)) {
+      const by = parent && parent.filename ? ` (required by ${parent.filename})` : '';
+      throw cannotSnapshot(`node ${process.version} cannot put built-in module "${id}" in a snapshot${by}`);
+    }
+    return Reflect.apply(load, this, arguments);
+  };
+  Module.prototype._compile = function (content, filename, format) {
+    if (format === 'module') throw cannotSnapshot(`${filename} is an ES module`);
+    return compileForSnapshot(vm, Module, this, content, filename, cannotSnapshot);
+  };
+  Module._extensions['.node'] = (m, filename) => {
+    throw cannotSnapshot(`${filename} is a native addon`);
+  };
+  // The timers loading starts. Node runs the build's event loop until
+  // nothing keeps it alive, then writes the snapshot: timers run then,
+  // but an interval would keep the build running for ever, and a timer
+  // unref'd is dropped (a process started from the snapshot never runs it).
+  const timers = [];
+  const hook = builtin('async_hooks')
+    .createHook({
+      init(id, type, trigger, resource) {
+        if (type === 'Timeout') timers.push(resource);
+      },
+    })
+    .enable();
+  const before = { ...env };
+  const built = { handlerName };
+  const cwd = process.cwd();
+  let fn;
+  try {
+    const { dir, found, file, name } = findHandler();
+    built.dir = dir;
+    if (found.endsWith('.mjs')) throw cannotSnapshot(`${found} is an ES module`);
+    let m;
+    try {
+      m = Module.createRequire(__filename)(file); // as the runner requires it
+    } catch (e) {
+      if (e && e.code === 'ERR_REQUIRE_ESM') throw cannotSnapshot(`${found} is or loads an ES module: ${errorLine(e)}`);
+      throw e;
+    }
+    fn = handlerIn(m, false, found, name);
+  } catch (e) {
+    if (refused === null) cannotLoad(e);
+  }
+  if (timers.some((t) => !t._destroyed && t._repeat !== null)) cannotSnapshot('it starts an interval timer as it loads');
+  if (refused !== null) {
+    // Even when the handler's modules caught it: the function would not
+    // be what it is when started fresh.
+    snapshotRefused(refused);
+  }
+  handler = fn;
+  built.cwd = process.cwd();
+  process.chdir(cwd); // node writes the snapshot where --snapshot-blob says, from here
+  // What loading changed in process.env (dotenv and the like), [name,
+  // value before, value after] (undefined: unset): the environment a
+  // snapshot's process starts with is its own.
+  built.envChanges = [];
+  for (const k of new Set([...Object.keys(before), ...Object.keys(env)])) {
+    if (before[k] !== env[k]) built.envChanges.push([k, before[k], env[k]]);
+  }
+  const { startupSnapshot } = builtin('v8');
+  startupSnapshot.addSerializeCallback(() => {
+    hook.disable();
+    if (timers.some((t) => !t._destroyed)) snapshotRefused(new SnapshotError("it leaves a timer unref'd as it loads"));
+  });
+  startupSnapshot.setDeserializeMainFunction(() => {
+    Module._load = load;
+    Module.prototype._compile = compile;
+    Module._extensions['.node'] = loadAddon;
+    startFromSnapshot(built);
+  });
+}
+
+function snapshotRefused(err) {
+  process.stderr.write(`brisk: cannot snapshot handler ${handlerName}: ${err.message}\n`);
+  process.exit(3);
+}
+
+// The syntax errors that make node load a .js file of no package type as
+// an ES module (its --experimental-detect-module, on since 20.19).
+const ESM_SYNTAX = [
+  'Cannot use import statement outside a module',
+  "Unexpected token 'export'",
+  "Cannot use 'import.meta' outside a module",
+  'await is only valid in async functions and the top level bodies of modules',
+  'for await is only valid in async functions and the top level bodies of modules',
+];
+
+// compileForSnapshot runs a CommonJS module's code as Module.prototype.
+// _compile does.
+function compileForSnapshot(vm, Module, module, content, filename, cannotSnapshot) {
+  if (content.startsWith('#!')) content = '//' + content.slice(2); // a hashbang line
+  let fn;
+  try {
+    fn = vm.compileFunction(content, ['exports', 'require', 'module', '__filename', '__dirname'], {
+      filename,
+      importModuleDynamically: vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
+    });
+  } catch (e) {
+    if (e instanceof SyntaxError && ESM_SYNTAX.includes(e.message)) {
+      throw cannotSnapshot(`${filename} is an ES module (${e.message})`);
+    }
+    throw e;
+  }
+  const require = function require(id) {
+    return module.require(id);
+  };
+  require.resolve = function resolve(request, options) {
+    return Module._resolveFilename(request, module, false, options);
+  };
+  require.resolve.paths = function paths(request) {
+    return Module._resolveLookupPaths(request, module);
+  };
+  require.main = process.mainModule;
+  require.extensions = Module._extensions;
+  require.cache = Module._cache;
+  const exports = module.exports;
+  return Reflect.apply(fn, exports, [exports, require, module, filename, path.dirname(filename)]);
+}
+
+// startFromSnapshot is a process started from a snapshot: it reads its
+// environment and serves the handler loaded while building.
+function startFromSnapshot(built) {
+  // crypto.randomUUID hands out UUIDs from a batch of 128 random ones: a
+  // batch begun while building is in the snapshot, and every process
+  // started from it would hand out the same. 128 draw its rest and begin a
+  // batch of this process's own. (Math.random is seeded anew by V8, and
+  // crypto.randomBytes draws from OpenSSL, whose state is not in the
+  // snapshot.)
+  for (let i = 0; i < 128; i++) randomUUID();
+  // The handler's modules were compiled while building with
+  // vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER, for their import() to
+  // work as it does in modules node loads: node warns it is experimental
+  // on the first import(), which a process started fresh would not.
+  const emitWarning = process.emitWarning;
+  process.emitWarning = function (warning, ...rest) {
+    if (warning === 'vm.USE_MAIN_CONTEXT_DEFAULT_LOADER is an experimental feature and might change at any time') return;
+    return Reflect.apply(emitWarning, this, [warning, ...rest]);
+  };
+  // Loading's changes to the environment, made again where the variable
+  // is as it was before loading (a variable loading set only when unset,
+  // as dotenv does, stays as this process has it).
+  for (const [k, was, is] of built.envChanges) {
+    if (env[k] !== was) continue;
+    if (is === undefined) delete env[k];
+    else env[k] = is;
+  }
+  configure();
+  try {
+    checkContract();
+    if (env.BRISK_HANDLER !== undefined && handlerName !== built.handlerName) {
+      throw new LoadError(`the snapshot holds handler "${built.handlerName}"`);
+    }
+    if (env.BRISK_CODE_DIR !== undefined && path.resolve(env.BRISK_CODE_DIR) !== built.dir) {
+      throw new LoadError(`the snapshot holds code from ${built.dir}, not ${path.resolve(env.BRISK_CODE_DIR)}`);
+    }
+    handlerName = built.handlerName;
+    process.chdir(built.cwd);
+  } catch (e) {
+    cannotLoad(e);
+  }
+  http = require('http');
+  serve();
+}
+
 // ------------------------------------------------------------- main
 
-loadHandler().then(
-  (fn) => {
-    handler = fn;
-    serve();
-  },
-  cannotLoad,
-);
+if (building) {
+  buildSnapshot();
+} else {
+  configure();
+  loadHandler().then(
+    (fn) => {
+      handler = fn;
+      serve();
+    },
+    cannotLoad,
+  );
+}

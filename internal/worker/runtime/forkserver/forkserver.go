@@ -324,9 +324,17 @@ type Set struct {
 	failed map[Key]time.Time
 }
 
+// Prewarm starts s's template unless it has one. A nil Set (templates
+// off) does nothing.
+func (ts *Set) Prewarm(s runtime.Spec) { ts.Get(s) }
+
 // Get returns s's template when it is ready, starting one in the
-// background when there is none; nil means: start this sandbox fresh.
+// background when there is none; nil means: start this sandbox fresh, as
+// it does for a spec that is not Templatable and from a nil Set.
 func (ts *Set) Get(s runtime.Spec) *Template {
+	if ts == nil || !Templatable(s) {
+		return nil
+	}
 	k := KeyOf(s)
 	now := time.Now()
 	ts.mu.Lock()
@@ -458,6 +466,9 @@ func (ts *Set) All() []*Template {
 
 // Count is how many templates the set holds.
 func (ts *Set) Count() int {
+	if ts == nil {
+		return 0
+	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	return len(ts.byKey)
@@ -465,6 +476,9 @@ func (ts *Set) Count() int {
 
 // StopAll stops every template and waits (up to wait each) for their end.
 func (ts *Set) StopAll(wait time.Duration) {
+	if ts == nil {
+		return
+	}
 	ts.mu.Lock()
 	all := slices.Collect(maps.Values(ts.byKey))
 	clear(ts.byKey)

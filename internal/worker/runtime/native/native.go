@@ -100,11 +100,11 @@ type Runtime struct {
 	// with Config.NoTemplates.
 	tplSeccomp []byte
 	tpls       *forkserver.Set
-	caps     []int
-	uid, gid uint32
-	staging  string
-	prefix   string // cgroup names of this StateDir's shells: native-<hash>-
-	seq      atomic.Uint64
+	caps       []int
+	uid, gid   uint32
+	staging    string
+	prefix     string // cgroup names of this StateDir's shells: native-<hash>-
+	seq        atomic.Uint64
 
 	ready chan *shell // parked shells
 	// spareCgroups are emptied shell cgroups kept for new shells
@@ -364,18 +364,6 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if err := validate(s); err != nil {
 		return nil, err
 	}
-	if r.tpls != nil && forkserver.Templatable(s) {
-		if t := r.tpls.Get(s); t != nil {
-			inst, err := r.createFromTemplate(ctx, s, t)
-			if err == nil {
-				return inst, nil
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
-			}
-			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "err", err)
-		}
-	}
 	b, exe, err := r.bindFor(s)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
@@ -405,6 +393,16 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		delete(r.creating, s.ID)
 		r.mu.Unlock()
 	}()
+	if t := r.tpls.Get(s); t != nil {
+		inst, err := r.createFromTemplate(ctx, s, t)
+		if err == nil {
+			return inst, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+		}
+		r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "err", err)
+	}
 	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)

@@ -108,27 +108,14 @@ func cmpOr(a, b int) int {
 }
 
 // Prewarm starts s's template unless it has one (runtime.Prewarmer).
-func (r *Runtime) Prewarm(s runtime.Spec) {
-	if r.tpls != nil && forkserver.Templatable(s) {
-		r.tpls.Get(s)
-	}
-}
+func (r *Runtime) Prewarm(s runtime.Spec) { r.tpls.Prewarm(s) }
 
 // StopTemplates ends every template, and so their children: at the
 // worker's exit.
-func (r *Runtime) StopTemplates() {
-	if r.tpls != nil {
-		r.tpls.StopAll(5 * time.Second)
-	}
-}
+func (r *Runtime) StopTemplates() { r.tpls.StopAll(5 * time.Second) }
 
 // TemplateCount is how many templates run (tests, status).
-func (r *Runtime) TemplateCount() int {
-	if r.tpls == nil {
-		return 0
-	}
-	return r.tpls.Count()
-}
+func (r *Runtime) TemplateCount() int { return r.tpls.Count() }
 
 // startTemplate binds a shell to the function's runner in template mode
 // (forkserver.Set.Start).
@@ -239,21 +226,6 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 	if !ok {
 		return nil, forkserver.ErrNotReady
 	}
-	r.mu.Lock()
-	_, exists := r.sandboxes[s.ID]
-	_, starting := r.creating[s.ID]
-	if !exists && !starting {
-		r.creating[s.ID] = struct{}{}
-	}
-	r.mu.Unlock()
-	if exists || starting {
-		return nil, fmt.Errorf("sandbox %s: already exists", s.ID)
-	}
-	defer func() {
-		r.mu.Lock()
-		delete(r.creating, s.ID)
-		r.mu.Unlock()
-	}()
 	port, err := ts.takePort()
 	if err != nil {
 		return nil, err

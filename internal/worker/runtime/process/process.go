@@ -119,7 +119,7 @@ type Runtime struct {
 	// Creates in progress: a port the kernel hands out again before its
 	// sandbox has bound it is not given to a second sandbox.
 	ports map[int]struct{}
-	tpls  *templates // nil with Config.NoTemplates
+	tpls  *forkserver.Set // nil with Config.NoTemplates (template.go)
 }
 
 var (
@@ -238,9 +238,11 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	r.table = table
 	if !cfg.NoTemplates {
-		if r.tpls, err = openTemplates(r, cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates)); err != nil {
+		ts, err := openTemplates(r, cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates))
+		if err != nil {
 			return nil, fmt.Errorf("process runtime: templates: %w", err)
 		}
+		r.tpls = ts.Set
 	}
 	if err := reapSecrets(cfg.StateDir, recs); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
@@ -296,18 +298,16 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.mu.Unlock()
 	}()
 
-	if r.tpls != nil && Templatable(s) {
-		if t := r.tpls.Get(s); t != nil {
-			inst, err := r.createFromTemplate(ctx, s, t)
-			if err == nil {
-				r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", procOf(t).id)
-				return inst, nil
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
-			}
-			r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", procOf(t).id, "err", err)
+	if t := r.tpls.Get(s); t != nil {
+		inst, err := r.createFromTemplate(ctx, s, t)
+		if err == nil {
+			r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", procOf(t).id)
+			return inst, nil
 		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+		}
+		r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", procOf(t).id, "err", err)
 	}
 	port, err := r.reservePort()
 	if err != nil {

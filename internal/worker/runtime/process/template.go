@@ -61,9 +61,6 @@ const (
 	exitReportWait = time.Second
 )
 
-// Templatable says whether sandboxes of s start from templates.
-func Templatable(s runtime.Spec) bool { return forkserver.Templatable(s) }
-
 // tplProc is a template's process, the runtime's part of a
 // forkserver.Template.
 type tplProc struct {
@@ -156,28 +153,15 @@ func (ts *templates) persist() {
 
 // Prewarm starts s's template unless it has one: a function's first
 // sandbox then starts from it too (SnapStart's snapshot at publish).
-func (r *Runtime) Prewarm(s runtime.Spec) {
-	if r.tpls != nil && Templatable(s) {
-		r.tpls.Get(s)
-	}
-}
+func (r *Runtime) Prewarm(s runtime.Spec) { r.tpls.Prewarm(s) }
 
 // StopTemplates ends every template (their children, sandboxes, live on):
 // at the worker's exit, as a template is remade faster than it would be
 // adopted.
-func (r *Runtime) StopTemplates() {
-	if r.tpls != nil {
-		r.tpls.StopAll(5 * time.Second)
-	}
-}
+func (r *Runtime) StopTemplates() { r.tpls.StopAll(5 * time.Second) }
 
 // TemplateCount is how many templates run (tests, status).
-func (r *Runtime) TemplateCount() int {
-	if r.tpls == nil {
-		return 0
-	}
-	return r.tpls.Count()
-}
+func (r *Runtime) TemplateCount() int { return r.tpls.Count() }
 
 // start starts t's process (forkserver.Set.Start).
 func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File) error {
