@@ -277,14 +277,21 @@ func DescribeStatus(st int) string {
 type Template struct {
 	*Client
 	Key Key
-	// Runtime is the runtime's own state of the template (its process,
-	// cgroup, shell), set by Set.Start.
-	Runtime any
+	// state is the runtime's own state of the template (its process,
+	// cgroup, shell), set by Set.Start (SetState) while the template may
+	// already be talking.
+	state atomic.Value
 
 	lastUse  atomic.Int64 // unix nanoseconds
 	stopping atomic.Bool
 	children atomic.Int64 // live sandboxes forked from it
 }
+
+// SetState records the runtime's state of the template.
+func (t *Template) SetState(v any) { t.state.Store(v) }
+
+// State is what SetState recorded, nil before.
+func (t *Template) State() any { return t.state.Load() }
 
 // Stopping reports whether the Set stopped it (its end is no failure).
 func (t *Template) Stopping() bool { return t.stopping.Load() }
@@ -308,7 +315,7 @@ type Set struct {
 	// Idle and Max: on the native runtime its children die with it.
 	KeepWhileChildren bool
 	// Start starts t's process for s with sock, the template's end of its
-	// control socket, sets t.Runtime, and arranges for t.End and Ended to
+	// control socket, records its state (t.SetState), and arranges for t.End and Ended to
 	// be called when the process ends. It returns once the process runs
 	// (not once it is ready); sock is closed after it returns.
 	Start func(t *Template, s runtime.Spec, sock *os.File) error
@@ -365,7 +372,7 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 		return nil
 	}
 	ts.mu.Unlock()
-	if !t.IsReady() {
+	if !t.IsReady() || t.State() == nil {
 		return nil // still loading
 	}
 	select {

@@ -86,7 +86,7 @@ func (ts *tplShell) freePort(p int) {
 
 // releaseChild gives back what a template's child held of its template.
 func releaseChild(sh *shell) {
-	if ts, ok := sh.tpl.Runtime.(*tplShell); ok {
+	if ts, ok := sh.tpl.State().(*tplShell); ok {
 		ts.freePort(sh.port)
 	}
 	sh.tpl.DoneChild()
@@ -183,7 +183,7 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 	if err := r.bind(ctx, sh, b, files); err != nil {
 		return fail(err)
 	}
-	t.Runtime = &tplShell{sh: sh, env: env, used: map[int]bool{}}
+	t.SetState(&tplShell{sh: sh, env: env, used: map[int]bool{}})
 	go func() {
 		<-sh.exited
 		if t.IsReady() {
@@ -208,7 +208,7 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 // stopTemplate kills a template: the first process of its PID namespace,
 // and with it every child.
 func (r *Runtime) stopTemplate(t *forkserver.Template) {
-	if ts, ok := t.Runtime.(*tplShell); ok && ts.sh.proc != nil {
+	if ts, ok := t.State().(*tplShell); ok && ts.sh.proc != nil {
 		_ = ts.sh.proc.Kill()
 	}
 }
@@ -222,7 +222,7 @@ func describeExit(err error) string {
 
 // createFromTemplate starts sandbox s as a child of t (see above).
 func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *forkserver.Template) (*runtime.Instance, error) {
-	ts, ok := t.Runtime.(*tplShell)
+	ts, ok := t.State().(*tplShell)
 	if !ok {
 		return nil, forkserver.ErrNotReady
 	}

@@ -71,7 +71,7 @@ type tplProc struct {
 }
 
 func procOf(t *forkserver.Template) *tplProc {
-	p, _ := t.Runtime.(*tplProc)
+	p, _ := t.State().(*tplProc)
 	return p
 }
 
@@ -193,7 +193,7 @@ func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File
 	}
 	p.pid = cmd.Process.Pid
 	_, p.start, _ = procs.Stat(p.pid)
-	t.Runtime = p
+	t.SetState(p)
 	go ts.wait(t, p, cmd, logPath)
 	return nil
 }
