@@ -235,7 +235,7 @@ func TestKubeFunctions(t *testing.T) {
 	eventually(t, 30*time.Second, "needs deployed once its secret exists", func() bool { return deployed("needs") })
 
 	_, err = fns.Create(ctx, functionObject(t, ns, "two", "builtin: trace\nimage: x\n"), metav1.CreateOptions{})
-	if err == nil || !strings.Contains(err.Error(), "exactly one of builtin, command and image") {
+	if err == nil || !strings.Contains(err.Error(), "exactly one of builtin, command, image and code") {
 		t.Errorf("builtin and image: %v, want the CRD's refusal", err)
 	}
 

@@ -57,6 +57,7 @@ const counter = require('./lib/counter');
 const atLoad = process.env.BRISK_FUNCTION;
 const loadUUID = crypto.randomUUID(); // begins crypto's batch of UUIDs while building
 const loadRandom = Math.random();
+const loadInt = crypto.randomInt(2 ** 47); // begins crypto's batch for randomInt
 process.env.FROM_INIT ??= 'set at load'; // as dotenv does
 process.env.ALWAYS = 'set at load';
 let timerRan = false;
@@ -83,6 +84,8 @@ exports.handler = async (event, context) => {
     count: counter.next(),
     random: Math.random(),
     loadRandom,
+    int: crypto.randomInt(2 ** 47),
+    loadInt,
     uuid: crypto.randomUUID(),
     webUUID: globalThis.crypto.randomUUID(),
     loadUUID,
@@ -108,6 +111,8 @@ type snapshotReply struct {
 	Count           int     `json:"count"`
 	Random          float64 `json:"random"`
 	LoadRandom      float64 `json:"loadRandom"`
+	Int             int64   `json:"int"`
+	LoadInt         int64   `json:"loadInt"`
 	UUID            string  `json:"uuid"`
 	WebUUID         string  `json:"webUUID"`
 	LoadUUID        string  `json:"loadUUID"`
@@ -201,11 +206,14 @@ func TestRunnerSnapshot(t *testing.T) {
 	if a1.Count != 1 || a2.Count != 2 || b1.Count != 1 {
 		t.Errorf("counts %d, %d in fn-a and %d in fn-b, want 1, 2 and 1", a1.Count, a2.Count, b1.Count)
 	}
-	if a1.LoadRandom != b1.LoadRandom || a1.LoadUUID != b1.LoadUUID {
-		t.Errorf("values computed while loading differ: %v, %v; %q, %q", a1.LoadRandom, b1.LoadRandom, a1.LoadUUID, b1.LoadUUID)
+	if a1.LoadRandom != b1.LoadRandom || a1.LoadUUID != b1.LoadUUID || a1.LoadInt != b1.LoadInt {
+		t.Errorf("values computed while loading differ: %v, %v; %q, %q; %d, %d", a1.LoadRandom, b1.LoadRandom, a1.LoadUUID, b1.LoadUUID, a1.LoadInt, b1.LoadInt)
 	}
 	if a1.Random == b1.Random || a1.Random == a1.LoadRandom || b1.Random == b1.LoadRandom {
 		t.Errorf("Math.random(): %v in fn-a, %v in fn-b, %v while building", a1.Random, b1.Random, a1.LoadRandom)
+	}
+	if a1.Int == b1.Int || a1.Int == a2.Int {
+		t.Errorf("crypto.randomInt(): %d, %d in fn-a, %d in fn-b", a1.Int, a2.Int, b1.Int)
 	}
 	uuids := map[string]bool{}
 	for _, u := range []string{a1.UUID, a1.WebUUID, a2.UUID, a2.WebUUID, b1.UUID, b1.WebUUID, a1.LoadUUID} {
