@@ -51,6 +51,15 @@ func (cp *ControlPlane) uploadCode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := codezip.Digest(data)
+	if held, err := cp.store.CodeBytes(); err != nil {
+		writeStoreError(w, "reading code: ", err)
+		return
+	} else if held+int64(len(data)) > spec.MaxCodeTotalBytes {
+		if _, err := cp.store.Code(d); err != nil { // the same archive again is no more
+			writeError(w, http.StatusInsufficientStorage, fmt.Sprintf("the registry holds %d MiB of code archives, the most it keeps is %d MiB: delete functions whose code is no longer run", held>>20, spec.MaxCodeTotalBytes>>20))
+			return
+		}
+	}
 	if err := cp.store.PutCode(d, data); err != nil {
 		writeStoreError(w, "storing code: ", err)
 		return

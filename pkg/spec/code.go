@@ -45,6 +45,9 @@ const (
 	MaxCodeBytes         = 32 << 20  // the zip
 	MaxCodeUnpackedBytes = 256 << 20 // its files, unpacked (Lambda's 250 MB)
 	MaxCodeFiles         = 20_000
+	// MaxCodeTotalBytes bounds the archives a registry keeps together:
+	// every replica holds them in memory.
+	MaxCodeTotalBytes = 4 << 30
 )
 
 var (

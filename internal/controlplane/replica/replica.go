@@ -587,6 +587,18 @@ func (r *Registry) CodeDigests() ([]string, error) {
 	return slices.Sorted(maps.Keys(r.fsm.code)), nil
 }
 
+// CodeBytes is the size of the archives this replica holds, together
+// (as their JSON: base64, a third more than the archives).
+func (r *Registry) CodeBytes() (int64, error) {
+	r.fsm.mu.RLock()
+	defer r.fsm.mu.RUnlock()
+	var n int64
+	for _, v := range r.fsm.code {
+		n += int64(len(v))
+	}
+	return n, nil
+}
+
 // Namespaces returns every namespace this replica has applied, by name.
 func (r *Registry) Namespaces() ([]*store.Namespace, error) {
 	return decodeAll[store.Namespace](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.namespaces }), "namespace")

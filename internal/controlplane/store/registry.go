@@ -42,6 +42,8 @@ type Registry interface {
 	Code(digest string) ([]byte, error)
 	DeleteCode(digest string) error
 	CodeDigests() ([]string, error)
+	// CodeBytes is the size of every archive kept, together.
+	CodeBytes() (int64, error)
 	Close() error
 }
 

@@ -647,6 +647,18 @@ func (s *Store) CodeDigests() ([]string, error) {
 	return out, err
 }
 
+// CodeBytes is the size of the stored archives, together.
+func (s *Store) CodeBytes() (int64, error) {
+	var n int64
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketCode).ForEach(func(_, v []byte) error {
+			n += int64(len(v))
+			return nil
+		})
+	})
+	return n, err
+}
+
 // create stores v under key, a new one (ErrExists if taken); remove
 // deletes key (ErrNotFound if absent). kind names the record in errors.
 func (s *Store) create(bucket byte, kind, key string, v any) error {

@@ -300,6 +300,14 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 		undo(0)
 		return nil, err
 	}
+	// The template runs the function's code, which may answer with any
+	// pid: only its own child may become the sandbox, or it could have
+	// another tenant's process moved into its cgroup and killed with it.
+	if ppid, err := procs.Parent(pid); err != nil || ppid != procOf(t).pid {
+		r.tpls.Evict(t)
+		undo(0)
+		return nil, fmt.Errorf("the template answered with pid %d, which is not its child: template stopped", pid)
+	}
 	if sb.cg != nil {
 		if err := sb.cg.AddProc(pid); err != nil {
 			undo(pid)

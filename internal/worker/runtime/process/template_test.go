@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -281,5 +282,41 @@ func BenchmarkPythonColdStart(b *testing.B) {
 				runtimetest.ColdStart(b, r, s.Function, conc, runtimetest.ColdStartOptions{})
 			})
 		}
+	}
+}
+
+// A template runs the function's code, which can make it answer a fork
+// request with any pid: here another process's (a victim the test runs,
+// as another tenant's sandbox would be). The worker must not take it for
+// the sandbox, move it into the sandbox's cgroup, or kill it.
+func TestTemplateCannotHandOverAnotherProcess(t *testing.T) {
+	victim := exec.Command("sleep", "300")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
+	src := fmt.Sprintf("import os\nos.fork = lambda: %d\ndef handler(event, context):\n    return {}\n", victim.Process.Pid)
+	m := newLang(t, src)
+	r := newRuntime(t, Config{})
+	templateReady(t, r, codeSpec(t, r, m, "x", src))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	inst, err := r.Create(ctx, codeSpec(t, r, m, "hostile", src))
+	if err == nil && inst != nil {
+		r.mu.Lock()
+		sb := r.sandboxes["hostile"]
+		r.mu.Unlock()
+		if sb != nil && sb.rec.PID == victim.Process.Pid {
+			t.Fatalf("the sandbox is the victim process %d", victim.Process.Pid)
+		}
+	}
+	if err := r.Kill(ctx, "hostile"); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if !alive(victim.Process.Pid) {
+		t.Fatal("the victim was killed with the hostile sandbox")
+	}
+	if r.TemplateCount() != 0 {
+		t.Fatal("the lying template was kept")
 	}
 }

@@ -34,6 +34,23 @@ func Stat(pid int) (state byte, start uint64, err error) {
 	return f[0][0], start, nil
 }
 
+// Parent reads a process's parent pid (field 4 of /proc/<pid>/stat).
+func Parent(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, b)
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/stat: only %d fields after the name", pid, len(f))
+	}
+	return strconv.Atoi(string(f[1]))
+}
+
 // Alive reports whether the process started at start still runs as pid.
 // A zombie is not alive: its program has ended and only its parent's wait
 // is missing, which for an orphan may never come.
