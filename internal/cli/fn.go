@@ -238,8 +238,10 @@ func (f *deployFlags) applyCode(c *cobra.Command, fn *spec.Function) error {
 		if fi, err := os.Stat(f.code); err == nil && fi.Mode().IsRegular() && !strings.HasSuffix(f.code, ".zip") {
 			// One file: its module, and the contract's usual function name.
 			mod := strings.TrimSuffix(filepath.Base(f.code), filepath.Ext(f.code))
-			_, name, _ := strings.Cut(spec.DefaultHandler(lang, code.Contract)+".", ".")
-			code.Handler = strings.TrimSuffix(mod+"."+name, ".")
+			code.Handler = mod
+			if _, name, ok := strings.Cut(spec.DefaultHandler(lang, code.Contract), "."); ok {
+				code.Handler = mod + "." + name
+			}
 		}
 	}
 	if err := a.CheckHandler(code); err != nil {

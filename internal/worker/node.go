@@ -364,7 +364,7 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		if err != nil && inst.Exited != nil && inst.ExitErr != nil {
 			select {
 			case <-inst.Exited:
-				err = fmt.Errorf("exited while starting: %v%s", inst.ExitErr(), n.lastWords(rt(n.rt), sb))
+				err = fmt.Errorf("exited while starting: %v%s", inst.ExitErr(), n.lastWords(n.rt, sb))
 			default:
 			}
 		}
@@ -410,7 +410,7 @@ func (n *Node) prepare(ctx context.Context, rt runtime.Runtime, s runtime.Spec) 
 		return s, errors.New("this worker keeps no code for functions deployed from source (it has no state directory)")
 	}
 	m, ok := rt.(runtime.Mounter)
-	return n.lang.Prepare(ctx, s, lang.Target{Mount: ok && m.CanMount(), ListenAll: rt.Name() == "native"})
+	return n.lang.Prepare(ctx, s, lang.Target{Mount: ok && m.CanMount()})
 }
 
 // prewarm has the node's runtimes make f's template (runtime.Prewarmer)
@@ -435,8 +435,9 @@ func (n *Node) prewarm(ctx context.Context, f *spec.Function) {
 // lastWords is the end of a sandbox's log, for the message of a sandbox
 // that exited while starting (a language runner's "cannot load handler"
 // line, a traceback's last line), or "" when rt keeps no logs.
-func (n *Node) lastWords(lk LogKeeper, sb *sandbox) string {
-	if lk == nil {
+func (n *Node) lastWords(rt runtime.Runtime, sb *sandbox) string {
+	lk, ok := rt.(LogKeeper)
+	if !ok {
 		return ""
 	}
 	lines := lastLines(filepath.Join(lk.LogDir(), sb.rec.GetFunction(), sb.rec.GetId()+".log"), 3)
@@ -454,12 +455,6 @@ func (n *Node) lastWords(lk LogKeeper, sb *sandbox) string {
 		out = "..." + out[len(out)-600:]
 	}
 	return "; its output ends: " + out
-}
-
-// rt is the runtime's LogKeeper, nil if it keeps no logs.
-func rt(r runtime.Runtime) LogKeeper {
-	lk, _ := r.(LogKeeper)
-	return lk
 }
 
 // watchExit reports a sandbox that dies on its own (crash, OOM, exit).

@@ -234,7 +234,7 @@ func ZipFiles(files map[string][]byte) ([]byte, error) {
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		w, err := zw.CreateHeader(&zip.FileHeader{Name: name, Method: zip.Deflate, Modified: time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)})
+		w, err := zw.CreateHeader(&zip.FileHeader{Name: name, Method: zip.Deflate, Modified: zipTime})
 		if err != nil {
 			return nil, err
 		}
@@ -247,6 +247,10 @@ func ZipFiles(files map[string][]byte) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// zipTime dates every entry the packers write: the same files, the same
+// bytes and digest, whatever their mtimes.
+var zipTime = time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Zip packs the files under dir (regular files and directories; symbolic
 // links are refused, as Open would) into an archive: what the CLI uploads
@@ -281,7 +285,7 @@ func Zip(dir string) ([]byte, error) {
 			return err
 		}
 		h.Name, h.Method = rel, zip.Deflate
-		h.Modified = time.Date(1980, 1, 1, 0, 0, 0, 0, time.UTC) // the same tree, the same digest
+		h.Modified = zipTime
 		w, err := zw.CreateHeader(h)
 		if err != nil {
 			return err

@@ -1,7 +1,6 @@
 package spec
 
 import (
-	"fmt"
 	"regexp"
 	"strings"
 )
@@ -123,9 +122,4 @@ func (c *Code) validate(bad func(field, format string, args ...any) error) error
 		return bad("code.digest", "%q: want sha256:<64 hex digits>, as POST /v1/code returns", c.Digest)
 	}
 	return nil
-}
-
-// String is the code as fn get shows it.
-func (c *Code) String() string {
-	return fmt.Sprintf("%s %s (%s contract, %s)", c.Language, c.Handler, c.Contract, c.Digest)
 }

@@ -172,9 +172,6 @@ type Target struct {
 	// Mount: the runtime gives sandboxes Spec.Mounts (runtime.Mounter),
 	// so the code is at TaskDir and the runners at RuntimeDir.
 	Mount bool
-	// ListenAll: the sandbox has a network of its own, and the runner
-	// listens on every address of it rather than on loopback.
-	ListenAll bool
 }
 
 // Prepare resolves a code function's sandbox for a runtime that runs
@@ -217,18 +214,14 @@ func (m *Manager) Prepare(ctx context.Context, s runtime.Spec, t Target) (runtim
 		f.Env = map[string]string{}
 	}
 	// The runner's own settings win over the function's variables.
-	maps.Copy(f.Env, runnerEnv(&f, task, t.ListenAll))
+	maps.Copy(f.Env, runnerEnv(&f, task))
 	s.Function = &f
 	return s, nil
 }
 
 // runnerEnv is what the runner reads (python/runner.py, node/runner.js),
 // and the variables Lambda sets that functions read.
-func runnerEnv(f *spec.Function, task string, listenAll bool) map[string]string {
-	host := "127.0.0.1"
-	if listenAll {
-		host = "0.0.0.0"
-	}
+func runnerEnv(f *spec.Function, task string) map[string]string {
 	mem := strconv.FormatInt(f.Resources.MemoryMB, 10)
 	return map[string]string{
 		"BRISK_FUNCTION":                  f.Name,
@@ -238,7 +231,6 @@ func runnerEnv(f *spec.Function, task string, listenAll bool) map[string]string 
 		"BRISK_TIMEOUT_MS":                strconv.FormatInt(time.Duration(f.Timeout).Milliseconds(), 10),
 		"BRISK_MEMORY_MB":                 mem,
 		"BRISK_CONCURRENCY":               strconv.Itoa(f.Concurrency),
-		"BRISK_LISTEN_HOST":               host,
 		"LAMBDA_TASK_ROOT":                task,
 		"_HANDLER":                        f.Code.Handler,
 		"AWS_LAMBDA_FUNCTION_NAME":        f.Name,

@@ -154,7 +154,7 @@ func pySpecShared(b testing.TB, m *lang.Manager, digest string) runtime.Spec {
 	f := &spec.Function{Name: "pyfn", Revision: 1, Concurrency: 1, Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
 		Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda, Digest: digest}}
 	f.ApplyDefaults()
-	s, err := m.Prepare(context.Background(), runtime.Spec{ID: "x", Function: f}, lang.Target{ListenAll: true})
+	s, err := m.Prepare(context.Background(), runtime.Spec{ID: "x", Function: f}, lang.Target{})
 	if err != nil {
 		b.Fatal(err)
 	}

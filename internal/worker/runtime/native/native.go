@@ -13,7 +13,6 @@ import (
 	"maps"
 	"net"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -403,11 +402,8 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 		r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "err", err)
 	}
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
-	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logPath := r.logPath(s.Function.Name, s.ID)
+	logf, err := openLog(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
@@ -436,28 +432,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
-	if sh.cg != nil {
-		if err := sh.cg.Limit(s.Function.SandboxLimits()); err != nil {
-			return fail(err)
-		}
-	}
-	// Before the function runs: its first packet meets its namespace's
-	// egress policy.
-	if err := r.cfg.Pool.Bind(sh.ep, spec.NamespaceOf(s.Function)); err != nil {
+	if err := r.fitShell(sh, s.Function, b, s.ID); err != nil {
 		return fail(err)
 	}
-	b.Hostname = truncate(s.ID, 64)
-	if rc := r.cfg.Pool.ResolvConf(); rc != "" {
-		b.Etc = append(b.Etc, nsinit.File{Name: "resolv.conf", Data: rc})
-	}
-	b.Etc = append(b.Etc, nsinit.File{Name: "hosts", Data: netpool.HostsFile(sh.ep.IP, b.Hostname)})
-	files := []*os.File{logf}
-	if exe != nil {
-		files = append(files, exe)
-	}
-	if secrets != nil {
-		files = append(files, secrets)
-	}
+	files := bindFiles(logf, exe, secrets)
 	r.mu.Lock()
 	r.sandboxes[s.ID] = sb
 	r.mu.Unlock()
@@ -471,6 +449,53 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	r.markDirty()
 	r.log.Debug("sandbox started", "sandbox", s.ID, "function", s.Function.Name, "addr", sb.rec.Addr, "netns", sh.ep.Name)
 	return &runtime.Instance{ID: s.ID, Addr: sb.rec.Addr, Exited: sh.exited, ExitErr: func() error { return r.exitErr(sb) }}, nil
+}
+
+// logPath is where sandbox (or template) id of function fn writes.
+func (r *Runtime) logPath(fn, id string) string {
+	return filepath.Join(r.cfg.StateDir, "logs", fn, id+".log")
+}
+
+// openLog opens a sandbox's log for appending, its directory made.
+func openLog(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+}
+
+// fitShell makes a taken shell f's before it is bound: f's limits on its
+// cgroup, its address bound to f's namespace's egress policy (before the
+// function runs, its first packet meets it), and in b its hostname and
+// the network's /etc files.
+func (r *Runtime) fitShell(sh *shell, f *spec.Function, b *nsinit.Bind, hostname string) error {
+	if sh.cg != nil {
+		if err := sh.cg.Limit(f.SandboxLimits()); err != nil {
+			return err
+		}
+	}
+	if err := r.cfg.Pool.Bind(sh.ep, spec.NamespaceOf(f)); err != nil {
+		return err
+	}
+	b.Hostname = truncate(hostname, 64)
+	if rc := r.cfg.Pool.ResolvConf(); rc != "" {
+		b.Etc = append(b.Etc, nsinit.File{Name: "resolv.conf", Data: rc})
+	}
+	b.Etc = append(b.Etc, nsinit.File{Name: "hosts", Data: netpool.HostsFile(sh.ep.IP, b.Hostname)})
+	return nil
+}
+
+// bindFiles are the descriptors a bind message carries, in nsinit.Bind's
+// order: the log, then the executable and the secrets when there are.
+func bindFiles(logf, exe, secrets *os.File) []*os.File {
+	files := []*os.File{logf}
+	if exe != nil {
+		files = append(files, exe)
+	}
+	if secrets != nil {
+		files = append(files, secrets)
+	}
+	return files
 }
 
 func (r *Runtime) forget(sb *sandbox) {
@@ -497,27 +522,15 @@ func (r *Runtime) exitErr(sb *sandbox) error {
 		sb.exitOnce.Do(func() { sb.exitVal = r.templateChildExitErr(sb) })
 		return sb.exitVal
 	}
-	status := "exited"
-	var ee *exec.ExitError
-	if errors.As(sb.sh.exitErr, &ee) {
-		ws, _ := ee.Sys().(syscall.WaitStatus)
-		if ws.Signaled() {
-			status = fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
-		} else {
-			status = fmt.Sprintf("exited with status %d", ws.ExitStatus())
-		}
-	} else if sb.sh.exited != nil && sb.sh.exitErr == nil {
-		status = "exited with status 0"
+	status := "exited" // an adopted init: its status went to whoever reaped it
+	if st, _, ok := runtime.WaitStatus(sb.sh.exitErr); ok && sb.sh.exited != nil {
+		status = st
 	}
-	if sb.stopping.Load() {
-		return fmt.Errorf("%w (%s)", runtime.ErrKilled, status)
-	}
+	var oom int64
 	if sb.sh.cg != nil {
-		if sb.sh.oomKills() > 0 {
-			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, runtime.ErrOOMKilled, sb.memMB)
-		}
+		oom = sb.sh.oomKills()
 	}
-	return errors.New(status)
+	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
 }
 
 // bindFor resolves what the sandbox runs: an image's root file system and
@@ -548,6 +561,9 @@ func (r *Runtime) bindFor(s runtime.Spec) (b *nsinit.Bind, exe *os.File, err err
 		}
 	case len(f.Command) > 0:
 		b.Argv = slices.Clone(f.Command)
+		if f.Code != nil { // brisk's runner: on the sandbox's own address, as the builtin
+			env = append(env, tracefn.EnvListenHost+"=0.0.0.0")
+		}
 	case f.Builtin == image.TraceName:
 		b.Argv, b.ExecFD = slices.Clone(r.trace), true
 		env = append(env, tracefn.EnvListenHost+"=0.0.0.0")

@@ -1,19 +1,18 @@
 package native
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
@@ -96,15 +95,8 @@ func (r *Runtime) initTemplates() {
 	if r.cfg.NoTemplates {
 		return
 	}
-	r.tpls = &forkserver.Set{Max: cmpOr(r.cfg.MaxTemplates, 16), Idle: 15 * time.Minute, Retry: 30 * time.Second,
+	r.tpls = &forkserver.Set{Max: cmp.Or(r.cfg.MaxTemplates, 16), Idle: 15 * time.Minute, Retry: 30 * time.Second,
 		Load: 2 * time.Minute, KeepWhileChildren: true, Start: r.startTemplate, Stop: r.stopTemplate, Log: r.log.Warn}
-}
-
-func cmpOr(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 // Prewarm starts s's template unless it has one (runtime.Prewarmer).
@@ -150,37 +142,16 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 		_ = r.destroy(dctx, sh)
 		return err
 	}
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, "tpl-"+sh.name+".log")
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return fail(err)
-	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logPath := r.logPath(s.Function.Name, "tpl-"+sh.name)
+	logf, err := openLog(logPath)
 	if err != nil {
 		return fail(err)
 	}
 	defer logf.Close()
-	if sh.cg != nil {
-		if err := sh.cg.Limit(s.Function.SandboxLimits()); err != nil {
-			return fail(err)
-		}
-	}
-	if err := r.cfg.Pool.Bind(sh.ep, spec.NamespaceOf(s.Function)); err != nil {
+	if err := r.fitShell(sh, s.Function, b, s.Function.Name); err != nil {
 		return fail(err)
 	}
-	b.Hostname = truncate(s.Function.Name, 64)
-	if rc := r.cfg.Pool.ResolvConf(); rc != "" {
-		b.Etc = append(b.Etc, nsinit.File{Name: "resolv.conf", Data: rc})
-	}
-	b.Etc = append(b.Etc, nsinit.File{Name: "hosts", Data: netpool.HostsFile(sh.ep.IP, b.Hostname)})
-	files := []*os.File{logf}
-	if exe != nil {
-		files = append(files, exe)
-	}
-	if secrets != nil {
-		files = append(files, secrets)
-	}
-	files = append(files, sock)
-	if err := r.bind(ctx, sh, b, files); err != nil {
+	if err := r.bind(ctx, sh, b, append(bindFiles(logf, exe, secrets), sock)); err != nil {
 		return fail(err)
 	}
 	t.SetState(&tplShell{sh: sh, env: env, used: map[int]bool{}})
@@ -214,8 +185,8 @@ func (r *Runtime) stopTemplate(t *forkserver.Template) {
 }
 
 func describeExit(err error) string {
-	if err == nil {
-		return "exited with status 0"
+	if status, _, ok := runtime.WaitStatus(err); ok {
+		return status
 	}
 	return err.Error()
 }
@@ -233,7 +204,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 	t.AddChild()
 	sh := &shell{name: r.prefix + "c" + strconv.FormatUint(r.seq.Add(1), 10), ep: ts.sh.ep, tpl: t, tplSh: ts.sh, port: port,
 		exited: make(chan struct{})}
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
+	logPath := r.logPath(s.Function.Name, s.ID)
 	fail := func(err error) (*runtime.Instance, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -249,10 +220,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 			return fail(err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o700); err != nil {
-		return fail(err)
-	}
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	logf, err := openLog(logPath)
 	if err != nil {
 		return fail(err)
 	}
@@ -348,13 +316,9 @@ func (r *Runtime) templateChildExitErr(sb *sandbox) error {
 	if st, ok := sb.sh.tpl.ExitStatus(sb.sh.nsPid, time.Second); ok {
 		status = forkserver.DescribeStatus(st)
 	}
-	if sb.stopping.Load() {
-		return fmt.Errorf("%w (%s)", runtime.ErrKilled, status)
-	}
+	var oom int64
 	if sb.sh.cg != nil {
-		if n, _ := sb.sh.cg.OOMKills(); n > 0 {
-			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, runtime.ErrOOMKilled, sb.memMB)
-		}
+		oom, _ = sb.sh.cg.OOMKills()
 	}
-	return errors.New(status)
+	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
 }

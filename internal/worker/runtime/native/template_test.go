@@ -97,7 +97,7 @@ func pySpec(t testing.TB, m *lang.Manager, digest, id string) runtime.Spec {
 	f := &spec.Function{Name: "pyfn", Revision: 1, Concurrency: 1, Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
 		Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda, Digest: digest}}
 	f.ApplyDefaults()
-	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: true, ListenAll: true})
+	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: true})
 	if err != nil {
 		t.Fatal(err)
 	}

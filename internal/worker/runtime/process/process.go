@@ -309,17 +309,14 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		}
 		r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "template", procOf(t).id, "err", err)
 	}
-	port, err := r.reservePort()
+	port, addr, err := r.reserveAddr()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	created := false
 	defer func() {
 		if !created {
-			r.mu.Lock()
-			delete(r.ports, port)
-			r.mu.Unlock()
+			r.releasePort(port)
 		}
 	}()
 	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
@@ -569,32 +566,21 @@ func (r *Runtime) wait(sb *sandbox, cmd *exec.Cmd) {
 }
 
 func (r *Runtime) describeExit(sb *sandbox, waitErr error) error {
-	status, sigkill := "exited with status 0", false
-	var ee *exec.ExitError
-	switch {
-	case errors.As(waitErr, &ee):
-		ws, _ := ee.Sys().(syscall.WaitStatus)
-		if ws.Signaled() {
-			status = fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
-			sigkill = ws.Signal() == syscall.SIGKILL
-		} else {
-			status = fmt.Sprintf("exited with status %d", ws.ExitStatus())
-		}
-	case waitErr != nil:
+	status, sig, ok := runtime.WaitStatus(waitErr)
+	if !ok {
 		status = waitErr.Error()
 	}
-	if sb.stopping.Load() {
-		return fmt.Errorf("%w (%s)", ErrKilled, status)
-	}
-	if sb.cg != nil {
+	sigkill := sig == syscall.SIGKILL
+	var oom int64
+	if sb.cg != nil && !sb.stopping.Load() {
 		if n, exact := sb.cg.OOMKills(); n > 0 && (exact || sigkill) {
 			if sigkill {
 				return fmt.Errorf("%w (memory limit %d MiB)", ErrOOMKilled, sb.memMB)
 			}
-			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, ErrOOMKilled, sb.memMB)
+			oom = n
 		}
 	}
-	return errors.New(status)
+	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
 }
 
 // Kill stops the sandbox: SIGTERM to its process group, SIGKILL to the group
@@ -796,6 +782,19 @@ func (r *Runtime) reservePort() (int, error) {
 		}
 	}
 	return 0, errors.New("no free loopback port after 64 tries")
+}
+
+// reserveAddr reserves a loopback port for a sandbox (reservePort) and
+// returns its address too; releasePort gives it back.
+func (r *Runtime) reserveAddr() (int, string, error) {
+	port, err := r.reservePort()
+	return port, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), err
+}
+
+func (r *Runtime) releasePort(port int) {
+	r.mu.Lock()
+	delete(r.ports, port)
+	r.mu.Unlock()
 }
 
 // portOf is the port of a host:port address, 0 if it has none.

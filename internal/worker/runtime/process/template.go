@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -232,33 +230,22 @@ func (ts *templates) stop(t *forkserver.Template) {
 }
 
 func describeWait(err error) string {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		ws, _ := ee.Sys().(syscall.WaitStatus)
-		if ws.Signaled() {
-			return fmt.Sprintf("killed by signal %d (%v)", int(ws.Signal()), ws.Signal())
-		}
-		return fmt.Sprintf("exited with status %d", ws.ExitStatus())
-	}
-	if err == nil {
-		return "exited with status 0"
+	if status, _, ok := runtime.WaitStatus(err); ok {
+		return status
 	}
 	return err.Error()
 }
 
 // createFromTemplate starts sandbox s as a child of t (see above).
 func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *forkserver.Template) (*runtime.Instance, error) {
-	port, err := r.reservePort()
+	port, addr, err := r.reserveAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(port))
 	created := false
 	defer func() {
 		if !created {
-			r.mu.Lock()
-			delete(r.ports, port)
-			r.mu.Unlock()
+			r.releasePort(port)
 		}
 	}()
 	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
@@ -351,13 +338,9 @@ func (r *Runtime) describeTemplateChildExit(sb *sandbox) error {
 	if st, ok := sb.tpl.ExitStatus(sb.rec.PID, exitReportWait); ok {
 		status = forkserver.DescribeStatus(st)
 	}
-	if sb.stopping.Load() {
-		return fmt.Errorf("%w (%s)", ErrKilled, status)
-	}
+	var oom int64
 	if sb.cg != nil {
-		if n, _ := sb.cg.OOMKills(); n > 0 {
-			return fmt.Errorf("%s after a process in the sandbox was %w (memory limit %d MiB)", status, ErrOOMKilled, sb.memMB)
-		}
+		oom, _ = sb.cg.OOMKills()
 	}
-	return errors.New(status)
+	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
 }
