@@ -4,6 +4,8 @@ package main
 
 import (
 	"os"
+	// Cron triggers' time zones on hosts without a zone database.
+	_ "time/tzdata"
 
 	"github.com/brisk-faas/brisk/internal/cli"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"

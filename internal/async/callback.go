@@ -17,25 +17,13 @@ import (
 
 // errCallbackAddr refuses a callback to an address outside the allowed
 // ranges.
-var errCallbackAddr = errors.New("callback address not allowed")
+var errCallbackAddr = errors.New("address not allowed")
 
 // newCallbackClient returns the client callbacks use. It checks the address
 // each connection actually dials (after DNS), so a name that resolves to a
 // refused address is refused too.
 func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client {
-	d := &net.Dialer{
-		Timeout: timeout,
-		Control: func(_, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return err
-			}
-			if !callbackAllowed(ap.Addr().Unmap(), allow) {
-				return fmt.Errorf("%w: %s (see --async-callback-allow)", errCallbackAddr, ap.Addr())
-			}
-			return nil
-		},
-	}
+	d := &net.Dialer{Timeout: timeout, Control: PublicOnly(allow, "--async-callback-allow")}
 	return &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
@@ -44,6 +32,25 @@ func newCallbackClient(allow []netip.Prefix, timeout time.Duration) *http.Client
 			IdleConnTimeout:     30 * time.Second,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// PublicOnly is a net.Dialer Control that refuses every address but
+// public ones and those allow holds (callbackAllowed), checked on the
+// address each connection actually dials (after DNS). flag names the
+// setting that widens allow, for the error. Connections brisk makes on a
+// tenant's behalf (callbacks, triggers' external NATS servers) dial
+// through it.
+func PublicOnly(allow []netip.Prefix, flag string) func(network, address string, c syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return err
+		}
+		if !callbackAllowed(ap.Addr().Unmap(), allow) {
+			return fmt.Errorf("%w: %s (see %s)", errCallbackAddr, ap.Addr(), flag)
+		}
+		return nil
 	}
 }
 

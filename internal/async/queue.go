@@ -251,6 +251,11 @@ type Call struct {
 	// never a client's): no other call can hold it, so Submit need not
 	// claim it before storing the call, and the two writes go together.
 	Fresh bool
+	// Dedupe, with Fresh, marks an id of the platform's own that may be
+	// submitted again (a trigger's message redelivered after a crash):
+	// JetStream stores it once within its duplicate window (two minutes),
+	// still without a status record before the call's attempt.
+	Dedupe bool
 	// FunctionUID is the identity of the function it was submitted to
 	// (spec.Function.UID): never delivered to, nor shown for, a function
 	// made later under the same name. Empty for calls from before uids.
@@ -269,6 +274,11 @@ type callMeta struct {
 	Remote   string      `json:"ra,omitempty"`
 	UID      string      `json:"u,omitempty"`
 }
+
+// TriggerIDPrefix starts the id of every call a trigger makes
+// (internal/trigger); data planes refuse it from clients, so that no client
+// can take a trigger's id first.
+const TriggerIDPrefix = "trigger-"
 
 // ValidID reports whether id may name a call: it becomes a NATS subject
 // token and a key.
@@ -314,8 +324,11 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 		// Its queued state is the call's presence in the calls stream (Get
 		// and List read it there); the consumer writes the first record,
 		// at its attempt's end (or when it outlasts runningAfter). No
-		// Nats-Msg-Id: nobody submits a fresh id twice, and JetStream's
-		// duplicate window need not remember it.
+		// Nats-Msg-Id unless asked: a data plane's id never comes twice,
+		// and JetStream's duplicate window need not remember it.
+		if c.Dedupe {
+			msg.Header[jetstream.MsgIDHeader] = []string{c.ID}
+		}
 		return q.store(ctx, c, msg)
 	}
 	// A client's id may come again (a retried submit): JetStream stores
@@ -420,3 +433,6 @@ func splitSubject(s string) (fn, id string, ok bool) {
 	fn, id, ok = strings.Cut(rest, ".")
 	return fn, id, ok && fn != "" && id != ""
 }
+
+// Conn is the NATS connection the queue uses (triggers subscribe on it).
+func (q *Queue) Conn() *nats.Conn { return q.nc }

@@ -76,6 +76,9 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
+		if port == 0 {
+			port = -1 // any free port (NATS reads 0 as its default, 4222)
+		}
 		opts.Host, opts.Port = host, port
 		opts.Authorization = cfg.Token
 	}

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/pki"
 )
 
 // asyncFlags configure a component's asynchronous-call queue: an embedded
@@ -25,6 +28,7 @@ type asyncFlags struct {
 	replicas       int
 	syncAlways     bool
 	noAsync        bool
+	listen         string
 	maxQueued      int64
 	resultTTL      time.Duration
 	ackWait        time.Duration
@@ -36,6 +40,7 @@ func (f *asyncFlags) register(c *cobra.Command, embedded bool) {
 	if embedded {
 		def = "an existing NATS server with JetStream for asynchronous calls (nats://host:port,...); empty: an embedded one storing under --data-dir/nats"
 		c.Flags().BoolVar(&f.noAsync, "no-async", false, "no asynchronous calls (and no embedded NATS server)")
+		c.Flags().StringVar(&f.listen, "nats-listen", "", "also serve the embedded NATS server to other processes on this host:port, with the token in <data-dir>/nats.token (made at the first start): clients publish there the messages NATS triggers take (docs/triggers.md); off by default")
 		c.Flags().BoolVar(&f.syncAlways, "nats-sync-always", false, "the embedded JetStream fsyncs every write before a call is accepted: accepted calls survive a power loss, at the price of accept throughput (docs/operations.md)")
 	}
 	c.Flags().StringVar(&f.url, "nats", "", def)
@@ -60,19 +65,26 @@ func (f *asyncFlags) open(ctx context.Context, dataDir string, log *slog.Logger)
 	if f.maxQueued < 1 {
 		return nil, nothing, usageError{fmt.Errorf("--async-max-queued %d: must be positive", f.maxQueued)}
 	}
-	var allow []netip.Prefix
-	for _, s := range f.callbackAllow {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return nil, nothing, usageError{fmt.Errorf("--async-callback-allow %q: want a CIDR range such as 127.0.0.0/8", s)}
-		}
-		allow = append(allow, p)
+	allow, err := parseCIDRs("--async-callback-allow", f.callbackAllow)
+	if err != nil {
+		return nil, nothing, err
 	}
 	var nc *nats.Conn
 	var srv *async.Server
-	var err error
+	if f.listen != "" && f.url != "" {
+		return nil, nothing, usageError{errors.New("--nats-listen serves the embedded NATS server, which --nats replaces: give one")}
+	}
 	if f.url == "" {
-		srv, err = async.StartServer(async.ServerConfig{Dir: filepath.Join(dataDir, "nats"), SyncAlways: f.syncAlways})
+		scfg := async.ServerConfig{Dir: filepath.Join(dataDir, "nats"), SyncAlways: f.syncAlways, Listen: f.listen}
+		if f.listen != "" {
+			if scfg.Token, err = natsToken(filepath.Join(dataDir, "nats.token")); err != nil {
+				return nil, nothing, err
+			}
+		}
+		srv, err = async.StartServer(scfg)
+		if err == nil && f.listen != "" {
+			fmt.Fprintf(os.Stderr, "NATS: %s (token in %s)\n", srv.ClientURL(), filepath.Join(dataDir, "nats.token"))
+		}
 		if err != nil {
 			return nil, nothing, err
 		}
@@ -113,6 +125,36 @@ func (f *asyncFlags) open(ctx context.Context, dataDir string, log *slog.Logger)
 		return nil, nothing, err
 	}
 	return q, closeAll, nil
+}
+
+// natsToken reads the embedded NATS server's token from path, making it
+// (256 random bits, mode 0600) at the first start.
+func natsToken(path string) (string, error) {
+	if tok, err := pki.ReadSecretFile(path); err == nil {
+		return tok, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("NATS token: %w", err)
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	tok := hex.EncodeToString(b[:])
+	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("NATS token: %w", err)
+	}
+	return tok, nil
+}
+
+// parseCIDRs reads a flag's address ranges.
+func parseCIDRs(flag string, ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range ss {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, usageError{fmt.Errorf("%s %q: want a CIDR range such as 127.0.0.0/8", flag, s)}
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 func newNATS(g *globals) *cobra.Command {

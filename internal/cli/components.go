@@ -39,6 +39,7 @@ type cpFlags struct {
 	tlsGenerate                     bool
 	dirigent, dirigentImages        string
 	dirigentKeepAlive               time.Duration
+	triggerNATSAllow                []string
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -62,6 +63,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringSliceVar(&f.tlsSANs, "tls-san", nil, "extra host names or IP addresses for the gRPC server's certificate and the certificates --tls-generate issues (repeatable)")
 	f.adminTLS.register(c, "", "the admin API")
 	fl.BoolVar(&f.tlsGenerate, "tls-generate", false, "serve the admin API (under brisk up, the invoke listener too) over HTTPS with a certificate issued at start from the cluster CA (SANs localhost, 127.0.0.1, ::1, the listen host, --tls-san); clients trust <data-dir>/ca.crt (--ca-cert, BRISK_CA_CERT)")
+	fl.StringSliceVar(&f.triggerNATSAllow, "trigger-nats-allow", nil, "address ranges (CIDR) the external NATS servers of triggers may be at besides public addresses; loopback, private, link-local and the like are refused unless listed, e.g. 10.0.0.0/8")
 	d := spec.DefaultCaps()
 	fl.IntVar(&f.caps.MaxScale, "max-scale", d.MaxScale, "the most sandboxes one function may have (scaling.min/max; also bounds an unbounded max)")
 	fl.IntVar(&f.caps.MaxConcurrency, "max-concurrency", d.MaxConcurrency, "the highest per-sandbox concurrency a spec may ask for")
@@ -108,10 +110,14 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if f.dirigentImages != controlplane.DirigentImagesTrace && f.dirigentImages != controlplane.DirigentImagesKeep {
 		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
 	}
+	natsAllow, err := parseCIDRs("--trigger-nats-allow", f.triggerNATSAllow)
+	if err != nil {
+		return controlplane.Config{}, err
+	}
 	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy, LoadBalancing: f.loadBalancing,
 		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages, DirigentKeepAlive: f.dirigentKeepAlive,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
-		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, Logger: log.With("component", "controlplane")}, nil
+		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, TriggerNATSAllow: natsAllow, Logger: log.With("component", "controlplane")}, nil
 }
 
 // loadCA gives cfg the cluster CA (none with --insecure-no-tls), creating
@@ -278,6 +284,7 @@ func usageOr(err error) error {
 
 func newControlPlane(g *globals) *cobra.Command {
 	f := &cpFlags{}
+	var af asyncFlags
 	var id, peers, adminTokenFile, joinTokenFile, deployTokenFile string
 	c := &cobra.Command{
 		Use:   "controlplane",
@@ -311,13 +318,22 @@ The admin API is plain HTTP unless given a certificate (--tls-cert and
 --tls-key) or told to issue itself one from the cluster CA at every start
 (--tls-generate; SANs: localhost, 127.0.0.1, ::1, the --admin host and
 --tls-san). Clients then trust <data-dir>/ca.crt: brisk --ca-cert FILE or
-BRISK_CA_CERT.`,
+BRISK_CA_CERT.
+
+Triggers (brisk trigger) queue their calls in the asynchronous queue: give
+the control plane the data planes' --nats flags, or triggers are refused.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := f.config(g)
 			if err != nil {
 				return err
 			}
+			q, closeQueue, err := af.open(c.Context(), "", cfg.Logger.With("component", "async"))
+			if err != nil {
+				return err
+			}
+			defer closeQueue()
+			cfg.Async = q
 			for _, t := range []struct {
 				flag, path string
 				dst        *string
@@ -388,6 +404,7 @@ BRISK_CA_CERT.`,
 		},
 	}
 	f.register(c)
+	af.register(c, false)
 	withConfigFile(c)
 	c.Flags().StringVar(&id, "id", "", "this replica's id in --peers")
 	c.Flags().StringVar(&peers, "peers", "", "every replica of an HA control plane: id=raft|admin|grpc,... (empty: run alone)")
@@ -614,6 +631,7 @@ server given with --nats.`,
 				return err
 			}
 			defer closeQueue()
+			cfg.Async = q
 			tracer, flush, err := tf.tracer(c.Context(), "brisk")
 			if err != nil {
 				return err

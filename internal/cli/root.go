@@ -82,7 +82,7 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 		"file holding the API token when --token is not given: brisk up writes the first admin token to <data-dir>/admin.token (env BRISK_TOKEN_FILE)")
 	pf.StringVar(&g.caCert, "ca-cert", os.Getenv(client.EnvCACert), "PEM CA certificate to trust, besides the system's roots, for https:// admin and invoke URLs, e.g. the cluster CA <data-dir>/ca.crt of a cluster run with --tls-generate (env BRISK_CA_CERT)")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newApply(g), newGet(g), newCalls(g), newNATS(g), newTraceFn(), newToken(g), newNamespace(g), newSecret(g), newImage(g), newNetBench(), newBench(g), newReplay(g), newSim(), newCA(g), newUI(g), newK8s(g))
+	root.AddCommand(newUp(g), newControlPlane(g), newDataPlane(g), newGateway(g), newWorker(g), newFn(g), newInvoke(g), newStatus(g), newBackup(g), newApply(g), newGet(g), newCalls(g), newNATS(g), newTraceFn(), newToken(g), newNamespace(g), newSecret(g), newTrigger(g), newImage(g), newNetBench(), newBench(g), newReplay(g), newSim(), newCA(g), newUI(g), newK8s(g))
 	return root
 }
 

@@ -71,6 +71,12 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/secrets/{name}", cp.getSecret)
 	mux.HandleFunc("PUT /v1/secrets/{name}", cp.updateSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{name}", cp.deleteSecret)
+	mux.HandleFunc("POST /v1/triggers", cp.createTrigger)
+	mux.HandleFunc("GET /v1/triggers", cp.listTriggers)
+	mux.HandleFunc("GET /v1/triggers/{name}", cp.getTrigger)
+	mux.HandleFunc("DELETE /v1/triggers/{name}", cp.deleteTrigger)
+	mux.HandleFunc("POST /v1/triggers/{name}/pause", cp.pauseTrigger)
+	mux.HandleFunc("POST /v1/triggers/{name}/resume", cp.resumeTrigger)
 	mux.HandleFunc("POST /v1/tokens", cp.createToken)
 	mux.HandleFunc("GET /v1/tokens", cp.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", cp.revokeToken)
@@ -447,7 +453,8 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+	ns := cp.namespaceOfFn(name)
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, name) {
 		return
 	}
 	l := cp.nameLock(name)
@@ -469,6 +476,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 		cp.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
 	}
 	cp.dropUnusedCode(code)
+	cp.deleteFunctionTriggers(ns, name)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -490,6 +498,7 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
+	v.Status.Triggers = cp.functionTriggers(namespaceOf(v.Function), name)
 	writeJSON(w, http.StatusOK, v)
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
@@ -25,6 +27,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/rpc"
+	"github.com/brisk-faas/brisk/internal/trigger"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -117,6 +120,13 @@ type Config struct {
 	TLSSANs []string
 	// AdminTLS, when set, serves the admin API over HTTPS.
 	AdminTLS *tls.Config
+	// Async, when set, is the asynchronous queue triggers queue their
+	// calls in, and its NATS connection the one NATS triggers without a
+	// URL subscribe on (docs/triggers.md). Nil: triggers are refused.
+	Async *async.Queue
+	// TriggerNATSAllow lists address ranges external NATS servers of
+	// triggers may be at besides public addresses.
+	TriggerNATSAllow []netip.Prefix
 }
 
 func (c *Config) defaults() {
@@ -204,6 +214,12 @@ type ControlPlane struct {
 	// runs (traffic.go).
 	splitMu sync.Mutex
 	splits  map[string]map[string]bool
+	// triggers runs the triggers while this control plane runs (nil
+	// without Config.Async); triggerRecs is the registry's triggers by
+	// key, written under triggerMu (triggers.go).
+	triggers    *trigger.Runner
+	triggerMu   sync.Mutex
+	triggerRecs map[string]*store.Trigger
 }
 
 // New validates the config; it opens and starts nothing.
@@ -275,6 +291,14 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	if err := cp.loadTokens(); err != nil {
+		return err
+	}
+	if cp.cfg.Async != nil {
+		cp.triggers = trigger.New(trigger.Config{Queue: cp.cfg.Async, NATS: cp.cfg.Async.Conn(), Secret: cp.secretValue, Record: cp.recordTick,
+			OutboundAllow: cp.cfg.TriggerNATSAllow, Logger: cp.log.With("component", "triggers")})
+		cp.metrics.reg.MustRegister(cp.triggers)
+	}
+	if err := cp.loadTriggers(); err != nil {
 		return err
 	}
 
@@ -362,6 +386,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { cp.every(gctx, cp.cfg.TickInterval, cp.cluster.tick); return nil })
 	g.Go(func() error { cp.every(gctx, time.Second, cp.cluster.sampleLoad); return nil })
+	g.Go(func() error { cp.runTriggers(gctx); return nil })
 	g.Go(func() error {
 		t := time.NewTimer(cp.cfg.StartupGrace)
 		defer t.Stop()

@@ -66,6 +66,9 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	} else if !async.ValidID(callID[0]) {
 		d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "X-Call-Id %q: an asynchronous call's id must be 1-64 letters, digits, '-' or '_'", callID[0]))
 		return
+	} else if strings.HasPrefix(callID[0], async.TriggerIDPrefix) {
+		d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "X-Call-Id %q: ids starting %q are the triggers' own", callID[0], async.TriggerIDPrefix))
+		return
 	} else {
 		callID = callID[:1:1]
 	}

@@ -70,6 +70,8 @@ type FunctionStatus struct {
 	// Traffic is the function's split as it runs (none: every call to
 	// the current revision).
 	Traffic []TrafficStatus `json:"traffic,omitempty"`
+	// Triggers are the triggers that call it (docs/triggers.md).
+	Triggers []TriggerRef `json:"triggers,omitempty"`
 }
 
 // Policies are a function's effective policies (docs/policies.md).
@@ -300,4 +302,32 @@ type LogLine struct {
 	Node     string    `json:"node"`
 	Time     time.Time `json:"time"`
 	Text     string    `json:"text"`
+}
+
+// TriggerView is a trigger as the admin API shows it: its spec and what
+// it has done (counts since this control plane became leader).
+type TriggerView struct {
+	spec.Trigger
+	Status TriggerStatus `json:"status"`
+}
+
+// TriggerStatus is a trigger's state.
+type TriggerStatus struct {
+	// State: "active", "paused", or "failing" (its last firing or
+	// subscription failed: LastError says why).
+	State string `json:"state"`
+	// LastTick is the last scheduled tick fired (cron); Next the next one.
+	LastTick time.Time `json:"last_tick,omitzero"`
+	Next     time.Time `json:"next,omitzero"`
+	// Fired counts calls queued, Failed firings that could not be.
+	Fired     uint64 `json:"fired"`
+	Failed    uint64 `json:"failed"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// TriggerRef names a trigger of a function (GET /v1/functions/NAME).
+type TriggerRef struct {
+	Name   string `json:"name"`
+	Kind   string `json:"kind"`
+	Paused bool   `json:"paused,omitempty"`
 }

@@ -456,6 +456,61 @@ func (c *Client) DeleteSecret(ctx context.Context, namespace, name string) error
 	return c.do(ctx, http.MethodDelete, "/v1/secrets/"+url.PathEscape(name)+nsQuery(namespace), nil, nil)
 }
 
+// CreateTrigger creates a trigger (docs/triggers.md) in t.Namespace ("" =
+// the token's or the default namespace) for a function of that namespace.
+func (c *Client) CreateTrigger(ctx context.Context, t spec.Trigger) (*api.TriggerView, error) {
+	var out api.TriggerView
+	err := c.do(ctx, http.MethodPost, "/v1/triggers", t, &out)
+	return &out, err
+}
+
+// Triggers lists the triggers of namespace ("" = every namespace the token
+// sees), of function fn only when fn is not "".
+func (c *Client) Triggers(ctx context.Context, namespace, fn string) ([]api.TriggerView, error) {
+	q := url.Values{}
+	if namespace != "" {
+		q.Set("namespace", namespace)
+	}
+	if fn != "" {
+		q.Set("function", fn)
+	}
+	path := "/v1/triggers"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out []api.TriggerView
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// Trigger returns one trigger with its status.
+func (c *Client) Trigger(ctx context.Context, namespace, name string) (*api.TriggerView, error) {
+	var out api.TriggerView
+	err := c.do(ctx, http.MethodGet, "/v1/triggers/"+url.PathEscape(name)+nsQuery(namespace), nil, &out)
+	return &out, err
+}
+
+// DeleteTrigger deletes a trigger (a JetStream trigger's durable consumer
+// with it).
+func (c *Client) DeleteTrigger(ctx context.Context, namespace, name string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/triggers/"+url.PathEscape(name)+nsQuery(namespace), nil, nil)
+}
+
+// PauseTrigger stops a trigger firing until ResumeTrigger; a resumed cron
+// trigger fires from its next tick on.
+func (c *Client) PauseTrigger(ctx context.Context, namespace, name string) (*api.TriggerView, error) {
+	var out api.TriggerView
+	err := c.do(ctx, http.MethodPost, "/v1/triggers/"+url.PathEscape(name)+"/pause"+nsQuery(namespace), nil, &out)
+	return &out, err
+}
+
+// ResumeTrigger undoes PauseTrigger.
+func (c *Client) ResumeTrigger(ctx context.Context, namespace, name string) (*api.TriggerView, error) {
+	var out api.TriggerView
+	err := c.do(ctx, http.MethodPost, "/v1/triggers/"+url.PathEscape(name)+"/resume"+nsQuery(namespace), nil, &out)
+	return &out, err
+}
+
 func nsQuery(ns string) string {
 	if ns == "" {
 		return ""

@@ -35,6 +35,9 @@ const (
 	opDeleteRevisions
 	opPutCode
 	opDeleteCode
+	opCreateTrigger
+	opUpdateTrigger
+	opDeleteTrigger
 )
 
 // command is one raft log entry. Value is the record's JSON as the writer
@@ -57,6 +60,7 @@ type fsm struct {
 	tokens     map[string]json.RawMessage
 	namespaces map[string]json.RawMessage
 	secrets    map[string]json.RawMessage
+	triggers   map[string]json.RawMessage
 	// revisions: function name -> RevisionKey -> spec, at most
 	// store.MaxRevisions per function.
 	revisions map[string]map[string]json.RawMessage
@@ -74,6 +78,7 @@ func newFSM() *fsm {
 		tokens:     map[string]json.RawMessage{},
 		namespaces: map[string]json.RawMessage{},
 		secrets:    map[string]json.RawMessage{},
+		triggers:   map[string]json.RawMessage{},
 		revisions:  map[string]map[string]json.RawMessage{},
 		code:       map[string]json.RawMessage{},
 	}
@@ -155,6 +160,12 @@ func (f *fsm) applyLocked(l *raft.Log) any {
 		}
 	case opDeleteCode:
 		return remove(f.code, "code", c)
+	case opCreateTrigger:
+		return create(f.triggers, "trigger", c)
+	case opUpdateTrigger:
+		return update(f.triggers, "trigger", c)
+	case opDeleteTrigger:
+		return remove(f.triggers, "trigger", c)
 	default:
 		// A newer replica wrote an op this binary does not know. Every
 		// replica of this version skips it the same way.
@@ -217,6 +228,7 @@ type snapshotData struct {
 	Secrets    map[string]json.RawMessage            `json:"secrets,omitempty"`
 	Revisions  map[string]map[string]json.RawMessage `json:"revisions,omitempty"`
 	Code       map[string]json.RawMessage            `json:"code,omitempty"`
+	Triggers   map[string]json.RawMessage            `json:"triggers,omitempty"`
 }
 
 // Snapshot copies the maps (not the immutable records) so Persist can write
@@ -233,6 +245,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Secrets:    maps.Clone(f.secrets),
 		Revisions:  cloneRevisions(f.revisions),
 		Code:       maps.Clone(f.code),
+		Triggers:   maps.Clone(f.triggers),
 	}}, nil
 }
 
@@ -267,8 +280,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if d.Code == nil {
 		d.Code = map[string]json.RawMessage{}
 	}
+	if d.Triggers == nil {
+		d.Triggers = map[string]json.RawMessage{}
+	}
 	f.mu.Lock()
-	f.revisions, f.code = d.Revisions, d.Code
+	f.revisions, f.code, f.triggers = d.Revisions, d.Code, d.Triggers
 	f.functions, f.workers, f.dataplanes, f.tokens, f.namespaces, f.secrets = d.Functions, d.Workers, d.DataPlanes, d.Tokens, d.Namespaces, d.Secrets
 	f.mu.Unlock()
 	return nil

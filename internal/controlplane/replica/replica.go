@@ -542,6 +542,22 @@ func (r *Registry) Secrets() ([]*store.Secret, error) {
 	return decodeAll[store.Secret](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.secrets }), "secret")
 }
 
+// CreateTrigger stores a new trigger; ErrExists if its name is taken.
+func (r *Registry) CreateTrigger(t *store.Trigger) error { return r.put(opCreateTrigger, t.Key(), t) }
+
+// UpdateTrigger replaces a trigger; ErrNotFound if absent.
+func (r *Registry) UpdateTrigger(t *store.Trigger) error { return r.put(opUpdateTrigger, t.Key(), t) }
+
+// DeleteTrigger removes namespace's trigger name; ErrNotFound if absent.
+func (r *Registry) DeleteTrigger(namespace, name string) error {
+	return r.apply(command{Op: opDeleteTrigger, Key: store.TriggerKey(namespace, name)})
+}
+
+// Triggers returns every trigger this replica has applied, by key.
+func (r *Registry) Triggers() ([]*store.Trigger, error) {
+	return decodeAll[store.Trigger](r.fsm.records(func(f *fsm) map[string]json.RawMessage { return f.triggers }), "trigger")
+}
+
 // PutRevision keeps a replaced spec in its function's history.
 func (r *Registry) PutRevision(f *spec.Function) error {
 	return r.put(opPutRevision, store.RevisionKey(f.Name, f.Revision), f)

@@ -31,6 +31,12 @@ type Registry interface {
 	UpdateSecret(s *Secret) error
 	DeleteSecret(namespace, name string) error
 	Secrets() ([]*Secret, error)
+	// CreateTrigger, UpdateTrigger (ErrNotFound if absent), DeleteTrigger
+	// and Triggers keep triggers by namespace and name.
+	CreateTrigger(t *Trigger) error
+	UpdateTrigger(t *Trigger) error
+	DeleteTrigger(namespace, name string) error
+	Triggers() ([]*Trigger, error)
 	// PutRevision keeps a replaced spec in its function's history (at most
 	// MaxRevisions); Revisions lists it oldest first.
 	PutRevision(f *spec.Function) error

@@ -37,6 +37,7 @@ var (
 	bucketSecrets    = []byte("secrets")
 	bucketRevisions  = []byte("revisions")
 	bucketCode       = []byte("code")
+	bucketTriggers   = []byte("triggers")
 )
 
 // Worker is the durable record of a worker node.
@@ -102,6 +103,22 @@ func (s *Secret) Key() string { return SecretKey(s.Namespace, s.Name) }
 // SecretKey is the registry key of namespace's secret name.
 func SecretKey(namespace, name string) string { return namespace + "/" + name }
 
+// Trigger is the durable record of a trigger (spec.Trigger) and how far
+// it has fired.
+type Trigger struct {
+	spec.Trigger
+	// LastTick is the last cron tick whose call the queue accepted (or,
+	// for a trigger not yet fired or just resumed, the time from which
+	// its ticks count).
+	LastTick time.Time `json:"last_tick,omitzero"`
+}
+
+// Key is the trigger's registry key: names are unique per namespace.
+func (t *Trigger) Key() string { return TriggerKey(spec.TriggerNamespace(&t.Trigger), t.Name) }
+
+// TriggerKey is the registry key of namespace's trigger name.
+func TriggerKey(namespace, name string) string { return namespace + "/" + name }
+
 // Store is a bbolt-backed registry. It is safe for concurrent use; concurrent
 // writes are group-committed: one write-ahead-log fsync for many writers.
 type Store struct {
@@ -165,10 +182,11 @@ const (
 	bSecrets
 	bRevisions
 	bCode
+	bTriggers
 )
 
 var (
-	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets, bRevisions: bucketRevisions, bCode: bucketCode}
+	buckets    = [][]byte{bFunctions: bucketFunctions, bWorkers: bucketWorkers, bDataPlanes: bucketDataPlanes, bTokens: bucketTokens, bNamespaces: bucketNamespaces, bSecrets: bucketSecrets, bRevisions: bucketRevisions, bCode: bucketCode, bTriggers: bucketTriggers}
 	bucketMeta = []byte("meta")
 	keyLogSeq  = []byte("wal_seq") // last log record bbolt holds
 )
@@ -536,6 +554,32 @@ func (s *Store) DeleteSecret(namespace, name string) error {
 
 // Secrets returns every stored secret, by namespace and name.
 func (s *Store) Secrets() ([]*Secret, error) { return records[Secret](s, bucketSecrets) }
+
+// CreateTrigger stores a new trigger; ErrExists if its name is taken in
+// its namespace.
+func (s *Store) CreateTrigger(t *Trigger) error { return s.create(bTriggers, "trigger", t.Key(), t) }
+
+// UpdateTrigger replaces a stored trigger; ErrNotFound if absent.
+func (s *Store) UpdateTrigger(t *Trigger) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return s.update(func(tx *txn) error {
+		if tx.get(bTriggers, []byte(t.Key())) == nil {
+			return fmt.Errorf("trigger %q: %w", t.Key(), ErrNotFound)
+		}
+		return tx.put(bTriggers, []byte(t.Key()), data)
+	})
+}
+
+// DeleteTrigger removes namespace's trigger name; ErrNotFound if absent.
+func (s *Store) DeleteTrigger(namespace, name string) error {
+	return s.remove(bTriggers, "trigger", TriggerKey(namespace, name))
+}
+
+// Triggers returns every stored trigger, by namespace and name.
+func (s *Store) Triggers() ([]*Trigger, error) { return records[Trigger](s, bucketTriggers) }
 
 // MaxRevisions is how many replaced revisions of a function are kept.
 const MaxRevisions = 20

@@ -1,0 +1,352 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/trigger"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// Triggers (docs/triggers.md) are registry records like secrets, keyed by
+// namespace and name. The control plane keeps a copy of them (triggerRecs)
+// and, when it has the async queue (Config.Async), runs them with a
+// trigger.Runner for as long as it runs: on an HA control plane, only the
+// leader does. A trigger is written under its function's name lock, so a
+// trigger cannot be created for a function being deleted, and it is
+// deleted with its function.
+
+// maxTriggerBody bounds a trigger request: the payload and the rest.
+const maxTriggerBody = spec.MaxTriggerPayload + 64<<10
+
+// loadTriggers reads the registry's triggers and gives them to the runner.
+func (cp *ControlPlane) loadTriggers() error {
+	recs, err := cp.store.Triggers()
+	if err != nil {
+		return err
+	}
+	cp.triggerMu.Lock()
+	defer cp.triggerMu.Unlock()
+	cp.triggerRecs = make(map[string]*store.Trigger, len(recs))
+	for _, t := range recs {
+		cp.triggerRecs[t.Key()] = t
+		if cp.triggers != nil {
+			cp.triggers.Put(trigger.Entry{Trigger: t.Trigger, LastTick: t.LastTick})
+		}
+	}
+	return nil
+}
+
+// recordTick persists the last tick a cron trigger fired (the runner's
+// Record).
+func (cp *ControlPlane) recordTick(key string, tick time.Time) error {
+	cp.triggerMu.Lock()
+	defer cp.triggerMu.Unlock()
+	old := cp.triggerRecs[key]
+	if old == nil {
+		return nil // deleted meanwhile
+	}
+	rec := *old
+	rec.LastTick = tick
+	if err := cp.store.UpdateTrigger(&rec); err != nil {
+		return err
+	}
+	cp.triggerRecs[key] = &rec
+	return nil
+}
+
+// secretValue is a secret's value for the runner (NATS credentials).
+func (cp *ControlPlane) secretValue(ns, name string) ([]byte, bool) {
+	s := cp.cluster.secret(ns, name)
+	if s == nil {
+		return nil, false
+	}
+	return s.Value, true
+}
+
+func newTriggerUID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// triggerView is a trigger with its status.
+func (cp *ControlPlane) triggerView(t *store.Trigger) api.TriggerView {
+	v := api.TriggerView{Trigger: t.Trigger}
+	if v.Namespace == "" {
+		v.Namespace = spec.DefaultNamespace
+	}
+	if cp.triggers != nil {
+		v.Status = cp.triggers.Status(t.Key())
+	} else {
+		v.Status = api.TriggerStatus{State: "failing", LastError: "this control plane has no asynchronous queue (--nats): triggers do not fire"}
+	}
+	if v.Status.LastTick.IsZero() && t.Cron != nil {
+		v.Status.LastTick = t.LastTick
+	}
+	return v
+}
+
+// triggerNamespace is the namespace a trigger request addresses: the
+// query's or the body's, else the token's own, else the default one.
+func (cp *ControlPlane) triggerNamespace(r *http.Request, body string) string {
+	return cp.secretNamespace(r, body)
+}
+
+func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
+	var t spec.Trigger
+	if !readJSONLimit(w, r, &t, maxTriggerBody) {
+		return
+	}
+	ns := cp.triggerNamespace(r, t.Namespace)
+	t.Namespace = ns
+	if err := t.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
+		return
+	}
+	if cp.cfg.Async == nil {
+		writeError(w, http.StatusNotImplemented, "triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats, as the data planes')")
+		return
+	}
+	if !cp.namespaceExists(ns) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: namespace %q does not exist", ns))
+		return
+	}
+	l := cp.nameLock(t.Function)
+	l.Lock()
+	defer l.Unlock()
+	c := cp.cluster
+	c.mu.Lock()
+	f := c.r.Spec(t.Function)
+	c.mu.Unlock()
+	if f == nil || namespaceOf(f) != ns {
+		// The same answer for a function of another namespace: names do
+		// not leak.
+		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
+		return
+	}
+	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
+		return
+	}
+	now := time.Now().UTC()
+	t.UID, t.FunctionUID, t.CreatedAt = newTriggerUID(), f.UID, now
+	rec := &store.Trigger{Trigger: t, LastTick: now}
+	cp.triggerMu.Lock()
+	defer cp.triggerMu.Unlock()
+	if cp.triggerRecs[rec.Key()] != nil {
+		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
+		return
+	}
+	n := 0
+	for _, o := range cp.triggerRecs {
+		if spec.TriggerNamespace(&o.Trigger) == ns {
+			n++
+		}
+	}
+	if n+1 > spec.MaxTriggersPerNamespace {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: triggers %d is above the limit %d", ns, n+1, spec.MaxTriggersPerNamespace))
+		return
+	}
+	if err := cp.store.CreateTrigger(rec); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
+			return
+		}
+		writeStoreError(w, "storing the trigger: ", err)
+		return
+	}
+	cp.triggerRecs[rec.Key()] = rec
+	if cp.triggers != nil {
+		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+	}
+	w.Header().Set("Location", "/v1/triggers/"+t.Name+"?namespace="+ns)
+	writeJSON(w, http.StatusCreated, cp.triggerView(rec))
+}
+
+// lookupTrigger finds the trigger a request names and checks the token
+// may manage it; on failure it has answered (404 for another tenant's
+// trigger too).
+func (cp *ControlPlane) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
+	name := r.PathValue("name")
+	ns := cp.triggerNamespace(r, "")
+	cp.triggerMu.Lock()
+	t := cp.triggerRecs[store.TriggerKey(ns, name)]
+	cp.triggerMu.Unlock()
+	fn := ""
+	if t != nil {
+		fn = t.Function
+	}
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, fn) {
+		return nil, false
+	}
+	if t == nil {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
+		return nil, false
+	}
+	return t, true
+}
+
+func (cp *ControlPlane) getTrigger(w http.ResponseWriter, r *http.Request) {
+	if t, ok := cp.lookupTrigger(w, r); ok {
+		writeJSON(w, http.StatusOK, cp.triggerView(t))
+	}
+}
+
+// listTriggers answers the triggers of ?namespace= (default: the token's
+// namespace, or every namespace for a token bound to none), of
+// ?function= if given, that the token may manage.
+func (cp *ControlPlane) listTriggers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ns := q.Get("namespace")
+	fn := q.Get("function")
+	visible := func(*store.Trigger) bool { return true }
+	if !cp.cfg.AuthDisabled {
+		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if ns == "" {
+			ns = auth.NamespaceOf(cp.tokens, tok)
+		}
+		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
+			return
+		}
+		visible = func(t *store.Trigger) bool {
+			return auth.Check(cp.tokens, tok, auth.ScopeDeploy, spec.TriggerNamespace(&t.Trigger), t.Function) == nil
+		}
+	}
+	cp.triggerMu.Lock()
+	recs := make([]*store.Trigger, 0, len(cp.triggerRecs))
+	for _, t := range cp.triggerRecs {
+		if (ns == "" || spec.TriggerNamespace(&t.Trigger) == ns) && (fn == "" || t.Function == fn) && visible(t) {
+			recs = append(recs, t)
+		}
+	}
+	cp.triggerMu.Unlock()
+	slices.SortFunc(recs, func(a, b *store.Trigger) int { return strings.Compare(a.Key(), b.Key()) })
+	out := make([]api.TriggerView, len(recs))
+	for i, t := range recs {
+		out[i] = cp.triggerView(t)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (cp *ControlPlane) deleteTrigger(w http.ResponseWriter, r *http.Request) {
+	t, ok := cp.lookupTrigger(w, r)
+	if !ok {
+		return
+	}
+	cp.triggerMu.Lock()
+	err := cp.store.DeleteTrigger(spec.TriggerNamespace(&t.Trigger), t.Name)
+	if err == nil || errors.Is(err, store.ErrNotFound) {
+		delete(cp.triggerRecs, t.Key())
+	}
+	cp.triggerMu.Unlock()
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		writeStoreError(w, "deleting the trigger: ", err)
+		return
+	}
+	if cp.triggers != nil {
+		cp.triggers.Remove(t.Key())
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pauseTrigger and resumeTrigger set a trigger's Paused; a resumed cron
+// trigger's ticks count from the resumption.
+func (cp *ControlPlane) pauseTrigger(w http.ResponseWriter, r *http.Request) {
+	cp.setPaused(w, r, true)
+}
+func (cp *ControlPlane) resumeTrigger(w http.ResponseWriter, r *http.Request) {
+	cp.setPaused(w, r, false)
+}
+
+func (cp *ControlPlane) setPaused(w http.ResponseWriter, r *http.Request, paused bool) {
+	t, ok := cp.lookupTrigger(w, r)
+	if !ok {
+		return
+	}
+	cp.triggerMu.Lock()
+	cur := cp.triggerRecs[t.Key()]
+	if cur == nil {
+		cp.triggerMu.Unlock()
+		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", t.Name, spec.TriggerNamespace(&t.Trigger)))
+		return
+	}
+	rec := *cur
+	changed := rec.Paused != paused
+	if changed {
+		rec.Paused = paused
+		if !paused {
+			rec.LastTick = time.Now().UTC()
+		}
+		if err := cp.store.UpdateTrigger(&rec); err != nil {
+			cp.triggerMu.Unlock()
+			writeStoreError(w, "storing the trigger: ", err)
+			return
+		}
+		cp.triggerRecs[rec.Key()] = &rec
+	}
+	cp.triggerMu.Unlock()
+	if changed && cp.triggers != nil {
+		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+	}
+	writeJSON(w, http.StatusOK, cp.triggerView(&rec))
+}
+
+// deleteFunctionTriggers deletes the triggers of a deleted function; the
+// caller holds its name lock.
+func (cp *ControlPlane) deleteFunctionTriggers(ns, fn string) {
+	cp.triggerMu.Lock()
+	var gone []string
+	for k, t := range cp.triggerRecs {
+		if t.Function != fn || spec.TriggerNamespace(&t.Trigger) != ns {
+			continue
+		}
+		if err := cp.store.DeleteTrigger(ns, t.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			cp.log.Warn("trigger of a deleted function not deleted", "trigger", k, "err", err)
+			continue
+		}
+		delete(cp.triggerRecs, k)
+		gone = append(gone, k)
+	}
+	cp.triggerMu.Unlock()
+	for _, k := range gone {
+		if cp.triggers != nil {
+			cp.triggers.Remove(k)
+		}
+	}
+}
+
+// functionTriggers lists the triggers of function fn of namespace ns.
+func (cp *ControlPlane) functionTriggers(ns, fn string) []api.TriggerRef {
+	cp.triggerMu.Lock()
+	defer cp.triggerMu.Unlock()
+	var out []api.TriggerRef
+	for _, t := range cp.triggerRecs {
+		if t.Function == fn && spec.TriggerNamespace(&t.Trigger) == ns {
+			out = append(out, api.TriggerRef{Name: t.Name, Kind: t.Kind(), Paused: t.Paused})
+		}
+	}
+	slices.SortFunc(out, func(a, b api.TriggerRef) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// runTriggers starts the runner over the loaded triggers until ctx ends.
+func (cp *ControlPlane) runTriggers(ctx context.Context) {
+	if cp.triggers != nil {
+		cp.triggers.Run(ctx)
+	}
+}
