@@ -38,7 +38,8 @@ const DefaultMaxPayload = 8 << 20
 
 // Server is an embedded NATS server.
 type Server struct {
-	ns *server.Server
+	ns    *server.Server
+	token string
 }
 
 // StartServer starts a NATS server with JetStream storing under cfg.Dir and
@@ -91,13 +92,17 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ns.Shutdown()
 		return nil, errors.New("async: embedded nats server did not start within 30s")
 	}
-	return &Server{ns: ns}, nil
+	return &Server{ns: ns, token: cfg.Token}, nil
 }
 
 // Connect opens a client connection to the server: in-process when it has
 // no listener.
 func (s *Server) Connect(name string) (*nats.Conn, error) {
-	return nats.Connect("", nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1))
+	opts := []nats.Option{nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1)}
+	if s.token != "" { // in-process clients authenticate too
+		opts = append(opts, nats.Token(s.token))
+	}
+	return nats.Connect("", opts...)
 }
 
 // ClientURL is the address clients in other processes dial ("" without a

@@ -195,6 +195,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	return err
 }
 
+// callsPath is the data planes' asynchronous-call API (brisk calls).
+const callsPath = "/v1/calls"
+
 func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	name, byPath := functionOf(r)
 	if byPath && name != "" || !byPath && httpx.NamesFunction(name) {
@@ -202,6 +205,12 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !byPath {
+		if r.URL.Path == callsPath || strings.HasPrefix(r.URL.Path, callsPath+"/") {
+			// Every data plane serves the one queue's calls: the one
+			// this fixed key hashes to (or the next up) will do.
+			g.forward(w, r, callsPath)
+			return
+		}
 		switch r.URL.Path {
 		case "/healthz":
 			w.Header()["Content-Type"] = hdrText

@@ -97,7 +97,7 @@ func submitAll(t *testing.T, urls []string, fn, body, callback string, n int) []
 	return accepted
 }
 
-func waitListening(t *testing.T, addr string) {
+func waitListening(t testing.TB, addr string) {
 	eventually(t, 30*time.Second, "a listener on "+addr, func() bool {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {

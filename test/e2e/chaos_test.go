@@ -55,6 +55,9 @@ type haOptions struct {
 	workers    int      // worker processes; default 3
 	workerArgs []string // extra flags per worker; default process runtime, 4 CPUs
 	nodeGrace  string   // default 2s
+	// nats runs a NATS server (brisk nats) that the data planes and the
+	// control planes share: asynchronous calls and triggers.
+	nats bool
 }
 
 func newHACluster(t testing.TB, o haOptions) *haCluster {
@@ -87,6 +90,17 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 	// 2 s is fenced and its sandboxes replaced.
 	h.commonCP = []string{"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s",
 		"--node-grace", o.nodeGrace, "--log-level", "info"}
+	var natsArgs []string
+	if o.nats {
+		addr, tokFile := freePort(t), filepath.Join(t.TempDir(), "nats.token")
+		if err := os.WriteFile(tokFile, []byte("e2e-nats-secret\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		startBrisk(t, "nats", "--listen", addr, "--token-file", tokFile, "--data-dir", t.TempDir())
+		waitListening(t, addr)
+		natsArgs = []string{"--nats", "nats://" + addr, "--nats-token-file", tokFile}
+		h.commonCP = append(h.commonCP, natsArgs...)
+	}
 	// The replicas share one cluster CA, made before their first start.
 	ca := startBrisk(t, "ca", "init", "--data-dir", h.cps[0].dir)
 	<-ca.done
@@ -107,7 +121,7 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 	join := joinArgs(t, dirs...)
 	for i := range 2 {
 		d := &haProc{id: fmt.Sprintf("dp%d", i+1), addr: freePort(t)}
-		d.args = append([]string{"dataplane", "--id", d.id, "--invoke", d.addr, "--controlplane", h.cpGRPC, "--state-dir", t.TempDir()}, join...)
+		d.args = append(append([]string{"dataplane", "--id", d.id, "--invoke", d.addr, "--controlplane", h.cpGRPC, "--state-dir", t.TempDir()}, join...), natsArgs...)
 		d.p = startBrisk(t, d.args...)
 		h.dps = append(h.dps, d)
 	}
