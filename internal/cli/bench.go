@@ -232,7 +232,7 @@ docs/benchmarks.md.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g), newBenchHTTP(), newBenchModes(g), newBenchAsync(g))
+	c.AddCommand(newBenchWarm(g), newBenchCold(g), newBenchRegister(g), newBenchScale(g), newBenchHTTP(), newBenchModes(g), newBenchAsync(g), newBenchTriggers(g))
 	return c
 }
 

@@ -167,7 +167,7 @@ func (r *Runner) deliverStored(ctx context.Context, j *job, m jetstream.Msg) {
 		j.stats.fail(err)
 		return
 	}
-	id := messageCallID(j.e.Trigger.UID, md.Sequence.Stream)
+	id := MessageCallID(j.e.Trigger.UID, md.Sequence.Stream)
 	err = r.submitMessage(ctx, j, id, true, m.Subject(), m.Headers(), m.Data())
 	switch {
 	case err == nil:

@@ -352,8 +352,9 @@ func CronCallID(uid string, tick time.Time) string {
 	return CallIDPrefix + uid + "-" + strconv.FormatInt(tick.Unix(), 10)
 }
 
-// messageCallID is the id of a call made of a JetStream message.
-func messageCallID(uid string, seq uint64) string {
+// MessageCallID is the id of the call made of a JetStream trigger's
+// message seq (its stream sequence).
+func MessageCallID(uid string, seq uint64) string {
 	return CallIDPrefix + uid + "-m" + strconv.FormatUint(seq, 10)
 }
 

@@ -384,21 +384,21 @@ func TestJetStreamTriggerIsDurable(t *testing.T) {
 	run(t, b)
 	testutil.Eventually(t, 30*time.Second, func() bool { c, _ := rg.rec.total(); return c == 300 }, "the messages published meanwhile called")
 	for seq := uint64(1); seq <= 300; seq++ {
-		if n := rg.rec.ran(messageCallID("ujs", seq)); n != 1 {
+		if n := rg.rec.ran(MessageCallID("ujs", seq)); n != 1 {
 			t.Fatalf("message %d ran %d times", seq, n)
 		}
 	}
 	// Delivered again (a crash between queueing and acknowledging): the
 	// same id, stored once.
 	j := &job{e: e, stats: &stats{}}
-	if err := b.submitMessage(ctx, j, messageCallID("ujs", 7), true, "default.js.new", nil, []byte{7}); err != nil {
+	if err := b.submitMessage(ctx, j, MessageCallID("ujs", 7), true, "default.js.new", nil, []byte{7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.submitMessage(ctx, j, messageCallID("ujs", 301), true, "default.js.new", nil, nil); err != nil {
+	if err := b.submitMessage(ctx, j, MessageCallID("ujs", 301), true, "default.js.new", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return rg.rec.ran(messageCallID("ujs", 301)) == 1 }, "a later call")
-	if n := rg.rec.ran(messageCallID("ujs", 7)); n != 1 {
+	testutil.Eventually(t, 10*time.Second, func() bool { return rg.rec.ran(MessageCallID("ujs", 301)) == 1 }, "a later call")
+	if n := rg.rec.ran(MessageCallID("ujs", 7)); n != 1 {
 		t.Errorf("message 7 submitted again ran %d times in all, want 1", n)
 	}
 }

@@ -137,7 +137,7 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 	}
 	cl, err := local.New(local.Config{
 		ControlPlane: controlplane.Config{DataDir: filepath.Join(dir, "cp"), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-			Logger: log.With("component", "controlplane")},
+			Async: c.queue, Logger: log.With("component", "controlplane")},
 		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Async: c.queue, Logger: log.With("component", "dataplane")},
 		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
 			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true, EmergencySlots: o.EmergencySlots},
