@@ -158,7 +158,9 @@ func cronPhase(ctx context.Context, c *Cluster, o *Options, cfg TriggersConfig, 
 	for i := range cfg.Functions {
 		name := fmt.Sprintf("bench-cron-%s-%d", id, i)
 		names = append(names, name)
-		fns = append(fns, &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 1}})
+		// A small request: a 2-core node of the process runtime holds them all.
+		fns = append(fns, &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 1},
+			Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}})
 	}
 	defer cleanup(c, o, names)
 	o.logf("cron: registering %d warm functions", len(fns))
