@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -17,7 +18,7 @@ func newApply(g *globals) *cobra.Command {
 	var file string
 	c := &cobra.Command{
 		Use:   "apply -f FILE",
-		Short: "Create or update functions from Knative Service YAML (serving.knative.dev/v1)",
+		Short: "Create or update functions from Knative Service YAML (serving.knative.dev/v1), and cron triggers from PingSources",
 		Long: `Create or update a function for each Knative Service in FILE (several
 documents separated by ---; - reads stdin), as kubectl apply would give
 Knative: the container's image, env, port and resources,
@@ -26,7 +27,11 @@ annotations min-scale, max-scale, target, target-utilization-percentage,
 window and metric (concurrency). brisk's own annotations: brisk.dev/builtin
 (run a built-in function such as trace instead of the image) and
 brisk.dev/public ("true": calls need no token). An existing function's spec
-is replaced. See docs/compatibility.md.`,
+is replaced. A PingSource (sources.knative.dev/v1) whose sink is a Service
+becomes a cron trigger of that function (schedule, timezone, data or
+dataBase64, contentType; its calls are CloudEvents as PingSource sends
+them); an existing one is replaced. See docs/compatibility.md and
+docs/triggers.md.`,
 		Example: "  brisk apply -f service.yaml\n  brisk get hello -o yaml",
 		Args:    exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -43,12 +48,12 @@ is replaced. See docs/compatibility.md.`,
 			if err != nil {
 				return usageError{err}
 			}
-			fns, err := knative.Parse(data)
+			objs, err := knative.ParseAll(data)
 			if err != nil {
 				return usageError{fmt.Errorf("%s: %w", file, err)}
 			}
 			cl := g.client()
-			for _, f := range fns {
+			for _, f := range objs.Functions {
 				verb := "configured"
 				_, err := cl.Update(c.Context(), f)
 				if client.IsNotFound(err) {
@@ -59,6 +64,23 @@ is replaced. See docs/compatibility.md.`,
 					return fmt.Errorf("service %s: %w", f.Name, err)
 				}
 				fmt.Printf("service.serving.knative.dev/%s %s\n", f.Name, verb)
+			}
+			for _, t := range objs.Triggers {
+				verb := "created"
+				_, err := cl.CreateTrigger(c.Context(), *t)
+				var ce *client.Error
+				if errors.As(err, &ce) && ce.Status == http.StatusConflict {
+					// No update of a trigger: replaced (its ticks count
+					// from now).
+					verb = "configured"
+					if err = cl.DeleteTrigger(c.Context(), t.Namespace, t.Name); err == nil {
+						_, err = cl.CreateTrigger(c.Context(), *t)
+					}
+				}
+				if err != nil {
+					return fmt.Errorf("pingsource %s: %w", t.Name, err)
+				}
+				fmt.Printf("pingsource.sources.knative.dev/%s %s\n", t.Name, verb)
 			}
 			return nil
 		},

@@ -286,6 +286,9 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 	l := cp.nameLock(f.Name)
 	l.Lock()
 	defer l.Unlock()
+	if !cp.admitAnnotationTriggers(w, f) {
+		return
+	}
 	now := time.Now().UTC()
 	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = cp.nextRevision(), 1, now, now, newUID()
 	if err := cp.store.CreateFunction(f); err != nil {
@@ -297,6 +300,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.applyFunction(f)
+	cp.syncAnnotationTriggers(f)
 	cp.metrics.functions.Inc()
 	w.Header().Set("Location", "/v1/functions/"+f.Name)
 	writeCompactJSON(w, http.StatusCreated, f)
@@ -346,6 +350,9 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 // which goes to its history; the caller holds the name's lock.
 func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
 	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), cp.nextRevision(), old.Generation+1, old.UID
+	if !cp.admitAnnotationTriggers(w, f) {
+		return
+	}
 	if err := cp.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
@@ -360,6 +367,7 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
 	cp.applyFunction(f)
+	cp.syncAnnotationTriggers(f)
 	writeCompactJSON(w, http.StatusOK, f)
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -348,5 +349,87 @@ func (cp *ControlPlane) functionTriggers(ns, fn string) []api.TriggerRef {
 func (cp *ControlPlane) runTriggers(ctx context.Context) {
 	if cp.triggers != nil {
 		cp.triggers.Run(ctx)
+	}
+}
+
+// admitAnnotationTriggers checks the triggers f's OpenFaaS connector
+// annotations ask for (spec.AnnotationTriggers); the caller holds f's
+// name lock. On failure it has answered.
+func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Function) bool {
+	ts, err := spec.AnnotationTriggers(f)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return false
+	}
+	if len(ts) > 0 && cp.cfg.Async == nil {
+		writeError(w, http.StatusNotImplemented, "annotations: topic asks for a trigger, and triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats)")
+		return false
+	}
+	cp.triggerMu.Lock()
+	defer cp.triggerMu.Unlock()
+	for _, t := range ts {
+		if o := cp.triggerRecs[store.TriggerKey(namespaceOf(f), t.Name)]; o != nil && (o.Managed != spec.ManagedByAnnotations || o.Function != f.Name) {
+			writeError(w, http.StatusConflict, fmt.Sprintf("annotations: they make trigger %q, and a trigger of that name exists already in namespace %q (brisk trigger delete %s)", t.Name, namespaceOf(f), t.Name))
+			return false
+		}
+	}
+	return true
+}
+
+// syncAnnotationTriggers makes the triggers f's annotations own what they
+// ask for now: new ones created, changed ones replaced, dropped ones
+// deleted. The caller holds f's name lock.
+func (cp *ControlPlane) syncAnnotationTriggers(f *spec.Function) {
+	want, err := spec.AnnotationTriggers(f)
+	if err != nil { // admitted: cannot happen
+		cp.log.Warn("annotation triggers", "function", f.Name, "err", err)
+		return
+	}
+	ns := namespaceOf(f)
+	wanted := make(map[string]spec.Trigger, len(want))
+	for _, t := range want {
+		wanted[store.TriggerKey(ns, t.Name)] = t
+	}
+	cp.triggerMu.Lock()
+	var gone []string
+	var made []*store.Trigger
+	for k, rec := range cp.triggerRecs {
+		if rec.Managed != spec.ManagedByAnnotations || rec.Function != f.Name || spec.TriggerNamespace(&rec.Trigger) != ns {
+			continue
+		}
+		if t, ok := wanted[k]; ok && rec.FunctionUID == f.UID && reflect.DeepEqual(t.Cron, rec.Cron) && reflect.DeepEqual(t.NATS, rec.NATS) {
+			delete(wanted, k) // unchanged: keeps its ticks
+			continue
+		}
+		if err := cp.store.DeleteTrigger(ns, rec.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			cp.log.Warn("annotation trigger not deleted", "trigger", k, "err", err)
+			continue
+		}
+		delete(cp.triggerRecs, k)
+		gone = append(gone, k)
+	}
+	now := time.Now().UTC()
+	for k, t := range wanted {
+		if cp.triggerRecs[k] != nil {
+			continue // admitted, so a managed one whose delete failed
+		}
+		t.UID, t.FunctionUID, t.CreatedAt = newTriggerUID(), f.UID, now
+		rec := &store.Trigger{Trigger: t, LastTick: now}
+		if err := cp.store.CreateTrigger(rec); err != nil {
+			cp.log.Warn("annotation trigger not created", "trigger", k, "err", err)
+			continue
+		}
+		cp.triggerRecs[k] = rec
+		made = append(made, rec)
+	}
+	cp.triggerMu.Unlock()
+	if cp.triggers == nil {
+		return
+	}
+	for _, k := range gone {
+		cp.triggers.Remove(k)
+	}
+	for _, rec := range made {
+		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
 }

@@ -198,6 +198,7 @@ func (r *Runner) submitMessage(ctx context.Context, j *job, id string, dedupe bo
 			}
 		}
 	}
+	addHeaders(h, t.Headers, id, r.clk.Now())
 	h["X-Brisk-Trigger"] = []string{j.e.Key()}
 	h["X-Brisk-Subject"] = []string{subject}
 	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmpOr(t.Path, "/"), Header: h, Body: data,

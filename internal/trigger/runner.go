@@ -311,13 +311,17 @@ func (r *Runner) cronLoop(ctx context.Context) {
 // to be retried.
 func (r *Runner) fireCron(ctx context.Context, j *job, tick time.Time) error {
 	t := &j.e.Trigger
-	h := http.Header{"X-Brisk-Trigger": {j.e.Key()}, "X-Brisk-Trigger-Time": {tick.UTC().Format(time.RFC3339)}}
+	id := CronCallID(t.UID, tick)
+	h := http.Header{}
 	var body []byte
 	if t.Cron.Payload != "" {
 		body = []byte(t.Cron.Payload)
 		h.Set("Content-Type", cmpOr(t.Cron.ContentType, "text/plain; charset=utf-8"))
 	}
-	c := &async.Call{ID: CronCallID(t.UID, tick), Function: t.Function, Method: http.MethodPost, Path: cmpOr(t.Path, "/"),
+	addHeaders(h, t.Headers, id, tick)
+	h["X-Brisk-Trigger"] = []string{j.e.Key()}
+	h["X-Brisk-Trigger-Time"] = []string{tick.UTC().Format(time.RFC3339)}
+	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmpOr(t.Path, "/"),
 		Header: h, Body: body, Host: "brisk-trigger", FunctionUID: t.FunctionUID}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -356,6 +360,24 @@ func CronCallID(uid string, tick time.Time) string {
 // message seq (its stream sequence).
 func MessageCallID(uid string, seq uint64) string {
 	return CallIDPrefix + uid + "-m" + strconv.FormatUint(seq, 10)
+}
+
+// addHeaders adds a trigger's own headers to a call's; with
+// Ce-Specversion among them the call is a CloudEvent in binary mode, whose
+// id is the call's and whose time the tick's (the message's arrival).
+func addHeaders(h http.Header, own map[string]string, id string, at time.Time) {
+	for k, v := range own {
+		h.Set(k, v)
+	}
+	if h.Get("Ce-Specversion") == "" {
+		return
+	}
+	if h.Get("Ce-Id") == "" {
+		h.Set("Ce-Id", id)
+	}
+	if h.Get("Ce-Time") == "" {
+		h.Set("Ce-Time", at.UTC().Format(time.RFC3339Nano))
+	}
 }
 
 func cmpOr(a, b string) string {

@@ -185,6 +185,26 @@ func TestCronFiresEachTickOnceOnTheFakeClock(t *testing.T) {
 	}
 }
 
+// A trigger's own headers go on every call; with Ce-Specversion the call
+// is a CloudEvent whose id is the call's and whose time is the tick.
+func TestCloudEventHeaders(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	rg := newRig(t, clk)
+	e := cronEntry("ce", "@every 10s", t0)
+	e.Trigger.Headers = map[string]string{"Ce-Specversion": "1.0", "Ce-Type": "dev.knative.sources.ping", "X-Team": "a"}
+	r := New(Config{Queue: rg.q, Clock: clk})
+	r.Put(e)
+	run(t, r)
+	tick := t0.Add(10 * time.Second)
+	id := CronCallID("uce", tick)
+	advanceUntil(t, clk, "the tick", func() bool { return rg.rec.ran(id) == 1 })
+	h := rg.rec.call(id).Header
+	if h.Get("Ce-Id") != id || h.Get("Ce-Time") != tick.Format(time.RFC3339Nano) || h.Get("Ce-Type") != "dev.knative.sources.ping" || h.Get("X-Team") != "a" {
+		t.Errorf("headers %v", h)
+	}
+}
+
 // A control plane that fired a tick but could not record it (it died, or
 // the registry refused) leaves the tick to the next one, which fires it
 // again under the same id: the queue runs it once.

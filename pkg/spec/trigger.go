@@ -3,6 +3,8 @@ package spec
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -29,6 +31,15 @@ type Trigger struct {
 	Paused bool `json:"paused,omitempty"`
 	// Path is where the call goes, as after /function/NAME; default "/".
 	Path string `json:"path,omitempty"`
+	// Headers are added to every call (at most 32; not hop-by-hop ones,
+	// Host, Content-Length or Authorization). With Ce-Specversion among
+	// them, each call is a CloudEvent in binary mode: brisk adds Ce-Id
+	// (the call id) and, for cron, Ce-Time (the tick).
+	Headers map[string]string `json:"headers,omitempty"`
+	// Managed says what made the trigger, when not a client: ManagedBy
+	// Annotations (its function's OpenFaaS connector annotations, which
+	// own it: it changes and goes with them).
+	Managed string `json:"managed,omitempty"`
 
 	// Set by the control plane.
 	UID         string    `json:"uid,omitempty"`
@@ -166,6 +177,22 @@ func (t *Trigger) Validate() error {
 	if t.Path != "" && (!strings.HasPrefix(t.Path, "/") || len(t.Path) > 1024 || strings.ContainsAny(t.Path, " ?#\r\n")) {
 		return bad("path", "%q: want an absolute path without query (at most 1024 bytes)", t.Path)
 	}
+	if len(t.Headers) > 32 {
+		return bad("headers", "%d, at most 32", len(t.Headers))
+	}
+	for k, v := range t.Headers {
+		if !validHeaderName(k) || strings.ContainsAny(v, "\r\n\x00") || len(k)+len(v) > 4096 {
+			return bad("headers", "%q: not a valid header", k)
+		}
+		switch http.CanonicalHeaderKey(k) {
+		case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Upgrade", "Te", "Trailer", "Keep-Alive", "Proxy-Connection",
+			"Authorization", "X-Call-Id", "X-Callback-Url", "Prefer":
+			return bad("headers", "%q: brisk sets it, or it is not the trigger's to set", k)
+		}
+	}
+	if t.Managed != "" && t.Managed != ManagedByAnnotations {
+		return bad("managed", "%q: only %q (set by brisk)", t.Managed, ManagedByAnnotations)
+	}
 	switch {
 	case t.Cron != nil && t.NATS != nil:
 		return bad("source", "set cron or nats, not both")
@@ -217,6 +244,94 @@ func (t *Trigger) Validate() error {
 		return bad("source", "set cron (a schedule) or nats (a subject)")
 	}
 	return nil
+}
+
+func validHeaderName(k string) bool {
+	if k == "" || len(k) > 256 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// ManagedByAnnotations marks a trigger made from its function's
+// annotations (AnnotationTriggers).
+const ManagedByAnnotations = "annotations"
+
+// OpenFaaS connector annotations.
+const (
+	AnnotationTopic    = "topic"
+	AnnotationSchedule = "schedule"
+	CronTopic          = "cron-function"
+)
+
+// AnnotationTriggers are the triggers f's OpenFaaS connector annotations
+// ask for, as OpenFaaS's cron and NATS connectors read them: topic
+// "cron-function" with "schedule" makes a cron trigger NAME-cron; every
+// other topic (comma-separated) a NATS trigger NAME-topic-TOPIC on the
+// cluster's NATS, subject NAMESPACE.TOPIC (subjects lie under their
+// namespace there). The connectors call with POST and, for NATS, the
+// message as the body.
+func AnnotationTriggers(f *Function) ([]Trigger, error) {
+	topics := f.Annotations[AnnotationTopic]
+	sched, hasSched := f.Annotations[AnnotationSchedule]
+	if topics == "" {
+		if hasSched {
+			return nil, fmt.Errorf("%w: annotations: schedule %q without topic: cron-function (OpenFaaS's cron connector reads both)", ErrInvalid, sched)
+		}
+		return nil, nil
+	}
+	ns := NamespaceOf(f)
+	var out []Trigger
+	seen := map[string]bool{}
+	for topic := range strings.SplitSeq(topics, ",") {
+		topic = strings.TrimSpace(topic)
+		if topic == "" || seen[topic] {
+			continue
+		}
+		seen[topic] = true
+		t := Trigger{Namespace: ns, Function: f.Name, Managed: ManagedByAnnotations}
+		if topic == CronTopic {
+			if !hasSched {
+				return nil, fmt.Errorf("%w: annotations: topic cron-function needs a schedule annotation (e.g. \"*/5 * * * *\")", ErrInvalid)
+			}
+			t.Name = managedName(f.Name, "cron")
+			t.Cron = &CronSource{Schedule: sched}
+		} else {
+			t.Name = managedName(f.Name, "topic-"+topic)
+			t.NATS = &NATSSource{Subject: ns + "." + topic}
+		}
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: annotations: topic %q: %v", ErrInvalid, topic, err)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// managedName is a trigger name made of a function's and a suffix: a DNS
+// label, shortened with a hash when too long.
+func managedName(fn, suffix string) string {
+	var b strings.Builder
+	for _, c := range strings.ToLower(fn + "-" + suffix) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	s := strings.Trim(b.String(), "-")
+	if len(s) > 63 {
+		h := fnv.New32a()
+		h.Write([]byte(s))
+		s = strings.TrimRight(s[:54], "-") + fmt.Sprintf("-%08x", h.Sum32())
+	}
+	return s
 }
 
 // validSubject checks a NATS subject a trigger subscribes to.

@@ -124,6 +124,71 @@ func TestTriggersOnBriskUp(t *testing.T) {
 		t.Errorf("trigger of a deleted function: exit %d, %q", code, out)
 	}
 
+	// OpenFaaS connector annotations own triggers: made at deploy, changed
+	// and dropped with them; a bad schedule is refused at deploy.
+	ann := &spec.Function{Name: "conn", Builtin: "trace", Auth: spec.AuthPublic,
+		Annotations: map[string]string{"topic": "cron-function,orders.paid", "schedule": "*/5 * * * *"}}
+	if _, err := c.cl.Create(ctx, ann); err != nil {
+		t.Fatal(err)
+	}
+	managed := func() map[string]*api.TriggerView {
+		ts, err := c.cl.Triggers(ctx, "", "conn")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]*api.TriggerView{}
+		for i := range ts {
+			m[ts[i].Name] = &ts[i]
+		}
+		return m
+	}
+	m := managed()
+	if cr, nt := m["conn-cron"], m["conn-topic-orders-paid"]; len(m) != 2 || cr == nil || cr.Cron.Schedule != "*/5 * * * *" || cr.Managed != "annotations" ||
+		nt == nil || nt.NATS.Subject != "default.orders.paid" {
+		t.Errorf("annotation triggers: %+v", m)
+	}
+	ann.Annotations = map[string]string{"topic": "cron-function", "schedule": "0 * * * *"}
+	if _, err := c.cl.Update(ctx, ann); err != nil {
+		t.Fatal(err)
+	}
+	if m = managed(); len(m) != 1 || m["conn-cron"] == nil || m["conn-cron"].Cron.Schedule != "0 * * * *" {
+		t.Errorf("after the update: %+v", m)
+	}
+	ann.Annotations["schedule"] = "every day"
+	if _, err := c.cl.Update(ctx, ann); err == nil || !strings.Contains(err.Error(), "schedule") {
+		t.Errorf("a bad schedule annotation: %v", err)
+	}
+	// Knative PingSource YAML.
+	ps := filepath.Join(t.TempDir(), "ping.yaml")
+	if err := os.WriteFile(ps, []byte(`apiVersion: sources.knative.dev/v1
+kind: PingSource
+metadata:
+  name: ping
+spec:
+  schedule: "*/2 * * * *"
+  data: '{"ms": 1}'
+  sink:
+    ref:
+      apiVersion: serving.knative.dev/v1
+      kind: Service
+      name: conn
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := c.mustBrisk(t, "apply", "-f", ps); !strings.Contains(out, "pingsource.sources.knative.dev/ping created") {
+		t.Errorf("apply: %q", out)
+	}
+	if out := c.mustBrisk(t, "apply", "-f", ps); !strings.Contains(out, "pingsource.sources.knative.dev/ping configured") {
+		t.Errorf("apply again: %q", out)
+	}
+	if p := managed()["ping"]; p == nil || p.Headers["Ce-Type"] != "dev.knative.sources.ping" || p.Cron.ContentType != "application/json" {
+		t.Errorf("the PingSource's trigger: %+v", p)
+	}
+	c.mustBrisk(t, "fn", "delete", "conn")
+	if ts, _ := c.cl.Triggers(ctx, "", "conn"); len(ts) != 0 {
+		t.Errorf("triggers of the deleted function: %+v", ts)
+	}
+
 	// NATS: messages published to the embedded server.
 	c.mustBrisk(t, "trigger", "create", "orders", "--function", "tick", "--nats", "default.orders.>")
 	orders, err := c.cl.Trigger(ctx, "", "orders")

@@ -6,6 +6,7 @@ package knative
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -119,9 +120,48 @@ var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
 // Parse reads one or more YAML (or JSON) documents of Knative Services and
 // returns their brisk specs; an error names the document and the field.
 func Parse(data []byte) ([]*spec.Function, error) {
-	var out []*spec.Function
+	objs, err := ParseAll(data)
+	if err != nil {
+		return nil, err
+	}
+	if len(objs.Triggers) > 0 {
+		return nil, errors.New("PingSources are not Services: brisk apply takes both")
+	}
+	return objs.Functions, nil
+}
+
+// Objects are the brisk objects a file of Knative resources makes.
+type Objects struct {
+	Functions []*spec.Function
+	Triggers  []*spec.Trigger
+}
+
+// ParseAll reads one or more YAML (or JSON) documents of Knative Services
+// and PingSources (sources.knative.dev/v1): functions and cron triggers.
+func ParseAll(data []byte) (*Objects, error) {
+	out := &Objects{}
 	for i, doc := range docSep.Split(string(data), -1) {
 		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var tm struct {
+			APIVersion string   `json:"apiVersion"`
+			Kind       string   `json:"kind"`
+			Metadata   Metadata `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		if tm.Kind == PingSourceKind {
+			var ps PingSource
+			if err := yaml.UnmarshalStrict([]byte(doc), &ps); err != nil {
+				return nil, fmt.Errorf("document %d: %w", i+1, err)
+			}
+			t, err := ps.ToTrigger()
+			if err != nil {
+				return nil, fmt.Errorf("document %d (PingSource %s): %w", i+1, ps.Metadata.Name, err)
+			}
+			out.Triggers = append(out.Triggers, t)
 			continue
 		}
 		var s Service
@@ -132,12 +172,111 @@ func Parse(data []byte) ([]*spec.Function, error) {
 		if err != nil {
 			return nil, fmt.Errorf("document %d (%s): %w", i+1, s.Metadata.Name, err)
 		}
-		out = append(out, f)
+		out.Functions = append(out.Functions, f)
 	}
-	if len(out) == 0 {
-		return nil, errors.New("no Knative Service in the input")
+	if len(out.Functions)+len(out.Triggers) == 0 {
+		return nil, errors.New("no Knative Service or PingSource in the input")
 	}
 	return out, nil
+}
+
+// PingSource apiVersions and kind brisk reads.
+const (
+	PingSourceKind = "PingSource"
+	SourcesV1      = "sources.knative.dev/v1"
+	SourcesV1Beta2 = "sources.knative.dev/v1beta2"
+)
+
+// PingSource is the part of a Knative PingSource brisk understands: it
+// becomes a cron trigger of the Service its sink names, whose calls are
+// CloudEvents as PingSource sends them (binary mode, type
+// dev.knative.sources.ping).
+type PingSource struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Metadata   Metadata `json:"metadata"`
+	Spec       struct {
+		Schedule    string      `json:"schedule"`
+		Timezone    string      `json:"timezone,omitempty"`
+		ContentType string      `json:"contentType,omitempty"`
+		Data        string      `json:"data,omitempty"`
+		DataBase64  string      `json:"dataBase64,omitempty"`
+		Sink        Destination `json:"sink"`
+		CEOverrides *struct {
+			Extensions map[string]string `json:"extensions,omitempty"`
+		} `json:"ceOverrides,omitempty"`
+	} `json:"spec"`
+	Status map[string]any `json:"status,omitempty"`
+}
+
+// Destination is a Knative sink: a reference to a Service (a URI is not
+// something brisk can call).
+type Destination struct {
+	Ref *struct {
+		APIVersion string `json:"apiVersion,omitempty"`
+		Kind       string `json:"kind"`
+		Name       string `json:"name"`
+		Namespace  string `json:"namespace,omitempty"`
+	} `json:"ref,omitempty"`
+	URI string `json:"uri,omitempty"`
+}
+
+// ToTrigger converts a PingSource to a brisk cron trigger.
+func (p *PingSource) ToTrigger() (*spec.Trigger, error) {
+	if p.APIVersion != SourcesV1 && p.APIVersion != SourcesV1Beta2 {
+		return nil, fmt.Errorf("apiVersion %q: brisk applies PingSource of %s", p.APIVersion, SourcesV1)
+	}
+	if p.Metadata.Name == "" {
+		return nil, errors.New("metadata.name is required")
+	}
+	sink := p.Spec.Sink
+	if sink.URI != "" || sink.Ref == nil {
+		return nil, errors.New("spec.sink: brisk calls a Service of the cluster (sink.ref kind Service), not a URI")
+	}
+	if sink.Ref.Kind != Kind || sink.Ref.APIVersion != "" && sink.Ref.APIVersion != APIVersion {
+		return nil, fmt.Errorf("spec.sink.ref: %s %s: brisk calls a %s %s", sink.Ref.APIVersion, sink.Ref.Kind, APIVersion, Kind)
+	}
+	ns := p.Metadata.Namespace
+	if sink.Ref.Namespace != "" && ns != "" && sink.Ref.Namespace != ns {
+		return nil, fmt.Errorf("spec.sink.ref.namespace %q: a trigger calls a function of its own namespace (%q)", sink.Ref.Namespace, ns)
+	}
+	if ns == "" {
+		ns = sink.Ref.Namespace
+	}
+	data := p.Spec.Data
+	if p.Spec.DataBase64 != "" {
+		if data != "" {
+			return nil, errors.New("spec: data and dataBase64 are exclusive")
+		}
+		b, err := base64.StdEncoding.DecodeString(p.Spec.DataBase64)
+		if err != nil {
+			return nil, fmt.Errorf("spec.dataBase64: %w", err)
+		}
+		data = string(b)
+	}
+	source := "/apis/v1/namespaces/" + cmpOr(ns, spec.DefaultNamespace) + "/pingsources/" + p.Metadata.Name
+	h := map[string]string{"Ce-Specversion": "1.0", "Ce-Type": "dev.knative.sources.ping", "Ce-Source": source}
+	if p.Spec.CEOverrides != nil {
+		for k, v := range p.Spec.CEOverrides.Extensions {
+			h["Ce-"+k] = v
+		}
+	}
+	t := &spec.Trigger{Name: p.Metadata.Name, Namespace: ns, Function: sink.Ref.Name, Headers: h,
+		Cron: &spec.CronSource{Schedule: p.Spec.Schedule, TimeZone: p.Spec.Timezone, Payload: data, ContentType: p.Spec.ContentType}}
+	if t.Cron.Payload != "" && t.Cron.ContentType == "" {
+		t.Cron.ContentType = "application/json" // PingSource's default
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 func stripComments(doc string) string {

@@ -126,3 +126,81 @@ func TestQuantities(t *testing.T) {
 		}
 	}
 }
+
+const pingSource = `
+apiVersion: sources.knative.dev/v1
+kind: PingSource
+metadata:
+  name: ping
+  namespace: team-a
+spec:
+  schedule: "*/2 * * * *"
+  timezone: Europe/Madrid
+  data: '{"message": "Hello world!"}'
+  ceOverrides:
+    extensions:
+      extra: x
+  sink:
+    ref:
+      apiVersion: serving.knative.dev/v1
+      kind: Service
+      name: event-display
+---
+apiVersion: sources.knative.dev/v1
+kind: PingSource
+metadata:
+  name: b64
+spec:
+  schedule: "@hourly"
+  contentType: text/plain
+  dataBase64: aGVsbG8=
+  sink:
+    ref:
+      kind: Service
+      name: hello
+      namespace: team-b
+`
+
+// A PingSource becomes a cron trigger of the Service its sink names,
+// whose calls are CloudEvents as PingSource's.
+func TestPingSourceToTrigger(t *testing.T) {
+	objs, err := ParseAll([]byte(twoServices + "---\n" + pingSource))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs.Functions) != 2 || len(objs.Triggers) != 2 {
+		t.Fatalf("%d functions, %d triggers", len(objs.Functions), len(objs.Triggers))
+	}
+	p := objs.Triggers[0]
+	if p.Name != "ping" || p.Namespace != "team-a" || p.Function != "event-display" || p.Cron.Schedule != "*/2 * * * *" ||
+		p.Cron.TimeZone != "Europe/Madrid" || p.Cron.Payload != `{"message": "Hello world!"}` || p.Cron.ContentType != "application/json" {
+		t.Errorf("ping: %+v %+v", p, p.Cron)
+	}
+	if p.Headers["Ce-Type"] != "dev.knative.sources.ping" || p.Headers["Ce-Source"] != "/apis/v1/namespaces/team-a/pingsources/ping" ||
+		p.Headers["Ce-Specversion"] != "1.0" || p.Headers["Ce-extra"] != "x" {
+		t.Errorf("ping headers: %v", p.Headers)
+	}
+	b := objs.Triggers[1]
+	if b.Namespace != "team-b" || b.Function != "hello" || b.Cron.Payload != "hello" || b.Cron.ContentType != "text/plain" {
+		t.Errorf("b64: %+v %+v", b, b.Cron)
+	}
+	if _, err := Parse([]byte(pingSource)); err == nil {
+		t.Error("Parse took PingSources")
+	}
+}
+
+func TestPingSourceRefusals(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{strings.Replace(pingSource[:strings.Index(pingSource, "---")], `"*/2 * * * *"`, `"61 * * * *"`, 1), "above maximum"},
+		{`{"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "metadata": {"name": "u"}, "spec": {"schedule": "@hourly", "sink": {"uri": "http://x"}}}`, "not a URI"},
+		{`{"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "metadata": {"name": "u"}, "spec": {"schedule": "@hourly", "sink": {"ref": {"kind": "Broker", "name": "default"}}}}`, "Broker"},
+		{`{"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "metadata": {"name": "u", "namespace": "a"}, "spec": {"schedule": "@hourly", "sink": {"ref": {"kind": "Service", "name": "f", "namespace": "b"}}}}`, "its own namespace"},
+		{`{"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "metadata": {"name": "u"}, "spec": {"schedule": "@hourly", "data": "x", "dataBase64": "eA==", "sink": {"ref": {"kind": "Service", "name": "f"}}}}`, "exclusive"},
+		{`{"apiVersion": "sources.knative.dev/v1", "kind": "PingSource", "metadata": {"name": "u"}, "spec": {"schedule": "@hourly", "jsonData": "x", "sink": {"ref": {"kind": "Service", "name": "f"}}}}`, "unknown field"},
+	} {
+		_, err := ParseAll([]byte(c.doc))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error saying %q", c.doc, err, c.want)
+		}
+	}
+}
