@@ -17,6 +17,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -33,6 +34,9 @@ type Cluster struct {
 	log *slog.Logger
 	cfg Config
 	r   *reconciler.Reconciler
+	// prewarm is the reconciler's Predictor: the cron triggers' ticks,
+	// updated under mu (triggers.go).
+	prewarm *prewarm.Cron
 
 	links    map[string]*nodeLink
 	watchers map[*watcher]struct{}
@@ -73,7 +77,10 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
 	prefix := hex.EncodeToString(seed[:6])
-	r, err := reconciler.New(reconciler.Config{
+	// Cron triggers' ticks are known: their functions are pre-warmed one
+	// cold start, and the autoscaler's period, before each (triggers.go).
+	pw := prewarm.NewCron(2*cfg.TickInterval, 2*cfg.TickInterval+5*time.Second)
+	r, err := reconciler.New(reconciler.Config{Predictor: pw,
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,
 		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
 		FailureBackoff: cfg.FailureBackoff, MaxFailureBackoff: cfg.MaxFailureBackoff,
@@ -85,7 +92,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	c := &Cluster{
 		clk: clock.Or(cfg.Clock), log: cfg.Logger, cfg: cfg, r: r,
 		links: make(map[string]*nodeLink), watchers: make(map[*watcher]struct{}),
-		idPrefix: prefix, metrics: m,
+		idPrefix: prefix, metrics: m, prewarm: pw,
 	}
 	c.dash = newDashStats(c.clk.Now())
 	if err := m.reg.Register(newFunctionCollector(c)); err != nil {
@@ -133,6 +140,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			ep := x.Endpoint
 			c.publishLocked(func(b *briskv1.EndpointBatch) { b.Added = append(b.Added, ep) })
 			if x.ReadyAfter > 0 {
+				c.prewarm.ObserveColdStart(ep.GetFunction(), x.ReadyAfter)
 				c.metrics.readyLatency.Observe(x.ReadyAfter.Seconds())
 				c.observeStartPhases(ep, x.ReadyAfter)
 			}

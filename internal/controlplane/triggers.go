@@ -14,6 +14,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/internal/trigger"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -45,6 +46,7 @@ func (cp *ControlPlane) loadTriggers() error {
 			cp.triggers.Put(trigger.Entry{Trigger: t.Trigger, LastTick: t.LastTick})
 		}
 	}
+	cp.refreshPrewarmLocked()
 	return nil
 }
 
@@ -171,6 +173,7 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.triggerRecs[rec.Key()] = rec
+	cp.refreshPrewarmLocked(t.Function)
 	if cp.triggers != nil {
 		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
@@ -253,6 +256,7 @@ func (cp *ControlPlane) deleteTrigger(w http.ResponseWriter, r *http.Request) {
 	err := cp.store.DeleteTrigger(spec.TriggerNamespace(&t.Trigger), t.Name)
 	if err == nil || errors.Is(err, store.ErrNotFound) {
 		delete(cp.triggerRecs, t.Key())
+		cp.refreshPrewarmLocked(t.Function)
 	}
 	cp.triggerMu.Unlock()
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -299,6 +303,7 @@ func (cp *ControlPlane) setPaused(w http.ResponseWriter, r *http.Request, paused
 			return
 		}
 		cp.triggerRecs[rec.Key()] = &rec
+		cp.refreshPrewarmLocked(rec.Function)
 	}
 	cp.triggerMu.Unlock()
 	if changed && cp.triggers != nil {
@@ -323,6 +328,7 @@ func (cp *ControlPlane) deleteFunctionTriggers(ns, fn string) {
 		delete(cp.triggerRecs, k)
 		gone = append(gone, k)
 	}
+	cp.refreshPrewarmLocked(fn)
 	cp.triggerMu.Unlock()
 	for _, k := range gone {
 		if cp.triggers != nil {
@@ -422,6 +428,9 @@ func (cp *ControlPlane) syncAnnotationTriggers(f *spec.Function) {
 		cp.triggerRecs[k] = rec
 		made = append(made, rec)
 	}
+	if len(gone)+len(made) > 0 {
+		cp.refreshPrewarmLocked(f.Name)
+	}
 	cp.triggerMu.Unlock()
 	if cp.triggers == nil {
 		return
@@ -432,4 +441,39 @@ func (cp *ControlPlane) syncAnnotationTriggers(f *spec.Function) {
 	for _, rec := range made {
 		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
+}
+
+// refreshPrewarmLocked gives the autoscaler's forecaster the schedules of
+// the active cron triggers of functions fns (every function with a trigger
+// when none is named); the caller holds triggerMu.
+func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
+	if cp.triggers == nil {
+		return // they do not fire here
+	}
+	scheds := map[string][]prewarm.Ticks{}
+	for _, fn := range fns {
+		scheds[fn] = nil
+	}
+	for _, t := range cp.triggerRecs {
+		if _, ok := scheds[t.Function]; !ok && len(fns) > 0 {
+			continue
+		}
+		if t.Cron == nil || t.Paused {
+			if _, ok := scheds[t.Function]; !ok {
+				scheds[t.Function] = nil
+			}
+			continue
+		}
+		s, err := spec.ParseSchedule(t.Cron)
+		if err != nil {
+			continue
+		}
+		scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
+	}
+	c := cp.cluster
+	c.mu.Lock()
+	for fn, s := range scheds {
+		c.prewarm.SetSchedules(fn, s)
+	}
+	c.mu.Unlock()
 }

@@ -337,3 +337,38 @@ func TestTriggerSurvivesLeaderKill(t *testing.T) {
 		return err == nil && runs == float64(len(recs))
 	})
 }
+
+// A cron trigger's function at zero is pre-warmed before each tick: the
+// first tick's call finds a warm sandbox, where without the forecast it
+// would have been the cold start that scales the function up.
+func TestCronTriggerPrewarms(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	ctx := context.Background()
+	c.mustBrisk(t, "fn", "deploy", "timer", "--builtin", "trace", "--public")
+	tr, err := c.cl.CreateTrigger(ctx, spec.Trigger{Name: "t", Function: "timer",
+		Cron: &spec.CronSource{Schedule: "@every 10s", Payload: `{"ms":1}`, ContentType: "application/json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := c.fn(t, "timer").Status; st.Desired != 0 || st.Ready != 0 {
+		t.Fatalf("right after the trigger's creation, 10 s before its tick: %+v, want nothing started yet", st)
+	}
+	var rec *client.CallRecord
+	eventually(t, 60*time.Second, "the first tick's call", func() bool {
+		recs, err := c.cl.Calls(ctx, "timer", "", 10)
+		if err != nil {
+			return false
+		}
+		for i := range recs {
+			if strings.HasPrefix(recs[i].ID, "trigger-"+tr.UID+"-") && recs[i].Status == api.CallSucceeded {
+				rec = &recs[i]
+			}
+		}
+		return rec != nil
+	})
+	timing := rec.Result.Header.Get("X-Brisk-Timing")
+	if !strings.Contains(timing, "cold=false") {
+		t.Errorf("the first tick's call: X-Brisk-Timing %q, want a warm start (pre-warmed)", timing)
+	}
+}
