@@ -490,6 +490,7 @@ func (cp *ControlPlane) dashboardView(now time.Time, limit int) *api.Dashboard {
 	snap := c.dash.snapshot(now)
 	v.WindowSeconds = snap.span.Seconds()
 	v.Failures = snap.failures
+	v.Triggers, v.Summary.Triggers = cp.dashboardTriggers(limit)
 	s := &v.Summary
 	s.Nodes, s.Functions = len(nodes), len(rows)
 	s.Calls, s.ColdStarts, s.SandboxFailures = snap.total.calls, snap.total.creations, snap.total.failures

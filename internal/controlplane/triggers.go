@@ -477,3 +477,28 @@ func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
 	}
 	c.mu.Unlock()
 }
+
+// dashboardTriggers is the dashboard's list: at most limit triggers,
+// failing ones first, then by key; and how many there are.
+func (cp *ControlPlane) dashboardTriggers(limit int) ([]api.TriggerView, int) {
+	cp.triggerMu.Lock()
+	recs := make([]*store.Trigger, 0, len(cp.triggerRecs))
+	for _, t := range cp.triggerRecs {
+		recs = append(recs, t)
+	}
+	cp.triggerMu.Unlock()
+	out := make([]api.TriggerView, len(recs))
+	for i, t := range recs {
+		out[i] = cp.triggerView(t)
+	}
+	slices.SortFunc(out, func(a, b api.TriggerView) int {
+		if fa, fb := a.Status.State == "failing", b.Status.State == "failing"; fa != fb {
+			if fa {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out[:min(len(out), limit)], len(out)
+}

@@ -26,6 +26,9 @@ type Dashboard struct {
 	// Failures are the most recent sandbox failures and condition changes
 	// (the last 50), newest first.
 	Failures []DashboardFailure `json:"failures"`
+	// Triggers are at most ?limit= of them, failing ones first, then by
+	// namespace and name; Summary.Triggers counts them all.
+	Triggers []TriggerView `json:"triggers"`
 }
 
 // DashboardSummary is the cluster's totals.
@@ -35,6 +38,7 @@ type DashboardSummary struct {
 	// DataPlanes is how many data planes follow the endpoint stream now.
 	DataPlanes int `json:"data_planes"`
 	Functions  int `json:"functions"`
+	Triggers   int `json:"triggers"`
 	// FunctionsFailing is how many functions have a condition
 	// (function-failing, no-capacity, quota-exceeded).
 	FunctionsFailing int `json:"functions_failing"`

@@ -37,6 +37,7 @@ func TestDashboard(t *testing.T) {
 	c.mustBrisk(t, "fn", "deploy", "resize", "--builtin", "trace", "--min", "1", "--wait")
 	// A function that cannot start: its starts fail, its condition says so.
 	c.mustBrisk(t, "fn", "deploy", "broken", "--command", "/nonexistent/server --flag", "--min", "1")
+	c.mustBrisk(t, "trigger", "create", "hourly", "--function", "hello", "--cron", "@hourly")
 	for i := range 12 {
 		for _, fn := range []string{"hello", "resize"} {
 			if inv := c.invoke(t, fn, fmt.Sprintf(`{"ms": %d}`, 2+i)); inv.status != http.StatusOK {
@@ -65,6 +66,9 @@ func TestDashboard(t *testing.T) {
 	})
 	if len(d.Nodes) != 1 || d.Nodes[0].State != "ready" || d.Summary.ColdStartsTotal < 2 {
 		t.Fatalf("nodes %+v, cold starts %d", d.Nodes, d.Summary.ColdStartsTotal)
+	}
+	if d.Summary.Triggers != 1 || len(d.Triggers) != 1 || d.Triggers[0].Name != "hourly" || d.Triggers[0].Status.State != "active" || d.Triggers[0].Status.Next.IsZero() {
+		t.Fatalf("triggers %d: %+v", d.Summary.Triggers, d.Triggers)
 	}
 	node := d.Nodes[0].Name
 	if f := failureOf(d, "broken"); !strings.Contains(f.Reason, "/nonexistent/server") {
@@ -109,6 +113,9 @@ func TestDashboard(t *testing.T) {
 	if b := row("functions-table", "data-function", "broken"); b == nil || attr(b, "data-condition") != "function-failing" ||
 		!strings.Contains(attr(b, "class"), "has-condition") || !strings.Contains(text(b), "/nonexistent/server") {
 		t.Fatalf("broken not highlighted as function-failing with its cause: %v", b)
+	}
+	if tr := row("triggers-table", "data-trigger", "default/hourly"); tr == nil || !strings.Contains(text(tr), "cron @hourly") || attr(tr, "data-state") != "active" {
+		t.Fatalf("the trigger not in the triggers table:\n%s", text(byID(doc, "triggers-table")))
 	}
 	calls := tileValue(t, doc, "tile-calls")
 	if detail := text(find(byID(doc, "tile-calls"), hasClass("detail"))); calls <= 0 || !strings.Contains(detail, "calls in all") || strings.HasPrefix(detail, "0 ") {

@@ -213,6 +213,7 @@
     sandboxStates(sb);
     nodes(d.nodes, now);
     functions(d.functions, s.functions);
+    triggers(d.triggers || [], s.triggers || 0, now);
     failures(d.failures, now);
   }
 
@@ -313,6 +314,23 @@
     el('td', { class: 'num' }, seconds(f.latency.p99_seconds, f.latency.count)),
     el('td', { class: 'condition' }, f.condition ? el('span', { class: 'badge cond-' + f.condition }, f.condition) : el('span', { class: 'ok' }, 'ok'),
       f.message ? el('span', { class: 'message' }, f.message) : null))));
+  }
+
+  function triggers(list, total, now) {
+    $('no-triggers').hidden = list.length > 0;
+    $('triggers-table').hidden = list.length === 0;
+    $('triggers-count').textContent = total > list.length ? '(' + list.length + ' of ' + total + ')' : '';
+    $('triggers-table').querySelector('tbody').replaceChildren(...list.map((t) => el('tr', {
+      'data-trigger': t.namespace + '/' + t.name, 'data-state': t.status.state, class: t.status.state === 'failing' ? 'has-condition' : '',
+    },
+    el('td', { class: 'name' }, t.name, t.namespace && t.namespace !== 'default' ? el('span', { class: 'ns' }, t.namespace) : null),
+    el('td', {}, t.function),
+    el('td', {}, t.cron ? 'cron ' + t.cron.schedule + (t.cron.time_zone ? ' (' + t.cron.time_zone + ')' : '') : 'nats ' + t.nats.subject + (t.nats.url ? ' at ' + t.nats.url : '')),
+    el('td', { class: 'condition' }, el('span', { class: t.status.state === 'failing' ? 'badge cond-function-failing' : (t.status.state === 'paused' ? 'muted' : 'ok') }, t.status.state),
+      t.status.last_error ? el('span', { class: 'message' }, t.status.last_error) : null),
+    el('td', { class: 'num' }, String(t.status.fired)),
+    el('td', { class: 'num' }, String(t.status.failed)),
+    el('td', {}, t.status.next ? el('time', { datetime: t.status.next, title: new Date(t.status.next).toLocaleString() }, new Date(t.status.next).toLocaleTimeString()) : '–'))));
   }
 
   function failures(list, now) {
