@@ -116,7 +116,15 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 				fmt.Fprint(c.OutOrStdout(), text)
 				return err
 			}
+			var timer *sim.Result
+			if sc.Triggers {
+				sc.OnResult = func(r *sim.Result) { timer = r }
+			}
 			_, text, err := bench.Sim(cfg, sc, out)
+			if err == nil && timer != nil {
+				text += fmt.Sprintf("\n  timer functions (cron triggers%s): %d; measured calls %d, cold starts %d", map[bool]string{true: ", not pre-warmed", false: ", pre-warmed"}[sc.NoPrewarm],
+					timer.TimerFunctions, timer.TimerCalls, timer.TimerColdStarts)
+			}
 			if err == nil && tr != nil {
 				text += "\n  " + tr.last().line()
 				err = tr.last().addToSummary(out)
@@ -143,6 +151,8 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	fl.StringSliceVar(&modes, "modes", nil, "compare scaling modes (async, sync, dual) across --stable-windows, as PulseNet's Fig. 11: slowdown against memory, a run each under --out/<mode>-<window>/, --out/modes.csv and modes.png (keep-alive policy ttl)")
+	fl.BoolVar(&sc.Triggers, "triggers", false, "the trace's timer-triggered functions are cron triggers: each minute's calls fire at its start, and the functions are pre-warmed before each tick as the control plane does (docs/triggers.md); prints their measured calls and cold starts")
+	fl.BoolVar(&sc.NoPrewarm, "no-prewarm", false, "with --triggers: no pre-warming (the ticks only)")
 	fl.StringVar(&templateFractions, "template-fraction", "0", "functions from Python source: the fraction of the nodes holding each function's template (chosen per function by rendezvous hashing; placement does not prefer them), where a sandbox forks in --template-start instead of a fresh start (--cold-start); 0: no templates, 1: every node; several, comma-separated, compare them (a run each under --out/template-<F>/, compare.md)")
 	fl.DurationVar(&sc.TemplateStart, "template-start", sim.DefaultTemplateStart, "a sandbox's start from its function's template on a node holding it (an emergency sandbox's there too, instead of --emergency-start)")
 	fl.DurationSliceVar(&windows, "stable-windows", []time.Duration{6 * time.Second, time.Minute, 10 * time.Minute}, "with --modes: the stable windows swept (keep-alive = window + 30 s grace)")

@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -96,6 +97,11 @@ type Config struct {
 	// "Templates on a fraction of the nodes").
 	TemplateFraction float64
 	TemplateStart    time.Duration
+	// Triggers makes the trace's timer-triggered functions cron triggers
+	// (triggers.go): their calls fire at their columns' starts, and,
+	// unless NoPrewarm, the reconciler pre-warms them before each tick as
+	// the control plane does for cron triggers.
+	Triggers, NoPrewarm bool
 	// OnResult, when set, is called with the result just before Run
 	// returns it: for callers that reach Run through a wrapper keeping
 	// only a summary (bench.Sim), such as the CLI's template counts.
@@ -170,6 +176,11 @@ type Result struct {
 	// template hit rate), EmergencyTemplateStarts the emergency ones.
 	TemplateNodes                           int
 	TemplateStarts, EmergencyTemplateStarts int64
+
+	// With Config.Triggers: how many functions are timer-triggered, and
+	// their measured calls and cold starts.
+	TimerFunctions             int
+	TimerCalls, TimerColdStarts int64
 }
 
 // event kinds
@@ -361,13 +372,26 @@ type simulator struct {
 // Run simulates s on the cluster cfg describes.
 func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	cfg.defaults()
-	r, err := reconciler.New(reconciler.Config{Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization,
+	var predictor autoscale.Predictor
+	if cfg.Triggers {
+		var ticks map[string]prewarm.Ticks
+		s, ticks = timerSchedules(s)
+		if !cfg.NoPrewarm {
+			pw := prewarm.NewCron(2*cfg.Tick, 2*cfg.Tick+5*time.Second)
+			pw.DefaultLead = cfg.ColdStart
+			for fn, t := range ticks {
+				pw.SetSchedules(fn, []prewarm.Ticks{t})
+			}
+			predictor = pw
+		}
+	}
+	r, err := reconciler.New(reconciler.Config{Predictor: predictor, Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization,
 		ScalingMode: cfg.ScalingMode, Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, DrainDelay: 500 * time.Millisecond, NodeGrace: 10 * time.Second,
 		FailureBackoff: 200 * time.Millisecond, MaxFailureBackoff: 30 * time.Second, Seed: cfg.Seed, IDPrefix: "sim"})
 	if err != nil {
 		return nil, err
 	}
-	sm := &simulator{cfg: cfg, s: s, r: r, start: time.Unix(1_700_000_000, 0).UTC(),
+	sm := &simulator{cfg: cfg, s: s, r: r, start: simEpoch,
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
 	sm.res.Start = sm.start
 	for i := range cfg.Nodes {
@@ -449,6 +473,9 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		sm.res.NodeBusy[i] = n.busy
 	}
 	sm.res.SandboxesCreated = int64(r.Stats().Creations)
+	if cfg.Triggers {
+		sm.res.TimerFunctions, sm.res.TimerCalls, sm.res.TimerColdStarts = timerStats(s, sm.res.Records)
+	}
 	if cfg.OnResult != nil {
 		cfg.OnResult(&sm.res)
 	}
