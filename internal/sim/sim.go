@@ -179,7 +179,7 @@ type Result struct {
 
 	// With Config.Triggers: how many functions are timer-triggered, and
 	// their measured calls and cold starts.
-	TimerFunctions             int
+	TimerFunctions              int
 	TimerCalls, TimerColdStarts int64
 }
 
