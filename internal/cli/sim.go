@@ -26,6 +26,7 @@ func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
 	var out, keepAlive, calibrate, templateFractions string
+	var keepAlives []string
 	var modes []string
 	var windows []time.Duration
 	c := &cobra.Command{
@@ -99,6 +100,19 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 			if len(modes) > 0 {
 				return simModes(c, cfg, sc, tr, modes, windows, out)
 			}
+			if len(keepAlives) > 0 {
+				var kas []bench.KeepAlive
+				for _, v := range keepAlives {
+					p, d, err := keepAliveFlag(v)
+					if err != nil {
+						return err
+					}
+					kas = append(kas, bench.KeepAlive{Name: v, Policy: p, Value: d})
+				}
+				text, err := bench.SimKeepAlives(cfg, sc, kas, out)
+				fmt.Fprint(c.OutOrStdout(), text)
+				return err
+			}
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)
 				if err == nil && tr != nil {
@@ -148,9 +162,10 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")
 	fl.DurationSliceVar(&sc.CallOverhead, "call-overhead", nil, "time added to every call's response beyond its runtime (the warm data path); several values: each call draws one")
 	fl.StringVar(&calibrate, "calibrate", "", "a replay of the same schedule (its --out directory or invocations.csv): each call's overhead is drawn from the calls it sent at about the same time, and --cold-start, unless given, is its measured cold calls' median wait for a sandbox")
-	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min)")
+	fl.StringVar(&keepAlive, "keep-alive", "", "the functions' keep-alive: POLICY, DURATION or POLICY:DURATION (ttl, gd:5m, hybrid); ttl's duration is the autoscaler's scale-down delay, gd's the longest an idle sandbox is kept (default gd, 15 min), hybrid's the keep-alive of a function whose idle times do not yet say (docs/policies.md)")
 	fl.StringVar(&out, "out", "", "directory for summary.json, invocations.csv and plots")
 	fl.StringSliceVar(&modes, "modes", nil, "compare scaling modes (async, sync, dual) across --stable-windows, as PulseNet's Fig. 11: slowdown against memory, a run each under --out/<mode>-<window>/, --out/modes.csv and modes.png (keep-alive policy ttl)")
+	fl.StringSliceVar(&keepAlives, "keep-alives", nil, "compare keep-alive settings (as --keep-alive: ttl, gd:15m, hybrid): a run each under --out/<setting>/, --out/keepalive.md and keepalive.png (cold starts against memory)")
 	fl.BoolVar(&sc.Triggers, "triggers", false, "the trace's timer-triggered functions are cron triggers: each minute's calls fire at its start, and the functions are pre-warmed before each tick as the control plane does (docs/triggers.md); prints their measured calls and cold starts")
 	fl.BoolVar(&sc.NoPrewarm, "no-prewarm", false, "with --triggers: no pre-warming (the ticks only)")
 	fl.StringVar(&templateFractions, "template-fraction", "0", "functions from Python source: the fraction of the nodes holding each function's template (chosen per function by rendezvous hashing; placement does not prefer them), where a sandbox forks in --template-start instead of a fresh start (--cold-start); 0: no templates, 1: every node; several, comma-separated, compare them (a run each under --out/template-<F>/, compare.md)")

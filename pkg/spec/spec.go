@@ -142,7 +142,7 @@ type Scaling struct {
 	// window plus the scale-to-zero grace, gd for DefaultGDKeepAlive unless
 	// its memory is needed first). Whole seconds, at most 1h.
 	KeepAlive Duration `json:"keep_alive,omitzero"`
-	// KeepAlivePolicy is KeepAliveTTL or KeepAliveGD; "" means the
+	// KeepAlivePolicy is KeepAliveTTL, KeepAliveGD or KeepAliveHybrid; "" means the
 	// cluster's (the control plane's --keep-alive-policy, default gd).
 	KeepAlivePolicy string `json:"keep_alive_policy,omitempty"`
 }
@@ -156,6 +156,12 @@ const (
 	// (DefaultGDKeepAlive) unless a new sandbox finds no room first; then
 	// FaasCache's Greedy-Dual-Size-Frequency order picks which to evict.
 	KeepAliveGD = "gd"
+	// KeepAliveHybrid: Shahrad et al.'s hybrid histogram policy (Azure
+	// Functions'): from the function's idle times, a pre-warm window (it
+	// is unloaded after a call and brought back before the next is due)
+	// and a keep-alive window per function; KeepAlive (default
+	// DefaultGDKeepAlive) while its histogram does not yet say.
+	KeepAliveHybrid = "hybrid"
 )
 
 // DefaultGDKeepAlive is the longest gd keeps an idle sandbox when neither
@@ -165,7 +171,7 @@ const (
 const DefaultGDKeepAlive = 15 * time.Minute
 
 // KeepAlivePolicies are the keep-alive policies a spec or a cluster may choose.
-var KeepAlivePolicies = []string{KeepAliveTTL, KeepAliveGD}
+var KeepAlivePolicies = []string{KeepAliveTTL, KeepAliveGD, KeepAliveHybrid}
 
 // Scaling modes.
 const (

@@ -173,8 +173,8 @@ func KeepAlive(k autoscale.Config) time.Duration {
 // KeepAliveOf is how long an idle sandbox of f lives with no memory
 // pressure.
 func (c *Reconciler) KeepAliveOf(f *spec.Function) time.Duration {
-	if c.gdHolds(f) {
-		return gdKeepAlive(f)
+	if c.holdsIdle(f) {
+		return gdKeepAlive(f) // hybrid: the most it keeps one (its fallback)
 	}
 	return KeepAlive(c.KPAConfig(f))
 }
@@ -243,6 +243,7 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 	c.order = c.order[:len(c.order)-1]
 	c.emit(DeleteFunction{name})
 	c.keep.Forget(name)
+	c.hybrid.Forget(name)
 	c.reconcile(now, fs)
 }
 
@@ -370,7 +371,7 @@ func (fs *fnState) readyCurrent() int {
 
 func (c *Reconciler) decide(fs *fnState, now time.Time) {
 	ready := fs.readyCurrent()
-	if ready > fs.desired && c.gdHolds(fs.spec) {
+	if ready > fs.desired && c.holdsIdle(fs.spec) {
 		// Idle sandboxes gd keeps are a cache, not the autoscaler's scale:
 		// counted as ready they would slow its scale-down (rate limits).
 		ready = fs.desired
@@ -381,6 +382,10 @@ func (c *Reconciler) decide(fs *fnState, now time.Time) {
 			k := c.KPAConfig(fs.spec)
 			d = autoscale.WithPrediction(d, conc, k.TargetConcurrency, k.MaxScale)
 		}
+	}
+	if c.hybridPrewarms(now, fs) {
+		k := c.KPAConfig(fs.spec)
+		d = autoscale.WithPrediction(d, 1, k.TargetConcurrency, k.MaxScale)
 	}
 	prev := fs.desired
 	fs.desired = d.Desired
@@ -589,7 +594,11 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		fs.placeErr, fs.quotaErr = "", ""
 		n := active - want
 		if c.holdSurplus(now, fs) {
-			n = active - c.scaleCap(fs) // idle ones kept, within the function's bounds
+			kept := c.scaleCap(fs) // gd: idle ones kept, within the function's bounds
+			if c.KeepAlivePolicyOf(fs.spec) == spec.KeepAliveHybrid {
+				kept = max(want, 1) // hybrid keeps the function loaded: one sandbox
+			}
+			n = active - kept
 			if n <= 0 {
 				break
 			}

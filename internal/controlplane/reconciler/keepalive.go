@@ -32,22 +32,56 @@ func (c *Reconciler) KeepAlivePolicyOf(f *spec.Function) string {
 	return c.cfg.KeepAlivePolicy
 }
 
-// gdHolds reports whether f keeps idle sandboxes under gd (sync mode has
-// its own hold, the peak of its keep-alive, and ignores the policy).
-func (c *Reconciler) gdHolds(f *spec.Function) bool {
-	return c.KeepAlivePolicyOf(f) == spec.KeepAliveGD && c.ModeOf(f) != spec.ModeSync
+// holdsIdle reports whether f keeps idle sandboxes beyond its demand:
+// under gd, and under hybrid (sync mode has its own hold, the peak of its
+// keep-alive, and ignores the policy).
+func (c *Reconciler) holdsIdle(f *spec.Function) bool {
+	p := c.KeepAlivePolicyOf(f)
+	return (p == spec.KeepAliveGD || p == spec.KeepAliveHybrid) && c.ModeOf(f) != spec.ModeSync
 }
 
 // holdSurplus reports whether fs keeps sandboxes beyond its demand instead
-// of removing them now (gd, within the keep-alive if one is set).
+// of removing them now (gd, within the keep-alive if one is set; hybrid,
+// within its keep-alive window from its last call, unless it is to be
+// unloaded and pre-warmed).
 func (c *Reconciler) holdSurplus(now time.Time, fs *fnState) bool {
-	if fs.deleted || !c.gdHolds(fs.spec) {
+	if fs.deleted || !c.holdsIdle(fs.spec) {
 		return false
 	}
 	if fs.surplusSince.IsZero() {
 		fs.surplusSince = now
 	}
+	if c.KeepAlivePolicyOf(fs.spec) == spec.KeepAliveHybrid {
+		w := c.hybrid.Windows(fs.spec.Name, gdKeepAlive(fs.spec))
+		if w.Prewarm > 0 {
+			return false // unloaded now, brought back before the next call (hybridPrewarms)
+		}
+		from := fs.lastUsed
+		if from.IsZero() {
+			from = fs.surplusSince
+		}
+		return now.Sub(from) < w.KeepAlive
+	}
 	return now.Sub(fs.surplusSince) < gdKeepAlive(fs.spec)
+}
+
+// hybridIdle is the least gap between calls that counts as an idle time
+// for the hybrid policy: shorter gaps are between the data planes'
+// reports of a function that is busy.
+const hybridIdle = 5 * time.Second
+
+// hybridPrewarms reports whether fs, under hybrid with a pre-warm window,
+// is in its keep-alive window after it: a sandbox is brought back then.
+func (c *Reconciler) hybridPrewarms(now time.Time, fs *fnState) bool {
+	if fs.lastUsed.IsZero() || c.KeepAlivePolicyOf(fs.spec) != spec.KeepAliveHybrid || c.ModeOf(fs.spec) == spec.ModeSync {
+		return false
+	}
+	w := c.hybrid.Windows(fs.spec.Name, gdKeepAlive(fs.spec))
+	if w.Prewarm <= 0 {
+		return false
+	}
+	start := fs.lastUsed.Add(w.Prewarm)
+	return !now.Before(start) && now.Before(start.Add(w.KeepAlive))
 }
 
 // gdKeepAlive is how long gd keeps f's idle sandboxes with no memory
@@ -62,6 +96,11 @@ func gdKeepAlive(f *spec.Function) time.Duration {
 // touch tells the keep-alive policy about n calls of fs.
 func (c *Reconciler) touch(now time.Time, fs *fnState, n int64) {
 	if n > 0 {
+		if c.KeepAlivePolicyOf(fs.spec) == spec.KeepAliveHybrid && !fs.lastUsed.IsZero() {
+			if idle := now.Sub(fs.lastUsed); idle >= hybridIdle {
+				c.hybrid.Observe(fs.spec.Name, idle)
+			}
+		}
 		fs.lastUsed = now
 		c.keep.Touch(now, fs.spec.Name, n)
 	}

@@ -183,3 +183,45 @@ func TestKeepAliveGDRespectsMax(t *testing.T) {
 		t.Fatalf("%d ready after max 2, want 2", r)
 	}
 }
+
+// Under hybrid, a function called every 20 minutes is learned from its
+// idle times: then, after each call, its sandbox leaves with the
+// autoscaler's windows instead of idling for the whole gap, and a sandbox
+// is back before the next call is due (the pre-warm window, 18 minutes:
+// the 20-minute bin less 10 %).
+func TestKeepAliveHybridLearnsAndPrewarms(t *testing.T) {
+	w := smallWorld(t)
+	w.deployKA("timer", 128, spec.KeepAliveHybrid, 0)
+	call := func() {
+		w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
+			Functions: []*briskv1.FunctionMetric{{Function: "timer", Queued: 1, NoCapacity: true}}}})
+		w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
+			Functions: []*briskv1.FunctionMetric{{Function: "timer", Requests: 1}}}})
+	}
+	// Before the histogram says (fewer than 10 idle times), gd's 15
+	// minutes: the sandbox is there 14 minutes after a call.
+	call()
+	w.idle(14 * time.Minute)
+	if r, _, _ := w.status("timer"); r != 1 {
+		t.Fatalf("learning: %d ready 14 min after a call, want the fallback keep-alive's sandbox", r)
+	}
+	w.idle(6 * time.Minute)
+	for range 11 {
+		call()
+		w.idle(20 * time.Minute)
+	}
+	// Learned: after this call, unloaded, then pre-warmed.
+	call()
+	w.idle(5 * time.Minute)
+	if r, _, _ := w.status("timer"); r != 0 {
+		t.Fatalf("learned: %d ready 5 min after the call, want it unloaded", r)
+	}
+	w.idle(12 * time.Minute) // 17 min after the call
+	if r, p, _ := w.status("timer"); r+p != 0 {
+		t.Fatalf("17 min after the call: %d ready, %d pending, want none before the pre-warm window", r, p)
+	}
+	w.idle(90 * time.Second) // 18.5 min
+	if r, _, _ := w.status("timer"); r != 1 {
+		t.Fatalf("18.5 min after the call: %d ready, want the pre-warmed sandbox", r)
+	}
+}

@@ -68,6 +68,8 @@ type Reconciler struct {
 	rng      *rand.Rand
 	// keep orders idle sandboxes for eviction.
 	keep keepalive.Policy
+	// hybrid learns the idle times of hybrid keep-alive functions.
+	hybrid *keepalive.Hybrid
 	// busyFns holds the functions some data plane last reported with calls
 	// in flight: an urgent report lists all of its data plane's, so the
 	// ones it leaves out are idle there now.
@@ -125,7 +127,7 @@ func New(cfg Config) (*Reconciler, error) {
 	return &Reconciler{
 		cfg: cfg, log: cfg.Logger, rng: rng,
 		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage), busyFns: make(map[*fnState]struct{}),
-		placer: p, placers: make(map[string]placement.Policy), keep: keepalive.NewGD(0),
+		placer: p, placers: make(map[string]placement.Policy), keep: keepalive.NewGD(0), hybrid: keepalive.NewHybrid(keepalive.HybridConfig{}),
 	}, nil
 }
 

@@ -75,6 +75,49 @@ func SimCompare(cfg ReplayConfig, sc sim.Config, placements []string, out string
 	return b.String(), loadgen.PlotCDF(filepath.Join(out, "slowdown_cdf.png"), title, "slowdown (response / requested)", true, series...)
 }
 
+// KeepAlive is one keep-alive setting SimKeepAlives compares.
+type KeepAlive struct {
+	Name   string // as given: ttl, gd:15m, hybrid
+	Policy string
+	Value  time.Duration
+}
+
+// SimKeepAlives simulates cfg once per keep-alive setting: each run's
+// outputs go to out/<setting>/, and out gets keepalive.md (a table of the
+// runs) and keepalive.png (measured cold starts against memory, a point
+// per setting).
+func SimKeepAlives(cfg ReplayConfig, sc sim.Config, kas []KeepAlive, out string) (string, error) {
+	var b strings.Builder
+	b.WriteString("| keep-alive | cold starts (measured) | slowdown gmean p99 | Dirigent median | sandboxes created | peak | memory GiB·s | idle % |\n|---|---|---|---|---|---|---|---|\n")
+	var series []loadgen.XYSeries
+	for _, ka := range kas {
+		sc.KeepAlivePolicy, sc.KeepAlive = ka.Policy, ka.Value
+		dir := ""
+		if out != "" {
+			dir = filepath.Join(out, strings.ReplaceAll(ka.Name, ":", "-"))
+		}
+		o, _, _, err := simRun(cfg, sc, dir)
+		if err != nil {
+			return "", fmt.Errorf("keep-alive %s: %w", ka.Name, err)
+		}
+		dm := "–"
+		if o.Slowdown.DirigentGmeanMedian != nil {
+			dm = fmt.Sprintf("%.3f", *o.Slowdown.DirigentGmeanMedian)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.3f | %s | %d | %d | %.0f | %.0f |\n", ka.Name, o.ColdStarts, o.Slowdown.GeomeanP99, dm,
+			o.SandboxesCreated, o.PeakSandboxes, o.MemoryCost.GBs, 100*o.MemoryCost.IdleShare)
+		series = append(series, loadgen.XYSeries{Name: ka.Name, X: []float64{o.MemoryCost.GBs}, Y: []float64{float64(o.ColdStarts)}})
+	}
+	if out == "" {
+		return b.String(), nil
+	}
+	if err := os.WriteFile(filepath.Join(out, "keepalive.md"), []byte(b.String()), 0o644); err != nil {
+		return "", err
+	}
+	title := fmt.Sprintf("keep-alive policies, %d nodes", sc.Nodes)
+	return b.String(), loadgen.PlotTradeoff(filepath.Join(out, "keepalive.png"), title, "memory of sandboxes (GiB·s)", "cold starts (measured)", series...)
+}
+
 func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.PerFunction, string, error) {
 	var pf loadgen.PerFunction
 	s, err := cfg.Schedule()
