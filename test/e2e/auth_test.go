@@ -304,7 +304,9 @@ func TestQueuedCallsDieWithTheirFunction(t *testing.T) {
 	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "trace", "--max", "1", "--async-concurrency", "1", "--public")
 	var ids []string
 	for range 6 {
-		resp, err := c.hc.Post("http://"+c.invokeAddr+"/async-function/x", "application/json", strings.NewReader(`{"ms": 1500}`))
+		// Long enough that the deletion below comes while five still wait,
+		// however slow a loaded machine makes the CLI.
+		resp, err := c.hc.Post("http://"+c.invokeAddr+"/async-function/x", "application/json", strings.NewReader(`{"ms": 4000}`))
 		if err != nil {
 			t.Fatal(err)
 		}
