@@ -21,12 +21,12 @@ import (
 )
 
 // triggerTicks returns the ticks (unix seconds) of the calls trigger uid
-// made that succeeded, sorted.
-func triggerTicks(t *testing.T, c *cluster, fn, uid string) []int64 {
+// made that succeeded, sorted (nil when the calls cannot be read).
+func triggerTicks(t *testing.T, cl *client.Client, fn, uid string) []int64 {
 	t.Helper()
-	recs, err := c.cl.Calls(context.Background(), fn, "", 1000)
+	recs, err := cl.Calls(context.Background(), fn, "", 1000)
 	if err != nil {
-		t.Fatalf("calls: %v", err)
+		return nil
 	}
 	var ticks []int64
 	for _, r := range recs {
@@ -68,7 +68,7 @@ func TestTriggersOnBriskUp(t *testing.T) {
 	if err != nil || every.UID == "" || every.Namespace != "default" || every.Status.State != "active" {
 		t.Fatalf("trigger get: %+v, %v", every, err)
 	}
-	eventually(t, 60*time.Second, "three ticks called", func() bool { return len(triggerTicks(t, c, "tick", every.UID)) >= 3 })
+	eventually(t, 60*time.Second, "three ticks called", func() bool { return len(triggerTicks(t, c.cl, "tick", every.UID)) >= 3 })
 
 	// Bad requests.
 	for _, bad := range []struct {
@@ -241,7 +241,7 @@ spec:
 	}
 
 	// kill -9 and a restart: the ticks missed meanwhile fire once.
-	before := triggerTicks(t, c, "tick", every.UID)
+	before := triggerTicks(t, c.cl, "tick", every.UID)
 	p.stop(syscall.SIGKILL)
 	killed := time.Now()
 	// The outage must span several ticks: this wait is the fault, not a
@@ -251,7 +251,7 @@ spec:
 	restarted := time.Now()
 	var ticks []int64
 	eventually(t, 60*time.Second, "ticks after the restart", func() bool {
-		ticks = triggerTicks(t, c, "tick", every.UID)
+		ticks = triggerTicks(t, c.cl, "tick", every.UID)
 		return len(ticks) > 0 && ticks[len(ticks)-1] > restarted.Unix()+2
 	})
 	if len(ticks) < len(before) {
@@ -291,21 +291,7 @@ func TestTriggerSurvivesLeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ticks := func() []int64 {
-		recs, err := h.client().Calls(ctx, name, "", 1000)
-		if err != nil {
-			return nil
-		}
-		var out []int64
-		for _, r := range recs {
-			if rest, ok := strings.CutPrefix(r.ID, "trigger-"+tr.UID+"-"); ok && r.Status == api.CallSucceeded {
-				n, _ := strconv.ParseInt(rest, 10, 64)
-				out = append(out, n)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
+	ticks := func() []int64 { return triggerTicks(t, h.client(), name, tr.UID) }
 	eventually(t, 60*time.Second, "three ticks called", func() bool { return len(ticks()) >= 3 })
 	old := h.leader()
 	old.p.stop(syscall.SIGKILL)

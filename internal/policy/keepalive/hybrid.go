@@ -1,6 +1,7 @@
 package keepalive
 
 import (
+	"cmp"
 	"math"
 	"time"
 )
@@ -36,7 +37,7 @@ type Hybrid struct {
 }
 
 // HybridConfig holds the policy's parameters; zero fields take the paper's
-// values (DefaultHybridConfig).
+// values (DefaultHybridConfig). Durations and percentages are positive.
 type HybridConfig struct {
 	Bin, Range time.Duration
 	// Head and Tail are the percentiles (0-100) the windows come from.
@@ -80,33 +81,10 @@ type idleHistogram struct {
 // NewHybrid returns the policy with cfg (zero fields: the defaults).
 func NewHybrid(cfg HybridConfig) *Hybrid {
 	d := DefaultHybridConfig()
-	if cfg.Bin <= 0 {
-		cfg.Bin = d.Bin
-	}
-	if cfg.Range <= 0 {
-		cfg.Range = d.Range
-	}
-	if cfg.Head <= 0 {
-		cfg.Head = d.Head
-	}
-	if cfg.Tail <= 0 {
-		cfg.Tail = d.Tail
-	}
-	if cfg.Margin <= 0 {
-		cfg.Margin = d.Margin
-	}
-	if cfg.MinCV <= 0 {
-		cfg.MinCV = d.MinCV
-	}
-	if cfg.MinSamples <= 0 {
-		cfg.MinSamples = d.MinSamples
-	}
-	if cfg.OutOfRange <= 0 {
-		cfg.OutOfRange = d.OutOfRange
-	}
-	if cfg.ForecastMargin <= 0 {
-		cfg.ForecastMargin = d.ForecastMargin
-	}
+	cfg.Bin, cfg.Range = cmp.Or(cfg.Bin, d.Bin), cmp.Or(cfg.Range, d.Range)
+	cfg.Head, cfg.Tail, cfg.Margin = cmp.Or(cfg.Head, d.Head), cmp.Or(cfg.Tail, d.Tail), cmp.Or(cfg.Margin, d.Margin)
+	cfg.MinCV, cfg.MinSamples = cmp.Or(cfg.MinCV, d.MinCV), cmp.Or(cfg.MinSamples, d.MinSamples)
+	cfg.OutOfRange, cfg.ForecastMargin = cmp.Or(cfg.OutOfRange, d.OutOfRange), cmp.Or(cfg.ForecastMargin, d.ForecastMargin)
 	return &Hybrid{cfg: cfg, fns: map[string]*idleHistogram{}}
 }
 
