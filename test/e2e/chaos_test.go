@@ -37,6 +37,8 @@ type haCluster struct {
 	coldSeq  int
 	commonCP []string
 	tag      string // prefix of this run's function names
+	// natsURL and natsToken reach the NATS server of haOptions.nats.
+	natsURL, natsToken string
 }
 
 type haReplica struct {
@@ -99,6 +101,7 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 		startBrisk(t, "nats", "--listen", addr, "--token-file", tokFile, "--data-dir", t.TempDir())
 		waitListening(t, addr)
 		natsArgs = []string{"--nats", "nats://" + addr, "--nats-token-file", tokFile}
+		h.natsURL, h.natsToken = "nats://"+addr, "e2e-nats-secret"
 		h.commonCP = append(h.commonCP, natsArgs...)
 	}
 	// The replicas share one cluster CA, made before their first start.

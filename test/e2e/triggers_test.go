@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/brisk-faas/brisk/internal/trigger"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -356,5 +358,75 @@ func TestCronTriggerPrewarms(t *testing.T) {
 	timing := rec.Result.Header.Get("X-Brisk-Timing")
 	if !strings.Contains(timing, "cold=false") {
 		t.Errorf("the first tick's call: X-Brisk-Timing %q, want a warm start (pre-warmed)", timing)
+	}
+}
+
+// A JetStream trigger's messages are each called at least once across a
+// kill -9 of one of two data planes while they run: the killed one's calls
+// go to the other once their ack wait passes.
+func TestNATSTriggerSurvivesDataPlaneKill(t *testing.T) {
+	h := newHACluster(t, haOptions{workers: 1, nats: true})
+	ctx := context.Background()
+	cl := h.client()
+	name := h.tag + "orders"
+	f := testTraceSpec(name, 1)
+	f.Auth, f.Concurrency = spec.AuthPublic, 8
+	if _, err := cl.Create(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(h.natsURL, nats.Token(h.natsToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"default.orders.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cl.CreateTrigger(ctx, spec.Trigger{Name: "orders", Function: name, NATS: &spec.NATSSource{Subject: "default.orders.>", Stream: "ORDERS"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the trigger's durable consumer", func() bool {
+		_, err := js.Consumer(ctx, "ORDERS", "brisk-"+tr.UID)
+		return err == nil
+	})
+	const n = 120
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := js.Publish(ctx, "default.orders.new", []byte(`{"ms": 300}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	publish(0, n/2)
+	eventually(t, 30*time.Second, "calls running", func() bool {
+		r, err := h.client().Call(ctx, trigger.MessageCallID(tr.UID, 1))
+		return err == nil && r.Status != api.CallQueued
+	})
+	h.dps[0].p.stop(syscall.SIGKILL)
+	publish(n/2, n)
+	missing := func() (out []uint64) {
+		for seq := uint64(1); seq <= n; seq++ {
+			r, err := h.client().Call(ctx, trigger.MessageCallID(tr.UID, seq))
+			if err != nil || r.Status != api.CallSucceeded {
+				out = append(out, seq)
+			}
+		}
+		return out
+	}
+	eventually(t, 90*time.Second, "every message called", func() bool {
+		left := missing()
+		if len(left) > 0 && len(left) < 5 {
+			t.Logf("messages not called yet: %v", left)
+		}
+		return len(left) == 0
+	})
+	st, err := h.client().Trigger(ctx, "", "orders")
+	if err != nil || st.Status.Fired < n {
+		t.Errorf("trigger status %+v (%v), want %d fired", st.Status, err, n)
 	}
 }
