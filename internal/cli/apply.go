@@ -30,7 +30,7 @@ brisk.dev/public ("true": calls need no token). An existing function's spec
 is replaced. A PingSource (sources.knative.dev/v1) whose sink is a Service
 becomes a cron trigger of that function (schedule, timezone, data or
 dataBase64, contentType; its calls are CloudEvents as PingSource sends
-them); an existing one is replaced. See docs/compatibility.md and
+them); an existing one is updated. See docs/compatibility.md and
 docs/triggers.md.`,
 		Example: "  brisk apply -f service.yaml\n  brisk get hello -o yaml",
 		Args:    exactArgs(0),
@@ -70,12 +70,8 @@ docs/triggers.md.`,
 				_, err := cl.CreateTrigger(c.Context(), *t)
 				var ce *client.Error
 				if errors.As(err, &ce) && ce.Status == http.StatusConflict {
-					// No update of a trigger: replaced (its ticks count
-					// from now).
 					verb = "configured"
-					if err = cl.DeleteTrigger(c.Context(), t.Namespace, t.Name); err == nil {
-						_, err = cl.CreateTrigger(c.Context(), *t)
-					}
+					_, err = cl.UpdateTrigger(c.Context(), *t)
 				}
 				if err != nil {
 					return fmt.Errorf("pingsource %s: %w", t.Name, err)

@@ -25,17 +25,21 @@ derived from the trigger and its tick or message, so a firing is queued once
 even when a control plane restarts or hands over. A trigger lives in its
 function's namespace and is deleted with the function (docs/triggers.md).`,
 	}
-	c.AddCommand(newTriggerCreate(g), newTriggerList(g), newTriggerGet(g), newTriggerDelete(g), newTriggerPause(g, true), newTriggerPause(g, false))
+	c.AddCommand(newTriggerSet(g, "create"), newTriggerSet(g, "update"), newTriggerList(g), newTriggerGet(g), newTriggerDelete(g), newTriggerPause(g, true), newTriggerPause(g, false))
 	return c
 }
 
-func newTriggerCreate(g *globals) *cobra.Command {
+func newTriggerSet(g *globals, verb string) *cobra.Command {
 	var t spec.Trigger
 	var cronExpr, tz, payload, payloadFile, contentType, catchUp string
 	var subject, natsURL, creds, stream string
+	short := "Create a trigger"
+	if verb == "update" {
+		short = "Replace a trigger's spec (it keeps its id and counts; a new schedule or subject counts from now)"
+	}
 	c := &cobra.Command{
-		Use:   "create NAME --function FN (--cron EXPR | --nats SUBJECT)",
-		Short: "Create a trigger",
+		Use:   verb + " NAME --function FN (--cron EXPR | --nats SUBJECT)",
+		Short: short,
 		Example: `  brisk trigger create nightly --function report --cron "0 2 * * *" --tz Europe/Berlin
   brisk trigger create tick --function probe --cron "@every 30s" --payload '{"check":"all"}' --content-type application/json
   brisk trigger create orders --function ship --nats 'default.orders.>'
@@ -72,11 +76,17 @@ func newTriggerCreate(g *globals) *cobra.Command {
 			if t.Function == "" {
 				return usageError{errors.New("--function is required")}
 			}
-			v, err := g.client().CreateTrigger(c.Context(), t)
+			var v *api.TriggerView
+			var err error
+			if verb == "update" {
+				v, err = g.client().UpdateTrigger(c.Context(), t)
+			} else {
+				v, err = g.client().CreateTrigger(c.Context(), t)
+			}
 			if err != nil {
 				return err
 			}
-			fmt.Printf("trigger %s/%s created: %s\n", v.Namespace, v.Name, describeTrigger(v))
+			fmt.Printf("trigger %s/%s %sd: %s\n", v.Namespace, v.Name, verb, describeTrigger(v))
 			return nil
 		},
 	}

@@ -74,6 +74,7 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("POST /v1/triggers", cp.createTrigger)
 	mux.HandleFunc("GET /v1/triggers", cp.listTriggers)
 	mux.HandleFunc("GET /v1/triggers/{name}", cp.getTrigger)
+	mux.HandleFunc("PUT /v1/triggers/{name}", cp.updateTrigger)
 	mux.HandleFunc("DELETE /v1/triggers/{name}", cp.deleteTrigger)
 	mux.HandleFunc("POST /v1/triggers/{name}/pause", cp.pauseTrigger)
 	mux.HandleFunc("POST /v1/triggers/{name}/resume", cp.resumeTrigger)

@@ -181,6 +181,85 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, cp.triggerView(rec))
 }
 
+// updateTrigger replaces a trigger's spec in place: it keeps its uid (so
+// its call ids, and the ticks already fired, stay its own) and its counts;
+// a changed source counts its ticks from now.
+func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var t spec.Trigger
+	if !readJSONLimit(w, r, &t, maxTriggerBody) {
+		return
+	}
+	if t.Name != "" && t.Name != name {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: name %q does not match the URL's %q", t.Name, name))
+		return
+	}
+	t.Name = name
+	ns := cp.triggerNamespace(r, t.Namespace)
+	t.Namespace = ns
+	if err := t.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	cp.triggerMu.Lock()
+	old := cp.triggerRecs[store.TriggerKey(ns, name)]
+	cp.triggerMu.Unlock()
+	oldFn := ""
+	if old != nil {
+		oldFn = old.Function
+	}
+	if !cp.authorize(w, r, auth.ScopeDeploy, ns, oldFn) || !cp.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
+		return
+	}
+	if old == nil {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
+		return
+	}
+	if old.Managed != "" {
+		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q is made from function %q's annotations: change them instead", name, old.Function))
+		return
+	}
+	l := cp.nameLock(t.Function)
+	l.Lock()
+	defer l.Unlock()
+	c := cp.cluster
+	c.mu.Lock()
+	f := c.r.Spec(t.Function)
+	c.mu.Unlock()
+	if f == nil || namespaceOf(f) != ns {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
+		return
+	}
+	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q", n.CredentialsSecret, ns))
+		return
+	}
+	cp.triggerMu.Lock()
+	cur := cp.triggerRecs[old.Key()]
+	if cur == nil || cur.UID != old.UID {
+		cp.triggerMu.Unlock()
+		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q changed meanwhile; try again", name))
+		return
+	}
+	t.UID, t.CreatedAt, t.FunctionUID = cur.UID, cur.CreatedAt, f.UID
+	rec := &store.Trigger{Trigger: t, LastTick: cur.LastTick}
+	if !reflect.DeepEqual(t.Cron, cur.Cron) || !reflect.DeepEqual(t.NATS, cur.NATS) || t.Paused != cur.Paused {
+		rec.LastTick = time.Now().UTC() // ticks of the new schedule count from now
+	}
+	if err := cp.store.UpdateTrigger(rec); err != nil {
+		cp.triggerMu.Unlock()
+		writeStoreError(w, "storing the trigger: ", err)
+		return
+	}
+	cp.triggerRecs[rec.Key()] = rec
+	cp.refreshPrewarmLocked(cur.Function, t.Function)
+	cp.triggerMu.Unlock()
+	if cp.triggers != nil {
+		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+	}
+	writeJSON(w, http.StatusOK, cp.triggerView(rec))
+}
+
 // lookupTrigger finds the trigger a request names and checks the token
 // may manage it; on failure it has answered (404 for another tenant's
 // trigger too).

@@ -490,6 +490,14 @@ func (c *Client) Trigger(ctx context.Context, namespace, name string) (*api.Trig
 	return &out, err
 }
 
+// UpdateTrigger replaces a trigger's spec (t.Name names it): it keeps its
+// uid and counts; a changed schedule or subject counts from now.
+func (c *Client) UpdateTrigger(ctx context.Context, t spec.Trigger) (*api.TriggerView, error) {
+	var out api.TriggerView
+	err := c.do(ctx, http.MethodPut, "/v1/triggers/"+url.PathEscape(t.Name)+nsQuery(t.Namespace), t, &out)
+	return &out, err
+}
+
 // DeleteTrigger deletes a trigger (a JetStream trigger's durable consumer
 // with it).
 func (c *Client) DeleteTrigger(ctx context.Context, namespace, name string) error {

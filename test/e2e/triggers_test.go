@@ -156,6 +156,9 @@ func TestTriggersOnBriskUp(t *testing.T) {
 	if m = managed(); len(m) != 1 || m["conn-cron"] == nil || m["conn-cron"].Cron.Schedule != "0 * * * *" {
 		t.Errorf("after the update: %+v", m)
 	}
+	if _, err := c.cl.UpdateTrigger(ctx, spec.Trigger{Name: "conn-cron", Function: "conn", Cron: &spec.CronSource{Schedule: "@hourly"}}); !errors.As(err, &he) || he.Status != http.StatusConflict {
+		t.Errorf("updating an annotation trigger: %v, want 409", err)
+	}
 	ann.Annotations["schedule"] = "every day"
 	if _, err := c.cl.Update(ctx, ann); err == nil || !strings.Contains(err.Error(), "schedule") {
 		t.Errorf("a bad schedule annotation: %v", err)
@@ -238,6 +241,20 @@ spec:
 	if out := c.mustBrisk(t, "trigger", "resume", "orders"); !strings.Contains(out, "active") {
 		t.Errorf("resume said %q", out)
 	}
+	// Update in place: the same uid, the new schedule.
+	c.mustBrisk(t, "trigger", "create", "upd", "--function", "tick", "--cron", "@hourly")
+	upd, _ := c.cl.Trigger(ctx, "", "upd")
+	if out := c.mustBrisk(t, "trigger", "update", "upd", "--function", "tick", "--cron", "0 3 * * *", "--tz", "Asia/Tokyo"); !strings.Contains(out, "updated") {
+		t.Errorf("update said %q", out)
+	}
+	after, err := c.cl.Trigger(ctx, "", "upd")
+	if err != nil || after.UID != upd.UID || after.Cron.Schedule != "0 3 * * *" || after.Cron.TimeZone != "Asia/Tokyo" || after.Status.Next.UTC().Hour() != 18 {
+		t.Errorf("after the update: %+v (%v), want uid %s and the new schedule (next at 18:00 UTC)", after, err, upd.UID)
+	}
+	if out, code := c.brisk(t, "trigger", "update", "nope", "--function", "tick", "--cron", "@hourly"); code == 0 || !strings.Contains(out, "404") {
+		t.Errorf("updating a missing trigger: exit %d, %q", code, out)
+	}
+	c.mustBrisk(t, "trigger", "delete", "upd")
 	if out := c.mustBrisk(t, "trigger", "list"); !strings.Contains(out, "every") || !strings.Contains(out, "default.orders.>") {
 		t.Errorf("trigger list:\n%s", out)
 	}
