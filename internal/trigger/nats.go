@@ -81,16 +81,26 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 	if own {
 		defer nc.Close()
 	}
+	// work is never closed: a JetStream handler may still be running when
+	// the subscription stops. Workers and handlers leave on wctx instead;
+	// a message handed over but not run is not acknowledged, so JetStream
+	// delivers it again.
 	work := make(chan func(), r.cfg.Workers)
+	wctx, stopWorkers := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range r.cfg.Workers {
 		wg.Go(func() {
-			for f := range work {
-				f()
+			for {
+				select {
+				case f := <-work:
+					f()
+				case <-wctx.Done():
+					return
+				}
 			}
 		})
 	}
-	defer func() { close(work); wg.Wait() }()
+	defer func() { stopWorkers(); wg.Wait() }()
 	uid := j.e.Trigger.UID
 	if n.Stream == "" {
 		ch := make(chan *nats.Msg, 8192)
@@ -105,11 +115,16 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 			case <-ctx.Done():
 				return nil
 			case m := <-ch:
-				work <- func() {
+				f := func() {
 					id := CallIDPrefix + uid + "-" + randomHex(8)
 					if err := r.submitMessage(ctx, j, id, false, m.Subject, m.Header, m.Data); err != nil {
 						j.stats.fail(err)
 					}
+				}
+				select {
+				case work <- f:
+				case <-ctx.Done():
+					return nil
 				}
 			}
 		}
@@ -137,7 +152,10 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 	}
 	j.stats.clearErr()
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		work <- func() { r.deliverStored(ctx, j, m) }
+		select {
+		case work <- func() { r.deliverStored(ctx, j, m) }:
+		case <-wctx.Done():
+		}
 	}, jetstream.PullMaxMessages(2*r.cfg.Workers), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			j.stats.fail(err)

@@ -296,6 +296,8 @@ func TestPauseAndResume(t *testing.T) {
 	r.Put(resumed)
 	next := clk.Now().Add(10 * time.Second).Truncate(time.Second)
 	advanceUntil(t, clk, "the resumed trigger's next tick", func() bool { return rg.rec.ran(CronCallID("up", next)) == 1 })
+	rg.rec.mu.Lock()
+	defer rg.rec.mu.Unlock()
 	for id := range rg.rec.runs {
 		if strings.HasPrefix(id, CallIDPrefix+"up-") && id != CronCallID("up", next) {
 			t.Errorf("resumed trigger fired %s: a tick from its pause", id)
