@@ -131,18 +131,8 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 	l := cp.nameLock(t.Function)
 	l.Lock()
 	defer l.Unlock()
-	c := cp.cluster
-	c.mu.Lock()
-	f := c.r.Spec(t.Function)
-	c.mu.Unlock()
-	if f == nil || namespaceOf(f) != ns {
-		// The same answer for a function of another namespace: names do
-		// not leak.
-		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
-		return
-	}
-	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
+	f, ok := cp.triggerTarget(w, ns, &t)
+	if !ok {
 		return
 	}
 	now := time.Now().UTC()
@@ -222,16 +212,8 @@ func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	l := cp.nameLock(t.Function)
 	l.Lock()
 	defer l.Unlock()
-	c := cp.cluster
-	c.mu.Lock()
-	f := c.r.Spec(t.Function)
-	c.mu.Unlock()
-	if f == nil || namespaceOf(f) != ns {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
-		return
-	}
-	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q", n.CredentialsSecret, ns))
+	f, ok := cp.triggerTarget(w, ns, &t)
+	if !ok {
 		return
 	}
 	cp.triggerMu.Lock()
@@ -258,6 +240,27 @@ func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
 	writeJSON(w, http.StatusOK, cp.triggerView(rec))
+}
+
+// triggerTarget returns the function trigger t of namespace ns calls,
+// after checking it is there and so is t's credentials secret; the caller
+// holds the function's name lock. On failure it has answered.
+func (cp *ControlPlane) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
+	c := cp.cluster
+	c.mu.Lock()
+	f := c.r.Spec(t.Function)
+	c.mu.Unlock()
+	if f == nil || namespaceOf(f) != ns {
+		// The same answer for a function of another namespace: names do
+		// not leak.
+		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
+		return nil, false
+	}
+	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
+		return nil, false
+	}
+	return f, true
 }
 
 // lookupTrigger finds the trigger a request names and checks the token
