@@ -16,9 +16,15 @@ import (
 // root command will once it registers them.
 func benchRoot(args ...string) (*cobra.Command, *bytes.Buffer, *bytes.Buffer) {
 	g := &globals{admin: "127.0.0.1:1", invoke: "127.0.0.1:1", logLevel: "info"}
+	return cmdRoot(args, newBench(g), newReplay(g))
+}
+
+// cmdRoot is a command tree with cmds alone, given args, its output
+// captured.
+func cmdRoot(args []string, cmds ...*cobra.Command) (*cobra.Command, *bytes.Buffer, *bytes.Buffer) {
 	root := &cobra.Command{Use: "brisk", SilenceUsage: true, SilenceErrors: true}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newBench(g), newReplay(g))
+	root.AddCommand(cmds...)
 	var out, errOut bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errOut)
@@ -26,19 +32,27 @@ func benchRoot(args ...string) (*cobra.Command, *bytes.Buffer, *bytes.Buffer) {
 	return root, &out, &errOut
 }
 
-func traces(t *testing.T, name string) string {
+// moduleRoot is the directory of the go.mod above the test.
+func moduleRoot(t *testing.T) string {
 	t.Helper()
-	dir, _ := os.Getwd()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
+			return dir
 		}
 		if filepath.Dir(dir) == dir {
 			t.Fatal("no go.mod above the test")
 		}
 		dir = filepath.Dir(dir)
 	}
-	p := filepath.Join(dir, "..", "shared", "traces", name)
+}
+
+func traces(t *testing.T, name string) string {
+	t.Helper()
+	p := filepath.Join(moduleRoot(t), "..", "shared", "traces", name)
 	if _, err := os.Stat(p); err != nil {
 		t.Skipf("trace %s not available: %v", p, err)
 	}

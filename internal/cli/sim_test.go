@@ -14,32 +14,13 @@ import (
 
 // simRoot is a command tree with brisk sim alone.
 func simRoot(args ...string) (*cobra.Command, *bytes.Buffer, *bytes.Buffer) {
-	root := &cobra.Command{Use: "brisk", SilenceUsage: true, SilenceErrors: true}
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newSim())
-	var out, errOut bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	root.SetArgs(args)
-	return root, &out, &errOut
+	return cmdRoot(args, newSim())
 }
 
 // repoTrace is traces/name of this repository.
 func repoTrace(t *testing.T, name string) string {
 	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "traces", name)
-		}
-		if filepath.Dir(dir) == dir {
-			t.Fatal("no go.mod above the test")
-		}
-		dir = filepath.Dir(dir)
-	}
+	return filepath.Join(moduleRoot(t), "traces", name)
 }
 
 type simSummaryJSON struct {

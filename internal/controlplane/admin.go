@@ -301,7 +301,7 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.applyFunction(f)
-	cp.syncAnnotationTriggers(f)
+	cp.syncAnnotationTriggers(f, nil)
 	cp.metrics.functions.Inc()
 	w.Header().Set("Location", "/v1/functions/"+f.Name)
 	writeCompactJSON(w, http.StatusCreated, f)
@@ -368,7 +368,7 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
 	cp.applyFunction(f)
-	cp.syncAnnotationTriggers(f)
+	cp.syncAnnotationTriggers(f, old)
 	writeCompactJSON(w, http.StatusOK, f)
 }
 

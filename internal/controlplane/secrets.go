@@ -178,9 +178,10 @@ func (c *Cluster) secretUsers(ns, name string) []string {
 	return out
 }
 
-// secretNamespace is the namespace a secret request addresses: the query's
-// or the body's, else the token's own, else the default one.
-func (cp *ControlPlane) secretNamespace(r *http.Request, body string) string {
+// requestNamespace is the namespace a secret or trigger request
+// addresses: the query's or the body's, else the token's own, else the
+// default one.
+func (cp *ControlPlane) requestNamespace(r *http.Request, body string) string {
 	ns := r.URL.Query().Get("namespace")
 	if ns == "" {
 		ns = body
@@ -280,7 +281,7 @@ func (cp *ControlPlane) createSecret(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	ns := cp.secretNamespace(r, req.Namespace)
+	ns := cp.requestNamespace(r, req.Namespace)
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
@@ -322,7 +323,7 @@ func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: name %q does not match the URL's %q", req.Name, name))
 		return
 	}
-	ns := cp.secretNamespace(r, req.Namespace)
+	ns := cp.requestNamespace(r, req.Namespace)
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
@@ -351,7 +352,7 @@ func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) getSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	ns := cp.secretNamespace(r, "")
+	ns := cp.requestNamespace(r, "")
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
@@ -391,7 +392,7 @@ func (cp *ControlPlane) listSecrets(w http.ResponseWriter, r *http.Request) {
 
 func (cp *ControlPlane) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	ns := cp.secretNamespace(r, "")
+	ns := cp.requestNamespace(r, "")
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}

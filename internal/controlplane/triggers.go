@@ -100,23 +100,35 @@ func (cp *ControlPlane) triggerView(t *store.Trigger) api.TriggerView {
 	return v
 }
 
-// triggerNamespace is the namespace a trigger request addresses: the
-// query's or the body's, else the token's own, else the default one.
-func (cp *ControlPlane) triggerNamespace(r *http.Request, body string) string {
-	return cp.secretNamespace(r, body)
+// readTrigger decodes and checks a trigger request's body, in the
+// namespace it addresses; name, when set, is the URL's, which the body may
+// repeat. On failure it has answered.
+func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name string) (spec.Trigger, bool) {
+	var t spec.Trigger
+	if !readJSONLimit(w, r, &t, maxTriggerBody) {
+		return t, false
+	}
+	if name != "" {
+		if t.Name != "" && t.Name != name {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: name %q does not match the URL's %q", t.Name, name))
+			return t, false
+		}
+		t.Name = name
+	}
+	t.Namespace = cp.requestNamespace(r, t.Namespace)
+	if err := t.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return t, false
+	}
+	return t, true
 }
 
 func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
-	var t spec.Trigger
-	if !readJSONLimit(w, r, &t, maxTriggerBody) {
+	t, ok := cp.readTrigger(w, r, "")
+	if !ok {
 		return
 	}
-	ns := cp.triggerNamespace(r, t.Namespace)
-	t.Namespace = ns
-	if err := t.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
+	ns := t.Namespace
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
 		return
 	}
@@ -176,21 +188,11 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 // a changed source counts its ticks from now.
 func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	var t spec.Trigger
-	if !readJSONLimit(w, r, &t, maxTriggerBody) {
+	t, ok := cp.readTrigger(w, r, name)
+	if !ok {
 		return
 	}
-	if t.Name != "" && t.Name != name {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: name %q does not match the URL's %q", t.Name, name))
-		return
-	}
-	t.Name = name
-	ns := cp.triggerNamespace(r, t.Namespace)
-	t.Namespace = ns
-	if err := t.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
+	ns := t.Namespace
 	cp.triggerMu.Lock()
 	old := cp.triggerRecs[store.TriggerKey(ns, name)]
 	cp.triggerMu.Unlock()
@@ -268,7 +270,7 @@ func (cp *ControlPlane) triggerTarget(w http.ResponseWriter, ns string, t *spec.
 // trigger too).
 func (cp *ControlPlane) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
 	name := r.PathValue("name")
-	ns := cp.triggerNamespace(r, "")
+	ns := cp.requestNamespace(r, "")
 	cp.triggerMu.Lock()
 	t := cp.triggerRecs[store.TriggerKey(ns, name)]
 	cp.triggerMu.Unlock()
@@ -449,7 +451,10 @@ func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.F
 		writeError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
-	if len(ts) > 0 && cp.cfg.Async == nil {
+	if len(ts) == 0 {
+		return true
+	}
+	if cp.cfg.Async == nil {
 		writeError(w, http.StatusNotImplemented, "annotations: topic asks for a trigger, and triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats)")
 		return false
 	}
@@ -466,8 +471,14 @@ func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.F
 
 // syncAnnotationTriggers makes the triggers f's annotations own what they
 // ask for now: new ones created, changed ones replaced, dropped ones
-// deleted. The caller holds f's name lock.
-func (cp *ControlPlane) syncAnnotationTriggers(f *spec.Function) {
+// deleted. old is the spec f replaces (nil for a new function): without a
+// topic annotation in either there is nothing to do, which keeps
+// registrations away from the triggers' lock. The caller holds f's name
+// lock.
+func (cp *ControlPlane) syncAnnotationTriggers(f, old *spec.Function) {
+	if f.Annotations[spec.AnnotationTopic] == "" && (old == nil || old.Annotations[spec.AnnotationTopic] == "") {
+		return
+	}
 	want, err := spec.AnnotationTriggers(f)
 	if err != nil { // admitted: cannot happen
 		cp.log.Warn("annotation triggers", "function", f.Name, "err", err)
@@ -532,25 +543,19 @@ func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
 	if cp.triggers == nil {
 		return // they do not fire here
 	}
+	// Named functions are set even to none (their last cron trigger
+	// went); with none named, every function with a trigger (at load).
 	scheds := map[string][]prewarm.Ticks{}
 	for _, fn := range fns {
 		scheds[fn] = nil
 	}
 	for _, t := range cp.triggerRecs {
-		if _, ok := scheds[t.Function]; !ok && len(fns) > 0 {
+		if _, named := scheds[t.Function]; len(fns) > 0 && !named || t.Cron == nil || t.Paused {
 			continue
 		}
-		if t.Cron == nil || t.Paused {
-			if _, ok := scheds[t.Function]; !ok {
-				scheds[t.Function] = nil
-			}
-			continue
+		if s, err := spec.ParseSchedule(t.Cron); err == nil {
+			scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
 		}
-		s, err := spec.ParseSchedule(t.Cron)
-		if err != nil {
-			continue
-		}
-		scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
 	}
 	c := cp.cluster
 	c.mu.Lock()

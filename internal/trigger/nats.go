@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -207,7 +209,7 @@ func (r *Runner) submitMessage(ctx context.Context, j *job, id string, dedupe bo
 	h := make(http.Header, len(mh)+2)
 	for k, vs := range mh {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if strings.HasPrefix(ck, "Nats-") || droppedHeader[ck] || !httpguts.ValidHeaderFieldName(ck) {
+		if strings.HasPrefix(ck, "Nats-") || httpx.HopByHop(ck) || droppedHeader[ck] || !httpguts.ValidHeaderFieldName(ck) {
 			continue
 		}
 		for _, v := range vs {
@@ -219,7 +221,7 @@ func (r *Runner) submitMessage(ctx context.Context, j *job, id string, dedupe bo
 	addHeaders(h, t.Headers, id, r.clk.Now())
 	h["X-Brisk-Trigger"] = []string{j.e.Key()}
 	h["X-Brisk-Subject"] = []string{subject}
-	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmpOr(t.Path, "/"), Header: h, Body: data,
+	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmp.Or(t.Path, "/"), Header: h, Body: data,
 		Host: "brisk-trigger", FunctionUID: t.FunctionUID, Fresh: true, Dedupe: dedupe}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -230,10 +232,10 @@ func (r *Runner) submitMessage(ctx context.Context, j *job, id string, dedupe bo
 	return nil
 }
 
-// droppedHeader: headers of a message that do not become the call's.
+// droppedHeader: headers of a message that do not become the call's,
+// beyond the hop-by-hop ones: HTTP's framing and brisk's own.
 var droppedHeader = map[string]bool{
-	"Connection": true, "Content-Length": true, "Transfer-Encoding": true, "Host": true, "Upgrade": true, "Te": true, "Trailer": true,
-	"Keep-Alive": true, "Proxy-Connection": true, "Authorization": true, "X-Call-Id": true, "X-Callback-Url": true, "Prefer": true,
+	"Content-Length": true, "Host": true, "Authorization": true, "X-Call-Id": true, "X-Callback-Url": true, "Prefer": true,
 }
 
 // conn is the connection j subscribes on: the cluster's, or its own to

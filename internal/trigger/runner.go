@@ -1,6 +1,7 @@
 package trigger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -316,12 +317,12 @@ func (r *Runner) fireCron(ctx context.Context, j *job, tick time.Time) error {
 	var body []byte
 	if t.Cron.Payload != "" {
 		body = []byte(t.Cron.Payload)
-		h.Set("Content-Type", cmpOr(t.Cron.ContentType, "text/plain; charset=utf-8"))
+		h.Set("Content-Type", cmp.Or(t.Cron.ContentType, "text/plain; charset=utf-8"))
 	}
 	addHeaders(h, t.Headers, id, tick)
 	h["X-Brisk-Trigger"] = []string{j.e.Key()}
 	h["X-Brisk-Trigger-Time"] = []string{tick.UTC().Format(time.RFC3339)}
-	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmpOr(t.Path, "/"),
+	c := &async.Call{ID: id, Function: t.Function, Method: http.MethodPost, Path: cmp.Or(t.Path, "/"),
 		Header: h, Body: body, Host: "brisk-trigger", FunctionUID: t.FunctionUID}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -378,13 +379,6 @@ func addHeaders(h http.Header, own map[string]string, id string, at time.Time) {
 	if h.Get("Ce-Time") == "" {
 		h.Set("Ce-Time", at.UTC().Format(time.RFC3339Nano))
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // permanent reports whether a submit can never succeed (the message, not

@@ -6,6 +6,7 @@ package knative
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -254,7 +255,7 @@ func (p *PingSource) ToTrigger() (*spec.Trigger, error) {
 		}
 		data = string(b)
 	}
-	source := "/apis/v1/namespaces/" + cmpOr(ns, spec.DefaultNamespace) + "/pingsources/" + p.Metadata.Name
+	source := "/apis/v1/namespaces/" + cmp.Or(ns, spec.DefaultNamespace) + "/pingsources/" + p.Metadata.Name
 	h := map[string]string{"Ce-Specversion": "1.0", "Ce-Type": "dev.knative.sources.ping", "Ce-Source": source}
 	if p.Spec.CEOverrides != nil {
 		for k, v := range p.Spec.CEOverrides.Extensions {
@@ -270,13 +271,6 @@ func (p *PingSource) ToTrigger() (*spec.Trigger, error) {
 		return nil, err
 	}
 	return t, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func stripComments(doc string) string {

@@ -76,6 +76,10 @@ type idleHistogram struct {
 	inRange    int
 	outOfRange int
 	recentOOR  []time.Duration // the last few idle times beyond the range
+	// windows is what the histogram says, computed once per change: the
+	// reconciler asks at every decision, idle times come rarely.
+	windows HybridWindows
+	stale   bool
 }
 
 // NewHybrid returns the policy with cfg (zero fields: the defaults).
@@ -104,10 +108,12 @@ func (h *Hybrid) Observe(key string, idle time.Duration) {
 		if len(f.recentOOR) > 8 {
 			f.recentOOR = f.recentOOR[1:]
 		}
+		f.stale = true
 		return
 	}
 	f.bins[int(idle/h.cfg.Bin)]++
 	f.inRange++
+	f.stale = true
 }
 
 // Forget drops what the policy learned of key (a deleted function).
@@ -120,6 +126,17 @@ func (h *Hybrid) Windows(key string, fallback time.Duration) HybridWindows {
 	if f == nil {
 		return HybridWindows{KeepAlive: fallback, Mode: "fallback"}
 	}
+	if f.stale {
+		f.windows, f.stale = h.decide(f), false
+	}
+	if f.windows.Mode == "fallback" {
+		return HybridWindows{KeepAlive: fallback, Mode: "fallback"}
+	}
+	return f.windows
+}
+
+// decide computes f's windows; a fallback leaves KeepAlive to the caller's.
+func (h *Hybrid) decide(f *idleHistogram) HybridWindows {
 	total := f.inRange + f.outOfRange
 	if total >= h.cfg.MinSamples && float64(f.outOfRange) > h.cfg.OutOfRange*float64(total) {
 		var sum time.Duration
@@ -131,7 +148,7 @@ func (h *Hybrid) Windows(key string, fallback time.Duration) HybridWindows {
 		return HybridWindows{Prewarm: mean - m, KeepAlive: 2 * m, Mode: "forecast"}
 	}
 	if f.inRange < h.cfg.MinSamples || cv(f.bins) < h.cfg.MinCV {
-		return HybridWindows{KeepAlive: fallback, Mode: "fallback"}
+		return HybridWindows{Mode: "fallback"}
 	}
 	head := percentileBin(f.bins, f.inRange, h.cfg.Head)
 	tail := percentileBin(f.bins, f.inRange, h.cfg.Tail) + 1 // the bin's upper edge
