@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -27,6 +28,12 @@ distribution, runtime and memory drawn within each function's percentile
 brackets, all deterministic for --seed. TRACE_DIR holds invocations.csv,
 durations.csv and memory.csv.
 
+With --triggers, the trace's timer functions are called by cron triggers
+(ticking at their calls' times, spread evenly over each minute) and its
+queue functions by NATS triggers: the generator publishes their calls as
+messages on a JetStream stream. Those calls' response times run from the
+tick or the publish to the call's end (docs/triggers.md).
+
 The trace's functions are registered as trace-func-<row> (built-in trace
 function, concurrency 1, the loader's resource recipe), the schedule is sent
 open-loop, and the papers' metrics are computed: slowdown (geometric mean of
@@ -49,6 +56,12 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 			if dryRun {
 				return sched.WriteCSV(c.OutOrStdout(), cfg.TimeScale)
 			}
+			if cfg.Triggers {
+				if !f.local {
+					return usageError{errors.New("--triggers needs --local: the queue functions' messages go to the local cluster's embedded NATS")}
+				}
+				f.async = true
+			}
 			return f.run(c, g, func(ctx context.Context, cl *bench.Cluster, o bench.Options) (string, error) {
 				_, text, err := bench.Replay(ctx, cl, o, cfg)
 				return text, err
@@ -59,6 +72,7 @@ schedule as CSV without any cluster. See docs/benchmarks.md.`,
 	fl := c.Flags()
 	registerReplayFlags(fl, &cfg)
 	fl.BoolVar(&cfg.Python, "python", false, "deploy the trace functions as Python source (the trace function's protocol with a web function's imports, ~100 ms; docs/languages.md) instead of the built-in: on the process runtime their sandboxes start from templates unless the workers run --templates=false")
+	fl.BoolVar(&cfg.Triggers, "triggers", false, "call the trace's timer functions by cron triggers and its queue functions by NATS triggers fed from a JetStream stream (needs --local; docs/triggers.md)")
 	fl.StringVar(&cfg.ScalingMode, "scaling-mode", "", "the registered functions' scaling mode: async, sync or dual (with --local, give workers --emergency-slots); default: the cluster's")
 	fl.DurationVar(&cfg.StableWindow, "stable-window", 0, "the registered functions' autoscaler stable window (with the 30 s scale-to-zero grace, their keep-alive); 0: the cluster's 60 s")
 	fl.StringVar(&cfg.Placement, "placement", "", "the registered functions' placement policy: "+strings.Join(spec.Placements, ", ")+"; default: the cluster's")

@@ -31,7 +31,7 @@ function's namespace and is deleted with the function (docs/triggers.md).`,
 
 func newTriggerSet(g *globals, verb string) *cobra.Command {
 	var t spec.Trigger
-	var cronExpr, tz, payload, payloadFile, contentType, catchUp string
+	var cronExpr, tz, payload, payloadFile, contentType, catchUp, start string
 	var subject, natsURL, creds, stream string
 	short := "Create a trigger"
 	if verb == "update" {
@@ -42,6 +42,7 @@ func newTriggerSet(g *globals, verb string) *cobra.Command {
 		Short: short,
 		Example: `  brisk trigger create nightly --function report --cron "0 2 * * *" --tz Europe/Berlin
   brisk trigger create tick --function probe --cron "@every 30s" --payload '{"check":"all"}' --content-type application/json
+  brisk trigger create sync --function backup --cron "@every 6h" --start 2026-12-01T03:15:00Z
   brisk trigger create orders --function ship --nats 'default.orders.>'
   brisk trigger create orders --function ship --nats orders.created --nats-url nats://10.0.0.5:4222 --credentials-secret nats-creds --stream ORDERS`,
 		Args: exactArgs(1),
@@ -65,9 +66,16 @@ func newTriggerSet(g *globals, verb string) *cobra.Command {
 					payload = string(b)
 				}
 				t.Cron = &spec.CronSource{Schedule: cronExpr, TimeZone: tz, Payload: payload, ContentType: contentType, CatchUp: catchUp}
+				if start != "" {
+					at, err := time.Parse(time.RFC3339, start)
+					if err != nil {
+						return usageError{fmt.Errorf("--start %q: want an RFC 3339 time (2026-12-01T03:15:00Z)", start)}
+					}
+					t.Cron.Start = at.UTC()
+				}
 			case subject != "":
-				if tz != "" || payload != "" || payloadFile != "" || contentType != "" || catchUp != "" {
-					return usageError{errors.New("--tz, --payload, --payload-file, --content-type and --catch-up are for --cron triggers")}
+				if tz != "" || payload != "" || payloadFile != "" || contentType != "" || catchUp != "" || start != "" {
+					return usageError{errors.New("--tz, --payload, --payload-file, --content-type, --catch-up and --start are for --cron triggers")}
 				}
 				t.NATS = &spec.NATSSource{Subject: subject, URL: natsURL, CredentialsSecret: creds, Stream: stream}
 			default:
@@ -99,6 +107,7 @@ func newTriggerSet(g *globals, verb string) *cobra.Command {
 	fl.StringVar(&payload, "payload", "", "body of each scheduled call")
 	fl.StringVar(&payloadFile, "payload-file", "", "read the body of each scheduled call from this file")
 	fl.StringVar(&contentType, "content-type", "", "Content-Type of the payload (default text/plain)")
+	fl.StringVar(&start, "start", "", `when the schedule begins (RFC 3339): no tick before it; "@every D" ticks at it and every D after`)
 	fl.StringVar(&catchUp, "catch-up", "", "ticks missed while no control plane ran: once (default: the latest fires once on recovery) or skip")
 	fl.StringVar(&subject, "nats", "", "NATS subject (wildcards * and >); on the cluster's NATS it lies under the namespace: NAMESPACE.SUBJECT")
 	fl.StringVar(&natsURL, "nats-url", "", "external NATS server (nats://host:port); default: the cluster's")

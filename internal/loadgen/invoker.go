@@ -202,7 +202,7 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 		return rep
 	}
 	rep.Sandbox = resp.Header.Get(HeaderSandbox)
-	rep.QueueUs, rep.Cold = parseTiming(resp.Header.Get(HeaderTiming))
+	rep.QueueUs, rep.Cold = ParseTiming(resp.Header.Get(HeaderTiming))
 	if resp.StatusCode != http.StatusOK {
 		rep.Err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(data[:min(len(data), 200)])))
 		return rep
@@ -211,15 +211,22 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 		rep.Err = errors.New("empty reply")
 		return rep
 	}
+	ParseReply(&rep, data)
+	return rep
+}
+
+// ParseReply reads a trace function's JSON reply into rep: ExecutionTime,
+// the echoed MiB, Function, and MachineName as the sandbox unless rep has
+// one. It copies what it keeps of data.
+func ParseReply(rep *Reply, data []byte) {
 	rep.ExecUs, _ = jsonInt(data, `"ExecutionTime":`)
 	if mb, ok := jsonInt(data, `"mb":`); ok {
 		rep.MemoryMB = int(mb)
 	}
-	rep.Function = jsonString(data, `"Function":`) // copies: data goes back to the pool
+	rep.Function = jsonString(data, `"Function":`)
 	if rep.Sandbox == "" {
 		rep.Sandbox = jsonString(data, `"MachineName":`)
 	}
-	return rep
 }
 
 // replyBufs holds reply bodies while they are parsed.
@@ -247,8 +254,8 @@ var (
 	canonMemory  = http.CanonicalHeaderKey(HeaderMemory)
 )
 
-// parseTiming reads "queue_us=123, cold=true, proxy_us=…".
-func parseTiming(s string) (queueUs int64, cold bool) {
+// ParseTiming reads "queue_us=123, cold=true, proxy_us=…".
+func ParseTiming(s string) (queueUs int64, cold bool) {
 	for s != "" {
 		var kv string
 		kv, s, _ = strings.Cut(s, ",")

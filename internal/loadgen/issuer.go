@@ -105,6 +105,8 @@ type Issuer struct {
 	// send; calls still open then are cancelled and recorded as connection
 	// timeouts. 0: DefaultGrace.
 	Grace time.Duration
+	// Start is the time of offset 0, on the Clock; zero: when Run begins.
+	Start time.Time
 
 	issued, done atomic.Int64
 }
@@ -144,7 +146,10 @@ func (is *Issuer) Run(ctx context.Context, calls []Call) ([]Record, error) {
 
 	var inflight atomic.Int64
 	var calling, drivers sync.WaitGroup
-	start := clk.Now()
+	start := is.Start
+	if start.IsZero() {
+		start = clk.Now()
+	}
 	for _, idx := range byFn {
 		drivers.Add(1)
 		go func() {

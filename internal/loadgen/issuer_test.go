@@ -271,11 +271,11 @@ func TestHTTPInvokerSpeaksTheLoadersProtocol(t *testing.T) {
 }
 
 func TestParseTiming(t *testing.T) {
-	q, cold := parseTiming("queue_us=42, cold=true, proxy_us=7")
+	q, cold := ParseTiming("queue_us=42, cold=true, proxy_us=7")
 	if q != 42 || !cold {
 		t.Fatalf("parseTiming: %d %v", q, cold)
 	}
-	if q, cold := parseTiming(""); q != 0 || cold {
+	if q, cold := ParseTiming(""); q != 0 || cold {
 		t.Fatal("empty timing header parsed as non-zero")
 	}
 }

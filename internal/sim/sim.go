@@ -474,7 +474,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	}
 	sm.res.SandboxesCreated = int64(r.Stats().Creations)
 	if cfg.Triggers {
-		sm.res.TimerFunctions, sm.res.TimerCalls, sm.res.TimerColdStarts = timerStats(s, sm.res.Records)
+		sm.res.TimerFunctions, sm.res.TimerCalls, sm.res.TimerColdStarts = s.TimerStats(sm.res.Records)
 	}
 	if cfg.OnResult != nil {
 		cfg.OnResult(&sm.res)

@@ -16,39 +16,16 @@ import (
 // forecaster (internal/policy/prewarm) with those ticks, as the control
 // plane gives it its cron triggers' schedules.
 
-// timerKind is the Trigger column's value of timer-triggered functions.
-const timerKind = "timer"
-
 // timerSchedules spreads the timer functions' calls of s over their
-// columns (in a copy) and returns it with each timer function's ticks.
+// columns (loadgen.Schedule.SpreadTimers) and returns it with each timer
+// function's ticks.
 func timerSchedules(s *loadgen.Schedule) (*loadgen.Schedule, map[string]prewarm.Ticks) {
-	period := s.Granularity.Period()
-	count := map[[2]int32]int32{} // (function, column) -> calls
-	for i := range s.Invocations {
-		inv := &s.Invocations[i]
-		if s.Functions[inv.Func].Trigger == timerKind {
-			count[[2]int32{inv.Func, inv.Column}]++
-		}
-	}
-	out := *s
-	out.Invocations = make([]loadgen.Invocation, len(s.Invocations))
-	copy(out.Invocations, s.Invocations)
-	fires := map[int32][]time.Duration{}
-	for i := range out.Invocations {
-		inv := &out.Invocations[i]
-		if s.Functions[inv.Func].Trigger != timerKind {
-			continue
-		}
-		n := count[[2]int32{inv.Func, inv.Column}]
-		inv.Offset = time.Duration(inv.Column)*period + time.Duration(inv.Index)*period/time.Duration(n)
-		fires[inv.Func] = append(fires[inv.Func], inv.Offset)
-	}
+	out, fires := s.SpreadTimers()
 	ticks := make(map[string]prewarm.Ticks, len(fires))
 	for fi, offs := range fires {
-		slices.Sort(offs)
 		ticks[s.Functions[fi].Name()] = prewarm.Ticks{Schedule: listSchedule(offs), From: simEpoch.Add(-time.Nanosecond)}
 	}
-	return &out, ticks
+	return out, ticks
 }
 
 // listSchedule ticks at its offsets from simEpoch (sorted).
@@ -65,24 +42,3 @@ func (l listSchedule) Next(t time.Time) time.Time {
 
 // simEpoch is the virtual time of a schedule's offset 0.
 var simEpoch = time.Unix(1_700_000_000, 0).UTC()
-
-// timerStats counts the measured calls of timer functions and their cold
-// starts.
-func timerStats(s *loadgen.Schedule, recs []loadgen.Record) (fns int, calls, cold int64) {
-	timer := map[string]bool{}
-	for i := range s.Functions {
-		if s.Functions[i].Trigger == timerKind {
-			timer[s.Functions[i].Name()] = true
-		}
-	}
-	for i := range recs {
-		r := &recs[i]
-		if r.Phase == 2 && timer[r.Function] {
-			calls++
-			if r.Cold {
-				cold++
-			}
-		}
-	}
-	return len(timer), calls, cold
-}

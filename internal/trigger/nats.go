@@ -85,8 +85,8 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 	}
 	// work is never closed: a JetStream handler may still be running when
 	// the subscription stops. Workers and handlers leave on wctx instead;
-	// a message handed over but not run is not acknowledged, so JetStream
-	// delivers it again.
+	// a stored message handed over but not run is handed back (Nak), so
+	// JetStream delivers it again at once.
 	work := make(chan func(), r.cfg.Workers)
 	wctx, stopWorkers := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -97,7 +97,14 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 				case f := <-work:
 					f()
 				case <-wctx.Done():
-					return
+					for {
+						select {
+						case f := <-work:
+							f() // ctx has ended: hands a stored message back
+						default:
+							return
+						}
+					}
 				}
 			}
 		})
@@ -118,6 +125,9 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 				return nil
 			case m := <-ch:
 				f := func() {
+					if ctx.Err() != nil {
+						return // stopping: a core message is not kept
+					}
 					id := CallIDPrefix + uid + "-" + randomHex(8)
 					if err := r.submitMessage(ctx, j, id, false, m.Subject, m.Header, m.Data); err != nil {
 						j.stats.fail(err)
@@ -153,12 +163,17 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 		return fmt.Errorf("durable consumer %s on stream %q: %w", durable, n.Stream, err)
 	}
 	j.stats.clearErr()
+	// A message this runner takes but will not run (it is stopping) is
+	// handed back at once, not after the ack wait: the next leader's
+	// consumer gets it now. Pull requests expire in 5 s, so those of a
+	// stopped runner soon stop taking messages.
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case work <- func() { r.deliverStored(ctx, j, m) }:
 		case <-wctx.Done():
+			_ = m.Nak()
 		}
-	}, jetstream.PullMaxMessages(2*r.cfg.Workers), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(2*r.cfg.Workers), jetstream.PullExpiry(5*time.Second), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			j.stats.fail(err)
 		}
@@ -181,6 +196,10 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 // deliverStored queues a JetStream message's call and acknowledges the
 // message once the queue has it.
 func (r *Runner) deliverStored(ctx context.Context, j *job, m jetstream.Msg) {
+	if ctx.Err() != nil { // stopping: the next runner delivers it
+		_ = m.Nak()
+		return
+	}
 	md, err := m.Metadata()
 	if err != nil {
 		_ = m.Term()

@@ -64,6 +64,11 @@ type CronSource struct {
 	// latest missed tick once on recovery; CatchUpSkip fires none that is
 	// more than CronGrace late.
 	CatchUp string `json:"catch_up,omitempty"`
+	// Start, when set, is when the schedule begins: no tick comes before
+	// it, and "@every D" ticks at Start, Start+D, Start+2D... (without
+	// it, D after the trigger is made or its schedule changed, and every D
+	// from there). A rate with a phase: "@every 6h" from 03:15.
+	Start time.Time `json:"start,omitzero"`
 }
 
 // NATSSource makes a call of every message on a subject.
@@ -157,7 +162,39 @@ func ParseSchedule(c *CronSource) (cron.Schedule, error) {
 	if sched.Next(time.Now()).IsZero() {
 		return nil, fmt.Errorf("schedule %q: never fires", s)
 	}
-	return sched, nil
+	if c.Start.IsZero() {
+		return sched, nil
+	}
+	if every, ok := sched.(cron.ConstantDelaySchedule); ok {
+		return anchoredEvery{start: c.Start, every: every.Delay}, nil
+	}
+	return notBefore{Schedule: sched, start: c.Start}, nil
+}
+
+// anchoredEvery ticks at start + k·every (k ≥ 0).
+type anchoredEvery struct {
+	start time.Time
+	every time.Duration
+}
+
+func (a anchoredEvery) Next(t time.Time) time.Time {
+	if t.Before(a.start) {
+		return a.start
+	}
+	return a.start.Add((t.Sub(a.start)/a.every + 1) * a.every)
+}
+
+// notBefore is a schedule's ticks from start on.
+type notBefore struct {
+	cron.Schedule
+	start time.Time
+}
+
+func (n notBefore) Next(t time.Time) time.Time {
+	if t.Before(n.start) {
+		t = n.start.Add(-time.Nanosecond)
+	}
+	return n.Schedule.Next(t)
 }
 
 // Validate checks a trigger as a client sends it.

@@ -3,6 +3,7 @@ package spec
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // OpenFaaS's connector annotations make triggers as its connectors read
@@ -82,5 +83,36 @@ func TestTriggerValidate(t *testing.T) {
 		if err := tr.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error saying %q", tr, err, c.want)
 		}
+	}
+}
+
+// A start anchors "@every" ticks at start + k·D and holds other schedules
+// back until it.
+func TestScheduleStart(t *testing.T) {
+	start := time.Date(2026, 12, 1, 3, 15, 0, 0, time.UTC)
+	every, err := ParseSchedule(&CronSource{Schedule: "@every 6h", Start: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ at, next time.Time }{
+		{start.Add(-48 * time.Hour), start},
+		{start.Add(-time.Nanosecond), start},
+		{start, start.Add(6 * time.Hour)},
+		{start.Add(5 * time.Hour), start.Add(6 * time.Hour)},
+		{start.Add(6*time.Hour + time.Second), start.Add(12 * time.Hour)},
+	} {
+		if got := every.Next(c.at); !got.Equal(c.next) {
+			t.Errorf("@every 6h from %v: Next(%v) = %v, want %v", start, c.at, got, c.next)
+		}
+	}
+	hourly, err := ParseSchedule(&CronSource{Schedule: "0 * * * *", Start: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hourly.Next(start.Add(-72*time.Hour)), start.Add(45*time.Minute); !got.Equal(want) {
+		t.Errorf("0 * * * * from %v: first tick %v, want %v", start, got, want)
+	}
+	if got, want := hourly.Next(start.Add(2*time.Hour)), start.Add(2*time.Hour+45*time.Minute); !got.Equal(want) {
+		t.Errorf("0 * * * * after the start: %v, want %v", got, want)
 	}
 }

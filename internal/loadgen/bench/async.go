@@ -829,9 +829,12 @@ func (c *Cluster) awaitCalls(ctx context.Context, ids []string, timeout time.Dur
 type callEnd struct {
 	submitted, started, finished int64 // Unix ns; 0: unknown
 	queueUs                      int64 // the last attempt's queue wait; -1: not reported
+	execUs                       int64 // the trace function's ExecutionTime; 0: not reported
 	attempts                     int32
+	code                         int16 // the attempt's HTTP status
 	status                       uint8 // index in callStatuses; 0: no record read
 	result                       bool  // the record has the attempt's result
+	cold                         bool  // the attempt started a sandbox (X-Brisk-Timing)
 }
 
 var callStatuses = [...]async.Status{"", async.StatusQueued, async.StatusRunning, async.StatusSucceeded, async.StatusFailed, async.StatusDead}
@@ -850,10 +853,13 @@ func endOf(r *async.Record) callEnd {
 		}
 	}
 	if r.Result != nil {
-		e.result = true
+		e.result, e.code = true, int16(r.Result.Status)
 		if t := r.Result.Header.Get(loadgen.HeaderTiming); t != "" {
-			e.queueUs = timingQueueUs(t)
+			e.queueUs, e.cold = loadgen.ParseTiming(t)
 		}
+		var rep loadgen.Reply
+		loadgen.ParseReply(&rep, r.Result.Body)
+		e.execUs = rep.ExecUs
 	}
 	return e
 }
@@ -1038,17 +1044,6 @@ func lightPhase(recs []callEnd, cfg AsyncConfig, acceptMs []float64) LightPhase 
 	}
 	return LightPhase{Count: cfg.LightCalls, GapMs: ms(cfg.LightGap), OverheadMs: loadgen.NewDist(over), DispatchMs: loadgen.NewDist(disp),
 		QueueWaitMs: loadgen.NewDist(wait), EndToEndMs: loadgen.NewDist(e2e), LatencyMs: loadgen.NewDist(acceptMs), Outcome: outcome(recs), NoTiming: noTiming}
-}
-
-// timingQueueUs reads queue_us from an X-Brisk-Timing value.
-func timingQueueUs(s string) int64 {
-	for kv := range strings.SplitSeq(s, ",") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(kv), "queue_us="); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -59,6 +59,9 @@ type ReplayConfig struct {
 	// trace function's protocol, with a web function's imports) instead
 	// of the built-in: for the process and native runtimes.
 	Python bool
+	// Triggers has the trace's timer functions called by cron triggers and
+	// its queue functions by NATS triggers (replay_triggers.go).
+	Triggers bool
 }
 
 // Schedule loads the trace window and draws the schedule.
@@ -120,7 +123,9 @@ type ReplaySummary struct {
 		Sandboxes int64   `json:"sandboxes"`
 		GBs       float64 `json:"gb_s"`
 	} `json:"emergency"`
-	TotalGBs float64          `json:"total_gb_s"`
+	TotalGBs float64 `json:"total_gb_s"`
+	// Triggers (--triggers): the trigger-made calls of the measured phase.
+	Triggers *ReplayTriggers  `json:"triggers,omitempty"`
 	Config   ReplayConfigJSON `json:"config"`
 	Host     HostInfo         `json:"host"`
 }
@@ -220,6 +225,25 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 		}
 	}
 
+	var rt *replayTriggers
+	sent := calls
+	if cfg.Triggers {
+		rt, sent = planTriggers(s, calls, fns, cfg.TimeScale)
+		requested = 0
+		for i := range sent {
+			if sent[i].Phase == 2 {
+				requested++
+			}
+		}
+		for _, tt := range rt.timers {
+			for _, ph := range tt.phases {
+				if ph == 2 {
+					requested++
+				}
+			}
+		}
+	}
+
 	created0, cerr0 := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
 	em0, emErr0 := emergencyTotals(ctx, c)
 	mon := &monitor{c: c, memMB: memMB, interval: time.Second}
@@ -227,7 +251,22 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	monDone := make(chan struct{})
 	go func() { mon.run(monCtx); close(monDone) }()
 	inv := &loadgen.HTTPInvoker{Client: loadgen.NewHTTPClient(o.HTTP), Route: loadgen.DataPlane(c.Invoke), Header: c.InvokeHeader()}
-	recs, err := issue(ctx, &o, "replay", newIssuer(&o, inv), calls)
+	is := newIssuer(&o, inv)
+	var start time.Time
+	if rt != nil {
+		defer rt.stop(ctx, c)
+		start = time.Now().Add(replayTriggerLead).Truncate(time.Second)
+		if err := rt.create(ctx, c, &o, start); err != nil {
+			stopMon()
+			<-monDone
+			return nil, "", err
+		}
+		rt.http, is.Invoker, is.Start = inv, rt, start
+	}
+	recs, err := issue(ctx, &o, "replay", is, sent)
+	if err == nil && rt != nil {
+		recs, err = rt.finish(ctx, c, &o, start, loadgen.ScaleOffset(time.Duration(s.Columns)*s.Granularity.Period(), cfg.TimeScale), recs)
+	}
 	stopMon()
 	<-monDone
 	if err != nil {
@@ -284,6 +323,9 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 			out.ColdStartsAll++
 		}
 	}
+	if rt != nil {
+		out.Triggers = rt.summary(s, recs)
+	}
 	var verr error
 	out.Validity, verr = validity(&o, recs)
 	out.Host = host()
@@ -306,6 +348,10 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	}
 	fmt.Fprintf(&b, "\n  cold starts %d measured (%d with warm-up); sandboxes created %d, peak %d; memory %.1f GiB·s, %.0f%% idle",
 		out.ColdStarts, out.ColdStartsAll, out.SandboxesCreated, out.PeakSandboxes, out.MemoryCost.GBs, 100*out.MemoryCost.IdleShare)
+	if t := out.Triggers; t != nil {
+		fmt.Fprintf(&b, "\n  triggers: %d timer functions, %d measured ticks, %d cold; %d queue functions, %d measured messages, %d cold; tick→start ms p50 %.1f p99 %.1f",
+			t.TimerFunctions, t.TimerCalls, t.TimerColdStarts, t.QueueFunctions, t.QueueCalls, t.QueueColdStarts, t.TickToStartMs.P50, t.TickToStartMs.P99)
+	}
 	if out.Emergency.Sandboxes > 0 {
 		fmt.Fprintf(&b, "\n  emergency sandboxes %d, %.2f GiB·s; total memory %.1f GiB·s", out.Emergency.Sandboxes, out.Emergency.GBs, out.TotalGBs)
 	}
