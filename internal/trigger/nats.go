@@ -182,7 +182,16 @@ func (r *Runner) subscribe(ctx context.Context, j *job) error {
 		return fmt.Errorf("consuming stream %q: %w", n.Stream, err)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	// Drain, not Stop: the messages already here reach the handler, which
+	// hands them back; and once the subscription is gone (Closed) and the
+	// server has seen that (Flush), it drops this runner's pull requests
+	// instead of sending them messages no one reads until the ack wait.
+	cc.Drain()
+	select {
+	case <-cc.Closed():
+	case <-time.After(5 * time.Second):
+	}
+	_ = nc.FlushTimeout(5 * time.Second)
 	if j.remove.Load() {
 		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
