@@ -508,7 +508,9 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v.Status.Triggers = cp.functionTriggers(namespaceOf(v.Function), name)
-	writeJSON(w, http.StatusOK, v)
+	views := []FunctionView{v}
+	c.dash.callsOf(views)
+	writeJSON(w, http.StatusOK, views[0])
 }
 
 func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
@@ -550,6 +552,7 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 		out = out[:sel.limit]
 		w.Header().Set(api.HeaderContinue, base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].Name)))
 	}
+	c.dash.callsOf(out)
 	writeJSON(w, http.StatusOK, out)
 }
 

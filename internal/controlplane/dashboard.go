@@ -126,10 +126,11 @@ type dashStats struct {
 	// idle functions cost nothing (sweep).
 	fns   map[string]*dashWindow
 	swept int64 // the slot of the last sweep
-	// known holds the registered functions: a report's names that are not
-	// get no window (a data plane cannot grow the control plane's memory
-	// with names it makes up).
-	known map[string]bool
+	// known holds the registered functions and their calls counted since
+	// start (or their registration): a report's names that are not get no
+	// window (a data plane cannot grow the control plane's memory with
+	// names it makes up).
+	known map[string]uint64
 	// Since start, every function.
 	calls, creations uint64
 	// conds is each function's condition reason last seen, to record the
@@ -142,7 +143,7 @@ type dashStats struct {
 }
 
 func newDashStats(now time.Time) *dashStats {
-	return &dashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string), known: make(map[string]bool)}
+	return &dashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string), known: make(map[string]uint64)}
 }
 
 // windowLocked returns fn's window, made on first use.
@@ -185,9 +186,11 @@ func (d *dashStats) report(now time.Time, r *briskv1.MetricsReport) {
 		if calls == 0 && len(latency) == 0 {
 			continue // idle: no window for it
 		}
-		if !d.known[m.GetFunction()] {
+		n, ok := d.known[m.GetFunction()]
+		if !ok {
 			continue
 		}
+		d.known[m.GetFunction()] = n + calls
 		d.calls += calls
 		total.addCalls(calls, latency)
 		d.windowLocked(m.GetFunction()).at(slot).addCalls(calls, latency)
@@ -271,8 +274,23 @@ func (d *dashStats) register(fn string) {
 		return
 	}
 	d.mu.Lock()
-	d.known[fn] = true
+	if _, ok := d.known[fn]; !ok {
+		d.known[fn] = 0
+	}
 	d.mu.Unlock()
+}
+
+// callsOf sets each view's Calls: the calls its data planes reported
+// since this control plane started (or the function was registered).
+func (d *dashStats) callsOf(views []FunctionView) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range views {
+		views[i].Status.Calls = d.known[views[i].Name]
+	}
 }
 
 func (d *dashStats) pushLocked(f api.DashboardFailure) {

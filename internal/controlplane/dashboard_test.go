@@ -255,6 +255,26 @@ func TestDashboardEndpoint(t *testing.T) {
 	if f.Name != "f" || f.Namespace != "default" || f.Ready != 2 || f.Desired != 2 || f.Calls != 20 || f.CallsPerSecond <= 0 || f.Latency.Count != 20 {
 		t.Fatalf("function %+v", f)
 	}
+	// The function's own status counts its calls (OpenFaaS's
+	// invocationCount), in a get and a list.
+	for _, path := range []string{"/v1/functions/f", "/v1/functions"} {
+		rec := get(path, tok)
+		var calls []uint64
+		if path == "/v1/functions" {
+			var vs []api.FunctionView
+			_ = json.Unmarshal(rec.Body.Bytes(), &vs)
+			for _, v := range vs {
+				calls = append(calls, v.Status.Calls)
+			}
+		} else {
+			var v api.FunctionView
+			_ = json.Unmarshal(rec.Body.Bytes(), &v)
+			calls = append(calls, v.Status.Calls)
+		}
+		if rec.Code != http.StatusOK || len(calls) != 1 || calls[0] != 20 {
+			t.Errorf("GET %s: %d, calls %v; want 20", path, rec.Code, calls)
+		}
+	}
 	if want := 0.001; !near(f.Latency.P50, want) || !near(f.Latency.P99, 0.0025+0.0025*9.8/10) {
 		t.Fatalf("latency %+v, want p50 1 ms, p99 in (2.5 ms, 5 ms]", f.Latency)
 	}

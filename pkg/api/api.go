@@ -72,6 +72,10 @@ type FunctionStatus struct {
 	Traffic []TrafficStatus `json:"traffic,omitempty"`
 	// Triggers are the triggers that call it (docs/triggers.md).
 	Triggers []TriggerRef `json:"triggers,omitempty"`
+	// Calls counts the calls its data planes reported to this control
+	// plane since it started or the function was registered (OpenFaaS's
+	// invocationCount); a leader change starts it again.
+	Calls uint64 `json:"calls"`
 }
 
 // Policies are a function's effective policies (docs/policies.md).

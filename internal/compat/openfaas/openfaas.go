@@ -451,11 +451,17 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 	return f, err
 }
 
-// ToStatus converts a brisk function to the gateway's status.
+// ToStatus converts a brisk function to the gateway's status. replicas is
+// the autoscaler's desired count, as a Deployment's spec.replicas;
+// availableReplicas its ready sandboxes up to that count. Idle sandboxes the
+// keep-alive policy holds beyond it are a warm cache, not replicas: counted,
+// a function would read as scaled up for the keep-alive's 15 minutes after
+// its load (docs/compatibility.md).
 func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 	f := v.Function
 	st := FunctionStatus{Name: f.Name, Function: Function{Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot},
-		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(v.Status.Ready, 0)), CreatedAt: f.CreatedAt}
+		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(min(v.Status.Ready, v.Status.Desired), 0)), CreatedAt: f.CreatedAt,
+		InvocationCount: float64(v.Status.Calls)}
 	if st.Image == "" && f.Builtin != "" {
 		st.Image = spec.BuiltinImagePrefix + f.Builtin
 	}

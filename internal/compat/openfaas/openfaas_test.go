@@ -76,3 +76,28 @@ func TestStatusOfAPlainFunction(t *testing.T) {
 		t.Errorf("requests reported where none were asked: %s", b)
 	}
 }
+
+// replicas is the autoscaler's desired count and availableReplicas the
+// ready sandboxes up to it: idle sandboxes the keep-alive holds after a
+// load are not replicas (issue 38: a min 1, max 2 function read as 2
+// replicas for 15 minutes after its load).
+func TestReplicasLeaveOutKeptSandboxes(t *testing.T) {
+	f := &spec.Function{Name: "f"}
+	for _, c := range []struct {
+		desired, ready, pending int
+		replicas, available     uint64
+	}{
+		{desired: 1, ready: 0, pending: 1, replicas: 1, available: 0}, // starting
+		{desired: 2, ready: 2, replicas: 2, available: 2},             // under load
+		{desired: 1, ready: 2, replicas: 1, available: 1},             // after it: one kept idle
+		{desired: 0, ready: 1, replicas: 0, available: 0},             // scaled to zero, one kept
+		{desired: 2, ready: 1, pending: 1, replicas: 2, available: 1}, // scaling up
+	} {
+		v := &controlplane.FunctionView{Function: f}
+		v.Status.Desired, v.Status.Ready, v.Status.Pending = c.desired, c.ready, c.pending
+		st := ToStatus(v)
+		if st.Replicas != c.replicas || st.AvailableReplicas != c.available {
+			t.Errorf("desired %d ready %d: replicas %d available %d, want %d and %d", c.desired, c.ready, st.Replicas, st.AvailableReplicas, c.replicas, c.available)
+		}
+	}
+}

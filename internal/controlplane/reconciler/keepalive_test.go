@@ -225,3 +225,35 @@ func TestKeepAliveHybridLearnsAndPrewarms(t *testing.T) {
 		t.Fatalf("18.5 min after the call: %d ready, want the pre-warmed sandbox", r)
 	}
 }
+
+// Desired (OpenFaaS's replicas) follows the demand while gd keeps the idle
+// sandboxes: a min 0, max 2 function goes to 2 under load, back to 0 a
+// window and a grace after it with both sandboxes kept warm, and to its max
+// of 2 again under the next load (issue 38).
+func TestDesiredLeavesOutKeptSandboxes(t *testing.T) {
+	w := smallWorld(t)
+	w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}, Scaling: spec.Scaling{Max: 2, KeepAlivePolicy: spec.KeepAliveGD}}})
+	load := func(d time.Duration, conc float64) {
+		for end := w.now.Add(d); w.now.Before(end); {
+			w.now = w.now.Add(time.Second)
+			w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
+				Functions: []*briskv1.FunctionMetric{{Function: "f", AvgConcurrency: conc, InFlight: int32(conc), Requests: int64(conc * 10)}}}})
+			w.step(SampleLoad{})
+			w.step(Tick{})
+		}
+	}
+	desired := func() int { st, _ := w.r.FunctionStatus("f"); return st.Desired }
+	load(20*time.Second, 4)
+	if r, _, _ := w.status("f"); desired() != 2 || r != 2 {
+		t.Fatalf("under load: desired %d, %d ready; want 2 and 2 (max)", desired(), r)
+	}
+	load(100*time.Second, 0) // the 60 s window and the 30 s grace
+	if r, _, _ := w.status("f"); desired() != 0 || r != 2 {
+		t.Fatalf("100 s after the load: desired %d, %d ready; want 0 and both kept by gd", desired(), r)
+	}
+	load(20*time.Second, 4)
+	if r, _, _ := w.status("f"); desired() != 2 || r != 2 {
+		t.Fatalf("the next load: desired %d, %d ready; want 2 and 2", desired(), r)
+	}
+}
