@@ -1,0 +1,91 @@
+package lab
+
+import (
+	"net"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+const listener = `import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7000))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    c.close()
+`
+
+// reaches reports whether a TCP connection from h to to's port 7000 opens
+// within a second.
+func reaches(h, to *Host) bool {
+	err := exec.Command("ip", "netns", "exec", h.NS, "/usr/bin/python3", "-c",
+		`import socket,sys; socket.create_connection(("`+to.IP+`", 7000), timeout=1)`).Run()
+	return err == nil
+}
+
+// Hosts reach each other and the test process reaches them; a partition
+// cuts the hosts apart both ways, a one-way fault one way (a TCP
+// connection needs both), and healing restores both.
+func TestPartitionsCutAndHeal(t *testing.T) {
+	l := New(t)
+	a, b, c := l.Host("a"), l.Host("b"), l.Host("c")
+	for _, h := range []*Host{a, b, c} {
+		h.Start("/usr/bin/python3", "-c", listener)
+	}
+	up := func(h *Host) bool {
+		conn, err := net.DialTimeout("tcp", h.Addr(7000), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	}
+	for deadline := time.Now().Add(10 * time.Second); !(up(a) && up(b) && up(c)); {
+		if time.Now().After(deadline) {
+			t.Fatal("listeners not reachable from the test process")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !reaches(a, b) || !reaches(b, a) || !reaches(a, c) {
+		t.Fatal("hosts do not reach each other before any fault")
+	}
+	l.Partition([]*Host{a}, []*Host{b})
+	if reaches(a, b) || reaches(b, a) {
+		t.Fatal("a and b reach each other across a partition")
+	}
+	if !reaches(a, c) || !reaches(c, b) || !up(a) {
+		t.Fatal("a partition between a and b cut other links")
+	}
+	l.Heal()
+	if !reaches(a, b) || !reaches(b, a) {
+		t.Fatal("a and b do not reach each other after healing")
+	}
+	l.OneWay(a, b)
+	if reaches(a, b) || reaches(b, a) {
+		t.Fatal("TCP crosses a link that drops one direction")
+	}
+	l.Heal()
+	l.Isolate(c)
+	if reaches(c, a) || reaches(b, c) || !reaches(a, b) || !up(c) {
+		t.Fatal("isolating c: want it cut from the hosts only")
+	}
+	l.Heal()
+}
+
+// A lab whose maker is gone is removed by the next one.
+func TestStaleLabsAreRemoved(t *testing.T) {
+	if why := Available(); why != "" {
+		t.Skip(why)
+	}
+	// A namespace named as a lab of a process that does not exist.
+	stale := prefix + "-999999999-1-x"
+	if err := run("ip", "netns", "add", stale); err != nil {
+		t.Fatal(err)
+	}
+	New(t)
+	if err := exec.Command("ip", "netns", "exec", stale, "true").Run(); err == nil {
+		_ = run("ip", "netns", "del", stale)
+		t.Fatal("the stale lab's namespace is still there")
+	}
+}
