@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -228,7 +229,9 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.CreateDelay < 0 {
 			return nil, nil, fmt.Errorf("%w: creation delay must not be negative", ErrUsage)
 		}
-		host, err := emulated.NewHost("127.0.0.1:0", log.With("component", "emulated"))
+		// The emulated sandboxes are served on the worker's listen host:
+		// data planes on other machines reach them there.
+		host, err := emulated.NewHost(net.JoinHostPort(emulatedHost(w.Listen), "0"), log.With("component", "emulated"))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -714,4 +717,14 @@ func (c *Cluster) Run(ctx context.Context) error {
 		return nil
 	})
 	return eg.Wait()
+}
+
+// emulatedHost is the IP of listen ("host:port"), or 127.0.0.1 when it
+// names none (empty, unspecified, a name).
+func emulatedHost(listen string) string {
+	h, _, err := net.SplitHostPort(listen)
+	if ip := net.ParseIP(h); err == nil && ip != nil && !ip.IsUnspecified() {
+		return h
+	}
+	return "127.0.0.1"
 }

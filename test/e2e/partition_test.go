@@ -1,0 +1,338 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
+	"github.com/brisk-faas/brisk/test/lab"
+)
+
+// labCluster is brisk on lab hosts (test/lab): three control-plane
+// replicas, a data plane and two workers (emulated runtime), each on a
+// host of its own, so that faults can cut them apart (docs/reliability.md,
+// "Partitions").
+type labCluster struct {
+	lab     *lab.Lab
+	cps     []*labReplica
+	dp      *lab.Host
+	dpProc  *lab.Proc
+	workers []*lab.Host
+	dirs    []string
+}
+
+type labReplica struct {
+	host *lab.Host
+	dir  string
+	proc *lab.Proc
+}
+
+// Ports every host uses for its component (each host has its own address).
+const (
+	labRaft, labAdmin, labGRPC, labInvoke, labWorker = 7100, 9090, 9091, 8080, 9200
+)
+
+func newLabCluster(t *testing.T) *labCluster {
+	if why := lab.Available(); why != "" {
+		t.Skip("partition lab: " + why)
+	}
+	l := lab.New(t)
+	c := &labCluster{lab: l}
+	var peers, grpcs []string
+	for i := range 3 {
+		h := l.Host(fmt.Sprintf("cp%d", i+1))
+		r := &labReplica{host: h, dir: t.TempDir()}
+		c.cps = append(c.cps, r)
+		c.dirs = append(c.dirs, r.dir)
+		peers = append(peers, fmt.Sprintf("%s=%s|%s|%s", h.Name, h.Addr(labRaft), h.Addr(labAdmin), h.Addr(labGRPC)))
+		grpcs = append(grpcs, h.Addr(labGRPC))
+	}
+	c.dp = l.Host("dp1")
+	for i := range 2 {
+		c.workers = append(c.workers, l.Host(fmt.Sprintf("w%d", i+1)))
+	}
+	for _, r := range c.cps {
+		registerAdmin(r.host.Addr(labAdmin), c.dirs...)
+	}
+	// One cluster CA for the replicas, made before their first start.
+	if out, err := exec.Command(briskBin, "ca", "init", "--data-dir", c.cps[0].dir).CombinedOutput(); err != nil {
+		t.Fatalf("brisk ca init: %v: %s", err, out)
+	}
+	for _, r := range c.cps[1:] {
+		for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
+			b, err := os.ReadFile(filepath.Join(c.cps[0].dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(r.dir, f), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, r := range c.cps {
+		r.proc = r.host.Start(briskBin, "controlplane", "--id", r.host.Name, "--peers", strings.Join(peers, ","), "--data-dir", r.dir,
+			"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s", "--node-grace", "2s")
+	}
+	join := joinArgs(t, c.dirs...)
+	cpGRPC := strings.Join(grpcs, ",")
+	c.dpProc = c.dp.Start(briskBin, append([]string{"dataplane", "--id", "dp1", "--invoke", c.dp.Addr(labInvoke), "--controlplane", cpGRPC,
+		"--state-dir", t.TempDir()}, join...)...)
+	for _, w := range c.workers {
+		w.Start(briskBin, append([]string{"worker", "--node-id", w.Name, "--controlplane", cpGRPC, "--listen", w.Addr(labWorker),
+			"--runtime", "emulated", "--create-delay", "5ms", "--cpu", "4", "--state-dir", t.TempDir(), "--stop-on-exit"}, join...)...)
+	}
+	registerAdmin(c.dp.Addr(labInvoke), c.dirs...)
+	eventually(t, 60*time.Second, "lab cluster up: a leader, 2 workers and the data plane connected", func() bool {
+		st, err := c.client(0, 2*time.Second).Status(context.Background())
+		if err != nil {
+			return false
+		}
+		nodes := 0
+		for _, n := range st.Nodes {
+			if n.Connected {
+				nodes++
+			}
+		}
+		dps := 0
+		for _, d := range st.DataPlanes {
+			if d.Connected {
+				dps++
+			}
+		}
+		return nodes == 2 && dps == 1
+	})
+	return c
+}
+
+// client talks to replica i's admin API (followers proxy to the leader).
+func (c *labCluster) client(i int, timeout time.Duration) *client.Client {
+	cl := client.New(c.cps[i].host.Addr(labAdmin), c.dp.Addr(labInvoke))
+	cl.HTTP = &http.Client{Timeout: timeout}
+	return cl
+}
+
+// leader is the replica that says it leads, or nil.
+func (c *labCluster) leader() *labReplica {
+	for _, r := range c.cps {
+		if v, ok := replicaView(r.host.Addr(labAdmin)); ok && v.Role == "leader" {
+			return r
+		}
+	}
+	return nil
+}
+
+// registerLoad runs clients that write and read registers (a function's
+// label "v") through every replica until ctx ends, into h. Each client
+// writes values of its own, so every write is distinguishable.
+func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []string, clients int, errsAt *errorClock) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	for id := range clients {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(id), 7))
+			for ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond) // paced: ~100 operations/s per client at most
+				// Half the clients wait long: their calls to a paused
+				// replica are answered after it resumes.
+				timeout := time.Second
+				if id%2 == 1 {
+					timeout = 15 * time.Second
+				}
+				cl := c.client(rng.IntN(len(c.cps)), timeout)
+				key := keys[rng.IntN(len(keys))]
+				call := h.Now()
+				if rng.IntN(2) == 0 {
+					v := strconv.FormatInt(seq.Add(1), 10)
+					_, err := cl.Update(context.Background(), regFunction(key, v))
+					h.Write(id, key, v, call, err == nil)
+					errsAt.note(err)
+				} else {
+					v, err := cl.Get(context.Background(), key)
+					val := ""
+					if err == nil {
+						val = v.Function.Labels["v"]
+					}
+					h.Read(id, key, call, val, err == nil)
+					errsAt.note(err)
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+func regFunction(name, v string) *spec.Function {
+	return &spec.Function{Name: name, Builtin: "trace", Labels: map[string]string{"v": v}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
+}
+
+// errorClock keeps when operations failed, to measure unavailability.
+type errorClock struct {
+	mu    sync.Mutex
+	start time.Time
+	fails []time.Duration
+	ok    []time.Duration
+}
+
+func (e *errorClock) note(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.fails = append(e.fails, time.Since(e.start))
+	} else {
+		e.ok = append(e.ok, time.Since(e.start))
+	}
+}
+
+// firstOKAfter is the first success after t (from the clock's start), or
+// -1 when none.
+func (e *errorClock) firstOKAfter(t time.Duration) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, at := range e.ok {
+		if at > t {
+			return at
+		}
+	}
+	return -1
+}
+
+func (e *errorClock) failures() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.fails)
+}
+
+// registerSchedule is a fault schedule on the lab cluster with the register
+// workload: clients write and read registers through all three replicas
+// for a healthy stretch, while inject's fault holds on the leader of then
+// (hold), and after heal; the majority must serve again with a new leader,
+// and the whole history, with final reads through every replica, must be
+// linearizable (porcupine) with no acknowledged write lost.
+type registerSchedule struct {
+	inject func(c *labCluster, old *labReplica)
+	heal   func(c *labCluster, old *labReplica)
+	hold   time.Duration
+}
+
+func (sc registerSchedule) run(t *testing.T) {
+	c := newLabCluster(t)
+	// Eight registers and a paced load: porcupine's search grows with the
+	// writes of unknown outcome that overlap in one register.
+	keys := []string{"reg-a", "reg-b", "reg-c", "reg-d", "reg-e", "reg-f", "reg-g", "reg-h"}
+	setup := c.client(0, 10*time.Second)
+	for _, k := range append(keys, "reg-probe") {
+		if _, err := setup.Create(context.Background(), regFunction(k, "0")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := lab.NewHistory()
+	for _, k := range keys {
+		h.Write(0, k, "0", 0, true) // created before the history: its first value
+	}
+	errs := &errorClock{start: time.Now()}
+	ctx, stop := context.WithCancel(context.Background())
+	wg := c.registerLoad(ctx, h, keys, 4, errs)
+	defer func() { stop(); wg.Wait() }()
+	time.Sleep(3 * time.Second) // a healthy stretch of history first
+	old := c.leader()
+	if old == nil {
+		t.Fatal("no leader before the fault")
+	}
+	cut := time.Since(errs.start)
+	sc.inject(c, old)
+	var newLeader *labReplica
+	eventually(t, 20*time.Second, "a new leader among the others", func() bool {
+		for _, r := range c.cps {
+			if r == old {
+				continue
+			}
+			if v, ok := replicaView(r.host.Addr(labAdmin)); ok && v.Role == "leader" {
+				newLeader = r
+				return true
+			}
+		}
+		return false
+	})
+	elected := time.Since(errs.start)
+	eventually(t, 20*time.Second, "a write through the new leader", func() bool {
+		_, err := c.client(indexOf(c.cps, newLeader), time.Second).Update(context.Background(), regFunction("reg-probe", "1"))
+		return err == nil
+	})
+	serving := time.Since(errs.start)
+	time.Sleep(max(sc.hold-(serving-cut), 0)) // the fault holds while clients run
+	sc.heal(c, old)
+	healed := time.Since(errs.start)
+	eventually(t, 30*time.Second, "one leader after healing, the old one a follower", func() bool {
+		v, ok := replicaView(old.host.Addr(labAdmin))
+		return ok && v.Role == "follower" && c.leader() != nil
+	})
+	time.Sleep(3 * time.Second)
+	stop()
+	wg.Wait()
+	// The final reads, through every replica: nothing acknowledged lost.
+	for i := range c.cps {
+		for _, k := range keys {
+			call := h.Now()
+			v, err := c.client(i, 10*time.Second).Get(context.Background(), k)
+			val := ""
+			if err == nil {
+				val = v.Function.Labels["v"]
+			}
+			h.Read(100+i, k, call, val, err == nil)
+			if err != nil {
+				t.Errorf("final read of %s through %s: %v", k, c.cps[i].host.Name, err)
+			}
+		}
+	}
+	ok, why := h.Check(30 * time.Second)
+	t.Logf("fault on leader %s at %.1fs; new leader %s at %.1fs, serving writes at %.1fs; healed at %.1fs; %d writes acknowledged, %d of unknown outcome, %d reads (%d failed); linearizable %v %s",
+		old.host.Name, cut.Seconds(), newLeader.host.Name, elected.Seconds(), serving.Seconds(), healed.Seconds(), h.Acked, h.Unknown, h.Reads, h.FailedReads, ok, why)
+	if !ok {
+		t.Errorf("the registry's history is not linearizable: %s", why)
+	}
+	if h.Acked == 0 || h.Reads == 0 {
+		t.Errorf("no operation acknowledged (%d writes, %d reads): the workload did not run", h.Acked, h.Reads)
+	}
+}
+
+// The leader isolated from both followers.
+func TestPartitionLeaderIsolated(t *testing.T) {
+	registerSchedule{
+		inject: func(c *labCluster, old *labReplica) { c.lab.Isolate(old.host) },
+		heal:   func(c *labCluster, _ *labReplica) { c.lab.Heal() },
+		hold:   8 * time.Second,
+	}.run(t)
+}
+
+// The leader paused (SIGSTOP, as by a long GC or a frozen VM) for 8 s, then
+// resumed: the requests it had taken meanwhile are answered after the others
+// have moved on.
+func TestPartitionLeaderPaused(t *testing.T) {
+	registerSchedule{
+		inject: func(_ *labCluster, old *labReplica) { old.proc.Pause() },
+		heal:   func(_ *labCluster, old *labReplica) { old.proc.Resume() },
+		hold:   8 * time.Second,
+	}.run(t)
+}
+
+func indexOf[T comparable](s []T, v T) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}

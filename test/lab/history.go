@@ -1,0 +1,131 @@
+package lab
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// History records the operations clients ran on registers (a key's latest
+// value) during a fault schedule, for a linearizability check with
+// porcupine afterwards: each key is a register, a write sets it, a read
+// returns it.
+type History struct {
+	mu    sync.Mutex
+	start time.Time
+	ops   []porcupine.Operation
+	// Acked counts the acknowledged writes; Unknown the writes whose
+	// outcome is not known (an error or a timeout: they may have happened).
+	Acked, Unknown, Reads, FailedReads int
+}
+
+// RegisterOp is an operation's input.
+type RegisterOp struct {
+	Key   string
+	Write bool
+	Value string // written
+}
+
+// NewHistory starts a history now.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the time since the history started, for an operation's call.
+func (h *History) Now() int64 { return int64(time.Since(h.start)) }
+
+// Write records a write of value to key called at call. ok: acknowledged;
+// otherwise it may or may not have happened, and stays open to the end.
+func (h *History) Write(client int, key, value string, call int64, ok bool) {
+	ret := h.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ok {
+		h.Acked++
+	} else {
+		h.Unknown++
+		ret = math.MaxInt64
+	}
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: RegisterOp{Key: key, Write: true, Value: value}, Call: call, Return: ret})
+}
+
+// Read records a read of key called at call that returned value (ok) or
+// failed (a failed read is left out: it observed nothing).
+func (h *History) Read(client int, key string, call int64, value string, ok bool) {
+	ret := h.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !ok {
+		h.FailedReads++
+		return
+	}
+	h.Reads++
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: RegisterOp{Key: key}, Output: value, Call: call, Return: ret})
+}
+
+// registerModel: a map of registers, partitioned by key; a key never
+// written reads "".
+var registerModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		for _, op := range history {
+			k := op.Input.(RegisterOp).Key
+			by[k] = append(by[k], op)
+		}
+		keys := make([]string, 0, len(by))
+		for k := range by {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, by[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(RegisterOp)
+		if in.Write {
+			return true, in.Value
+		}
+		return output.(string) == state.(string), state
+	},
+	DescribeOperation: func(input, output any) string {
+		in := input.(RegisterOp)
+		if in.Write {
+			return fmt.Sprintf("write(%s, %s)", in.Key, in.Value)
+		}
+		return fmt.Sprintf("read(%s) -> %v", in.Key, output)
+	},
+}
+
+// Check runs porcupine over the history: ok when it is linearizable (or
+// the check ran out of time: "unknown" in the reason).
+func (h *History) Check(timeout time.Duration) (ok bool, why string) {
+	h.mu.Lock()
+	ops := append([]porcupine.Operation(nil), h.ops...)
+	h.mu.Unlock()
+	res, info := porcupine.CheckOperationsVerbose(registerModel, ops, timeout)
+	switch res {
+	case porcupine.Ok:
+		return true, ""
+	case porcupine.Unknown:
+		return true, "unknown: the check timed out"
+	}
+	// The longest linearizable prefix of each failing partition says
+	// where it broke.
+	why = "not linearizable"
+	for _, part := range info.PartialLinearizationsOperations() {
+		for _, lin := range part {
+			if len(lin) > 0 {
+				last := lin[len(lin)-1]
+				why += "; a partition's longest linearizable prefix ends at " + registerModel.DescribeOperation(last.Input, last.Output)
+				break
+			}
+		}
+	}
+	return false, why
+}
