@@ -10,7 +10,7 @@ FUZZ_TARGETS = internal/h1:FuzzRequestHead internal/h1:FuzzReplyHead internal/h1
 
 PREFIX    ?= /usr/local
 
-.PHONY: help build build-demo install demo up test test-short fuzz readme-check vet fmt bench microbench proto setup setup-test clean
+.PHONY: help build build-demo install demo up test test-short fuzz partitions readme-check vet fmt bench microbench proto setup setup-test clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ test: setup-test vet ## install what the tests need (scripts/setup.sh --test), r
 
 fidelity: ## brisk sim against brisk replay on a local cluster (no race detector: it would be what is measured)
 	$(GO) test -count=1 -timeout 10m -run 'TestSimAgreesWithReplay' -v ./internal/loadgen/bench
+
+partitions: ## the partition lab's schedules at full length (LAB_HOLD each, 90s by default; CI runs them with 8 s): docs/reliability.md, "Partitions"
+	$(GO) test ./test/e2e -run 'TestPartition' -count=1 -v -timeout 60m -lab-hold $(or $(LAB_HOLD),90s)
 
 fuzz: ## run the fuzz targets (h1 against net/http, the spec parser), FUZZTIME each
 	@for pt in $(FUZZ_TARGETS); do \
