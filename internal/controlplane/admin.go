@@ -98,7 +98,33 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
-	return mux
+	if cp.cfg.VerifyLeader == nil {
+		return mux
+	}
+	return cp.readBarrier(mux)
+}
+
+// readBarrier makes a replica confirm it still leads before it answers a
+// read of the registry: a leader that was cut off or paused while the
+// others elected a new one would otherwise answer from its stale state
+// (the partition lab's paused-leader schedule found that). Writes need no
+// barrier: they commit through raft or fail. /healthz, /metrics and
+// /v1/replica describe this replica, not the registry.
+func (cp *ControlPlane) readBarrier(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			switch r.URL.Path {
+			case "/healthz", "/metrics", "/v1/replica":
+			default:
+				if err := cp.cfg.VerifyLeader(); err != nil {
+					w.Header().Set("Retry-After", "1")
+					writeError(w, http.StatusServiceUnavailable, "this replica no longer leads ("+err.Error()+"); retry")
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // writeStoreError answers a failed registry write: 503 when this replica

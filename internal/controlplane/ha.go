@@ -114,6 +114,7 @@ func runTerm(ctx context.Context, cfg Config, reg *replica.Registry, peers []rep
 	start := time.Now()
 	cfg.Registry, cfg.Term = reg, reg.Term()
 	cfg.Replica = func() ReplicaView { return replicaView(reg, peers) }
+	cfg.VerifyLeader = reg.VerifyLeader
 	cp, err := New(cfg)
 	if err != nil {
 		return err

@@ -108,6 +108,10 @@ type Config struct {
 	// Replica, when set, describes this control plane's replica set on
 	// GET /v1/replica.
 	Replica func() ReplicaView
+	// VerifyLeader, when set (a raft replica), is asked before every admin
+	// read: a leader cut off or paused while another was elected answers
+	// no read from its stale state (docs/reliability.md, "Partitions").
+	VerifyLeader func() error
 	// CA, when set, is the cluster CA: gRPC serves TLS with a certificate
 	// it issues, every call but Join needs a client certificate of it, and
 	// the first start writes a join token to DataDir/join.token (see

@@ -3,6 +3,7 @@ package lab
 import (
 	"fmt"
 	"math"
+	"os"
 	"sort"
 	"sync"
 	"time"
@@ -128,4 +129,25 @@ func (h *History) Check(timeout time.Duration) (ok bool, why string) {
 		}
 	}
 	return false, why
+}
+
+// Dump writes the history as JSON lines (client, key, write, value, call
+// and return in ns since the start; return -1: open), for a failed check.
+func (h *History) Dump(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var b []byte
+	for _, op := range h.ops {
+		in := op.Input.(RegisterOp)
+		ret := op.Return
+		if ret == math.MaxInt64 {
+			ret = -1
+		}
+		v := in.Value
+		if !in.Write {
+			v = op.Output.(string)
+		}
+		b = fmt.Appendf(b, "{\"client\":%d,\"key\":%q,\"write\":%v,\"value\":%q,\"call\":%d,\"return\":%d}\n", op.ClientId, in.Key, in.Write, v, op.Call, ret)
+	}
+	return os.WriteFile(path, b, 0o644)
 }

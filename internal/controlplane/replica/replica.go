@@ -346,6 +346,12 @@ func (r *Registry) Close() error {
 // Self returns this replica's peer entry.
 func (r *Registry) Self() Peer { return r.self }
 
+// VerifyLeader confirms with a majority that this replica still leads (a
+// round of heartbeats): after it, the replica's state holds every write
+// acknowledged before the call, so a read served from it is not stale. A
+// leader that was cut off or stalled (and replaced meanwhile) gets an error.
+func (r *Registry) VerifyLeader() error { return r.raft.VerifyLeader().Error() }
+
 // IsLeader reports whether this replica is the leader right now.
 func (r *Registry) IsLeader() bool { return r.raft.State() == raft.Leader }
 

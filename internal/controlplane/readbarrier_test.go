@@ -1,0 +1,54 @@
+package controlplane
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// On a raft replica every registry read first confirms leadership: a
+// replica that no longer leads answers 503 (retry), not its stale state;
+// writes, /healthz and /metrics are not held back by the check.
+func TestReadsConfirmLeadership(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	tok, err := ReadAdminToken(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var verified int
+	leads := true
+	e.cp.cfg.VerifyLeader = func() error {
+		verified++
+		if !leads {
+			return errors.New("node is not the leader")
+		}
+		return nil
+	}
+	h := e.cp.authenticate(e.cp.adminHandler())
+	do := func(method, path, body string) int {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := do(http.MethodGet, "/v1/functions", ""); code != http.StatusOK || verified != 1 {
+		t.Fatalf("a read while leading: %d, %d checks; want 200 after one", code, verified)
+	}
+	leads = false
+	for _, path := range []string{"/v1/functions", "/v1/status", "/v1/namespaces", "/v1/triggers"} {
+		if code := do(http.MethodGet, path, ""); code != http.StatusServiceUnavailable {
+			t.Errorf("GET %s after leadership was lost: %d, want 503", path, code)
+		}
+	}
+	before := verified
+	if code := do(http.MethodGet, "/healthz", ""); code != http.StatusOK || verified != before {
+		t.Errorf("/healthz: %d, %d checks; want 200 without one", code, verified-before)
+	}
+	if code := do(http.MethodPost, "/v1/functions", `{"name":"w","builtin":"trace"}`); code == http.StatusServiceUnavailable || verified != before {
+		t.Errorf("a write: %d, %d read checks; want it to go to the registry unchecked", code, verified-before)
+	}
+}
