@@ -146,18 +146,7 @@ func newHACluster(t testing.TB, o haOptions) *haCluster {
 		if err != nil {
 			return false
 		}
-		connected := 0
-		for _, n := range st.Nodes {
-			if n.Connected {
-				connected++
-			}
-		}
-		dps := 0
-		for _, d := range st.DataPlanes {
-			if d.Connected {
-				dps++
-			}
-		}
+		connected, dps := connectedCount(st)
 		return connected >= o.workers && dps == 2 && httpOK("http://"+h.gateway+"/healthz")
 	})
 	return h
@@ -422,17 +411,7 @@ func TestChaos(t *testing.T) {
 			if err != nil {
 				return false
 			}
-			nodes, dps := 0, 0
-			for _, n := range st.Nodes {
-				if n.Connected {
-					nodes++
-				}
-			}
-			for _, d := range st.DataPlanes {
-				if d.Connected {
-					dps++
-				}
-			}
+			nodes, dps := connectedCount(st)
 			roles := 0
 			for _, r := range h.cps {
 				if v, ok := replicaView(r.admin); ok && v.Leader != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -383,4 +384,20 @@ func tailBytes() int {
 		return n
 	}
 	return 6000
+}
+
+// connectedCount is how many workers and data planes the control plane
+// sees connected.
+func connectedCount(st *api.StatusView) (nodes, dataPlanes int) {
+	for _, n := range st.Nodes {
+		if n.Connected {
+			nodes++
+		}
+	}
+	for _, d := range st.DataPlanes {
+		if d.Connected {
+			dataPlanes++
+		}
+	}
+	return nodes, dataPlanes
 }

@@ -105,18 +105,7 @@ func newLabCluster(t *testing.T) *labCluster {
 		if err != nil {
 			return false
 		}
-		nodes := 0
-		for _, n := range st.Nodes {
-			if n.Connected {
-				nodes++
-			}
-		}
-		dps := 0
-		for _, d := range st.DataPlanes {
-			if d.Connected {
-				dps++
-			}
-		}
+		nodes, dps := connectedCount(st)
 		return nodes == 2 && dps == 1
 	})
 	return c
@@ -412,6 +401,29 @@ func indexOf[T comparable](s []T, v T) int {
 	return -1
 }
 
+// warmFunction registers "warm" with two sandboxes, one per worker, and
+// waits until both are ready; it returns the client used.
+func (c *labCluster) warmFunction(t *testing.T) *client.Client {
+	fn := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 2, Max: 2},
+		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}, Placement: "round-robin"}
+	cl := c.client(0, 10*time.Second)
+	if _, err := cl.Create(context.Background(), fn); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the function's two sandboxes ready, one per worker", func() bool {
+		v, err := cl.Get(context.Background(), "warm")
+		if err != nil || v.Status.Ready != 2 {
+			return false
+		}
+		nodes := map[string]bool{}
+		for _, sb := range v.Status.Sandboxes {
+			nodes[sb.Node] = true
+		}
+		return len(nodes) == 2
+	})
+	return cl
+}
+
 // callLoad calls fn through the data plane from clients goroutines until
 // ctx ends, counting successes and failures per phase (phase()).
 func (c *labCluster) callLoad(ctx context.Context, fn string, clients int, phase func() int) (ok, failed *[3]atomic.Int64, last *atomic.Value, wg *sync.WaitGroup) {
@@ -448,16 +460,7 @@ func (c *labCluster) callLoad(ctx context.Context, fn string, clients int, phase
 // healing the data plane is connected again and calls go on.
 func TestPartitionDataPlaneFromControlPlane(t *testing.T) {
 	c := newLabCluster(t)
-	fn := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 2, Max: 2},
-		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
-	cl := c.client(0, 10*time.Second)
-	if _, err := cl.Create(context.Background(), fn); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the function's two sandboxes ready", func() bool {
-		v, err := cl.Get(context.Background(), "warm")
-		return err == nil && v.Status.Ready == 2
-	})
+	cl := c.warmFunction(t)
 	var phase atomic.Int32 // 0 before, 1 during, 2 after the partition
 	ctx, stop := context.WithCancel(context.Background())
 	ok, failed, last, wg := c.callLoad(ctx, "warm", 4, func() int { return int(phase.Load()) })
@@ -479,12 +482,8 @@ func TestPartitionDataPlaneFromControlPlane(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		for _, d := range st.DataPlanes {
-			if d.Connected {
-				return true
-			}
-		}
-		return false
+		_, dps := connectedCount(st)
+		return dps == 1
 	})
 	converged := time.Since(healed)
 	time.Sleep(2 * time.Second)
@@ -513,23 +512,7 @@ func TestPartitionDataPlaneFromControlPlane(t *testing.T) {
 // duplicated, none revived).
 func TestPartitionWorkerFromControlPlane(t *testing.T) {
 	c := newLabCluster(t)
-	fn := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 2, Max: 2},
-		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}, Placement: "round-robin"}
-	cl := c.client(0, 10*time.Second)
-	if _, err := cl.Create(context.Background(), fn); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the function's two sandboxes ready, one per worker", func() bool {
-		v, err := cl.Get(context.Background(), "warm")
-		if err != nil || v.Status.Ready != 2 {
-			return false
-		}
-		nodes := map[string]bool{}
-		for _, sb := range v.Status.Sandboxes {
-			nodes[sb.Node] = true
-		}
-		return len(nodes) == 2
-	})
+	cl := c.warmFunction(t)
 	var phase atomic.Int32
 	ctx, stop := context.WithCancel(context.Background())
 	ok, failed, last, wg := c.callLoad(ctx, "warm", 4, func() int { return int(phase.Load()) })
