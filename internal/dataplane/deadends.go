@@ -51,6 +51,31 @@ func (d *DataPlane) connectFailed(st *reqState, err error) {
 	u.ring()
 }
 
+// maxReroutes bounds how many refusing sandboxes one call moves past.
+const maxReroutes = 3
+
+// reroute moves a call whose sandbox refused its connection (nothing of the
+// call was sent: a sandbox that died before the control plane withdrew it,
+// or after a partition healed) to a free slot on another of its function's
+// sandboxes, so that the dead one costs the call a connect, not a failure
+// (the partition lab's finding 1, docs/reliability.md). It does not queue:
+// with no free slot elsewhere the call fails as before. It reports whether
+// st has a new endpoint; connectFailed has taken the old one out.
+func (d *DataPlane) reroute(st *reqState, err error, done *int) bool {
+	if *done >= maxReroutes || !errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	ep, ok := st.fn.tryAcquire(st.fn.set.Load())
+	if !ok {
+		return false
+	}
+	st.fn.release(st.ep)
+	st.ep = ep
+	*done++
+	d.prom.reroutes.Inc()
+	return true
+}
+
 // dropEndpoint takes ep out of fn's set, as a removal from the control
 // plane would, and reports whether it was still there.
 func (d *DataPlane) dropEndpoint(fn *function, ep *endpoint) bool {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
@@ -82,20 +83,16 @@ func TestRefusingEndpointLeavesRotation(t *testing.T) {
 	waitFor(t, "snapshot applied", func() bool { return len(routed(d, "f")) == 2 })
 
 	// Round-robin reaches the dead endpoint within two calls; that call
-	// fails, and no call after it meets the dead endpoint.
+	// moves on to sb-b (nothing of it was sent), and no call after it
+	// meets the dead endpoint.
 	url := "http://" + d.Addr() + "/function/f"
-	failed := 0
 	for range 2 {
-		r := get(t, url)
-		if r.code != 200 {
-			if r.code != http.StatusBadGateway {
-				t.Fatalf("call to a refusing sandbox answered %d %s, want 502", r.code, r.body)
-			}
-			failed++
+		if r := get(t, url); r.code != 200 || decodeSeen(t, r).Sandbox != "sb-b" {
+			t.Fatalf("a call with a refusing sandbox in rotation: %d %s, want 200 from sb-b", r.code, r.body)
 		}
 	}
-	if failed != 1 {
-		t.Fatalf("%d of 2 calls failed, want the one that met the dead endpoint", failed)
+	if n := testutil.ToFloat64(d.prom.reroutes); n != 1 {
+		t.Fatalf("%v calls rerouted, want the one that met the dead endpoint", n)
 	}
 	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-b"}) {
 		t.Fatalf("routes after the refused connect: %v, want [sb-b]", got)
@@ -123,18 +120,39 @@ func TestRefusingEndpointLeavesRotation(t *testing.T) {
 }
 
 // The net/http path (here: a chunked body) takes a refusing endpoint out of
-// rotation too.
+// rotation too; with no other sandbox free the call fails (502), with one
+// it goes there.
 func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 	d, _ := newTestDP(t, nil)
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
 		Added: []*briskv1.Endpoint{ep("f", "sb-a", refusingAddr(t))}})
-	req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
-	req.ContentLength = -1 // chunked
-	rec := httptest.NewRecorder()
-	d.Handler().ServeHTTP(rec, req)
-	if rec.Code != http.StatusBadGateway {
+	call := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
+		req.ContentLength = -1 // chunked
+		rec := httptest.NewRecorder()
+		d.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := call(); rec.Code != http.StatusBadGateway {
 		t.Fatalf("call to a refusing sandbox answered %d, want 502", rec.Code)
 	}
+	defer func() {
+		rr := func(s *briskv1.FunctionSpec) { s.LoadBalancing = "round-robin" }
+		d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("g", rr)},
+			Added: []*briskv1.Endpoint{ep("g", "sb-c", refusingAddr(t)), ep("g", "sb-d", newSandbox(t, echo))}})
+		for range 2 {
+			req := httptest.NewRequest(http.MethodPost, "/function/g", strings.NewReader(`{}`))
+			req.ContentLength = -1
+			rec := httptest.NewRecorder()
+			d.Handler().ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("a chunked call with a refusing sandbox in rotation: %d %s, want 200 from the other", rec.Code, rec.Body)
+			}
+		}
+		if got := routed(d, "g"); !slices.Equal(got, []string{"sb-d"}) {
+			t.Fatalf("routes of g: %v, want [sb-d]", got)
+		}
+	}()
 	if got := routed(d, "f"); len(got) != 0 {
 		t.Fatalf("routes after the refused connect: %v, want none", got)
 	}

@@ -235,12 +235,17 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	deadline := time.Now().Add(st.conf.timeout)
 	var up *upConn
 	var rh replyHead
+	reroutes := 0
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
 		up, reused, err = st.ep.conns.take(attempt, false)
 		if err != nil {
 			d.connectFailed(st, err)
+			if d.reroute(st, err, &reroutes) {
+				attempt = -1
+				continue
+			}
 			return c.failCall(st, err, callID)
 		}
 		st.proxyStart = d.nanotime()

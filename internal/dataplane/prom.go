@@ -45,6 +45,7 @@ type promMetrics struct {
 	errors                       *reasonCounters // brisk-generated errors by reason
 	emergency                    *prometheus.CounterVec
 	unknownWaits                 prometheus.Counter // calls that waited in awaitFunction
+	reroutes                     prometheus.Counter // calls moved off a sandbox that refused them
 	handler                      http.Handler       // /metrics; nil when the Registerer cannot be gathered
 }
 
@@ -80,12 +81,16 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Name: "brisk_dataplane_connections_refused_total",
 			Help: "Client connections closed as soon as accepted: the data plane had MaxConnections open.",
 		}),
+		reroutes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "brisk_dataplane_reroutes_total",
+			Help: "Calls moved to another sandbox because theirs refused the connection (it had died before its withdrawal reached this data plane).",
+		}),
 		unknownWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "brisk_dataplane_unknown_function_waits_total",
 			Help: "Calls of a function this data plane did not know that waited for it to arrive (one registered a moment ago, or none: then a 404 after the wait).",
 		}),
 	}
-	for _, c := range append(extra, m.queueWait, m.firstByte, m.emergency, m.accepted, m.handedOff, m.refused, m.unknownWaits, errVec, newFnCollector(fns),
+	for _, c := range append(extra, m.queueWait, m.firstByte, m.emergency, m.accepted, m.handedOff, m.refused, m.unknownWaits, m.reroutes, errVec, newFnCollector(fns),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "brisk_dataplane_bodies_reading",
 			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",

@@ -222,12 +222,17 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	var resp httpx.Reply
 	var unwatch func() bool
 	var streaming chan error // a streamed body's writer, when one runs
+	reroutes := 0
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
 		c, reused, err = st.ep.conns.take(attempt, !buffered)
 		if err != nil {
 			d.connectFailed(st, err)
+			if d.reroute(st, err, &reroutes) {
+				attempt = -1
+				continue
+			}
 			return d.failUpstream(w, st, err)
 		}
 		st.proxyStart = d.nanotime()
