@@ -42,9 +42,7 @@ func (cp *ControlPlane) loadTriggers() error {
 	cp.triggerRecs = make(map[string]*store.Trigger, len(recs))
 	for _, t := range recs {
 		cp.triggerRecs[t.Key()] = t
-		if cp.triggers != nil {
-			cp.triggers.Put(trigger.Entry{Trigger: t.Trigger, LastTick: t.LastTick})
-		}
+		cp.runTrigger(t)
 	}
 	cp.refreshPrewarmLocked()
 	return nil
@@ -176,9 +174,7 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.triggerRecs[rec.Key()] = rec
 	cp.refreshPrewarmLocked(t.Function)
-	if cp.triggers != nil {
-		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
-	}
+	cp.runTrigger(rec)
 	w.Header().Set("Location", "/v1/triggers/"+t.Name+"?namespace="+ns)
 	writeJSON(w, http.StatusCreated, cp.triggerView(rec))
 }
@@ -238,10 +234,16 @@ func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	cp.triggerRecs[rec.Key()] = rec
 	cp.refreshPrewarmLocked(cur.Function, t.Function)
 	cp.triggerMu.Unlock()
+	cp.runTrigger(rec)
+	writeJSON(w, http.StatusOK, cp.triggerView(rec))
+}
+
+// runTrigger hands rec to the runner (on a control plane that runs
+// triggers): it fires from rec's last tick on.
+func (cp *ControlPlane) runTrigger(rec *store.Trigger) {
 	if cp.triggers != nil {
 		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
-	writeJSON(w, http.StatusOK, cp.triggerView(rec))
 }
 
 // triggerTarget returns the function trigger t of namespace ns calls,
@@ -390,8 +392,8 @@ func (cp *ControlPlane) setPaused(w http.ResponseWriter, r *http.Request, paused
 		cp.refreshPrewarmLocked(rec.Function)
 	}
 	cp.triggerMu.Unlock()
-	if changed && cp.triggers != nil {
-		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+	if changed {
+		cp.runTrigger(&rec)
 	}
 	writeJSON(w, http.StatusOK, cp.triggerView(&rec))
 }
@@ -532,7 +534,7 @@ func (cp *ControlPlane) syncAnnotationTriggers(f, old *spec.Function) {
 		cp.triggers.Remove(k)
 	}
 	for _, rec := range made {
-		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+		cp.runTrigger(rec)
 	}
 }
 

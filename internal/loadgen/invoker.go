@@ -141,12 +141,7 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 	if err != nil {
 		return Reply{Err: err}
 	}
-	body := make([]byte, 0, 32)
-	body = append(body, `{"ms":`...)
-	body = strconv.AppendInt(body, int64(c.RuntimeMs), 10)
-	body = append(body, `,"mb":`...)
-	body = strconv.AppendInt(body, int64(c.MemoryMB), 10)
-	body = append(body, '}')
+	body := AppendRequest(make([]byte, 0, 32), c.RuntimeMs, c.MemoryMB)
 
 	start := time.Now()
 	rep := Reply{Sent: start}
@@ -213,6 +208,16 @@ func (h *HTTPInvoker) Invoke(ctx context.Context, c *Call) Reply {
 	}
 	ParseReply(&rep, data)
 	return rep
+}
+
+// AppendRequest appends a trace function's request body to b:
+// {"ms":RUNTIME,"mb":MEMORY}.
+func AppendRequest(b []byte, runtimeMs, memoryMB int) []byte {
+	b = append(b, `{"ms":`...)
+	b = strconv.AppendInt(b, int64(runtimeMs), 10)
+	b = append(b, `,"mb":`...)
+	b = strconv.AppendInt(b, int64(memoryMB), 10)
+	return append(b, '}')
 }
 
 // ParseReply reads a trace function's JSON reply into rep: ExecutionTime,

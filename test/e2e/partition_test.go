@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,7 +132,7 @@ func (c *labCluster) leader() *labReplica {
 // registerLoad runs clients that write and read registers (a function's
 // label "v") through every replica until ctx ends, into h. Each client
 // writes values of its own, so every write is distinguishable.
-func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []string, clients int, errsAt *errorClock) *sync.WaitGroup {
+func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []string, clients int) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	var seq atomic.Int64
 	for id := range clients {
@@ -152,7 +153,6 @@ func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []st
 					v := strconv.FormatInt(seq.Add(1), 10)
 					_, err := cl.Update(context.Background(), regFunction(key, v))
 					h.Write(id, key, v, call, err == nil)
-					errsAt.note(err)
 				} else {
 					v, err := cl.Get(context.Background(), key)
 					val := ""
@@ -160,7 +160,6 @@ func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []st
 						val = v.Function.Labels["v"]
 					}
 					h.Read(id, key, call, val, err == nil)
-					errsAt.note(err)
 				}
 			}
 		})
@@ -170,43 +169,6 @@ func (c *labCluster) registerLoad(ctx context.Context, h *lab.History, keys []st
 
 func regFunction(name, v string) *spec.Function {
 	return &spec.Function{Name: name, Builtin: "trace", Labels: map[string]string{"v": v}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
-}
-
-// errorClock keeps when operations failed, to measure unavailability.
-type errorClock struct {
-	mu    sync.Mutex
-	start time.Time
-	fails []time.Duration
-	ok    []time.Duration
-}
-
-func (e *errorClock) note(err error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err != nil {
-		e.fails = append(e.fails, time.Since(e.start))
-	} else {
-		e.ok = append(e.ok, time.Since(e.start))
-	}
-}
-
-// firstOKAfter is the first success after t (from the clock's start), or
-// -1 when none.
-func (e *errorClock) firstOKAfter(t time.Duration) time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, at := range e.ok {
-		if at > t {
-			return at
-		}
-	}
-	return -1
-}
-
-func (e *errorClock) failures() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.fails)
 }
 
 // registerSchedule is a fault schedule on the lab cluster with the register
@@ -242,9 +204,9 @@ func (sc registerSchedule) run(t *testing.T) {
 	for _, k := range keys {
 		h.Write(0, k, "0", 0, true) // created before the history: its first value
 	}
-	errs := &errorClock{start: time.Now()}
+	start := time.Now()
 	ctx, stop := context.WithCancel(context.Background())
-	wg := c.registerLoad(ctx, h, keys, 4, errs)
+	wg := c.registerLoad(ctx, h, keys, 4)
 	defer func() { stop(); wg.Wait() }()
 	time.Sleep(3 * time.Second) // a healthy stretch of history first
 	leader := c.leader()
@@ -253,9 +215,9 @@ func (sc registerSchedule) run(t *testing.T) {
 	}
 	old := leader
 	if sc.follower {
-		old = c.cps[(indexOf(c.cps, leader)+1)%len(c.cps)]
+		old = c.cps[(slices.Index(c.cps, leader)+1)%len(c.cps)]
 	}
-	cut := time.Since(errs.start)
+	cut := time.Since(start)
 	sc.inject(c, old)
 	newLeader := leader
 	if !sc.follower {
@@ -272,12 +234,12 @@ func (sc registerSchedule) run(t *testing.T) {
 			return false
 		})
 	}
-	elected := time.Since(errs.start)
+	elected := time.Since(start)
 	eventually(t, 20*time.Second, "a write through the leader", func() bool {
-		_, err := c.client(indexOf(c.cps, newLeader), time.Second).Update(context.Background(), regFunction("reg-probe", "1"))
+		_, err := c.client(slices.Index(c.cps, newLeader), time.Second).Update(context.Background(), regFunction("reg-probe", "1"))
 		return err == nil
 	})
-	serving := time.Since(errs.start)
+	serving := time.Since(start)
 	// Pinned reads go after the new leader has acknowledged writes: a
 	// read called before them may rightly return the older values.
 	var pinned sync.WaitGroup
@@ -286,7 +248,7 @@ func (sc registerSchedule) run(t *testing.T) {
 		for i, k := range keys {
 			pinned.Go(func() {
 				call := h.Now()
-				v, err := c.client(indexOf(c.cps, old), time.Minute).Get(context.Background(), k)
+				v, err := c.client(slices.Index(c.cps, old), time.Minute).Get(context.Background(), k)
 				val := ""
 				if err == nil {
 					val = v.Function.Labels["v"]
@@ -297,12 +259,12 @@ func (sc registerSchedule) run(t *testing.T) {
 	}
 	time.Sleep(max(sc.hold-(serving-cut), 0)) // the fault holds while clients run
 	sc.heal(c, old)
-	healed := time.Since(errs.start)
+	healed := time.Since(start)
 	eventually(t, 30*time.Second, "one leader after healing, the faulted replica a follower", func() bool {
 		v, ok := replicaView(old.host.Addr(labAdmin))
 		return ok && v.Role == "follower" && c.leader() != nil
 	})
-	converged := time.Since(errs.start) - healed
+	converged := time.Since(start) - healed
 	pinned.Wait()
 	time.Sleep(3 * time.Second)
 	stop()
@@ -390,15 +352,6 @@ func TestPartitionLeaderPaused(t *testing.T) {
 		hold:        *labHold,
 		pinnedReads: true,
 	}.run(t)
-}
-
-func indexOf[T comparable](s []T, v T) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // warmFunction registers "warm" with two sandboxes, one per worker, and

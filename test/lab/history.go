@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -104,31 +105,25 @@ var registerModel = porcupine.Model{
 }
 
 // Check runs porcupine over the history: ok when it is linearizable (or
-// the check ran out of time: "unknown" in the reason).
+// the check ran out of time: "unknown" in the reason); otherwise why names
+// the registers whose histories are not.
 func (h *History) Check(timeout time.Duration) (ok bool, why string) {
 	h.mu.Lock()
 	ops := append([]porcupine.Operation(nil), h.ops...)
 	h.mu.Unlock()
-	res, info := porcupine.CheckOperationsVerbose(registerModel, ops, timeout)
-	switch res {
+	switch porcupine.CheckOperationsTimeout(registerModel, ops, timeout) {
 	case porcupine.Ok:
 		return true, ""
 	case porcupine.Unknown:
 		return true, "unknown: the check timed out"
 	}
-	// The longest linearizable prefix of each failing partition says
-	// where it broke.
-	why = "not linearizable"
-	for _, part := range info.PartialLinearizationsOperations() {
-		for _, lin := range part {
-			if len(lin) > 0 {
-				last := lin[len(lin)-1]
-				why += "; a partition's longest linearizable prefix ends at " + registerModel.DescribeOperation(last.Input, last.Output)
-				break
-			}
+	var bad []string
+	for _, part := range registerModel.Partition(ops) {
+		if !porcupine.CheckOperations(registerModel, part) {
+			bad = append(bad, part[0].Input.(RegisterOp).Key)
 		}
 	}
-	return false, why
+	return false, "not linearizable: registers " + strings.Join(bad, ", ")
 }
 
 // Dump writes the history as JSON lines (client, key, write, value, call

@@ -14,16 +14,7 @@ import (
 // bench async on a local cluster with its embedded queue: every phase's
 // calls are accepted and run, and calls.csv has a finished row for each.
 func TestAsyncOnALocalCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a local cluster")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := Open(ctx, ClusterOptions{Local: true, Runtime: "emulated", Workers: 1, CreateDelay: 5 * time.Millisecond, Async: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	ctx, c := asyncCluster(t)
 	o := Options{Out: t.TempDir(), Lateness: loadgen.Lateness{Late: time.Second, MaxFraction: 1}}
 	s, _, err := Async(ctx, c, o, AsyncConfig{Clients: 4, AcceptDuration: 300 * time.Millisecond, AcceptMax: 400, AcceptRate: 500,
 		LightCalls: 5, LightGap: 5 * time.Millisecond, Backlog: 200, Concurrency: 8, SyncDuration: 300 * time.Millisecond,
@@ -61,4 +52,21 @@ func TestAsyncOnALocalCluster(t *testing.T) {
 			t.Fatalf("calls.csv row %v", r)
 		}
 	}
+}
+
+// asyncCluster starts a one-process cluster (one emulated worker) with its
+// embedded queue for the test, and a context bounding the test to 3 min.
+func asyncCluster(t *testing.T) (context.Context, *Cluster) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a local cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	c, err := Open(ctx, ClusterOptions{Local: true, Runtime: "emulated", Workers: 1, CreateDelay: 5 * time.Millisecond, Async: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return ctx, c
 }

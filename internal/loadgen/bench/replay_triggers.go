@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,14 +89,7 @@ func planTriggers(s *loadgen.Schedule, calls []loadgen.Call, fns []*spec.Functio
 		}
 		rest = append(rest, calls[i])
 	}
-	fnIdx := slices.Sorted(func(yield func(int32) bool) {
-		for f := range fires {
-			if !yield(f) {
-				return
-			}
-		}
-	})
-	for _, f := range fnIdx {
+	for _, f := range slices.Sorted(maps.Keys(fires)) {
 		offs := fires[f]
 		first := loadgen.ScaleOffset(offs[0], timeScale).Round(time.Second)
 		every := 24 * time.Hour // one firing: once in the window
@@ -110,7 +104,7 @@ func planTriggers(s *loadgen.Schedule, calls []loadgen.Call, fns []*spec.Functio
 		slices.Sort(ms)
 		slices.Sort(mb)
 		tt := &timerTrigger{fn: fns[f].Name, start: first, every: every, requestU: int64(ms[len(ms)/2]) * 1000, memoryMB: mb[len(mb)/2]}
-		tt.payload = fmt.Sprintf(`{"ms":%d,"mb":%d}`, ms[len(ms)/2], tt.memoryMB)
+		tt.payload = string(loadgen.AppendRequest(nil, ms[len(ms)/2], tt.memoryMB))
 		for t := first; t < window; t += every {
 			tt.ticks = append(tt.ticks, t)
 			phase := 2
@@ -197,9 +191,8 @@ func (rt *replayTriggers) Invoke(ctx context.Context, c *loadgen.Call) loadgen.R
 	if !ok {
 		return rt.http.Invoke(ctx, c)
 	}
-	body := `{"ms":` + strconv.Itoa(c.RuntimeMs) + `,"mb":` + strconv.Itoa(c.MemoryMB) + `}`
 	rep := loadgen.Reply{Sent: time.Now()}
-	ack, err := rt.js.Publish(ctx, subject, []byte(body))
+	ack, err := rt.js.Publish(ctx, subject, loadgen.AppendRequest(nil, c.RuntimeMs, c.MemoryMB))
 	rep.Response = time.Since(rep.Sent)
 	if err != nil {
 		rep.Err = fmt.Errorf("publishing: %w", err)

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"encoding/csv"
 	"os"
 	"path/filepath"
@@ -73,16 +72,7 @@ func triggerTrace(t *testing.T, columns int) (dir string, names map[string]strin
 // of the published messages; every one is counted, succeeds and is
 // recorded with its own timing, and the HTTP function is called as before.
 func TestReplayTriggersOnALocalCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a local cluster")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := Open(ctx, ClusterOptions{Local: true, Runtime: "emulated", Workers: 1, CreateDelay: 5 * time.Millisecond, Async: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	ctx, c := asyncCluster(t)
 	dir, names := triggerTrace(t, 6)
 	o := Options{Out: t.TempDir(), Lateness: loadgen.Lateness{Late: time.Second, MaxFraction: 1}}
 	cfg := ReplayConfig{TraceDir: dir, Minutes: 4, Warmup: 2, TimeScale: 1, Seed: 42, IAT: "equidistant", Granularity: "second",
