@@ -128,7 +128,7 @@ func (f *asyncFlags) open(ctx context.Context, dataDir string, log *slog.Logger)
 }
 
 // natsToken reads the embedded NATS server's token from path, making it
-// (256 random bits, mode 0600) at the first start.
+// (256 random bits, mode 0600; its directory too) at the first start.
 func natsToken(path string) (string, error) {
 	if tok, err := pki.ReadSecretFile(path); err == nil {
 		return tok, nil
@@ -138,6 +138,11 @@ func natsToken(path string) (string, error) {
 	var b [32]byte
 	_, _ = rand.Read(b[:])
 	tok := hex.EncodeToString(b[:])
+	// The first start of brisk up comes here before anything made the
+	// data dir.
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", fmt.Errorf("NATS token: %w", err)
+	}
 	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("NATS token: %w", err)
 	}

@@ -142,3 +142,21 @@ func TestBenchAsyncLocal(t *testing.T) {
 		}
 	}
 }
+
+// brisk up --nats-listen on a fresh data dir makes the dir and the token
+// (it failed: the token was written before anything made the dir), and
+// reads the same token at the next start.
+func TestNATSTokenOnAFreshDataDir(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fresh", "data", "nats.token")
+	tok, err := natsToken(path)
+	if err != nil || len(tok) != 64 {
+		t.Fatalf("first start: token %q, %v", tok, err)
+	}
+	again, err := natsToken(path)
+	if err != nil || again != tok {
+		t.Fatalf("second start: %q, %v; want the first token", again, err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v %v", st, err)
+	}
+}
