@@ -75,7 +75,7 @@ and call it with 'brisk invoke' or plain HTTP on the data plane.`,
 		return usageError{fmt.Errorf("%w\nUsage: %s", err, c.UseLine())}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.admin, "admin-url", envOr(client.EnvAdmin, client.DefaultAdmin), "control plane admin API address (env BRISK_ADMIN)")
+	pf.StringVar(&g.admin, "admin-url", envOr(client.EnvAdmin, client.DefaultAdmin), "control plane admin API address, or an HA control plane's replicas comma-separated (requests move to another replica when one cannot serve them) (env BRISK_ADMIN)")
 	pf.StringVar(&g.invoke, "invoke-url", envOr(client.EnvInvoke, client.DefaultInvoke), "data plane invocation address (env BRISK_INVOKE)")
 	pf.StringVar(&g.token, "token", os.Getenv(client.EnvToken), "API token for the admin API and invocations (env BRISK_TOKEN; default: the one in --token-file)")
 	pf.StringVar(&g.tokenFile, "token-file", client.DefaultTokenFile(),

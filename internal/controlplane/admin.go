@@ -118,6 +118,7 @@ func (cp *ControlPlane) readBarrier(next http.Handler) http.Handler {
 			default:
 				if err := cp.cfg.VerifyLeader(); err != nil {
 					w.Header().Set("Retry-After", "1")
+					w.Header().Set(api.HeaderNotForwarded, "1")
 					writeError(w, http.StatusServiceUnavailable, "this replica no longer leads ("+err.Error()+"); retry")
 					return
 				}

@@ -17,6 +17,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/rpc"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // ReplicaView is GET /v1/replica: this replica's role in its replica set.
@@ -245,12 +246,19 @@ func followerAdmin(reg *replica.Registry, peers []replica.Peer, adminTLS *tls.Co
 		},
 		Transport: transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// Nothing reached the leader when it could not be dialled: a
+			// client may send the request to another replica.
+			if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+				w.Header().Set(api.HeaderNotForwarded, "1")
+			}
+			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusServiceUnavailable, "control-plane leader unreachable: "+err.Error()+"; retry")
 		},
 	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l, ok := reg.Leader(); !ok || l.ID == reg.Self().ID {
 			w.Header().Set("Retry-After", "1")
+			w.Header().Set(api.HeaderNotForwarded, "1")
 			writeError(w, http.StatusServiceUnavailable, "no control-plane leader elected yet; retry")
 			return
 		}

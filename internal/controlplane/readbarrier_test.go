@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // On a raft replica every registry read first confirms leadership: a
@@ -27,12 +29,14 @@ func TestReadsConfirmLeadership(t *testing.T) {
 		return nil
 	}
 	h := e.cp.authenticate(e.cp.adminHandler())
+	var notForwarded string
 	do := func(method, path, body string) int {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+tok)
 		req.Header.Set("Content-Type", "application/json")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
+		notForwarded = rec.Header().Get(api.HeaderNotForwarded)
 		return rec.Code
 	}
 	if code := do(http.MethodGet, "/v1/functions", ""); code != http.StatusOK || verified != 1 {
@@ -40,8 +44,9 @@ func TestReadsConfirmLeadership(t *testing.T) {
 	}
 	leads = false
 	for _, path := range []string{"/v1/functions", "/v1/status", "/v1/namespaces", "/v1/triggers"} {
-		if code := do(http.MethodGet, path, ""); code != http.StatusServiceUnavailable {
-			t.Errorf("GET %s after leadership was lost: %d, want 503", path, code)
+		// Marked as acting on nothing: a client may try another replica.
+		if code := do(http.MethodGet, path, ""); code != http.StatusServiceUnavailable || notForwarded == "" {
+			t.Errorf("GET %s after leadership was lost: %d (%s %q), want 503 marked", path, code, api.HeaderNotForwarded, notForwarded)
 		}
 	}
 	before := verified

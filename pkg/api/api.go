@@ -49,6 +49,12 @@ type TrafficStatus struct {
 // this page's; absent on the last page.
 const HeaderContinue = "X-Brisk-Continue"
 
+// HeaderNotForwarded marks a 503 from a control-plane replica that acted
+// on nothing and passed nothing on (it knows no leader, could not dial
+// it, or no longer leads): a client may send the same request, whatever
+// its method, to another replica.
+const HeaderNotForwarded = "X-Brisk-Not-Forwarded"
+
 // FunctionStatus is a function's scaling state.
 type FunctionStatus struct {
 	Desired     int    `json:"desired"`

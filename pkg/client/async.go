@@ -167,16 +167,11 @@ func (c *Client) Logs(ctx context.Context, name string, o LogOptions, fn func(ap
 	if o.Follow {
 		q.Set("follow", "true")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Admin+"/v1/functions/"+url.PathEscape(name)+"/logs?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	c.authorize(req)
 	hc := *c.HTTP
 	hc.Timeout = 0 // a followed stream lasts as long as ctx
-	resp, err := hc.Do(req)
+	resp, err := c.sendAdmin(ctx, &hc, http.MethodGet, "/v1/functions/"+url.PathEscape(name)+"/logs?"+q.Encode(), nil, "")
 	if err != nil {
-		return fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -25,6 +25,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -70,6 +71,14 @@ type Client struct {
 	// front end); it wins over Token.
 	Authorization string
 	HTTP          *http.Client
+	// Replicas are the admin APIs of an HA control plane's other
+	// replicas (base URLs). Admin requests go to the replica that answered
+	// last and move to the next one when it cannot serve them (see
+	// failover.go for when moving is safe). New fills them from a
+	// comma-separated list.
+	Replicas []string
+
+	current atomic.Int32 // index in admins() of the replica answering
 }
 
 func (c *Client) authorize(req *http.Request) {
@@ -84,9 +93,17 @@ func (c *Client) authorize(req *http.Request) {
 	}
 }
 
-// New returns a client; addresses may omit the scheme.
+// New returns a client; addresses may omit the scheme. admin may list
+// an HA control plane's replicas, comma-separated (Replicas).
 func New(admin, invoke string) *Client {
-	return &Client{Admin: baseURL(admin), Invoke: baseURL(invoke), HTTP: &http.Client{Timeout: 10 * time.Minute}}
+	c := &Client{Invoke: baseURL(invoke), HTTP: &http.Client{Timeout: 10 * time.Minute}}
+	if all := splitAdmins(admin); len(all) > 1 {
+		c.Admin, c.Replicas = all[0], all[1:]
+		c.HTTP.Transport = failoverTransport()
+	} else {
+		c.Admin = baseURL(admin)
+	}
+	return c
 }
 
 // TrustCA makes the client trust the PEM CA certificates in pemCerts, as
@@ -145,27 +162,32 @@ func baseURL(a string) string {
 	return a
 }
 
-// do sends in (a value to encode, or JSON already encoded as []byte) and
-// decodes the reply into out unless out is nil.
+// do sends in (a value to encode, or JSON already encoded as []byte) to
+// the admin API (moving between replicas: failover.go) and decodes the
+// reply into out unless out is nil.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	return c.doAt(ctx, c.Admin, "control plane", method, path, in, out)
+	body, err := encodeBody(in)
+	if err != nil {
+		return err
+	}
+	ct := ""
+	if in != nil {
+		ct = "application/json"
+	}
+	resp, err := c.sendAdmin(ctx, c.HTTP, method, path, body, ct)
+	if err != nil {
+		return err
+	}
+	return decodeReply(resp, out)
 }
 
-// doAt is do against base (the admin API or a data plane).
+// doAt is do against a data plane at base.
 func (c *Client) doAt(ctx context.Context, base, what, method, path string, in, out any) error {
-	var body io.Reader
-	switch in := in.(type) {
-	case nil:
-	case []byte:
-		body = bytes.NewReader(in)
-	default:
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
+	body, err := encodeBody(in)
+	if err != nil {
+		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -177,6 +199,25 @@ func (c *Client) doAt(ctx context.Context, base, what, method, path string, in, 
 	if err != nil {
 		return fmt.Errorf("cannot reach the %s at %s: %w", what, base, err)
 	}
+	return decodeReply(resp, out)
+}
+
+// encodeBody is a request's body: nil, JSON already encoded, or a value
+// to encode.
+func encodeBody(in any) ([]byte, error) {
+	switch in := in.(type) {
+	case nil:
+		return nil, nil
+	case []byte:
+		return in, nil
+	default:
+		return json.Marshal(in)
+	}
+}
+
+// decodeReply reads and closes resp, decoding a 2xx reply into out
+// (unless nil) and turning any other into an *Error.
+func decodeReply(resp *http.Response, out any) error {
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
@@ -207,14 +248,9 @@ func replyError(status int, data []byte) error {
 // Backup writes a consistent copy of the control plane's registry (a
 // registry.db) to w and returns its size; a reply cut short is an error.
 func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Admin+"/v1/backup", nil)
+	resp, err := c.sendAdmin(ctx, c.HTTP, http.MethodGet, "/v1/backup", nil, "")
 	if err != nil {
 		return 0, err
-	}
-	c.authorize(req)
-	resp, err := c.HTTP.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("cannot reach the control plane at %s: %w", c.Admin, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -1,0 +1,118 @@
+package client
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// replicaServer answers every request with status (and the not-forwarded
+// mark when set), counting them.
+func replicaServer(t *testing.T, status int, notForwarded bool, hits *atomic.Int64) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		hits.Add(1)
+		if notForwarded {
+			w.Header().Set(api.HeaderNotForwarded, "1")
+		}
+		w.WriteHeader(status)
+		io.WriteString(w, `{"name":"a"}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// refusedAddr is a loopback address nothing listens on.
+func refusedAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestFailoverMovesPastReplicasThatCannotServe(t *testing.T) {
+	var noLeader, leader atomic.Int64
+	b := replicaServer(t, http.StatusServiceUnavailable, true, &noLeader)
+	c := replicaServer(t, http.StatusCreated, false, &leader)
+	cl := New(refusedAddr(t)+", "+b.URL+","+c.URL, "")
+	if len(cl.Replicas) != 2 {
+		t.Fatalf("replicas %q, want the two after the first", cl.Replicas)
+	}
+	// A create (not idempotent) moves past a refused connection and a
+	// replica that says it passed nothing on.
+	if _, err := cl.Create(context.Background(), nil); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if noLeader.Load() != 1 || leader.Load() != 1 {
+		t.Fatalf("hits: %d on the leaderless replica, %d on the leader; want 1 and 1", noLeader.Load(), leader.Load())
+	}
+	// The next request goes straight to the replica that answered.
+	if _, err := cl.Get(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if noLeader.Load() != 1 || leader.Load() != 2 || cl.CurrentAdmin() != c.URL {
+		t.Fatalf("after a success: %d / %d hits, current %s; want the leader only", noLeader.Load(), leader.Load(), cl.CurrentAdmin())
+	}
+}
+
+func TestFailoverNeverSendsAWriteTwice(t *testing.T) {
+	release := make(chan struct{})
+	var slow, other atomic.Int64
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		slow.Add(1)
+		<-release
+	}))
+	defer hang.Close()
+	defer close(release)
+	ok := replicaServer(t, http.StatusOK, false, &other)
+	var busy atomic.Int64
+	plain503 := replicaServer(t, http.StatusServiceUnavailable, false, &busy)
+
+	cl := New(hang.URL+","+ok.URL, "")
+	cl.HTTP.Timeout = 300 * time.Millisecond
+	// A create sent whole and never answered may have been applied: it is
+	// not sent again, and the error says so.
+	_, err := cl.Create(context.Background(), nil)
+	if err == nil || !strings.Contains(err.Error(), "unknown") || other.Load() != 0 {
+		t.Fatalf("create to a replica that never answers: err %v, %d sent elsewhere; want an unknown outcome and none", err, other.Load())
+	}
+	// A read of the same fate moves on.
+	if _, err := cl.Get(context.Background(), "a"); err != nil || other.Load() != 1 {
+		t.Fatalf("get: %v, %d served by the other replica; want 1", err, other.Load())
+	}
+	// A 503 without the mark (a leader losing its term mid-write) ends a
+	// POST and a DELETE, and moves a PUT.
+	cl = New(plain503.URL+","+ok.URL, "")
+	if _, err := cl.Create(context.Background(), nil); err == nil || other.Load() != 1 {
+		t.Fatalf("create answered 503: err %v, %d sent elsewhere; want the 503 and none", err, other.Load())
+	}
+	if err := cl.Delete(context.Background(), "a"); err == nil || other.Load() != 1 {
+		t.Fatalf("delete answered 503: err %v, %d sent elsewhere; want the 503 and none", err, other.Load())
+	}
+	if _, err := cl.Update(context.Background(), &spec.Function{Name: "a"}); err != nil || other.Load() != 2 {
+		t.Fatalf("update: %v, %d served elsewhere; want it moved", err, other.Load())
+	}
+	if slow.Load() != 2 || busy.Load() != 3 {
+		t.Fatalf("each request reached its first replica once: %d and %d, want 2 and 3", slow.Load(), busy.Load())
+	}
+}
+
+func TestOneAdminAddressHasNoReplicas(t *testing.T) {
+	cl := New("127.0.0.1:9090", "")
+	if cl.Admin != "http://127.0.0.1:9090" || len(cl.Replicas) != 0 || cl.HTTP.Transport != nil {
+		t.Fatalf("one address: admin %q, replicas %q, transport %v", cl.Admin, cl.Replicas, cl.HTTP.Transport)
+	}
+}
