@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -168,6 +169,7 @@ func defaultDataDir() string { return client.DefaultDataDir() }
 // wkFlags are the worker's flags, shared by `up` and `worker`.
 type wkFlags struct {
 	listen, advertise, nodeID, rt, stateDir string
+	sandboxHost                             string
 	emergencyRT                             string
 	sandboxUser                             string
 	python, node                            string
@@ -210,6 +212,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	if standalone {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "gRPC listen address of the worker")
 		fl.StringVar(&f.advertise, "advertise", "", "address the control plane dials (default: the bound listen address)")
+		fl.StringVar(&f.sandboxHost, "sandbox-host", "", "with --runtime process or emulated: this host's IP address the sandboxes listen on and data planes dial (default: process 127.0.0.1, so only a data plane on this host reaches them; emulated the --listen address); sandboxes take no tokens, so give an address of a network only the data planes reach (docs/runtimes.md)")
 		fl.StringVar(&f.nodeID, "node-id", host, "node id (with --emulate N, a prefix)")
 		fl.StringVar(&f.stateDir, "state-dir", filepath.Join(defaultDataDir(), "worker"), "directory for sandbox state and logs")
 		fl.BoolVar(&f.stopOnExit, "stop-on-exit", false, "kill all sandboxes when the worker exits (default: keep them for a restarted worker to adopt)")
@@ -235,11 +238,17 @@ func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
 	if f.rt == "process" && f.emulate != 1 {
 		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
+	if f.sandboxHost != "" && f.rt != "process" && f.rt != "emulated" {
+		return local.Workers{}, usageError{fmt.Errorf("--sandbox-host needs --runtime process or emulated (native and containerd sandboxes have addresses of their own network)")}
+	}
+	if ip := net.ParseIP(f.sandboxHost); f.sandboxHost != "" && (ip == nil || ip.IsUnspecified()) {
+		return local.Workers{}, usageError{fmt.Errorf("--sandbox-host %q: want one IP address of this host", f.sandboxHost)}
+	}
 	if err := local.CheckEmergencyRuntime(f.rt, f.emergencyRT); err != nil {
 		return local.Workers{}, usageError{err}
 	}
 	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
-		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, StopOnExit: f.stopOnExit,
+		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, SandboxHost: f.sandboxHost, StopOnExit: f.stopOnExit,
 		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node, NoTemplates: !f.templates, MaxTemplates: f.maxTemplates}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {

@@ -68,7 +68,11 @@ type Workers struct {
 	MaxSandboxes  int
 	Listen        string // gRPC listen address; default 127.0.0.1:0
 	Advertise     string
-	StopOnExit    bool
+	// SandboxHost is the address process and emulated sandboxes listen
+	// on and data planes dial (process.Config.ListenHost); empty: process
+	// 127.0.0.1, emulated Listen's host.
+	SandboxHost string
+	StopOnExit  bool
 	// SandboxUser is who the process runtime runs sandboxes as (see
 	// process.Config.User); empty: nobody as root, else this user.
 	SandboxUser string
@@ -216,7 +220,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		if w.Nodes > 1 {
 			return nil, nil, fmt.Errorf("%w: several nodes in one process need the emulated runtime", ErrUsage)
 		}
-		rt, err := process.New(process.Config{StateDir: w.StateDir, User: w.SandboxUser, NoTemplates: w.NoTemplates, MaxTemplates: w.MaxTemplates, Logger: log.With("component", "runtime")})
+		rt, err := process.New(process.Config{StateDir: w.StateDir, ListenHost: w.SandboxHost, User: w.SandboxUser, NoTemplates: w.NoTemplates, MaxTemplates: w.MaxTemplates, Logger: log.With("component", "runtime")})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -231,7 +235,7 @@ func BuildWorker(w Workers, controlPlane string, log *slog.Logger) (*worker.Daem
 		}
 		// The emulated sandboxes are served on the worker's listen host:
 		// data planes on other machines reach them there.
-		host, err := emulated.NewHost(net.JoinHostPort(emulatedHost(w.Listen), "0"), log.With("component", "emulated"))
+		host, err := emulated.NewHost(net.JoinHostPort(cmp.Or(w.SandboxHost, emulatedHost(w.Listen)), "0"), log.With("component", "emulated"))
 		if err != nil {
 			return nil, nil, err
 		}

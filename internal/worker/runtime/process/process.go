@@ -61,7 +61,17 @@ type Config struct {
 	// (template.go). MaxTemplates bounds them (DefaultMaxTemplates when 0).
 	NoTemplates  bool
 	MaxTemplates int
+	// ListenHost is the address sandboxes listen on and data planes dial:
+	// a host address of this machine. Default 127.0.0.1: sandboxes share
+	// the host's network and take no tokens, so only a data plane on this
+	// machine reaches them. A cluster whose data planes run elsewhere
+	// gives an address of a network only they reach (docs/runtimes.md).
+	ListenHost string
 }
+
+// DefaultListenHost is where sandboxes listen when Config.ListenHost is
+// empty.
+const DefaultListenHost = "127.0.0.1"
 
 // DefaultKillGrace is the SIGTERM-to-SIGKILL grace when Config.KillGrace is 0.
 const DefaultKillGrace = time.Second
@@ -180,6 +190,10 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.KillGrace == 0 {
 		cfg.KillGrace = DefaultKillGrace
+	}
+	cfg.ListenHost = cmp.Or(cfg.ListenHost, DefaultListenHost)
+	if ip := net.ParseIP(cfg.ListenHost); ip == nil || ip.IsUnspecified() || ip.IsMulticast() {
+		return nil, fmt.Errorf("process runtime: ListenHost %q: want one IP address of this host (data planes dial it)", cfg.ListenHost)
 	}
 	traceArgv := []string{cfg.BriskBinary, TraceSubcommand}
 	if cfg.BriskBinary == "" {
@@ -356,7 +370,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 			}
 		}()
 	}
-	env := sandboxEnv(s, port, secretsDir)
+	env := r.sandboxEnv(s, port, secretsDir)
 	if len(s.Function.Command) > 0 {
 		argv = runtime.ExpandArgs(argv, env) // $PORT without a shell
 	}
@@ -764,10 +778,11 @@ func (r *Runtime) persist() error {
 	return writeTable(r.table, recs)
 }
 
-// reservePort returns a free loopback port no sandbox of this runtime holds.
+// reservePort returns a free port on the listen host no sandbox of this
+// runtime holds.
 func (r *Runtime) reservePort() (int, error) {
 	for range 64 {
-		port, err := freePort()
+		port, err := freePort(r.cfg.ListenHost)
 		if err != nil {
 			return 0, err
 		}
@@ -781,14 +796,14 @@ func (r *Runtime) reservePort() (int, error) {
 			return port, nil
 		}
 	}
-	return 0, errors.New("no free loopback port after 64 tries")
+	return 0, fmt.Errorf("no free port on %s after 64 tries", r.cfg.ListenHost)
 }
 
-// reserveAddr reserves a loopback port for a sandbox (reservePort) and
-// returns its address too; releasePort gives it back.
+// reserveAddr reserves a port for a sandbox (reservePort) and returns its
+// address too; releasePort gives it back.
 func (r *Runtime) reserveAddr() (int, string, error) {
 	port, err := r.reservePort()
-	return port, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), err
+	return port, net.JoinHostPort(r.cfg.ListenHost, strconv.Itoa(port)), err
 }
 
 func (r *Runtime) releasePort(port int) {
@@ -804,11 +819,11 @@ func portOf(addr string) int {
 	return n
 }
 
-// freePort asks the kernel for a free loopback port. The port is free only
+// freePort asks the kernel for a free port on host. The port is free only
 // until the sandbox binds it; another process could take it first, which
 // WaitReady cannot tell from the sandbox itself.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
 	}

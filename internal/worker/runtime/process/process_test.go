@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -711,4 +712,31 @@ func writeTableAt(t *testing.T, dir string, recs []record) error {
 		return err
 	}
 	return writeTable(f, recs)
+}
+
+// With ListenHost the sandboxes listen on that address, not loopback's
+// 127.0.0.1: a data plane on another host dials it (the partition lab's
+// process workers). 127.0.0.2 stands for a host address here.
+func TestSandboxesListenOnTheListenHost(t *testing.T) {
+	r := newRuntime(t, Config{ListenHost: "127.0.0.2"})
+	inst := createReady(t, r, "sb-host", &spec.Function{Name: "trace-host", Builtin: "trace"})
+	host, port, err := net.SplitHostPort(inst.Addr)
+	if err != nil || host != "127.0.0.2" {
+		t.Fatalf("sandbox address %q: want one on 127.0.0.2", inst.Addr)
+	}
+	resp, err := http.Post("http://"+inst.Addr+"/", "application/json", strings.NewReader(`{"ms":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call on the listen host: %d", resp.StatusCode)
+	}
+	if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", port)); err == nil {
+		c.Close()
+		t.Errorf("the sandbox answers on 127.0.0.1:%s too: want its listen host only", port)
+	}
+	if _, err := New(Config{StateDir: t.TempDir(), ListenHost: "0.0.0.0"}); err == nil {
+		t.Error("New took the unspecified address as a listen host")
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 )
 
@@ -137,9 +138,11 @@ func fromUser(u *user.User) (identity, error) {
 // id and function name the builtin trace function reports, and with
 // secrets BRISK_SECRETS_DIR: secretsDir, or spec.SecretsDir when empty),
 // later entries winning: a function may set PATH and HOME but not PORT.
-// Nothing of the worker's environment gets in.
-func sandboxEnv(s runtime.Spec, port int, secretsDir string) []string {
-	return runtime.FunctionEnv([]string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}, s, port, secretsDir)
+// BRISK_LISTEN_HOST is the runtime's listen host, which the builtins and
+// the language runners bind. Nothing of the worker's environment gets in.
+func (r *Runtime) sandboxEnv(s runtime.Spec, port int, secretsDir string) []string {
+	env := runtime.FunctionEnv([]string{"PATH=" + DefaultPath, "HOME=" + sandboxHome}, s, port, secretsDir)
+	return append(env, tracefn.EnvListenHost+"="+r.cfg.ListenHost)
 }
 
 // resolveCommand makes argv[0] a path the child can exec from /, its

@@ -212,14 +212,14 @@ func TestSecretsWithoutMountNamespace(t *testing.T) {
 // A function without secrets gets no BRISK_SECRETS_DIR and no mount.
 func TestNoSecretsNoEnv(t *testing.T) {
 	f := echoFn("plain", nil)
-	for _, kv := range sandboxEnv(runtime.Spec{ID: "sb", Function: f}, 1, "") {
+	for _, kv := range (&Runtime{}).sandboxEnv(runtime.Spec{ID: "sb", Function: f}, 1, "") {
 		if strings.HasPrefix(kv, runtime.EnvSecretsDir+"=") {
 			t.Errorf("env of a function without secrets has %s", kv)
 		}
 	}
 	// After the function's own variables, which cannot override it.
 	f = withSecrets(echoFn("s", map[string]string{runtime.EnvSecretsDir: "/elsewhere"}))
-	env := sandboxEnv(runtime.Spec{ID: "sb", Function: f}, 1, "")
+	env := (&Runtime{}).sandboxEnv(runtime.Spec{ID: "sb", Function: f}, 1, "")
 	if i, j := slices.Index(env, runtime.EnvSecretsDir+"=/elsewhere"), slices.Index(env, runtime.EnvSecretsDir+"="+spec.SecretsDir); j < 0 || j < i {
 		t.Errorf("env %q: want %s=%s after the function's variables", env, runtime.EnvSecretsDir, spec.SecretsDir)
 	}

@@ -181,7 +181,7 @@ func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File
 			return err
 		}
 	}
-	env := append(sandboxEnv(s, 0, ""), EnvTemplateFD+"=3")
+	env := append(r.sandboxEnv(s, 0, ""), EnvTemplateFD+"=3")
 	cmd, err := r.start(s, s.Function.Command, env, logf, p.cg, sock)
 	if err != nil {
 		if p.cg != nil {
@@ -279,7 +279,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 		}
 		_ = os.Remove(logPath)
 	}
-	pid, err := t.Fork(ctx, forkserver.Request{ID: s.ID, Port: port, Env: sandboxEnv(s, port, "")}, logf)
+	pid, err := t.Fork(ctx, forkserver.Request{ID: s.ID, Port: port, Env: r.sandboxEnv(s, port, "")}, logf)
 	if err != nil {
 		if ctx.Err() != nil { // the template is out of step now
 			r.tpls.Evict(t)
