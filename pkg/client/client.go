@@ -41,6 +41,9 @@ type Error struct {
 	// header: not-found, no-capacity, queue-timeout, ...), when the data
 	// plane answered a call itself.
 	Reason string
+	// NotForwarded: a control-plane replica answered that it acted on
+	// nothing and passed nothing on (api.HeaderNotForwarded).
+	NotForwarded bool
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
@@ -49,6 +52,20 @@ func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e
 func IsNotFound(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// NotApplied reports whether err says for certain that the admin API
+// applied nothing: the request never reached a replica whole, or the one it
+// reached answered that it passed nothing on. Such a request, a write
+// included, may be sent again. Other errors of a write leave its outcome
+// unknown (a timeout after it was sent, or a 503 from a leader that lost
+// its term mid-write) unless the status says otherwise (4xx).
+func NotApplied(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.NotForwarded || e.Status/100 == 4
+	}
+	return errors.Is(err, errNotSent)
 }
 
 // IsConflict reports whether err is a 409 from brisk.
@@ -224,7 +241,9 @@ func decodeReply(resp *http.Response, out any) error {
 		return err
 	}
 	if resp.StatusCode/100 != 2 {
-		return replyError(resp.StatusCode, data)
+		err := replyError(resp.StatusCode, data)
+		err.(*Error).NotForwarded = resp.Header.Get(api.HeaderNotForwarded) != ""
+		return err
 	}
 	if hs, ok := out.(interface{ setHeader(http.Header) }); ok {
 		hs.setHeader(resp.Header)

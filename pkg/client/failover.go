@@ -33,6 +33,10 @@ import (
 //
 // The partition lab (docs/reliability.md, "Partitions") measures it.
 
+// errNotSent marks an error of a request that never reached a replica
+// whole (NotApplied).
+var errNotSent = errors.New("not sent")
+
 // failoverDialTimeout bounds a connection attempt of New's clients to a
 // replica list: a replica cut off by a partition drops the connection's
 // packets, and without a bound the next replica would be tried only after
@@ -106,6 +110,9 @@ func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path st
 		resp, err := hc.Do(req)
 		last := i == len(all)-1
 		if err != nil {
+			if !wrote {
+				err = fmt.Errorf("%w: %w", errNotSent, err)
+			}
 			err = fmt.Errorf("cannot reach the control plane at %s: %w", base, err)
 			if last || ctx.Err() != nil || (wrote && !idempotent) {
 				if wrote && !idempotent && len(all) > 1 {

@@ -86,7 +86,7 @@ func TestFailoverNeverSendsAWriteTwice(t *testing.T) {
 	// A create sent whole and never answered may have been applied: it is
 	// not sent again, and the error says so.
 	_, err := cl.Create(context.Background(), nil)
-	if err == nil || !strings.Contains(err.Error(), "unknown") || other.Load() != 0 {
+	if err == nil || !strings.Contains(err.Error(), "unknown") || other.Load() != 0 || NotApplied(err) {
 		t.Fatalf("create to a replica that never answers: err %v, %d sent elsewhere; want an unknown outcome and none", err, other.Load())
 	}
 	// A read of the same fate moves on.
@@ -96,7 +96,7 @@ func TestFailoverNeverSendsAWriteTwice(t *testing.T) {
 	// A 503 without the mark (a leader losing its term mid-write) ends a
 	// POST and a DELETE, and moves a PUT.
 	cl = New(plain503.URL+","+ok.URL, "")
-	if _, err := cl.Create(context.Background(), nil); err == nil || other.Load() != 1 {
+	if _, err := cl.Create(context.Background(), nil); err == nil || other.Load() != 1 || NotApplied(err) {
 		t.Fatalf("create answered 503: err %v, %d sent elsewhere; want the 503 and none", err, other.Load())
 	}
 	if err := cl.Delete(context.Background(), "a"); err == nil || other.Load() != 1 {
@@ -114,5 +114,23 @@ func TestOneAdminAddressHasNoReplicas(t *testing.T) {
 	cl := New("127.0.0.1:9090", "")
 	if cl.Admin != "http://127.0.0.1:9090" || len(cl.Replicas) != 0 || cl.HTTP.Transport != nil {
 		t.Fatalf("one address: admin %q, replicas %q, transport %v", cl.Admin, cl.Replicas, cl.HTTP.Transport)
+	}
+}
+
+// NotApplied tells a caller when a failed write may be sent again.
+func TestNotApplied(t *testing.T) {
+	var n atomic.Int64
+	refused := New(refusedAddr(t), "")
+	_, err := refused.Create(context.Background(), nil)
+	if err == nil || !NotApplied(err) {
+		t.Errorf("a create that reached no replica: %v, NotApplied %v; want true", err, NotApplied(err))
+	}
+	noLeader := New(replicaServer(t, http.StatusServiceUnavailable, true, &n).URL, "")
+	if _, err := noLeader.Create(context.Background(), nil); err == nil || !NotApplied(err) {
+		t.Errorf("a create answered not-forwarded: %v, NotApplied %v; want true", err, NotApplied(err))
+	}
+	failing := New(replicaServer(t, http.StatusInternalServerError, false, &n).URL, "")
+	if _, err := failing.Create(context.Background(), nil); err == nil || NotApplied(err) {
+		t.Errorf("a create answered 500: %v, NotApplied %v; want false", err, NotApplied(err))
 	}
 }

@@ -21,8 +21,9 @@ type History struct {
 	start time.Time
 	ops   []porcupine.Operation
 	// Acked counts the acknowledged writes; Unknown the writes whose
-	// outcome is not known (an error or a timeout: they may have happened).
-	Acked, Unknown, Reads, FailedReads int
+	// outcome is not known (an error or a timeout: they may have happened);
+	// Refused the writes known not to have happened (Refuse).
+	Acked, Unknown, Refused, Reads, FailedReads int
 }
 
 // RegisterOp is an operation's input.
@@ -51,6 +52,14 @@ func (h *History) Write(client int, key, value string, call int64, ok bool) {
 		ret = math.MaxInt64
 	}
 	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: RegisterOp{Key: key, Write: true, Value: value}, Call: call, Return: ret})
+}
+
+// Refuse counts a write that certainly did not happen (refused before it
+// was applied): it is left out of the history, as a failed read is.
+func (h *History) Refuse() {
+	h.mu.Lock()
+	h.Refused++
+	h.mu.Unlock()
 }
 
 // Read records a read of key called at call that returned value (ok) or

@@ -31,7 +31,7 @@ import (
 // prefix starts every namespace a lab makes: prefix-PID-LAB-NAME.
 const prefix = "brisklab"
 
-var labSeq atomic.Int32
+var labSeq, logSeq atomic.Int32
 
 // Lab is one network of hosts.
 type Lab struct {
@@ -185,6 +185,7 @@ func (h *Host) Delay(d, jitter time.Duration) {
 // Proc is a process running in a host.
 type Proc struct {
 	Host *Host
+	Bin  string
 	Args []string
 	cmd  *exec.Cmd
 	out  *os.File
@@ -196,12 +197,12 @@ type Proc struct {
 func (h *Host) Start(bin string, args ...string) *Proc {
 	l := h.lab
 	l.t.Helper()
-	out, err := os.Create(filepath.Join(l.t.TempDir(), h.Name+"-"+filepath.Base(bin)+".log"))
+	out, err := os.Create(filepath.Join(l.t.TempDir(), fmt.Sprintf("%s-%s-%d.log", h.Name, filepath.Base(bin), logSeq.Add(1))))
 	if err != nil {
 		l.t.Fatal(err)
 	}
 	// ip netns exec enters the namespace and execs bin: the PID is bin's.
-	p := &Proc{Host: h, Args: args, cmd: exec.Command("ip", append([]string{"netns", "exec", h.NS, bin}, args...)...), out: out, done: make(chan struct{})}
+	p := &Proc{Host: h, Bin: bin, Args: args, cmd: exec.Command("ip", append([]string{"netns", "exec", h.NS, bin}, args...)...), out: out, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	if err := p.cmd.Start(); err != nil {
 		l.t.Fatalf("starting %s in %s: %v", bin, h.Name, err)
@@ -222,6 +223,13 @@ func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	_ = p.cmd.Process.Kill()
 	<-p.done
+}
+
+// Restart kills the process (SIGKILL, as a crash) and starts it again
+// with the same arguments in the same host.
+func (p *Proc) Restart() *Proc {
+	p.Kill()
+	return p.Host.Start(p.Bin, p.Args...)
 }
 
 // Stop ends the process with SIGTERM (SIGKILL after 10 s) and waits.
@@ -283,6 +291,22 @@ func (l *Lab) Close() {
 	}
 	removeNS(l.sw) // takes the root veth's peer, and so the root veth
 	_ = run("ip", "link", "del", l.rootIf)
+}
+
+// Pids are the processes running in h (its own and their children, such
+// as a worker's sandboxes).
+func (h *Host) Pids() []int {
+	out, err := exec.Command("ip", "netns", "pids", h.NS).Output()
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // removeNS kills what still runs in ns (by PID) and deletes it.

@@ -1,0 +1,632 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
+	"github.com/brisk-faas/brisk/test/lab"
+)
+
+// labCluster is brisk on lab hosts (test/lab), each component on a host of
+// its own so that faults can cut them apart (docs/reliability.md,
+// "Partitions"): 3 or 5 control-plane replicas, 2 data planes behind a
+// gateway, a NATS server for asynchronous calls, and 3 workers on the
+// process runtime whose sandboxes listen on their host's address.
+type labCluster struct {
+	t       *testing.T
+	lab     *lab.Lab
+	cps     []*labReplica
+	dps     []*lab.Proc
+	gw      *lab.Host
+	workers []*lab.Proc
+	dirs    []string
+}
+
+type labReplica struct {
+	host *lab.Host
+	dir  string
+	proc *lab.Proc
+}
+
+// Ports every host uses for its component (each host has its own address).
+const (
+	labRaft, labAdmin, labGRPC, labInvoke, labWorker, labNATS = 7100, 9090, 9091, 8080, 9200, 4222
+)
+
+func newLabCluster(t *testing.T, replicas int) *labCluster {
+	if why := lab.Available(); why != "" {
+		t.Skip("partition lab: " + why)
+	}
+	l := lab.New(t)
+	c := &labCluster{t: t, lab: l}
+	var peers, grpcs []string
+	for i := range replicas {
+		h := l.Host(fmt.Sprintf("cp%d", i+1))
+		r := &labReplica{host: h, dir: t.TempDir()}
+		c.cps = append(c.cps, r)
+		c.dirs = append(c.dirs, r.dir)
+		peers = append(peers, fmt.Sprintf("%s=%s|%s|%s", h.Name, h.Addr(labRaft), h.Addr(labAdmin), h.Addr(labGRPC)))
+		grpcs = append(grpcs, h.Addr(labGRPC))
+	}
+	for _, r := range c.cps {
+		registerAdmin(r.host.Addr(labAdmin), c.dirs...)
+	}
+	// One cluster CA for the replicas, made before their first start.
+	if out, err := exec.Command(briskBin, "ca", "init", "--data-dir", c.cps[0].dir).CombinedOutput(); err != nil {
+		t.Fatalf("brisk ca init: %v: %s", err, out)
+	}
+	for _, r := range c.cps[1:] {
+		for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
+			b, err := os.ReadFile(filepath.Join(c.cps[0].dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(r.dir, f), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, r := range c.cps {
+		r.proc = r.host.Start(briskBin, "controlplane", "--id", r.host.Name, "--peers", strings.Join(peers, ","), "--data-dir", r.dir,
+			"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s", "--node-grace", "2s")
+	}
+	nats := l.Host("nats")
+	natsToken := filepath.Join(t.TempDir(), "nats.token")
+	if err := os.WriteFile(natsToken, []byte("lab-nats-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nats.Start(briskBin, "nats", "--listen", nats.Addr(labNATS), "--token-file", natsToken, "--data-dir", t.TempDir())
+	join := joinArgs(t, c.dirs...)
+	cpGRPC := strings.Join(grpcs, ",")
+	var dpAddrs []string
+	for i := range 2 {
+		h := l.Host(fmt.Sprintf("dp%d", i+1))
+		c.dps = append(c.dps, h.Start(briskBin, append([]string{"dataplane", "--id", h.Name, "--invoke", h.Addr(labInvoke), "--controlplane", cpGRPC,
+			"--state-dir", t.TempDir(), "--nats", "nats://" + nats.Addr(labNATS), "--nats-token-file", natsToken, "--async-ack-wait", "2s"}, join...)...))
+		dpAddrs = append(dpAddrs, h.Addr(labInvoke))
+		registerAdmin(h.Addr(labInvoke), c.dirs...)
+	}
+	for i := range 3 {
+		h := l.Host(fmt.Sprintf("w%d", i+1))
+		c.workers = append(c.workers, h.Start(briskBin, append([]string{"worker", "--node-id", h.Name, "--controlplane", cpGRPC, "--listen", h.Addr(labWorker),
+			"--sandbox-host", h.IP, "--runtime", "process", "--cpu", "4", "--state-dir", t.TempDir(), "--stop-on-exit"}, join...)...))
+	}
+	c.gw = l.Host("gw")
+	c.gw.Start(briskBin, "gateway", "--listen", c.gw.Addr(labInvoke), "--dataplanes", strings.Join(dpAddrs, ","))
+	registerAdmin(c.gw.Addr(labInvoke), c.dirs...)
+	eventually(t, 60*time.Second, "lab cluster up: a leader, 3 workers, 2 data planes and the gateway", func() bool {
+		st, err := c.client(0, 2*time.Second).Status(context.Background())
+		if err != nil {
+			return false
+		}
+		nodes, dps := connectedCount(st)
+		return nodes == 3 && dps == 2 && httpOK("http://"+c.gw.Addr(labInvoke)+"/healthz")
+	})
+	return c
+}
+
+// client talks to replica i's admin API only (followers proxy to the
+// leader), and invokes through the gateway.
+func (c *labCluster) client(i int, timeout time.Duration) *client.Client {
+	cl := client.New(c.cps[i].host.Addr(labAdmin), c.gw.Addr(labInvoke))
+	cl.HTTP = &http.Client{Timeout: timeout}
+	return cl
+}
+
+// failoverClient is given every replica, replica first first, as a user
+// of an HA control plane gives the CLI or the SDK: it moves to another
+// replica when its own cannot serve (pkg/client's failover).
+func (c *labCluster) failoverClient(first int, timeout time.Duration) *client.Client {
+	var admins []string
+	for i := range c.cps {
+		admins = append(admins, c.cps[(first+i)%len(c.cps)].host.Addr(labAdmin))
+	}
+	cl := client.New(strings.Join(admins, ","), c.gw.Addr(labInvoke))
+	cl.HTTP = &http.Client{Timeout: timeout}
+	return cl
+}
+
+// leader is the replica that says it leads, or nil.
+func (c *labCluster) leader() *labReplica {
+	for _, r := range c.cps {
+		if v, ok := replicaView(r.host.Addr(labAdmin)); ok && v.Role == "leader" {
+			return r
+		}
+	}
+	return nil
+}
+
+func (c *labCluster) cpHosts(except ...*labReplica) []*lab.Host {
+	var hs []*lab.Host
+	for _, r := range c.cps {
+		if !slices.Contains(except, r) {
+			hs = append(hs, r.host)
+		}
+	}
+	return hs
+}
+
+func (c *labCluster) dpHosts() []*lab.Host {
+	var hs []*lab.Host
+	for _, p := range c.dps {
+		hs = append(hs, p.Host)
+	}
+	return hs
+}
+
+// The workload's functions: registers (a function's label "v", never
+// called), secrets (their size is the register), "warm" (2 sandboxes, one
+// per worker, called synchronously) and "bg" (called asynchronously).
+var (
+	labRegisters = []string{"reg-a", "reg-b", "reg-c", "reg-d", "reg-e", "reg-f"}
+	labSecrets   = []string{"sec-a", "sec-b"}
+)
+
+func regFunction(name, v string) *spec.Function {
+	return &spec.Function{Name: name, Builtin: "trace", Labels: map[string]string{"v": v}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
+}
+
+// setUp registers the workload's functions and secrets and waits for
+// warm's two sandboxes.
+func (c *labCluster) setUp() {
+	t := c.t
+	cl := c.failoverClient(0, 10*time.Second)
+	ctx := context.Background()
+	for _, k := range append(slices.Clone(labRegisters), "reg-probe") {
+		if _, err := cl.Create(ctx, regFunction(k, "0")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range labSecrets {
+		if _, err := cl.CreateSecret(ctx, api.SecretRequest{Name: k, Value: "0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warm := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 2, Max: 2},
+		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}, Placement: "round-robin"}
+	bg := &spec.Function{Name: "bg", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 1, Max: 2},
+		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
+	for _, f := range []*spec.Function{warm, bg} {
+		if _, err := cl.Create(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, "warm's two sandboxes ready on two workers, bg's one", func() bool {
+		v, err := cl.Get(ctx, "warm")
+		b, err2 := cl.Get(ctx, "bg")
+		if err != nil || err2 != nil || v.Status.Ready != 2 || b.Status.Ready < 1 {
+			return false
+		}
+		nodes := map[string]bool{}
+		for _, sb := range v.Status.Sandboxes {
+			nodes[sb.Node] = true
+		}
+		return len(nodes) == 2
+	})
+}
+
+// workload is the mixed work clients run through a schedule: registers
+// and secrets written and read through the replicas (checked for
+// linearizability), tokens made and revoked, warm calls through the
+// gateway and asynchronous calls, each counted before, during and after
+// the fault (phase).
+type workload struct {
+	c     *labCluster
+	h     *lab.History
+	phase atomic.Int32 // 0 before, 1 during, 2 after the fault
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+
+	callsOK, callsFailed [3]atomic.Int64
+	lastCallErr          atomic.Value
+
+	mu      sync.Mutex
+	async   []string // acknowledged asynchronous call ids
+	asyncNo int      // submits refused or of unknown outcome
+	tokens  map[string]labToken
+	tokenNo int
+	// okAt are the times (since the history's start) at which the
+	// failover clients' operations succeeded: their longest gap during the
+	// fault is the control plane's unavailability as such a client sees it.
+	okAt []time.Duration
+}
+
+type labToken struct {
+	id, secret string
+	revoked    bool // its revocation was acknowledged
+}
+
+// start runs the workload until stopped: 4 register clients (two on one
+// replica each, two with failover), 4 warm callers, an async submitter and
+// a token client.
+func (c *labCluster) start() *workload {
+	w := &workload{c: c, h: lab.NewHistory(), tokens: map[string]labToken{}}
+	for _, k := range labRegisters {
+		w.h.Write(0, k, "0", 0, true) // made before the history: its first value
+	}
+	for _, k := range labSecrets {
+		w.h.Write(0, "secret/"+k, "1", 0, true) // "0": one byte
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	w.stop = stop
+	var seq atomic.Int64
+	for id := range 4 {
+		w.wg.Go(func() { w.registers(ctx, id, &seq) })
+	}
+	for range 4 {
+		w.wg.Go(func() { w.calls(ctx) })
+	}
+	w.wg.Go(func() { w.submits(ctx) })
+	w.wg.Go(func() { w.tokenChurn(ctx) })
+	return w
+}
+
+func (w *workload) end() {
+	w.stop()
+	w.wg.Wait()
+}
+
+func (w *workload) succeeded(at int64) {
+	w.mu.Lock()
+	w.okAt = append(w.okAt, time.Duration(at))
+	w.mu.Unlock()
+}
+
+// registers writes and reads the registers and the secrets' sizes. Clients
+// 0 and 1 send each operation to one replica picked at random; 2 and 3
+// are failover clients. Odd clients wait long: their calls to a paused
+// replica are answered after it resumes.
+func (w *workload) registers(ctx context.Context, id int, seq *atomic.Int64) {
+	rng := rand.New(rand.NewPCG(uint64(id), 7))
+	timeout := time.Second
+	if id%2 == 1 {
+		timeout = 15 * time.Second
+	}
+	failover := id >= 2
+	fc := w.c.failoverClient(rng.IntN(len(w.c.cps)), timeout)
+	keys := append(slices.Clone(labRegisters), labSecrets...)
+	for ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond) // paced: ~100 operations/s per client at most
+		cl := fc
+		if !failover {
+			cl = w.c.client(rng.IntN(len(w.c.cps)), timeout)
+		}
+		key := keys[rng.IntN(len(keys))]
+		secret := slices.Contains(labSecrets, key)
+		call := w.h.Now()
+		var ok bool
+		if rng.IntN(2) == 0 {
+			n := seq.Add(1) + 1 // never "0"'s one byte
+			var err error
+			reg := key
+			if secret {
+				reg = "secret/" + key
+				_, err = cl.UpdateSecret(context.Background(), api.SecretRequest{Name: key, Value: strings.Repeat("x", int(n))})
+			} else {
+				_, err = cl.Update(context.Background(), regFunction(key, strconv.FormatInt(n, 10)))
+			}
+			// A write the client knows was not applied is no operation;
+			// any other error leaves it open to the end.
+			if err != nil && client.NotApplied(err) {
+				w.h.Refuse()
+			} else {
+				w.h.Write(id, reg, strconv.FormatInt(n, 10), call, err == nil)
+			}
+			ok = err == nil
+		} else if secret {
+			val, err := secretSize(cl, key)
+			w.h.Read(id, "secret/"+key, call, val, err == nil)
+			ok = err == nil
+		} else {
+			v, err := cl.Get(context.Background(), key)
+			val := ""
+			if err == nil {
+				val = v.Function.Labels["v"]
+			}
+			w.h.Read(id, key, call, val, err == nil)
+			ok = err == nil
+		}
+		if ok && failover {
+			w.succeeded(w.h.Now())
+		}
+	}
+}
+
+// secretSize reads a secret's size (its register's value).
+func secretSize(cl *client.Client, name string) (string, error) {
+	list, err := cl.Secrets(context.Background(), "")
+	if err != nil {
+		return "", err
+	}
+	for _, s := range list {
+		if s.Name == name {
+			return strconv.Itoa(s.Size), nil
+		}
+	}
+	return "", nil
+}
+
+// calls calls warm through the gateway.
+func (w *workload) calls(ctx context.Context) {
+	hc := &http.Client{Timeout: 5 * time.Second}
+	url := "http://" + w.c.gw.Addr(labInvoke) + "/function/warm"
+	for ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+		p := w.phase.Load()
+		resp, err := hc.Post(url, "application/json", strings.NewReader(`{"ms":1}`))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("HTTP %d (%s)", resp.StatusCode, resp.Header.Get("X-Brisk-Error"))
+			}
+		}
+		if err != nil {
+			w.callsFailed[p].Add(1)
+			w.lastCallErr.Store(fmt.Sprintf("phase %d: %v", p, err))
+		} else {
+			w.callsOK[p].Add(1)
+		}
+	}
+}
+
+// submits submits asynchronous calls of bg through the gateway, 20 a
+// second.
+func (w *workload) submits(ctx context.Context) {
+	cl := w.c.client(0, 5*time.Second)
+	for ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		id, err := cl.InvokeAsync(context.Background(), "bg", http.MethodPost, []byte(`{"ms":1}`), nil, "")
+		w.mu.Lock()
+		if err == nil {
+			w.async = append(w.async, id)
+		} else {
+			w.asyncNo++
+		}
+		w.mu.Unlock()
+	}
+}
+
+// tokenChurn makes a token five times a second with a failover client and
+// revokes every other one it made.
+func (w *workload) tokenChurn(ctx context.Context) {
+	cl := w.c.failoverClient(1, 2*time.Second)
+	for n := 0; ctx.Err() == nil; n++ {
+		time.Sleep(200 * time.Millisecond)
+		tv, err := cl.CreateToken(context.Background(), api.TokenRequest{Name: fmt.Sprintf("churn-%d", n), Scopes: []string{"invoke"}})
+		if err != nil {
+			w.mu.Lock()
+			w.tokenNo++
+			w.mu.Unlock()
+			continue
+		}
+		tok := labToken{id: tv.ID, secret: tv.Token}
+		if n%2 == 1 {
+			tok.revoked = cl.RevokeToken(context.Background(), tv.ID) == nil
+		}
+		w.mu.Lock()
+		w.tokens[tv.ID] = tok
+		w.mu.Unlock()
+	}
+}
+
+// maxGap is the longest stretch within [from, to] in which no failover
+// client's operation succeeded.
+func (w *workload) maxGap(from, to time.Duration) time.Duration {
+	w.mu.Lock()
+	at := slices.Clone(w.okAt)
+	w.mu.Unlock()
+	slices.Sort(at)
+	gap, last := time.Duration(0), from
+	for _, t := range at {
+		if t < from {
+			continue
+		}
+		if t > to {
+			t = to
+		}
+		gap = max(gap, t-last)
+		last = t
+		if t == to {
+			break
+		}
+	}
+	return max(gap, to-last)
+}
+
+// check verifies, after the fault healed and the workload ended, what the
+// acknowledged operations promise: the registry's and the secrets'
+// history linearizable with nothing acknowledged lost (final reads
+// through every replica); every acknowledged async call run to success
+// (none dead); every acknowledged token working and every acknowledged
+// revocation holding, at both data planes. It returns a summary.
+func (w *workload) check(t *testing.T) string {
+	c := w.c
+	for i := range c.cps {
+		cl := c.client(i, 10*time.Second)
+		for _, k := range labRegisters {
+			call := w.h.Now()
+			v, err := cl.Get(context.Background(), k)
+			val := ""
+			if err == nil {
+				val = v.Function.Labels["v"]
+			}
+			w.h.Read(100+i, k, call, val, err == nil)
+			if err != nil {
+				t.Errorf("final read of %s through %s: %v", k, c.cps[i].host.Name, err)
+			}
+		}
+		for _, k := range labSecrets {
+			call := w.h.Now()
+			val, err := secretSize(cl, k)
+			w.h.Read(100+i, "secret/"+k, call, val, err == nil)
+			if err != nil {
+				t.Errorf("final read of secret %s through %s: %v", k, c.cps[i].host.Name, err)
+			}
+		}
+	}
+	ok, why := w.h.Check(30 * time.Second)
+	if !ok {
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("brisk-history-%s-%d.jsonl", t.Name(), time.Now().Unix()))
+		t.Errorf("the registry's history is not linearizable: %s (history in %s: %v)", why, path, w.h.Dump(path))
+	}
+	if w.h.Acked == 0 || w.h.Reads == 0 {
+		t.Errorf("no register operation acknowledged (%d writes, %d reads): the workload did not run", w.h.Acked, w.h.Reads)
+	}
+
+	// Every acknowledged async call runs, at least once, and succeeds.
+	w.mu.Lock()
+	ids, refused := slices.Clone(w.async), w.asyncNo
+	tokens, tokensNo := w.tokens, w.tokenNo
+	w.mu.Unlock()
+	cl := c.client(0, 5*time.Second)
+	pending := slices.Clone(ids)
+	redelivered, dead := 0, 0
+	eventually(t, 60*time.Second, "every acknowledged async call finished", func() bool {
+		var left []string
+		for _, id := range pending {
+			rec, err := cl.Call(context.Background(), id)
+			switch {
+			case err != nil || !rec.Status.Final():
+				left = append(left, id)
+			case rec.Status != api.CallSucceeded:
+				dead++
+				t.Errorf("async call %s: %s after %d attempts (%s)", id, rec.Status, rec.Attempts, rec.Error)
+			case rec.Attempts > 1:
+				redelivered++
+			}
+		}
+		pending = left
+		return len(pending) == 0
+	})
+	if len(ids) == 0 {
+		t.Error("no async call acknowledged: the workload did not run")
+	}
+
+	// Tokens: made ones work and revoked ones do not, at every data plane
+	// (each learns the table from its control-plane session).
+	var live, revoked []labToken
+	for _, tok := range tokens {
+		if tok.revoked {
+			revoked = append(revoked, tok)
+		} else {
+			live = append(live, tok)
+		}
+	}
+	for _, dp := range c.dps {
+		url := "http://" + dp.Host.Addr(labInvoke) + "/function/warm"
+		eventually(t, 30*time.Second, "tokens as acknowledged at "+dp.Host.Name, func() bool {
+			for _, tok := range live {
+				if code := callWithToken(url, tok.secret); code != http.StatusOK {
+					return false
+				}
+			}
+			for _, tok := range revoked {
+				if code := callWithToken(url, tok.secret); code != http.StatusUnauthorized {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	if len(tokens) == 0 {
+		t.Error("no token acknowledged: the workload did not run")
+	}
+	return fmt.Sprintf("registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead; tokens %d made (%d revoked, %d refused), 0 lost",
+		w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(tokens), len(revoked), tokensNo)
+}
+
+func callWithToken(url, token string) int {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"ms":1}`))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// converged reports whether the cluster is whole again: every worker and
+// data plane connected; warm at its 2 ready sandboxes and nothing pending
+// or terminating; each data plane routing to exactly those; and the
+// sandbox processes on the workers' hosts exactly the table's sandboxes
+// (none leaked, duplicated or revived).
+func (c *labCluster) converged() (bool, string) {
+	cl := c.failoverClient(0, 2*time.Second)
+	st, err := cl.Status(context.Background())
+	if err != nil {
+		return false, err.Error()
+	}
+	nodes, dps := connectedCount(st)
+	if nodes != len(c.workers) || dps != len(c.dps) {
+		return false, fmt.Sprintf("%d workers, %d data planes connected", nodes, dps)
+	}
+	table := map[string]string{} // sandbox id -> function
+	for _, fn := range []string{"warm", "bg"} {
+		v, err := cl.Get(context.Background(), fn)
+		if err != nil {
+			return false, err.Error()
+		}
+		if fn == "warm" && (v.Status.Ready != 2 || v.Status.Pending != 0 || v.Status.Terminating != 0) {
+			return false, fmt.Sprintf("warm: %d ready, %d pending, %d terminating", v.Status.Ready, v.Status.Pending, v.Status.Terminating)
+		}
+		for _, sb := range v.Status.Sandboxes {
+			table[sb.ID] = fn
+		}
+	}
+	for _, dp := range c.dps {
+		n, ok := metricSample(c.t, "http://"+dp.Host.Addr(labInvoke)+"/metrics", `brisk_dataplane_endpoints{function="warm"}`)
+		if !ok || n != 2 {
+			return false, fmt.Sprintf("%s routes warm to %v sandboxes", dp.Host.Name, n)
+		}
+	}
+	running := c.sandboxProcs()
+	if !maps.Equal(running, table) {
+		return false, fmt.Sprintf("sandbox processes %v, table %v", running, table)
+	}
+	return true, ""
+}
+
+// sandboxProcs are the sandbox processes running on the workers' hosts,
+// by their sandbox id (BRISK_SANDBOX_ID in their environment) and
+// function.
+func (c *labCluster) sandboxProcs() map[string]string {
+	out := map[string]string{}
+	for _, w := range c.workers {
+		for _, pid := range w.Host.Pids() {
+			env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+			if err != nil {
+				continue
+			}
+			var id, fn string
+			for kv := range strings.SplitSeq(string(env), "\x00") {
+				if v, ok := strings.CutPrefix(kv, "BRISK_SANDBOX_ID="); ok {
+					id = v
+				} else if v, ok := strings.CutPrefix(kv, "BRISK_FUNCTION="); ok {
+					fn = v
+				}
+			}
+			if id != "" {
+				out[id] = fn
+			}
+		}
+	}
+	return out
+}
