@@ -3,6 +3,8 @@ package dataplane
 import (
 	"context"
 	"errors"
+	"math"
+	"net"
 	"slices"
 	"sync"
 	"syscall"
@@ -28,11 +30,18 @@ type unreachable struct {
 // after a restart, a runtime without exit events): the endpoint leaves the
 // function's rotation here at once, so the next call picks another sandbox
 // or waits for a new one, and the control plane is told, which has the
-// sandbox's worker check it and replace it if it is dead. Other connect
-// errors (a timeout) prove nothing and change nothing. The hot path never
-// gets here.
+// sandbox's worker check it and replace it if it is dead. A timeout proves
+// nothing (a busy host, or a link cut for now): the endpoint stays, but its
+// idle connections go, since over a cut link a call sent on one would wait
+// out its whole timeout for a reply. The hot path never gets here.
 func (d *DataPlane) connectFailed(st *reqState, err error) {
-	if st == nil || st.fn == nil || st.ep == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+	if st == nil || st.fn == nil || st.ep == nil {
+		return
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		if nothingSent(err) {
+			st.ep.conns.prune(math.MaxInt64)
+		}
 		return
 	}
 	if !d.dropEndpoint(st.fn, st.ep) {
@@ -54,15 +63,18 @@ func (d *DataPlane) connectFailed(st *reqState, err error) {
 // maxReroutes bounds how many refusing sandboxes one call moves past.
 const maxReroutes = 3
 
-// reroute moves a call whose sandbox refused its connection (nothing of the
-// call was sent: a sandbox that died before the control plane withdrew it,
-// or after a partition healed) to a free slot on another of its function's
-// sandboxes, so that the dead one costs the call a connect, not a failure
-// (the partition lab's finding 1, docs/reliability.md). It does not queue:
-// with no free slot elsewhere the call fails as before. It reports whether
-// st has a new endpoint; connectFailed has taken the old one out.
+// reroute moves a call that could not connect to its sandbox (nothing of
+// the call was sent) to a free slot on another of its function's
+// sandboxes, so that the dead or unreachable one costs the call a connect,
+// not a failure: a refused connect (a sandbox that died before the control
+// plane withdrew it, or after a partition healed: the partition lab's
+// finding 1, docs/reliability.md) or a connect that timed out (a worker
+// cut off from this data plane: finding 4). It does not queue: with no
+// free slot elsewhere the call fails as before. It reports whether st has
+// a new endpoint; for a refused connect connectFailed has taken the old
+// one out, a timed-out one stays in rotation (it proves nothing).
 func (d *DataPlane) reroute(st *reqState, err error, done *int) bool {
-	if *done >= maxReroutes || !errors.Is(err, syscall.ECONNREFUSED) {
+	if *done >= maxReroutes || !nothingSent(err) {
 		return false
 	}
 	ep, ok := st.fn.tryAcquire(st.fn.set.Load())
@@ -74,6 +86,16 @@ func (d *DataPlane) reroute(st *reqState, err error, done *int) bool {
 	*done++
 	d.prom.reroutes.Inc()
 	return true
+}
+
+// nothingSent reports whether err is a connect that failed: refused, or
+// timed out.
+func nothingSent(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" && op.Timeout()
 }
 
 // dropEndpoint takes ep out of fn's set, as a removal from the control

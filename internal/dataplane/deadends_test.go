@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
@@ -176,5 +179,70 @@ func TestConnectTimeoutKeepsEndpoint(t *testing.T) {
 	}
 	if got := d.unreach.take(); len(got) != 0 {
 		t.Fatalf("a timeout was reported: %v", got)
+	}
+}
+
+// blackholeAddr is a loopback address whose connects time out: a listener
+// with a backlog of 0 that never accepts, its queue filled, so that the
+// kernel drops further SYNs, as a partitioned host's are dropped.
+func blackholeAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	for range 8 { // fill the queue until a connect times out
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return addr
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Skip("connects to a full listen queue do not time out on this kernel")
+	return ""
+}
+
+// A call whose sandbox cannot be reached (its connect times out: a worker
+// cut off from this data plane) moves to another sandbox of its function;
+// the unreachable one stays in rotation, as a timeout proves nothing
+// (the partition lab's finding 4).
+func TestUnreachableEndpointRerouted(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	rr := func(s *briskv1.FunctionSpec) { s.LoadBalancing = "round-robin" }
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f", rr)},
+		Added: []*briskv1.Endpoint{ep("f", "sb-a", blackholeAddr(t)), ep("f", "sb-b", newSandbox(t, echo))}})
+	for range 2 { // the fast path
+		if r := get(t, srv.URL+"/function/f"); r.code != 200 || decodeSeen(t, r).Sandbox != "sb-b" {
+			t.Fatalf("a call with an unreachable sandbox in rotation: %d %s (%v), want 200 from sb-b", r.code, r.body, r.err)
+		}
+	}
+	for range 2 { // the net/http path: a chunked body
+		req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
+		req.ContentLength = -1
+		rec := httptest.NewRecorder()
+		d.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("a chunked call with an unreachable sandbox in rotation: %d %s, want 200 from the other", rec.Code, rec.Body)
+		}
+	}
+	// Round-robin hands each call sb-a first (the reroute moved the
+	// cursor on to it again): each costs a connect timeout, none fails.
+	if n := testutil.ToFloat64(d.prom.reroutes); n != 4 {
+		t.Fatalf("%v calls rerouted, want the four that met the unreachable endpoint", n)
+	}
+	if got := routed(d, "f"); len(got) != 2 {
+		t.Fatalf("routes after the timed-out connect: %v, want both", got)
 	}
 }
