@@ -27,14 +27,14 @@ import (
 
 // ctrFlags are the worker's flags for --runtime containerd.
 type ctrFlags struct {
-	address, namespace, snapshotter string
-	poolSize                        int
-	subnet, bridge, prefix          string
-	firewall                        bool
-	allowHostPorts                  []int
-	shells                          int
-	egress, dns                     bool
-	egressDeny, dnsUpstreams        []string
+	address, namespace, snapshotter   string
+	poolSize                          int
+	subnet, bridge, prefix            string
+	firewall                          bool
+	allowHostPorts                    []int
+	shells                            int
+	egress, dns                       bool
+	egressDeny, dnsUpstreams, ingress []string
 }
 
 func (f *ctrFlags) register(c *cobra.Command) {
@@ -50,6 +50,7 @@ func (f *ctrFlags) register(c *cobra.Command) {
 	fl.BoolVar(&f.firewall, "net-firewall", true, "with --runtime containerd or native: netfilter rules (nf_tables table brisk_netpool_<net-prefix>) that keep sandboxes from every address of this host (admin, gRPC, data plane ports) and from each other; =false only where the kernel lacks nf_tables")
 	fl.IntVar(&f.shells, "native-shells", 0, "with --runtime native: parked sandbox shells kept ready (0 = 16)")
 	fl.BoolVar(&f.egress, "net-egress", d.Egress, "with --runtime containerd or native: sandboxes may open connections beyond this host, NAT'd through it (turns the host's IPv4 forwarding on); this host's addresses, other sandboxes and link-local addresses (cloud metadata) stay refused")
+	fl.StringSliceVar(&f.ingress, "net-ingress", nil, "with --runtime containerd or native: networks whose hosts may connect to sandboxes, e.g. data planes on other hosts at 10.0.1.0/24 (they route --net-subnet to this host); turns IPv4 forwarding on; default: only this host reaches sandboxes")
 	fl.StringSliceVar(&f.egressDeny, "net-egress-deny", nil, "with --runtime containerd or native: more networks sandboxes may not reach, e.g. 10.0.0.0/8,192.168.0.0/16")
 	fl.BoolVar(&f.dns, "net-dns", d.DNS, "with --runtime containerd or native: sandboxes resolve names through a DNS forwarder on their gateway (their /etc/resolv.conf names it), which relays to this host's resolvers")
 	fl.StringSliceVar(&f.dnsUpstreams, "net-dns-upstreams", nil, "with --runtime containerd or native: resolvers (ip:port) the sandboxes' DNS forwarder relays to (default: the nameservers of this host's /etc/resolv.conf)")
@@ -79,6 +80,13 @@ func (f *ctrFlags) apply(w *local.Workers) error {
 			return usageError{fmt.Errorf("--net-egress-deny %q: want an IPv4 network like 10.0.0.0/8", d)}
 		}
 		w.NetPool.EgressDeny = append(w.NetPool.EgressDeny, pfx)
+	}
+	for _, d := range f.ingress {
+		pfx, err := netip.ParsePrefix(d)
+		if err != nil {
+			return usageError{fmt.Errorf("--net-ingress %q: want an IPv4 network like 10.0.1.0/24", d)}
+		}
+		w.NetPool.Ingress = append(w.NetPool.Ingress, pfx)
 	}
 	w.NetPool.DNSUpstreams = f.dnsUpstreams
 	if f.shells < 0 {

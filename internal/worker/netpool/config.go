@@ -35,6 +35,12 @@ type Config struct {
 	Egress bool
 	// EgressDeny are more destinations refused to sandboxes with Egress.
 	EgressDeny []netip.Prefix
+	// Ingress are the networks whose hosts may connect to sandboxes over
+	// TCP when they route the pool's subnet to this host: data planes on
+	// other hosts. Empty: only this host reaches sandboxes (the firewall
+	// forwards nothing into the bridge but replies). It turns the host's
+	// IPv4 forwarding on.
+	Ingress []netip.Prefix
 	// DNS serves sandboxes a resolver on the gateway's port 53 (dns.go):
 	// a forwarder to DNSUpstreams. Default() sets it; it needs the
 	// firewall (the port is redirected there).
@@ -138,6 +144,12 @@ func (c Config) Validate() error {
 	for _, d := range c.EgressDeny {
 		if !d.IsValid() || !d.Addr().Is4() || d.Masked() != d {
 			bad("EgressDeny", d, "must be IPv4 network addresses, e.g. 10.0.0.0/8")
+			break
+		}
+	}
+	for _, d := range c.Ingress {
+		if !d.IsValid() || !d.Addr().Is4() || d.Masked() != d {
+			bad("Ingress", d, "must be IPv4 network addresses, e.g. 10.0.0.0/24")
 			break
 		}
 	}

@@ -83,7 +83,7 @@ func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 	if _, err := c.ListTableOfFamily(e.table.Name, e.table.Family); err == nil {
 		if err := e.adoptLocked(c, keep); err != nil {
 			p.log.Warn("egress table of an earlier worker unreadable: replacing it", "err", err)
-		} else if err := e.writeForwardLocked(c, p.cfg.Bridge, false); err != nil {
+		} else if err := e.writeForwardLocked(c, p.cfg, false); err != nil {
 			p.log.Warn("egress table of an earlier worker not updated: replacing it", "err", err)
 		} else {
 			e.enabled = true
@@ -97,7 +97,7 @@ func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 	c.AddTable(e.table)
 	c.DelTable(e.table)
 	c.AddTable(e.table)
-	if err := e.writeForwardLocked(c, p.cfg.Bridge, true); err != nil {
+	if err := e.writeForwardLocked(c, p.cfg, true); err != nil {
 		return fmt.Errorf("%w: egress table: %w", ErrFirewall, err)
 	}
 	e.enabled = true
@@ -107,9 +107,11 @@ func (p *Pool) openEgress(keep map[netip.Addr]bool) error {
 // writeForwardLocked writes (on c, then flushes) the map and the forward
 // chain: every packet from the bridge jumps to its sandbox's namespace's
 // chain; one from an address bound to none (no sandbox of the pool's
-// runtimes goes out unbound) is refused. fresh: the table is new (its
-// map and chains start empty).
-func (e *egress) writeForwardLocked(c *nftables.Conn, bridge string, fresh bool) error {
+// runtimes goes out unbound) is refused. Replies to the Ingress networks'
+// connections (data planes on other hosts) are no egress: they pass.
+// fresh: the table is new (its map and chains start empty).
+func (e *egress) writeForwardLocked(c *nftables.Conn, cfg Config, fresh bool) error {
+	bridge := cfg.Bridge
 	if fresh {
 		e.chains, e.bound = map[string]bool{}, map[netip.Addr]string{}
 		e.set = &nftables.Set{Table: e.table, Name: egressMap, ID: egressMapID, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
@@ -123,6 +125,9 @@ func (e *egress) writeForwardLocked(c *nftables.Conn, bridge string, fresh bool)
 		Priority: prio, Type: nftables.ChainTypeFilter, Policy: &accept})
 	c.FlushChain(fwd)
 	fromBridge := matchIfname(expr.MetaKeyIIFNAME, bridge, true)
+	for _, from := range cfg.Ingress {
+		c.AddRule(&nftables.Rule{Table: e.table, Chain: fwd, Exprs: concat(fromBridge, ipv4(), ctOriginalSourceIn(from), verdict(expr.VerdictAccept))})
+	}
 	c.AddRule(&nftables.Rule{Table: e.table, Chain: fwd, Exprs: concat(fromBridge, ipv4(),
 		[]expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},

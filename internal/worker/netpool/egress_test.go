@@ -371,3 +371,47 @@ func TestSpoofedSourceIsDropped(t *testing.T) {
 		t.Fatalf("the internet got %q from a sandbox held to 192.0.2.0/24", got)
 	}
 }
+
+// With Ingress, hosts of the networks it lists (data planes on other
+// hosts) that route the pool's subnet here connect to sandboxes and get
+// their replies, with egress off and with a namespace policy that allows
+// nothing; a host of another network still connects to none.
+func TestIngressAdmitsDataPlanesOnly(t *testing.T) {
+	t.Parallel()
+	dp, other := fakenet.Start(t, 38), fakenet.Start(t, 39)
+	cfg := testConfig(38, 0)
+	cfg.Ingress = []netip.Prefix{netip.PrefixFrom(dp.Addr, 32)}
+	p := startPool(t, cfg, false)
+	a := take(t, p)
+	ln := listenIn(t, a)
+	dp.Route(t, cfg.Subnet)
+	other.Route(t, cfg.Subnet)
+	read := func(f *fakenet.Net) (string, error) {
+		c, err := f.Dial("tcp", ln.Addr().String(), blockedWithin)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(blockedWithin))
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	if got, err := read(dp); err != nil || got != "hello from "+a.Name {
+		t.Fatalf("data plane -> sandbox: %q, %v; want the sandbox's greeting", got, err)
+	}
+	if c, err := other.Dial("tcp", ln.Addr().String(), blockedWithin); err == nil {
+		c.Close()
+		t.Fatalf("a host outside Ingress connected to sandbox %s at %s", a.Name, ln.Addr())
+	}
+	// The sandbox's namespace allows no egress at all: replies to the
+	// data plane are no egress, and still go back.
+	if err := p.Bind(a, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetEgress(map[string]spec.EgressPolicy{"team-a": {Allow: []spec.EgressRule{{CIDR: "192.0.2.1"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(dp); err != nil || got != "hello from "+a.Name {
+		t.Fatalf("data plane -> sandbox under a closed egress policy: %q, %v", got, err)
+	}
+}

@@ -26,10 +26,12 @@ import (
 //	  chain forward (hook forward, priority filter, policy accept)
 //	    iifname <bridge> meta nfproto != ipv4 drop
 //	    iifname <bridge> ip saddr != <subnet> drop
+//	    iifname <bridge> ct original ip saddr <Ingress...> accept                (replies to data planes)
 //	    iifname <bridge> ip daddr <subnet> reject
 //	    iifname <bridge> ip daddr 169.254.0.0/16 reject
 //	    iifname <bridge> ip daddr <EgressDeny...> reject
 //	    iifname <bridge> reject                                              (without Egress)
+//	    oifname <bridge> ip saddr <Ingress...> meta l4proto tcp accept          (data planes' connections)
 //	    oifname <bridge> ct state established,related accept
 //	    oifname <bridge> drop
 //	  chain prerouting  (hook prerouting, priority dstnat; DNS)
@@ -58,7 +60,9 @@ import (
 // masqueraded as the host's; packets with a forged source or other than
 // IPv4 are dropped; nothing is forwarded into the bridge but replies (with
 // forwarding on, a machine routing the subnet here would otherwise reach
-// sandboxes' ports past the data plane). forward (bridge): no frame goes from one
+// sandboxes' ports past the data plane), and TCP connections from the
+// Ingress networks (data planes on other hosts), whose replies go back
+// whatever the sandbox's egress. forward (bridge): no frame goes from one
 // sandbox's port to another's even if port isolation (set on every veth by
 // build) were lost. prerouting (bridge): a sandbox sends IPv4 and ARP only
 // with its own address (one with CAP_NET_RAW could otherwise claim another
@@ -143,6 +147,9 @@ func installFirewall(cfg Config, dnsPort uint16, ports []*record) error {
 	fwd := base(inet, "forward", nftables.ChainHookForward)
 	rule(fwd, concat(fromBridge, notIPv4(), verdict(expr.VerdictDrop))...)
 	rule(fwd, concat(fromBridge, ipv4(), ipNotInPrefix(12, cfg.Subnet), verdict(expr.VerdictDrop))...)
+	for _, from := range cfg.Ingress {
+		rule(fwd, concat(fromBridge, ipv4(), ctOriginalSourceIn(from), verdict(expr.VerdictAccept))...)
+	}
 	for _, to := range append([]netip.Prefix{cfg.Subnet, linkLocal}, cfg.EgressDeny...) {
 		reject(fwd, fromBridge, ipv4(), ipInPrefix(16, to))
 	}
@@ -150,6 +157,9 @@ func installFirewall(cfg Config, dnsPort uint16, ports []*record) error {
 		reject(fwd, fromBridge)
 	}
 	toBridge := matchIfname(expr.MetaKeyOIFNAME, cfg.Bridge, true)
+	for _, from := range cfg.Ingress {
+		rule(fwd, concat(toBridge, ipv4(), ipInPrefix(12, from), l4proto(unix.IPPROTO_TCP), verdict(expr.VerdictAccept))...)
+	}
 	rule(fwd, concat(toBridge, ctEstablished(), verdict(expr.VerdictAccept))...)
 	rule(fwd, concat(toBridge, verdict(expr.VerdictDrop))...)
 
@@ -301,6 +311,17 @@ func ctEstablished() []expr.Any {
 			Xor:  binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
 	}
+}
+
+// ctOriginalSourceIn matches packets of connections first sent from
+// prefix (conntrack's original source): in the forward chain, from the
+// bridge, a sandbox's replies to them.
+func ctOriginalSourceIn(prefix netip.Prefix) []expr.Any {
+	m := ipInPrefix(12, prefix)
+	// The register gets the tuple's address (16 bytes in an inet table;
+	// an IPv4 one in the first 4), in place of the header's source.
+	m[0] = &expr.Ct{Register: 1, Key: expr.CtKeySRC, Direction: 0}
+	return m
 }
 
 // matchIfnameNot is matchIfname's exact match, negated.

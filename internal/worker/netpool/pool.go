@@ -207,7 +207,7 @@ func (p *Pool) start(ctx context.Context) error {
 		port = f.port()
 		p.log.Info("sandbox DNS forwarder", "listen", netip.AddrPortFrom(p.gateway, port), "upstreams", ups)
 	}
-	if p.cfg.Egress {
+	if p.cfg.Egress || len(p.cfg.Ingress) > 0 {
 		if err := enableForwarding(); err != nil {
 			return err
 		}
@@ -217,7 +217,7 @@ func (p *Pool) start(ctx context.Context) error {
 			return err
 		}
 		p.log.Info("sandbox firewall installed", "table", firewallTable(p.cfg.NamePrefix), "allow_host_ports", p.cfg.AllowHostPorts,
-			"egress", p.cfg.Egress, "egress_deny", p.cfg.EgressDeny)
+			"egress", p.cfg.Egress, "egress_deny", p.cfg.EgressDeny, "ingress", p.cfg.Ingress)
 		if err := p.openEgress(keepIPs); err != nil {
 			return err
 		}
@@ -254,8 +254,9 @@ func (p *Pool) start(ctx context.Context) error {
 // ipForward is the host's IPv4 forwarding switch.
 const ipForward = "/proc/sys/net/ipv4/ip_forward"
 
-// enableForwarding turns the host's IPv4 forwarding on (Config.Egress):
-// sandboxes' connections beyond the host are routed through it. It is a
+// enableForwarding turns the host's IPv4 forwarding on (Config.Egress,
+// Config.Ingress): sandboxes' connections beyond the host, and data
+// planes' connections into the pool's subnet, are routed through it. It is a
 // host-wide setting, left on at Close (as container runtimes leave it):
 // something else may have come to rely on it meanwhile.
 func enableForwarding() error {
@@ -263,7 +264,7 @@ func enableForwarding() error {
 		return nil
 	}
 	if err := os.WriteFile(ipForward, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("netpool: egress needs IPv4 forwarding (%s): %w", ipForward, err)
+		return fmt.Errorf("netpool: egress and ingress need IPv4 forwarding (%s): %w", ipForward, err)
 	}
 	return nil
 }
