@@ -27,8 +27,10 @@ import (
 // labCluster is brisk on lab hosts (test/lab), each component on a host of
 // its own so that faults can cut them apart (docs/reliability.md,
 // "Partitions"): 3 or 5 control-plane replicas, 2 data planes behind a
-// gateway, a NATS server for asynchronous calls, and 3 workers on the
-// process runtime whose sandboxes listen on their host's address.
+// gateway, a NATS server for asynchronous calls, and 3 workers: two on the
+// process runtime, whose sandboxes listen on their host's address, and one
+// on the native runtime, whose sandboxes' subnet the data planes' hosts
+// route to it (--net-ingress).
 type labCluster struct {
 	t       *testing.T
 	lab     *lab.Lab
@@ -37,6 +39,8 @@ type labCluster struct {
 	gw      *lab.Host
 	workers []*lab.Proc
 	dirs    []string
+	// natPrefix names the native worker's sandbox namespaces.
+	natPrefix string
 }
 
 type labReplica struct {
@@ -105,8 +109,24 @@ func newLabCluster(t *testing.T, replicas int) *labCluster {
 	}
 	for i := range 3 {
 		h := l.Host(fmt.Sprintf("w%d", i+1))
-		c.workers = append(c.workers, h.Start(briskBin, append([]string{"worker", "--node-id", h.Name, "--controlplane", cpGRPC, "--listen", h.Addr(labWorker),
-			"--sandbox-host", h.IP, "--runtime", "process", "--cpu", "4", "--state-dir", t.TempDir(), "--stop-on-exit"}, join...)...))
+		args := []string{"worker", "--node-id", h.Name, "--controlplane", cpGRPC, "--listen", h.Addr(labWorker),
+			"--cpu", "4", "--state-dir", t.TempDir(), "--stop-on-exit"}
+		if i < 2 {
+			args = append(args, "--runtime", "process", "--sandbox-host", h.IP)
+		} else {
+			// A subnet, bridge and name prefix of its own (they are
+			// claimed host-wide), routed to it from the data planes' hosts.
+			c.natPrefix = l.Claim("lw")
+			subnet := fmt.Sprintf("10.251.%d.0/24", l.Block())
+			var ingress []string
+			for _, dp := range c.dps {
+				dp.Host.Route(subnet, h)
+				ingress = append(ingress, dp.Host.IP+"/32")
+			}
+			args = append(args, "--runtime", "native", "--net-subnet", subnet, "--net-prefix", c.natPrefix, "--net-bridge", c.natPrefix+"br",
+				"--net-ingress", strings.Join(ingress, ","), "--net-dns=false", "--net-egress=false")
+		}
+		c.workers = append(c.workers, h.Start(briskBin, append(args, join...)...))
 	}
 	c.gw = l.Host("gw")
 	c.gw.Start(briskBin, "gateway", "--listen", c.gw.Addr(labInvoke), "--dataplanes", strings.Join(dpAddrs, ","))
@@ -172,7 +192,7 @@ func (c *labCluster) dpHosts() []*lab.Host {
 }
 
 // The workload's functions: registers (a function's label "v", never
-// called), secrets (their size is the register), "warm" (2 sandboxes, one
+// called), secrets (their size is the register), "warm" (3 sandboxes, one
 // per worker, called synchronously) and "bg" (called asynchronously).
 var (
 	labRegisters = []string{"reg-a", "reg-b", "reg-c", "reg-d", "reg-e", "reg-f"}
@@ -199,7 +219,7 @@ func (c *labCluster) setUp() {
 			t.Fatal(err)
 		}
 	}
-	warm := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 2, Max: 2},
+	warm := &spec.Function{Name: "warm", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 3, Max: 3},
 		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}, Placement: "round-robin"}
 	bg := &spec.Function{Name: "bg", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 1, Max: 2},
 		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
@@ -208,17 +228,17 @@ func (c *labCluster) setUp() {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, "warm's two sandboxes ready on two workers, bg's one", func() bool {
+	eventually(t, 30*time.Second, "warm's three sandboxes ready, one per worker, and bg's one", func() bool {
 		v, err := cl.Get(ctx, "warm")
 		b, err2 := cl.Get(ctx, "bg")
-		if err != nil || err2 != nil || v.Status.Ready != 2 || b.Status.Ready < 1 {
+		if err != nil || err2 != nil || v.Status.Ready != 3 || b.Status.Ready < 1 {
 			return false
 		}
 		nodes := map[string]bool{}
 		for _, sb := range v.Status.Sandboxes {
 			nodes[sb.Node] = true
 		}
-		return len(nodes) == 2
+		return len(nodes) == 3
 	})
 }
 
@@ -564,7 +584,7 @@ func callWithToken(url, token string) int {
 }
 
 // converged reports whether the cluster is whole again: every worker and
-// data plane connected; warm at its 2 ready sandboxes and nothing pending
+// data plane connected; warm at its 3 ready sandboxes and nothing pending
 // or terminating; each data plane routing to exactly those; and the
 // sandbox processes on the workers' hosts exactly the table's sandboxes
 // (none leaked, duplicated or revived).
@@ -584,7 +604,7 @@ func (c *labCluster) converged() (bool, string) {
 		if err != nil {
 			return false, err.Error()
 		}
-		if fn == "warm" && (v.Status.Ready != 2 || v.Status.Pending != 0 || v.Status.Terminating != 0) {
+		if fn == "warm" && (v.Status.Ready != 3 || v.Status.Pending != 0 || v.Status.Terminating != 0) {
 			return false, fmt.Sprintf("warm: %d ready, %d pending, %d terminating", v.Status.Ready, v.Status.Pending, v.Status.Terminating)
 		}
 		for _, sb := range v.Status.Sandboxes {
@@ -593,7 +613,7 @@ func (c *labCluster) converged() (bool, string) {
 	}
 	for _, dp := range c.dps {
 		n, ok := metricSample(c.t, "http://"+dp.Host.Addr(labInvoke)+"/metrics", `brisk_dataplane_endpoints{function="warm"}`)
-		if !ok || n != 2 {
+		if !ok || n != 3 {
 			return false, fmt.Sprintf("%s routes warm to %v sandboxes", dp.Host.Name, n)
 		}
 	}
@@ -608,24 +628,29 @@ func (c *labCluster) converged() (bool, string) {
 // by their sandbox id (BRISK_SANDBOX_ID in their environment) and
 // function.
 func (c *labCluster) sandboxProcs() map[string]string {
-	out := map[string]string{}
+	var pids []int
 	for _, w := range c.workers {
-		for _, pid := range w.Host.Pids() {
-			env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-			if err != nil {
-				continue
+		pids = append(pids, w.Host.Pids()...)
+	}
+	for _, ns := range lab.Namespaces(c.natPrefix) { // the native worker's
+		pids = append(pids, lab.NSPids(ns)...)
+	}
+	out := map[string]string{}
+	for _, pid := range pids {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		var id, fn string
+		for kv := range strings.SplitSeq(string(env), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "BRISK_SANDBOX_ID="); ok {
+				id = v
+			} else if v, ok := strings.CutPrefix(kv, "BRISK_FUNCTION="); ok {
+				fn = v
 			}
-			var id, fn string
-			for kv := range strings.SplitSeq(string(env), "\x00") {
-				if v, ok := strings.CutPrefix(kv, "BRISK_SANDBOX_ID="); ok {
-					id = v
-				} else if v, ok := strings.CutPrefix(kv, "BRISK_FUNCTION="); ok {
-					fn = v
-				}
-			}
-			if id != "" {
-				out[id] = fn
-			}
+		}
+		if id != "" {
+			out[id] = fn
 		}
 	}
 	return out

@@ -43,6 +43,8 @@ type Lab struct {
 	mu     sync.Mutex
 	hosts  []*Host
 	procs  []*Proc
+	claims []string // name prefixes of namespaces made outside the lab's (Claim)
+	logs   string   // the processes' output; Close shows it on failure, then removes it
 }
 
 // Host is a network namespace with one address on the lab's bridge.
@@ -54,12 +56,12 @@ type Host struct {
 }
 
 // Available says why a lab cannot run here ("" when it can): it needs
-// root and ip, nft and tc.
+// root and ip, nft, tc and nsenter.
 func Available() string {
 	if os.Geteuid() != 0 {
 		return "needs root (network namespaces)"
 	}
-	for _, b := range []string{"ip", "nft", "tc"} {
+	for _, b := range []string{"ip", "nft", "tc", "nsenter"} {
 		if _, err := exec.LookPath(b); err != nil {
 			return "needs " + b + " (iproute2, nftables)"
 		}
@@ -82,6 +84,12 @@ func New(t testing.TB) *Lab {
 	l.net = fmt.Sprintf("10.250.%d", (pid*7+int(seq))%250+1)
 	l.rootIf = fmt.Sprintf("bl%x", (pid<<8|int(seq))&0xfffffff)
 	l.sw = l.id + "-sw"
+	// Not t.TempDir: its removal, registered later, would run before Close.
+	logs, err := os.MkdirTemp("", l.id+"-logs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.logs = logs
 	t.Cleanup(l.Close)
 	l.must("ip", "netns", "add", l.sw)
 	l.must("ip", "-n", l.sw, "link", "set", "lo", "up")
@@ -197,12 +205,14 @@ type Proc struct {
 func (h *Host) Start(bin string, args ...string) *Proc {
 	l := h.lab
 	l.t.Helper()
-	out, err := os.Create(filepath.Join(l.t.TempDir(), fmt.Sprintf("%s-%s-%d.log", h.Name, filepath.Base(bin), logSeq.Add(1))))
+	out, err := os.Create(filepath.Join(l.logs, fmt.Sprintf("%s-%s-%d.log", h.Name, filepath.Base(bin), logSeq.Add(1))))
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	// ip netns exec enters the namespace and execs bin: the PID is bin's.
-	p := &Proc{Host: h, Bin: bin, Args: args, cmd: exec.Command("ip", append([]string{"netns", "exec", h.NS, bin}, args...)...), out: out, done: make(chan struct{})}
+	// nsenter enters the network namespace only and execs bin: the PID is
+	// bin's. (ip netns exec would also give it a mount namespace with a
+	// sysfs of its own, without the cgroup file system a worker needs.)
+	p := &Proc{Host: h, Bin: bin, Args: args, cmd: exec.Command("nsenter", append([]string{"--net=/run/netns/" + h.NS, "--", bin}, args...)...), out: out, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = out, out
 	if err := p.cmd.Start(); err != nil {
 		l.t.Fatalf("starting %s in %s: %v", bin, h.Name, err)
@@ -289,14 +299,63 @@ func (l *Lab) Close() {
 	for _, h := range hosts {
 		removeNS(h.NS)
 	}
+	for _, prefix := range l.claims {
+		for _, ns := range Namespaces(prefix) {
+			removeNS(ns)
+		}
+	}
 	removeNS(l.sw) // takes the root veth's peer, and so the root veth
 	_ = run("ip", "link", "del", l.rootIf)
+	_ = os.RemoveAll(l.logs)
+}
+
+// Block is the lab's number (1-250), the third octet of its addresses:
+// unique among the labs running on the machine.
+func (l *Lab) Block() int {
+	n, _ := strconv.Atoi(l.net[strings.LastIndex(l.net, ".")+1:])
+	return n
+}
+
+// Claim returns name with the lab's Block: a prefix for the network
+// namespaces a host's process makes outside the lab's own (a native
+// worker's sandboxes, named PREFIX-N), which Close removes.
+func (l *Lab) Claim(name string) string {
+	prefix := fmt.Sprintf("%s%d", name, l.Block())
+	l.mu.Lock()
+	l.claims = append(l.claims, prefix)
+	l.mu.Unlock()
+	return prefix
+}
+
+// Namespaces are the network namespaces named PREFIX-N.
+func Namespaces(prefix string) []string {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return nil
+	}
+	var nss []string
+	for line := range strings.SplitSeq(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], prefix+"-") {
+			nss = append(nss, f[0])
+		}
+	}
+	return nss
+}
+
+// Route sends h's packets for prefix through via (another host), as a
+// network that routes a worker's sandbox subnet to it does.
+func (h *Host) Route(prefix string, via *Host) {
+	h.lab.t.Helper()
+	h.lab.must("ip", "-n", h.NS, "route", "add", prefix, "via", via.IP)
 }
 
 // Pids are the processes running in h (its own and their children, such
 // as a worker's sandboxes).
-func (h *Host) Pids() []int {
-	out, err := exec.Command("ip", "netns", "pids", h.NS).Output()
+func (h *Host) Pids() []int { return NSPids(h.NS) }
+
+// NSPids are the processes running in the network namespace ns.
+func NSPids(ns string) []int {
+	out, err := exec.Command("ip", "netns", "pids", ns).Output()
 	if err != nil {
 		return nil
 	}
