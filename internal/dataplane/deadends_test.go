@@ -129,14 +129,7 @@ func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 	d, _ := newTestDP(t, nil)
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
 		Added: []*briskv1.Endpoint{ep("f", "sb-a", refusingAddr(t))}})
-	call := func() *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
-		req.ContentLength = -1 // chunked
-		rec := httptest.NewRecorder()
-		d.Handler().ServeHTTP(rec, req)
-		return rec
-	}
-	if rec := call(); rec.Code != http.StatusBadGateway {
+	if rec := chunkedCall(d, "f"); rec.Code != http.StatusBadGateway {
 		t.Fatalf("call to a refusing sandbox answered %d, want 502", rec.Code)
 	}
 	defer func() {
@@ -144,11 +137,7 @@ func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 		d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("g", rr)},
 			Added: []*briskv1.Endpoint{ep("g", "sb-c", refusingAddr(t)), ep("g", "sb-d", newSandbox(t, echo))}})
 		for range 2 {
-			req := httptest.NewRequest(http.MethodPost, "/function/g", strings.NewReader(`{}`))
-			req.ContentLength = -1
-			rec := httptest.NewRecorder()
-			d.Handler().ServeHTTP(rec, req)
-			if rec.Code != http.StatusOK {
+			if rec := chunkedCall(d, "g"); rec.Code != http.StatusOK {
 				t.Fatalf("a chunked call with a refusing sandbox in rotation: %d %s, want 200 from the other", rec.Code, rec.Body)
 			}
 		}
@@ -162,6 +151,15 @@ func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 	if got := d.unreach.take(); len(got) != 1 || got[0].GetSandboxId() != "sb-a" {
 		t.Fatalf("queued reports %v, want sb-a", got)
 	}
+}
+
+// chunkedCall calls fn with a chunked body, which takes the net/http path.
+func chunkedCall(d *DataPlane, fn string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/function/"+fn, strings.NewReader(`{}`))
+	req.ContentLength = -1 // chunked
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, req)
+	return rec
 }
 
 // Only a refused connect proves the sandbox gone: a timeout (a busy or
@@ -228,12 +226,8 @@ func TestUnreachableEndpointRerouted(t *testing.T) {
 			t.Fatalf("a call with an unreachable sandbox in rotation: %d %s (%v), want 200 from sb-b", r.code, r.body, r.err)
 		}
 	}
-	for range 2 { // the net/http path: a chunked body
-		req := httptest.NewRequest(http.MethodPost, "/function/f", strings.NewReader(`{}`))
-		req.ContentLength = -1
-		rec := httptest.NewRecorder()
-		d.Handler().ServeHTTP(rec, req)
-		if rec.Code != http.StatusOK {
+	for range 2 { // the net/http path
+		if rec := chunkedCall(d, "f"); rec.Code != http.StatusOK {
 			t.Fatalf("a chunked call with an unreachable sandbox in rotation: %d %s, want 200 from the other", rec.Code, rec.Body)
 		}
 	}

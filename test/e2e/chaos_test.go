@@ -372,7 +372,9 @@ func TestChaos(t *testing.T) {
 		// the killed component.
 		maxFailed int
 	}
+	var killed *haReplica
 	killReplica := func(r *haReplica) func() {
+		killed = r
 		r.p.stop(syscall.SIGKILL)
 		return func() { h.startReplica(r) }
 	}
@@ -402,6 +404,19 @@ func TestChaos(t *testing.T) {
 			float64(served.Sub(t0).Microseconds())/1000, failed)
 		if failed > f.maxFailed {
 			t.Errorf("fault %s: %d warm calls failed, want at most %d (in flight on the killed component)", f.name, failed, f.maxFailed)
+		}
+		if f.name == "leader" {
+			// The CLI given every replica, the killed one first, moves on
+			// to the others (pkg/client's failover).
+			admins := []string{killed.admin}
+			for _, r := range h.cps {
+				if r != killed {
+					admins = append(admins, r.admin)
+				}
+			}
+			if out := runBrisk(t, "fn", "list", "--admin-url", strings.Join(admins, ","), "--token", adminToken(admins[1])); !strings.Contains(out, steady[0]) {
+				t.Errorf("brisk fn list through a replica list whose first is dead: %s", out)
+			}
 		}
 		for _, r := range restarts {
 			r()

@@ -262,6 +262,9 @@ type workload struct {
 	asyncNo int      // submits refused or of unknown outcome
 	tokens  map[string]labToken
 	tokenNo int
+	// maxWarm is the most sandboxes (ready and pending) the table gave
+	// warm at once, as read through the replicas: never above its max.
+	maxWarm atomic.Int64
 	// okAt are the times (since the history's start) at which the
 	// failover clients' operations succeeded: their longest gap during the
 	// fault is the control plane's unavailability as such a client sees it.
@@ -294,6 +297,7 @@ func (c *labCluster) start() *workload {
 		w.wg.Go(func() { w.calls(ctx) })
 	}
 	w.wg.Go(func() { w.submits(ctx) })
+	w.wg.Go(func() { w.watchWarm(ctx) })
 	w.wg.Go(func() { w.tokenChurn(ctx) })
 	return w
 }
@@ -381,6 +385,19 @@ func secretSize(cl *client.Client, name string) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// watchWarm reads warm's sandboxes from the table five times a second.
+func (w *workload) watchWarm(ctx context.Context) {
+	cl := w.c.failoverClient(2, time.Second)
+	for ctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		if v, err := cl.Get(context.Background(), "warm"); err == nil {
+			n := int64(v.Status.Ready + v.Status.Pending)
+			for m := w.maxWarm.Load(); n > m && !w.maxWarm.CompareAndSwap(m, n); m = w.maxWarm.Load() {
+			}
+		}
+	}
 }
 
 // calls calls warm through the gateway.
@@ -568,8 +585,11 @@ func (w *workload) check(t *testing.T) string {
 	if len(tokens) == 0 {
 		t.Error("no token acknowledged: the workload did not run")
 	}
-	return fmt.Sprintf("registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead; tokens %d made (%d revoked, %d refused), 0 lost",
-		w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(tokens), len(revoked), tokensNo)
+	if n := w.maxWarm.Load(); n > 3 || n == 0 {
+		t.Errorf("warm had up to %d sandboxes in the table at once; want its max of 3 (and a reading)", n)
+	}
+	return fmt.Sprintf("warm at most %d sandboxes in the table; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead; tokens %d made (%d revoked, %d refused), 0 lost",
+		w.maxWarm.Load(), w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(tokens), len(revoked), tokensNo)
 }
 
 func callWithToken(url, token string) int {
