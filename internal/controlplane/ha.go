@@ -53,12 +53,25 @@ func replicaView(reg *replica.Registry, peers []replica.Peer) ReplicaView {
 func RunReplica(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
 	cfg.defaults()
 	log := cfg.Logger.With("replica", reg.Self().ID)
+	// The addresses are bound once, for every term and role (handoff.go).
+	grpcLis, err := listenRetry(ctx, cfg.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	adminLis, err := listenRetry(ctx, cfg.AdminAddr)
+	if err != nil {
+		grpcLis.Close()
+		return err
+	}
+	grpcH, adminH := newHandoff(grpcLis), newHandoff(adminLis)
+	defer grpcH.close()
+	defer adminH.close()
 	for ctx.Err() == nil {
+		cfg.grpcListener, cfg.adminListener = grpcH.view(), adminH.view()
 		if reg.IsLeader() {
 			if err := runTerm(ctx, cfg, reg, peers); err != nil && ctx.Err() == nil {
 				log.Error("leader term ended with an error", "err", err)
-				// The follower server below binds the addresses again; a
-				// short pause keeps a persistent failure from spinning.
+				// A short pause keeps a persistent failure from spinning.
 				sleepCtx(ctx, 100*time.Millisecond)
 			}
 			continue
@@ -132,20 +145,12 @@ func runTerm(ctx context.Context, cfg Config, reg *replica.Registry, peers []rep
 	return err
 }
 
-// runFollower serves the follower's admin and gRPC listeners until this
-// replica becomes leader or ctx ends.
+// runFollower serves the follower's admin and gRPC listeners (cfg's views
+// of the replica's sockets) until this replica becomes leader or ctx ends.
 func runFollower(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	grpcLis, err := listenRetry(fctx, cfg.GRPCAddr)
-	if err != nil {
-		return err
-	}
-	adminLis, err := listenRetry(fctx, cfg.AdminAddr)
-	if err != nil {
-		grpcLis.Close()
-		return err
-	}
+	grpcLis, adminLis := cfg.grpcListener, cfg.adminListener
 	var tlsCfg *tls.Config
 	if cfg.CA != nil {
 		id, err := ServerIdentity(cfg.CA, reg.Self().ID, cfg.GRPCAddr, cfg.TLSSANs)
@@ -188,7 +193,7 @@ wait:
 			}
 		}
 	}
-	// Quickly: the leader's servers take these addresses next.
+	// Quickly: the leader's servers take these sockets next.
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
 	defer scancel()
 	_ = hs.Shutdown(sctx)
@@ -197,8 +202,8 @@ wait:
 	return nil
 }
 
-// listenRetry binds addr, retrying briefly: the server of the previous role
-// may still be letting go of it.
+// listenRetry binds addr, retrying briefly: a replica restarted at once
+// may find its predecessor still letting go of it.
 func listenRetry(ctx context.Context, addr string) (net.Listener, error) {
 	var err error
 	for range 50 {

@@ -33,6 +33,11 @@ import (
 
 // Config configures a control plane. Zero fields take the defaults below.
 type Config struct {
+	// grpcListener and adminListener, when set, are the sockets of
+	// GRPCAddr and AdminAddr, bound already and kept open across terms
+	// (RunReplica's views of them: handoff.go).
+	grpcListener, adminListener net.Listener
+
 	DataDir   string // registry location (required)
 	AdminAddr string // HTTP/JSON admin API; default 127.0.0.1:9090
 	// DirigentAddr, when set, serves Dirigent's registration contract
@@ -318,12 +323,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err := cp.loadDataPlaneKeys(); err != nil {
 		return err
 	}
-	if cp.grpcLis, err = net.Listen("tcp", cp.cfg.GRPCAddr); err != nil {
-		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.GRPCAddr, err)
+	if cp.grpcLis = cp.cfg.grpcListener; cp.grpcLis == nil {
+		if cp.grpcLis, err = net.Listen("tcp", cp.cfg.GRPCAddr); err != nil {
+			return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.GRPCAddr, err)
+		}
 	}
-	if cp.adminLis, err = net.Listen("tcp", cp.cfg.AdminAddr); err != nil {
-		cp.grpcLis.Close()
-		return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.AdminAddr, err)
+	if cp.adminLis = cp.cfg.adminListener; cp.adminLis == nil {
+		if cp.adminLis, err = net.Listen("tcp", cp.cfg.AdminAddr); err != nil {
+			cp.grpcLis.Close()
+			return fmt.Errorf("controlplane: listen %s: %w", cp.cfg.AdminAddr, err)
+		}
 	}
 	if cp.cfg.DirigentAddr != "" {
 		if cp.dirigentLis, err = net.Listen("tcp", cp.cfg.DirigentAddr); err != nil {
