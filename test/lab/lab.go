@@ -299,11 +299,7 @@ func (l *Lab) Close() {
 	for _, h := range hosts {
 		removeNS(h.NS)
 	}
-	for _, prefix := range l.claims {
-		for _, ns := range Namespaces(prefix) {
-			removeNS(ns)
-		}
-	}
+	removeClaims(l.id)
 	removeNS(l.sw) // takes the root veth's peer, and so the root veth
 	_ = run("ip", "link", "del", l.rootIf)
 	_ = os.RemoveAll(l.logs)
@@ -323,8 +319,33 @@ func (l *Lab) Claim(name string) string {
 	prefix := fmt.Sprintf("%s%d", name, l.Block())
 	l.mu.Lock()
 	l.claims = append(l.claims, prefix)
+	claims := strings.Join(l.claims, "\n")
 	l.mu.Unlock()
+	// Written down for the next lab, should this one's test be killed.
+	if err := os.MkdirAll(claimsDir, 0o700); err != nil {
+		l.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(claimsDir, l.id), []byte(claims), 0o600); err != nil {
+		l.t.Fatal(err)
+	}
 	return prefix
+}
+
+// claimsDir holds each running lab's claims (Claim), by lab id.
+var claimsDir = filepath.Join(os.TempDir(), prefix+"-claims")
+
+// removeClaims removes the namespaces lab id claimed, and its record.
+func removeClaims(id string) {
+	b, err := os.ReadFile(filepath.Join(claimsDir, id))
+	if err != nil {
+		return
+	}
+	for _, p := range strings.Fields(string(b)) {
+		for _, ns := range Namespaces(p) {
+			removeNS(ns)
+		}
+	}
+	_ = os.Remove(filepath.Join(claimsDir, id))
 }
 
 // Namespaces are the network namespaces named PREFIX-N.
@@ -395,6 +416,11 @@ func removeStale() {
 		pid, err := strconv.Atoi(parts[0])
 		if err != nil || pid == os.Getpid() || syscall.Kill(pid, 0) == nil {
 			continue // ours, or its maker runs
+		}
+		if len(parts) == 2 {
+			if seq, _, ok := strings.Cut(parts[1], "-"); ok {
+				removeClaims(fmt.Sprintf("%s-%d-%s", prefix, pid, seq))
+			}
 		}
 		removeNS(f[0])
 	}

@@ -2,7 +2,9 @@ package lab
 
 import (
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -78,14 +80,25 @@ func TestStaleLabsAreRemoved(t *testing.T) {
 	if why := Available(); why != "" {
 		t.Skip(why)
 	}
-	// A namespace named as a lab of a process that does not exist.
-	stale := prefix + "-999999999-1-x"
-	if err := run("ip", "netns", "add", stale); err != nil {
+	// A namespace named as a lab of a process that does not exist, and
+	// one that lab claimed (a native worker's sandbox's).
+	stale, claimed := prefix+"-999999999-1-x", "blstale-1"
+	for _, ns := range []string{stale, claimed} {
+		if err := run("ip", "netns", "add", ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(claimsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(claimsDir, prefix+"-999999999-1"), []byte("blstale"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	New(t)
-	if err := exec.Command("ip", "netns", "exec", stale, "true").Run(); err == nil {
-		_ = run("ip", "netns", "del", stale)
-		t.Fatal("the stale lab's namespace is still there")
+	for _, ns := range []string{stale, claimed} {
+		if err := exec.Command("ip", "netns", "exec", ns, "true").Run(); err == nil {
+			_ = run("ip", "netns", "del", ns)
+			t.Errorf("the stale lab's namespace %s is still there", ns)
+		}
 	}
 }
