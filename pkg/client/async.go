@@ -169,7 +169,7 @@ func (c *Client) Logs(ctx context.Context, name string, o LogOptions, fn func(ap
 	}
 	hc := *c.HTTP
 	hc.Timeout = 0 // a followed stream lasts as long as ctx
-	resp, err := c.sendAdmin(ctx, &hc, http.MethodGet, "/v1/functions/"+url.PathEscape(name)+"/logs?"+q.Encode(), nil, "")
+	resp, _, err := c.sendAdmin(ctx, &hc, http.MethodGet, "/v1/functions/"+url.PathEscape(name)+"/logs?"+q.Encode(), nil, "")
 	if err != nil {
 		return err
 	}

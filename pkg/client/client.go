@@ -44,6 +44,9 @@ type Error struct {
 	// NotForwarded: a control-plane replica answered that it acted on
 	// nothing and passed nothing on (api.HeaderNotForwarded).
 	NotForwarded bool
+	// unknown: another replica, tried before, may have applied the
+	// request (the client moved on from it).
+	unknown bool
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
@@ -55,17 +58,18 @@ func IsNotFound(err error) bool {
 }
 
 // NotApplied reports whether err says for certain that the admin API
-// applied nothing: the request never reached a replica whole, or the one it
-// reached answered that it passed nothing on. Such a request, a write
+// applied nothing: no replica the client tried got the request, or
+// answered anything but that it passed nothing on. Such a request, a write
 // included, may be sent again. Other errors of a write leave its outcome
 // unknown (a timeout after it was sent, or a 503 from a leader that lost
 // its term mid-write) unless the status says otherwise (4xx).
 func NotApplied(err error) bool {
 	var e *Error
 	if errors.As(err, &e) {
-		return e.NotForwarded || e.Status/100 == 4
+		return !e.unknown && (e.NotForwarded || e.Status/100 == 4)
 	}
-	return errors.Is(err, errNotSent)
+	var s *sendError
+	return errors.As(err, &s) && s.notApplied
 }
 
 // IsConflict reports whether err is a 409 from brisk.
@@ -191,11 +195,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		ct = "application/json"
 	}
-	resp, err := c.sendAdmin(ctx, c.HTTP, method, path, body, ct)
+	resp, unknown, err := c.sendAdmin(ctx, c.HTTP, method, path, body, ct)
 	if err != nil {
 		return err
 	}
-	return decodeReply(resp, out)
+	return decodeReply(resp, unknown, out)
 }
 
 // doAt is do against a data plane at base.
@@ -216,7 +220,7 @@ func (c *Client) doAt(ctx context.Context, base, what, method, path string, in, 
 	if err != nil {
 		return fmt.Errorf("cannot reach the %s at %s: %w", what, base, err)
 	}
-	return decodeReply(resp, out)
+	return decodeReply(resp, false, out)
 }
 
 // encodeBody is a request's body: nil, JSON already encoded, or a value
@@ -233,8 +237,9 @@ func encodeBody(in any) ([]byte, error) {
 }
 
 // decodeReply reads and closes resp, decoding a 2xx reply into out
-// (unless nil) and turning any other into an *Error.
-func decodeReply(resp *http.Response, out any) error {
+// (unless nil) and turning any other into an *Error. unknown: an earlier
+// attempt of the request may have been applied (sendAdmin).
+func decodeReply(resp *http.Response, unknown bool, out any) error {
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
@@ -243,6 +248,7 @@ func decodeReply(resp *http.Response, out any) error {
 	if resp.StatusCode/100 != 2 {
 		err := replyError(resp.StatusCode, data)
 		err.(*Error).NotForwarded = resp.Header.Get(api.HeaderNotForwarded) != ""
+		err.(*Error).unknown = unknown
 		return err
 	}
 	if hs, ok := out.(interface{ setHeader(http.Header) }); ok {
@@ -267,7 +273,7 @@ func replyError(status int, data []byte) error {
 // Backup writes a consistent copy of the control plane's registry (a
 // registry.db) to w and returns its size; a reply cut short is an error.
 func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
-	resp, err := c.sendAdmin(ctx, c.HTTP, http.MethodGet, "/v1/backup", nil, "")
+	resp, _, err := c.sendAdmin(ctx, c.HTTP, http.MethodGet, "/v1/backup", nil, "")
 	if err != nil {
 		return 0, err
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -21,21 +22,18 @@ import (
 // request to the one that answered last and moves to the next when that
 // one cannot serve it, as far as moving is safe:
 //
-//   - the request never reached the replica (no connection, or it was not
-//     written whole): any method moves;
+//   - the request never reached the replica (it got no connection): any
+//     method moves;
 //   - the replica answered that it passed nothing on (api.HeaderNotForwarded:
 //     it knows no leader, cannot dial it, or no longer leads): any method;
 //   - anything else of unknown outcome (a timeout after the request was
-//     sent, a 503 from a leader that lost its term mid-write): only GET,
-//     HEAD and PUT move, whose repeat changes nothing a first one did not.
-//     A POST or DELETE is not sent twice; its error says the outcome is
-//     unknown.
+//     sent, a 503 from a leader that lost its term mid-write): only GET and
+//     HEAD move. A write is not sent twice, a PUT neither: if the first
+//     was applied, the repeat would be applied after writes others made
+//     meanwhile and undo them (the partition lab's porcupine check caught
+//     exactly that). Its error says the outcome is unknown.
 //
 // The partition lab (docs/reliability.md, "Partitions") measures it.
-
-// errNotSent marks an error of a request that never reached a replica
-// whole (NotApplied).
-var errNotSent = errors.New("not sent")
 
 // failoverDialTimeout bounds a connection attempt of New's clients to a
 // replica list: a replica cut off by a partition drops the connection's
@@ -84,11 +82,17 @@ func (c *Client) CurrentAdmin() string {
 
 // sendAdmin sends a request to the admin API with hc (c.HTTP unless a
 // caller needs other timeouts), moving between replicas by the rules
-// above. The reply's body is the caller's to close.
-func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path string, body []byte, contentType string) (*http.Response, error) {
+// above. The reply's body is the caller's to close. unknown: an earlier
+// attempt may have been applied (it was sent and not answered, or
+// answered with a 503 that did not say it passed nothing on), so that
+// the reply, whatever it says, does not prove the request was not.
+func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path string, body []byte, contentType string) (resp *http.Response, unknown bool, err error) {
 	all := c.admins()
 	first := int(c.current.Load()) % len(all)
-	idempotent := method == http.MethodGet || method == http.MethodHead || method == http.MethodPut
+	// Only reads are sent again after an attempt of unknown outcome: a
+	// write (a PUT too) repeated after that attempt was applied would be
+	// applied again, after writes others made meanwhile, undoing them.
+	idempotent := method == http.MethodGet || method == http.MethodHead
 	var errs []error
 	for i := range all {
 		k := (first + i) % len(all)
@@ -97,11 +101,14 @@ func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path st
 		if body != nil {
 			rd = bytes.NewReader(body)
 		}
-		wrote := false
-		trace := &httptrace.ClientTrace{WroteRequest: func(w httptrace.WroteRequestInfo) { wrote = w.Err == nil }}
+		// A request that got no connection was certainly not sent; one that
+		// got one may have been, even if its write had not been reported
+		// when the call returned (a timeout races the write).
+		var sent atomic.Bool
+		trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { sent.Store(true) }}
 		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), method, base+path, rd)
 		if err != nil {
-			return nil, err
+			return nil, unknown, err
 		}
 		if contentType != "" {
 			req.Header.Set("Content-Type", contentType)
@@ -110,29 +117,38 @@ func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path st
 		resp, err := hc.Do(req)
 		last := i == len(all)-1
 		if err != nil {
-			if !wrote {
-				err = fmt.Errorf("%w: %w", errNotSent, err)
-			}
-			err = fmt.Errorf("cannot reach the control plane at %s: %w", base, err)
-			if last || ctx.Err() != nil || (wrote && !idempotent) {
-				if wrote && !idempotent && len(all) > 1 {
-					err = fmt.Errorf("%w (the request was sent: whether it was applied is unknown)", err)
+			unknown = unknown || sent.Load()
+			errs = append(errs, fmt.Errorf("cannot reach the control plane at %s: %w", base, err))
+			if last || ctx.Err() != nil || (sent.Load() && !idempotent) {
+				if unknown && len(all) > 1 {
+					errs = append(errs, errors.New("the request was sent: whether it was applied is unknown"))
 				}
-				return nil, errors.Join(append(errs, err)...)
+				return nil, unknown, &sendError{err: errors.Join(errs...), notApplied: !unknown}
 			}
-			errs = append(errs, err)
 			continue
 		}
-		if resp.StatusCode == http.StatusServiceUnavailable && !last &&
-			(resp.Header.Get(api.HeaderNotForwarded) != "" || idempotent) {
-			resp.Body.Close()
-			errs = append(errs, fmt.Errorf("the control plane at %s: %s", base, http.StatusText(resp.StatusCode)))
-			continue
+		if resp.StatusCode == http.StatusServiceUnavailable && !last {
+			notForwarded := resp.Header.Get(api.HeaderNotForwarded) != ""
+			if notForwarded || idempotent {
+				unknown = unknown || !notForwarded
+				resp.Body.Close()
+				errs = append(errs, fmt.Errorf("the control plane at %s: %s", base, http.StatusText(resp.StatusCode)))
+				continue
+			}
 		}
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			c.current.Store(int32(k))
 		}
-		return resp, nil
+		return resp, unknown, nil
 	}
-	return nil, errors.Join(errs...) // not reached: the last replica returns
+	return nil, unknown, errors.Join(errs...) // not reached: the last replica returns
 }
+
+// sendError is sendAdmin's failure to get a reply from any replica.
+type sendError struct {
+	err        error
+	notApplied bool // no attempt can have been applied
+}
+
+func (e *sendError) Error() string { return e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }

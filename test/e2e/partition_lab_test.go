@@ -223,7 +223,12 @@ func (c *labCluster) setUp() {
 		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}, Placement: "round-robin"}
 	bg := &spec.Function{Name: "bg", Builtin: "trace", Concurrency: 8, Scaling: spec.Scaling{Min: 1, Max: 2},
 		Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
-	for _, f := range []*spec.Function{warm, bg} {
+	// dud always fails (the watchdog running false): its async calls are
+	// dead-lettered after their second attempt.
+	dud := &spec.Function{Name: "dud", Builtin: "watchdog", Env: map[string]string{"fprocess": "false"}, Concurrency: 8,
+		Scaling: spec.Scaling{Min: 1, Max: 1}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32},
+		Async: spec.Async{MaxAttempts: 2, RetryFunctionErrors: true, Backoff: spec.Duration(100 * time.Millisecond)}}
+	for _, f := range []*spec.Function{warm, bg, dud} {
 		if _, err := cl.Create(ctx, f); err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +263,8 @@ type workload struct {
 	lastCallErr          atomic.Value
 
 	mu      sync.Mutex
-	async   []string // acknowledged asynchronous call ids
+	async   []string // acknowledged asynchronous call ids of bg
+	duds    []string // and of dud
 	asyncNo int      // submits refused or of unknown outcome
 	tokens  map[string]labToken
 	tokenNo int
@@ -423,18 +429,25 @@ func (w *workload) calls(ctx context.Context) {
 	}
 }
 
-// submits submits asynchronous calls of bg through the gateway, 20 a
-// second.
+// submits submits asynchronous calls through the gateway, 20 a second:
+// every fifth one to dud.
 func (w *workload) submits(ctx context.Context) {
 	cl := w.c.client(0, 5*time.Second)
-	for ctx.Err() == nil {
+	for n := 0; ctx.Err() == nil; n++ {
 		time.Sleep(50 * time.Millisecond)
-		id, err := cl.InvokeAsync(context.Background(), "bg", http.MethodPost, []byte(`{"ms":1}`), nil, "")
+		fn := "bg"
+		if n%5 == 4 {
+			fn = "dud"
+		}
+		id, err := cl.InvokeAsync(context.Background(), fn, http.MethodPost, []byte(`{"ms":1}`), nil, "")
 		w.mu.Lock()
-		if err == nil {
-			w.async = append(w.async, id)
-		} else {
+		switch {
+		case err != nil:
 			w.asyncNo++
+		case fn == "dud":
+			w.duds = append(w.duds, id)
+		default:
+			w.async = append(w.async, id)
 		}
 		w.mu.Unlock()
 	}
@@ -527,9 +540,11 @@ func (w *workload) check(t *testing.T) string {
 		t.Errorf("no register operation acknowledged (%d writes, %d reads): the workload did not run", w.h.Acked, w.h.Reads)
 	}
 
-	// Every acknowledged async call runs, at least once, and succeeds.
+	// Every acknowledged async call runs, at least once, and succeeds;
+	// every call of dud is dead after exactly its 2 attempts (never run
+	// after it was dead-lettered).
 	w.mu.Lock()
-	ids, refused := slices.Clone(w.async), w.asyncNo
+	ids, duds, refused := slices.Clone(w.async), slices.Clone(w.duds), w.asyncNo
 	tokens, tokensNo := w.tokens, w.tokenNo
 	w.mu.Unlock()
 	cl := c.client(0, 5*time.Second)
@@ -552,9 +567,24 @@ func (w *workload) check(t *testing.T) string {
 		pending = left
 		return len(pending) == 0
 	})
-	if len(ids) == 0 {
-		t.Error("no async call acknowledged: the workload did not run")
+	if len(ids) == 0 || len(duds) == 0 {
+		t.Errorf("%d async calls and %d dead-letter calls acknowledged: the workload did not run", len(ids), len(duds))
 	}
+	pendingDuds := slices.Clone(duds)
+	eventually(t, 60*time.Second, "every acknowledged call of dud dead-lettered", func() bool {
+		var left []string
+		for _, id := range pendingDuds {
+			rec, err := cl.Call(context.Background(), id)
+			switch {
+			case err != nil || !rec.Status.Final():
+				left = append(left, id)
+			case rec.Status != api.CallDead || rec.Attempts != 2:
+				t.Errorf("call %s of dud: %s after %d attempts; want dead after 2", id, rec.Status, rec.Attempts)
+			}
+		}
+		pendingDuds = left
+		return len(pendingDuds) == 0
+	})
 
 	// Tokens: made ones work and revoked ones do not, at every data plane
 	// (each learns the table from its control-plane session).
@@ -588,8 +618,8 @@ func (w *workload) check(t *testing.T) string {
 	if n := w.maxWarm.Load(); n > 3 || n == 0 {
 		t.Errorf("warm had up to %d sandboxes in the table at once; want its max of 3 (and a reading)", n)
 	}
-	return fmt.Sprintf("warm at most %d sandboxes in the table; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead; tokens %d made (%d revoked, %d refused), 0 lost",
-		w.maxWarm.Load(), w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(tokens), len(revoked), tokensNo)
+	return fmt.Sprintf("warm at most %d sandboxes in the table; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead, %d dead-lettered after 2 attempts; tokens %d made (%d revoked, %d refused), 0 lost",
+		w.maxWarm.Load(), w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(duds), len(tokens), len(revoked), tokensNo)
 }
 
 func callWithToken(url, token string) int {
