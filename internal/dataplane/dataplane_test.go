@@ -519,9 +519,11 @@ func TestUpstreamErrors(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	slow := newSandbox(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
-		Functions: []*briskv1.FunctionSpec{fnSpec("broken"), fnSpec("slow", func(s *briskv1.FunctionSpec) { s.TimeoutMs = 50 })},
+		Functions: []*briskv1.FunctionSpec{fnSpec("broken", shortQueue), fnSpec("slow", func(s *briskv1.FunctionSpec) { s.TimeoutMs = 50 })},
 		Added:     []*briskv1.Endpoint{ep("broken", "sb-x", "127.0.0.1:1"), ep("slow", "sb-s", slow)}})
-	// (The refusing endpoint leaves the set with the call: kept here.)
+	// (The refusing endpoint leaves the set with the call: kept here. The
+	// call waits in the queue for another sandbox, briefly here, and fails
+	// with the refusal.)
 	eps := map[string]*endpoint{"broken": d.lookup("broken").set.Load().eps[0], "slow": d.lookup("slow").set.Load().eps[0]}
 	wantError(t, get(t, srv.URL+"/function/broken"), 502, "sandbox sb-x")
 	wantError(t, get(t, srv.URL+"/function/slow"), 504, `function "slow" timed out after 50ms`)

@@ -64,21 +64,29 @@ func (d *DataPlane) connectFailed(st *reqState, err error) {
 const maxReroutes = 3
 
 // reroute moves a call that could not connect to its sandbox (nothing of
-// the call was sent) to a free slot on another of its function's
-// sandboxes, so that the dead or unreachable one costs the call a connect,
-// not a failure: a refused connect (a sandbox that died before the control
-// plane withdrew it, or after a partition healed: the partition lab's
-// finding 1, docs/reliability.md) or a connect that timed out (a worker
-// cut off from this data plane: finding 4). It does not queue: with no
-// free slot elsewhere the call fails as before. It reports whether st has
-// a new endpoint; for a refused connect connectFailed has taken the old
-// one out, a timed-out one stays in rotation (it proves nothing).
-func (d *DataPlane) reroute(st *reqState, err error, done *int) bool {
+// the call was sent) to another of its function's sandboxes, so that the
+// dead or unreachable one costs the call a connect, not a failure: a
+// refused connect (a sandbox that died before the control plane withdrew
+// it, or after a partition healed: the partition lab's finding 1,
+// docs/reliability.md) or a connect that timed out (a worker cut off from
+// this data plane: finding 4). With no free slot elsewhere the call waits
+// in the function's queue as a new call would (up to the queue timeout,
+// asking for a sandbox): after a long partition every sandbox the data
+// plane knows may be gone at once while new ones start. It reports whether
+// st has a new endpoint; for a refused connect connectFailed has taken the
+// old one out, a timed-out one stays in rotation (it proves nothing).
+// While it waits the call keeps its slot on the old endpoint, which is
+// released once it has a new one (finish releases it otherwise).
+func (d *DataPlane) reroute(ctx context.Context, st *reqState, err error, done *int) bool {
 	if *done >= maxReroutes || !nothingSent(err) {
 		return false
 	}
-	ep, ok := st.fn.tryAcquire(st.fn.set.Load())
-	if !ok {
+	set := st.fn.set.Load()
+	if set == nil {
+		return false
+	}
+	ep, _, aerr := st.fn.acquire(ctx, set, d.markUrgent, st.low)
+	if aerr != nil {
 		return false
 	}
 	st.fn.release(st.ep)

@@ -123,14 +123,19 @@ func TestRefusingEndpointLeavesRotation(t *testing.T) {
 }
 
 // The net/http path (here: a chunked body) takes a refusing endpoint out of
-// rotation too; with no other sandbox free the call fails (502), with one
-// it goes there.
+// rotation too; with no other sandbox the call waits in the queue, as a new
+// call would, and is served by the sandbox the control plane adds; with
+// one free it goes there at once.
 func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 	d, _ := newTestDP(t, nil)
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
 		Added: []*briskv1.Endpoint{ep("f", "sb-a", refusingAddr(t))}})
-	if rec := chunkedCall(d, "f"); rec.Code != http.StatusBadGateway {
-		t.Fatalf("call to a refusing sandbox answered %d, want 502", rec.Code)
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answered <- chunkedCall(d, "f") }()
+	waitFor(t, "the call queued after the refused connect", func() bool { return d.lookup("f").nwait.Load() == 1 })
+	d.Apply(&briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("f", "sb-b", newSandbox(t, echo))}})
+	if rec := <-answered; rec.Code != http.StatusOK {
+		t.Fatalf("a call whose only sandbox refused: %d %s, want 200 from the one added", rec.Code, rec.Body)
 	}
 	defer func() {
 		rr := func(s *briskv1.FunctionSpec) { s.LoadBalancing = "round-robin" }
@@ -145,13 +150,17 @@ func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 			t.Fatalf("routes of g: %v, want [sb-d]", got)
 		}
 	}()
-	if got := routed(d, "f"); len(got) != 0 {
-		t.Fatalf("routes after the refused connect: %v, want none", got)
+	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-b"}) {
+		t.Fatalf("routes after the refused connect: %v, want [sb-b]", got)
 	}
 	if got := d.unreach.take(); len(got) != 1 || got[0].GetSandboxId() != "sb-a" {
 		t.Fatalf("queued reports %v, want sb-a", got)
 	}
 }
+
+// shortQueue bounds a test function's wait for a sandbox to 100 ms: a call
+// whose only sandbox refused waits that long for another, then fails.
+func shortQueue(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 100 }
 
 // chunkedCall calls fn with a chunked body, which takes the net/http path.
 func chunkedCall(d *DataPlane, fn string) *httptest.ResponseRecorder {

@@ -66,7 +66,7 @@ func TestErrorReasons(t *testing.T) {
 		t.Run(path.name, func(t *testing.T) {
 			// A sandbox that refuses connections (each path its own: a
 			// refusing endpoint leaves the rotation).
-			d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("broken-" + path.name)},
+			d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("broken-"+path.name, shortQueue)},
 				Added: []*briskv1.Endpoint{ep("broken-"+path.name, "sb-x-"+path.name, "127.0.0.1:1")}})
 			wantReason(t, path.call(srv.URL+"/function/nope"), 404, "no-function", `"nope" not found`)
 			wantReason(t, path.call(srv.URL+"/function/idle"), 504, "queue-timeout", "waiting for a sandbox")

@@ -242,7 +242,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		up, reused, err = st.ep.conns.take(attempt, false)
 		if err != nil {
 			d.connectFailed(st, err)
-			if d.reroute(st, err, &reroutes) {
+			if d.reroute(c.ctx, st, err, &reroutes) {
 				attempt = -1
 				continue
 			}

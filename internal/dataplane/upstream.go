@@ -229,7 +229,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		c, reused, err = st.ep.conns.take(attempt, !buffered)
 		if err != nil {
 			d.connectFailed(st, err)
-			if d.reroute(st, err, &reroutes) {
+			if d.reroute(ctx, st, err, &reroutes) {
 				attempt = -1
 				continue
 			}
