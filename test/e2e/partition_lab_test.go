@@ -228,7 +228,7 @@ func (c *labCluster) setUp() {
 	dud := &spec.Function{Name: "dud", Builtin: "watchdog", Env: map[string]string{"fprocess": "false"}, Concurrency: 8,
 		Scaling: spec.Scaling{Min: 1, Max: 1}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32},
 		Async: spec.Async{MaxAttempts: 2, RetryFunctionErrors: true, Backoff: spec.Duration(100 * time.Millisecond)}}
-	for _, f := range []*spec.Function{warm, bg, dud} {
+	for _, f := range []*spec.Function{warm, bg, dud, scaled(1)} {
 		if _, err := cl.Create(ctx, f); err != nil {
 			t.Fatal(err)
 		}
@@ -245,6 +245,12 @@ func (c *labCluster) setUp() {
 		}
 		return len(nodes) == 3
 	})
+}
+
+// scaled is the function "sc", its min scaled between 0 and 2 by the
+// workload (its max is 2).
+func scaled(min int) *spec.Function {
+	return &spec.Function{Name: "sc", Builtin: "trace", Scaling: spec.Scaling{Min: min, Max: 2}, Resources: spec.Resources{MilliCPU: 50, MemoryMB: 32}}
 }
 
 // workload is the mixed work clients run through a schedule: registers
@@ -268,9 +274,14 @@ type workload struct {
 	asyncNo int      // submits refused or of unknown outcome
 	tokens  map[string]labToken
 	tokenNo int
-	// maxWarm is the most sandboxes (ready and pending) the table gave
-	// warm at once, as read through the replicas: never above its max.
-	maxWarm atomic.Int64
+	// maxWarm and maxScaled are the most sandboxes (ready and pending) the
+	// table gave warm and sc at once, as read through the replicas: never
+	// above their max.
+	maxWarm, maxScaled atomic.Int64
+	// created are the functions whose registration was acknowledged;
+	// createdNo counts those refused or of unknown outcome.
+	created   []string
+	createdNo int
 	// okAt are the times (since the history's start) at which the
 	// failover clients' operations succeeded: their longest gap during the
 	// fault is the control plane's unavailability as such a client sees it.
@@ -304,6 +315,8 @@ func (c *labCluster) start() *workload {
 	}
 	w.wg.Go(func() { w.submits(ctx) })
 	w.wg.Go(func() { w.watchWarm(ctx) })
+	w.wg.Go(func() { w.registrations(ctx) })
+	w.wg.Go(func() { w.scale(ctx) })
 	w.wg.Go(func() { w.tokenChurn(ctx) })
 	return w
 }
@@ -393,16 +406,47 @@ func secretSize(cl *client.Client, name string) (string, error) {
 	return "", nil
 }
 
-// watchWarm reads warm's sandboxes from the table five times a second.
+// watchWarm reads warm's and sc's sandboxes from the table five times a
+// second.
 func (w *workload) watchWarm(ctx context.Context) {
 	cl := w.c.failoverClient(2, time.Second)
 	for ctx.Err() == nil {
 		time.Sleep(200 * time.Millisecond)
-		if v, err := cl.Get(context.Background(), "warm"); err == nil {
-			n := int64(v.Status.Ready + v.Status.Pending)
-			for m := w.maxWarm.Load(); n > m && !w.maxWarm.CompareAndSwap(m, n); m = w.maxWarm.Load() {
+		for fn, most := range map[string]*atomic.Int64{"warm": &w.maxWarm, "sc": &w.maxScaled} {
+			if v, err := cl.Get(context.Background(), fn); err == nil {
+				n := int64(v.Status.Ready + v.Status.Pending)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
 			}
 		}
+	}
+}
+
+// registrations registers a new function three times a second with a
+// failover client.
+func (w *workload) registrations(ctx context.Context) {
+	cl := w.c.failoverClient(0, 2*time.Second)
+	for n := 0; ctx.Err() == nil; n++ {
+		time.Sleep(300 * time.Millisecond)
+		name := fmt.Sprintf("new-%d", n)
+		_, err := cl.Create(context.Background(), regFunction(name, "0"))
+		w.mu.Lock()
+		if err == nil {
+			w.created = append(w.created, name)
+		} else {
+			w.createdNo++
+		}
+		w.mu.Unlock()
+	}
+}
+
+// scale sets sc's min to 2 and back to 0, a change a second, until the
+// fault heals (so that the cluster can settle after it).
+func (w *workload) scale(ctx context.Context) {
+	cl := w.c.failoverClient(1, 2*time.Second)
+	for n := 0; ctx.Err() == nil && w.phase.Load() < 2; n++ {
+		time.Sleep(time.Second)
+		_, _ = cl.Update(context.Background(), scaled(2*(n%2)))
 	}
 }
 
@@ -618,8 +662,35 @@ func (w *workload) check(t *testing.T) string {
 	if n := w.maxWarm.Load(); n > 3 || n == 0 {
 		t.Errorf("warm had up to %d sandboxes in the table at once; want its max of 3 (and a reading)", n)
 	}
-	return fmt.Sprintf("warm at most %d sandboxes in the table; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead, %d dead-lettered after 2 attempts; tokens %d made (%d revoked, %d refused), 0 lost",
-		w.maxWarm.Load(), w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(duds), len(tokens), len(revoked), tokensNo)
+	if n := w.maxScaled.Load(); n > 2 || n == 0 {
+		t.Errorf("sc had up to %d sandboxes in the table at once; want at most its max of 2 (and a reading)", n)
+	}
+	// Every acknowledged registration is there, through every replica.
+	w.mu.Lock()
+	created, createdNo := slices.Clone(w.created), w.createdNo
+	w.mu.Unlock()
+	for i := range c.cps {
+		cl := c.client(i, 10*time.Second)
+		list, err := cl.List(context.Background())
+		if err != nil {
+			t.Errorf("listing functions through %s: %v", c.cps[i].host.Name, err)
+			continue
+		}
+		have := map[string]bool{}
+		for _, f := range list {
+			have[f.Name] = true
+		}
+		for _, name := range created {
+			if !have[name] {
+				t.Errorf("the acknowledged registration of %s is lost (listed through %s)", name, c.cps[i].host.Name)
+			}
+		}
+	}
+	if len(created) == 0 {
+		t.Error("no registration acknowledged: the workload did not run")
+	}
+	return fmt.Sprintf("warm at most %d sandboxes in the table, sc %d; %d registrations acknowledged (%d not), 0 lost; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead, %d dead-lettered after 2 attempts; tokens %d made (%d revoked, %d refused), 0 lost",
+		w.maxWarm.Load(), w.maxScaled.Load(), len(created), createdNo, w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(duds), len(tokens), len(revoked), tokensNo)
 }
 
 func callWithToken(url, token string) int {
@@ -649,7 +720,7 @@ func (c *labCluster) converged() (bool, string) {
 		return false, fmt.Sprintf("%d workers, %d data planes connected", nodes, dps)
 	}
 	table := map[string]string{} // sandbox id -> function
-	for _, fn := range []string{"warm", "bg"} {
+	for _, fn := range []string{"warm", "bg", "dud", "sc"} {
 		v, err := cl.Get(context.Background(), fn)
 		if err != nil {
 			return false, err.Error()

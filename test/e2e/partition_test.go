@@ -203,6 +203,15 @@ func TestPartitionLeaderPaused(t *testing.T) {
 	}}.run(t)
 }
 
+// 30 % of the packets the leader sends to the other hosts lost, at
+// random (a bad link; nftables, no netem needed).
+func TestPartitionLossyLeader(t *testing.T) {
+	schedule{inject: func(c *labCluster, leader *labReplica) fault {
+		leader.host.Lose(30)
+		return fault{replica: leader, heal: c.lab.Heal}
+	}}.run(t)
+}
+
 // The leader's links flapping, 1 s down and 1 s up, for the hold.
 func TestPartitionLeaderFlapping(t *testing.T) {
 	schedule{inject: func(c *labCluster, leader *labReplica) fault {

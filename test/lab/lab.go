@@ -163,7 +163,15 @@ func (l *Lab) OneWay(from, to *Host) {
 	l.nft(to, fmt.Sprintf("add rule inet lab input ip saddr %s drop", from.IP))
 }
 
-// Heal removes every partition and delay.
+// Lose drops percent of the packets h sends to the other hosts, at random
+// (nftables' numgen: no netem needed); the test process's own traffic to
+// h is spared.
+func (h *Host) Lose(percent int) {
+	h.lab.t.Helper()
+	h.lab.nft(h, fmt.Sprintf("add rule inet lab output ip daddr != %s.1 numgen random mod 100 < %d drop", h.lab.net, percent))
+}
+
+// Heal removes every partition, loss and delay.
 func (l *Lab) Heal() {
 	l.t.Helper()
 	l.mu.Lock()
