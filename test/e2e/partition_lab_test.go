@@ -274,9 +274,11 @@ type workload struct {
 	asyncNo int      // submits refused or of unknown outcome
 	tokens  map[string]labToken
 	tokenNo int
-	// maxWarm and maxScaled are the most sandboxes (ready and pending) the
-	// table gave warm and sc at once, as read through the replicas: never
-	// above their max.
+	// maxWarm and maxScaled are the most sandboxes of the current revision
+	// (not terminating) the table gave warm and sc at once, as read through
+	// the replicas: never above their max. (A change of scale is a new
+	// revision, as in Knative; the old revision's sandboxes roll over once
+	// the new one's serve, so the bound holds per revision.)
 	maxWarm, maxScaled atomic.Int64
 	// created are the functions whose registration was acknowledged;
 	// createdNo counts those refused or of unknown outcome.
@@ -414,7 +416,12 @@ func (w *workload) watchWarm(ctx context.Context) {
 		time.Sleep(200 * time.Millisecond)
 		for fn, most := range map[string]*atomic.Int64{"warm": &w.maxWarm, "sc": &w.maxScaled} {
 			if v, err := cl.Get(context.Background(), fn); err == nil {
-				n := int64(v.Status.Ready + v.Status.Pending)
+				var n int64
+				for _, sb := range v.Status.Sandboxes {
+					if sb.Revision == v.Function.Revision && sb.State != "tombstoned" {
+						n++
+					}
+				}
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
 			}
