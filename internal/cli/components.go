@@ -3,8 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
