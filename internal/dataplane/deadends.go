@@ -60,8 +60,15 @@ func (d *DataPlane) connectFailed(st *reqState, err error) {
 	u.ring()
 }
 
-// maxReroutes bounds how many refusing sandboxes one call moves past.
-const maxReroutes = 3
+// maxReroutes bounds how many sandboxes one call moves past: unreachable
+// ones (a connect timed out: they stay in rotation, and each costs the
+// call a timeout), and refusing ones (each leaves the rotation, so a call
+// meets a function's dead sandboxes once each: after a long partition all
+// of them may be dead at once, the lab's finding 1).
+const (
+	maxReroutes        = 3
+	maxRefusedReroutes = 16
+)
 
 // reroute moves a call that could not connect to its sandbox (nothing of
 // the call was sent) to another of its function's sandboxes, so that the
@@ -78,7 +85,11 @@ const maxReroutes = 3
 // While it waits the call keeps its slot on the old endpoint, which is
 // released once it has a new one (finish releases it otherwise).
 func (d *DataPlane) reroute(ctx context.Context, st *reqState, err error, done *int) bool {
-	if *done >= maxReroutes || !nothingSent(err) {
+	limit := maxReroutes
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		limit = maxRefusedReroutes
+	}
+	if *done >= limit || !nothingSent(err) {
 		return false
 	}
 	set := st.fn.set.Load()

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -247,5 +248,29 @@ func TestUnreachableEndpointRerouted(t *testing.T) {
 	}
 	if got := routed(d, "f"); len(got) != 2 {
 		t.Fatalf("routes after the timed-out connect: %v, want both", got)
+	}
+}
+
+// A call moves past every dead sandbox of its function, more than the
+// three unreachable ones it would: after a long partition all the
+// sandboxes a data plane knows may have been stopped at once (the lab's
+// finding 1, at 60 s).
+func TestCallMovesPastEveryDeadSandbox(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	rr := func(s *briskv1.FunctionSpec) { s.LoadBalancing = "round-robin" }
+	var eps []*briskv1.Endpoint
+	for i := range 5 {
+		eps = append(eps, ep("f", fmt.Sprintf("sb-%d", i), refusingAddr(t)))
+	}
+	eps = append(eps, ep("f", "sb-live", newSandbox(t, echo)))
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f", rr)}, Added: eps})
+	if r := get(t, srv.URL+"/function/f"); r.code != 200 || decodeSeen(t, r).Sandbox != "sb-live" {
+		t.Fatalf("a call meeting five dead sandboxes first: %d %s, want 200 from sb-live", r.code, r.body)
+	}
+	if n := testutil.ToFloat64(d.prom.reroutes); n != 5 {
+		t.Fatalf("%v reroutes, want 5", n)
+	}
+	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-live"}) {
+		t.Fatalf("routes: %v, want [sb-live]", got)
 	}
 }

@@ -63,7 +63,7 @@ func newLabCluster(t *testing.T, replicas int) *labCluster {
 	var peers, grpcs []string
 	for i := range replicas {
 		h := l.Host(fmt.Sprintf("cp%d", i+1))
-		r := &labReplica{host: h, dir: t.TempDir()}
+		r := &labReplica{host: h, dir: l.TempDir()}
 		c.cps = append(c.cps, r)
 		c.dirs = append(c.dirs, r.dir)
 		peers = append(peers, fmt.Sprintf("%s=%s|%s|%s", h.Name, h.Addr(labRaft), h.Addr(labAdmin), h.Addr(labGRPC)))
@@ -92,25 +92,25 @@ func newLabCluster(t *testing.T, replicas int) *labCluster {
 			"--autoscale-interval", "200ms", "--drain-delay", "100ms", "--startup-grace", "3s", "--node-grace", "2s")
 	}
 	nats := l.Host("nats")
-	natsToken := filepath.Join(t.TempDir(), "nats.token")
+	natsToken := filepath.Join(l.TempDir(), "nats.token")
 	if err := os.WriteFile(natsToken, []byte("lab-nats-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	nats.Start(briskBin, "nats", "--listen", nats.Addr(labNATS), "--token-file", natsToken, "--data-dir", t.TempDir())
+	nats.Start(briskBin, "nats", "--listen", nats.Addr(labNATS), "--token-file", natsToken, "--data-dir", l.TempDir())
 	join := joinArgs(t, c.dirs...)
 	cpGRPC := strings.Join(grpcs, ",")
 	var dpAddrs []string
 	for i := range 2 {
 		h := l.Host(fmt.Sprintf("dp%d", i+1))
 		c.dps = append(c.dps, h.Start(briskBin, append([]string{"dataplane", "--id", h.Name, "--invoke", h.Addr(labInvoke), "--controlplane", cpGRPC,
-			"--state-dir", t.TempDir(), "--nats", "nats://" + nats.Addr(labNATS), "--nats-token-file", natsToken, "--async-ack-wait", "2s"}, join...)...))
+			"--state-dir", l.TempDir(), "--nats", "nats://" + nats.Addr(labNATS), "--nats-token-file", natsToken, "--async-ack-wait", "2s"}, join...)...))
 		dpAddrs = append(dpAddrs, h.Addr(labInvoke))
 		registerAdmin(h.Addr(labInvoke), c.dirs...)
 	}
 	for i := range 3 {
 		h := l.Host(fmt.Sprintf("w%d", i+1))
 		args := []string{"worker", "--node-id", h.Name, "--controlplane", cpGRPC, "--listen", h.Addr(labWorker),
-			"--cpu", "4", "--state-dir", t.TempDir(), "--stop-on-exit"}
+			"--cpu", "4", "--state-dir", l.TempDir(), "--stop-on-exit"}
 		if i < 2 {
 			args = append(args, "--runtime", "process", "--sandbox-host", h.IP)
 		} else {

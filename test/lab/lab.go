@@ -44,7 +44,7 @@ type Lab struct {
 	hosts  []*Host
 	procs  []*Proc
 	claims []string // name prefixes of namespaces made outside the lab's (Claim)
-	logs   string   // the processes' output; Close shows it on failure, then removes it
+	logs   string   // the processes' output and TempDirs; Close shows the output on failure, then removes it all
 }
 
 // Host is a network namespace with one address on the lab's bridge.
@@ -123,6 +123,18 @@ func (l *Lab) Host(name string) *Host {
 	chain output { type filter hook output priority -10; policy accept; }
 }`)
 	return h
+}
+
+// TempDir makes a directory for a host's process (its data or state
+// dir) that lasts until the lab has stopped its processes: a test's own
+// t.TempDir, made after New, would be removed while they still run.
+func (l *Lab) TempDir() string {
+	l.t.Helper()
+	d, err := os.MkdirTemp(l.logs, "dir")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return d
 }
 
 // Addr is h's address with port.
