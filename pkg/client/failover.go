@@ -122,6 +122,10 @@ func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path st
 			if last || ctx.Err() != nil || (sent.Load() && !idempotent) {
 				if unknown && len(all) > 1 {
 					errs = append(errs, errors.New("the request was sent: whether it was applied is unknown"))
+					// Not sent again, but the next request starts at the
+					// next replica: this one may be paused or cut off, and
+					// a writer would otherwise meet it every time.
+					c.current.CompareAndSwap(int32(k), int32((k+1)%len(all)))
 				}
 				return nil, unknown, &sendError{err: errors.Join(errs...), notApplied: !unknown}
 			}
@@ -138,6 +142,8 @@ func (c *Client) sendAdmin(ctx context.Context, hc *http.Client, method, path st
 		}
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			c.current.Store(int32(k))
+		} else if len(all) > 1 {
+			c.current.CompareAndSwap(int32(k), int32((k+1)%len(all))) // as above
 		}
 		return resp, unknown, nil
 	}
