@@ -105,7 +105,10 @@ func TestFailoverNeverSendsAWriteTwice(t *testing.T) {
 	writes := map[string]func(*Client) error{
 		"create": func(cl *Client) error { _, err := cl.Create(context.Background(), nil); return err },
 		"delete": func(cl *Client) error { return cl.Delete(context.Background(), "a") },
-		"update": func(cl *Client) error { _, err := cl.Update(context.Background(), &spec.Function{Name: "a"}); return err },
+		"update": func(cl *Client) error {
+			_, err := cl.Update(context.Background(), &spec.Function{Name: "a"})
+			return err
+		},
 	}
 	for name, write := range writes {
 		if err := write(New(plain503.URL+","+ok.URL, "")); err == nil || other.Load() != 1 || NotApplied(err) {
