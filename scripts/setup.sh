@@ -44,9 +44,11 @@ if $TEST; then
   [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
   # The headless browser the dashboard's test drives (test/e2e/dashboard_test.go).
   command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
-  # The partition lab (test/lab): namespaces and veths (ip), faults (nft, tc).
-  command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || pkgs+=(iproute2)
+  # The partition lab (test/lab): namespaces and veths (ip), faults (nft),
+  # delay (iptables' NFQUEUE target; this kernel has no netem).
+  command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
   command -v nft >/dev/null 2>&1 || pkgs+=(nftables)
+  command -v iptables >/dev/null 2>&1 || pkgs+=(iptables)
   # The real Lambda clients (boto3, aws CLI v1) the compatibility tests drive.
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
 fi

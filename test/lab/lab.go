@@ -44,7 +44,9 @@ type Lab struct {
 	hosts  []*Host
 	procs  []*Proc
 	claims []string // name prefixes of namespaces made outside the lab's (Claim)
-	logs   string   // the processes' output and TempDirs; Close shows the output on failure, then removes it all
+	// delayers hold the packets of delayed hosts (Delay) until Heal.
+	delayers []*delayer
+	logs     string // the processes' output and TempDirs; Close shows the output on failure, then removes it all
 }
 
 // Host is a network namespace with one address on the lab's bridge.
@@ -56,12 +58,12 @@ type Host struct {
 }
 
 // Available says why a lab cannot run here ("" when it can): it needs
-// root and ip, nft, tc and nsenter.
+// root and ip, nft and nsenter (Delay needs iptables too).
 func Available() string {
 	if os.Geteuid() != 0 {
 		return "needs root (network namespaces)"
 	}
-	for _, b := range []string{"ip", "nft", "tc", "nsenter"} {
+	for _, b := range []string{"ip", "nft", "nsenter"} {
 		if _, err := exec.LookPath(b); err != nil {
 			return "needs " + b + " (iproute2, nftables)"
 		}
@@ -191,22 +193,40 @@ func (l *Lab) Heal() {
 	l.mu.Unlock()
 	for _, h := range hosts {
 		l.nft(h, "flush chain inet lab input\nflush chain inet lab output")
-		_ = run("ip", "netns", "exec", h.NS, "tc", "qdisc", "del", "dev", "eth0", "root")
+		_ = run("ip", "netns", "exec", h.NS, "iptables", "-F", "OUTPUT")
+	}
+	l.stopDelayers()
+}
+
+func (l *Lab) stopDelayers() {
+	l.mu.Lock()
+	ds := l.delayers
+	l.delayers = nil
+	l.mu.Unlock()
+	for _, q := range ds {
+		q.close()
 	}
 }
 
-// Delay adds d (and jitter) to every packet h sends.
+// Delay adds d (± jitter) to every packet h sends to the other hosts:
+// an iptables NFQUEUE rule queues them, and a reader in the test process
+// accepts each one after the delay (delay.go: this kernel has no netem).
+// It skips the test where iptables or the kernel's NFQUEUE is missing.
 func (h *Host) Delay(d, jitter time.Duration) {
-	h.lab.t.Helper()
-	err := run("ip", "netns", "exec", h.NS, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-		"delay", fmt.Sprintf("%dms", d.Milliseconds()), fmt.Sprintf("%dms", jitter.Milliseconds()))
-	if err != nil && strings.Contains(err.Error(), "qdisc kind is unknown") {
-		// A kernel without sch_netem (this machine's has none, and no
-		// modules to load): delay cannot be made here.
-		h.lab.t.Skip("netem delay: the kernel has no sch_netem")
+	l := h.lab
+	l.t.Helper()
+	if _, err := exec.LookPath("iptables"); err != nil {
+		l.t.Skip("delay: needs iptables (its NFQUEUE target)")
 	}
+	q, err := startDelayer("/run/netns/"+h.NS, 0, d, jitter)
 	if err != nil {
-		h.lab.t.Fatal(err)
+		l.t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.delayers = append(l.delayers, q)
+	l.mu.Unlock()
+	if err := run("ip", "netns", "exec", h.NS, "iptables", "-A", "OUTPUT", "!", "-d", l.net+".1", "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass"); err != nil {
+		l.t.Skipf("delay: the kernel takes no NFQUEUE rule: %v", err)
 	}
 }
 
@@ -306,6 +326,7 @@ func (l *Lab) Close() {
 		wg.Go(p.Stop)
 	}
 	wg.Wait()
+	l.stopDelayers()
 	for _, p := range procs {
 		if l.t.Failed() {
 			out := p.Output()

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -100,5 +101,38 @@ func TestStaleLabsAreRemoved(t *testing.T) {
 			_ = run("ip", "netns", "del", ns)
 			t.Errorf("the stale lab's namespace %s is still there", ns)
 		}
+	}
+}
+
+// Delay holds every packet a host sends to the others (its SYN too), and
+// healing releases the queue: a connect from the delayed host takes at
+// least the delay, and connects work again afterwards.
+func TestDelay(t *testing.T) {
+	l := New(t)
+	a, b := l.Host("a"), l.Host("b")
+	b.Start("/usr/bin/python3", "-c", listener)
+	connect := func() (time.Duration, error) {
+		out, err := exec.Command("ip", "netns", "exec", a.NS, "/usr/bin/python3", "-c",
+			`import socket,time; t=time.monotonic(); socket.create_connection(("`+b.IP+`", 7000), timeout=10); print(time.monotonic()-t)`).Output()
+		if err != nil {
+			return 0, err
+		}
+		var s float64
+		_, err = fmt.Sscan(string(out), &s)
+		return time.Duration(s * float64(time.Second)), err
+	}
+	for deadline := time.Now().Add(10 * time.Second); !reaches(a, b); {
+		if time.Now().After(deadline) {
+			t.Fatal("b not reachable from a")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.Delay(300*time.Millisecond, 0)
+	if d, err := connect(); err != nil || d < 250*time.Millisecond {
+		t.Fatalf("a connect from the delayed host took %v (%v); want at least the delay", d, err)
+	}
+	l.Heal()
+	if !reaches(a, b) {
+		t.Fatal("no connection after healing the delay")
 	}
 }
