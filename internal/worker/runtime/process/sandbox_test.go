@@ -203,7 +203,8 @@ func TestSandboxRunsUnprivileged(t *testing.T) {
 }
 
 // TestSandboxCleanEnvironment: the sandbox sees the spec's env, PORT, the
-// builtin's variables, a fixed PATH and HOME, and nothing of the worker's.
+// listen host, the builtin's variables, a fixed PATH and HOME, and nothing
+// of the worker's.
 func TestSandboxCleanEnvironment(t *testing.T) {
 	t.Setenv("BRISK_TEST_SECRET", "hunter2")
 	r := newRuntime(t, Config{})
@@ -213,7 +214,7 @@ func TestSandboxCleanEnvironment(t *testing.T) {
 	_, port, _ := strings.Cut(inst.Addr, ":")
 	want := map[string]string{
 		"ECHO_ENV": "hello", "PORT": port, "BRISK_SANDBOX_ID": "sb-env", "BRISK_FUNCTION": "env",
-		"PATH": DefaultPath, "HOME": "/",
+		"PATH": DefaultPath, "HOME": "/", "BRISK_LISTEN_HOST": DefaultListenHost,
 	}
 	for k, v := range want {
 		if env[k] != v {
