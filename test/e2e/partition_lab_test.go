@@ -422,9 +422,17 @@ func (w *workload) watchWarm(ctx context.Context) {
 						n++
 					}
 				}
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-				}
+				raise(most, n)
 			}
+		}
+	}
+}
+
+// raise sets a to n when n is more.
+func raise(a *atomic.Int64, n int64) {
+	for m := a.Load(); n > m; m = a.Load() {
+		if a.CompareAndSwap(m, n) {
+			return
 		}
 	}
 }
@@ -599,42 +607,23 @@ func (w *workload) check(t *testing.T) string {
 	tokens, tokensNo := w.tokens, w.tokenNo
 	w.mu.Unlock()
 	cl := c.client(0, 5*time.Second)
-	pending := slices.Clone(ids)
 	redelivered, dead := 0, 0
-	eventually(t, 60*time.Second, "every acknowledged async call finished", func() bool {
-		var left []string
-		for _, id := range pending {
-			rec, err := cl.Call(context.Background(), id)
-			switch {
-			case err != nil || !rec.Status.Final():
-				left = append(left, id)
-			case rec.Status != api.CallSucceeded:
-				dead++
-				t.Errorf("async call %s: %s after %d attempts (%s)", id, rec.Status, rec.Attempts, rec.Error)
-			case rec.Attempts > 1:
-				redelivered++
-			}
+	awaitFinished(t, cl, ids, "every acknowledged async call finished", func(id string, rec *client.CallRecord) {
+		switch {
+		case rec.Status != api.CallSucceeded:
+			dead++
+			t.Errorf("async call %s: %s after %d attempts (%s)", id, rec.Status, rec.Attempts, rec.Error)
+		case rec.Attempts > 1:
+			redelivered++
 		}
-		pending = left
-		return len(pending) == 0
 	})
 	if len(ids) == 0 || len(duds) == 0 {
 		t.Errorf("%d async calls and %d dead-letter calls acknowledged: the workload did not run", len(ids), len(duds))
 	}
-	pendingDuds := slices.Clone(duds)
-	eventually(t, 60*time.Second, "every acknowledged call of dud dead-lettered", func() bool {
-		var left []string
-		for _, id := range pendingDuds {
-			rec, err := cl.Call(context.Background(), id)
-			switch {
-			case err != nil || !rec.Status.Final():
-				left = append(left, id)
-			case rec.Status != api.CallDead || rec.Attempts != 2:
-				t.Errorf("call %s of dud: %s after %d attempts; want dead after 2", id, rec.Status, rec.Attempts)
-			}
+	awaitFinished(t, cl, duds, "every acknowledged call of dud dead-lettered", func(id string, rec *client.CallRecord) {
+		if rec.Status != api.CallDead || rec.Attempts != 2 {
+			t.Errorf("call %s of dud: %s after %d attempts; want dead after 2", id, rec.Status, rec.Attempts)
 		}
-		pendingDuds = left
-		return len(pendingDuds) == 0
 	})
 
 	// Tokens: made ones work and revoked ones do not, at every data plane
@@ -697,7 +686,26 @@ func (w *workload) check(t *testing.T) string {
 		t.Error("no registration acknowledged: the workload did not run")
 	}
 	return fmt.Sprintf("warm at most %d sandboxes in the table, sc %d; %d registrations acknowledged (%d not), 0 lost; registers %d writes acknowledged (%d unknown, %d refused), %d reads (%d failed), linearizable %v %s; async %d acknowledged (%d not), %d run more than once, %d lost or dead, %d dead-lettered after 2 attempts; tokens %d made (%d revoked, %d refused), 0 lost",
-		w.maxWarm.Load(), w.maxScaled.Load(), len(created), createdNo, w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, len(pending)+dead, len(duds), len(tokens), len(revoked), tokensNo)
+		w.maxWarm.Load(), w.maxScaled.Load(), len(created), createdNo, w.h.Acked, w.h.Unknown, w.h.Refused, w.h.Reads, w.h.FailedReads, ok, why, len(ids), refused, redelivered, dead, len(duds), len(tokens), len(revoked), tokensNo)
+}
+
+// awaitFinished polls the calls ids until every one has finished, handing
+// each finished record to judge once.
+func awaitFinished(t *testing.T, cl *client.Client, ids []string, what string, judge func(id string, rec *client.CallRecord)) {
+	pending := slices.Clone(ids)
+	eventually(t, 60*time.Second, what, func() bool {
+		var left []string
+		for _, id := range pending {
+			rec, err := cl.Call(context.Background(), id)
+			if err != nil || !rec.Status.Final() {
+				left = append(left, id)
+				continue
+			}
+			judge(id, rec)
+		}
+		pending = left
+		return len(pending) == 0
+	})
 }
 
 func callWithToken(url, token string) int {

@@ -299,16 +299,6 @@ func (p *Proc) Stop() {
 	}
 }
 
-// Exited reports whether the process has ended.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // Output is what the process wrote so far.
 func (p *Proc) Output() string {
 	b, _ := os.ReadFile(p.out.Name())

@@ -35,15 +35,7 @@ func TestAsyncOnALocalCluster(t *testing.T) {
 	if d.Accepted != 200 || d.Succeeded != 200 {
 		t.Errorf("drain phase: %+v", d)
 	}
-	f, err := os.Open(filepath.Join(o.Out, "calls.csv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rows, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readCSV(t, filepath.Join(o.Out, "calls.csv"))
 	if want := 1 + a.Accepted + 150 + 5 + 200; len(rows) != want {
 		t.Fatalf("calls.csv: %d rows, want %d", len(rows), want)
 	}
@@ -56,6 +48,21 @@ func TestAsyncOnALocalCluster(t *testing.T) {
 
 // asyncCluster starts a one-process cluster (one emulated worker) with its
 // embedded queue for the test, and a context bounding the test to 3 min.
+// readCSV reads all of the CSV file at path.
+func readCSV(t *testing.T, path string) [][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
 func asyncCluster(t *testing.T) (context.Context, *Cluster) {
 	t.Helper()
 	if testing.Short() {

@@ -19,15 +19,7 @@ import (
 func triggerTrace(t *testing.T, columns int) (dir string, names map[string]string) {
 	t.Helper()
 	src := filepath.Join(moduleRoot(t), "traces", "azure_100")
-	f, err := os.Open(filepath.Join(src, loadgen.InvocationsFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rows, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readCSV(t, filepath.Join(src, loadgen.InvocationsFile))
 	per := map[string]int{"http": 1, loadgen.TriggerTimer: 1, loadgen.TriggerQueue: 3}
 	out := [][]string{append(rows[0][:4:4], make([]string, columns)...)}
 	for i := range columns {
