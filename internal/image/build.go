@@ -38,12 +38,16 @@ type Options struct {
 	// Path is a file, which goes to /<basename>, or a directory, whose
 	// content goes to / (symlinks are kept as links).
 	Path string
+	// Files are host files put at paths of their own, after Path's
+	// content (HostFiles collects them).
+	Files []File
 	// Entrypoint and Cmd are the image's; when both are empty and Path is a
 	// file, the entrypoint is that file.
 	Entrypoint, Cmd []string
 	Env             []string // KEY=VALUE
 	WorkingDir      string
-	ExposedPorts    []int // TCP
+	User            string // uid[:gid] the image's processes run as; "" root
+	ExposedPorts    []int  // TCP
 }
 
 // Build builds a linux/amd64 OCI image with one uncompressed layer holding
@@ -51,7 +55,7 @@ type Options struct {
 // the same input always yields the same digests and a rebuilt image reuses
 // the layer a worker has already unpacked. The layer is built in memory.
 func Build(o Options) (v1.Image, error) {
-	if o.Path == "" {
+	if o.Path == "" && len(o.Files) == 0 {
 		return nil, errors.New("image: no path to put in the image")
 	}
 	for _, kv := range o.Env {
@@ -59,31 +63,36 @@ func Build(o Options) (v1.Image, error) {
 			return nil, fmt.Errorf("image: env %q: want KEY=VALUE", kv)
 		}
 	}
-	st, err := os.Stat(o.Path)
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	if st.IsDir() {
-		err = addDir(tw, o.Path)
-	} else {
-		err = addFile(tw, o.Path, filepath.Base(o.Path), st)
-		if err == nil && len(o.Entrypoint) == 0 && len(o.Cmd) == 0 {
-			o.Entrypoint = []string{"/" + filepath.Base(o.Path)}
+	if o.Path != "" {
+		st, err := os.Stat(o.Path)
+		if err != nil {
+			return nil, fmt.Errorf("image: %w", err)
+		}
+		if st.IsDir() {
+			err = addDir(tw, o.Path)
+		} else {
+			err = addFile(tw, o.Path, filepath.Base(o.Path), st)
+			if err == nil && len(o.Entrypoint) == 0 && len(o.Cmd) == 0 {
+				o.Entrypoint = []string{"/" + filepath.Base(o.Path)}
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("image: layer from %s: %w", o.Path, err)
 		}
 	}
-	if err == nil {
-		err = tw.Close()
+	if err := addFiles(tw, o.Files); err != nil {
+		return nil, fmt.Errorf("image: %w", err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("image: layer from %s: %w", o.Path, err)
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("image: %w", err)
 	}
 	layer := static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer)
 
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.AppendLayers(img, layer)
+	img, err := mutate.AppendLayers(img, layer)
 	if err != nil {
 		return nil, fmt.Errorf("image: %w", err)
 	}
@@ -96,6 +105,7 @@ func Build(o Options) (v1.Image, error) {
 	cf.Config.Entrypoint, cf.Config.Cmd = o.Entrypoint, o.Cmd
 	cf.Config.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, o.Env...)
 	cf.Config.WorkingDir = o.WorkingDir
+	cf.Config.User = o.User
 	if len(o.ExposedPorts) > 0 {
 		cf.Config.ExposedPorts = map[string]struct{}{}
 		for _, p := range o.ExposedPorts {
@@ -114,11 +124,20 @@ func Build(o Options) (v1.Image, error) {
 func ValidName(name string) bool { return len(name) <= 128 && nameRE.MatchString(name) }
 
 func addFile(tw *tar.Writer, path, name string, st fs.FileInfo) error {
+	return addFileTimed(tw, path, name, st, false)
+}
+
+// addFileTimed is addFile, keeping the file's modification time when
+// keepTime is set.
+func addFileTimed(tw *tar.Writer, path, name string, st fs.FileInfo, keepTime bool) error {
 	hdr, err := tar.FileInfoHeader(st, "")
 	if err != nil {
 		return err
 	}
 	normalize(hdr, name)
+	if keepTime {
+		hdr.ModTime = st.ModTime().Truncate(time.Second)
+	}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}

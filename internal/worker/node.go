@@ -401,16 +401,25 @@ func (n *Node) prepare(ctx context.Context, rt runtime.Runtime, s runtime.Spec) 
 	if s.Function.Code == nil || rt.Name() == "emulated" {
 		return s, nil
 	}
+	var t lang.Target
 	switch rt.Name() {
 	case "process", "native":
+	case "containerd":
+		// Images only: the language's base image, built here.
+		imp, ok := rt.(ImageImporter)
+		if !ok {
+			return s, errors.New("the containerd runtime imports no images")
+		}
+		t.Import = imp.ImportImage
 	default:
-		return s, fmt.Errorf("the %s runtime does not run functions deployed from source (%s): use the process or native runtime", rt.Name(), s.Function.Code.Language)
+		return s, fmt.Errorf("the %s runtime does not run functions deployed from source (%s): use the process, native or containerd runtime", rt.Name(), s.Function.Code.Language)
 	}
 	if n.lang == nil {
 		return s, errors.New("this worker keeps no code for functions deployed from source (it has no state directory)")
 	}
 	m, ok := rt.(runtime.Mounter)
-	return n.lang.Prepare(ctx, s, lang.Target{Mount: ok && m.CanMount()})
+	t.Mount = ok && m.CanMount()
+	return n.lang.Prepare(ctx, s, t)
 }
 
 // prewarm has the node's runtimes make f's template (runtime.Prewarmer)

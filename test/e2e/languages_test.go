@@ -33,10 +33,10 @@ func writeTree(t *testing.T, files map[string]string) string {
 // native runtimes under both handler contracts, with their env, secrets
 // and logs, and Lambda's error shape.
 func TestLanguageFunctions(t *testing.T) {
-	for _, rt := range []string{"process", "native"} {
+	for _, rt := range []string{"process", "native", "containerd"} {
 		t.Run(rt, func(t *testing.T) {
-			if rt == "native" && os.Geteuid() != 0 {
-				t.Skip("the native runtime needs root (CI runs as root)")
+			if rt != "process" && os.Geteuid() != 0 {
+				t.Skipf("the %s runtime needs root (CI runs as root)", rt)
 			}
 			testLanguageFunctions(t, rt)
 		})
@@ -45,7 +45,19 @@ func TestLanguageFunctions(t *testing.T) {
 
 func testLanguageFunctions(t *testing.T, rt string) {
 	c := newCluster(t)
-	c.up(t, "--runtime", rt)
+	if rt == "containerd" {
+		// The language base images are built by the worker, from its own
+		// interpreters: nothing is imported beforehand.
+		ctr := containerdClient(t)
+		t.Cleanup(func() { // after the cluster's own cleanup has stopped it
+			if leaks := containerdLeaks(ctr); len(leaks) > 0 {
+				t.Errorf("left after the cluster stopped: %v", leaks)
+			}
+		})
+		c.up(t, containerdArgs...)
+	} else {
+		c.up(t, "--runtime", rt)
+	}
 	c.mustBrisk(t, "secret", "create", "db-pass", "--from-literal", "s3cret")
 
 	pyLambda := writeTree(t, map[string]string{
@@ -60,7 +72,7 @@ def handler(event, context):
         secret = f.read()
     return {"greeting": greeting(event.get("name", "world")), "fn": context.function_name,
             "request_id": context.aws_request_id, "env": os.environ.get("GREETING_STYLE"), "secret": secret,
-            "task_root": os.environ.get("LAMBDA_TASK_ROOT"), "cwd_files": sorted(os.listdir("."))}
+            "task_root": os.environ.get("LAMBDA_TASK_ROOT"), "cwd_files": sorted(os.listdir(".")), "uid": os.getuid()}
 `,
 		"helpers/__init__.py": "",
 		"helpers/greet.py":    "def greeting(n):\n    return 'hello, ' + n\n",
@@ -78,7 +90,10 @@ def handler(event, context):
 	if files, _ := got["cwd_files"].([]any); len(files) != 2 {
 		t.Fatalf("py-lambda's working directory holds %v; want its code (app.py, helpers)", got["cwd_files"])
 	}
-	if rt == "native" && got["task_root"] != "/var/task" {
+	if rt == "containerd" && got["uid"] != float64(65534) {
+		t.Fatalf("uid %v in the base image, want nobody's (65534)", got["uid"])
+	}
+	if rt != "process" && got["task_root"] != "/var/task" {
 		t.Fatalf("task root %v, want /var/task", got["task_root"])
 	}
 	inv = c.invokeH(t, "py-lambda", `{"fail": true}`)

@@ -12,6 +12,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -23,6 +24,9 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
+	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -68,6 +72,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	inflight map[string]*unpack // by digest
+
+	images singleflight.Group
+	built  sync.Map // language → its base image's reference, once imported
 }
 
 type unpack struct {
@@ -172,6 +179,11 @@ type Target struct {
 	// Mount: the runtime gives sandboxes Spec.Mounts (runtime.Mounter),
 	// so the code is at TaskDir and the runners at RuntimeDir.
 	Mount bool
+	// Import, when set, means the runtime runs only images (containerd):
+	// the sandbox runs in the language's base image, which the Manager
+	// builds from this worker's interpreter and imports through Import
+	// once (image.LangOptions).
+	Import func(ctx context.Context, r io.Reader) ([]string, error)
 }
 
 // Prepare resolves a code function's sandbox for a runtime that runs
@@ -201,6 +213,11 @@ func (m *Manager) Prepare(ctx context.Context, s runtime.Spec, t Target) (runtim
 		s.Mounts = append(s.Mounts, runtime.Mount{Source: codeDir, Target: TaskDir}, runtime.Mount{Source: m.runtimeDir(), Target: RuntimeDir})
 	}
 	f := *s.Function
+	if t.Import != nil {
+		if f.Image, err = m.baseImage(ctx, c.Language, interp, t.Import); err != nil {
+			return s, err
+		}
+	}
 	switch c.Language {
 	case spec.LangPython:
 		f.Command = []string{interp, "-B", "-s", filepath.Join(rt, "runner.py")}
@@ -308,4 +325,52 @@ func (m *Manager) fetch(ctx context.Context, digest, dir string) error {
 	}
 	m.log.Info("code unpacked", "digest", digest, "files", len(a.Files), "bytes", a.Size, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// baseImage builds lang's base image from interp and imports it, once per
+// Manager (a worker rebuilds it when it starts, so an upgraded
+// interpreter reaches new sandboxes; the same files give the same digests,
+// and containerd keeps what it has). Concurrent callers share one build.
+func (m *Manager) baseImage(ctx context.Context, lang, interp string, imp func(context.Context, io.Reader) ([]string, error)) (string, error) {
+	if ref, ok := m.built.Load(lang); ok {
+		return ref.(string), nil
+	}
+	v, err, _ := m.images.Do(lang, func() (any, error) {
+		// Detached from the first asker: the others may still want it.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		start := time.Now()
+		ref := image.LangRef(lang)
+		o, err := image.LangOptions(lang, interp)
+		if err != nil {
+			return "", err
+		}
+		// Inside its own network namespace the runner serves on the
+		// sandbox's address, not on loopback.
+		o.Env = append(o.Env, "BRISK_LISTEN_HOST=0.0.0.0")
+		img, err := image.Build(o)
+		if err != nil {
+			return "", err
+		}
+		archive := filepath.Join(m.cfg.Dir, "lang-"+lang+".tar")
+		defer os.Remove(archive)
+		if err := image.WriteArchive(archive, img, ref); err != nil {
+			return "", err
+		}
+		f, err := os.Open(archive)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		if _, err := imp(bctx, f); err != nil {
+			return "", fmt.Errorf("%s base image: %w", lang, err)
+		}
+		m.built.Store(lang, ref)
+		m.log.Info("language base image built", "lang", lang, "ref", ref, "interpreter", interp, "files", len(o.Files), "took", time.Since(start).Round(time.Millisecond))
+		return ref, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("the %s base image (from %s): %w", lang, interp, err)
+	}
+	return v.(string), nil
 }

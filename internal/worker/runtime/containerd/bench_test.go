@@ -16,9 +16,11 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
+	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -294,6 +296,37 @@ func BenchmarkRuntimeColdStart(b *testing.B) {
 		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
 			r := newRuntime(b, newPool(b, conc), "")
 			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, runtimetest.ColdStartOptions{})
+		})
+	}
+}
+
+// BenchmarkPythonColdStart is runtimetest.ColdStart of the Python function
+// the process and native runtimes' benchmarks start (~100 ms of imports),
+// here always fresh: a new container of the worker-built base image, the
+// code and runner bound in (no templates on containerd).
+//
+//	go test -run '^$' -bench PythonColdStart -benchtime 10x ./internal/worker/runtime/containerd/
+func BenchmarkPythonColdStart(b *testing.B) {
+	testutil.RequiresRoot(b)
+	for _, conc := range []int{1, 10} {
+		b.Run(fmt.Sprintf("conc=%d/fresh", conc), func(b *testing.B) {
+			r := newRuntime(b, newPool(b, conc), "")
+			data, err := codezip.ZipFiles(map[string][]byte{"app.py": []byte(runtimetest.PythonHeavySource)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			m, err := lang.New(lang.Config{Dir: b.TempDir(), Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			f := &spec.Function{Name: "pyfn", Revision: 1, Concurrency: 1, Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128},
+				Code: &spec.Code{Language: spec.LangPython, Handler: "app.handler", Contract: spec.ContractLambda, Digest: codezip.Digest(data)}}
+			f.ApplyDefaults()
+			s, err := m.Prepare(context.Background(), runtime.Spec{ID: "x", Function: f}, lang.Target{Mount: true, Import: r.ImportImage})
+			if err != nil {
+				b.Fatal(err)
+			}
+			runtimetest.ColdStart(b, r, s.Function, conc, runtimetest.ColdStartOptions{Mounts: s.Mounts})
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
@@ -59,6 +60,9 @@ func TestConformance(t *testing.T) {
 		},
 		Restartable: true,
 		Secrets:     func(*testing.T) *spec.Function { return echoFn("secrets-conformance", nil) },
+		LangTarget: func(rt runtime.Runtime) lang.Target {
+			return lang.Target{Mount: true, Import: rt.(*Runtime).ImportImage}
+		},
 	})
 }
 

@@ -101,6 +101,7 @@ type Runtime struct {
 var (
 	_ runtime.Runtime = (*Runtime)(nil)
 	_ runtime.Watcher = (*Runtime)(nil)
+	_ runtime.Mounter = (*Runtime)(nil)
 )
 
 // New connects to containerd and takes over the containers an earlier
@@ -173,6 +174,9 @@ func (r *Runtime) Client() *containerd.Client { return r.client }
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "containerd" }
+
+// CanMount implements runtime.Mounter: runc binds Spec.Mounts.
+func (r *Runtime) CanMount() bool { return true }
 
 func (r *Runtime) ns(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.cfg.Namespace)

@@ -34,7 +34,9 @@ const (
 // default seccomp profile; and a read-only root file system (unless the
 // spec asks for a writable one) with a tmpfs on /tmp; with secrets, their
 // directory bound read-only on spec.SecretsDir (secrets.go); the sandbox
-// network's /etc/resolv.conf and /etc/hosts, bound read-only (netfiles.go).
+// network's /etc/resolv.conf and /etc/hosts, bound read-only (netfiles.go);
+// the spec's Mounts (a function from source's code and runner), bound
+// read-only; and the spec's Command, which replaces the image's.
 func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []oci.SpecOpts {
 	f := s.Function
 	env := make([]string, 0, len(f.Env)+3)
@@ -60,6 +62,10 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 		env = append(env, runtime.EnvSecretsDir+"="+spec.SecretsDir)
 		mounts = append(mounts, secretsMount(r.secretsDir(s.ID)))
 	}
+	for _, m := range s.Mounts {
+		mounts = append(mounts, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source,
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		oci.WithEnv(env),
@@ -70,6 +76,11 @@ func (r *Runtime) specOpts(img containerd.Image, s runtime.Spec, sb *sandbox) []
 		// A fork bomb fails at the limit instead of taking the node's pids.
 		oci.WithPidsLimit(cgroups.DefaultMaxPids),
 		seccomp.WithDefaultProfile(), // after the capabilities, which it reads
+	}
+	if len(f.Command) > 0 {
+		// A function from source: the language runner in its base image
+		// (package lang).
+		opts = append(opts, oci.WithProcessArgs(f.Command...))
 	}
 	if !f.WritableRoot {
 		opts = append(opts, oci.WithRootFSReadonly())

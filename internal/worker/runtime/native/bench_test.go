@@ -93,13 +93,6 @@ func BenchmarkChurn(b *testing.B) {
 	}
 }
 
-// heavySource imports what ROUND3's measurements did (100–270 ms on this
-// machine): the cost a template pays once and a fresh start every time.
-const heavySource = `import json, decimal, asyncio, email.mime.multipart, xml.etree.ElementTree, http.server
-def handler(event, context):
-    return {"ok": True}
-`
-
 // BenchmarkPythonColdStart is runtimetest.ColdStart (Create → readiness →
 // first 200, conc at once) of a Python function whose imports take ~100
 // ms, started fresh and forked from its template, side by side:
@@ -114,7 +107,7 @@ func BenchmarkPythonColdStart(b *testing.B) {
 				cfg.Size = 16 + conc
 				pool := newPool(b, cfg)
 				r := newRuntimeWith(b, pool, b.TempDir(), true, func(c *Config) { c.NoTemplates = mode == "fresh" })
-				m, digest := pyLangShared(b, heavySource)
+				m, digest := pyLangShared(b, runtimetest.PythonHeavySource)
 				s := pySpecShared(b, m, digest)
 				if mode == "template" {
 					nativeTemplateReady(b, r, s)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
@@ -94,5 +95,6 @@ func TestConformance(t *testing.T) {
 		},
 		Restartable: true,
 		Secrets:     func(*testing.T) *spec.Function { return probeFn("secrets-conformance") },
+		LangTarget:  func(runtime.Runtime) lang.Target { return lang.Target{Mount: true} },
 	})
 }

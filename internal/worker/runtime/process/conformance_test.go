@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -33,6 +34,9 @@ func TestConformance(t *testing.T) {
 			return &spec.Function{Name: "secrets-conformance", Command: []string{helper}, Revision: 7}
 		},
 		SecretsElsewhere: os.Geteuid() != 0,
+		LangTarget: func(rt runtime.Runtime) lang.Target {
+			return lang.Target{Mount: rt.(runtime.Mounter).CanMount()}
+		},
 	})
 }
 

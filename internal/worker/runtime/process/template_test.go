@@ -255,13 +255,6 @@ func TestTemplateFailureFallsBackToFreshStarts(t *testing.T) {
 	}
 }
 
-// heavySource imports what ROUND3's measurements did (100–270 ms on this
-// machine): the cost a template pays once and a fresh start every time.
-const heavySource = `import json, decimal, asyncio, email.mime.multipart, xml.etree.ElementTree, http.server
-def handler(event, context):
-    return {"ok": True}
-`
-
 // BenchmarkPythonColdStart is runtimetest.ColdStart (Create → readiness →
 // first 200, conc at once) of a Python function whose imports take ~100
 // ms, started fresh and forked from its template, side by side:
@@ -271,11 +264,11 @@ func BenchmarkPythonColdStart(b *testing.B) {
 	for _, conc := range []int{1, 10, 50} {
 		for _, mode := range []string{"fresh", "template"} {
 			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
-				m := newLang(b, heavySource)
+				m := newLang(b, runtimetest.PythonHeavySource)
 				r := newRuntime(b, Config{NoTemplates: mode == "fresh"})
 				// The code from the manager's directory: runtimetest's
 				// specs carry no mounts.
-				s := codeSpecMount(b, m, "x", heavySource, false)
+				s := codeSpecMount(b, m, "x", runtimetest.PythonHeavySource, false)
 				if mode == "template" {
 					templateReady(b, r, s)
 				}

@@ -30,6 +30,9 @@ type ColdStartOptions struct {
 	// BeforeBatch runs, untimed, before each batch (i is -1 for the
 	// warm-up batch): a runtime with a pool may wait for it to refill.
 	BeforeBatch func(i int)
+	// Mounts are given to every sandbox (a function from source's code
+	// and runner, package lang).
+	Mounts []runtime.Mount
 }
 
 // ColdStart benchmarks rt the same way for every runtime: each iteration
@@ -59,7 +62,7 @@ func ColdStart(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, o C
 			go func() {
 				defer wg.Done()
 				start := time.Now()
-				errs[j] = coldStart(rt, ids[j], f, o.Route)
+				errs[j] = coldStart(rt, runtime.Spec{ID: ids[j], Function: f, Mounts: o.Mounts}, o.Route)
 				d[j] = time.Since(start)
 			}()
 		}
@@ -95,10 +98,11 @@ func report(b *testing.B, lat []time.Duration, elapsed time.Duration) {
 	b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "sandboxes/s")
 }
 
-func coldStart(rt runtime.Runtime, id string, f *spec.Function, route func(*http.Request, string)) error {
+func coldStart(rt runtime.Runtime, s runtime.Spec, route func(*http.Request, string)) error {
+	id := s.ID
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	inst, err := rt.Create(ctx, runtime.Spec{ID: id, Function: f})
+	inst, err := rt.Create(ctx, s)
 	if err != nil {
 		return err
 	}
@@ -177,7 +181,7 @@ func Churn(b *testing.B, rt runtime.Runtime, f *spec.Function, conc int, serve b
 
 func churnOne(rt runtime.Runtime, id string, f *spec.Function, serve bool, route func(*http.Request, string)) error {
 	if serve {
-		return coldStart(rt, id, f, route)
+		return coldStart(rt, runtime.Spec{ID: id, Function: f}, route)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -69,6 +70,10 @@ type Harness struct {
 	// $BRISK_SECRETS_DIR points, not at spec.SecretsDir (the process
 	// runtime without root).
 	SecretsElsewhere bool
+	// LangTarget, when set, says the runtime runs functions from source
+	// (package lang) and how: what lang.Manager.Prepare is given for rt.
+	// nil skips the Languages case.
+	LangTarget func(rt runtime.Runtime) lang.Target
 }
 
 // wait bounds every wait of the suite. It only bounds failing tests, so it
@@ -91,6 +96,7 @@ var cases = []struct {
 	{"NoLeaks", testNoLeaks},
 	{"ConcurrentCreates", testConcurrentCreates},
 	{"Secrets", testSecrets},
+	{"Languages", testLanguages},
 }
 
 // Run runs the conformance cases against the runtime h makes, each as a
@@ -194,9 +200,14 @@ func (e *env) create(id string, f *spec.Function) *runtime.Instance {
 }
 
 func (e *env) tryCreate(id string, f *spec.Function) (*runtime.Instance, error) {
+	return e.tryCreateSpec(runtime.Spec{ID: id, Function: f})
+}
+
+func (e *env) tryCreateSpec(s runtime.Spec) (*runtime.Instance, error) {
+	id := s.ID
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	inst, err := e.runtime().Create(ctx, runtime.Spec{ID: id, Function: f})
+	inst, err := e.runtime().Create(ctx, s)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("Create %s: %w", id, err)
