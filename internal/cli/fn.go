@@ -585,10 +585,10 @@ func newStatus(g *globals) *cobra.Command {
 				return printJSON(st)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "NODE\tRUNTIME\tCONNECTED\tSANDBOXES\tCPU (req/cap)\tMEMORY MiB (req/cap)\n")
+			fmt.Fprintf(tw, "NODE\tRUNTIME\tCONNECTED\tSANDBOXES\tCPU (req/cap)\tMEMORY MiB (req/cap)\tTEMPLATES MiB\n")
 			for _, n := range st.Nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%dm/%dm\t%d/%d\n", n.ID, n.Runtime, n.Connected, n.Sandboxes,
-					n.Requested.MilliCPU, n.Capacity.MilliCPU, n.Requested.MemoryMB, n.Capacity.MemoryMB)
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%dm/%dm\t%d/%d\t%d\n", n.ID, n.Runtime, n.Connected, n.Sandboxes,
+					n.Requested.MilliCPU, n.Capacity.MilliCPU, n.Requested.MemoryMB, n.Capacity.MemoryMB, n.Templates.MemoryMB)
 			}
 			fmt.Fprintln(tw)
 			fmt.Fprintf(tw, "FUNCTION\tDESIRED\tREADY\tPENDING\tCONDITION\n")

@@ -517,7 +517,7 @@ func (cp *ControlPlane) dashboardView(now time.Time, limit int) *api.Dashboard {
 
 	for _, n := range nodes {
 		dn := api.DashboardNode{Name: n.ID, Address: n.Address, Runtime: n.Runtime, State: "ready", Capacity: n.Capacity,
-			Requested: n.Requested, Used: n.Used, HeartbeatMs: n.HeartbeatMs}
+			Requested: n.Requested, Used: n.Used, Templates: n.Templates, HeartbeatMs: n.HeartbeatMs}
 		switch {
 		case !n.Connected:
 			dn.State = "disconnected"

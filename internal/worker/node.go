@@ -578,15 +578,25 @@ func (n *Node) takePending(epoch uint64) ([]*briskv1.SandboxRecord, bool) {
 }
 
 func (n *Node) heartbeat() *briskv1.Heartbeat {
+	var tplMB int64 // read from cgroups: outside the lock
+	for _, rt := range n.runtimes() {
+		if th, ok := rt.(runtime.TemplateHolder); ok {
+			tplMB += th.TemplateMemoryMB()
+		}
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return &briskv1.Heartbeat{
+	hb := &briskv1.Heartbeat{
 		UnixMs:    time.Now().UnixMilli(),
 		Capacity:  &briskv1.Resources{MilliCpu: n.capacity.MilliCPU, MemoryMb: n.capacity.MemoryMB},
 		Used:      &briskv1.Resources{MilliCpu: n.used.MilliCPU + n.em.used.MilliCPU, MemoryMb: n.used.MemoryMB + n.em.used.MemoryMB},
 		Sandboxes: int32(len(n.sandboxes)),
 		Emergency: n.emergencyStatsLocked(),
 	}
+	if tplMB > 0 {
+		hb.Templates = &briskv1.Resources{MemoryMb: tplMB}
+	}
+	return hb
 }
 
 func (n *Node) currentEpoch() uint64 {

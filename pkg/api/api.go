@@ -128,6 +128,10 @@ type NodeStatus struct {
 	// track's one-shot sandboxes, which are in no table).
 	Used      spec.Resources   `json:"used"`
 	Emergency *EmergencyStatus `json:"emergency,omitempty"`
+	// Templates is the memory the node's templates (pre-initialised
+	// language runtimes) held at its last heartbeat. No request covers
+	// it: placement takes it off the node's capacity.
+	Templates spec.Resources `json:"templates"`
 }
 
 // EmergencyStatus is a worker node's emergency track at its last heartbeat.

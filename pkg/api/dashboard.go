@@ -88,6 +88,7 @@ type DashboardNode struct {
 	Capacity    spec.Resources `json:"capacity"`
 	Requested   spec.Resources `json:"requested"`
 	Used        spec.Resources `json:"used"`
+	Templates   spec.Resources `json:"templates"`        // held by templates, off the capacity placement uses
 	HeartbeatMs int64          `json:"heartbeat_age_ms"` // -1: none yet
 	Sandboxes   SandboxCounts  `json:"sandboxes"`
 }

@@ -96,6 +96,12 @@ def handler(event, context):
 	if rt != "process" && got["task_root"] != "/var/task" {
 		t.Fatalf("task root %v, want /var/task", got["task_root"])
 	}
+	if rt != "containerd" { // templates: process and native
+		eventually(t, 10*time.Second, "the template's memory in the node's status", func() bool {
+			st, err := c.cl.Status(t.Context())
+			return err == nil && len(st.Nodes) == 1 && st.Nodes[0].Templates.MemoryMB > 0
+		})
+	}
 	inv = c.invokeH(t, "py-lambda", `{"fail": true}`)
 	if inv.status != 500 || !strings.Contains(string(inv.body), `"errorType": "ValueError"`) && !strings.Contains(string(inv.body), `"errorType":"ValueError"`) {
 		t.Fatalf("a raising handler: %d %s; want 500 with Lambda's error shape", inv.status, inv.body)

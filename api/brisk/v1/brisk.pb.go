@@ -2159,12 +2159,16 @@ func (x *EgressRule) GetProtocol() string {
 }
 
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	UnixMs        int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
-	Capacity      *Resources             `protobuf:"bytes,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Used          *Resources             `protobuf:"bytes,3,opt,name=used,proto3" json:"used,omitempty"`            // regular and emergency sandboxes
-	Sandboxes     int32                  `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // regular sandboxes
-	Emergency     *EmergencyStats        `protobuf:"bytes,5,opt,name=emergency,proto3" json:"emergency,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	UnixMs    int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	Capacity  *Resources             `protobuf:"bytes,2,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Used      *Resources             `protobuf:"bytes,3,opt,name=used,proto3" json:"used,omitempty"`            // regular and emergency sandboxes
+	Sandboxes int32                  `protobuf:"varint,4,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"` // regular sandboxes
+	Emergency *EmergencyStats        `protobuf:"bytes,5,opt,name=emergency,proto3" json:"emergency,omitempty"`
+	// Memory the node's templates (pre-initialised language runtimes) hold,
+	// measured from their cgroups: no sandbox's request covers it, so the
+	// control plane takes it off the node's allocatable memory.
+	Templates     *Resources `protobuf:"bytes,6,opt,name=templates,proto3" json:"templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2230,6 +2234,13 @@ func (x *Heartbeat) GetSandboxes() int32 {
 func (x *Heartbeat) GetEmergency() *EmergencyStats {
 	if x != nil {
 		return x.Emergency
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetTemplates() *Resources {
+	if x != nil {
+		return x.Templates
 	}
 	return nil
 }
@@ -3790,13 +3801,14 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"EgressRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x14\n" +
 	"\x05ports\x18\x02 \x03(\tR\x05ports\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\xd4\x01\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\x87\x02\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12/\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x13.brisk.v1.ResourcesR\bcapacity\x12'\n" +
 	"\x04used\x18\x03 \x01(\v2\x13.brisk.v1.ResourcesR\x04used\x12\x1c\n" +
 	"\tsandboxes\x18\x04 \x01(\x05R\tsandboxes\x126\n" +
-	"\temergency\x18\x05 \x01(\v2\x18.brisk.v1.EmergencyStatsR\temergency\"o\n" +
+	"\temergency\x18\x05 \x01(\v2\x18.brisk.v1.EmergencyStatsR\temergency\x121\n" +
+	"\ttemplates\x18\x06 \x01(\v2\x13.brisk.v1.ResourcesR\ttemplates\"o\n" +
 	"\aUpdates\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.brisk.v1.SandboxRecordR\arecords\x121\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"*\n" +
@@ -4025,44 +4037,45 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	2,  // 27: brisk.v1.Heartbeat.capacity:type_name -> brisk.v1.Resources
 	2,  // 28: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
 	13, // 29: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
-	7,  // 30: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	28, // 31: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 32: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 33: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	39, // 34: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	44, // 35: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	42, // 36: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	41, // 37: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	43, // 38: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	45, // 39: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	48, // 40: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	16, // 41: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	14, // 42: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	11, // 43: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	8,  // 44: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	34, // 45: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	36, // 46: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	38, // 47: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	46, // 48: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	49, // 49: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	32, // 50: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	30, // 51: brisk.v1.ControlPlane.FetchCode:input_type -> brisk.v1.FetchCodeRequest
-	17, // 52: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	15, // 53: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	12, // 54: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	9,  // 55: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	35, // 56: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	37, // 57: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	40, // 58: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	47, // 59: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	50, // 60: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	33, // 61: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	31, // 62: brisk.v1.ControlPlane.FetchCode:output_type -> brisk.v1.CodeChunk
-	52, // [52:63] is the sub-list for method output_type
-	41, // [41:52] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	2,  // 30: brisk.v1.Heartbeat.templates:type_name -> brisk.v1.Resources
+	7,  // 31: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	28, // 32: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 33: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 34: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	39, // 35: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	44, // 36: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	42, // 37: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	41, // 38: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	43, // 39: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	45, // 40: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	48, // 41: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	16, // 42: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	14, // 43: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	11, // 44: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	8,  // 45: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	34, // 46: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	36, // 47: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	38, // 48: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	46, // 49: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	49, // 50: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	32, // 51: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	30, // 52: brisk.v1.ControlPlane.FetchCode:input_type -> brisk.v1.FetchCodeRequest
+	17, // 53: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	15, // 54: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	12, // 55: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	9,  // 56: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	35, // 57: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	37, // 58: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	40, // 59: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	47, // 60: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	50, // 61: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	33, // 62: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	31, // 63: brisk.v1.ControlPlane.FetchCode:output_type -> brisk.v1.CodeChunk
+	53, // [53:64] is the sub-list for method output_type
+	42, // [42:53] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }

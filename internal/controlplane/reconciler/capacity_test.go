@@ -310,3 +310,41 @@ func TestBusySetForgetsDeletedFunctions(t *testing.T) {
 		t.Fatalf("%d functions in the busy set after the delete, want 0", n)
 	}
 }
+
+// Memory the node's templates hold (its heartbeat's) is off the node's
+// allocatable memory: a function at min 3 of 300 MiB fits 3 on a 1024 MiB
+// node, 2 once templates hold 200 MiB, and 3 again when they go; status
+// shows what they hold.
+func TestTemplateMemoryIsOffAllocatable(t *testing.T) {
+	w := oneNodeWorld(t, spec.Resources{MilliCPU: 4000, MemoryMB: 1024})
+	heartbeat := func(tplMB int64) {
+		hb := &briskv1.Heartbeat{Capacity: &briskv1.Resources{MilliCpu: 4000, MemoryMb: 1024}}
+		if tplMB > 0 {
+			hb.Templates = &briskv1.Resources{MemoryMb: tplMB}
+		}
+		w.step(WorkerUpdates{Node: "n0", Updates: &briskv1.Updates{Heartbeat: hb}})
+	}
+	deploy := func(name string, min int) {
+		w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1,
+			Resources: spec.Resources{MilliCPU: 100, MemoryMB: 300}, Scaling: spec.Scaling{Min: min}}})
+	}
+	heartbeat(200)
+	if got := w.r.NodeStatus(w.now)[0].Templates.MemoryMB; got != 200 {
+		t.Fatalf("status shows %d MiB of templates, want 200", got)
+	}
+	deploy("a", 3)
+	if r, _, _ := w.status("a"); r != 2 {
+		t.Fatalf("%d ready with 824 MiB allocatable, want 2", r)
+	}
+	heartbeat(0)
+	w.idle(2 * time.Second) // the next ticks retry the placement
+	if r, _, _ := w.status("a"); r != 3 {
+		t.Fatalf("%d ready once the templates went, want 3", r)
+	}
+	// Templates beyond capacity leave nothing, not a negative amount.
+	heartbeat(5000)
+	deploy("b", 1)
+	if r, _, _ := w.status("b"); r != 0 {
+		t.Fatalf("b: %d ready on a node whose templates hold all its memory, want 0", r)
+	}
+}

@@ -80,9 +80,18 @@ func (c *Reconciler) registerNode(w *store.Worker) {
 		c.place = append(c.place, placement.Node{ID: w.ID})
 	}
 	n.rec = w
-	p := &c.place[n.idx]
-	p.Allocatable = placement.Resources{MilliCPU: w.Capacity.MilliCPU, MemoryMB: w.Capacity.MemoryMB}
-	p.MaxSandboxes = w.MaxSandboxes
+	c.setAllocatable(n)
+	c.place[n.idx].MaxSandboxes = w.MaxSandboxes
+}
+
+// setAllocatable is the node's capacity less what its templates hold (its
+// last heartbeat's): memory no sandbox's request covers.
+func (c *Reconciler) setAllocatable(n *nodeState) {
+	mem := n.rec.Capacity.MemoryMB
+	if t := n.heartbeat.GetTemplates().GetMemoryMb(); t > 0 && mem > 0 {
+		mem = max(mem-t, 0)
+	}
+	c.place[n.idx].Allocatable = placement.Resources{MilliCPU: n.rec.Capacity.MilliCPU, MemoryMB: mem}
 }
 
 // addRecord enters r in the table and charges its resources.
@@ -372,8 +381,12 @@ func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Update
 		c.applyUpdate(now, n, r)
 	}
 	if hb := u.GetHeartbeat(); hb != nil {
+		held := n.heartbeat.GetTemplates().GetMemoryMb() != hb.GetTemplates().GetMemoryMb()
 		n.heartbeat = hb
 		n.lastHeartbeat = now
+		if held {
+			c.setAllocatable(n)
+		}
 		if capa := hb.GetCapacity().GetMilliCpu(); capa > 0 {
 			c.place[n.idx].Load = float64(hb.GetUsed().GetMilliCpu()) / float64(capa)
 		}

@@ -110,6 +110,7 @@ func (c *Reconciler) NodeStatus(now time.Time) []api.NodeStatus {
 		}
 		if hb := n.heartbeat; hb != nil {
 			ns.Used = spec.Resources{MilliCPU: hb.GetUsed().GetMilliCpu(), MemoryMB: hb.GetUsed().GetMemoryMb()}
+			ns.Templates = spec.Resources{MemoryMB: hb.GetTemplates().GetMemoryMb()}
 			if em := hb.GetEmergency(); em.GetSlots() > 0 {
 				ns.Emergency = &api.EmergencyStatus{Slots: int(em.GetSlots()), InUse: int(em.GetInUse()), Started: em.GetStarted(), Failed: em.GetFailed(),
 					MemoryMBSeconds: em.GetMemoryMbSeconds()}

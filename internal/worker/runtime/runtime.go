@@ -53,6 +53,15 @@ type Prewarmer interface {
 	Prewarm(s Spec)
 }
 
+// TemplateHolder is implemented by runtimes that keep templates: they
+// hold memory no sandbox's request covers, which the node reports (its
+// heartbeat's templates) so that placement leaves it out.
+type TemplateHolder interface {
+	// TemplateMemoryMB is what the runtime's templates hold now, in MiB
+	// rounded up, measured (their cgroups, or their processes' RSS).
+	TemplateMemoryMB() int64
+}
+
 // Mounter is implemented by runtimes that can give a sandbox Spec.Mounts.
 type Mounter interface {
 	// CanMount says whether they can now (the process runtime only as
@@ -246,3 +255,6 @@ func ExpandArgs(argv, env []string) []string {
 	}
 	return out
 }
+
+// CeilMB is bytes in MiB, rounded up.
+func CeilMB(bytes int64) int64 { return (bytes + 1<<20 - 1) >> 20 }

@@ -109,6 +109,34 @@ func (r *Runtime) StopTemplates() { r.tpls.StopAll(5 * time.Second) }
 // TemplateCount is how many templates run (tests, status).
 func (r *Runtime) TemplateCount() int { return r.tpls.Count() }
 
+// TemplateMemoryMB implements runtime.TemplateHolder: each template's
+// shell's cgroup's usage, or its process's RSS without cgroups. Children
+// are moved into cgroups of their own, charged to their requests.
+func (r *Runtime) TemplateMemoryMB() int64 {
+	if r.tpls == nil {
+		return 0
+	}
+	var b int64
+	for _, t := range r.tpls.All() {
+		ts, ok := t.State().(*tplShell)
+		if !ok || ts.sh == nil {
+			continue
+		}
+		if ts.sh.cg != nil {
+			if n, ok := ts.sh.cg.MemoryUsage(); ok {
+				b += n
+				continue
+			}
+		}
+		if ts.sh.pid > 0 {
+			if n, err := procs.RSS(ts.sh.pid); err == nil {
+				b += n
+			}
+		}
+	}
+	return runtime.CeilMB(b)
+}
+
 // startTemplate binds a shell to the function's runner in template mode
 // (forkserver.Set.Start).
 func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os.File) error {

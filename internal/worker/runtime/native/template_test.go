@@ -232,3 +232,23 @@ func TestTemplateLoadFailureFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// What a template holds is measured from its shell's cgroup, for the node
+// to report, and is gone with the template.
+func TestTemplateMemoryIsMeasured(t *testing.T) {
+	m, digest := pyLang(t, isolationSource)
+	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held before any template", got)
+	}
+	nativeTemplateReady(t, r, pySpec(t, m, digest, "x"))
+	got := r.TemplateMemoryMB()
+	t.Logf("one template holds %d MiB", got)
+	if got < 4 {
+		t.Fatalf("a loaded Python template measured at %d MiB", got)
+	}
+	r.StopTemplates()
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held after the templates stopped", got)
+	}
+}

@@ -161,6 +161,32 @@ func (r *Runtime) StopTemplates() { r.tpls.StopAll(5 * time.Second) }
 // TemplateCount is how many templates run (tests, status).
 func (r *Runtime) TemplateCount() int { return r.tpls.Count() }
 
+// TemplateMemoryMB implements runtime.TemplateHolder: each template's
+// cgroup's usage, or its process's RSS without cgroups. Its children are
+// in their sandboxes' cgroups, charged to their own requests.
+func (r *Runtime) TemplateMemoryMB() int64 {
+	if r.tpls == nil {
+		return 0
+	}
+	var b int64
+	for _, t := range r.tpls.All() {
+		p := procOf(t)
+		if p == nil {
+			continue
+		}
+		if p.cg != nil {
+			if n, ok := p.cg.MemoryUsage(); ok {
+				b += n
+				continue
+			}
+		}
+		if n, err := procs.RSS(p.pid); err == nil {
+			b += n
+		}
+	}
+	return runtime.CeilMB(b)
+}
+
 // start starts t's process (forkserver.Set.Start).
 func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File) error {
 	r := ts.r

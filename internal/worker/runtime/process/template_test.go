@@ -313,3 +313,24 @@ func TestTemplateCannotHandOverAnotherProcess(t *testing.T) {
 		t.Fatal("the lying template was kept")
 	}
 }
+
+// What a template holds is measured (its cgroup as root, its RSS without),
+// for the node to report, and is gone with the template.
+func TestTemplateMemoryIsMeasured(t *testing.T) {
+	m := newLang(t, templateSource)
+	r := newRuntime(t, Config{})
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held before any template", got)
+	}
+	templateReady(t, r, codeSpec(t, r, m, "x", templateSource))
+	// An interpreter that imported its function: several MiB at least.
+	got := r.TemplateMemoryMB()
+	t.Logf("one template holds %d MiB", got)
+	if got < 4 {
+		t.Fatalf("a loaded Python template measured at %d MiB", got)
+	}
+	r.StopTemplates()
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held after the templates stopped", got)
+	}
+}

@@ -58,3 +58,21 @@ func Alive(pid int, start uint64) bool {
 	state, got, err := Stat(pid)
 	return err == nil && got == start && state != 'Z' && state != 'X'
 }
+
+// RSS is a process's resident memory in bytes (the second field of
+// /proc/<pid>/statm, in pages).
+func RSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/statm")
+	if err != nil {
+		return 0, err
+	}
+	f := bytes.Fields(b)
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/statm: %q", pid, b)
+	}
+	pages, err := strconv.ParseInt(string(f[1]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/statm: %w", pid, err)
+	}
+	return pages * int64(os.Getpagesize()), nil
+}
