@@ -9,14 +9,18 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -251,4 +255,74 @@ func TestTemplateMemoryIsMeasured(t *testing.T) {
 	if got := r.TemplateMemoryMB(); got != 0 {
 		t.Fatalf("%d MiB held after the templates stopped", got)
 	}
+}
+
+// A worker killed with a template and a child running (abandoned, as by
+// kill -9) and started again on the same state reaps both: the child is
+// not adopted (it would die with its template), nothing of either is
+// left, and the function gets a new template and children.
+func TestRestartReapsTemplates(t *testing.T) {
+	testutil.RequiresRoot(t)
+	m, digest := pyLang(t, isolationSource)
+	state, pcfg := t.TempDir(), poolConfig()
+	p1, err := netpool.New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p1.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := New(Config{StateDir: state, Pool: p1, Shells: 2, InitArgv: []string{leanInit, nsinit.Subcommand},
+		BriskBinary: probeBin, KillGrace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1.Start()
+	tpl := nativeTemplateReady(t, r1, pySpec(t, m, digest, "x"))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	inst, err := r1.Create(ctx, pySpec(t, m, digest, "child-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+		t.Fatal(err)
+	}
+	ask(t, inst.Addr, `{}`)
+	tplShell := tpl.State().(*tplShell).sh
+	r1.mu.Lock()
+	child := r1.sandboxes["child-1"].sh
+	r1.mu.Unlock()
+	held := []string{tplShell.name, child.name}
+	r1.stop() // the worker dies; its template and child run on
+	r1.wg.Wait()
+
+	r2 := newRuntime(t, newPool(t, pcfg), state, true)
+	if ls, err := r2.List(ctx); err != nil || len(ls) != 0 {
+		t.Fatalf("List after restart = %+v, %v; want nothing (a template's child is not adopted)", ls, err)
+	}
+	for _, pid := range []int{tplShell.pid, child.pid} {
+		waitFor(t, fmt.Sprintf("process %d reaped", pid), func() bool {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || strings.Contains(string(b), ") Z ")
+		})
+	}
+	left := r2.cg.List(r2.prefix)
+	for _, name := range held {
+		if slices.Contains(left, name) {
+			t.Errorf("cgroup %s of the earlier worker's template or child is left", name)
+		}
+	}
+	if n := r2.TemplateCount(); n != 0 {
+		t.Fatalf("the restarted runtime holds %d templates before any was asked for", n)
+	}
+	nativeTemplateReady(t, r2, pySpec(t, m, digest, "x"))
+	inst, err = r2.Create(ctx, pySpec(t, m, digest, "child-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.WaitReady(ctx, inst.Addr, inst.Exited); err != nil {
+		t.Fatal(err)
+	}
+	ask(t, inst.Addr, `{}`)
 }
