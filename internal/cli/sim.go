@@ -18,6 +18,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/sim"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -226,6 +227,7 @@ type templateRun struct {
 	fraction float64
 	start    time.Duration
 	nodes    int // holding each function's template
+	aware    bool // the placement policy prefers template nodes
 	// starts of regular sandboxes from a template, of created; emergency
 	// sandboxes from a template.
 	starts, created, emergency int64
@@ -246,9 +248,10 @@ func (t *templateRuns) last() *templateRun { return &t.runs[len(t.runs)-1] }
 func observeTemplates(sc *sim.Config) *templateRuns {
 	t := &templateRuns{}
 	fraction, start := sc.TemplateFraction, sc.TemplateStart
+	aware := sc.Placement == placement.NameLocality
 	sc.OnResult = func(res *sim.Result) {
 		_, pf := loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{})
-		t.runs = append(t.runs, templateRun{fraction: fraction, start: start, nodes: res.TemplateNodes, starts: res.TemplateStarts,
+		t.runs = append(t.runs, templateRun{fraction: fraction, start: start, nodes: res.TemplateNodes, aware: aware, starts: res.TemplateStarts,
 			created: res.SandboxesCreated, emergency: res.EmergencyTemplateStarts, p50: medianSlowdownGeomean(res.Records), p99: pf.P99})
 	}
 	return t
@@ -309,8 +312,9 @@ type templateSummary struct {
 	SandboxesCreated int64   `json:"sandboxes_created"`
 	HitRate          float64 `json:"hit_rate"`
 	EmergencyStarts  int64   `json:"emergency_starts"`
-	// PlacementAware is false: the placement policy does not know where
-	// templates are (the reconciler offers no hook for it).
+	// PlacementAware: the placement policy prefers the nodes that hold a
+	// function's template (locality, which nodes' heartbeats inform);
+	// the other policies place as without templates.
 	PlacementAware     bool    `json:"placement_aware"`
 	SlowdownGeomeanP50 float64 `json:"slowdown_geomean_p50"`
 }
@@ -331,7 +335,7 @@ func (r *templateRun) addToSummary(dir string) error {
 		return fmt.Errorf("%s: not a JSON object", path)
 	}
 	block, err := json.MarshalIndent(templateSummary{Fraction: r.fraction, NodesPerFunction: r.nodes, StartMs: float64(r.start) / 1e6,
-		Starts: r.starts, SandboxesCreated: r.created, HitRate: r.hitRate(), EmergencyStarts: r.emergency,
+		Starts: r.starts, SandboxesCreated: r.created, HitRate: r.hitRate(), EmergencyStarts: r.emergency, PlacementAware: r.aware,
 		SlowdownGeomeanP50: r.p50}, "  ", "  ")
 	if err != nil {
 		return err

@@ -90,6 +90,22 @@ func TestSimTemplateSweep(t *testing.T) {
 	}
 }
 
+// With the locality placement the reconciler learns from the nodes'
+// heartbeats where templates are and places sandboxes there: at a tenth
+// of the nodes nearly every sandbox starts from a template, where the
+// kubernetes policy hits about a tenth.
+func TestSimTemplateAwarePlacement(t *testing.T) {
+	dir := t.TempDir()
+	root, _, _ := simRoot(append([]string{"sim", repoTrace(t, "azure_100"), "--template-fraction", "0.1", "--placement", "locality", "--out", dir}, simSample...)...)
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	s := readSimSummary(t, filepath.Join(dir, "summary.json"))
+	if tp := s.Templates; tp == nil || !tp.PlacementAware || tp.NodesPerFunction != 5 || tp.HitRate < 0.9 {
+		t.Fatalf("templates block %+v: want placement-aware and a hit rate near 1 on 5 of 50 nodes", tp)
+	}
+}
+
 // Without --template-fraction a run is as before: no templates block; with
 // --template-fraction 0 the calls are the same, and the block says so.
 func TestSimTemplateFractionZero(t *testing.T) {

@@ -92,8 +92,9 @@ type Config struct {
 	// TemplateCount(TemplateFraction, Nodes) nodes, chosen by rendezvous
 	// hashing of (function, node) (TemplateNodes). 0: no templates, the
 	// model without them; 1: every node holds every function's template.
-	// Placement does not know where templates are: the reconciler's
-	// policy chooses as it would without them (docs/policies.md,
+	// Each node's first heartbeat lists the templates it holds, as a
+	// worker's does: the locality placement policy prefers those nodes,
+	// the others choose as they would without them (docs/policies.md,
 	// "Templates on a fraction of the nodes").
 	TemplateFraction float64
 	TemplateStart    time.Duration
@@ -419,6 +420,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		sm.step(reconciler.UpsertFunction{Spec: sp})
 		fn.keepAlive = int64(r.KeepAliveOf(sp))
 	}
+	sm.reportTemplates()
 	sm.res.NodeBusy = make([]float64, len(sm.nodeList))
 	var end int64
 	for i := range s.Invocations {

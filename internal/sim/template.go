@@ -5,6 +5,8 @@ import (
 	"math"
 	"time"
 
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/hashx"
 )
 
@@ -166,4 +168,23 @@ func (t *templates) holds(fn *function, n *node) bool {
 		fn.tmpl = cutOf(fn.name, t.hashes, t.k, t.buf)
 	}
 	return fn.tmpl.admits(t.hashes[n.idx], n.idx)
+}
+
+// reportTemplates sends each node's heartbeat listing the templates it
+// holds (they never change in a run), as a worker's heartbeat does: the
+// reconciler's locality policy then prefers template nodes.
+func (sm *simulator) reportTemplates() {
+	if sm.tmpl.k == 0 {
+		return
+	}
+	for _, n := range sm.nodeList {
+		set := &briskv1.TemplateSet{}
+		for _, fn := range sm.fnByIdx {
+			if sm.tmpl.holds(fn, n) {
+				set.Templates = append(set.Templates, &briskv1.HeldTemplate{Function: fn.name, Revision: fn.spec.Revision})
+			}
+		}
+		sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
+			Capacity: &briskv1.Resources{MilliCpu: int64(n.cores * 1000)}, HeldTemplates: set}}})
+	}
 }

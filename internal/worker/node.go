@@ -579,9 +579,16 @@ func (n *Node) takePending(epoch uint64) ([]*briskv1.SandboxRecord, bool) {
 
 func (n *Node) heartbeat() *briskv1.Heartbeat {
 	var tplMB int64 // read from cgroups: outside the lock
+	var held *briskv1.TemplateSet
 	for _, rt := range n.runtimes() {
 		if th, ok := rt.(runtime.TemplateHolder); ok {
 			tplMB += th.TemplateMemoryMB()
+			if held == nil {
+				held = &briskv1.TemplateSet{}
+			}
+			for _, h := range th.HeldTemplates() {
+				held.Templates = append(held.Templates, &briskv1.HeldTemplate{Function: h.Function, Revision: h.Revision})
+			}
 		}
 	}
 	n.mu.Lock()
@@ -596,6 +603,7 @@ func (n *Node) heartbeat() *briskv1.Heartbeat {
 	if tplMB > 0 {
 		hb.Templates = &briskv1.Resources{MemoryMb: tplMB}
 	}
+	hb.HeldTemplates = held // nil from runtimes without templates
 	return hb
 }
 

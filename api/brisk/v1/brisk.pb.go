@@ -2168,7 +2168,10 @@ type Heartbeat struct {
 	// Memory the node's templates (pre-initialised language runtimes) hold,
 	// measured from their cgroups: no sandbox's request covers it, so the
 	// control plane takes it off the node's allocatable memory.
-	Templates     *Resources `protobuf:"bytes,6,opt,name=templates,proto3" json:"templates,omitempty"`
+	Templates *Resources `protobuf:"bytes,6,opt,name=templates,proto3" json:"templates,omitempty"`
+	// The functions whose template is loaded on the node, when set: the
+	// node's whole set, replacing the last one (unset: unchanged).
+	HeldTemplates *TemplateSet `protobuf:"bytes,7,opt,name=held_templates,json=heldTemplates,proto3" json:"held_templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2245,6 +2248,109 @@ func (x *Heartbeat) GetTemplates() *Resources {
 	return nil
 }
 
+func (x *Heartbeat) GetHeldTemplates() *TemplateSet {
+	if x != nil {
+		return x.HeldTemplates
+	}
+	return nil
+}
+
+type TemplateSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Templates     []*HeldTemplate        `protobuf:"bytes,1,rep,name=templates,proto3" json:"templates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TemplateSet) Reset() {
+	*x = TemplateSet{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TemplateSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TemplateSet) ProtoMessage() {}
+
+func (x *TemplateSet) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TemplateSet.ProtoReflect.Descriptor instead.
+func (*TemplateSet) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TemplateSet) GetTemplates() []*HeldTemplate {
+	if x != nil {
+		return x.Templates
+	}
+	return nil
+}
+
+type HeldTemplate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Function      string                 `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldTemplate) Reset() {
+	*x = HeldTemplate{}
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldTemplate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldTemplate) ProtoMessage() {}
+
+func (x *HeldTemplate) ProtoReflect() protoreflect.Message {
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldTemplate.ProtoReflect.Descriptor instead.
+func (*HeldTemplate) Descriptor() ([]byte, []int) {
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HeldTemplate) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *HeldTemplate) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // Updates is the worker's soft invalidations: state changes since the last batch.
 type Updates struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2256,7 +2362,7 @@ type Updates struct {
 
 func (x *Updates) Reset() {
 	*x = Updates{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2268,7 +2374,7 @@ func (x *Updates) String() string {
 func (*Updates) ProtoMessage() {}
 
 func (x *Updates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[27]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2281,7 +2387,7 @@ func (x *Updates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Updates.ProtoReflect.Descriptor instead.
 func (*Updates) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{27}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Updates) GetRecords() []*SandboxRecord {
@@ -2307,7 +2413,7 @@ type FetchCodeRequest struct {
 
 func (x *FetchCodeRequest) Reset() {
 	*x = FetchCodeRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2319,7 +2425,7 @@ func (x *FetchCodeRequest) String() string {
 func (*FetchCodeRequest) ProtoMessage() {}
 
 func (x *FetchCodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[28]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2332,7 +2438,7 @@ func (x *FetchCodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchCodeRequest.ProtoReflect.Descriptor instead.
 func (*FetchCodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{28}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FetchCodeRequest) GetDigest() string {
@@ -2351,7 +2457,7 @@ type CodeChunk struct {
 
 func (x *CodeChunk) Reset() {
 	*x = CodeChunk{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2469,7 @@ func (x *CodeChunk) String() string {
 func (*CodeChunk) ProtoMessage() {}
 
 func (x *CodeChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[29]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2482,7 @@ func (x *CodeChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CodeChunk.ProtoReflect.Descriptor instead.
 func (*CodeChunk) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{29}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CodeChunk) GetData() []byte {
@@ -2398,7 +2504,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2516,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[30]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2529,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{30}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -2464,7 +2570,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2582,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[31]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2595,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{31}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *JoinResponse) GetCertificate() []byte {
@@ -2520,7 +2626,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2638,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[32]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2651,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{32}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegisterWorkerRequest) GetNodeId() string {
@@ -2599,7 +2705,7 @@ type RegisterWorkerResponse struct {
 
 func (x *RegisterWorkerResponse) Reset() {
 	*x = RegisterWorkerResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2717,7 @@ func (x *RegisterWorkerResponse) String() string {
 func (*RegisterWorkerResponse) ProtoMessage() {}
 
 func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[33]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2730,7 @@ func (x *RegisterWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{33}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RegisterWorkerResponse) GetControlPlaneId() string {
@@ -2644,7 +2750,7 @@ type RegisterDataPlaneRequest struct {
 
 func (x *RegisterDataPlaneRequest) Reset() {
 	*x = RegisterDataPlaneRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2762,7 @@ func (x *RegisterDataPlaneRequest) String() string {
 func (*RegisterDataPlaneRequest) ProtoMessage() {}
 
 func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[34]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2775,7 @@ func (x *RegisterDataPlaneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{34}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegisterDataPlaneRequest) GetId() string {
@@ -2695,7 +2801,7 @@ type RegisterDataPlaneResponse struct {
 
 func (x *RegisterDataPlaneResponse) Reset() {
 	*x = RegisterDataPlaneResponse{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2813,7 @@ func (x *RegisterDataPlaneResponse) String() string {
 func (*RegisterDataPlaneResponse) ProtoMessage() {}
 
 func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[35]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2826,7 @@ func (x *RegisterDataPlaneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDataPlaneResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDataPlaneResponse) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{35}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RegisterDataPlaneResponse) GetControlPlaneId() string {
@@ -2739,7 +2845,7 @@ type WatchEndpointsRequest struct {
 
 func (x *WatchEndpointsRequest) Reset() {
 	*x = WatchEndpointsRequest{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +2857,7 @@ func (x *WatchEndpointsRequest) String() string {
 func (*WatchEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[36]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +2870,7 @@ func (x *WatchEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{36}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchEndpointsRequest) GetDataPlaneId() string {
@@ -2793,7 +2899,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2805,7 +2911,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[37]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2818,7 +2924,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{37}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Endpoint) GetSandboxId() string {
@@ -2894,7 +3000,7 @@ type EndpointBatch struct {
 
 func (x *EndpointBatch) Reset() {
 	*x = EndpointBatch{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3012,7 @@ func (x *EndpointBatch) String() string {
 func (*EndpointBatch) ProtoMessage() {}
 
 func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[38]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3025,7 @@ func (x *EndpointBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointBatch.ProtoReflect.Descriptor instead.
 func (*EndpointBatch) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{38}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *EndpointBatch) GetSnapshot() bool {
@@ -2996,7 +3102,7 @@ type EmergencyWorker struct {
 
 func (x *EmergencyWorker) Reset() {
 	*x = EmergencyWorker{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3114,7 @@ func (x *EmergencyWorker) String() string {
 func (*EmergencyWorker) ProtoMessage() {}
 
 func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[39]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3127,7 @@ func (x *EmergencyWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmergencyWorker.ProtoReflect.Descriptor instead.
 func (*EmergencyWorker) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{39}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *EmergencyWorker) GetNodeId() string {
@@ -3055,7 +3161,7 @@ type AuthConfig struct {
 
 func (x *AuthConfig) Reset() {
 	*x = AuthConfig{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3173,7 @@ func (x *AuthConfig) String() string {
 func (*AuthConfig) ProtoMessage() {}
 
 func (x *AuthConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[40]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3186,7 @@ func (x *AuthConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthConfig.ProtoReflect.Descriptor instead.
 func (*AuthConfig) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{40}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuthConfig) GetEnabled() bool {
@@ -3112,7 +3218,7 @@ type TokenGrant struct {
 
 func (x *TokenGrant) Reset() {
 	*x = TokenGrant{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3230,7 @@ func (x *TokenGrant) String() string {
 func (*TokenGrant) ProtoMessage() {}
 
 func (x *TokenGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[41]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3243,7 @@ func (x *TokenGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenGrant.ProtoReflect.Descriptor instead.
 func (*TokenGrant) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{41}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TokenGrant) GetId() string {
@@ -3198,7 +3304,7 @@ type FunctionCondition struct {
 
 func (x *FunctionCondition) Reset() {
 	*x = FunctionCondition{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3316,7 @@ func (x *FunctionCondition) String() string {
 func (*FunctionCondition) ProtoMessage() {}
 
 func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[42]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3329,7 @@ func (x *FunctionCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionCondition.ProtoReflect.Descriptor instead.
 func (*FunctionCondition) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{42}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FunctionCondition) GetFunction() string {
@@ -3281,7 +3387,7 @@ type FunctionMetric struct {
 
 func (x *FunctionMetric) Reset() {
 	*x = FunctionMetric{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3293,7 +3399,7 @@ func (x *FunctionMetric) String() string {
 func (*FunctionMetric) ProtoMessage() {}
 
 func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[43]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3306,7 +3412,7 @@ func (x *FunctionMetric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionMetric.ProtoReflect.Descriptor instead.
 func (*FunctionMetric) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{43}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FunctionMetric) GetFunction() string {
@@ -3371,7 +3477,7 @@ type MetricsReport struct {
 
 func (x *MetricsReport) Reset() {
 	*x = MetricsReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3489,7 @@ func (x *MetricsReport) String() string {
 func (*MetricsReport) ProtoMessage() {}
 
 func (x *MetricsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[44]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3502,7 @@ func (x *MetricsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsReport.ProtoReflect.Descriptor instead.
 func (*MetricsReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{44}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MetricsReport) GetDataPlaneId() string {
@@ -3442,7 +3548,7 @@ type MetricsAck struct {
 
 func (x *MetricsAck) Reset() {
 	*x = MetricsAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3454,7 +3560,7 @@ func (x *MetricsAck) String() string {
 func (*MetricsAck) ProtoMessage() {}
 
 func (x *MetricsAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[45]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3467,7 +3573,7 @@ func (x *MetricsAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsAck.ProtoReflect.Descriptor instead.
 func (*MetricsAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{45}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{47}
 }
 
 type UnreachableEndpoint struct {
@@ -3482,7 +3588,7 @@ type UnreachableEndpoint struct {
 
 func (x *UnreachableEndpoint) Reset() {
 	*x = UnreachableEndpoint{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3494,7 +3600,7 @@ func (x *UnreachableEndpoint) String() string {
 func (*UnreachableEndpoint) ProtoMessage() {}
 
 func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[46]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3507,7 +3613,7 @@ func (x *UnreachableEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableEndpoint.ProtoReflect.Descriptor instead.
 func (*UnreachableEndpoint) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{46}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UnreachableEndpoint) GetSandboxId() string {
@@ -3548,7 +3654,7 @@ type UnreachableReport struct {
 
 func (x *UnreachableReport) Reset() {
 	*x = UnreachableReport{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3666,7 @@ func (x *UnreachableReport) String() string {
 func (*UnreachableReport) ProtoMessage() {}
 
 func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[47]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3679,7 @@ func (x *UnreachableReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableReport.ProtoReflect.Descriptor instead.
 func (*UnreachableReport) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{47}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UnreachableReport) GetDataPlaneId() string {
@@ -3598,7 +3704,7 @@ type UnreachableAck struct {
 
 func (x *UnreachableAck) Reset() {
 	*x = UnreachableAck{}
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3610,7 +3716,7 @@ func (x *UnreachableAck) String() string {
 func (*UnreachableAck) ProtoMessage() {}
 
 func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
-	mi := &file_api_brisk_v1_brisk_proto_msgTypes[48]
+	mi := &file_api_brisk_v1_brisk_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3623,7 +3729,7 @@ func (x *UnreachableAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnreachableAck.ProtoReflect.Descriptor instead.
 func (*UnreachableAck) Descriptor() ([]byte, []int) {
-	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{48}
+	return file_api_brisk_v1_brisk_proto_rawDescGZIP(), []int{50}
 }
 
 var File_api_brisk_v1_brisk_proto protoreflect.FileDescriptor
@@ -3801,14 +3907,20 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"EgressRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x14\n" +
 	"\x05ports\x18\x02 \x03(\tR\x05ports\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\x87\x02\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\xc5\x02\n" +
 	"\tHeartbeat\x12\x17\n" +
 	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12/\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x13.brisk.v1.ResourcesR\bcapacity\x12'\n" +
 	"\x04used\x18\x03 \x01(\v2\x13.brisk.v1.ResourcesR\x04used\x12\x1c\n" +
 	"\tsandboxes\x18\x04 \x01(\x05R\tsandboxes\x126\n" +
 	"\temergency\x18\x05 \x01(\v2\x18.brisk.v1.EmergencyStatsR\temergency\x121\n" +
-	"\ttemplates\x18\x06 \x01(\v2\x13.brisk.v1.ResourcesR\ttemplates\"o\n" +
+	"\ttemplates\x18\x06 \x01(\v2\x13.brisk.v1.ResourcesR\ttemplates\x12<\n" +
+	"\x0eheld_templates\x18\a \x01(\v2\x15.brisk.v1.TemplateSetR\rheldTemplates\"C\n" +
+	"\vTemplateSet\x124\n" +
+	"\ttemplates\x18\x01 \x03(\v2\x16.brisk.v1.HeldTemplateR\ttemplates\"F\n" +
+	"\fHeldTemplate\x12\x1a\n" +
+	"\bfunction\x18\x01 \x01(\tR\bfunction\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"o\n" +
 	"\aUpdates\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.brisk.v1.SandboxRecordR\arecords\x121\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x13.brisk.v1.HeartbeatR\theartbeat\"*\n" +
@@ -3950,7 +4062,7 @@ func file_api_brisk_v1_brisk_proto_rawDescGZIP() []byte {
 }
 
 var file_api_brisk_v1_brisk_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_api_brisk_v1_brisk_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: brisk.v1.SandboxState
 	(HandshakeMode)(0),                // 1: brisk.v1.HandshakeMode
@@ -3981,37 +4093,39 @@ var file_api_brisk_v1_brisk_proto_goTypes = []any{
 	(*NamespaceEgress)(nil),           // 26: brisk.v1.NamespaceEgress
 	(*EgressRule)(nil),                // 27: brisk.v1.EgressRule
 	(*Heartbeat)(nil),                 // 28: brisk.v1.Heartbeat
-	(*Updates)(nil),                   // 29: brisk.v1.Updates
-	(*FetchCodeRequest)(nil),          // 30: brisk.v1.FetchCodeRequest
-	(*CodeChunk)(nil),                 // 31: brisk.v1.CodeChunk
-	(*JoinRequest)(nil),               // 32: brisk.v1.JoinRequest
-	(*JoinResponse)(nil),              // 33: brisk.v1.JoinResponse
-	(*RegisterWorkerRequest)(nil),     // 34: brisk.v1.RegisterWorkerRequest
-	(*RegisterWorkerResponse)(nil),    // 35: brisk.v1.RegisterWorkerResponse
-	(*RegisterDataPlaneRequest)(nil),  // 36: brisk.v1.RegisterDataPlaneRequest
-	(*RegisterDataPlaneResponse)(nil), // 37: brisk.v1.RegisterDataPlaneResponse
-	(*WatchEndpointsRequest)(nil),     // 38: brisk.v1.WatchEndpointsRequest
-	(*Endpoint)(nil),                  // 39: brisk.v1.Endpoint
-	(*EndpointBatch)(nil),             // 40: brisk.v1.EndpointBatch
-	(*EmergencyWorker)(nil),           // 41: brisk.v1.EmergencyWorker
-	(*AuthConfig)(nil),                // 42: brisk.v1.AuthConfig
-	(*TokenGrant)(nil),                // 43: brisk.v1.TokenGrant
-	(*FunctionCondition)(nil),         // 44: brisk.v1.FunctionCondition
-	(*FunctionMetric)(nil),            // 45: brisk.v1.FunctionMetric
-	(*MetricsReport)(nil),             // 46: brisk.v1.MetricsReport
-	(*MetricsAck)(nil),                // 47: brisk.v1.MetricsAck
-	(*UnreachableEndpoint)(nil),       // 48: brisk.v1.UnreachableEndpoint
-	(*UnreachableReport)(nil),         // 49: brisk.v1.UnreachableReport
-	(*UnreachableAck)(nil),            // 50: brisk.v1.UnreachableAck
-	nil,                               // 51: brisk.v1.FunctionSpec.EnvEntry
-	nil,                               // 52: brisk.v1.FunctionSpec.SecretDataEntry
+	(*TemplateSet)(nil),               // 29: brisk.v1.TemplateSet
+	(*HeldTemplate)(nil),              // 30: brisk.v1.HeldTemplate
+	(*Updates)(nil),                   // 31: brisk.v1.Updates
+	(*FetchCodeRequest)(nil),          // 32: brisk.v1.FetchCodeRequest
+	(*CodeChunk)(nil),                 // 33: brisk.v1.CodeChunk
+	(*JoinRequest)(nil),               // 34: brisk.v1.JoinRequest
+	(*JoinResponse)(nil),              // 35: brisk.v1.JoinResponse
+	(*RegisterWorkerRequest)(nil),     // 36: brisk.v1.RegisterWorkerRequest
+	(*RegisterWorkerResponse)(nil),    // 37: brisk.v1.RegisterWorkerResponse
+	(*RegisterDataPlaneRequest)(nil),  // 38: brisk.v1.RegisterDataPlaneRequest
+	(*RegisterDataPlaneResponse)(nil), // 39: brisk.v1.RegisterDataPlaneResponse
+	(*WatchEndpointsRequest)(nil),     // 40: brisk.v1.WatchEndpointsRequest
+	(*Endpoint)(nil),                  // 41: brisk.v1.Endpoint
+	(*EndpointBatch)(nil),             // 42: brisk.v1.EndpointBatch
+	(*EmergencyWorker)(nil),           // 43: brisk.v1.EmergencyWorker
+	(*AuthConfig)(nil),                // 44: brisk.v1.AuthConfig
+	(*TokenGrant)(nil),                // 45: brisk.v1.TokenGrant
+	(*FunctionCondition)(nil),         // 46: brisk.v1.FunctionCondition
+	(*FunctionMetric)(nil),            // 47: brisk.v1.FunctionMetric
+	(*MetricsReport)(nil),             // 48: brisk.v1.MetricsReport
+	(*MetricsAck)(nil),                // 49: brisk.v1.MetricsAck
+	(*UnreachableEndpoint)(nil),       // 50: brisk.v1.UnreachableEndpoint
+	(*UnreachableReport)(nil),         // 51: brisk.v1.UnreachableReport
+	(*UnreachableAck)(nil),            // 52: brisk.v1.UnreachableAck
+	nil,                               // 53: brisk.v1.FunctionSpec.EnvEntry
+	nil,                               // 54: brisk.v1.FunctionSpec.SecretDataEntry
 }
 var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
-	51, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
+	53, // 0: brisk.v1.FunctionSpec.env:type_name -> brisk.v1.FunctionSpec.EnvEntry
 	2,  // 1: brisk.v1.FunctionSpec.resources:type_name -> brisk.v1.Resources
 	2,  // 2: brisk.v1.FunctionSpec.limits:type_name -> brisk.v1.Resources
 	6,  // 3: brisk.v1.FunctionSpec.async:type_name -> brisk.v1.AsyncPolicy
-	52, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
+	54, // 4: brisk.v1.FunctionSpec.secret_data:type_name -> brisk.v1.FunctionSpec.SecretDataEntry
 	5,  // 5: brisk.v1.FunctionSpec.traffic:type_name -> brisk.v1.TrafficTarget
 	4,  // 6: brisk.v1.FunctionSpec.code:type_name -> brisk.v1.FunctionCode
 	0,  // 7: brisk.v1.SandboxRecord.state:type_name -> brisk.v1.SandboxState
@@ -4023,7 +4137,7 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	24, // 13: brisk.v1.ToWorker.commands:type_name -> brisk.v1.Commands
 	20, // 14: brisk.v1.FromWorker.hello_ack:type_name -> brisk.v1.HelloAck
 	22, // 15: brisk.v1.FromWorker.fetch:type_name -> brisk.v1.FetchResponse
-	29, // 16: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
+	31, // 16: brisk.v1.FromWorker.updates:type_name -> brisk.v1.Updates
 	1,  // 17: brisk.v1.Hello.mode:type_name -> brisk.v1.HandshakeMode
 	19, // 18: brisk.v1.HelloAck.versions:type_name -> brisk.v1.SandboxVersion
 	7,  // 19: brisk.v1.HelloAck.records:type_name -> brisk.v1.SandboxRecord
@@ -4038,44 +4152,46 @@ var file_api_brisk_v1_brisk_proto_depIdxs = []int32{
 	2,  // 28: brisk.v1.Heartbeat.used:type_name -> brisk.v1.Resources
 	13, // 29: brisk.v1.Heartbeat.emergency:type_name -> brisk.v1.EmergencyStats
 	2,  // 30: brisk.v1.Heartbeat.templates:type_name -> brisk.v1.Resources
-	7,  // 31: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
-	28, // 32: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
-	2,  // 33: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
-	3,  // 34: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
-	39, // 35: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
-	44, // 36: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
-	42, // 37: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
-	41, // 38: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
-	43, // 39: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
-	45, // 40: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
-	48, // 41: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
-	16, // 42: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
-	14, // 43: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
-	11, // 44: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
-	8,  // 45: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
-	34, // 46: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
-	36, // 47: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
-	38, // 48: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
-	46, // 49: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
-	49, // 50: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
-	32, // 51: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
-	30, // 52: brisk.v1.ControlPlane.FetchCode:input_type -> brisk.v1.FetchCodeRequest
-	17, // 53: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
-	15, // 54: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
-	12, // 55: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
-	9,  // 56: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
-	35, // 57: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
-	37, // 58: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
-	40, // 59: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
-	47, // 60: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
-	50, // 61: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
-	33, // 62: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
-	31, // 63: brisk.v1.ControlPlane.FetchCode:output_type -> brisk.v1.CodeChunk
-	53, // [53:64] is the sub-list for method output_type
-	42, // [42:53] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	29, // 31: brisk.v1.Heartbeat.held_templates:type_name -> brisk.v1.TemplateSet
+	30, // 32: brisk.v1.TemplateSet.templates:type_name -> brisk.v1.HeldTemplate
+	7,  // 33: brisk.v1.Updates.records:type_name -> brisk.v1.SandboxRecord
+	28, // 34: brisk.v1.Updates.heartbeat:type_name -> brisk.v1.Heartbeat
+	2,  // 35: brisk.v1.RegisterWorkerRequest.capacity:type_name -> brisk.v1.Resources
+	3,  // 36: brisk.v1.EndpointBatch.functions:type_name -> brisk.v1.FunctionSpec
+	41, // 37: brisk.v1.EndpointBatch.added:type_name -> brisk.v1.Endpoint
+	46, // 38: brisk.v1.EndpointBatch.conditions:type_name -> brisk.v1.FunctionCondition
+	44, // 39: brisk.v1.EndpointBatch.auth:type_name -> brisk.v1.AuthConfig
+	43, // 40: brisk.v1.EndpointBatch.emergency_workers:type_name -> brisk.v1.EmergencyWorker
+	45, // 41: brisk.v1.AuthConfig.tokens:type_name -> brisk.v1.TokenGrant
+	47, // 42: brisk.v1.MetricsReport.functions:type_name -> brisk.v1.FunctionMetric
+	50, // 43: brisk.v1.UnreachableReport.endpoints:type_name -> brisk.v1.UnreachableEndpoint
+	16, // 44: brisk.v1.Worker.Session:input_type -> brisk.v1.ToWorker
+	14, // 45: brisk.v1.Worker.ImportImage:input_type -> brisk.v1.ImageChunk
+	11, // 46: brisk.v1.Worker.Emergency:input_type -> brisk.v1.EmergencyRequest
+	8,  // 47: brisk.v1.Worker.Logs:input_type -> brisk.v1.LogsRequest
+	36, // 48: brisk.v1.ControlPlane.RegisterWorker:input_type -> brisk.v1.RegisterWorkerRequest
+	38, // 49: brisk.v1.ControlPlane.RegisterDataPlane:input_type -> brisk.v1.RegisterDataPlaneRequest
+	40, // 50: brisk.v1.ControlPlane.WatchEndpoints:input_type -> brisk.v1.WatchEndpointsRequest
+	48, // 51: brisk.v1.ControlPlane.ReportMetrics:input_type -> brisk.v1.MetricsReport
+	51, // 52: brisk.v1.ControlPlane.ReportUnreachable:input_type -> brisk.v1.UnreachableReport
+	34, // 53: brisk.v1.ControlPlane.Join:input_type -> brisk.v1.JoinRequest
+	32, // 54: brisk.v1.ControlPlane.FetchCode:input_type -> brisk.v1.FetchCodeRequest
+	17, // 55: brisk.v1.Worker.Session:output_type -> brisk.v1.FromWorker
+	15, // 56: brisk.v1.Worker.ImportImage:output_type -> brisk.v1.ImportImageReply
+	12, // 57: brisk.v1.Worker.Emergency:output_type -> brisk.v1.EmergencyReply
+	9,  // 58: brisk.v1.Worker.Logs:output_type -> brisk.v1.LogLine
+	37, // 59: brisk.v1.ControlPlane.RegisterWorker:output_type -> brisk.v1.RegisterWorkerResponse
+	39, // 60: brisk.v1.ControlPlane.RegisterDataPlane:output_type -> brisk.v1.RegisterDataPlaneResponse
+	42, // 61: brisk.v1.ControlPlane.WatchEndpoints:output_type -> brisk.v1.EndpointBatch
+	49, // 62: brisk.v1.ControlPlane.ReportMetrics:output_type -> brisk.v1.MetricsAck
+	52, // 63: brisk.v1.ControlPlane.ReportUnreachable:output_type -> brisk.v1.UnreachableAck
+	35, // 64: brisk.v1.ControlPlane.Join:output_type -> brisk.v1.JoinResponse
+	33, // 65: brisk.v1.ControlPlane.FetchCode:output_type -> brisk.v1.CodeChunk
+	55, // [55:66] is the sub-list for method output_type
+	44, // [44:55] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_api_brisk_v1_brisk_proto_init() }
@@ -4099,7 +4215,7 @@ func file_api_brisk_v1_brisk_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_brisk_v1_brisk_proto_rawDesc), len(file_api_brisk_v1_brisk_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

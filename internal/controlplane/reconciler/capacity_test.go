@@ -348,3 +348,46 @@ func TestTemplateMemoryIsOffAllocatable(t *testing.T) {
 		t.Fatalf("b: %d ready on a node whose templates hold all its memory, want 0", r)
 	}
 }
+
+// Under the locality policy, a node whose heartbeat lists a function's
+// template gets its new sandboxes, where without templates they would
+// spread over the emptiest nodes; another revision's template does not
+// count. A heartbeat that does not list templates keeps the node's set,
+// an empty list clears it.
+func TestLocalityPrefersTemplateNodes(t *testing.T) {
+	w := newWorld(t, 3)
+	heartbeat := func(node string, set *briskv1.TemplateSet) {
+		w.step(WorkerUpdates{Node: node, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
+			Capacity: &briskv1.Resources{MilliCpu: 4000, MemoryMb: 8192}, HeldTemplates: set}}})
+	}
+	held := func(rev uint64, fns ...string) *briskv1.TemplateSet {
+		set := &briskv1.TemplateSet{}
+		for _, f := range fns {
+			set.Templates = append(set.Templates, &briskv1.HeldTemplate{Function: f, Revision: rev})
+		}
+		return set
+	}
+	fns := []string{"py0", "py1", "py2", "py3", "py4", "py5"}
+	heartbeat("n0", held(7, fns...)) // another revision's
+	heartbeat("n2", held(1, fns...))
+	for _, name := range fns {
+		cmds := w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1,
+			Placement: "locality", Resources: spec.Resources{MilliCPU: 500, MemoryMB: 128}, Scaling: spec.Scaling{Min: 1}}})
+		for _, c := range cmds {
+			if x, ok := c.(Create); ok && x.Node != "n2" {
+				t.Fatalf("%s's sandbox went to %s, want n2 (its template)", name, x.Node)
+			}
+		}
+		if _, p, _ := w.status(name); p != 0 {
+			t.Fatalf("%s: %d pending", name, p)
+		}
+	}
+	heartbeat("n2", nil)
+	if n := len(w.r.nodes["n2"].templates); n != len(fns) {
+		t.Fatalf("a heartbeat without a list left %d templates, want %d", n, len(fns))
+	}
+	heartbeat("n2", &briskv1.TemplateSet{})
+	if n := len(w.r.nodes["n2"].templates); n != 0 {
+		t.Fatalf("an empty list left %d templates", n)
+	}
+}

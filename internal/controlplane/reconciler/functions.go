@@ -701,8 +701,9 @@ func (c *Reconciler) place1(now time.Time, fs *fnState) error {
 }
 
 // localityFn tells the locality policies what each node holds of fs: a
-// running sandbox of it, or its image (a node that ran it since it
-// registered has it unpacked). The warm set is built on the first call.
+// running sandbox of it, its template (the node's heartbeat lists it), or
+// its image (a node that ran it since it registered has it unpacked). The
+// warm set is built on the first call.
 func (c *Reconciler) localityFn(fs *fnState) func(i int) placement.Locality {
 	key := imageKey(fs.spec)
 	var warm map[*nodeState]struct{}
@@ -722,6 +723,9 @@ func (c *Reconciler) localityFn(fs *fnState) func(i int) placement.Locality {
 		n := c.nodeList[i]
 		if _, ok := warm[n]; ok {
 			return placement.LocalityWarm
+		}
+		if _, ok := n.templates[heldTemplate{fs.spec.Name, fs.spec.Revision}]; ok {
+			return placement.LocalityTemplate
 		}
 		if _, ok := n.seen[key]; ok {
 			return placement.LocalityImage

@@ -68,6 +68,15 @@ type nodeState struct {
 	// seen holds the images (or commands) the node has run since it
 	// registered: it holds them unpacked, which the locality policies use.
 	seen map[string]struct{}
+	// templates are the function revisions whose template (a pre-loaded
+	// runtime) the node said it holds in its last heartbeat that listed
+	// them: a sandbox of one starts there in milliseconds.
+	templates map[heldTemplate]struct{}
+}
+
+type heldTemplate struct {
+	function string
+	revision uint64
 }
 
 func (c *Reconciler) registerNode(w *store.Worker) {
@@ -386,6 +395,15 @@ func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Update
 		n.lastHeartbeat = now
 		if held {
 			c.setAllocatable(n)
+		}
+		if set := hb.GetHeldTemplates(); set != nil {
+			clear(n.templates)
+			for _, t := range set.GetTemplates() {
+				if n.templates == nil {
+					n.templates = make(map[heldTemplate]struct{})
+				}
+				n.templates[heldTemplate{t.GetFunction(), t.GetRevision()}] = struct{}{}
+			}
 		}
 		if capa := hb.GetCapacity().GetMilliCpu(); capa > 0 {
 			c.place[n.idx].Load = float64(hb.GetUsed().GetMilliCpu()) / float64(capa)

@@ -14,7 +14,9 @@ type locality struct {
 
 // NewLocality returns kube-scheduler's placement (see NewKubernetes) ranked
 // by locality first: among feasible nodes, one where Request.Locality says
-// LocalityWarm beats one with LocalityImage, which beats one with nothing;
+// LocalityWarm beats one with LocalityTemplate (the function's template is
+// loaded: PulseNet caches snapshots on a subset of nodes and starts there),
+// which beats one with LocalityImage, which beats one with nothing;
 // within a class the kubernetes score (LeastAllocated + BalancedAllocation)
 // decides, ties uniformly at random by reservoir sampling. Values above
 // LocalityWarm count as LocalityWarm.

@@ -108,9 +108,10 @@ type Request struct {
 type Locality uint8
 
 const (
-	LocalityNone  Locality = iota // nothing: pull and unpack the image
-	LocalityImage                 // the image is unpacked there
-	LocalityWarm                  // a sandbox of the function runs there
+	LocalityNone     Locality = iota // nothing: pull and unpack the image
+	LocalityImage                    // the image is unpacked there
+	LocalityTemplate                 // its template is loaded there: a sandbox forks in ms
+	LocalityWarm                     // a sandbox of the function runs there
 )
 
 // Policy names accepted by New.

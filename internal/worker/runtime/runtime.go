@@ -60,6 +60,15 @@ type TemplateHolder interface {
 	// TemplateMemoryMB is what the runtime's templates hold now, in MiB
 	// rounded up, measured (their cgroups, or their processes' RSS).
 	TemplateMemoryMB() int64
+	// HeldTemplates lists the functions whose template is loaded: a
+	// sandbox of one starts from it (placement prefers the node).
+	HeldTemplates() []HeldTemplate
+}
+
+// HeldTemplate names a function revision whose template a node holds.
+type HeldTemplate struct {
+	Function string
+	Revision uint64
 }
 
 // Mounter is implemented by runtimes that can give a sandbox Spec.Mounts.

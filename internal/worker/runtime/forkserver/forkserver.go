@@ -9,6 +9,7 @@
 package forkserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -469,6 +471,34 @@ func (ts *Set) All() []*Template {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	return slices.Collect(maps.Values(ts.byKey))
+}
+
+// Held lists the functions (name, revision) whose template is loaded and
+// ready: a sandbox of one forks in milliseconds here (the node reports
+// them, for placement to prefer it).
+func (ts *Set) Held() []runtime.HeldTemplate {
+	if ts == nil {
+		return nil
+	}
+	var out []runtime.HeldTemplate
+	for _, t := range ts.All() {
+		if !t.IsReady() || t.State() == nil || t.Stopping() {
+			continue
+		}
+		select {
+		case <-t.Done():
+			continue
+		default:
+		}
+		h := runtime.HeldTemplate{Function: t.Key.Function, Revision: t.Key.Revision}
+		if !slices.Contains(out, h) { // a secret's new value: two of one revision
+			out = append(out, h)
+		}
+	}
+	slices.SortFunc(out, func(a, b runtime.HeldTemplate) int {
+		return cmp.Or(strings.Compare(a.Function, b.Function), cmp.Compare(a.Revision, b.Revision))
+	})
+	return out
 }
 
 // Count is how many templates the set holds.

@@ -237,8 +237,9 @@ func TestTemplateLoadFailureFallsBack(t *testing.T) {
 	}
 }
 
-// What a template holds is measured from its shell's cgroup, for the node
-// to report, and is gone with the template.
+// The memory a template holds is measured from its shell's cgroup and the
+// function it holds is listed, for the node to report; both are gone with
+// the template.
 func TestTemplateMemoryIsMeasured(t *testing.T) {
 	m, digest := pyLang(t, isolationSource)
 	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
@@ -251,9 +252,15 @@ func TestTemplateMemoryIsMeasured(t *testing.T) {
 	if got < 4 {
 		t.Fatalf("a loaded Python template measured at %d MiB", got)
 	}
+	if h := r.HeldTemplates(); len(h) != 1 || h[0].Revision != 1 || h[0].Function == "" {
+		t.Fatalf("held templates %+v, want the function's one", h)
+	}
 	r.StopTemplates()
 	if got := r.TemplateMemoryMB(); got != 0 {
 		t.Fatalf("%d MiB held after the templates stopped", got)
+	}
+	if h := r.HeldTemplates(); len(h) != 0 {
+		t.Fatalf("held templates %+v after they stopped", h)
 	}
 }
 

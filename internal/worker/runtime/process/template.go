@@ -161,6 +161,9 @@ func (r *Runtime) StopTemplates() { r.tpls.StopAll(5 * time.Second) }
 // TemplateCount is how many templates run (tests, status).
 func (r *Runtime) TemplateCount() int { return r.tpls.Count() }
 
+// HeldTemplates implements runtime.TemplateHolder.
+func (r *Runtime) HeldTemplates() []runtime.HeldTemplate { return r.tpls.Held() }
+
 // TemplateMemoryMB implements runtime.TemplateHolder: each template's
 // cgroup's usage, or its process's RSS without cgroups. Its children are
 // in their sandboxes' cgroups, charged to their own requests.
