@@ -226,7 +226,7 @@ func parseTemplateFractions(s string) ([]float64, error) {
 type templateRun struct {
 	fraction float64
 	start    time.Duration
-	nodes    int // holding each function's template
+	nodes    int  // holding each function's template
 	aware    bool // the placement policy prefers template nodes
 	// starts of regular sandboxes from a template, of created; emergency
 	// sandboxes from a template.

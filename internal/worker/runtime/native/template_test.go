@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
-	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
+	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
