@@ -207,7 +207,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.BoolVar(&f.templates, "templates", true, "with --runtime process or native: start sandboxes of functions deployed from Python source by forking a per-revision template that has imported them (docs/languages.md); =false starts each fresh")
 	fl.IntVar(&f.maxTemplates, "max-templates", 16, "with --templates: the most templates a node keeps (least recently used first out; each holds a function's imported interpreter, 15–30 MiB for a typical one)")
 	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native (looked up in PATH)")
-	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): user the sandboxes run as, a name, uid or uid:gid (default: nobody when run as root, else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
+	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): one user every sandbox runs as, a name, uid or uid:gid (default as root: on process a user of each function's own, with a loopback guard between functions; on native nobody; else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {
 		fl.StringVar(&f.listen, "listen", "127.0.0.1:0", "gRPC listen address of the worker")

@@ -67,6 +67,10 @@ type Config struct {
 	// machine reaches them. A cluster whose data planes run elsewhere
 	// gives an address of a network only they reach (docs/runtimes.md).
 	ListenHost string
+	// NoLoopbackGuard leaves out the loopback guard (guard.go) that keeps
+	// one function's sandboxes from connecting to another's on this host
+	// when sandboxes run as per-function users.
+	NoLoopbackGuard bool
 }
 
 // DefaultListenHost is where sandboxes listen when Config.ListenHost is
@@ -107,7 +111,9 @@ type Runtime struct {
 	traceArgv []string // how the builtin trace function is run
 	log       *slog.Logger
 	cg        *cgroups.Hierarchy // nil: no cgroups
-	id        identity           // who sandboxes run as
+	id        identity           // who sandboxes run as without users
+	users     *users             // per-function users (users.go); nil: every sandbox is id
+	guard     *guard             // the loopback guard (guard.go); nil without users
 	// noClone3 is set once clone3 turned out to be unavailable (seccomp
 	// filters in older container runtimes), after which v2 sandboxes join
 	// their cgroup just after they start.
@@ -246,6 +252,11 @@ func New(cfg Config) (*Runtime, error) {
 			}
 		}
 	}
+	if cfg.User == "" && os.Geteuid() == 0 {
+		if r.users, err = openUsers(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("process runtime: %w", err)
+		}
+	}
 	table, recs, err := readTable(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
@@ -260,6 +271,19 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if err := reapSecrets(cfg.StateDir, recs); err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
+	}
+	if r.users != nil && !cfg.NoLoopbackGuard {
+		var entries []guardEntry
+		for _, rec := range recs {
+			if rec.UID != 0 {
+				entries = append(entries, entryOf(rec))
+			}
+		}
+		r.guard = newGuard(cfg.StateDir)
+		if err := r.guard.reset(entries); err != nil {
+			r.guard = nil
+			r.log.Warn("no loopback guard: a sandbox can connect to another function's sandbox on this host past the data plane", "err", err)
+		}
 	}
 	// Entries whose process has gone stay until List has reported them,
 	// so that a restarted worker learns which sandboxes died meanwhile.
@@ -374,6 +398,18 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if len(s.Function.Command) > 0 {
 		argv = runtime.ExpandArgs(argv, env) // $PORT without a shell
 	}
+	if err := r.guardSandbox(sb, s.Function, port); err != nil {
+		if sb.cg != nil {
+			_ = sb.cg.RemoveNow()
+		}
+		_ = os.Remove(logPath)
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	defer func() {
+		if !created {
+			_ = r.guard.forget(entryOf(sb.rec))
+		}
+	}()
 	cmd, err := r.start(s, argv, env, logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
@@ -448,8 +484,9 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 	return nil, fmt.Errorf("sandbox %s: function %s has neither command nor builtin", s.ID, f.Name)
 }
 
-// start starts argv as r.id, with no_new_privs, in its own process group,
-// in / with env and, when cg is set, in its cgroup from its first
+// start starts argv as its function's user (identityOf), with
+// no_new_privs, in its own process group, in / with env and, when cg is
+// set, in its cgroup from its first
 // instruction on: on v2 the child is cloned straight into the cgroup
 // (clone3 CLONE_INTO_CGROUP); on v1 it is forked by a thread that has
 // joined the cgroup first. Only on v2 without clone3 (seccomp filters of
@@ -457,6 +494,10 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 // that window of well under a millisecond it runs in the worker's cgroup,
 // and a child it forks then stays there.
 func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *cgroups.Cgroup, extra ...*os.File) (cmd *exec.Cmd, err error) {
+	id, err := r.identityOf(s.Function)
+	if err != nil {
+		return nil, &secretsError{err}
+	}
 	var exe *os.File
 	if s.Function.Builtin != "" && len(s.Function.Command) == 0 {
 		// brisk's own binary may sit where the sandbox's user cannot reach
@@ -493,19 +534,19 @@ func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *c
 				return
 			}
 		}
-		cmd, err = r.startOnThread(argv, env, logf, exe, cg, extra)
+		cmd, err = r.startOnThread(id, argv, env, logf, exe, cg, extra)
 	})
 	if _, ok := err.(*secretsError); ok {
 		return nil, err // not the command's fault: no explainStart
 	}
 	if err != nil {
-		return nil, r.explainStart(argv[0], err)
+		return nil, explainStart(id, argv[0], err)
 	}
 	return cmd, nil
 }
 
 // startOnThread is start on a thread of its own (procs.SpawnThread).
-func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgroups.Cgroup, extra []*os.File) (*exec.Cmd, error) {
+func (r *Runtime) startOnThread(id identity, argv, env []string, logf, exe *os.File, cg *cgroups.Cgroup, extra []*os.File) (*exec.Cmd, error) {
 	if err := procs.SetNoNewPrivs(); err != nil {
 		return nil, err
 	}
@@ -517,7 +558,7 @@ func (r *Runtime) startOnThread(argv, env []string, logf, exe *os.File, cg *cgro
 		cmd.ExtraFiles = append(cmd.ExtraFiles, extra...)
 		cmd.Env, cmd.Dir = env, sandboxHome
 		cmd.Stdout, cmd.Stderr = logf, logf
-		attr.Setpgid, attr.Credential = true, r.id.cred
+		attr.Setpgid, attr.Credential = true, id.cred
 		cmd.SysProcAttr = attr
 		return cmd
 	}
@@ -625,6 +666,9 @@ func (r *Runtime) Kill(ctx context.Context, id string) error {
 	delete(r.sandboxes, id)
 	delete(r.ports, portOf(sb.rec.Addr))
 	r.mu.Unlock()
+	if err := r.guard.forget(entryOf(sb.rec)); err != nil {
+		r.log.Warn("loopback guard: forgetting a killed sandbox's port", "sandbox", id, "err", err)
+	}
 	r.log.Debug("sandbox killed", "sandbox", id)
 	return r.persist()
 }
@@ -761,6 +805,9 @@ func (r *Runtime) maybeDrop(ctx context.Context, sb *sandbox) bool {
 	}
 	delete(r.sandboxes, sb.rec.ID)
 	delete(r.ports, portOf(sb.rec.Addr))
+	if err := r.guard.forget(entryOf(sb.rec)); err != nil {
+		r.log.Warn("loopback guard: forgetting an ended sandbox's port", "sandbox", sb.rec.ID, "err", err)
+	}
 	return true
 }
 

@@ -605,11 +605,14 @@ func running(path string) []int {
 }
 
 // BenchmarkColdStart is one sandbox's whole life on this runtime: Create,
-// WaitReady, Kill, with and (as root) without a cgroup.
+// WaitReady, Kill, with and (as root) without a cgroup, and as root with
+// and without the loopback guard (guard.go: with a sandbox of another
+// function running, so that the table exists throughout).
 func BenchmarkColdStart(b *testing.B) {
-	for _, cgroups := range []bool{false, true} {
-		b.Run(fmt.Sprintf("cgroups=%v", cgroups), func(b *testing.B) {
-			r, err := New(Config{StateDir: b.TempDir(), BriskBinary: helper, DisableCgroups: !cgroups})
+	for _, c := range []struct{ cgroups, guard bool }{{false, true}, {true, false}, {true, true}} {
+		b.Run(fmt.Sprintf("cgroups=%v/guard=%v", c.cgroups, c.guard), func(b *testing.B) {
+			cgroups := c.cgroups
+			r, err := New(Config{StateDir: b.TempDir(), BriskBinary: helper, DisableCgroups: !cgroups, NoLoopbackGuard: !c.guard})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -617,6 +620,10 @@ func BenchmarkColdStart(b *testing.B) {
 				b.Skip("no cgroups (not root?)")
 			}
 			ctx := context.Background()
+			if _, err := r.Create(ctx, runtime.Spec{ID: "sb-bench-other", Function: echoFn("other", nil)}); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = r.Kill(context.Background(), "sb-bench-other") })
 			f := echoFn("bench", nil)
 			f.Resources = spec.Resources{MilliCPU: 1000, MemoryMB: 128}
 			b.ReportAllocs()

@@ -14,12 +14,14 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // What a sandbox's processes are (see docs/security.md, "What the process
 // runtime isolates"):
 //
-//   - Who: Config.User; as root by default the user nobody. Supplementary
+//   - Who: Config.User; as root by default a user of the function's own
+//     (users.go). Supplementary
 //     groups are cleared and no_new_privs is set, so neither setuid binaries
 //     nor file capabilities can give a sandbox back what it was denied.
 //   - What they see: a clean environment (sandboxEnv), the working
@@ -33,9 +35,10 @@ import (
 //     namespace of the sandbox's own (secrets.go).
 
 // DefaultUser is who sandboxes run as when the worker runs as root and
-// Config.User is empty. nobody owns no files, so a function can read only
-// what is world-readable and write only what is world-writable; all
-// sandboxes share it (see docs/security.md for what that leaves open).
+// Config.User is empty, for what runs before a function is known; each
+// function's sandboxes run as a user of its own (users.go). Neither owns
+// files, so a function can read only what is world-readable and write
+// only what is world-writable.
 const DefaultUser = "nobody"
 
 // nobodyID is nobody's uid and gid on every mainstream distribution, used
@@ -180,9 +183,18 @@ func resolveCommand(argv []string, env []string) ([]string, error) {
 }
 
 // explainStart adds to a failed exec who it ran as, when that may be why.
-func (r *Runtime) explainStart(argv0 string, err error) error {
-	if r.id.cred != nil && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EACCES)) {
-		return fmt.Errorf("%w (sandboxes run as %s: %s and every directory above it must be readable and searchable by that user)", err, r.id, argv0)
+func explainStart(id identity, argv0 string, err error) error {
+	if id.cred != nil && (errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EACCES)) {
+		return fmt.Errorf("%w (the sandbox runs as %s: %s and every directory above it must be readable and searchable by that user)", err, id, argv0)
 	}
 	return err
+}
+
+// identityOf is who f's sandboxes run as: the function's own user as root
+// without Config.User (users.go), else the runtime's.
+func (r *Runtime) identityOf(f *spec.Function) (identity, error) {
+	if r.users == nil {
+		return r.id, nil
+	}
+	return r.users.identityOf(f)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math/rand/v2"
 	"os"
-	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -165,20 +164,20 @@ func TestSandboxChildrenStayInCgroupAndDie(t *testing.T) {
 	runEscapeTest(t, r, "sb-escape")
 }
 
-// TestSandboxRunsUnprivileged: as root the sandbox runs as nobody (as the
-// worker's own user otherwise), with no supplementary groups and
-// no_new_privs set, down to its children.
+// TestSandboxRunsUnprivileged: as root the sandbox runs as its function's
+// own user (as the worker's own user otherwise), with no supplementary
+// groups and no_new_privs set, down to its children.
 func TestSandboxRunsUnprivileged(t *testing.T) {
 	r := newRuntime(t, Config{})
 	uid, gid := strconv.Itoa(os.Getuid()), strconv.Itoa(os.Getgid())
-	if os.Geteuid() == 0 {
-		nobody, err := user.Lookup("nobody")
-		if err != nil {
-			t.Skipf("no user nobody: %v", err)
-		}
-		uid, gid = nobody.Uid, nobody.Gid
-	}
 	f := echoFn("unpriv", map[string]string{"ECHO_SPAWN_CHILD": "1"})
+	if os.Geteuid() == 0 {
+		id, err := r.identityOf(f)
+		if err != nil || id.uid < FunctionUIDBase || id.gid != id.uid {
+			t.Fatalf("function user %v, %v: want one of its own from %d", id, err, FunctionUIDBase)
+		}
+		uid, gid = strconv.Itoa(int(id.uid)), strconv.Itoa(int(id.gid))
+	}
 	inst := createReady(t, r, "sb-unpriv", f)
 	got := get(t, inst.Addr)
 	for _, pid := range []int{got.PID, got.Child} {

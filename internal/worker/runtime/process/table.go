@@ -30,6 +30,10 @@ type record struct {
 	// Secrets says the sandbox's secrets are in StateDir/secrets/<id>/
 	// (a worker without root; see secrets.go).
 	Secrets bool `json:"secrets,omitempty"`
+	// UID is the function's own user the sandbox runs as (users.go), 0
+	// when it runs as the runtime's: with the port, its loopback guard
+	// entry (guard.go).
+	UID uint32 `json:"uid,omitempty"`
 }
 
 type tableJSON struct {

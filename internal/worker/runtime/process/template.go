@@ -296,7 +296,16 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 		}
 		sb.rec.Cgroup = sb.cg.Rel()
 	}
+	// The child runs as the template, its function's user.
+	if err := r.guardSandbox(sb, s.Function, port); err != nil {
+		if sb.cg != nil {
+			_ = sb.cg.RemoveNow()
+		}
+		_ = os.Remove(logPath)
+		return nil, err
+	}
 	undo := func(pid int) {
+		_ = r.guard.forget(entryOf(sb.rec))
 		if pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
