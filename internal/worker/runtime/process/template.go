@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -104,18 +106,18 @@ func openTemplates(r *Runtime, max int) (*templates, error) {
 			return nil, fmt.Errorf("%s: %w", f.Path(), err)
 		}
 	}
+	// Only this state directory's: other workers on the host keep their
+	// templates under the same cgroup root.
 	for _, rec := range recs {
 		if procs.Alive(rec.PID, rec.Start) {
 			_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
 		}
-	}
-	if r.cg != nil {
-		for _, name := range r.cg.List(templatePrefix) {
-			cg := r.cg.Open(filepath.Join("brisk", name))
+		if r.cg != nil && rec.Cgroup != "" && strings.HasPrefix(path.Base(rec.Cgroup), templatePrefix) {
+			cg := r.cg.Open(rec.Cgroup)
 			cg.Kill()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			if err := cg.Remove(ctx); err != nil {
-				r.log.Warn("cannot remove an earlier worker's template cgroup", "cgroup", name, "err", err)
+				r.log.Warn("cannot remove an earlier worker's template cgroup", "cgroup", rec.Cgroup, "err", err)
 			}
 			cancel()
 		}

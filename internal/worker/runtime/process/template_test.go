@@ -341,3 +341,25 @@ func TestTemplateMemoryIsMeasured(t *testing.T) {
 		t.Fatalf("held templates %+v after they stopped", h)
 	}
 }
+
+// A worker starting on another state directory of the same host (the
+// cgroup root is shared) leaves this one's templates alone: it kills only
+// those its own table lists.
+func TestAnotherWorkerLeavesTemplatesAlone(t *testing.T) {
+	m := newLang(t, templateSource)
+	r1 := newRuntime(t, Config{})
+	s := codeSpec(t, r1, m, "x", templateSource)
+	tpl := templateReady(t, r1, s)
+	pid := procOf(tpl).pid
+	newRuntime(t, Config{}) // another worker, another state directory
+	select {
+	case <-tpl.Done():
+		t.Fatalf("another worker's start ended this one's template: %v", tpl.Err())
+	default:
+	}
+	if !alive(pid) {
+		t.Fatalf("template process %d killed by another worker's start", pid)
+	}
+	inst := startSandbox(t, r1, codeSpec(t, r1, m, "after", templateSource))
+	call(t, inst.Addr, `{}`)
+}
