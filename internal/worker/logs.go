@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -318,7 +319,7 @@ func sweepLogs(dir string, lim logLimits, running map[string]string, now time.Ti
 		ents, _ := os.ReadDir(filepath.Join(dir, fe.Name()))
 		for _, e := range ents {
 			info, err := e.Info()
-			if err != nil || e.IsDir() {
+			if err != nil || e.IsDir() || e.Type()&fs.ModeNamedPipe != 0 { // a live sandbox's pipe (logpipe): its drain removes it
 				continue
 			}
 			sb, isLive := strings.CutSuffix(e.Name(), ".log")

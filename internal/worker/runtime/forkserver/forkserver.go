@@ -28,6 +28,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -499,6 +501,32 @@ func (ts *Set) Held() []runtime.HeldTemplate {
 		return cmp.Or(strings.Compare(a.Function, b.Function), cmp.Compare(a.Revision, b.Revision))
 	})
 	return out
+}
+
+// MemoryMB is what the set's templates hold, in MiB rounded up: each
+// one's cgroup usage where of gives a cgroup, else its process's RSS (of
+// returns the runtime's cgroup and pid of a template; nil and 0 when it
+// has none yet).
+func (ts *Set) MemoryMB(of func(*Template) (*cgroups.Cgroup, int)) int64 {
+	if ts == nil {
+		return 0
+	}
+	var b int64
+	for _, t := range ts.All() {
+		cg, pid := of(t)
+		if cg != nil {
+			if n, ok := cg.MemoryUsage(); ok {
+				b += n
+				continue
+			}
+		}
+		if pid > 0 {
+			if n, err := procs.RSS(pid); err == nil {
+				b += n
+			}
+		}
+	}
+	return runtime.CeilMB(b)
 }
 
 // Count is how many templates the set holds.

@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
@@ -456,12 +457,14 @@ func (r *Runtime) logPath(fn, id string) string {
 	return filepath.Join(r.cfg.StateDir, "logs", fn, id+".log")
 }
 
-// openLog opens a sandbox's log for appending, its directory made.
+// openLog returns what a sandbox (or template) writes its output to: the
+// pipe the worker drains into the log at path, within the rate limit
+// (package logpipe). The caller closes it once the process has it.
 func openLog(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	return logpipe.Open(path, logpipe.Default, nil)
 }
 
 // fitShell makes a taken shell f's before it is bound: f's limits on its
@@ -833,6 +836,10 @@ func (r *Runtime) adopt() error {
 				r.sandboxes[rec.ID] = &sandbox{rec: rec, sh: sh, lock: make(chan struct{}, 1)}
 				keep[rec.Cgroup] = true
 				r.log.Info("adopted sandbox", "sandbox", rec.ID, "function", rec.Function, "pid", rec.PID)
+				// Its output waits in its pipe: drain it again.
+				if err := logpipe.Adopt(r.logPath(rec.Function, rec.ID), logpipe.Default, r.log); err != nil {
+					r.log.Warn("cannot drain an adopted sandbox's output", "sandbox", rec.ID, "err", err)
+				}
 				continue
 			}
 			r.log.Warn("cannot adopt a sandbox's network; stopping it", "sandbox", rec.ID, "err", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
@@ -116,28 +117,12 @@ func (r *Runtime) HeldTemplates() []runtime.HeldTemplate { return r.tpls.Held() 
 // shell's cgroup's usage, or its process's RSS without cgroups. Children
 // are moved into cgroups of their own, charged to their requests.
 func (r *Runtime) TemplateMemoryMB() int64 {
-	if r.tpls == nil {
-		return 0
-	}
-	var b int64
-	for _, t := range r.tpls.All() {
-		ts, ok := t.State().(*tplShell)
-		if !ok || ts.sh == nil {
-			continue
+	return r.tpls.MemoryMB(func(t *forkserver.Template) (*cgroups.Cgroup, int) {
+		if ts, ok := t.State().(*tplShell); ok && ts.sh != nil {
+			return ts.sh.cg, ts.sh.pid
 		}
-		if ts.sh.cg != nil {
-			if n, ok := ts.sh.cg.MemoryUsage(); ok {
-				b += n
-				continue
-			}
-		}
-		if ts.sh.pid > 0 {
-			if n, err := procs.RSS(ts.sh.pid); err == nil {
-				b += n
-			}
-		}
-	}
-	return runtime.CeilMB(b)
+		return nil, 0
+	})
 }
 
 // startTemplate binds a shell to the function's runner in template mode

@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
@@ -294,6 +295,11 @@ func New(cfg Config) (*Runtime, error) {
 		}
 		r.sandboxes[rec.ID] = sb
 		r.ports[portOf(rec.Addr)] = struct{}{}
+		// Its output waits in its pipe: drain it again (a gone
+		// sandbox's pipe is removed).
+		if err := logpipe.Adopt(filepath.Join(cfg.StateDir, "logs", rec.Function, rec.ID+".log"), logpipe.Default, r.log); err != nil {
+			r.log.Warn("cannot drain an adopted sandbox's output", "sandbox", rec.ID, "err", err)
+		}
 	}
 	return r, nil
 }
@@ -878,11 +884,14 @@ func freePort(host string) (int, error) {
 	return port, l.Close()
 }
 
+// openLog returns what a sandbox (or template) writes its output to: the
+// pipe the worker drains into the log at path, within the rate limit
+// (package logpipe). The caller closes it once the process has it.
 func openLog(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	return logpipe.Open(path, logpipe.Default, nil)
 }
 
 // LogDir is where the sandboxes' output is kept: LogDir/FUNCTION/ID.log

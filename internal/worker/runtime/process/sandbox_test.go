@@ -10,10 +10,12 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -334,4 +336,38 @@ func TestSandboxConfiguredUser(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "uid 12345 gid 23456") {
 		t.Errorf("Create of a command the sandbox user cannot reach = %v, want an error naming the user", err)
 	}
+}
+
+// A sandbox that floods its output (256 MiB as fast as it can) puts at
+// most the log pipe's burst and rate into its log, is told nothing (its
+// writes succeed and it runs to its end), and the log says how much was
+// dropped.
+func TestFloodingSandboxIsBounded(t *testing.T) {
+	r := newRuntime(t, Config{})
+	f := &spec.Function{Name: "flood", Revision: 1, Command: []string{"/bin/sh", "-c", `head -c 268435456 /dev/zero | tr '\0' x`}}
+	start := time.Now()
+	inst := create(t, r, "flood-1", f)
+	select {
+	case <-inst.Exited:
+	case <-time.After(waitLong):
+		t.Fatal("the flooding sandbox did not finish: its writes were held up")
+	}
+	if err := inst.ExitErr(); err == nil || !strings.Contains(err.Error(), "status 0") {
+		t.Fatalf("the flooding sandbox ended with %v, want status 0 (its writes must succeed)", err)
+	}
+	logpipe.Wait()
+	took := time.Since(start)
+	st, err := os.Stat(filepath.Join(r.cfg.StateDir, "logs", "flood", "flood-1.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := logpipe.Default.Burst + int64(took.Seconds()*float64(logpipe.Default.Rate)) + 64<<10
+	if st.Size() > bound {
+		t.Fatalf("%d bytes in the log after %v; bound %d", st.Size(), took, bound)
+	}
+	b, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "flood", "flood-1.log"))
+	if !strings.Contains(string(b[max(0, len(b)-4096):]), "bytes of this sandbox's output dropped") {
+		t.Fatal("the log does not say what was dropped")
+	}
+	t.Logf("256 MiB written in %v; %d bytes kept", took, st.Size())
 }

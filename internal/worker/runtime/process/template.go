@@ -170,26 +170,12 @@ func (r *Runtime) HeldTemplates() []runtime.HeldTemplate { return r.tpls.Held() 
 // cgroup's usage, or its process's RSS without cgroups. Its children are
 // in their sandboxes' cgroups, charged to their own requests.
 func (r *Runtime) TemplateMemoryMB() int64 {
-	if r.tpls == nil {
-		return 0
-	}
-	var b int64
-	for _, t := range r.tpls.All() {
-		p := procOf(t)
-		if p == nil {
-			continue
+	return r.tpls.MemoryMB(func(t *forkserver.Template) (*cgroups.Cgroup, int) {
+		if p := procOf(t); p != nil {
+			return p.cg, p.pid
 		}
-		if p.cg != nil {
-			if n, ok := p.cg.MemoryUsage(); ok {
-				b += n
-				continue
-			}
-		}
-		if n, err := procs.RSS(p.pid); err == nil {
-			b += n
-		}
-	}
-	return runtime.CeilMB(b)
+		return nil, 0
+	})
 }
 
 // start starts t's process (forkserver.Set.Start).

@@ -1,0 +1,158 @@
+// Package logpipe puts the worker between a sandbox's output and its log
+// file, so that a flooding sandbox cannot fill the node's disk faster than
+// the log's rotation can keep up (docs/operations.md, "Logs").
+//
+// The sandbox's stdout and stderr are a FIFO beside its log (LOG.pipe),
+// which the sandbox holds open for reading and writing: it never sees a
+// broken pipe, and when no worker drains it (across a worker restart) its
+// writes wait in the pipe's buffer and then block until the next worker
+// drains it again (Adopt). The worker copies what arrives into the log at
+// most Limits.Rate bytes a second (Limits.Burst at once) and drops the
+// rest, writing into the log how much it dropped. The FIFO goes when
+// every process that held it has closed it: the sandbox has ended.
+package logpipe
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Limits bound what one sandbox's output may put into its log.
+type Limits struct {
+	Rate  int64 // bytes a second, sustained
+	Burst int64 // bytes at once
+}
+
+// Default lets a sandbox log 1 MiB a second with bursts of 16 MiB: more
+// than any function that logs for people, far less than a flood (a
+// sandbox can write gigabytes a second).
+var Default = Limits{Rate: 1 << 20, Burst: 16 << 20}
+
+// Suffix names a log's FIFO: LOG + Suffix.
+const Suffix = ".pipe"
+
+// chunk is one read from the pipe.
+const chunk = 64 << 10
+
+// Open makes the FIFO of the log at path and starts draining it into the
+// log. The caller gives w to the sandbox as its stdout and stderr and
+// closes its own copy once the sandbox's process has it (or failed to
+// start: the drain then ends and the FIFO goes).
+func Open(path string, lim Limits, log *slog.Logger) (w *os.File, err error) {
+	fifo := path + Suffix
+	_ = os.Remove(fifo) // a dead sandbox's, of a reused id
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		return nil, fmt.Errorf("log pipe: %w", err)
+	}
+	// O_RDWR opens at once, with no reader waiting: the sandbox's end.
+	w, err = os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		_ = os.Remove(fifo)
+		return nil, fmt.Errorf("log pipe: %w", err)
+	}
+	if err := drain(path, lim, log); err != nil {
+		w.Close()
+		_ = os.Remove(fifo)
+		return nil, err
+	}
+	return w, nil
+}
+
+// Adopt drains the FIFO an earlier worker left for the log at path (its
+// sandbox is adopted). Without one (a sandbox started before logs were
+// piped, or already gone) it does nothing.
+func Adopt(path string, lim Limits, log *slog.Logger) error {
+	st, err := os.Lstat(path + Suffix)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.Mode()&fs.ModeNamedPipe == 0 {
+		return fmt.Errorf("log pipe %s: not a FIFO", path+Suffix)
+	}
+	return drain(path, lim, log)
+}
+
+// drain opens the FIFO for reading and the log for appending, and copies
+// one into the other until every writer has gone.
+func drain(path string, lim Limits, log *slog.Logger) error {
+	fifo := path + Suffix
+	// Non-blocking: no writer need be there yet, and reads wait in Go's
+	// poller, not on a thread.
+	r, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return fmt.Errorf("log pipe: %w", err)
+	}
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		r.Close()
+		return fmt.Errorf("log pipe: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	active.Add(1)
+	go func() {
+		defer active.Done()
+		copyLimited(out, r, lim, time.Now)
+		r.Close()
+		out.Close()
+		if err := os.Remove(fifo); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.Warn("log pipe: removing the FIFO of an ended sandbox", "path", fifo, "err", err)
+		}
+	}()
+	return nil
+}
+
+// active counts the drains running.
+var active sync.WaitGroup
+
+// Wait waits for every drain to end (tests: a sandbox's output is all in
+// its log once its processes have ended and Wait returned).
+func Wait() { active.Wait() }
+
+// copyLimited copies r into out until r ends (every writer has closed
+// the FIFO), within lim. While it drops, it writes a line into out at
+// most once a second (and at the end), saying how much it dropped.
+func copyLimited(out io.Writer, r *os.File, lim Limits, now func() time.Time) {
+	buf := make([]byte, chunk)
+	tokens, last := float64(lim.Burst), now()
+	var dropped int64
+	var noted time.Time
+	note := func(t time.Time) {
+		fmt.Fprintf(out, "[brisk] %d bytes of this sandbox's output dropped: it wrote more than %d bytes a second\n", dropped, lim.Rate)
+		dropped, noted = 0, t
+	}
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			t := now()
+			tokens = min(float64(lim.Burst), tokens+t.Sub(last).Seconds()*float64(lim.Rate))
+			last = t
+			keep := int64(min(float64(n), max(tokens, 0)))
+			if keep > 0 {
+				_, _ = out.Write(buf[:keep])
+				tokens -= float64(keep)
+			}
+			dropped += int64(n) - keep
+			if dropped > 0 && t.Sub(noted) >= time.Second {
+				note(t)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if dropped > 0 {
+		note(now())
+	}
+}
