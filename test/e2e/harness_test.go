@@ -165,23 +165,49 @@ func tail(s string, n int) string {
 // ephemeral range when there is room: a port from that range can be taken
 // in between by any outgoing connection on the machine (a CI run failed
 // with "address already in use" that way).
+// It never hands out one address twice in a run: two picks for one
+// cluster (its admin and NATS ports) once drew the same free port.
 func freePort(t testing.TB) string {
 	t.Helper()
 	if lo := ephemeralLow(); lo > 11000 {
 		for range 50 {
 			addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(lo-10000))
+			if !handOut(addr) {
+				continue
+			}
 			if l, err := net.Listen("tcp", addr); err == nil {
 				l.Close()
 				return addr
 			}
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		if handOut(addr) {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+}
+
+var (
+	handedMu sync.Mutex
+	handed   = map[string]bool{}
+)
+
+// handOut records addr as handed out; false if it already was.
+func handOut(addr string) bool {
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	if handed[addr] {
+		return false
+	}
+	handed[addr] = true
+	return true
 }
 
 // ephemeralLow is the first port of the kernel's range for outgoing
