@@ -283,6 +283,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		sw.Wait()
 		cancel()
 	}
+	for _, n := range d.nodes {
+		for _, rt := range n.runtimes() {
+			// What a runtime keeps on the host for its sandboxes, once
+			// none is left (the process runtime's loopback guard).
+			if sd, ok := rt.(interface{ Shutdown() error }); ok {
+				if serr := sd.Shutdown(); serr != nil {
+					d.log.Warn("runtime shutdown", "runtime", rt.Name(), "err", serr)
+				}
+			}
+		}
+	}
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

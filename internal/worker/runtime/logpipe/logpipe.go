@@ -39,7 +39,7 @@ var Default = Limits{Rate: 1 << 20, Burst: 16 << 20}
 const Suffix = ".pipe"
 
 // chunk is one read from the pipe.
-const chunk = 64 << 10
+const chunk = 16 << 10
 
 // Open makes the FIFO of the log at path and starts draining it into the
 // log. The caller gives w to the sandbox as its stdout and stderr and

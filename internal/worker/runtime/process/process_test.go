@@ -67,7 +67,12 @@ func newRuntime(t testing.TB, cfg Config) *Runtime {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { killAll(t, r) })
+	t.Cleanup(func() {
+		killAll(t, r)
+		if err := r.Shutdown(); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
 	return r
 }
 
@@ -616,6 +621,7 @@ func BenchmarkColdStart(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { _ = r.Shutdown() })
 			if cgroups && r.cg == nil {
 				b.Skip("no cgroups (not root?)")
 			}
@@ -647,16 +653,20 @@ func BenchmarkColdStart(b *testing.B) {
 }
 
 // BenchmarkRuntimeColdStart is runtimetest.ColdStart on this runtime (as
-// root with cgroups), comparable with the native and containerd runtimes'.
+// root with cgroups), comparable with the native and containerd runtimes',
+// with the loopback guard (the default as root) and without.
 func BenchmarkRuntimeColdStart(b *testing.B) {
-	r, err := New(Config{StateDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, conc := range runtimetest.ColdStartConcurrency {
-		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
-			runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, runtimetest.ColdStartOptions{})
-		})
+	for _, guard := range []bool{true, false} {
+		r, err := New(Config{StateDir: b.TempDir(), NoLoopbackGuard: !guard})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = r.Shutdown() })
+		for _, conc := range runtimetest.ColdStartConcurrency {
+			b.Run(fmt.Sprintf("guard=%v/conc=%d", guard, conc), func(b *testing.B) {
+				runtimetest.ColdStart(b, r, echoFn("bench", nil), conc, runtimetest.ColdStartOptions{})
+			})
+		}
 	}
 }
 
@@ -667,6 +677,7 @@ func BenchmarkRuntimeChurn(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { _ = r.Shutdown() })
 	for _, conc := range []int{1, 10, 50} {
 		b.Run(fmt.Sprintf("conc=%d/served", conc), func(b *testing.B) {
 			runtimetest.Churn(b, r, echoFn("bench", nil), conc, true, nil)

@@ -228,6 +228,9 @@ func TestTemplateForksSandboxes(t *testing.T) {
 		t.Fatal("the adopted child changed")
 	}
 	killAll(t, r2)
+	if err := r2.Shutdown(); err != nil {
+		t.Error(err)
+	}
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
