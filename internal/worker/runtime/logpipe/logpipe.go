@@ -30,10 +30,11 @@ type Limits struct {
 	Burst int64 // bytes at once
 }
 
-// Default lets a sandbox log 1 MiB a second with bursts of 16 MiB: more
-// than any function that logs for people, far less than a flood (a
-// sandbox can write gigabytes a second).
-var Default = Limits{Rate: 1 << 20, Burst: 16 << 20}
+// Default lets a sandbox log 1 MiB a second with bursts of 8 MiB (within
+// the 10 MiB its log holds before rotation): more than any function that
+// logs for people, far less than a flood (a sandbox can write gigabytes a
+// second).
+var Default = Limits{Rate: 1 << 20, Burst: 8 << 20}
 
 // Suffix names a log's FIFO: LOG + Suffix.
 const Suffix = ".pipe"
@@ -122,18 +123,34 @@ func Wait() { active.Wait() }
 
 // copyLimited copies r into out until r ends (every writer has closed
 // the FIFO), within lim. While it drops, it writes a line into out at
-// most once a second (and at the end), saying how much it dropped.
+// most once a second, and a second after the last drop, saying how much it
+// dropped.
 func copyLimited(out io.Writer, r *os.File, lim Limits, now func() time.Time) {
 	buf := make([]byte, chunk)
 	tokens, last := float64(lim.Burst), now()
 	var dropped int64
 	var noted time.Time
+	midLine := false // the last byte written was not a newline
 	note := func(t time.Time) {
+		if midLine {
+			_, _ = out.Write([]byte{'\n'})
+		}
 		fmt.Fprintf(out, "[brisk] %d bytes of this sandbox's output dropped: it wrote more than %d bytes a second\n", dropped, lim.Rate)
-		dropped, noted = 0, t
+		dropped, noted, midLine = 0, t, false
 	}
 	for {
+		// While there is a drop to report, wake up to report it even if
+		// the sandbox writes nothing more.
+		var wake time.Time
+		if dropped > 0 {
+			wake = noted.Add(time.Second)
+		}
+		_ = r.SetReadDeadline(wake)
 		n, err := r.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			note(now())
+			continue
+		}
 		if n > 0 {
 			t := now()
 			tokens = min(float64(lim.Burst), tokens+t.Sub(last).Seconds()*float64(lim.Rate))
@@ -142,6 +159,7 @@ func copyLimited(out io.Writer, r *os.File, lim Limits, now func() time.Time) {
 			if keep > 0 {
 				_, _ = out.Write(buf[:keep])
 				tokens -= float64(keep)
+				midLine = buf[keep-1] != '\n'
 			}
 			dropped += int64(n) - keep
 			if dropped > 0 && t.Sub(noted) >= time.Second {

@@ -2,6 +2,7 @@ package logpipe
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
 // A sandbox's output reaches its log whole, the FIFO goes when the
@@ -115,4 +118,35 @@ func TestAdoptDrainsWhatWaited(t *testing.T) {
 	if err := Adopt(filepath.Join(dir, "none.log"), Default, nil); err != nil {
 		t.Errorf("Adopt without a FIFO: %v", err)
 	}
+}
+
+// A sandbox that floods and then goes quiet, still running, gets the
+// whole count of what was dropped into its log within about a second,
+// not only when it writes again.
+func TestDropIsReportedWhenQuiet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sb.log")
+	lim := Limits{Rate: 1 << 10, Burst: 4 << 10}
+	w, err := Open(path, lim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Write(bytes.Repeat([]byte("y"), 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	var kept, total int64
+	var b []byte
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		b, _ = os.ReadFile(path)
+		kept, total = 0, 0
+		for _, line := range strings.Split(string(b), "\n") {
+			var n int64
+			if _, err := fmt.Sscanf(line, "[brisk] %d bytes of this sandbox's output dropped", &n); err == nil {
+				total += n
+			} else {
+				kept += int64(strings.Count(line, "y"))
+			}
+		}
+		return kept+total == 1<<20
+	}, "kept and reported dropped adding up to the 1 MiB written")
 }
