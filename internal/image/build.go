@@ -20,15 +20,17 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/brisk-faas/brisk/internal/image/ref"
 )
 
-// LocalDomain is the domain of the references brisk gives images it builds.
-// It resolves nowhere: such images reach workers only by import.
-const LocalDomain = "brisk.local"
+// LocalDomain is the domain of the references brisk gives images it builds
+// (package ref).
+const LocalDomain = ref.LocalDomain
 
 // Ref is the default reference of an image built under name:
 // brisk.local/<name>:latest.
-func Ref(name string) string { return LocalDomain + "/" + name + ":latest" }
+func Ref(name string) string { return ref.Of(name) }
 
 // nameRE is the path component grammar of OCI references.
 var nameRE = regexp.MustCompile(`^[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*$`)

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/brisk-faas/brisk/internal/image/ref"
 )
 
 // Language base images: what runs functions deployed from source on
@@ -16,7 +18,7 @@ import (
 // and native runtimes, which run that interpreter directly.
 
 // LangRef is the reference of the base image of lang ("python", "node").
-func LangRef(lang string) string { return Ref("lang-" + lang) }
+func LangRef(lang string) string { return ref.Lang(lang) }
 
 // NobodyUser is the user language images run as: the sandbox's code has
 // no owner's rights over anything in the image.

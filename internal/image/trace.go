@@ -11,12 +11,13 @@ import (
 	goruntime "runtime"
 	"strings"
 
+	"github.com/brisk-faas/brisk/internal/image/ref"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 )
 
 // Trace describes the built-in trace function's image.
 const (
-	TraceName = "trace"
+	TraceName = ref.TraceName
 	// TraceSubcommand is the hidden brisk subcommand serving the function.
 	TraceSubcommand = tracefn.Subcommand
 	briskModule     = "github.com/brisk-faas/brisk"
@@ -24,7 +25,7 @@ const (
 
 // TraceRef is the reference of the built-in trace function's image; the
 // containerd runtime runs `--builtin trace` functions from it.
-var TraceRef = Ref(TraceName)
+var TraceRef = ref.Trace
 
 // TraceOptions are the build options of the trace function image around a
 // static brisk binary. Inside a container the function must listen on all

@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/brisk-faas/brisk/internal/image"
+	"github.com/brisk-faas/brisk/internal/image/ref"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -146,8 +146,8 @@ func FunctionImage(s Spec, runtime string) (string, error) {
 	switch {
 	case f.Image != "":
 		return f.Image, nil
-	case f.Builtin == image.TraceName:
-		return image.TraceRef, nil
+	case f.Builtin == ref.TraceName:
+		return ref.Trace, nil
 	case f.Builtin != "":
 		return "", fmt.Errorf("sandbox %s: builtin %q: %w", s.ID, f.Builtin, errors.ErrUnsupported)
 	case len(f.Command) > 0:
