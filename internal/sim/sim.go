@@ -25,8 +25,8 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
@@ -399,7 +399,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		n := &node{id: nodeID(i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{}), emFree: cfg.EmergencySlots}
 		sm.nodes[n.id] = n
 		sm.nodeList = append(sm.nodeList, n)
-		sm.step(reconciler.RegisterNode{Worker: &store.Worker{ID: n.id, Address: n.id, Runtime: "sim",
+		sm.step(reconciler.RegisterNode{Worker: &nodes.Worker{ID: n.id, Address: n.id, Runtime: "sim",
 			Capacity: spec.Resources{MilliCPU: cfg.NodeMilliCP, MemoryMB: cfg.NodeMemMB}}})
 		sm.step(reconciler.SessionUp{Node: n.id})
 	}

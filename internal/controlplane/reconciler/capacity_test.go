@@ -7,7 +7,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -279,7 +279,7 @@ func TestQueuedCallKeepsItsNewSandbox(t *testing.T) {
 func TestUnreachableSandboxesDoNotCoverTheMin(t *testing.T) {
 	w := newWorld(t, 0)
 	for _, id := range []string{"n0", "n1"} {
-		w.step(RegisterNode{Worker: &store.Worker{ID: id, Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 250, MemoryMB: 8192}}})
+		w.step(RegisterNode{Worker: &nodes.Worker{ID: id, Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 250, MemoryMB: 8192}}})
 		w.running[id] = map[string]string{}
 		w.step(SessionUp{Node: id})
 	}

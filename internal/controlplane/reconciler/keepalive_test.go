@@ -5,7 +5,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -17,7 +17,7 @@ func smallWorld(t *testing.T) *world {
 // oneNodeWorld is one connected node "n0" of capacity c.
 func oneNodeWorld(t *testing.T, c spec.Resources) *world {
 	w := newWorld(t, 0)
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: c}})
+	w.step(RegisterNode{Worker: &nodes.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: c}})
 	w.running["n0"] = map[string]string{}
 	w.step(SessionUp{Node: "n0"})
 	return w
@@ -128,7 +128,7 @@ func TestKeepAliveDurations(t *testing.T) {
 // zero demand with busy kept sandboxes creates what its queue needs at once.
 func TestKeepAliveGDEvictsForTheWholeDeficit(t *testing.T) {
 	w := newWorld(t, 0)
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", MaxSandboxes: 4,
+	w.step(RegisterNode{Worker: &nodes.Worker{ID: "n0", Address: "127.0.0.1:1", MaxSandboxes: 4,
 		Capacity: spec.Resources{MilliCPU: 64000, MemoryMB: 1 << 20}}})
 	w.running["n0"] = map[string]string{}
 	w.step(SessionUp{Node: "n0"})

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -50,7 +50,7 @@ type sandboxRec struct {
 
 type nodeState struct {
 	id        string
-	rec       *store.Worker
+	rec       *nodes.Worker
 	idx       int // index in place / nodeList
 	up        bool
 	sandboxes map[string]*sandboxRec
@@ -79,7 +79,7 @@ type heldTemplate struct {
 	revision uint64
 }
 
-func (c *Reconciler) registerNode(w *store.Worker) {
+func (c *Reconciler) registerNode(w *nodes.Worker) {
 	n := c.nodes[w.ID]
 	if n == nil {
 		n = &nodeState{id: w.ID, rec: w, idx: len(c.nodeList), sandboxes: make(map[string]*sandboxRec),
@@ -144,10 +144,10 @@ func (c *Reconciler) HandshakeMode(node string) briskv1.HandshakeMode {
 }
 
 // Node returns a copy of node's durable record and its last boot id.
-func (c *Reconciler) Node(node string) (w store.Worker, bootID string, ok bool) {
+func (c *Reconciler) Node(node string) (w nodes.Worker, bootID string, ok bool) {
 	n := c.nodes[node]
 	if n == nil {
-		return store.Worker{}, "", false
+		return nodes.Worker{}, "", false
 	}
 	return *n.rec, n.bootID, true
 }

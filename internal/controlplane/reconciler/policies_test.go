@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -22,7 +22,7 @@ func TestPredictorPrewarms(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &world{t: t, r: r, now: time.Unix(1_000_000, 0), running: map[string]map[string]string{}}
-	w.step(RegisterNode{Worker: &store.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 8192}}})
+	w.step(RegisterNode{Worker: &nodes.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 8192}}})
 	w.running["n0"] = map[string]string{}
 	w.step(SessionUp{Node: "n0"})
 	w.deploy("f", 0)

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/keepalive"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
@@ -239,7 +239,7 @@ type Tick struct{ Functions []string }
 type CheckNodes struct{}
 
 // RegisterNode creates or refreshes a node from its durable record.
-type RegisterNode struct{ Worker *store.Worker }
+type RegisterNode struct{ Worker *nodes.Worker }
 
 // SessionUp folds a worker's handshake: Versions lists every sandbox it
 // holds, Records are the full records fetched (all of them in recover mode,
@@ -368,7 +368,7 @@ type RetryAt struct {
 }
 
 // PersistWorker writes a node's record (its drain mark) durably.
-type PersistWorker struct{ Worker store.Worker }
+type PersistWorker struct{ Worker nodes.Worker }
 
 // SandboxFailed reports a sandbox that failed or exited on its own, and
 // the crash-loop backoff it caused.

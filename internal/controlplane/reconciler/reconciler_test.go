@@ -7,7 +7,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -26,7 +26,7 @@ type world struct {
 	version uint64
 }
 
-func newWorld(t *testing.T, nodes int) *world {
+func newWorld(t *testing.T, count int) *world {
 	t.Helper()
 	r, err := New(Config{Autoscale: autoscale.DefaultConfig(), DrainDelay: 0, NodeGrace: 10 * time.Second,
 		FailureBackoff: 200 * time.Millisecond, MaxFailureBackoff: 30 * time.Second, Seed: 1, IDPrefix: "t"})
@@ -34,9 +34,9 @@ func newWorld(t *testing.T, nodes int) *world {
 		t.Fatal(err)
 	}
 	w := &world{t: t, r: r, now: time.Unix(1_000_000, 0), running: map[string]map[string]string{}}
-	for i := range nodes {
+	for i := range count {
 		id := fmt.Sprintf("n%d", i)
-		w.step(RegisterNode{Worker: &store.Worker{ID: id, Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 8192}}})
+		w.step(RegisterNode{Worker: &nodes.Worker{ID: id, Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 8192}}})
 		w.running[id] = map[string]string{}
 		w.step(SessionUp{Node: id})
 	}

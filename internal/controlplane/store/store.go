@@ -4,6 +4,8 @@
 package store
 
 import (
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
+
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -40,22 +42,9 @@ var (
 	bucketTriggers   = []byte("triggers")
 )
 
-// Worker is the durable record of a worker node.
-type Worker struct {
-	ID           string         `json:"id"`
-	Address      string         `json:"address"`
-	Capacity     spec.Resources `json:"capacity"`
-	MaxSandboxes int            `json:"max_sandboxes"`
-	Runtime      string         `json:"runtime"`
-	// Drain fences a node the control plane gave up on: its sandboxes were
-	// replaced, so it must kill them all before it takes new work.
-	Drain        bool      `json:"drain"`
-	RegisteredAt time.Time `json:"registered_at"`
-	// KeyID binds the node id to the key of the certificate that first
-	// registered it (pki.KeyID; empty without TLS): no other key may
-	// register it again.
-	KeyID string `json:"key_id,omitempty"`
-}
+// Worker is a registered worker node (package nodes, which the
+// reconciler imports without the store's bbolt and raft).
+type Worker = nodes.Worker
 
 // Token is the durable record of an API token. The secret itself is never
 // stored: only its SHA-256 (the secret is 256 random bits, so a plain hash
