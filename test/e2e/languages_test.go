@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/worker/runtime/process"
 )
 
 // writeTree writes files (path → content) under a new directory.
@@ -92,6 +94,9 @@ def handler(event, context):
 	}
 	if rt == "containerd" && got["uid"] != float64(65534) {
 		t.Fatalf("uid %v in the base image, want nobody's (65534)", got["uid"])
+	}
+	if uid, _ := got["uid"].(float64); rt == "process" && os.Geteuid() == 0 && uid < process.FunctionUIDBase {
+		t.Fatalf("uid %v on the process runtime as root, want the function's own (from %d)", got["uid"], process.FunctionUIDBase)
 	}
 	if rt != "process" && got["task_root"] != "/var/task" {
 		t.Fatalf("task root %v, want /var/task", got["task_root"])
