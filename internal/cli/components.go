@@ -203,10 +203,10 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
 	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
-	fl.StringVar(&f.python, "python", lang.DefaultPython, "interpreter of functions deployed from Python source (fn deploy --lang python), with --runtime process or native")
+	fl.StringVar(&f.python, "python", lang.DefaultPython, "interpreter of functions deployed from Python source (fn deploy --lang python), with --runtime process or native, and the one the containerd runtime builds its Python base image from")
 	fl.BoolVar(&f.templates, "templates", true, "with --runtime process or native: start sandboxes of functions deployed from Python source by forking a per-revision template that has imported them (docs/languages.md); =false starts each fresh")
 	fl.IntVar(&f.maxTemplates, "max-templates", 16, "with --templates: the most templates a node keeps (least recently used first out; each holds a function's imported interpreter, 15–30 MiB for a typical one)")
-	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native (looked up in PATH)")
+	fl.StringVar(&f.node, "node", lang.DefaultNode, "interpreter of functions deployed from Node source (fn deploy --lang node), with --runtime process or native, and the one the containerd runtime builds its Node base image from (looked up in PATH)")
 	fl.StringVar(&f.sandboxUser, "sandbox-user", "", "with --runtime process (and native, for functions without an image): one user every sandbox runs as, a name, uid or uid:gid (default as root: on process a user of each function's own, with a loopback guard between functions; on native nobody; else this user; only root can choose another); sandboxes always get a clean environment and no_new_privs")
 	f.ctr.register(c)
 	if standalone {

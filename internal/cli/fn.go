@@ -156,7 +156,7 @@ func (f *deployFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.builtin, "builtin", "", "built-in function to run: trace")
 	fl.StringVar(&f.command, "command", "", "local command to run (process and native runtimes); quotes group words; '$PORT' (quoted, so that your shell leaves it) is the sandbox's port")
 	fl.StringVar(&f.image, "image", "", "OCI image to run (containerd runtime)")
-	fl.StringVar(&f.code, "code", "", "deploy from source: a directory, a .zip, or one source file, uploaded and run in a managed runtime (process and native runtimes; docs/languages.md)")
+	fl.StringVar(&f.code, "code", "", "deploy from source: a directory, a .zip, or one source file, uploaded and run in a managed runtime (process, native and containerd runtimes; docs/languages.md)")
 	fl.StringVar(&f.lang, "lang", "", "with --code: python or node (default: guessed from the files)")
 	fl.StringVar(&f.handler, "handler", "", "with --code: MODULE.FUNCTION to call, e.g. app.handler (default: lambda_function.lambda_handler or index.handler; with --contract http handler.handle, or for Node handler, the module's export)")
 	fl.StringVar(&f.contract, "contract", "", "with --code: lambda (AWS Lambda's handler(event, context), the default) or http (a request in, status/headers/body out, as OpenFaaS's templates)")
