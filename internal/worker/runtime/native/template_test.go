@@ -9,9 +9,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +21,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -243,25 +244,7 @@ func TestTemplateLoadFailureFallsBack(t *testing.T) {
 func TestTemplateMemoryIsMeasured(t *testing.T) {
 	m, digest := pyLang(t, isolationSource)
 	r := newRuntime(t, newPool(t, poolConfig()), t.TempDir(), true)
-	if got := r.TemplateMemoryMB(); got != 0 {
-		t.Fatalf("%d MiB held before any template", got)
-	}
-	nativeTemplateReady(t, r, pySpec(t, m, digest, "x"))
-	got := r.TemplateMemoryMB()
-	t.Logf("one template holds %d MiB", got)
-	if got < 4 {
-		t.Fatalf("a loaded Python template measured at %d MiB", got)
-	}
-	if h := r.HeldTemplates(); len(h) != 1 || h[0].Revision != 1 || h[0].Function == "" {
-		t.Fatalf("held templates %+v, want the function's one", h)
-	}
-	r.StopTemplates()
-	if got := r.TemplateMemoryMB(); got != 0 {
-		t.Fatalf("%d MiB held after the templates stopped", got)
-	}
-	if h := r.HeldTemplates(); len(h) != 0 {
-		t.Fatalf("held templates %+v after they stopped", h)
-	}
+	runtimetest.TemplateMemory(t, r, func() { nativeTemplateReady(t, r, pySpec(t, m, digest, "x")) })
 }
 
 // A worker killed with a template and a child running (abandoned, as by
@@ -300,7 +283,14 @@ func TestRestartReapsTemplates(t *testing.T) {
 	r1.mu.Lock()
 	child := r1.sandboxes["child-1"].sh
 	r1.mu.Unlock()
-	held := []string{tplShell.name, child.name}
+	// The earlier worker's cgroups, by directory identity: the new
+	// runtime's own shells may take their names again.
+	held := map[string]uint64{}
+	for _, sh := range []*shell{tplShell, child} {
+		if sh.cg != nil {
+			held[sh.cg.Dirs()[0]] = inode(t, sh.cg.Dirs()[0])
+		}
+	}
 	r1.stop() // the worker dies; its template and child run on
 	r1.wg.Wait()
 
@@ -314,10 +304,9 @@ func TestRestartReapsTemplates(t *testing.T) {
 			return err != nil || strings.Contains(string(b), ") Z ")
 		})
 	}
-	left := r2.cg.List(r2.prefix)
-	for _, name := range held {
-		if slices.Contains(left, name) {
-			t.Errorf("cgroup %s of the earlier worker's template or child is left", name)
+	for dir, ino := range held {
+		if st, err := os.Stat(dir); err == nil && st.Sys().(*syscall.Stat_t).Ino == ino {
+			t.Errorf("cgroup %s of the earlier worker's template or child is left", dir)
 		}
 	}
 	if n := r2.TemplateCount(); n != 0 {
@@ -332,4 +321,14 @@ func TestRestartReapsTemplates(t *testing.T) {
 		t.Fatal(err)
 	}
 	ask(t, inst.Addr, `{}`)
+}
+
+// inode is the inode number of path.
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Sys().(*syscall.Stat_t).Ino
 }
