@@ -390,10 +390,10 @@ func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Update
 		c.applyUpdate(now, n, r)
 	}
 	if hb := u.GetHeartbeat(); hb != nil {
-		held := n.heartbeat.GetTemplates().GetMemoryMb() != hb.GetTemplates().GetMemoryMb()
+		tplMemChanged := n.heartbeat.GetTemplates().GetMemoryMb() != hb.GetTemplates().GetMemoryMb()
 		n.heartbeat = hb
 		n.lastHeartbeat = now
-		if held {
+		if tplMemChanged {
 			c.setAllocatable(n)
 		}
 		if set := hb.GetHeldTemplates(); set != nil {

@@ -46,8 +46,6 @@ func TestAsyncOnALocalCluster(t *testing.T) {
 	}
 }
 
-// asyncCluster starts a one-process cluster (one emulated worker) with its
-// embedded queue for the test, and a context bounding the test to 3 min.
 // readCSV reads all of the CSV file at path.
 func readCSV(t *testing.T, path string) [][]string {
 	t.Helper()
@@ -63,6 +61,8 @@ func readCSV(t *testing.T, path string) [][]string {
 	return rows
 }
 
+// asyncCluster starts a one-process cluster (one emulated worker) with its
+// embedded queue for the test, and a context bounding the test to 3 min.
 func asyncCluster(t *testing.T) (context.Context, *Cluster) {
 	t.Helper()
 	if testing.Short() {

@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -64,6 +65,16 @@ func Open(path string, lim Limits, log *slog.Logger) (w *os.File, err error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// Sandbox is Open with the Default limits, the log's directory made
+// (0700: only the worker reads sandboxes' output): what a runtime gives a
+// sandbox, a template or a template's child as its output.
+func Sandbox(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	return Open(path, Default, nil)
 }
 
 // Adopt drains the FIFO an earlier worker left for the log at path (its

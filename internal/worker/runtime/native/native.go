@@ -404,7 +404,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.log.Warn("a sandbox could not start from its template; starting it fresh", "sandbox", s.ID, "err", err)
 	}
 	logPath := r.logPath(s.Function.Name, s.ID)
-	logf, err := openLog(logPath)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
@@ -455,16 +455,6 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 // logPath is where sandbox (or template) id of function fn writes.
 func (r *Runtime) logPath(fn, id string) string {
 	return filepath.Join(r.cfg.StateDir, "logs", fn, id+".log")
-}
-
-// openLog returns what a sandbox (or template) writes its output to: the
-// pipe the worker drains into the log at path, within the rate limit
-// (package logpipe). The caller closes it once the process has it.
-func openLog(path string) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	return logpipe.Open(path, logpipe.Default, nil)
 }
 
 // fitShell makes a taken shell f's before it is bound: f's limits on its

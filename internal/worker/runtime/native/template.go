@@ -16,6 +16,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -159,7 +160,7 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 		return err
 	}
 	logPath := r.logPath(s.Function.Name, "tpl-"+sh.name)
-	logf, err := openLog(logPath)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return fail(err)
 	}
@@ -236,7 +237,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 			return fail(err)
 		}
 	}
-	logf, err := openLog(logPath)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return fail(err)
 	}

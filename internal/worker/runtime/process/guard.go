@@ -12,8 +12,6 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-
-	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The loopback guard. Process sandboxes listen on the host's own
@@ -318,15 +316,11 @@ func (g *guard) flushLocked() error {
 // entryOf is rec's guard entry (uid 0: none).
 func entryOf(rec record) guardEntry { return guardEntry{uid: rec.UID, port: uint16(portOf(rec.Addr))} }
 
-// guardSandbox records sb's function user and enters its port in the
-// guard, before its process starts.
-func (r *Runtime) guardSandbox(sb *sandbox, f *spec.Function, port int) error {
+// guardSandbox records sb's function user id and enters its port in the
+// guard, before its process starts (nothing without per-function users).
+func (r *Runtime) guardSandbox(sb *sandbox, id identity, port int) error {
 	if r.users == nil {
 		return nil
-	}
-	id, err := r.users.identityOf(f)
-	if err != nil {
-		return err
 	}
 	sb.rec.UID = id.uid
 	return r.guard.allow(entryOf(sb.rec))

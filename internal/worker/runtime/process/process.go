@@ -297,7 +297,7 @@ func New(cfg Config) (*Runtime, error) {
 		r.ports[portOf(rec.Addr)] = struct{}{}
 		// Its output waits in its pipe: drain it again (a gone
 		// sandbox's pipe is removed).
-		if err := logpipe.Adopt(filepath.Join(cfg.StateDir, "logs", rec.Function, rec.ID+".log"), logpipe.Default, r.log); err != nil {
+		if err := logpipe.Adopt(r.logPath(rec.Function, rec.ID), logpipe.Default, r.log); err != nil {
 			r.log.Warn("cannot drain an adopted sandbox's output", "sandbox", rec.ID, "err", err)
 		}
 	}
@@ -363,8 +363,12 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 			r.releasePort(port)
 		}
 	}()
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
-	logf, err := openLog(logPath)
+	id, err := r.identityOf(s.Function)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	logPath := r.logPath(s.Function.Name, s.ID)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
@@ -404,7 +408,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if len(s.Function.Command) > 0 {
 		argv = runtime.ExpandArgs(argv, env) // $PORT without a shell
 	}
-	if err := r.guardSandbox(sb, s.Function, port); err != nil {
+	if err := r.guardSandbox(sb, id, port); err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.RemoveNow()
 		}
@@ -416,7 +420,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 			_ = r.guard.forget(entryOf(sb.rec))
 		}
 	}()
-	cmd, err := r.start(s, argv, env, logf, sb.cg)
+	cmd, err := r.start(s, id, argv, env, logf, sb.cg)
 	if err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.RemoveNow() // empty: nothing ever ran in it
@@ -490,7 +494,7 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 	return nil, fmt.Errorf("sandbox %s: function %s has neither command nor builtin", s.ID, f.Name)
 }
 
-// start starts argv as its function's user (identityOf), with
+// start starts argv as id (its function's user: identityOf), with
 // no_new_privs, in its own process group, in / with env and, when cg is
 // set, in its cgroup from its first
 // instruction on: on v2 the child is cloned straight into the cgroup
@@ -499,11 +503,7 @@ func (r *Runtime) argv(s runtime.Spec) ([]string, error) {
 // older container runtimes) is it moved there right after it started: in
 // that window of well under a millisecond it runs in the worker's cgroup,
 // and a child it forks then stays there.
-func (r *Runtime) start(s runtime.Spec, argv, env []string, logf *os.File, cg *cgroups.Cgroup, extra ...*os.File) (cmd *exec.Cmd, err error) {
-	id, err := r.identityOf(s.Function)
-	if err != nil {
-		return nil, &secretsError{err}
-	}
+func (r *Runtime) start(s runtime.Spec, id identity, argv, env []string, logf *os.File, cg *cgroups.Cgroup, extra ...*os.File) (cmd *exec.Cmd, err error) {
 	var exe *os.File
 	if s.Function.Builtin != "" && len(s.Function.Command) == 0 {
 		// brisk's own binary may sit where the sandbox's user cannot reach
@@ -884,14 +884,9 @@ func freePort(host string) (int, error) {
 	return port, l.Close()
 }
 
-// openLog returns what a sandbox (or template) writes its output to: the
-// pipe the worker drains into the log at path, within the rate limit
-// (package logpipe). The caller closes it once the process has it.
-func openLog(path string) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	return logpipe.Open(path, logpipe.Default, nil)
+// logPath is where sandbox (or template) id of function fn writes.
+func (r *Runtime) logPath(fn, id string) string {
+	return filepath.Join(r.cfg.StateDir, "logs", fn, id+".log")
 }
 
 // LogDir is where the sandboxes' output is kept: LogDir/FUNCTION/ID.log

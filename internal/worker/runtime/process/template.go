@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/forkserver"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
 )
@@ -187,8 +187,12 @@ func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File
 	if len(p.id) > 128 {
 		p.id = p.id[:128]
 	}
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, p.id+".log")
-	logf, err := openLog(logPath)
+	id, err := r.identityOf(s.Function)
+	if err != nil {
+		return err
+	}
+	logPath := r.logPath(s.Function.Name, p.id)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return err
 	}
@@ -199,7 +203,7 @@ func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File
 		}
 	}
 	env := append(r.sandboxEnv(s, 0, ""), EnvTemplateFD+"=3")
-	cmd, err := r.start(s, s.Function.Command, env, logf, p.cg, sock)
+	cmd, err := r.start(s, id, s.Function.Command, env, logf, p.cg, sock)
 	if err != nil {
 		if p.cg != nil {
 			_ = p.cg.RemoveNow()
@@ -265,8 +269,12 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 			r.releasePort(port)
 		}
 	}()
-	logPath := filepath.Join(r.cfg.StateDir, "logs", s.Function.Name, s.ID+".log")
-	logf, err := openLog(logPath)
+	id, err := r.identityOf(s.Function)
+	if err != nil {
+		return nil, err
+	}
+	logPath := r.logPath(s.Function.Name, s.ID)
+	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +293,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 		sb.rec.Cgroup = sb.cg.Rel()
 	}
 	// The child runs as the template, its function's user.
-	if err := r.guardSandbox(sb, s.Function, port); err != nil {
+	if err := r.guardSandbox(sb, id, port); err != nil {
 		if sb.cg != nil {
 			_ = sb.cg.RemoveNow()
 		}

@@ -323,26 +323,7 @@ func TestTemplateCannotHandOverAnotherProcess(t *testing.T) {
 func TestTemplateMemoryIsMeasured(t *testing.T) {
 	m := newLang(t, templateSource)
 	r := newRuntime(t, Config{})
-	if got := r.TemplateMemoryMB(); got != 0 {
-		t.Fatalf("%d MiB held before any template", got)
-	}
-	templateReady(t, r, codeSpec(t, r, m, "x", templateSource))
-	// An interpreter that imported its function: several MiB at least.
-	got := r.TemplateMemoryMB()
-	t.Logf("one template holds %d MiB", got)
-	if got < 4 {
-		t.Fatalf("a loaded Python template measured at %d MiB", got)
-	}
-	if h := r.HeldTemplates(); len(h) != 1 || h[0].Revision != 1 || h[0].Function == "" {
-		t.Fatalf("held templates %+v, want the function's one", h)
-	}
-	r.StopTemplates()
-	if got := r.TemplateMemoryMB(); got != 0 {
-		t.Fatalf("%d MiB held after the templates stopped", got)
-	}
-	if h := r.HeldTemplates(); len(h) != 0 {
-		t.Fatalf("held templates %+v after they stopped", h)
-	}
+	runtimetest.TemplateMemory(t, r, func() { templateReady(t, r, codeSpec(t, r, m, "x", templateSource)) })
 }
 
 // A worker starting on another state directory of the same host (the

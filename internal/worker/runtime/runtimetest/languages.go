@@ -220,3 +220,37 @@ func post(t *testing.T, addr, id string, route func(*http.Request, string), body
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TemplateRuntime is a runtime that keeps templates.
+type TemplateRuntime interface {
+	runtime.TemplateHolder
+	StopTemplates()
+}
+
+// TemplateMemory checks what a runtime with templates reports for its
+// node: no memory and no template before load (which makes one Python
+// function's template and waits for it), several MiB and that function's
+// template after, and neither once its templates are stopped.
+func TemplateMemory(t *testing.T, r TemplateRuntime, load func()) {
+	t.Helper()
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held before any template", got)
+	}
+	load()
+	// An interpreter that imported its function: several MiB at least.
+	got := r.TemplateMemoryMB()
+	t.Logf("one template holds %d MiB", got)
+	if got < 4 {
+		t.Fatalf("a loaded Python template measured at %d MiB", got)
+	}
+	if h := r.HeldTemplates(); len(h) != 1 || h[0].Revision != 1 || h[0].Function == "" {
+		t.Fatalf("held templates %+v, want the function's one", h)
+	}
+	r.StopTemplates()
+	if got := r.TemplateMemoryMB(); got != 0 {
+		t.Fatalf("%d MiB held after the templates stopped", got)
+	}
+	if h := r.HeldTemplates(); len(h) != 0 {
+		t.Fatalf("held templates %+v after they stopped", h)
+	}
+}
