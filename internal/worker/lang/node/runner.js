@@ -233,19 +233,21 @@ function errorLine(err) {
 
 // ------------------------------------------------------------- serving
 
+const SERVER_OPTIONS = {
+  maxHeaderSize: MAX_HEAD,
+  // Only for receiving a request (a handler may run longer).
+  requestTimeout: 300000,
+  headersTimeout: 66000,
+  noDelay: true,
+};
+
 function serve() {
   const d = new Date();
   const pad = (n) => String(n).padStart(2, '0');
   logStream = `${d.getUTCFullYear()}/${pad(d.getUTCMonth() + 1)}/${pad(d.getUTCDate())}/[$LATEST]${randomBytes(16).toString('hex')}`;
   const call = contract === 'http' ? httpCall : lambdaCall;
   const server = http.createServer(
-    {
-      maxHeaderSize: MAX_HEAD,
-      // Only for receiving a request (a handler may run longer).
-      requestTimeout: 300000,
-      headersTimeout: 66000,
-      noDelay: true,
-    },
+    SERVER_OPTIONS,
     (req, res) => {
       const cl = req.headers['content-length'];
       if (cl !== undefined && Number(cl) > MAX_BODY) {
@@ -832,14 +834,90 @@ function startFromSnapshot(built) {
 
 // ------------------------------------------------------------- main
 
+// warmUp sends one request through a server made as serve() makes it,
+// answered by the runner without the handler, so that a standby's first
+// call does not wait for node to compile its HTTP code (a few ms). Best
+// effort: it resolves whatever happens.
+function warmUp() {
+  return new Promise((done) => {
+    const server = http.createServer(SERVER_OPTIONS, (req, res) => {
+      req.resume();
+      req.on('end', () => send(res, 200, JSON_TYPE, '{}'));
+    });
+    server.on('error', () => done());
+    server.listen(0, '127.0.0.1', () => {
+      const end = () => server.close(() => done());
+      const r = http.request({ host: '127.0.0.1', port: server.address().port, method: 'POST', agent: false, headers: { 'Content-Type': JSON_TYPE } }, (res) => {
+        res.resume();
+        res.on('end', end);
+      });
+      r.on('error', end);
+      r.end('{}');
+    });
+  });
+}
+
+// standby parks the loaded runner as its function's standby (brisk's
+// templates for Node, docs/languages.md): it says "ready" on the control
+// socket fd (a SOCK_SEQPACKET socket to the worker) and blocks until the
+// worker hands it a sandbox: that sandbox's whole environment and port.
+// The runner then takes them in place of its own, answers with its pid
+// and serves: this process is the sandbox (Node cannot fork). The worker
+// has moved its output into the sandbox's log and moves the process into
+// the sandbox's cgroup. A closed socket ends the standby.
+function standby(fd) {
+  const send = (obj) => {
+    try {
+      fs.writeSync(fd, JSON.stringify(obj));
+    } catch {
+      process.exit(0); // the worker is gone
+    }
+  };
+  send({ op: 'ready' });
+  const buf = Buffer.alloc(1 << 20);
+  let n = 0;
+  for (;;) {
+    try {
+      n = fs.readSync(fd, buf, 0, buf.length, null);
+      break;
+    } catch (e) {
+      if (e.code !== 'EAGAIN' && e.code !== 'EINTR') process.exit(0);
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 2);
+    }
+  }
+  if (n === 0) process.exit(0);
+  let req;
+  try {
+    req = JSON.parse(buf.toString('utf8', 0, n));
+    if (req.op !== 'fork' || !Array.isArray(req.env) || !(req.port > 0)) throw new Error('want a fork request');
+  } catch (e) {
+    send({ op: 'error', id: String((req && req.id) || ''), error: String(e.message) });
+    process.exit(1);
+  }
+  for (const k of Object.keys(env)) delete env[k];
+  for (const kv of req.env) {
+    const i = String(kv).indexOf('=');
+    if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  env.PORT = String(req.port);
+  configure();
+  send({ op: 'forked', id: String(req.id), pid: process.pid });
+  fs.closeSync(fd);
+  serve();
+}
+
 if (building) {
   buildSnapshot();
 } else {
+  // A standby's control socket is the worker's, not the function's.
+  const ctl = env.BRISK_TEMPLATE_FD;
+  delete env.BRISK_TEMPLATE_FD;
   configure();
   loadHandler().then(
     (fn) => {
       handler = fn;
-      serve();
+      if (ctl !== undefined) warmUp().then(() => standby(positive(ctl, 3)));
+      else serve();
     },
     cannotLoad,
   );

@@ -456,6 +456,24 @@ func threadCgroups() (map[string]string, error) {
 	return m, nil
 }
 
+// Rename gives the cgroup another name, brisk/<name>, with its processes
+// and limits: a process becomes another sandbox without migrating (a
+// migration waits for an RCU grace period per hierarchy, milliseconds on
+// v1, and more for a process with many threads). On error the cgroup
+// keeps its name.
+func (s *Cgroup) Rename(name string) (*Cgroup, error) {
+	to := s.cg.Open(cgroupParent + "/" + name)
+	for i, d := range s.dirs {
+		if err := os.Rename(d, to.dirs[i]); err != nil {
+			for j := range i {
+				_ = os.Rename(to.dirs[j], s.dirs[j])
+			}
+			return nil, fmt.Errorf("cgroup %s: %w", s.rel, err)
+		}
+	}
+	return to, nil
+}
+
 // AddProc moves pid into the cgroup: the v2 fallback when clone3 is
 // unavailable.
 func (s *Cgroup) AddProc(pid int) error {

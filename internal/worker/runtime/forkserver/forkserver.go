@@ -37,11 +37,22 @@ import (
 // control socket.
 const EnvFD = "BRISK_TEMPLATE_FD"
 
-// Templatable says whether sandboxes of s start from templates: functions
-// deployed from Python source, resolved into their runner's command.
+// Templatable says whether sandboxes of s start from templates that fork:
+// functions deployed from Python source, resolved into their runner's
+// command.
 func Templatable(s runtime.Spec) bool {
 	c := s.Function.Code
 	return c != nil && c.Language == spec.LangPython && len(s.Function.Command) > 0
+}
+
+// IsStandby says whether s's template is a standby: a function deployed
+// from Node source. Node cannot fork safely (V8's and libuv's threads), so
+// its "template" is the runner started and loaded ahead of need, which one
+// sandbox then takes whole (Set.Take): its fork request makes the process
+// itself the sandbox, and the set starts the next standby.
+func IsStandby(s runtime.Spec) bool {
+	c := s.Function.Code
+	return c != nil && c.Language == spec.LangNode && len(s.Function.Command) > 0
 }
 
 // Key names a template: what its children inherit must be what a fresh
@@ -213,7 +224,8 @@ func (c *Client) read() {
 }
 
 // Fork asks the template for a child serving req, its output to logf, and
-// returns its pid as the template sees it. A ctx that ends first leaves
+// returns its pid as the template sees it. A standby is asked with a nil
+// logf and answers with its own pid: it becomes the sandbox. A ctx that ends first leaves
 // the template out of step: the caller must end it.
 func (c *Client) Fork(ctx context.Context, req Request, logf *os.File) (int, error) {
 	c.forkMu.Lock()
@@ -222,7 +234,11 @@ func (c *Client) Fork(ctx context.Context, req Request, logf *os.File) (int, err
 	if err != nil {
 		return 0, err
 	}
-	if _, _, err := c.conn.WriteMsgUnix(b, unix.UnixRights(int(logf.Fd())), nil); err != nil {
+	var oob []byte
+	if logf != nil { // a standby keeps its output (logpipe.Move)
+		oob = unix.UnixRights(int(logf.Fd()))
+	}
+	if _, _, err := c.conn.WriteMsgUnix(b, oob, nil); err != nil {
 		return 0, fmt.Errorf("template: %w", err)
 	}
 	select {
@@ -318,6 +334,9 @@ type Set struct {
 	// KeepWhileChildren keeps a template that has live sandboxes past
 	// Idle and Max: on the native runtime its children die with it.
 	KeepWhileChildren bool
+	// Standbys makes Node functions' templates standbys too (IsStandby):
+	// the runtime takes each whole for one sandbox.
+	Standbys bool
 	// Start starts t's process for s with sock, the template's end of its
 	// control socket, records its state (t.SetState), and arranges for t.End and Ended to
 	// be called when the process ends. It returns once the process runs
@@ -343,7 +362,7 @@ func (ts *Set) Prewarm(s runtime.Spec) { ts.Get(s) }
 // background when there is none; nil means: start this sandbox fresh, as
 // it does for a spec that is not Templatable and from a nil Set.
 func (ts *Set) Get(s runtime.Spec) *Template {
-	if ts == nil || !Templatable(s) {
+	if ts == nil || !Templatable(s) && !(ts.Standbys && IsStandby(s)) {
 		return nil
 	}
 	k := KeyOf(s)
@@ -435,6 +454,22 @@ func (ts *Set) Forget(t *Template, failed bool) {
 	if ts.Changed != nil {
 		ts.Changed()
 	}
+}
+
+// Take removes standby t from the set for one sandbox to become. It
+// reports false when t is no longer in the set (evicted, or taken by
+// another Create). The caller persists the set's membership (Changed) and
+// starts the next standby (Prewarm) once the sandbox is in its own table,
+// so that a worker dying in between still finds the process in one of the
+// two tables.
+func (ts *Set) Take(t *Template) bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ok := ts.byKey[t.Key] == t && !t.stopping.Load()
+	if ok {
+		delete(ts.byKey, t.Key)
+	}
+	return ok
 }
 
 // Evict stops t: its end is no failure.

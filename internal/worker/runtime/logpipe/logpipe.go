@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -94,6 +95,36 @@ func Adopt(path string, lim Limits, log *slog.Logger) error {
 	return drain(path, lim, log)
 }
 
+// Move renames the log at from, its FIFO and a drain of it, to the log at
+// to: a process started for one log (a Node standby, package forkserver)
+// that becomes another's sandbox keeps its output descriptors, and its
+// output goes on into the log now named to.
+func Move(from, to string) error {
+	drainsMu.Lock()
+	defer drainsMu.Unlock()
+	if err := os.Rename(from+Suffix, to+Suffix); err != nil {
+		return fmt.Errorf("log pipe: %w", err)
+	}
+	if err := os.Rename(from, to); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		_ = os.Rename(to+Suffix, from+Suffix)
+		return fmt.Errorf("log pipe: %w", err)
+	}
+	if d := drains[from]; d != nil {
+		delete(drains, from)
+		d.fifo = to + Suffix
+		drains[to] = d
+	}
+	return nil
+}
+
+// A drain's FIFO path changes with Move.
+type drainState struct{ fifo string }
+
+var (
+	drainsMu sync.Mutex
+	drains   = map[string]*drainState{} // by log path
+)
+
 // drain opens the FIFO for reading and the log for appending, and copies
 // one into the other until every writer has gone.
 func drain(path string, lim Limits, log *slog.Logger) error {
@@ -112,12 +143,22 @@ func drain(path string, lim Limits, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	d := &drainState{fifo: fifo}
+	drainsMu.Lock()
+	drains[path] = d
+	drainsMu.Unlock()
 	active.Add(1)
 	go func() {
 		defer active.Done()
 		copyLimited(out, r, lim, time.Now)
 		r.Close()
 		out.Close()
+		drainsMu.Lock()
+		fifo := d.fifo
+		if p := strings.TrimSuffix(fifo, Suffix); drains[p] == d {
+			delete(drains, p)
+		}
+		drainsMu.Unlock()
 		if err := os.Remove(fifo); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			log.Warn("log pipe: removing the FIFO of an ended sandbox", "path", fifo, "err", err)
 		}

@@ -150,3 +150,38 @@ func TestDropIsReportedWhenQuiet(t *testing.T) {
 		return kept+total == 1<<20
 	}, "kept and reported dropped adding up to the 1 MiB written")
 }
+
+// A log moved while its writer runs (a standby becoming a sandbox) keeps
+// everything under its new name: what came before the move and after, and
+// its FIFO goes from the new name when the writer has gone.
+func TestMoveKeepsTheOutput(t *testing.T) {
+	dir := t.TempDir()
+	from, to := filepath.Join(dir, "tpl.log"), filepath.Join(dir, "sb.log")
+	w, err := Open(from, Default, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteString("before\n"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		b, _ := os.ReadFile(from)
+		return string(b) == "before\n"
+	}, "the first line is drained")
+	if err := Move(from, to); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteString("after\n"); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	Wait()
+	if b, err := os.ReadFile(to); err != nil || string(b) != "before\nafter\n" {
+		t.Fatalf("moved log: %q, %v", b, err)
+	}
+	for _, p := range []string{from, from + Suffix, to + Suffix} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s is still there: %v", p, err)
+		}
+	}
+}

@@ -394,7 +394,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.mu.Unlock()
 	}()
 	if t := r.tpls.Get(s); t != nil {
-		inst, err := r.createFromTemplate(ctx, s, t)
+		from := r.createFromTemplate
+		if forkserver.IsStandby(s) {
+			from = r.createFromStandby
+		}
+		inst, err := from(ctx, s, t)
 		if err == nil {
 			return inst, nil
 		}

@@ -57,6 +57,9 @@ type tplShell struct {
 	mu   sync.Mutex
 	next int
 	used map[int]bool
+	// claimed is set once a standby's shell became a sandbox's
+	// (createFromStandby): its end is then the sandbox's.
+	claimed bool
 }
 
 // Child ports: above what functions usually bind at start.
@@ -98,7 +101,7 @@ func (r *Runtime) initTemplates() {
 		return
 	}
 	r.tpls = &forkserver.Set{Max: cmp.Or(r.cfg.MaxTemplates, 16), Idle: 15 * time.Minute, Retry: 30 * time.Second,
-		Load: 2 * time.Minute, KeepWhileChildren: true, Start: r.startTemplate, Stop: r.stopTemplate, Log: r.log.Warn}
+		Load: 2 * time.Minute, KeepWhileChildren: true, Standbys: true, Start: r.startTemplate, Stop: r.stopTemplate, Log: r.log.Warn}
 }
 
 // Prewarm starts s's template unless it has one (runtime.Prewarmer).
@@ -138,7 +141,12 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 	if exe != nil {
 		defer exe.Close()
 	}
-	b.Template, b.Seccomp = true, r.tplSeccomp
+	standby := forkserver.IsStandby(s)
+	if standby { // a sandbox's shell in all but its name (createFromStandby)
+		b.Standby = true
+	} else {
+		b.Template, b.Seccomp = true, r.tplSeccomp
+	}
 	env := slices.Clone(b.Env)
 	b.Env = append(b.Env, forkserver.EnvFD+"="+strconv.Itoa(nsinit.TemplateFD))
 	var secrets *os.File
@@ -171,9 +179,17 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 	if err := r.bind(ctx, sh, b, append(bindFiles(logf, exe, secrets), sock)); err != nil {
 		return fail(err)
 	}
-	t.SetState(&tplShell{sh: sh, env: env, used: map[int]bool{}})
+	ts := &tplShell{sh: sh, env: env, used: map[int]bool{}}
+	t.SetState(ts)
 	go func() {
 		<-sh.exited
+		ts.mu.Lock()
+		claimed := ts.claimed
+		ts.mu.Unlock()
+		if claimed { // a sandbox now: its Kill tears the shell down
+			t.End(errors.New("the standby became a sandbox"))
+			return
+		}
 		if t.IsReady() {
 			t.End(fmt.Errorf("template ended: %v", describeExit(sh.exitErr)))
 		} else {
@@ -327,6 +343,23 @@ func hostPID(tpl, nsPid int) (int, error) {
 	return 0, fmt.Errorf("the template's child %d is not among its children (it exited at once?)", nsPid)
 }
 
+// nsPID is pid's number in its own PID namespace.
+func nsPID(pid int) (int, error) {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			ids := strings.Fields(v)
+			if len(ids) > 0 {
+				return strconv.Atoi(ids[len(ids)-1])
+			}
+		}
+	}
+	return 0, fmt.Errorf("process %d: no NSpid", pid)
+}
+
 // templateChildExitErr says why a sandbox forked from a template ended.
 func (r *Runtime) templateChildExitErr(sb *sandbox) error {
 	status := "exited"
@@ -338,4 +371,65 @@ func (r *Runtime) templateChildExitErr(sb *sandbox) error {
 		oom, _ = sb.sh.cg.OOMKills()
 	}
 	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
+}
+
+// createFromStandby makes sandbox s of standby t (forkserver.IsStandby): a
+// shell bound to the function like a fresh sandbox's (its cgroup with the
+// sandbox's limits, its network namespace bound to the function's egress
+// policy, the runner loaded), whose runner waits for the sandbox's
+// environment on its control socket and then serves as the sandbox; its
+// log is renamed the sandbox's. The next standby starts meanwhile. The
+// sandbox's hostname is its function's name, as the standby was bound
+// before its id was known.
+func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *forkserver.Template) (*runtime.Instance, error) {
+	ts, ok := t.State().(*tplShell)
+	if !ok || !r.tpls.Take(t) {
+		return nil, forkserver.ErrNotReady
+	}
+	defer r.tpls.Prewarm(s)
+	sh := ts.sh
+	ts.mu.Lock()
+	ended := sh.hasExited()
+	ts.claimed = !ended
+	ts.mu.Unlock()
+	if ended {
+		return nil, forkserver.ErrNotReady
+	}
+	sb := &sandbox{sh: sh, memMB: s.Function.SandboxLimits().MemoryMB, lock: make(chan struct{}, 1),
+		rec: record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision,
+			Addr: net.JoinHostPort(sh.ep.IP.String(), strconv.Itoa(s.Function.Port)),
+			PID:  sh.pid, StartTime: sh.start, NetNS: sh.ep.Name}}
+	if sh.cg != nil {
+		sb.rec.Cgroup, sb.rec.OOMBase = sh.name, sh.oomBase
+	}
+	logPath := r.logPath(s.Function.Name, s.ID)
+	fail := func(err error) (*runtime.Instance, error) {
+		r.forget(sb)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = r.destroy(dctx, sh)
+		_ = os.Remove(logPath)
+		return nil, err
+	}
+	if err := logpipe.Move(r.logPath(s.Function.Name, "tpl-"+sh.name), logPath); err != nil {
+		return fail(err)
+	}
+	r.mu.Lock()
+	r.sandboxes[s.ID] = sb
+	r.mu.Unlock()
+	nsPid, err := t.Fork(ctx, forkserver.Request{ID: s.ID, Port: s.Function.Port, Env: sandboxEnvFor(ts.env, s, s.Function.Port)}, nil)
+	if err == nil {
+		// The function's code answered: only the shell's own process may
+		// be the sandbox.
+		if own, perr := nsPID(sh.pid); perr != nil || own != nsPid {
+			err = fmt.Errorf("the standby answered with pid %d, which is not its own", nsPid)
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	t.End(errors.New("the standby became a sandbox"))
+	r.markDirty()
+	r.log.Debug("sandbox started from its standby", "sandbox", s.ID, "function", s.Function.Name, "addr", sb.rec.Addr)
+	return &runtime.Instance{ID: s.ID, Addr: sb.rec.Addr, Exited: sh.exited, ExitErr: func() error { return r.exitErr(sb) }}, nil
 }

@@ -343,7 +343,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	}()
 
 	if t := r.tpls.Get(s); t != nil {
-		inst, err := r.createFromTemplate(ctx, s, t)
+		from := r.createFromTemplate
+		if forkserver.IsStandby(s) {
+			from = r.createFromStandby
+		}
+		inst, err := from(ctx, s, t)
 		if err == nil {
 			r.log.Debug("sandbox forked from its template", "sandbox", s.ID, "template", procOf(t).id)
 			return inst, nil

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -68,6 +69,12 @@ type tplProc struct {
 	pid   int
 	start uint64
 	cg    *cgroups.Cgroup
+
+	// A standby that became a sandbox (createFromStandby): its end is the
+	// sandbox's, reported through the sandbox, not a template's failure.
+	claimMu sync.Mutex
+	claimed *sandbox
+	ended   bool
 }
 
 func procOf(t *forkserver.Template) *tplProc {
@@ -99,7 +106,7 @@ func openTemplates(r *Runtime, max int) (*templates, error) {
 	}
 	ts := &templates{r: r, table: f}
 	ts.Set = &forkserver.Set{Max: max, Idle: 15 * time.Minute, Retry: 30 * time.Second, Load: 2 * time.Minute,
-		Start: ts.start, Stop: ts.stop, Changed: ts.persist, Log: r.log.Warn}
+		Start: ts.start, Stop: ts.stop, Changed: ts.persist, Log: r.log.Warn, Standbys: true}
 	var recs []tplRecord
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &recs); err != nil {
@@ -220,6 +227,16 @@ func (ts *templates) start(t *forkserver.Template, s runtime.Spec, sock *os.File
 // wait reaps the template and cleans up after it.
 func (ts *templates) wait(t *forkserver.Template, p *tplProc, cmd *exec.Cmd, logPath string) {
 	err := cmd.Wait()
+	p.claimMu.Lock()
+	sb := p.claimed
+	p.ended = true
+	p.claimMu.Unlock()
+	if sb != nil { // a standby that became sandbox sb
+		sb.exitErr = ts.r.describeExit(sb, err)
+		close(sb.exited)
+		t.End(errors.New("the standby became a sandbox"))
+		return
+	}
 	if t.IsReady() {
 		t.End(fmt.Errorf("template ended: %s", describeWait(err)))
 	} else {
@@ -377,4 +394,112 @@ func (r *Runtime) describeTemplateChildExit(sb *sandbox) error {
 		oom, _ = sb.cg.OOMKills()
 	}
 	return runtime.Ended(status, sb.stopping.Load(), oom, sb.memMB)
+}
+
+// createFromStandby makes sandbox s of standby t (forkserver.IsStandby):
+// t's process, the function's runner started and loaded ahead of need,
+// becomes the sandbox. Its log and its cgroup (made with the sandbox's
+// limits) are renamed the sandbox's, and it takes the sandbox's
+// environment and port; the next standby starts once the sandbox is in
+// the table.
+func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *forkserver.Template) (*runtime.Instance, error) {
+	p := procOf(t)
+	if !r.tpls.Take(t) {
+		return nil, forkserver.ErrNotReady
+	}
+	taken := false
+	defer func() {
+		if !taken { // the standby is out of the set: it must not linger
+			r.tpls.Evict(t)
+			r.tpls.Changed()
+		}
+		r.tpls.Prewarm(s)
+	}()
+	port, addr, err := r.reserveAddr()
+	if err != nil {
+		return nil, err
+	}
+	created := false
+	defer func() {
+		if !created {
+			r.releasePort(port)
+		}
+	}()
+	id, err := r.identityOf(s.Function)
+	if err != nil {
+		return nil, err
+	}
+	sb := &sandbox{
+		rec:    record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr, PID: p.pid, PGID: p.pid, StartTime: p.start},
+		memMB:  s.Function.Resources.MemoryMB,
+		exited: make(chan struct{}),
+		lock:   make(chan struct{}, 1),
+	}
+	p.claimMu.Lock()
+	ended := p.ended
+	if !ended {
+		p.claimed = sb
+	}
+	p.claimMu.Unlock()
+	if ended {
+		return nil, forkserver.ErrNotReady
+	}
+	taken = true
+	logPath := r.logPath(s.Function.Name, s.ID)
+	undo := func() {
+		sb.stopping.Store(true)
+		_ = r.guard.forget(entryOf(sb.rec))
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		for _, cg := range []*cgroups.Cgroup{sb.cg, p.cg} {
+			if cg != nil {
+				cg.Kill()
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sigkillTimeout)
+				_ = cg.Remove(cctx)
+				cancel()
+			}
+		}
+		_ = os.Remove(logPath)
+		r.tpls.Changed()
+	}
+	if err := logpipe.Move(r.logPath(s.Function.Name, p.id), logPath); err != nil {
+		undo()
+		return nil, err
+	}
+	if p.cg != nil {
+		// The standby's cgroup, made with the sandbox's limits, becomes
+		// the sandbox's: renamed, not migrated into (cgroups.Rename).
+		if sb.cg, err = p.cg.Rename(s.ID); err != nil {
+			undo()
+			return nil, err
+		}
+		sb.rec.Cgroup = sb.cg.Rel()
+	}
+	if err := r.guardSandbox(sb, id, port); err != nil {
+		undo()
+		return nil, err
+	}
+	pid, err := t.Fork(ctx, forkserver.Request{ID: s.ID, Port: port, Env: r.sandboxEnv(s, port, "")}, nil)
+	if err == nil && pid != p.pid {
+		// The function's code answered: nothing but the standby itself
+		// may become the sandbox.
+		err = fmt.Errorf("the standby answered with pid %d, not its own %d", pid, p.pid)
+	}
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	t.End(errors.New("the standby became a sandbox"))
+	r.mu.Lock()
+	r.sandboxes[s.ID] = sb
+	r.mu.Unlock()
+	if err := r.persist(); err != nil {
+		r.mu.Lock()
+		delete(r.sandboxes, s.ID)
+		r.mu.Unlock()
+		undo()
+		return nil, err
+	}
+	r.tpls.Changed() // the template table without it, now that the sandbox table has it
+	created = true
+	return &runtime.Instance{ID: s.ID, Addr: addr, Exited: sb.exited, ExitErr: sb.ownExitErr}, nil
 }

@@ -298,6 +298,7 @@ struct bind {
 
 #define FLAG_EXEC_FD 1u
 #define FLAG_TEMPLATE 2u  // nsinit.Bind.Template
+#define FLAG_STANDBY 4u   // nsinit.Bind.Standby
 #define TEMPLATE_FD 10    // nsinit.TemplateFD
 
 struct reader {
@@ -765,12 +766,13 @@ static void enter_user_namespace(const struct bind *b) {
 static void start(struct bind *b, int *fds, int nfds, const char *st) {
   long r;
   int tpl = !!(b->flags & FLAG_TEMPLATE);
-  int want = 1 + !!(b->flags & FLAG_EXEC_FD) + (b->nsecrets > 0) + tpl;
+  int ctl = tpl || (b->flags & FLAG_STANDBY);
+  int want = 1 + !!(b->flags & FLAG_EXEC_FD) + (b->nsecrets > 0) + ctl;
   if (nfds != want) fail("bind message: %d descriptors, want %d", nfds, want);
   int secrets_fd = fds[1 + !!(b->flags & FLAG_EXEC_FD)];
   if ((r = S3(SYS_dup3, fds[0], 1, 0)) < 0 || (r = S3(SYS_dup3, fds[0], 2, 0)) < 0) fail("log: %s", es(r));
   x_close(fds[0]);
-  if (tpl) {
+  if (ctl) {
     // The template's control socket, at a number the runner is told; not
     // close-on-exec, unlike every other descriptor received.
     if ((r = S3(SYS_dup3, fds[nfds - 1], TEMPLATE_FD, 0)) < 0) fail("template socket: %s", es(r));

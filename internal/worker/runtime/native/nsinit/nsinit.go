@@ -73,6 +73,11 @@ type Bind struct {
 	// of a user namespace of its own, mapped to UID and GID, before the
 	// seccomp program is loaded.
 	Template bool
+	// Standby passes the last descriptor as a control socket at
+	// TemplateFD too, with nothing else of a template: the process is a
+	// sandbox parked until the worker hands it one (a Node standby,
+	// package forkserver).
+	Standby  bool
 	UID      uint32
 	GID      uint32
 	Hostname string
@@ -143,6 +148,9 @@ func (b *Bind) Encode() ([]byte, error) {
 	}
 	if b.Template {
 		flags |= 2
+	}
+	if b.Standby {
+		flags |= 4
 	}
 	e.u32(flags)
 	e.u32(b.UID)
