@@ -47,7 +47,8 @@ type Mount struct {
 }
 
 // Prewarmer is implemented by runtimes that start some sandboxes from
-// templates (the process runtime, for Python source): Prewarm makes s's
+// templates (the process and native runtimes, for Python and Node
+// source: package forkserver): Prewarm makes s's
 // template before its first sandbox is asked for, in the background.
 type Prewarmer interface {
 	Prewarm(s Spec)
