@@ -69,8 +69,32 @@ func (p *GD) Evict(now time.Time, cands []Candidate, needMB int64) []int {
 	if needMB <= 0 || len(cands) == 0 {
 		return nil
 	}
-	prio := make([]float64, len(cands))
-	order := make([]int, len(cands))
+	order, prio := p.order(cands)
+	victims := prefixFreeing(order, cands, needMB)
+	if len(victims) > 0 {
+		p.clock = max(p.clock, prio[victims[len(victims)-1]])
+	}
+	return victims
+}
+
+// EvictN is Evict for a cache bounded by count, not memory (a worker's
+// function templates): the n candidates of lowest priority, in eviction
+// order, the Clock advanced to the last one's.
+func (p *GD) EvictN(cands []Candidate, n int) []int {
+	if n <= 0 || len(cands) == 0 {
+		return nil
+	}
+	order, prio := p.order(cands)
+	victims := order[:min(n, len(order))]
+	p.clock = max(p.clock, prio[victims[len(victims)-1]])
+	return victims
+}
+
+// order is cands' indices by ascending priority (the least recently used
+// first among equals), and each one's priority.
+func (p *GD) order(cands []Candidate) (order []int, prio []float64) {
+	prio = make([]float64, len(cands))
+	order = make([]int, len(cands))
 	for i := range cands {
 		prio[i], order[i] = p.Priority(cands[i]), i
 	}
@@ -80,11 +104,7 @@ func (p *GD) Evict(now time.Time, cands []Candidate, needMB int64) []int {
 		}
 		return cands[a].LastUsed.Compare(cands[b].LastUsed)
 	})
-	victims := prefixFreeing(order, cands, needMB)
-	if len(victims) > 0 {
-		p.clock = max(p.clock, prio[victims[len(victims)-1]])
-	}
-	return victims
+	return order, prio
 }
 
 // Touch records n invocations of key: its frequency grows by n and its

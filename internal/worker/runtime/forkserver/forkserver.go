@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/brisk-faas/brisk/internal/policy/keepalive"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
@@ -305,6 +307,9 @@ type Template struct {
 	lastUse  atomic.Int64 // unix nanoseconds
 	stopping atomic.Bool
 	children atomic.Int64 // live sandboxes forked from it
+
+	idle time.Duration // kept unused this long: its function's keep-alive
+	load atomic.Int64  // nanoseconds from its start to ready: what a fork saves
 }
 
 // SetState records the runtime's state of the template.
@@ -322,10 +327,18 @@ func (t *Template) DoneChild() { t.children.Add(-1) }
 
 // Set is a runtime's templates.
 type Set struct {
-	// Max bounds the templates kept (least recently used first out).
+	// Max bounds the templates kept; beyond it, the one of lowest
+	// Greedy-Dual priority goes first (the gd keep-alive's order, with a
+	// template's load time as its cost and its memory as its size:
+	// keepalive.GD).
 	Max int
-	// Idle is how long an unused template is kept.
+	// Idle is how long an unused template is kept when its function sets
+	// no keep-alive (spec.Scaling.KeepAlive).
 	Idle time.Duration
+	// Of returns the runtime's cgroup and process of a template (nil and 0
+	// when it has none yet): for its memory (MemoryMB, and the eviction
+	// order).
+	Of func(*Template) (*cgroups.Cgroup, int)
 	// Retry is how long after a template of a key failed no other is
 	// started (sandboxes start fresh meanwhile).
 	Retry time.Duration
@@ -352,7 +365,12 @@ type Set struct {
 	mu     sync.Mutex
 	byKey  map[Key]*Template
 	failed map[Key]time.Time
+	gd     *keepalive.GD
+	stop   chan struct{} // ends the sweeper (StopAll)
 }
+
+// sweepEvery is how often unused templates are looked for.
+const sweepEvery = 30 * time.Second
 
 // Prewarm starts s's template unless it has one. A nil Set (templates
 // off) does nothing.
@@ -369,7 +387,8 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 	now := time.Now()
 	ts.mu.Lock()
 	if ts.byKey == nil {
-		ts.byKey, ts.failed = map[Key]*Template{}, map[Key]time.Time{}
+		ts.byKey, ts.failed, ts.gd, ts.stop = map[Key]*Template{}, map[Key]time.Time{}, keepalive.NewGD(0), make(chan struct{})
+		go ts.sweep(ts.stop)
 	}
 	t := ts.byKey[k]
 	if t == nil {
@@ -383,8 +402,8 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 			ts.Log("function template: control socket", "err", err)
 			return nil
 		}
-		evict := ts.evictLocked(now)
-		t = &Template{Client: NewClient(conn), Key: k}
+		evict := ts.evictLocked(now, 1)
+		t = &Template{Client: NewClient(conn), Key: k, idle: cmp.Or(time.Duration(s.Function.Scaling.KeepAlive), ts.Idle)}
 		t.lastUse.Store(now.UnixNano())
 		ts.byKey[k] = t
 		ts.mu.Unlock()
@@ -404,10 +423,17 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 	default:
 	}
 	t.lastUse.Store(now.UnixNano())
+	ts.mu.Lock()
+	ts.gd.Touch(now, t.Key.String(), 1)
+	ts.mu.Unlock()
 	return t
 }
 
+// String is k as one word (the eviction policy's key).
+func (k Key) String() string { return k.Function + "/" + strconv.FormatUint(k.Revision, 10) + "/" + k.Inputs }
+
 func (ts *Set) start(t *Template, s runtime.Spec, sock *os.File) {
+	began := time.Now()
 	err := ts.Start(t, s, sock)
 	sock.Close()
 	if err != nil {
@@ -423,6 +449,7 @@ func (ts *Set) start(t *Template, s runtime.Spec, sock *os.File) {
 	defer load.Stop()
 	select {
 	case <-t.Ready():
+		t.load.Store(int64(time.Since(began)))
 	case <-t.Done():
 	case <-load.C:
 		ts.Log("function template did not load in time", "function", s.Function.Name, "after", ts.Load)
@@ -446,6 +473,7 @@ func (ts *Set) Forget(t *Template, failed bool) {
 	ts.mu.Lock()
 	if ts.byKey[t.Key] == t {
 		delete(ts.byKey, t.Key)
+		ts.gd.Forget(t.Key.String())
 	}
 	if failed && ts.failed != nil {
 		ts.failed[t.Key] = time.Now()
@@ -478,29 +506,80 @@ func (ts *Set) Evict(t *Template) {
 	ts.Stop(t)
 }
 
-// evictLocked picks the templates to stop to make room for one more: those
-// idle past Idle, and the least recently used beyond Max.
-func (ts *Set) evictLocked(now time.Time) []*Template {
+// evictLocked picks the templates to stop: those unused for longer than
+// their keep-alive, and beyond that, to make room for more new ones,
+// those of lowest Greedy-Dual priority. A template with live children is
+// kept when KeepWhileChildren.
+func (ts *Set) evictLocked(now time.Time, more int) []*Template {
 	var out []*Template
-	live := make([]*Template, 0, len(ts.byKey))
+	var live []*Template
 	for k, t := range ts.byKey {
-		busy := ts.KeepWhileChildren && t.children.Load() > 0
-		if !busy && now.Sub(time.Unix(0, t.lastUse.Load())) > ts.Idle {
+		if ts.KeepWhileChildren && t.children.Load() > 0 {
+			continue
+		}
+		if now.Sub(time.Unix(0, t.lastUse.Load())) > t.idle {
 			delete(ts.byKey, k)
+			ts.gd.Forget(k.String())
 			out = append(out, t)
 			continue
 		}
-		if !busy {
-			live = append(live, t)
-		}
+		live = append(live, t)
 	}
-	slices.SortFunc(live, func(a, b *Template) int { return int(a.lastUse.Load() - b.lastUse.Load()) })
-	for len(live) > 0 && len(ts.byKey) >= ts.Max {
-		delete(ts.byKey, live[0].Key)
-		out = append(out, live[0])
-		live = live[1:]
+	n := len(ts.byKey) + more - ts.Max
+	if n <= 0 || len(live) == 0 {
+		return out
+	}
+	cands := make([]keepalive.Candidate, len(live))
+	for i, t := range live {
+		cands[i] = keepalive.Candidate{Key: t.Key.String(), MemoryMB: ts.memoryMB(t), LastUsed: time.Unix(0, t.lastUse.Load()),
+			ColdStart: time.Duration(t.load.Load())}
+	}
+	for _, i := range ts.gd.EvictN(cands, n) {
+		delete(ts.byKey, live[i].Key)
+		ts.gd.Forget(live[i].Key.String())
+		out = append(out, live[i])
 	}
 	return out
+}
+
+// sweep stops templates unused for longer than their keep-alive, every
+// sweepEvery, until stop closes.
+func (ts *Set) sweep(stop chan struct{}) {
+	tick := time.NewTicker(sweepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		ts.mu.Lock()
+		evict := ts.evictLocked(time.Now(), -len(ts.byKey)) // expiry only
+		ts.mu.Unlock()
+		for _, t := range evict {
+			ts.Evict(t)
+		}
+		if len(evict) > 0 && ts.Changed != nil {
+			ts.Changed()
+		}
+	}
+}
+
+// memoryMB is what t holds, in MiB rounded up (at least 1): its cgroup's
+// usage where Of gives one, else its process's RSS.
+func (ts *Set) memoryMB(t *Template) int64 {
+	if ts.Of == nil {
+		return 1
+	}
+	var b int64
+	cg, pid := ts.Of(t)
+	if cg != nil {
+		b, _ = cg.MemoryUsage()
+	}
+	if b == 0 && pid > 0 {
+		b, _ = procs.RSS(pid)
+	}
+	return max(runtime.CeilMB(b), 1)
 }
 
 // All returns the set's templates.
@@ -539,16 +618,14 @@ func (ts *Set) Held() []runtime.HeldTemplate {
 }
 
 // MemoryMB is what the set's templates hold, in MiB rounded up: each
-// one's cgroup usage where of gives a cgroup, else its process's RSS (of
-// returns the runtime's cgroup and pid of a template; nil and 0 when it
-// has none yet).
-func (ts *Set) MemoryMB(of func(*Template) (*cgroups.Cgroup, int)) int64 {
-	if ts == nil {
+// one's cgroup usage where Of gives a cgroup, else its process's RSS.
+func (ts *Set) MemoryMB() int64 {
+	if ts == nil || ts.Of == nil {
 		return 0
 	}
 	var b int64
 	for _, t := range ts.All() {
-		cg, pid := of(t)
+		cg, pid := ts.Of(t)
 		if cg != nil {
 			if n, ok := cg.MemoryUsage(); ok {
 				b += n
@@ -582,6 +659,10 @@ func (ts *Set) StopAll(wait time.Duration) {
 	ts.mu.Lock()
 	all := slices.Collect(maps.Values(ts.byKey))
 	clear(ts.byKey)
+	if ts.stop != nil {
+		close(ts.stop)
+		ts.stop = nil
+	}
 	ts.mu.Unlock()
 	for _, t := range all {
 		ts.Evict(t)

@@ -101,7 +101,7 @@ func (r *Runtime) initTemplates() {
 		return
 	}
 	r.tpls = &forkserver.Set{Max: cmp.Or(r.cfg.MaxTemplates, 16), Idle: 15 * time.Minute, Retry: 30 * time.Second,
-		Load: 2 * time.Minute, KeepWhileChildren: true, Standbys: true, Start: r.startTemplate, Stop: r.stopTemplate, Log: r.log.Warn}
+		Load: 2 * time.Minute, KeepWhileChildren: true, Standbys: true, Of: tplWhere, Start: r.startTemplate, Stop: r.stopTemplate, Log: r.log.Warn}
 }
 
 // Prewarm starts s's template unless it has one (runtime.Prewarmer).
@@ -121,12 +121,15 @@ func (r *Runtime) HeldTemplates() []runtime.HeldTemplate { return r.tpls.Held() 
 // shell's cgroup's usage, or its process's RSS without cgroups. Children
 // are moved into cgroups of their own, charged to their requests.
 func (r *Runtime) TemplateMemoryMB() int64 {
-	return r.tpls.MemoryMB(func(t *forkserver.Template) (*cgroups.Cgroup, int) {
-		if ts, ok := t.State().(*tplShell); ok && ts.sh != nil {
-			return ts.sh.cg, ts.sh.pid
-		}
-		return nil, 0
-	})
+	return r.tpls.MemoryMB()
+}
+
+// tplWhere is a template's cgroup and process (forkserver.Set.Of).
+func tplWhere(t *forkserver.Template) (*cgroups.Cgroup, int) {
+	if ts, ok := t.State().(*tplShell); ok && ts.sh != nil {
+		return ts.sh.cg, ts.sh.pid
+	}
+	return nil, 0
 }
 
 // startTemplate binds a shell to the function's runner in template mode

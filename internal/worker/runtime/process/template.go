@@ -106,7 +106,7 @@ func openTemplates(r *Runtime, max int) (*templates, error) {
 	}
 	ts := &templates{r: r, table: f}
 	ts.Set = &forkserver.Set{Max: max, Idle: 15 * time.Minute, Retry: 30 * time.Second, Load: 2 * time.Minute,
-		Start: ts.start, Stop: ts.stop, Changed: ts.persist, Log: r.log.Warn, Standbys: true}
+		Start: ts.start, Stop: ts.stop, Changed: ts.persist, Log: r.log.Warn, Standbys: true, Of: tplWhere}
 	var recs []tplRecord
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &recs); err != nil {
@@ -177,12 +177,15 @@ func (r *Runtime) HeldTemplates() []runtime.HeldTemplate { return r.tpls.Held() 
 // cgroup's usage, or its process's RSS without cgroups. Its children are
 // in their sandboxes' cgroups, charged to their own requests.
 func (r *Runtime) TemplateMemoryMB() int64 {
-	return r.tpls.MemoryMB(func(t *forkserver.Template) (*cgroups.Cgroup, int) {
-		if p := procOf(t); p != nil {
-			return p.cg, p.pid
-		}
-		return nil, 0
-	})
+	return r.tpls.MemoryMB()
+}
+
+// tplWhere is a template's cgroup and process (forkserver.Set.Of).
+func tplWhere(t *forkserver.Template) (*cgroups.Cgroup, int) {
+	if p := procOf(t); p != nil {
+		return p.cg, p.pid
+	}
+	return nil, 0
 }
 
 // start starts t's process (forkserver.Set.Start).
