@@ -41,6 +41,7 @@ type cpFlags struct {
 	dirigent, dirigentImages        string
 	dirigentKeepAlive               time.Duration
 	triggerNATSAllow                []string
+	templateFraction                float64
 }
 
 func (f *cpFlags) register(c *cobra.Command) {
@@ -53,6 +54,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "default placement policy of functions whose spec names none: "+strings.Join(spec.Placements, ", ")+" (docs/policies.md)")
 	fl.StringVar(&f.keepAlivePolicy, "keep-alive-policy", spec.KeepAliveGD, "default keep-alive policy of functions whose spec names none: gd (idle sandboxes stay 15 min, or the spec's keep_alive, unless a new sandbox needs their room first: FaasCache's Greedy-Dual eviction) or ttl (Knative: idle sandboxes leave after the stable window and the scale-to-zero grace, 90 s) or hybrid (Azure's hybrid histogram policy: per function, from its idle times, unloaded after a call and pre-warmed before the next is due; gd's 15 min until its histogram says)")
+	fl.Float64Var(&f.templateFraction, "template-fraction", 1, "the fraction of the workers that make each function from source's template when it is deployed, chosen per function by rendezvous hashing (the others make one at their first sandbox of it; --placement locality prefers the nodes that hold one; brisk sim --template-fraction measures the trade-off): (0,1]")
 	fl.StringVar(&f.loadBalancing, "load-balancing", "least-loaded", "default data-plane policy (a call's choice of sandbox) of functions whose spec names none: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
@@ -115,7 +117,10 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if err != nil {
 		return controlplane.Config{}, err
 	}
-	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy, LoadBalancing: f.loadBalancing,
+	if !(f.templateFraction > 0 && f.templateFraction <= 1) {
+		return controlplane.Config{}, usageError{fmt.Errorf("--template-fraction %v: want a fraction in (0,1]", f.templateFraction)}
+	}
+	return controlplane.Config{DataDir: f.dataDir, AdminAddr: f.admin, GRPCAddr: f.grpc, Placement: f.placement, ScalingMode: f.scalingMode, KeepAlivePolicy: f.keepAlivePolicy, LoadBalancing: f.loadBalancing, TemplateFraction: f.templateFraction,
 		DirigentAddr: f.dirigent, DirigentImages: f.dirigentImages, DirigentKeepAlive: f.dirigentKeepAlive,
 		TickInterval: f.tick, DrainDelay: f.drainDelay, NodeGrace: f.nodeGrace, StartupGrace: f.startupGrace,
 		Caps: f.caps, AuthDisabled: f.noAuth, TLSSANs: f.tlsSANs, AdminTLS: adminTLS, TriggerNATSAllow: natsAllow, Logger: log.With("component", "controlplane")}, nil

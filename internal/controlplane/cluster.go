@@ -82,7 +82,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	pw := prewarm.NewCron(2*cfg.TickInterval, 2*cfg.TickInterval+5*time.Second)
 	r, err := reconciler.New(reconciler.Config{Predictor: pw,
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,
-		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
+		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, TemplateFraction: cfg.TemplateFraction, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
 		FailureBackoff: cfg.FailureBackoff, MaxFailureBackoff: cfg.MaxFailureBackoff,
 		Seed: binary.LittleEndian.Uint64(seed[:]), IDPrefix: prefix, Logger: cfg.Logger,
 	})

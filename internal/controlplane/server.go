@@ -58,6 +58,9 @@ type Config struct {
 	// LoadBalancing is the default data-plane policy of functions whose
 	// spec names none ("": least-loaded).
 	LoadBalancing string
+	// TemplateFraction is the fraction of the workers that make each
+	// function from source's template at deploy (reconciler.Config).
+	TemplateFraction float64
 	// Autoscale holds the cluster-wide KPA defaults; functions override them.
 	Autoscale autoscale.Config
 	// TargetUtilization scales a sandbox's concurrency into the autoscaler's

@@ -30,6 +30,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
+	"github.com/brisk-faas/brisk/internal/policy/templateset"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -89,8 +90,8 @@ type Config struct {
 	// instead of starting one in ColdStart or CachedColdStart; an emergency
 	// sandbox there starts in TemplateStart too, instead of
 	// EmergencyStart. Each function's template is on
-	// TemplateCount(TemplateFraction, Nodes) nodes, chosen by rendezvous
-	// hashing of (function, node) (TemplateNodes). 0: no templates, the
+	// templateset.Count(TemplateFraction, Nodes) nodes, chosen by rendezvous
+	// hashing of (function, node) (templateset.Nodes). 0: no templates, the
 	// model without them; 1: every node holds every function's template.
 	// Each node's first heartbeat lists the templates it holds, as a
 	// worker's does: the locality placement policy prefers those nodes,
@@ -262,7 +263,7 @@ type function struct {
 	requests  int64
 	active    bool
 	// tmpl is where its template is (template.go), set on first use.
-	tmpl templateCut
+	tmpl templateset.Cut
 	// inflight counts its calls running in regular sandboxes; busyPos is
 	// its index in simulator.busy while that is above zero.
 	inflight, busyPos int

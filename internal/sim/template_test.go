@@ -2,14 +2,13 @@ package sim
 
 import (
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"reflect"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/policy/templateset"
 )
 
 // traceSample is the first minutes of traces/azure_100 (the first one
@@ -35,102 +34,8 @@ func simNodeIDs(n int) []string {
 	return ids
 }
 
-func TestTemplateCount(t *testing.T) {
-	for _, c := range []struct {
-		f    float64
-		n, k int
-	}{{0, 50, 0}, {-0.5, 50, 0}, {math.NaN(), 50, 0}, {0.1, 50, 5}, {0.01, 50, 1}, {0.07, 100, 7}, {0.25, 1000, 250},
-		{0.5, 3, 2}, {1, 50, 50}, {2, 50, 50}, {0.1, 0, 0}, {1e-9, 10, 1}} {
-		if got := TemplateCount(c.f, c.n); got != c.k {
-			t.Errorf("TemplateCount(%g, %d) = %d, want %d", c.f, c.n, got, c.k)
-		}
-	}
-}
-
-// selectRank finds the element of each rank, as sorting would, ties in the
-// score included.
-func TestSelectRank(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	for _, n := range []int{1, 2, 3, 7, 50, 1000} {
-		a := make([]hrw, n)
-		for i := range a {
-			a[i] = hrw{s: rng.Uint64N(uint64(n)/2 + 1), i: int32(i)} // many equal scores
-		}
-		sorted := slices.Clone(a)
-		slices.SortFunc(sorted, func(x, y hrw) int {
-			if x.above(y) {
-				return -1
-			}
-			return 1
-		})
-		for r := range n {
-			if got := selectRank(slices.Clone(a), r); got != sorted[r] {
-				t.Fatalf("n %d rank %d: %+v, want %+v", n, r, got, sorted[r])
-			}
-		}
-	}
-}
-
-// A fraction of 0.1 on 50 nodes gives every function exactly 5 template
-// nodes: its 5 highest rendezvous scores, the same on every call, spread
-// over the nodes, and a node added to the cluster never takes a template
-// away from the nodes that held it.
-func TestTemplateNodesRendezvous(t *testing.T) {
-	ids := simNodeIDs(50)
-	perNode := make([]int, len(ids))
-	for f := range 200 {
-		name := fmt.Sprintf("trace-fn-%d", f)
-		got := TemplateNodes(name, ids, 0.1)
-		if len(got) != 5 || !slices.IsSorted(got) {
-			t.Fatalf("%s: template nodes %v, want 5, ascending", name, got)
-		}
-		// By brute force: the 5 best scores.
-		fh := nodeHash(name)
-		all := make([]hrw, len(ids))
-		for i, id := range ids {
-			all[i] = score(fh, nodeHash(id), i)
-		}
-		slices.SortFunc(all, func(x, y hrw) int {
-			if x.above(y) {
-				return -1
-			}
-			return 1
-		})
-		var want []int
-		for _, s := range all[:5] {
-			want = append(want, int(s.i))
-		}
-		slices.Sort(want)
-		if !slices.Equal(got, want) {
-			t.Fatalf("%s: %v, want the top scores %v", name, got, want)
-		}
-		if again := TemplateNodes(name, slices.Clone(ids), 0.1); !slices.Equal(again, got) {
-			t.Fatalf("%s: %v, then %v", name, got, again)
-		}
-		grown := TemplateNodes(name, simNodeIDs(51), 0.1) // 6 nodes now
-		for _, i := range got {
-			if !slices.Contains(grown, i) {
-				t.Fatalf("%s: node %d lost its template when a node joined: %v → %v", name, i, got, grown)
-			}
-		}
-		for _, i := range got {
-			perNode[i]++
-		}
-	}
-	// 1,000 templates on 50 nodes: 20 each on average.
-	if lo, hi := slices.Min(perNode), slices.Max(perNode); lo < 5 || hi > 40 {
-		t.Fatalf("templates per node from %d to %d: not spread", lo, hi)
-	}
-	if got := TemplateNodes("f", ids, 0); len(got) != 0 {
-		t.Fatalf("fraction 0: %v", got)
-	}
-	if got := TemplateNodes("f", ids, 1); len(got) != 50 {
-		t.Fatalf("fraction 1: %d nodes", len(got))
-	}
-}
-
-// The simulator's per-function cut agrees with TemplateNodes.
-func TestTemplatesHoldsMatchesTemplateNodes(t *testing.T) {
+// The simulator's per-function cut agrees with templateset.Nodes.
+func TestTemplatesHoldsMatchTemplateNodes(t *testing.T) {
 	for _, frac := range []float64{0.01, 0.1, 0.33, 0.9} {
 		var nodes []*node
 		for i := range 50 {
@@ -139,7 +44,7 @@ func TestTemplatesHoldsMatchesTemplateNodes(t *testing.T) {
 		tm := newTemplates(nodes, frac)
 		for f := range 50 {
 			fn := &function{name: fmt.Sprintf("trace-fn-%d", f)}
-			want := TemplateNodes(fn.name, simNodeIDs(50), frac)
+			want := templateset.Nodes(fn.name, simNodeIDs(50), frac)
 			var got []int
 			for _, n := range nodes {
 				if tm.holds(fn, n) {

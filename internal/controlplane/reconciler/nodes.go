@@ -9,6 +9,7 @@ import (
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
+	"github.com/brisk-faas/brisk/internal/policy/templateset"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -581,33 +582,72 @@ func (c *Reconciler) refreshEmergency() {
 }
 
 // offerDual sends node n every spec it needs before any of its sandboxes:
-// dual-mode functions' (the emergency track serves only those, and checks
-// calls against them) and functions deployed from source (the node makes
-// their templates ahead of their first sandbox).
+// dual-mode functions' (its emergency track serves calls against them) and
+// those of the functions from source whose template it holds (the node
+// makes their templates ahead of their first sandbox).
 func (c *Reconciler) offerDual(n *nodeState) {
 	if !n.up {
 		return
 	}
 	for _, fs := range c.order {
-		if c.offered(fs.spec) {
+		switch {
+		case c.ModeOf(fs.spec) == spec.ModeDual:
 			c.emit(Offer{Node: n.id, Spec: fs.spec})
+		case fs.spec.Code != nil:
+			if slices.Contains(c.templateNodes(fs.spec), n) {
+				c.emit(Offer{Node: n.id, Spec: fs.spec})
+			}
 		}
 	}
 }
 
-// offered says whether every node gets f's spec at once (offerDual).
-func (c *Reconciler) offered(f *spec.Function) bool {
-	return c.ModeOf(f) == spec.ModeDual || f.Code != nil
-}
-
-// offerToAll sends f's spec to every live session when offered says so.
+// offerToAll sends f's spec to every live node when it is a dual-mode
+// function, and to the live nodes that hold its template when it is a
+// function from source.
 func (c *Reconciler) offerToAll(f *spec.Function) {
-	if !c.offered(f) {
-		return
+	var to []*nodeState
+	switch {
+	case c.ModeOf(f) == spec.ModeDual:
+		to = c.nodeList
+	case f.Code != nil:
+		to = c.templateNodes(f)
 	}
-	for _, n := range c.nodeList {
+	for _, n := range to {
 		if n.up {
 			c.emit(Offer{Node: n.id, Spec: f})
 		}
 	}
+}
+
+// templateNodes are the live nodes that make f's template at deploy: the
+// Config.TemplateFraction of them that score highest for f
+// (templateset), all of them at a fraction of 0 or 1. Other nodes make
+// one when a sandbox of f first starts there.
+func (c *Reconciler) templateNodes(f *spec.Function) []*nodeState {
+	up := make([]*nodeState, 0, len(c.nodeList))
+	for _, n := range c.nodeList {
+		if n.up {
+			up = append(up, n)
+		}
+	}
+	frac := c.cfg.TemplateFraction
+	if frac == 0 {
+		frac = 1
+	}
+	k := templateset.Count(frac, len(up))
+	if k >= len(up) {
+		return up
+	}
+	hashes := make([]uint64, len(up))
+	for i, n := range up {
+		hashes[i] = templateset.NodeHash(n.id)
+	}
+	cut := templateset.CutOf(f.Name, hashes, k, nil)
+	out := up[:0]
+	for i, n := range up {
+		if cut.Admits(hashes[i], i) {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -38,8 +38,12 @@ type Config struct {
 	LoadBalancing     string // default for specs that name none ("" = the data plane's, least-loaded)
 	// Predictor, when set, forecasts each function's concurrency at every
 	// decision; a forecast can only raise the KPA's scale (pre-warming).
-	Predictor         autoscale.Predictor
-	MaxScale          int // the operator's cap on one function's scale (0 = none)
+	Predictor autoscale.Predictor
+	MaxScale  int // the operator's cap on one function's scale (0 = none)
+	// TemplateFraction is the fraction of the live nodes that make each
+	// function from source's template at deploy (templateset); 0 means
+	// every node. Placement's locality prefers the nodes that hold one.
+	TemplateFraction  float64
 	DrainDelay        time.Duration
 	NodeGrace         time.Duration
 	FailureBackoff    time.Duration

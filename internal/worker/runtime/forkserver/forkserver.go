@@ -430,7 +430,9 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 }
 
 // String is k as one word (the eviction policy's key).
-func (k Key) String() string { return k.Function + "/" + strconv.FormatUint(k.Revision, 10) + "/" + k.Inputs }
+func (k Key) String() string {
+	return k.Function + "/" + strconv.FormatUint(k.Revision, 10) + "/" + k.Inputs
+}
 
 func (ts *Set) start(t *Template, s runtime.Spec, sock *os.File) {
 	began := time.Now()
