@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -185,19 +186,21 @@ func TestNodeSandboxesStartFromStandbys(t *testing.T) {
 //	go test -run '^$' -bench NodeColdStart -benchtime 20x ./internal/worker/runtime/native/
 func BenchmarkNodeColdStart(b *testing.B) {
 	testutil.RequiresRoot(b)
-	for _, mode := range []string{"fresh", "standby"} {
-		b.Run("conc=1/"+mode, func(b *testing.B) {
-			cfg := poolConfig()
-			cfg.Size = 20
-			r := newRuntimeWith(b, newPool(b, cfg), b.TempDir(), true, func(c *Config) { c.NoTemplates = mode == "fresh" })
-			m, digest := nodeLang(b, standbySource)
-			s := nodeSpec(b, m, digest, "x", false)
-			o := runtimetest.ColdStartOptions{}
-			if mode == "standby" {
-				o.BeforeBatch = func(int) { nativeTemplateReady(b, r, s) }
-			}
-			testutil.Eventually(b, waitLong, func() bool { return len(r.ready) == 4 }, "shell pool filled")
-			runtimetest.ColdStart(b, r, s.Function, 1, o)
-		})
+	for _, conc := range []int{1, 10} {
+		for _, mode := range []string{"fresh", "standby"} {
+			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
+				cfg := poolConfig()
+				cfg.Size = 30
+				r := newRuntimeWith(b, newPool(b, cfg), b.TempDir(), true, func(c *Config) { c.NoTemplates = mode == "fresh" })
+				m, digest := nodeLang(b, standbySource)
+				s := nodeSpec(b, m, digest, "x", false)
+				o := runtimetest.ColdStartOptions{}
+				if mode == "standby" {
+					o.BeforeBatch = func(int) { nativeTemplateReady(b, r, s) }
+				}
+				testutil.Eventually(b, waitLong, func() bool { return len(r.ready) == 4 }, "shell pool filled")
+				runtimetest.ColdStart(b, r, s.Function, conc, o)
+			})
+		}
 	}
 }

@@ -243,16 +243,18 @@ func TestStandbyCannotHandOverAnotherProcess(t *testing.T) {
 //
 //	go test -run '^$' -bench NodeColdStart -benchtime 20x ./internal/worker/runtime/process/
 func BenchmarkNodeColdStart(b *testing.B) {
-	for _, mode := range []string{"fresh", "standby"} {
-		b.Run("conc=1/"+mode, func(b *testing.B) {
-			m, data := nodeLang(b, standbySource)
-			r := newRuntime(b, Config{NoTemplates: mode == "fresh"})
-			s := nodeSpec(b, m, data, "x", false)
-			o := runtimetest.ColdStartOptions{}
-			if mode == "standby" {
-				o.BeforeBatch = func(int) { templateReady(b, r, s) }
-			}
-			runtimetest.ColdStart(b, r, s.Function, 1, o)
-		})
+	for _, conc := range []int{1, 10} {
+		for _, mode := range []string{"fresh", "standby"} {
+			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
+				m, data := nodeLang(b, standbySource)
+				r := newRuntime(b, Config{NoTemplates: mode == "fresh"})
+				s := nodeSpec(b, m, data, "x", false)
+				o := runtimetest.ColdStartOptions{}
+				if mode == "standby" {
+					o.BeforeBatch = func(int) { templateReady(b, r, s) }
+				}
+				runtimetest.ColdStart(b, r, s.Function, conc, o)
+			})
+		}
 	}
 }
