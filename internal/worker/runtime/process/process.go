@@ -72,6 +72,9 @@ type Config struct {
 	// one function's sandboxes from connecting to another's on this host
 	// when sandboxes run as per-function users.
 	NoLoopbackGuard bool
+	// TmpfsMB bounds each sandbox's private /tmp, /var/tmp and /dev/shm
+	// (as root: privateTmp). Default 64, as the native runtime's.
+	TmpfsMB int
 }
 
 // DefaultListenHost is where sandboxes listen when Config.ListenHost is
@@ -522,27 +525,27 @@ func (r *Runtime) start(s runtime.Spec, id identity, argv, env []string, logf *o
 		return nil, err
 	}
 	procs.SpawnThread(func() {
-		if len(s.Function.Secrets) > 0 && r.secretsNS {
+		if r.secretsNS {
 			// The thread's own mount namespace, which the child inherits
-			// (secrets.go).
-			if err = mountSecrets(s.Function); err != nil {
+			// (secrets.go): the function's secrets, its own temporary
+			// directories and its code.
+			if len(s.Function.Secrets) > 0 {
+				err = mountSecrets(s.Function)
+			} else if err = ownMountNS(); err != nil {
+				err = &secretsError{err}
+			}
+			if err == nil && len(s.Mounts) > 0 {
+				err = bindMounts(s.Mounts) // their sources may be in the host's /tmp
+			}
+			if err == nil && !namesHostTmp(argv) {
+				err = privateTmp(r.cfg.TmpfsMB)
+			}
+			if err != nil {
 				return
 			}
-		}
-		if len(s.Mounts) > 0 {
-			if !r.secretsNS {
-				err = &secretsError{errors.New("mounts need root")}
-				return
-			}
-			if len(s.Function.Secrets) == 0 {
-				if err = ownMountNS(); err != nil {
-					err = &secretsError{err}
-					return
-				}
-			}
-			if err = bindMounts(s.Mounts); err != nil {
-				return
-			}
+		} else if len(s.Mounts) > 0 {
+			err = &secretsError{errors.New("mounts need root")}
+			return
 		}
 		cmd, err = r.startOnThread(id, argv, env, logf, exe, cg, extra)
 	})

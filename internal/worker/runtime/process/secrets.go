@@ -1,12 +1,15 @@
 package process
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -89,6 +92,46 @@ func ownMountNS() error {
 	}
 	return nil
 }
+
+// tmpDirs are the world-writable directories a sandbox gets its own of.
+var tmpDirs = []string{"/tmp", "/var/tmp", "/dev/shm"}
+
+// privateTmp gives the sandbox's mount namespace (ownMountNS, on the spawn
+// thread) a /tmp, /var/tmp and /dev/shm of its own, each a tmpfs of
+// sizeMB charged to the sandbox's cgroup: files there are created
+// world-readable by default, and in the host's directories another
+// function's sandbox (another user) could read them, or fill the host's
+// disk. A directory the host lacks is left out.
+func privateTmp(sizeMB int) error {
+	for _, dir := range tmpDirs {
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			continue
+		}
+		data := "mode=1777,size=" + strconv.Itoa(cmp.Or(sizeMB, defaultTmpfsMB)) + "m"
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+			return &secretsError{fmt.Errorf("tmpfs on %s: %w", dir, err)}
+		}
+	}
+	return nil
+}
+
+// namesHostTmp says whether a command names a file in one of the host's
+// tmpDirs (a program or script installed there, as in quick tests): such a
+// sandbox keeps the host's directories, or it could not find it. Other
+// sandboxes' files are not there either way.
+func namesHostTmp(argv []string) bool {
+	for _, a := range argv {
+		for _, dir := range tmpDirs {
+			if strings.HasPrefix(a, dir+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// defaultTmpfsMB is Config.TmpfsMB's default.
+const defaultTmpfsMB = 64
 
 // bindMounts gives the sandbox's mount namespace (ownMountNS, on the spawn
 // thread) its read-only binds (runtime.Spec.Mounts: a code function's

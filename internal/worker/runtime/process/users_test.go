@@ -97,3 +97,31 @@ func TestFunctionsRunAsUsersOfTheirOwn(t *testing.T) {
 		t.Errorf("a new function got the victim's uid %s", s)
 	}
 }
+
+// As root each sandbox has a /tmp, /var/tmp and /dev/shm of its own: a
+// file one function leaves there world-readable (the default umask) is not
+// in another function's, nor in the host's.
+func TestSandboxesHavePrivateTmp(t *testing.T) {
+	testutil.RequiresRoot(t)
+	r := newRuntime(t, Config{})
+	name := fmt.Sprintf("brisk-private-%d", os.Getpid())
+	writer := &spec.Function{Name: "writer", UID: "uid-writer", Revision: 1, Command: []string{"/bin/sh", "-c", fmt.Sprintf(
+		`for d in /tmp /var/tmp /dev/shm; do echo secret > $d/%[1]s; done; cat /tmp/%[1]s >/dev/null; echo "self=$?"; echo done; exec sleep 60`, name)}}
+	if got := probe(t, r, "writer-1", writer); !strings.Contains(got, "self=0") {
+		t.Fatalf("the writer cannot read its own file: %q", got)
+	}
+	reader := &spec.Function{Name: "reader", UID: "uid-reader", Revision: 1, Command: []string{"/bin/sh", "-c", fmt.Sprintf(
+		`for d in /tmp /var/tmp /dev/shm; do cat $d/%[1]s >/dev/null 2>&1; echo "$d=$?"; done; echo done; exec sleep 60`, name)}}
+	got := probe(t, r, "reader-1", reader)
+	for _, want := range []string{"/tmp=1", "/var/tmp=1", "/dev/shm=1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("another function's sandbox: %q, want %s (no such file)", got, want)
+		}
+	}
+	for _, d := range []string{"/tmp", "/var/tmp", "/dev/shm"} {
+		if _, err := os.Stat(filepath.Join(d, name)); !os.IsNotExist(err) {
+			t.Errorf("the sandbox's file is in the host's %s: %v", d, err)
+		}
+	}
+	killAll(t, r)
+}
