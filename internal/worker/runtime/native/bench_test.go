@@ -3,7 +3,6 @@ package native
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/testutil"
@@ -11,7 +10,6 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
-	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -122,24 +120,7 @@ func BenchmarkPythonColdStart(b *testing.B) {
 // pyLangShared is pyLang with its directory where the sandbox's user can
 // reach it on the host's file system: runtimetest's specs carry no mounts.
 func pyLangShared(b testing.TB, src string) (*lang.Manager, string) {
-	b.Helper()
-	dir, err := os.MkdirTemp("", "brisk-lang-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	data, err := codezip.ZipFiles(map[string][]byte{"app.py": []byte(src)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := lang.New(lang.Config{Dir: dir, Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return m, codezip.Digest(data)
+	return runtimetest.LangManager(b, spec.LangPython, map[string]string{"app.py": src})
 }
 
 func pySpecShared(b testing.TB, m *lang.Manager, digest string) runtime.Spec {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,25 +17,8 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
-	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
-
-// standbySource is a Node function that says which process serves and
-// what its module saw of the environment as it loaded.
-const standbySource = `console.log('loading');
-const loadedPort = process.env.PORT;
-const fs = require('fs');
-function status(field) {
-  const line = fs.readFileSync('/proc/self/status', 'utf8').split('\n').find((l) => l.startsWith(field + ':'));
-  return line ? line.split(/\s+/)[1] : '';
-}
-exports.handler = async (event) => {
-  console.log('called ' + JSON.stringify(event));
-  return {pid: process.pid, port: process.env.PORT, loadedPort, sandbox: process.env.BRISK_SANDBOX || '', tpl: process.env.BRISK_TEMPLATE_FD || '',
-    capEff: status('CapEff'), seccomp: status('Seccomp'), noNewPrivs: status('NoNewPrivs')};
-};
-`
 
 type nodeView struct {
 	PID                         int
@@ -44,31 +26,9 @@ type nodeView struct {
 	CapEff, Seccomp, NoNewPrivs string
 }
 
-// nodeLang is a language manager serving src's archive as app.js, from a
-// directory the sandbox's user reaches on the host (shared: runtimetest's
-// specs carry no mounts) or bound at /var/task.
+// nodeLang is a manager serving src as a Node function's app.js.
 func nodeLang(t testing.TB, src string) (*lang.Manager, string) {
-	t.Helper()
-	if _, err := exec.LookPath(lang.DefaultNode); err != nil {
-		t.Skip("no node")
-	}
-	dir, err := os.MkdirTemp("", "brisk-lang-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	data, err := codezip.ZipFiles(map[string][]byte{"app.js": []byte(src)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := lang.New(lang.Config{Dir: dir, Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, codezip.Digest(data)
+	return runtimetest.LangManager(t, spec.LangNode, map[string]string{"app.js": src})
 }
 
 func nodeSpec(t testing.TB, m *lang.Manager, digest, id string, mount bool) runtime.Spec {
@@ -105,7 +65,7 @@ func askNode(t *testing.T, addr string) nodeView {
 // any; a restarted worker adopts the sandbox and reaps the standby.
 func TestNodeSandboxesStartFromStandbys(t *testing.T) {
 	testutil.RequiresRoot(t)
-	m, digest := nodeLang(t, standbySource)
+	m, digest := nodeLang(t, runtimetest.NodeStandbySource)
 	state, pcfg := t.TempDir(), poolConfig()
 	r := newRuntime(t, newPool(t, pcfg), state, true)
 	first := nativeTemplateReady(t, r, nodeSpec(t, m, digest, "x", true))
@@ -192,7 +152,7 @@ func BenchmarkNodeColdStart(b *testing.B) {
 				cfg := poolConfig()
 				cfg.Size = 30
 				r := newRuntimeWith(b, newPool(b, cfg), b.TempDir(), true, func(c *Config) { c.NoTemplates = mode == "fresh" })
-				m, digest := nodeLang(b, standbySource)
+				m, digest := nodeLang(b, runtimetest.NodeStandbySource)
 				s := nodeSpec(b, m, digest, "x", false)
 				o := runtimetest.ColdStartOptions{}
 				if mode == "standby" {

@@ -18,49 +18,18 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest"
-	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
-// standbySource is a Node function whose sandboxes say who they are, and
-// what their module saw of the environment as it loaded.
-const standbySource = `console.log('loading');
-const loadedPort = process.env.PORT;
-exports.handler = async (event) => {
-  console.log('called ' + JSON.stringify(event));
-  return {pid: process.pid, ppid: process.ppid, port: process.env.PORT, loadedPort, sandbox: process.env.BRISK_SANDBOX || '', tpl: process.env.BRISK_TEMPLATE_FD || ''};
-};
-`
-
-// nodeLang is newLang for a Node function from app.js.
-func nodeLang(t testing.TB, src string) (*lang.Manager, []byte) {
-	t.Helper()
-	if _, err := exec.LookPath(lang.DefaultNode); err != nil {
-		t.Skip("no node")
-	}
-	data, err := codezip.ZipFile(writeFile(t, "app.js", src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "brisk-lang-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	m, err := lang.New(lang.Config{Dir: dir, Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, data
+// nodeLang is a manager serving src as a Node function's app.js.
+func nodeLang(t testing.TB, src string) (*lang.Manager, string) {
+	return runtimetest.LangManager(t, spec.LangNode, map[string]string{"app.js": src})
 }
 
-func nodeSpec(t testing.TB, m *lang.Manager, data []byte, id string, mount bool) runtime.Spec {
+func nodeSpec(t testing.TB, m *lang.Manager, digest, id string, mount bool) runtime.Spec {
 	t.Helper()
 	f := &spec.Function{Name: "nodefn", Revision: 1, Port: 8080, Concurrency: 1,
-		Code: &spec.Code{Language: spec.LangNode, Handler: "app.handler", Contract: spec.ContractLambda, Digest: codezip.Digest(data)}}
+		Code: &spec.Code{Language: spec.LangNode, Handler: "app.handler", Contract: spec.ContractLambda, Digest: digest}}
 	f.ApplyDefaults()
 	s, err := m.Prepare(context.Background(), runtime.Spec{ID: id, Function: f}, lang.Target{Mount: mount})
 	if err != nil {
@@ -70,9 +39,9 @@ func nodeSpec(t testing.TB, m *lang.Manager, data []byte, id string, mount bool)
 }
 
 type nodeWhoami struct {
-	PID, PPID        int
+	PID              int
 	Port, LoadedPort string
-	Sandbox, Tpl     string
+	Tpl              string
 }
 
 func callJSON(t *testing.T, addr, body string, v any) {
@@ -102,14 +71,14 @@ func nodeCall(t *testing.T, addr string) nodeWhoami {
 // reported killed, a crashed one with its status, and a restarted worker
 // adopts the sandbox and kills the standby it did not start.
 func TestNodeSandboxesStartFromStandbys(t *testing.T) {
-	m, data := nodeLang(t, standbySource)
+	m, digest := nodeLang(t, runtimetest.NodeStandbySource)
 	stateDir := t.TempDir()
 	r := newRuntime(t, Config{StateDir: stateDir})
 	mount := r.CanMount()
-	first := templateReady(t, r, nodeSpec(t, m, data, "x", mount))
+	first := templateReady(t, r, nodeSpec(t, m, digest, "x", mount))
 	standbyPID := procOf(first).pid
 
-	inst := startSandbox(t, r, nodeSpec(t, m, data, "sb-0", mount))
+	inst := startSandbox(t, r, nodeSpec(t, m, digest, "sb-0", mount))
 	w := nodeCall(t, inst.Addr)
 	if w.PID != standbyPID {
 		t.Fatalf("sandbox pid %d, want the standby's %d", w.PID, standbyPID)
@@ -137,16 +106,16 @@ func TestNodeSandboxesStartFromStandbys(t *testing.T) {
 	}
 
 	// The next standby starts; the next sandbox is another process.
-	next := templateReady(t, r, nodeSpec(t, m, data, "x", mount))
+	next := templateReady(t, r, nodeSpec(t, m, digest, "x", mount))
 	if procOf(next).pid == standbyPID {
 		t.Fatal("the taken standby is still the set's")
 	}
-	inst1 := startSandbox(t, r, nodeSpec(t, m, data, "sb-1", mount))
+	inst1 := startSandbox(t, r, nodeSpec(t, m, digest, "sb-1", mount))
 	if w1 := nodeCall(t, inst1.Addr); w1.PID != procOf(next).pid {
 		t.Fatalf("second sandbox pid %d, want the second standby's %d", w1.PID, procOf(next).pid)
 	}
 	// Without a ready standby (taken just now), a sandbox starts fresh.
-	fresh := startSandbox(t, r, nodeSpec(t, m, data, "sb-2", mount))
+	fresh := startSandbox(t, r, nodeSpec(t, m, digest, "sb-2", mount))
 	if w2 := nodeCall(t, fresh.Addr); w2.LoadedPort == "0" {
 		t.Fatalf("a sandbox started while no standby was ready came from one: %+v", w2)
 	}
@@ -170,7 +139,7 @@ func TestNodeSandboxesStartFromStandbys(t *testing.T) {
 
 	// A restarted runtime kills the standby it did not start and adopts
 	// the sandbox.
-	third := templateReady(t, r, nodeSpec(t, m, data, "x", mount))
+	third := templateReady(t, r, nodeSpec(t, m, digest, "x", mount))
 	r2, err := New(Config{StateDir: stateDir, BriskBinary: helper})
 	if err != nil {
 		t.Fatal(err)
@@ -204,13 +173,13 @@ func TestStandbyCannotHandOverAnotherProcess(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
 	src := fmt.Sprintf("Object.defineProperty(process, 'pid', {value: %d});\nexports.handler = async () => ({});\n", victim.Process.Pid)
-	m, data := nodeLang(t, src)
+	m, digest := nodeLang(t, src)
 	r := newRuntime(t, Config{})
 	mount := r.CanMount()
-	templateReady(t, r, nodeSpec(t, m, data, "x", mount))
+	templateReady(t, r, nodeSpec(t, m, digest, "x", mount))
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
 	defer cancel()
-	inst, err := r.Create(ctx, nodeSpec(t, m, data, "hostile", mount))
+	inst, err := r.Create(ctx, nodeSpec(t, m, digest, "hostile", mount))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,9 +215,9 @@ func BenchmarkNodeColdStart(b *testing.B) {
 	for _, conc := range []int{1, 10} {
 		for _, mode := range []string{"fresh", "standby"} {
 			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
-				m, data := nodeLang(b, standbySource)
+				m, digest := nodeLang(b, runtimetest.NodeStandbySource)
 				r := newRuntime(b, Config{NoTemplates: mode == "fresh"})
-				s := nodeSpec(b, m, data, "x", false)
+				s := nodeSpec(b, m, digest, "x", false)
 				o := runtimetest.ColdStartOptions{}
 				if mode == "standby" {
 					o.BeforeBatch = func(int) { templateReady(b, r, s) }

@@ -22,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/statefile"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Templates (docs/languages.md, "Templates"; package forkserver).
@@ -279,7 +280,7 @@ func describeWait(err error) string {
 
 // createFromTemplate starts sandbox s as a child of t (see above).
 func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *forkserver.Template) (*runtime.Instance, error) {
-	port, addr, err := r.reserveAddr()
+	port, addr, id, err := r.reserveFor(s.Function)
 	if err != nil {
 		return nil, err
 	}
@@ -289,10 +290,6 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 			r.releasePort(port)
 		}
 	}()
-	id, err := r.identityOf(s.Function)
-	if err != nil {
-		return nil, err
-	}
 	logPath := r.logPath(s.Function.Name, s.ID)
 	logf, err := logpipe.Sandbox(logPath)
 	if err != nil {
@@ -375,6 +372,19 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 	return &runtime.Instance{ID: s.ID, Addr: addr, Exited: exited, ExitErr: func() error { return r.templateChildExitErr(sb) }}, nil
 }
 
+// reserveFor reserves a port for a sandbox of f and resolves f's user;
+// the caller releases the port unless the sandbox is made.
+func (r *Runtime) reserveFor(f *spec.Function) (port int, addr string, id identity, err error) {
+	if port, addr, err = r.reserveAddr(); err != nil {
+		return 0, "", identity{}, err
+	}
+	if id, err = r.identityOf(f); err != nil {
+		r.releasePort(port)
+		return 0, "", identity{}, err
+	}
+	return port, addr, id, nil
+}
+
 // templateChildExitErr says why a sandbox forked from a template ended:
 // the status the template reported, when it did.
 func (r *Runtime) templateChildExitErr(sb *sandbox) error {
@@ -418,7 +428,7 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 		}
 		r.tpls.Prewarm(s)
 	}()
-	port, addr, err := r.reserveAddr()
+	port, addr, id, err := r.reserveFor(s.Function)
 	if err != nil {
 		return nil, err
 	}
@@ -428,10 +438,6 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 			r.releasePort(port)
 		}
 	}()
-	id, err := r.identityOf(s.Function)
-	if err != nil {
-		return nil, err
-	}
 	sb := &sandbox{
 		rec:    record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr, PID: p.pid, PGID: p.pid, StartTime: p.start},
 		memMB:  s.Function.Resources.MemoryMB,

@@ -68,29 +68,10 @@ func writeFile(t testing.TB, name, data string) string {
 	return p
 }
 
-// newLang returns a language manager that serves src's archive as the
-// control plane would.
+// newLang returns a language manager that serves src's archive (app.py)
+// as the control plane would.
 func newLang(t testing.TB, src string) *lang.Manager {
-	t.Helper()
-	if _, err := os.Stat(lang.DefaultPython); err != nil {
-		t.Skip("no " + lang.DefaultPython)
-	}
-	data, err := codezip.ZipFile(writeFile(t, "app.py", src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "brisk-lang-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil { // the sandbox's user reaches it without root's mounts
-		t.Fatal(err)
-	}
-	m, err := lang.New(lang.Config{Dir: dir, Fetch: func(context.Context, string) ([]byte, error) { return data, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := runtimetest.LangManager(t, spec.LangPython, map[string]string{"app.py": src})
 	return m
 }
 
