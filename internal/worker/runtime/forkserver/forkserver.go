@@ -367,6 +367,9 @@ type Set struct {
 	failed map[Key]time.Time
 	gd     *keepalive.GD
 	stop   chan struct{} // ends the sweeper (StopAll)
+	// stopped: StopAll ran (the worker is exiting); no template starts
+	// after it, not even a standby's successor.
+	stopped bool
 }
 
 // sweepEvery is how often unused templates are looked for.
@@ -386,6 +389,10 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 	k := KeyOf(s)
 	now := time.Now()
 	ts.mu.Lock()
+	if ts.stopped {
+		ts.mu.Unlock()
+		return nil
+	}
 	if ts.byKey == nil {
 		ts.byKey, ts.failed, ts.gd, ts.stop = map[Key]*Template{}, map[Key]time.Time{}, keepalive.NewGD(0), make(chan struct{})
 		go ts.sweep(ts.stop)
@@ -653,12 +660,14 @@ func (ts *Set) Count() int {
 	return len(ts.byKey)
 }
 
-// StopAll stops every template and waits (up to wait each) for their end.
+// StopAll stops every template and waits (up to wait each) for their end;
+// the set starts none after it.
 func (ts *Set) StopAll(wait time.Duration) {
 	if ts == nil {
 		return
 	}
 	ts.mu.Lock()
+	ts.stopped = true
 	all := slices.Collect(maps.Values(ts.byKey))
 	clear(ts.byKey)
 	if ts.stop != nil {

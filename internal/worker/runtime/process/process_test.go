@@ -714,11 +714,15 @@ func TestCommandExpandsVariables(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("echo did not exit")
 	}
-	logs, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "expand", "sb-expand.log"))
+	// The worker drains the sandbox's output into its log, also after the
+	// process has gone.
 	_, port, _ := strings.Cut(inst.Addr, ":")
-	if want := "port=" + port + " hello-hello $MISSING $$PORT\n"; !strings.Contains(string(logs), want) {
-		t.Fatalf("the command printed %q, want %q", logs, want)
-	}
+	want := "port=" + port + " hello-hello $MISSING $$PORT\n"
+	var logs []byte
+	testutil.Eventually(t, waitLong, func() bool {
+		logs, _ = os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "expand", "sb-expand.log"))
+		return strings.Contains(string(logs), want)
+	}, "the command's output %q in its log (%q so far)", want, logs)
 }
 
 // writeTableAt writes recs as the table in dir, as an earlier worker would

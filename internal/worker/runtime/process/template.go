@@ -444,6 +444,16 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 		exited: make(chan struct{}),
 		lock:   make(chan struct{}, 1),
 	}
+	if p.cg != nil {
+		// The standby's cgroup, made with the sandbox's limits, becomes
+		// the sandbox's: renamed, not migrated into (cgroups.Rename).
+		// Before the claim below: from it on, the standby's end is read
+		// through sb.
+		if sb.cg, err = p.cg.Rename(s.ID); err != nil {
+			return nil, err
+		}
+		sb.rec.Cgroup = sb.cg.Rel()
+	}
 	p.claimMu.Lock()
 	ended := p.ended
 	if !ended {
@@ -451,6 +461,9 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 	}
 	p.claimMu.Unlock()
 	if ended {
+		if sb.cg != nil {
+			_ = sb.cg.RemoveNow()
+		}
 		return nil, forkserver.ErrNotReady
 	}
 	taken = true
@@ -459,13 +472,11 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 		sb.stopping.Store(true)
 		_ = r.guard.forget(entryOf(sb.rec))
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		for _, cg := range []*cgroups.Cgroup{sb.cg, p.cg} {
-			if cg != nil {
-				cg.Kill()
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sigkillTimeout)
-				_ = cg.Remove(cctx)
-				cancel()
-			}
+		if sb.cg != nil {
+			sb.cg.Kill()
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sigkillTimeout)
+			_ = sb.cg.Remove(cctx)
+			cancel()
 		}
 		_ = os.Remove(logPath)
 		r.tpls.Changed()
@@ -473,15 +484,6 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 	if err := logpipe.Move(r.logPath(s.Function.Name, p.id), logPath); err != nil {
 		undo()
 		return nil, err
-	}
-	if p.cg != nil {
-		// The standby's cgroup, made with the sandbox's limits, becomes
-		// the sandbox's: renamed, not migrated into (cgroups.Rename).
-		if sb.cg, err = p.cg.Rename(s.ID); err != nil {
-			undo()
-			return nil, err
-		}
-		sb.rec.Cgroup = sb.cg.Rel()
 	}
 	if err := r.guardSandbox(sb, id, port); err != nil {
 		undo()
