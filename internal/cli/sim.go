@@ -18,6 +18,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/sim"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -26,7 +27,7 @@ import (
 func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
-	var out, keepAlive, calibrate, templateFractions string
+	var out, keepAlive, calibrate, templateFractions, lbs string
 	var keepAlives []string
 	var modes []string
 	var windows []time.Duration
@@ -61,6 +62,22 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 				if !slices.Contains(spec.Placements, p) {
 					return usageError{fmt.Errorf("--placement %q: want one of %v", p, spec.Placements)}
 				}
+			}
+			if sc.Concurrency < 1 || sc.Concurrency > spec.DefaultCaps().MaxConcurrency {
+				return usageError{fmt.Errorf("--concurrency %d: want 1..%d", sc.Concurrency, spec.DefaultCaps().MaxConcurrency)}
+			}
+			var balancers []string
+			if lbs != "" {
+				balancers = strings.Split(lbs, ",")
+				for _, b := range balancers {
+					if !slices.Contains(loadbalance.Names(), b) {
+						return usageError{fmt.Errorf("--load-balancing %q: want one of %v", b, loadbalance.Names())}
+					}
+				}
+				if len(balancers) > 1 && len(placements) > 1 {
+					return usageError{fmt.Errorf("compare either placements or load-balancing policies, not both at once")}
+				}
+				sc.LoadBalancing = balancers[0]
 			}
 			if sc.EmergencySlots < 0 || sc.EmergencyStart < 0 || sc.EmergencyPercentile < 0 || sc.EmergencyPercentile > 100 {
 				return usageError{fmt.Errorf("--emergency-slots, --emergency-start must not be negative, --emergency-percentile in [0, 100]")}
@@ -114,6 +131,11 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 				fmt.Fprint(c.OutOrStdout(), text)
 				return err
 			}
+			if len(balancers) > 1 {
+				text, err := bench.SimCompareBy(cfg, sc, "load-balancing", balancers, out)
+				fmt.Fprint(c.OutOrStdout(), text)
+				return err
+			}
 			if len(placements) > 1 {
 				text, err := bench.SimCompare(cfg, sc, placements, out)
 				if err == nil && tr != nil {
@@ -158,6 +180,8 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 	fl.IntVar(&sc.Nodes, "nodes", 100, "emulated worker nodes")
 	fl.Float64Var(&sc.NodeCores, "node-cores", 16, "processor-sharing cores per node")
 	fl.Int64Var(&sc.NodeMemMB, "node-memory-mb", 64<<10, "memory per node (placement capacity)")
+	fl.IntVar(&sc.Concurrency, "concurrency", 1, "concurrent calls per sandbox of every trace function (1, as the loader's functions; above 1 the load-balancing policies differ)")
+	fl.StringVar(&lbs, "load-balancing", "", "the data plane's choice of sandbox for each call, a policy of brisk's data plane: "+strings.Join(loadbalance.Names(), ", ")+"; several, comma-separated, compare them (a run each under --out/<policy>/, compare.md); default: the simulator's own least-loaded pick, ties to the first sandbox (docs/policies.md)")
 	fl.StringVar(&sc.Placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality; several, comma-separated, compare them (a run each under --out/<policy>/, one slowdown CDF, compare.md)")
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
 	fl.DurationVar(&sc.CachedColdStart, "cached-cold-start", 20*time.Millisecond, "sandbox creation time on a node that ran the function before")

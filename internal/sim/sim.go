@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
+	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/internal/policy/templateset"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -46,7 +47,14 @@ type Config struct {
 	// Placement, ScalingMode, Autoscale, TargetUtilization, StableWindow
 	// and Concurrency are the cluster's (and the functions') settings, as
 	// `brisk replay` would deploy them.
-	Placement         string
+	Placement string
+	// LoadBalancing is the data plane's choice of sandbox for a call: ""
+	// is the simulator's own pick (least-loaded, ties to the first
+	// endpoint; every result in docs/policies.md before 2026-11-30 used
+	// it), or a policy of internal/policy/loadbalance by name, run as the
+	// data plane runs it (a Tracker per endpoint, endpoints in a stable
+	// order).
+	LoadBalancing     string
 	ScalingMode       string
 	Autoscale         autoscale.Config
 	TargetUtilization float64
@@ -233,6 +241,7 @@ type call struct {
 	finishV float64
 	cold    bool
 	queued  bool
+	slot    bool // holds a slot of its sandbox's tracker (Config.LoadBalancing)
 	sb      *sandbox
 }
 
@@ -249,13 +258,18 @@ type sandbox struct {
 	// emergency: a one-shot sandbox of the dual track, gone with its call;
 	// counted: its call counts toward regular scaling (the filter).
 	emergency, counted bool
+	tr                 *loadbalance.Tracker // its endpoint's, with Config.LoadBalancing
 }
 
 type function struct {
 	name      string
 	spec      *spec.Function
 	endpoints []*sandbox
-	queue     []*call
+	// lb picks among endpoints by their trackers (parallel to endpoints)
+	// when Config.LoadBalancing names a policy; nil: the model's pick.
+	lb       loadbalance.Policy
+	trackers []*loadbalance.Tracker
+	queue    []*call
 	// load accounting for the data plane's report: ∫(in flight + queued)dt
 	area      float64
 	level     int
@@ -406,6 +420,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	}
 	sm.tmpl = newTemplates(sm.nodeList, cfg.TemplateFraction)
 	sm.res.TemplateNodes = sm.tmpl.k
+	lbRand := loadbalance.NewRand(cfg.Seed)
 	for i := range s.Functions {
 		f := &s.Functions[i]
 		cpu, mem := loadgen.ResourceRequest(f)
@@ -416,6 +431,11 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 		}
 		sp.Scaling.KeepAlive = spec.Duration(cfg.KeepAlive)
 		fn := &function{name: sp.Name, spec: sp, dual: cfg.ScalingMode == spec.ModeDual && cfg.EmergencySlots > 0}
+		if cfg.LoadBalancing != "" {
+			if fn.lb, err = loadbalance.New(cfg.LoadBalancing, sp.Concurrency, lbRand); err != nil {
+				return nil, err
+			}
+		}
 		sm.fns[sp.Name] = fn
 		sm.fnByIdx = append(sm.fnByIdx, fn)
 		sm.step(reconciler.UpsertFunction{Spec: sp})
@@ -586,6 +606,10 @@ func (sm *simulator) step(ev reconciler.Event) {
 			if sb := sm.sandboxes[x.Endpoint.GetSandboxId()]; sb != nil && !sb.gone && !sb.ready {
 				sb.ready, sb.readyAt = true, sm.now
 				sb.fn.endpoints = append(sb.fn.endpoints, sb)
+				if sb.fn.lb != nil {
+					sb.tr = loadbalance.NewTracker(sb.fn.spec.Concurrency)
+					sb.fn.trackers = append(sb.fn.trackers, sb.tr)
+				}
 				sm.drain(sb.fn)
 			}
 		case reconciler.RemoveEndpoint:
@@ -610,13 +634,20 @@ func (sm *simulator) unroute(sb *sandbox) {
 		return
 	}
 	sb.ready = false
-	eps := sb.fn.endpoints
+	fn := sb.fn
+	eps := fn.endpoints
 	for i, e := range eps {
-		if e == sb {
-			eps[i] = eps[len(eps)-1]
-			sb.fn.endpoints = eps[:len(eps)-1]
+		if e != sb {
+			continue
+		}
+		if fn.lb != nil { // the policies keep a stable order (round-robin, first-available)
+			fn.endpoints = slices.Delete(eps, i, i+1)
+			fn.trackers = slices.Delete(fn.trackers, i, i+1)
 			break
 		}
+		eps[i] = eps[len(eps)-1]
+		fn.endpoints = eps[:len(eps)-1]
+		break
 	}
 }
 
@@ -661,7 +692,8 @@ func (sm *simulator) arrive(i int32) {
 	if fn.dual {
 		fn.observeIAT(sm.now)
 	}
-	sb := pick(fn)
+	sb, slot := pick(fn)
+	c.slot = slot
 	if sb == nil && fn.dual && sm.emergency(c, fn) {
 		return
 	}
@@ -735,9 +767,33 @@ func (sm *simulator) emergency(c *call, fn *function) bool {
 	return true
 }
 
-// pick is least-loaded among ready sandboxes with a free slot (ties: the
+// pick chooses the sandbox for a call of fn, nil when none has a free
+// slot. With a load-balancing policy the choice holds a slot of its
+// tracker (slot), released when the call finishes.
+func pick(fn *function) (sb *sandbox, slot bool) {
+	if fn.lb == nil {
+		return pickModel(fn), false
+	}
+	i, ok := fn.lb.Pick(fn.trackers)
+	if !ok {
+		return nil, false
+	}
+	return fn.endpoints[i], true
+}
+
+// hasFree says whether a sandbox of fn has a free slot (no slot taken).
+func hasFree(fn *function) bool {
+	for _, sb := range fn.endpoints {
+		if sb.inflight < fn.spec.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
+// pickModel is least-loaded among ready sandboxes with a free slot (ties: the
 // first, which the endpoint order keeps fair enough for the model).
-func pick(fn *function) *sandbox {
+func pickModel(fn *function) *sandbox {
 	var best *sandbox
 	for _, sb := range fn.endpoints {
 		if sb.inflight < fn.spec.Concurrency && (best == nil || sb.inflight < best.inflight) {
@@ -749,14 +805,14 @@ func pick(fn *function) *sandbox {
 
 func (sm *simulator) drain(fn *function) {
 	for len(fn.queue) > 0 {
-		sb := pick(fn)
+		sb, slot := pick(fn)
 		if sb == nil {
 			return
 		}
 		c := fn.queue[0]
 		fn.queue[0] = nil
 		fn.queue = fn.queue[1:]
-		c.queued = false
+		c.queued, c.slot = false, slot
 		sm.dispatch(c, sb)
 	}
 }
@@ -823,6 +879,9 @@ func (sm *simulator) finish(c *call) {
 	sb := c.sb
 	fn := sb.fn
 	sb.inflight--
+	if c.slot {
+		sb.tr.Release()
+	}
 	if !sb.emergency {
 		sm.running(fn, -1)
 	}
@@ -885,7 +944,7 @@ func (sm *simulator) second() {
 		}
 		fn.setLevel(sm.now, 0)
 		fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
-			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && pick(fn) == nil, InFlight: int32(fn.inflight)})
+			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && !hasFree(fn), InFlight: int32(fn.inflight)})
 		fn.active = fn.level > 0
 		fn.area, fn.requests = 0, 0
 	}

@@ -44,18 +44,31 @@ func Sim(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, string, erro
 // go to out/<policy>/, and out gets slowdown_cdf.png (each policy's
 // per-function p99 slowdown) and compare.md (a table of the runs).
 func SimCompare(cfg ReplayConfig, sc sim.Config, placements []string, out string) (string, error) {
+	return SimCompareBy(cfg, sc, "placement", placements, out)
+}
+
+// SimCompareBy is SimCompare along axis: "placement" (sim.Config.Placement)
+// or "load-balancing" (sim.Config.LoadBalancing), one run per value.
+func SimCompareBy(cfg ReplayConfig, sc sim.Config, axis string, values []string, out string) (string, error) {
 	var b strings.Builder
-	b.WriteString("| placement | slowdown gmean p99 | Dirigent median | cold starts (measured) | sandboxes created | peak | load CV | memory GiB·s | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| " + axis + " | slowdown gmean p99 | Dirigent median | cold starts (measured) | sandboxes created | peak | load CV | memory GiB·s | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
 	var series []loadgen.Series
-	for _, p := range placements {
-		sc.Placement = p
+	for _, p := range values {
+		switch axis {
+		case "placement":
+			sc.Placement = p
+		case "load-balancing":
+			sc.LoadBalancing = p
+		default:
+			return "", fmt.Errorf("compare along %q: want placement or load-balancing", axis)
+		}
 		dir := ""
 		if out != "" {
 			dir = filepath.Join(out, p)
 		}
 		o, pf, _, err := simRun(cfg, sc, dir)
 		if err != nil {
-			return "", fmt.Errorf("placement %s: %w", p, err)
+			return "", fmt.Errorf("%s %s: %w", axis, p, err)
 		}
 		dm := "–" // no calls after the skipped minutes
 		if o.Slowdown.DirigentGmeanMedian != nil {
