@@ -420,6 +420,13 @@ func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Update
 func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.SandboxRecord) {
 	if _, inv := n.invalid[u.GetId()]; inv {
 		n.invalid[u.GetId()] = n.gen // traffic for the id: keep the mark a session longer
+		// Never adopted nor routed; but a sandbox the worker says runs
+		// under an id replaced elsewhere is a stray process: end it
+		// rather than leave it running unaccounted (a Create the worker
+		// finished after the handshake that gave the id up).
+		if !terminal(u.GetState()) && u.GetState() != briskv1.SandboxState_SANDBOX_STATE_TERMINATING && n.up {
+			c.emit(Tombstone{Node: n.id, ID: u.GetId()})
+		}
 		return
 	}
 	r := n.sandboxes[u.GetId()]
