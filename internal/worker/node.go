@@ -370,8 +370,18 @@ func (n *Node) create(parent context.Context, sb *sandbox) {
 		}
 	}
 	n.mu.Lock()
-	if sb.killing { // tombstoned while starting: terminate owns cleanup
+	if sb.killing { // tombstoned while starting: terminate owns the record
 		n.mu.Unlock()
+		if inst != nil {
+			// terminate's Kill may have run before the runtime knew the
+			// sandbox (ErrNotFound, counted as gone): what this creation
+			// started must not run on unaccounted.
+			kctx, kcancel := context.WithTimeout(context.WithoutCancel(parent), 30*time.Second)
+			if err := n.rt.Kill(kctx, sb.rec.Id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+				n.log.Warn("killing a sandbox tombstoned while it started", "sandbox", sb.rec.Id, "err", err)
+			}
+			kcancel()
+		}
 		return
 	}
 	// The creation is over: its context need not live as long as the

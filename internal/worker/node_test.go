@@ -186,3 +186,41 @@ func TestApplyRefusesAnOldEpoch(t *testing.T) {
 		t.Fatal("commands of the current session refused")
 	}
 }
+
+// gatedCreates holds each Create before the runtime records it, as a slow
+// start does (the process runtime records a sandbox only once its process
+// runs, and checks its context only before it starts it): a Kill in that
+// window finds nothing, and the start goes on.
+type gatedCreates struct {
+	runtime.Runtime
+	entered, gate, created chan struct{}
+}
+
+func (g gatedCreates) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	g.entered <- struct{}{}
+	<-g.gate
+	defer func() { g.created <- struct{}{} }()
+	return g.Runtime.Create(context.WithoutCancel(ctx), s)
+}
+
+// A Tombstone that overtakes a start in progress (its Kill finds no
+// sandbox yet, and the worker reports it gone) must still end the sandbox
+// once the start completes: before, it ran on, unaccounted (the partition
+// lab's strays after a heal).
+func TestTombstoneDuringStartEndsTheSandbox(t *testing.T) {
+	n, rt := newTestNodeRT(t, 0)
+	g := gatedCreates{Runtime: rt, entered: make(chan struct{}, 1), gate: make(chan struct{}), created: make(chan struct{}, 1)}
+	n.rt, n.emRT = g, g
+	ctx := context.Background()
+	if !n.apply(ctx, 1, create("s1")) {
+		t.Fatal("create refused")
+	}
+	<-g.entered
+	n.terminate(ctx, "s1", "tombstone") // the runtime knows nothing of s1 yet
+	close(g.gate)
+	<-g.created // the start went through: s1 runs in the runtime now
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		ls, err := rt.List(ctx)
+		return err == nil && len(ls) == 0 && len(n.Snapshot()) == 0
+	}, "s1 ended after its start completed")
+}

@@ -524,11 +524,12 @@ func (r *Runtime) start(s runtime.Spec, id identity, argv, env []string, logf *o
 	} else if argv, err = resolveCommand(argv, env); err != nil {
 		return nil, err
 	}
+	privTmp := r.secretsNS && !namesHostTmp(argv)
 	procs.SpawnThread(func() {
-		if r.secretsNS {
+		if r.secretsNS && (privTmp || len(s.Function.Secrets) > 0 || len(s.Mounts) > 0) {
 			// The thread's own mount namespace, which the child inherits
-			// (secrets.go): the function's secrets, its own temporary
-			// directories and its code.
+			// (secrets.go): the function's secrets, its code and its own
+			// temporary directories.
 			if len(s.Function.Secrets) > 0 {
 				err = mountSecrets(s.Function)
 			} else if err = ownMountNS(); err != nil {
@@ -537,7 +538,7 @@ func (r *Runtime) start(s runtime.Spec, id identity, argv, env []string, logf *o
 			if err == nil && len(s.Mounts) > 0 {
 				err = bindMounts(s.Mounts) // their sources may be in the host's /tmp
 			}
-			if err == nil && !namesHostTmp(argv) {
+			if err == nil && privTmp {
 				err = privateTmp(r.cfg.TmpfsMB)
 			}
 			if err != nil {
