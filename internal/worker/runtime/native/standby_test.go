@@ -146,11 +146,11 @@ func TestNodeSandboxesStartFromStandbys(t *testing.T) {
 //	go test -run '^$' -bench NodeColdStart -benchtime 20x ./internal/worker/runtime/native/
 func BenchmarkNodeColdStart(b *testing.B) {
 	testutil.RequiresRoot(b)
-	for _, conc := range []int{1, 10} {
+	for _, conc := range []int{1, 10, 50} {
 		for _, mode := range []string{"fresh", "standby"} {
 			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
 				cfg := poolConfig()
-				cfg.Size = 30
+				cfg.Size = 64
 				r := newRuntimeWith(b, newPool(b, cfg), b.TempDir(), true, func(c *Config) { c.NoTemplates = mode == "fresh" })
 				m, digest := nodeLang(b, runtimetest.NodeStandbySource)
 				s := nodeSpec(b, m, digest, "x", false)

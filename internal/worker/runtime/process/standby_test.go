@@ -212,7 +212,7 @@ func TestStandbyCannotHandOverAnotherProcess(t *testing.T) {
 //
 //	go test -run '^$' -bench NodeColdStart -benchtime 20x ./internal/worker/runtime/process/
 func BenchmarkNodeColdStart(b *testing.B) {
-	for _, conc := range []int{1, 10} {
+	for _, conc := range []int{1, 10, 50} {
 		for _, mode := range []string{"fresh", "standby"} {
 			b.Run(fmt.Sprintf("conc=%d/%s", conc, mode), func(b *testing.B) {
 				m, digest := nodeLang(b, runtimetest.NodeStandbySource)
