@@ -420,20 +420,26 @@ func (ts *Set) Get(s runtime.Spec) *Template {
 		go ts.start(t, s, sock)
 		return nil
 	}
-	ts.mu.Unlock()
+	defer ts.mu.Unlock()
+	if !t.usable() {
+		return nil // still loading, or ended
+	}
+	t.lastUse.Store(now.UnixNano())
+	ts.gd.Touch(now, t.Key.String(), 1)
+	return t
+}
+
+// usable says whether t has loaded its function and still runs.
+func (t *Template) usable() bool {
 	if !t.IsReady() || t.State() == nil {
-		return nil // still loading
+		return false
 	}
 	select {
 	case <-t.Done():
-		return nil
+		return false
 	default:
+		return true
 	}
-	t.lastUse.Store(now.UnixNano())
-	ts.mu.Lock()
-	ts.gd.Touch(now, t.Key.String(), 1)
-	ts.mu.Unlock()
-	return t
 }
 
 // String is k as one word (the eviction policy's key).
@@ -481,8 +487,7 @@ func (ts *Set) Ended(t *Template) {
 func (ts *Set) Forget(t *Template, failed bool) {
 	ts.mu.Lock()
 	if ts.byKey[t.Key] == t {
-		delete(ts.byKey, t.Key)
-		ts.gd.Forget(t.Key.String())
+		ts.dropLocked(t)
 	}
 	if failed && ts.failed != nil {
 		ts.failed[t.Key] = time.Now()
@@ -515,40 +520,48 @@ func (ts *Set) Evict(t *Template) {
 	ts.Stop(t)
 }
 
-// evictLocked picks the templates to stop: those unused for longer than
-// their keep-alive, and beyond that, to make room for more new ones,
-// those of lowest Greedy-Dual priority. A template with live children is
-// kept when KeepWhileChildren.
+// evictLocked picks the templates to stop to make room for more new ones:
+// the expired (expireLocked), then those of lowest Greedy-Dual priority
+// beyond Max.
 func (ts *Set) evictLocked(now time.Time, more int) []*Template {
-	var out []*Template
-	var live []*Template
-	for k, t := range ts.byKey {
-		if ts.KeepWhileChildren && t.children.Load() > 0 {
-			continue
-		}
-		if now.Sub(time.Unix(0, t.lastUse.Load())) > t.idle {
-			delete(ts.byKey, k)
-			ts.gd.Forget(k.String())
-			out = append(out, t)
-			continue
-		}
-		live = append(live, t)
-	}
+	out, live := ts.expireLocked(now)
 	n := len(ts.byKey) + more - ts.Max
 	if n <= 0 || len(live) == 0 {
 		return out
 	}
 	cands := make([]keepalive.Candidate, len(live))
 	for i, t := range live {
-		cands[i] = keepalive.Candidate{Key: t.Key.String(), MemoryMB: ts.memoryMB(t), LastUsed: time.Unix(0, t.lastUse.Load()),
+		cands[i] = keepalive.Candidate{Key: t.Key.String(), MemoryMB: max(runtime.CeilMB(ts.bytes(t)), 1), LastUsed: time.Unix(0, t.lastUse.Load()),
 			ColdStart: time.Duration(t.load.Load())}
 	}
 	for _, i := range ts.gd.EvictN(cands, n) {
-		delete(ts.byKey, live[i].Key)
-		ts.gd.Forget(live[i].Key.String())
+		ts.dropLocked(live[i])
 		out = append(out, live[i])
 	}
 	return out
+}
+
+// expireLocked drops the templates unused for longer than their
+// keep-alive and returns them, and the others that may be evicted (a
+// template with live children is neither when KeepWhileChildren).
+func (ts *Set) expireLocked(now time.Time) (expired, live []*Template) {
+	for _, t := range ts.byKey {
+		switch {
+		case ts.KeepWhileChildren && t.children.Load() > 0:
+		case now.Sub(time.Unix(0, t.lastUse.Load())) > t.idle:
+			ts.dropLocked(t)
+			expired = append(expired, t)
+		default:
+			live = append(live, t)
+		}
+	}
+	return expired, live
+}
+
+// dropLocked takes t out of the set and the eviction policy's memory.
+func (ts *Set) dropLocked(t *Template) {
+	delete(ts.byKey, t.Key)
+	ts.gd.Forget(t.Key.String())
 }
 
 // sweep stops templates unused for longer than their keep-alive, every
@@ -563,32 +576,35 @@ func (ts *Set) sweep(stop chan struct{}) {
 		case <-tick.C:
 		}
 		ts.mu.Lock()
-		evict := ts.evictLocked(time.Now(), -len(ts.byKey)) // expiry only
+		expired, _ := ts.expireLocked(time.Now())
 		ts.mu.Unlock()
-		for _, t := range evict {
+		for _, t := range expired {
 			ts.Evict(t)
 		}
-		if len(evict) > 0 && ts.Changed != nil {
+		if len(expired) > 0 && ts.Changed != nil {
 			ts.Changed()
 		}
 	}
 }
 
-// memoryMB is what t holds, in MiB rounded up (at least 1): its cgroup's
-// usage where Of gives one, else its process's RSS.
-func (ts *Set) memoryMB(t *Template) int64 {
+// bytes is what t holds: its cgroup's usage where Of gives one, else its
+// process's RSS (0 without Of).
+func (ts *Set) bytes(t *Template) int64 {
 	if ts.Of == nil {
-		return 1
+		return 0
 	}
-	var b int64
 	cg, pid := ts.Of(t)
 	if cg != nil {
-		b, _ = cg.MemoryUsage()
+		if n, ok := cg.MemoryUsage(); ok {
+			return n
+		}
 	}
-	if b == 0 && pid > 0 {
-		b, _ = procs.RSS(pid)
+	if pid > 0 {
+		if n, err := procs.RSS(pid); err == nil {
+			return n
+		}
 	}
-	return max(runtime.CeilMB(b), 1)
+	return 0
 }
 
 // All returns the set's templates.
@@ -607,13 +623,8 @@ func (ts *Set) Held() []runtime.HeldTemplate {
 	}
 	var out []runtime.HeldTemplate
 	for _, t := range ts.All() {
-		if !t.IsReady() || t.State() == nil || t.Stopping() {
+		if !t.usable() || t.Stopping() {
 			continue
-		}
-		select {
-		case <-t.Done():
-			continue
-		default:
 		}
 		h := runtime.HeldTemplate{Function: t.Key.Function, Revision: t.Key.Revision}
 		if !slices.Contains(out, h) { // a secret's new value: two of one revision
@@ -634,18 +645,7 @@ func (ts *Set) MemoryMB() int64 {
 	}
 	var b int64
 	for _, t := range ts.All() {
-		cg, pid := ts.Of(t)
-		if cg != nil {
-			if n, ok := cg.MemoryUsage(); ok {
-				b += n
-				continue
-			}
-		}
-		if pid > 0 {
-			if n, err := procs.RSS(pid); err == nil {
-				b += n
-			}
-		}
+		b += ts.bytes(t)
 	}
 	return runtime.CeilMB(b)
 }
@@ -692,3 +692,7 @@ func (ts *Set) StopAll(wait time.Duration) {
 // ErrNotReady is returned by runtimes asked to fork from a template that
 // is gone.
 var ErrNotReady = errors.New("template not ready")
+
+// ErrBecameSandbox ends a standby's Client once its process serves as a
+// sandbox.
+var ErrBecameSandbox = errors.New("the standby became a sandbox")

@@ -2,11 +2,8 @@ package native
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -45,16 +42,8 @@ func nodeSpec(t testing.TB, m *lang.Manager, digest, id string, mount bool) runt
 
 func askNode(t *testing.T, addr string) nodeView {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(`{"n":1}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var v nodeView
-	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
-		t.Fatalf("%s: %d %s", addr, resp.StatusCode, b)
-	}
+	runtimetest.PostJSON(t, addr, `{"n":1}`, &v)
 	return v
 }
 

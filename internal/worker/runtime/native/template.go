@@ -190,7 +190,7 @@ func (r *Runtime) startTemplate(t *forkserver.Template, s runtime.Spec, sock *os
 		claimed := ts.claimed
 		ts.mu.Unlock()
 		if claimed { // a sandbox now: its Kill tears the shell down
-			t.End(errors.New("the standby became a sandbox"))
+			t.End(forkserver.ErrBecameSandbox)
 			return
 		}
 		if t.IsReady() {
@@ -330,37 +330,29 @@ func hostPID(tpl, nsPid int) (int, error) {
 		if err != nil {
 			continue
 		}
-		st, err := os.ReadFile("/proc/" + f + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(st), "\n") {
-			if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-				ids := strings.Fields(v)
-				if len(ids) >= 2 && ids[len(ids)-1] == strconv.Itoa(nsPid) {
-					return pid, nil
-				}
-			}
+		if n, levels, err := nsPID(pid); err == nil && levels >= 2 && n == nsPid {
+			return pid, nil
 		}
 	}
 	return 0, fmt.Errorf("the template's child %d is not among its children (it exited at once?)", nsPid)
 }
 
-// nsPID is pid's number in its own PID namespace.
-func nsPID(pid int) (int, error) {
+// nsPID is pid's number in its own PID namespace, and how many PID
+// namespaces it is in (NSpid in /proc/PID/status).
+func nsPID(pid int) (n, levels int, err error) {
 	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for _, line := range strings.Split(string(st), "\n") {
 		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			ids := strings.Fields(v)
-			if len(ids) > 0 {
-				return strconv.Atoi(ids[len(ids)-1])
+			if ids := strings.Fields(v); len(ids) > 0 {
+				n, err := strconv.Atoi(ids[len(ids)-1])
+				return n, len(ids), err
 			}
 		}
 	}
-	return 0, fmt.Errorf("process %d: no NSpid", pid)
+	return 0, 0, fmt.Errorf("process %d: no NSpid", pid)
 }
 
 // templateChildExitErr says why a sandbox forked from a template ended.
@@ -424,14 +416,14 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 	if err == nil {
 		// The function's code answered: only the shell's own process may
 		// be the sandbox.
-		if own, perr := nsPID(sh.pid); perr != nil || own != nsPid {
+		if own, _, perr := nsPID(sh.pid); perr != nil || own != nsPid {
 			err = fmt.Errorf("the standby answered with pid %d, which is not its own", nsPid)
 		}
 	}
 	if err != nil {
 		return fail(err)
 	}
-	t.End(errors.New("the standby became a sandbox"))
+	t.End(forkserver.ErrBecameSandbox)
 	r.markDirty()
 	r.log.Debug("sandbox started from its standby", "sandbox", s.ID, "function", s.Function.Name, "addr", sb.rec.Addr)
 	return &runtime.Instance{ID: s.ID, Addr: sb.rec.Addr, Exited: sh.exited, ExitErr: func() error { return r.exitErr(sb) }}, nil

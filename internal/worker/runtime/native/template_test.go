@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -111,16 +109,8 @@ func pySpec(t testing.TB, m *lang.Manager, digest, id string) runtime.Spec {
 
 func ask(t *testing.T, addr, body string) childView {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var v childView
-	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
-		t.Fatalf("%s: %d %s", addr, resp.StatusCode, b)
-	}
+	runtimetest.PostJSON(t, addr, body, &v)
 	return v
 }
 

@@ -202,6 +202,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg.KillGrace = DefaultKillGrace
 	}
 	cfg.ListenHost = cmp.Or(cfg.ListenHost, DefaultListenHost)
+	cfg.TmpfsMB = cmp.Or(cfg.TmpfsMB, defaultTmpfsMB)
 	if ip := net.ParseIP(cfg.ListenHost); ip == nil || ip.IsUnspecified() || ip.IsMulticast() {
 		return nil, fmt.Errorf("process runtime: ListenHost %q: want one IP address of this host (data planes dial it)", cfg.ListenHost)
 	}

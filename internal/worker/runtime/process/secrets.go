@@ -1,7 +1,6 @@
 package process
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -107,7 +106,7 @@ func privateTmp(sizeMB int) error {
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			continue
 		}
-		data := "mode=1777,size=" + strconv.Itoa(cmp.Or(sizeMB, defaultTmpfsMB)) + "m"
+		data := "mode=1777,size=" + strconv.Itoa(sizeMB) + "m"
 		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
 			return &secretsError{fmt.Errorf("tmpfs on %s: %w", dir, err)}
 		}

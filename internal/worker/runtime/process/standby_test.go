@@ -2,11 +2,8 @@ package process
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -44,23 +41,10 @@ type nodeWhoami struct {
 	Tpl              string
 }
 
-func callJSON(t *testing.T, addr, body string, v any) {
-	t.Helper()
-	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || json.Unmarshal(b, v) != nil {
-		t.Fatalf("call %s: %d %s", addr, resp.StatusCode, b)
-	}
-}
-
 func nodeCall(t *testing.T, addr string) nodeWhoami {
 	t.Helper()
 	var w nodeWhoami
-	callJSON(t, addr, `{"n":1}`, &w)
+	runtimetest.PostJSON(t, addr, `{"n":1}`, &w)
 	return w
 }
 

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -238,7 +237,7 @@ func (ts *templates) wait(t *forkserver.Template, p *tplProc, cmd *exec.Cmd, log
 	if sb != nil { // a standby that became sandbox sb
 		sb.exitErr = ts.r.describeExit(sb, err)
 		close(sb.exited)
-		t.End(errors.New("the standby became a sandbox"))
+		t.End(forkserver.ErrBecameSandbox)
 		return
 	}
 	if t.IsReady() {
@@ -499,7 +498,7 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 		undo()
 		return nil, err
 	}
-	t.End(errors.New("the standby became a sandbox"))
+	t.End(forkserver.ErrBecameSandbox)
 	r.mu.Lock()
 	r.sandboxes[s.ID] = sb
 	r.mu.Unlock()

@@ -2,11 +2,8 @@ package process
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,16 +81,8 @@ type whoami struct {
 
 func call(t *testing.T, addr, body string) whoami {
 	t.Helper()
-	resp, err := http.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	var w whoami
-	if resp.StatusCode != 200 || json.Unmarshal(b, &w) != nil {
-		t.Fatalf("call %s: %d %s", addr, resp.StatusCode, b)
-	}
+	runtimetest.PostJSON(t, addr, body, &w)
 	return w
 }
 

@@ -2,8 +2,11 @@ package runtimetest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/brisk-faas/brisk/internal/worker/lang"
@@ -65,4 +68,19 @@ func LangManager(t testing.TB, language string, files map[string]string) (*lang.
 		t.Skip("no " + language + " interpreter")
 	}
 	return m, digest
+}
+
+// PostJSON posts body to the sandbox at addr and decodes its 200 reply
+// into v; anything else fails the test.
+func PostJSON(t testing.TB, addr, body string, v any) {
+	t.Helper()
+	resp, err := benchClient.Post("http://"+addr+"/", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || json.Unmarshal(b, v) != nil {
+		t.Fatalf("%s: %d %s", addr, resp.StatusCode, b)
+	}
 }
