@@ -359,7 +359,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	default:
 		// A call stored with a data-plane id has no record until its
 		// attempt: the calls stream says whether the id is taken.
-		m, gerr := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+c.ID)
+		m, gerr := lastOfID(ctx, q.calls, callsPrefix, c.ID)
 		if gerr == nil || !errors.Is(gerr, jetstream.ErrMsgNotFound) {
 			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
 		}
@@ -422,7 +422,26 @@ func decodeCall(subject string, h nats.Header, data []byte) (*Call, error) {
 		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit), Host: m.Host, Remote: m.Remote, FunctionUID: m.UID}, nil
 }
 
-// splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID.
+// lastOfID is the last message of call id in stream st, whose subjects
+// are prefix FN.ID: a function's name is one subject token (NAME) or two
+// (NAME.NAMESPACE, spec.Qualify).
+func lastOfID(ctx context.Context, st jetstream.Stream, prefix, id string) (*jetstream.RawStreamMsg, error) {
+	m, err := st.GetLastMsgForSubject(ctx, prefix+"*."+id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		m, err = st.GetLastMsgForSubject(ctx, prefix+"*.*."+id)
+	}
+	return m, err
+}
+
+// ValidFunction reports whether fn may be a function's subject tokens:
+// NAME or NAME.NAMESPACE, each a valid id.
+func ValidFunction(fn string) bool {
+	name, ns, ok := strings.Cut(fn, ".")
+	return ValidID(name) && (!ok || ValidID(ns))
+}
+
+// splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID. FN may have a
+// dot (NAME.NAMESPACE, spec.Qualify); an ID has none (ValidID).
 func splitSubject(s string) (fn, id string, ok bool) {
 	rest, found := strings.CutPrefix(s, callsPrefix)
 	if !found {
@@ -430,8 +449,11 @@ func splitSubject(s string) (fn, id string, ok bool) {
 			return "", "", false
 		}
 	}
-	fn, id, ok = strings.Cut(rest, ".")
-	return fn, id, ok && fn != "" && id != ""
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
 }
 
 // Conn is the NATS connection the queue uses (triggers subscribe on it).

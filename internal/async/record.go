@@ -86,7 +86,7 @@ func (q *Queue) record(ctx context.Context, id string) (*Record, error) {
 // inStreams finds call id in the calls stream (queued) or the dead-letter
 // stream; ErrNotFound when in neither.
 func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
-	if m, err := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+id); err == nil {
+	if m, err := lastOfID(ctx, q.calls, callsPrefix, id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
 		if err != nil {
 			return nil, err
@@ -95,7 +95,7 @@ func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("async: %w", err)
 	}
-	if m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id); err == nil {
+	if m, err := lastOfID(ctx, q.dead, deadPrefix, id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
 		if err != nil {
 			return nil, err
@@ -198,7 +198,7 @@ func (q *Queue) listRecords(ctx context.Context, f Filter) ([]Record, error) {
 func (q *Queue) listWaiting(ctx context.Context, fn string, limit int) ([]Record, error) {
 	subj := callsPrefix + ">"
 	if fn != "" {
-		subj = callsPrefix + fn + ".>"
+		subj = callsPrefix + fn + ".*" // not ".>": fn's, not fn.NAMESPACE's
 	}
 	var out []Record
 	seen := make(map[string]bool, limit)
@@ -235,7 +235,7 @@ func newest(rs []Record, n int) []Record {
 // caller may retry calls of: a dead letter of another function under the
 // same id (its record expired, and the id was used again) is not this call.
 func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
-	if !ValidID(id) || !ValidID(fn) {
+	if !ValidID(id) || !ValidFunction(fn) {
 		return nil, ErrBadID
 	}
 	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+fn+"."+id)
@@ -295,8 +295,8 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 // Purge drops the queued calls (or, with dead, the dead letters) of fn
 // ("" = every function) and returns how many.
 func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error) {
-	if fn != "" && !ValidID(fn) {
-		return 0, ErrBadID // a subject token: no wildcards or dots
+	if fn != "" && !ValidFunction(fn) {
+		return 0, ErrBadID // subject tokens: no wildcards
 	}
 	st, prefix := q.calls, callsPrefix
 	if dead {
@@ -304,7 +304,7 @@ func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error)
 	}
 	subj := prefix + ">"
 	if fn != "" {
-		subj = prefix + fn + ".>"
+		subj = prefix + fn + ".*" // not ".>": fn's, not fn.NAMESPACE's
 	}
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 	if err != nil {

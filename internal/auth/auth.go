@@ -21,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Scopes. Admin allows everything; deploy manages functions and reads the
@@ -225,6 +227,12 @@ func (c *Checker) Replace(grants []Grant) {
 			e.fns = make(map[string]bool, len(g.Functions))
 			for _, f := range g.Functions {
 				e.fns[f] = true
+				// Within its namespace a token names its functions as
+				// their tenant deployed them: "api" is api.NAMESPACE
+				// (spec.Qualify).
+				if g.Namespace != "" && g.Namespace != spec.DefaultNamespace && strings.IndexByte(f, '.') < 0 {
+					e.fns[f+"."+g.Namespace] = true
+				}
 			}
 		}
 		m[g.ID] = e

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"github.com/brisk-faas/brisk/pkg/spec"
 	"io"
 	"net/http"
 	"os"
@@ -119,7 +120,7 @@ label) and a Ready condition. brisk fn get shows brisk's own spec.`,
 				if ns == "" {
 					ns = "default"
 				}
-				svcs = append(svcs, knative.FromSpec(v.Function, "http://"+v.Name+"."+ns+"."+domain, v.Status.Condition == "", v.Status.Message))
+				svcs = append(svcs, knative.FromSpec(v.Function, "http://"+spec.ShortName(v.Name)+"."+ns+"."+domain, v.Status.Condition == "", v.Status.Message))
 			}
 			if output == "json" {
 				if len(svcs) == 1 {

@@ -121,7 +121,7 @@ Node source: brisk uploads it and runs the handler in a managed runtime.`,
 			verb := "created"
 			var old *spec.Function
 			if client.IsConflict(err) {
-				if cur, gerr := cl.Get(c.Context(), fn.Name); gerr == nil {
+				if cur, gerr := cl.Get(c.Context(), spec.Qualify(fn.Name, fn.Namespace)); gerr == nil {
 					old = cur.Function
 				}
 				out, err = cl.Update(c.Context(), fn)
@@ -607,6 +607,20 @@ func newStatus(g *globals) *cobra.Command {
 	return c
 }
 
+// fullName is the full name of the function a caller names: data planes
+// route by full names (NAME.NAMESPACE outside the default namespace), and
+// the admin API qualifies a bare one with the token's namespace. A token
+// that may not read the function (invoke only) calls it by the name given.
+func fullName(ctx context.Context, g *globals, name string) string {
+	if strings.IndexByte(name, '.') >= 0 {
+		return name
+	}
+	if v, err := g.client().Get(ctx, name); err == nil && v.Name != "" {
+		return v.Name
+	}
+	return name
+}
+
 func newInvoke(g *globals) *cobra.Command {
 	var data, dataFile, method string
 	var headers []string
@@ -615,6 +629,12 @@ func newInvoke(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "invoke NAME",
 		Short: "Call a function and print its response (--async: queue the call and print its id)",
+		Long: `Call a function through the data plane and print its response.
+
+Outside the default namespace a function's full name is NAME.NAMESPACE, and
+data planes route by it (/function/NAME.NAMESPACE). Given a bare NAME, invoke
+asks the admin API for the function's full name first, which qualifies it with
+the namespace the token is bound to.`,
 		Example: `  brisk invoke hello --data '{"ms": 50}'
   brisk invoke hello -v --data '{"ms": 50}'
   brisk invoke hello --async --data '{"ms": 50}'         # prints the call id
@@ -644,13 +664,14 @@ func newInvoke(g *globals) *cobra.Command {
 			if len(body) > 0 && h.Get("Content-Type") == "" {
 				h.Set("Content-Type", "application/json")
 			}
+			name := fullName(c.Context(), g, args[0])
 			if async {
-				return invokeAsync(c.Context(), g, args[0], method, body, h, callback, wait)
+				return invokeAsync(c.Context(), g, name, method, body, h, callback, wait)
 			}
 			if wait || callback != "" {
 				return usageError{errors.New("--wait and --callback need --async")}
 			}
-			res, err := g.client().InvokeFunction(c.Context(), args[0], method, body, h)
+			res, err := g.client().InvokeFunction(c.Context(), name, method, body, h)
 			// The data plane's own answer (an *client.Error with the
 			// result) is shown as the function's would be, then fails.
 			var be *client.Error

@@ -179,19 +179,22 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
-	if pathName != "" {
-		if f.Name == "" {
-			f.Name = pathName
-		}
-		if f.Name != pathName {
-			writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
-			return nil, false
-		}
+	if pathName != "" && f.Name == "" {
+		f.Name = pathName
+	}
+	if _, ns, ok := strings.Cut(f.Name, "."); ok && f.Namespace == "" {
+		f.Namespace = ns // NAME.NAMESPACE names its namespace
 	}
 	if f.Namespace == "" && !cp.cfg.AuthDisabled {
 		// A token bound to a namespace deploys there by default.
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 		f.Namespace = auth.NamespaceOf(cp.tokens, tok)
+	}
+	// Names are per namespace: "api" deployed into team-a is api.team-a.
+	f.Name = cp.qualify(f.Name, f.Namespace)
+	if pathName != "" && f.Name != pathName && f.Name != cp.qualify(pathName, f.Namespace) {
+		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
+		return nil, false
 	}
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
@@ -335,12 +338,14 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+	// The body's namespace qualifies a bare name in the path (PUT
+	// /v1/functions/api with "namespace": "team-a" is api.team-a's).
+	f, ok := cp.readSpec(w, r, cp.pathFunction(r))
+	if !ok {
 		return
 	}
-	f, ok := cp.readSpec(w, r, name)
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) {
+	name := f.Name
+	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) {
 		return
 	}
 	cp.secretMu.RLock() // against a namespace's deletion and a secret's
@@ -402,7 +407,7 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 // functionRevisions answers the function's revisions, newest (the current
 // one) first.
 func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
@@ -446,7 +451,7 @@ func (cp *ControlPlane) lockForChange(name string) (unlock func()) {
 // rollbackFunction makes a kept revision's spec the function's newest
 // revision: {"revision": N}, or none for the one before the current.
 func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}
@@ -488,7 +493,7 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 }
 
 func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	ns := cp.namespaceOfFn(name)
 	if !cp.authorize(w, r, auth.ScopeDeploy, ns, name) {
 		return
@@ -517,7 +522,7 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}

@@ -87,7 +87,7 @@ func TestReservedLabels(t *testing.T) {
 	}
 	_, err = tenant.Rollback(ctx, "x", 0)
 	forbidden("rollback to another mark", err)
-	if v, err := adm.Get(ctx, "x"); err != nil || v.Labels["brisk.dev/kubernetes-function"] != "team-a/z" {
+	if v, err := adm.Get(ctx, "x.team-a"); err != nil || v.Labels["brisk.dev/kubernetes-function"] != "team-a/z" {
 		t.Errorf("x after the refusals: %v %v", v, err)
 	}
 	if _, err := adm.Update(ctx, fn("x", nil)); err != nil {

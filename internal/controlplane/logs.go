@@ -58,7 +58,7 @@ func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.Cancel
 // RFC 3339 time), sandbox, follow=true (keep streaming until the client
 // leaves).
 func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}

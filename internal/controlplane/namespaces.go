@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
@@ -42,6 +43,29 @@ func (cp *ControlPlane) namespaceOfFn(name string) string {
 		return namespaceOf(f)
 	}
 	return ""
+}
+
+// qualify is spec.Qualify(name, ns), except that a bare name a function
+// of namespace ns holds already (made before names were per namespace)
+// stays as it is.
+func (cp *ControlPlane) qualify(name, ns string) string {
+	q := spec.Qualify(name, ns)
+	if q != name && cp.namespaceOfFn(name) == ns {
+		return name
+	}
+	return q
+}
+
+// pathFunction is the function a /v1/functions/{name}/… path names: a
+// bare name is qualified with the request's namespace (?namespace=, else
+// the one its token is bound to), so that a tenant reaches its function by
+// the name it deployed it under.
+func (cp *ControlPlane) pathFunction(r *http.Request) string {
+	name := r.PathValue("name")
+	if strings.IndexByte(name, '.') >= 0 {
+		return name
+	}
+	return cp.qualify(name, cp.requestNamespace(r, ""))
 }
 
 // admitToNamespace checks f against its namespace: that it exists, and its

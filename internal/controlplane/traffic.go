@@ -213,7 +213,7 @@ func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Functio
 // the split is how calls reach revisions, not part of one. An empty list
 // sends everything to the current revision again.
 func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := cp.pathFunction(r)
 	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
 		return
 	}

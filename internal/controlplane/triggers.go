@@ -114,6 +114,7 @@ func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name
 		t.Name = name
 	}
 	t.Namespace = cp.requestNamespace(r, t.Namespace)
+	t.Function = cp.qualify(t.Function, t.Namespace)
 	if err := t.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return t, false

@@ -50,7 +50,7 @@ func (d *DataPlane) serveAsyncRoute(w http.ResponseWriter, r *http.Request) bool
 		return false
 	}
 	rt := prefixRoute(r, asyncPrefix)
-	rt.fn = d.lookupCall(rt.name)
+	rt.fn = d.lookupNamed(rt.name)
 	d.submitAsync(w, r, rt)
 	return true
 }
@@ -378,7 +378,7 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 			d.writeError(w, nil, f)
 			return
 		}
-		if fnName != "" && !async.ValidID(fnName) {
+		if fnName != "" && !async.ValidFunction(fnName) {
 			d.writeError(w, nil, fail(http.StatusBadRequest, reasonBadRequest, "function %q: not a function name", fnName))
 			return
 		}

@@ -308,8 +308,13 @@ func TestAsyncAttackPurgeSubjectInjection(t *testing.T) {
 		t.Fatalf("submit: %d %s", r.code, r.body)
 	}
 	recv(t, g.arrived, "the call")
-	for _, fn := range []string{"*", ">", "keep.>", "a.b", "*.kept", "%2A"} {
+	for _, fn := range []string{"*", ">", "keep.>", "keep.*", "a.b.c", "*.kept", "%2A"} {
 		wantReason(t, submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?function="+fn, nil, ""), http.StatusBadRequest, "bad-request", "function")
+	}
+	// A function of another namespace (NAME.NAMESPACE) is two subject
+	// tokens: its purge is not keep's, nor is keep's kept call its.
+	if r := submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?function=keep.team-a", nil, ""); r.code != http.StatusOK || !strings.Contains(r.body, `"purged": 0`) {
+		t.Fatalf("purge of keep.team-a: %d %s", r.code, r.body)
 	}
 	if d, err := e.q.Depth(context.Background()); err != nil || d["keep"] != 1 {
 		t.Fatalf("depth after the purges %v %v: a purge reached another function", d, err)

@@ -49,7 +49,7 @@ func (c *frontConn) parseAsync(tail []byte) *function {
 			return nil
 		}
 	}
-	fn := d.lookupCall(string(name))
+	fn := d.lookupNamed(string(name))
 	if fn != nil {
 		rq.async = true
 	}

@@ -143,15 +143,15 @@ func (c *frontConn) parse() *function {
 		if len(name) == 0 {
 			return nil
 		}
-		fn = c.f.d.lookupCall(string(name))
+		fn = c.f.d.lookupNamed(string(name))
 	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) {
 		return c.parseAsync(path[len(asyncPrefix):])
 	} else if bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
 		return nil // the Lambda API: the net/http path (lambda.go)
 	} else {
 		rq.rest = path
-		if label := httpx.HostLabel(string(rq.host)); httpx.NamesFunction(label) {
-			fn = c.f.d.lookupCall(label)
+		if first, two := httpx.HostLabels(string(rq.host)); httpx.NamesFunction(first) {
+			fn = c.f.d.lookupHost(first, two)
 		}
 	}
 	if fn != nil {
@@ -163,14 +163,14 @@ func (c *frontConn) parse() *function {
 }
 
 // functionTail splits what follows /function/ or /async-function/: the
-// function's name (of NAME.NAMESPACE, as faas-cli sends it) and the rest
-// of the path, "/" when there is none.
+// function's name (NAME or NAME.NAMESPACE: lookupNamed) and the rest of
+// the path, "/" when there is none.
 func functionTail(tail []byte) (name, rest []byte) {
 	name, rest = tail, []byte("/")
 	if i := bytes.IndexByte(tail, '/'); i >= 0 {
 		name, rest = tail[:i], tail[i:]
 	}
-	return httpx.PathName(name), rest
+	return name, rest
 }
 
 // call serves one request for fn. It reports whether the connection may

@@ -91,7 +91,7 @@ func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 	// that exist (after `brisk fn deploy --wait`, or CreateFunction and its
 	// Active state on AWS), so the grace other calls get for a function
 	// registered a moment ago (awaitFunction) would only delay the 404.
-	fn := d.lookupCall(name)
+	fn := d.lookupNamed(name)
 	if fn == nil || (qual != "" && qual != "$LATEST") {
 		lambdaError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s%s (brisk has no versions or aliases yet: use $LATEST)", name, qualSuffix(qual))
 		return true
@@ -261,7 +261,7 @@ func (d *DataPlane) lambdaGet(w http.ResponseWriter, r *http.Request, reqID, tar
 		return
 	}
 	name, qual, valid := lambdaName(target)
-	fn := d.lookupCall(name)
+	fn := d.lookupNamed(name)
 	if !valid || fn == nil || (qual != "" && qual != "$LATEST") || !allows(fn) {
 		lambdaError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s", target)
 		return

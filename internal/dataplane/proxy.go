@@ -49,17 +49,18 @@ type route struct {
 }
 
 // resolve maps a request to a function without allocating: OpenFaaS-style
-// /function/NAME[/rest] first, then the first label of the Host (Knative:
-// NAME.namespace.example.com, NAME:8080).
+// /function/NAME[.NAMESPACE][/rest] first (lookupNamed), then the Host
+// (lookupHost; Knative: NAME.namespace.example.com, NAME:8080).
 func (d *DataPlane) resolve(r *http.Request) route {
 	p := r.URL.Path
 	if strings.HasPrefix(p, functionPrefix) {
 		rt := prefixRoute(r, functionPrefix)
-		rt.fn = d.lookupCall(rt.name)
+		rt.fn = d.lookupNamed(rt.name)
 		return rt
 	}
-	rt := route{name: httpx.HostLabel(r.Host), rest: p, rawRest: r.URL.RawPath}
-	rt.fn = d.lookupCall(rt.name)
+	first, two := httpx.HostLabels(r.Host)
+	rt := route{name: first, rest: p, rawRest: r.URL.RawPath}
+	rt.fn = d.lookupHost(first, two)
 	return rt
 }
 
@@ -70,7 +71,7 @@ func prefixRoute(r *http.Request, prefix string) route {
 	if i := strings.IndexByte(tail, '/'); i >= 0 {
 		seg, rest = tail[:i], tail[i:]
 	}
-	rt := route{name: httpx.PathName(seg), rest: rest, byPath: true}
+	rt := route{name: seg, rest: rest, byPath: true}
 	if raw := r.URL.RawPath; raw != "" {
 		if pre := len(prefix) + len(seg); strings.HasPrefix(raw, prefix+seg) {
 			// Allocates only for paths with unusual escaping.
@@ -192,7 +193,7 @@ func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
 	defer d.awaiting.Add(-1)
 	for {
 		ch := d.applied.Load()
-		if fn := d.lookup(name); fn != nil {
+		if fn := d.lookupNamed(name); fn != nil {
 			return fn
 		}
 		select {

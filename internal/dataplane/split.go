@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"strings"
+
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -76,4 +78,44 @@ func (d *DataPlane) lookupCall(name string) *function {
 		return nil
 	}
 	return d.lookup(name)
+}
+
+// lookupNamed returns the function a path names: NAME, or NAME.NAMESPACE
+// (outside the default namespace a function's name is that, spec.Qualify).
+// When no function has that full name, NAME.NAMESPACE also reaches the
+// function NAME of that namespace: OpenFaaS clients address the default
+// namespace's functions as NAME.openfaas-fn, and functions made before
+// names were per namespace kept bare names.
+func (d *DataPlane) lookupNamed(name string) *function {
+	if fn := d.lookupCall(name); fn != nil {
+		return fn
+	}
+	short, ns, ok := strings.Cut(name, ".")
+	if !ok {
+		return nil
+	}
+	fn := d.lookupCall(short)
+	if fn == nil {
+		return nil
+	}
+	if has := fn.set.Load().conf.namespace; has == ns || has == spec.DefaultNamespace && ns == openfaasNamespace {
+		return fn
+	}
+	return nil
+}
+
+// openfaasNamespace is OpenFaaS's name for the default namespace.
+const openfaasNamespace = "openfaas-fn"
+
+// lookupHost returns the function a Host names by its first two labels
+// (first, two: httpx.HostLabels): NAME.NAMESPACE of
+// NAME.NAMESPACE.example.com when there is such a function, else NAME,
+// whatever follows it (NAME.example.com, NAME:8080).
+func (d *DataPlane) lookupHost(first, two string) *function {
+	if len(two) > len(first) {
+		if fn := d.lookupCall(two); fn != nil {
+			return fn
+		}
+	}
+	return d.lookupCall(first)
 }

@@ -434,7 +434,7 @@ func (c *Controller) deploy(ctx context.Context, obj *unstructured.Unstructured)
 			by = "Function " + o
 		}
 		return outcome{status: metav1.ConditionFalse, reason: ReasonNameTaken,
-			message: fmt.Sprintf("brisk function %q exists in namespace %q, made by %s, not by this object: brisk's function names are unique across namespaces", f.Name, cur.Namespace, by)}, nil
+			message: fmt.Sprintf("brisk function %q exists in namespace %q, made by %s, not by this object", f.Name, cur.Namespace, by)}, nil
 	case !sameSpec(f, cur.Function):
 		if _, err := c.cfg.Brisk.Update(ctx, f); err != nil {
 			return c.refusedIn(f.Namespace, err)
@@ -602,16 +602,17 @@ func (c *Controller) finalize(ctx context.Context, obj *unstructured.Unstructure
 // object's.
 func (c *Controller) deleteFunction(ctx context.Context, obj *unstructured.Unstructured) error {
 	key := objectKey(obj.GetNamespace(), obj.GetName())
-	cur, err := c.cfg.Brisk.Get(ctx, obj.GetName())
+	name := functionName(obj)
+	cur, err := c.cfg.Brisk.Get(ctx, name)
 	switch {
 	case client.IsNotFound(err):
 	case err != nil:
 		return fmt.Errorf("deleting the brisk function: %w", err)
 	case owned(key, cur.Function):
-		if err := c.cfg.Brisk.Delete(ctx, obj.GetName()); err != nil && !client.IsNotFound(err) {
+		if err := c.cfg.Brisk.Delete(ctx, name); err != nil && !client.IsNotFound(err) {
 			return fmt.Errorf("deleting the brisk function: %w", err)
 		}
-		c.log.Info("function deleted", "object", key, "function", obj.GetName())
+		c.log.Info("function deleted", "object", key, "function", name)
 	}
 	return nil
 }
@@ -636,7 +637,7 @@ func (c *Controller) statusFor(obj *unstructured.Unstructured, o outcome, now ti
 		st["revision"] = int64(v.Revision)
 		st["readySandboxes"] = int64(v.Status.Ready)
 		st["desiredSandboxes"] = int64(v.Status.Desired)
-		st["url"] = "http://" + v.Name + "." + obj.GetNamespace() + "." + c.cfg.Domain
+		st["url"] = "http://" + obj.GetName() + "." + obj.GetNamespace() + "." + c.cfg.Domain
 	} else if old, ok := obj.Object["status"].(map[string]any); ok {
 		// A failed update leaves the deployed revision serving: keep
 		// showing it.
@@ -734,7 +735,7 @@ func (c *Controller) syncStatus(ctx context.Context) error {
 		delete(views, key)
 		switch {
 		case obj.GetDeletionTimestamp() != nil, !c.served(obj.GetNamespace()):
-		case ok && v.Name == obj.GetName():
+		case ok && v.Name == functionName(obj):
 			if refusedNow(obj) {
 				// Its last spec was refused (the function serves the
 				// revision before): retried on a change or the resync,
@@ -756,6 +757,7 @@ func (c *Controller) syncStatus(ctx context.Context) error {
 	// deleted without the finalizer's help.
 	for key, v := range views {
 		ns, name, _ := strings.Cut(key, "/")
+		name = spec.Qualify(name, ns)
 		if (c.cfg.Namespace != "" && ns != c.cfg.Namespace) || v.Name != name {
 			continue // not this controller's to judge
 		}

@@ -148,7 +148,7 @@ func TestController(t *testing.T) {
 		return r["reason"].(string), m
 	}
 	fnNamespace := func(name string) string { // "" when brisk has no such function
-		v, err := adm.Get(ctx, name)
+		v, err := adm.Get(ctx, spec.Qualify(name, ns))
 		if err != nil {
 			return ""
 		}
@@ -191,17 +191,12 @@ func TestController(t *testing.T) {
 	apply("a2", "builtin: trace\n")
 	testutil.Eventually(t, 30*time.Second, func() bool { return fnNamespace("a2") == ns }, "a2 deployed, brisk namespace team-a made again")
 
-	// Functions in brisk namespace team-b that carry team-a objects' label
-	// (set with the admin token: brisk refuses it from a namespace's own):
-	// not the objects'. "f1" has an object, which gets NameTaken and
-	// whose deletion leaves f1; "f2" has none, and is not taken for the
-	// function of an object deleted without its finalizer.
-	if _, err := adm.PutNamespace(ctx, "team-b", spec.Quota{}); err != nil {
-		t.Fatal(err)
-	}
+	// Functions of the objects' names made through the admin API, not by
+	// the objects: not theirs. "f1" has an object, which gets NameTaken
+	// and whose deletion leaves f1; "f2" has none, and is not taken for
+	// the function of an object deleted without its finalizer.
 	for _, name := range []string{"f1", "f2"} {
-		if _, err := adm.Create(ctx, &spec.Function{Name: name, Namespace: "team-b", Builtin: "trace",
-			Labels: map[string]string{LabelObject: ns + "/" + name}}); err != nil {
+		if _, err := adm.Create(ctx, &spec.Function{Name: name, Namespace: ns, Builtin: "trace"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -213,9 +208,9 @@ func TestController(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() bool { return objectGone("f1") }, "the f1 object gone")
 	passes(3)
 	for _, name := range []string{"f1", "f2"} {
-		v, err := adm.Get(ctx, name)
-		if err != nil || v.Namespace != "team-b" || len(v.Env) != 0 {
-			t.Errorf("the function %s of namespace team-b was changed or deleted: %v %v", name, v, err)
+		v, err := adm.Get(ctx, spec.Qualify(name, ns))
+		if err != nil || v.Namespace != ns || len(v.Env) != 0 {
+			t.Errorf("the function %s made through the admin API was changed or deleted: %v %v", name, v, err)
 		}
 	}
 

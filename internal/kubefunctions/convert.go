@@ -90,7 +90,7 @@ func ToSpec(obj *unstructured.Unstructured) (*spec.Function, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.Name, f.Namespace = obj.GetName(), obj.GetNamespace()
+	f.Name, f.Namespace = functionName(obj), obj.GetNamespace()
 	f.Labels = maps.Clone(f.Labels)
 	if f.Labels == nil {
 		f.Labels = map[string]string{}
@@ -98,6 +98,12 @@ func ToSpec(obj *unstructured.Unstructured) (*spec.Function, error) {
 	f.Labels[LabelObject] = objectKey(obj.GetNamespace(), obj.GetName())
 	f.ApplyDefaults()
 	return f, nil
+}
+
+// functionName is the brisk name of a Function object: its name,
+// qualified with its namespace outside the default one (spec.Qualify).
+func functionName(obj *unstructured.Unstructured) string {
+	return spec.Qualify(obj.GetName(), obj.GetNamespace())
 }
 
 // FromSpec is a brisk function as a Function object in namespace (its
@@ -130,7 +136,7 @@ func FromSpec(f *spec.Function, namespace string) (*unstructured.Unstructured, e
 	obj := &unstructured.Unstructured{Object: map[string]any{"spec": jsonNumbers(m)}}
 	obj.SetAPIVersion(APIVersion)
 	obj.SetKind(Kind)
-	obj.SetName(f.Name)
+	obj.SetName(spec.ShortName(f.Name))
 	obj.SetNamespace(namespace)
 	return obj, nil
 }

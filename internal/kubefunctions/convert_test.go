@@ -51,7 +51,7 @@ func TestToSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &spec.Function{Name: "hello", Namespace: "team-a", Image: "registry.example/hello:1", Port: 9000,
+	want := &spec.Function{Name: "hello.team-a", Namespace: "team-a", Image: "registry.example/hello:1", Port: 9000,
 		Env: map[string]string{"GREETING": "hi"}, Resources: spec.Resources{MilliCPU: 500, MemoryMB: 256}, Concurrency: 4,
 		Scaling: spec.Scaling{Min: 1, Max: 10, Target: 2.5, StableWindow: spec.Duration(30 * time.Second), Mode: spec.ModeDual},
 		Queue:   spec.Queue{Depth: spec.DefaultQueueDepth, Timeout: spec.Duration(2 * time.Second)},

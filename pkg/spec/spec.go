@@ -29,8 +29,9 @@ type Function struct {
 	Name string `json:"name"`
 	// Namespace is the tenant the function belongs to (DefaultNamespace
 	// when empty): tokens bound to a namespace see and touch only its
-	// functions, and its quota bounds them. Names are unique across
-	// namespaces.
+	// functions, and its quota bounds them. Outside the default namespace
+	// a function's name is NAME.NAMESPACE (Qualify), as OpenFaaS addresses
+	// it, so that each namespace has names of its own.
 	Namespace string   `json:"namespace,omitempty"`
 	Builtin   string   `json:"builtin,omitempty"`
 	Command   []string `json:"command,omitempty"`
@@ -311,6 +312,37 @@ func NamespaceOf(f *Function) string {
 // ValidNamespace reports whether ns may name a namespace (a DNS label).
 func ValidNamespace(ns string) bool { return len(ns) <= 63 && nameRE.MatchString(ns) }
 
+// ValidName reports whether name may name a function: a DNS label, or
+// LABEL.NAMESPACE (Qualify), at most 63 characters in all so that it stays
+// a valid host name and Kubernetes label value.
+func ValidName(name string) bool {
+	if len(name) > 63 {
+		return false
+	}
+	short, ns, ok := strings.Cut(name, ".")
+	return nameRE.MatchString(short) && (!ok || nameRE.MatchString(ns))
+}
+
+// Qualify is the full name of function name in namespace ns: name itself
+// in the default namespace or when it is qualified already, else
+// NAME.NAMESPACE. Names are per namespace this way: two tenants' "api"
+// are api.team-a and api.team-b, and a tenant cannot learn from a refused
+// create that a name exists in another namespace.
+func Qualify(name, ns string) string {
+	if name == "" || ns == "" || ns == DefaultNamespace || strings.IndexByte(name, '.') >= 0 {
+		return name
+	}
+	return name + "." + ns
+}
+
+// ShortName is a function's name without its namespace: NAME of
+// NAME.NAMESPACE (what OpenFaaS and Kubernetes call it within its
+// namespace).
+func ShortName(name string) string {
+	short, _, _ := strings.Cut(name, ".")
+	return short
+}
+
 // Invocation auth modes (Function.Auth).
 const (
 	AuthToken  = "token"
@@ -347,6 +379,9 @@ func (f *Function) ApplyDefaults() {
 	}
 	if f.Namespace == "" {
 		f.Namespace = DefaultNamespace
+		if _, ns, ok := strings.Cut(f.Name, "."); ok {
+			f.Namespace = ns
+		}
 	}
 	if f.Code != nil {
 		f.Code.applyDefaults()
@@ -362,8 +397,11 @@ func (f *Function) Validate() error {
 	if f.Name == "" {
 		return bad("name", "required")
 	}
-	if len(f.Name) > 63 || !nameRE.MatchString(f.Name) {
-		return bad("name", "%q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", f.Name)
+	if !ValidName(f.Name) {
+		return bad("name", "%q must be a DNS label (lowercase letters, digits and '-'), or LABEL.NAMESPACE, at most 63 characters", f.Name)
+	}
+	if _, ns, ok := strings.Cut(f.Name, "."); ok && ns != f.Namespace {
+		return bad("name", "%q is a name of namespace %q, not of %q", f.Name, ns, f.Namespace)
 	}
 	kinds := 0
 	for _, set := range []bool{f.Builtin != "", len(f.Command) > 0, f.Image != "", f.Code != nil} {

@@ -83,3 +83,39 @@ func TestDecode(t *testing.T) {
 		}
 	}
 }
+
+// Names are per namespace: NAME.NAMESPACE outside the default one.
+func TestQualifiedNames(t *testing.T) {
+	for _, tc := range []struct{ name, ns, want string }{
+		{"api", "team-a", "api.team-a"}, {"api", DefaultNamespace, "api"}, {"api", "", "api"},
+		{"api.team-a", "team-a", "api.team-a"}, {"", "team-a", ""},
+	} {
+		if got := Qualify(tc.name, tc.ns); got != tc.want {
+			t.Errorf("Qualify(%q, %q) = %q, want %q", tc.name, tc.ns, got, tc.want)
+		}
+	}
+	if ShortName("api.team-a") != "api" || ShortName("api") != "api" {
+		t.Error("ShortName")
+	}
+	for name, valid := range map[string]bool{"api": true, "api.team-a": true, "a.b.c": false, ".a": false, "a.": false,
+		"A": false, strings.Repeat("a", 61) + ".b": true, strings.Repeat("a", 62) + ".b": false} {
+		if ValidName(name) != valid {
+			t.Errorf("ValidName(%q) = %v", name, !valid)
+		}
+	}
+	f := &Function{Name: "api.team-a", Builtin: "trace"}
+	f.ApplyDefaults()
+	if f.Namespace != "team-a" || f.Validate() != nil {
+		t.Errorf("a qualified name names its namespace: %q %v", f.Namespace, f.Validate())
+	}
+	f = &Function{Name: "api.team-a", Namespace: "team-b", Builtin: "trace"}
+	f.ApplyDefaults()
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), `namespace "team-a"`) {
+		t.Errorf("a name of another namespace: %v", err)
+	}
+	f = &Function{Name: "api", Namespace: "team-b", Builtin: "trace"} // made before names were per namespace
+	f.ApplyDefaults()
+	if err := f.Validate(); err != nil {
+		t.Errorf("a bare name in a namespace: %v", err)
+	}
+}

@@ -217,7 +217,7 @@ func TestNamespacesAndQuotas(t *testing.T) {
 	if out, code := as("fn", "deploy", "mine", "--builtin", "trace", "--max", "2"); code != 0 {
 		t.Fatalf("team deploy: %s", out)
 	}
-	if v := c.fn(t, "mine"); v.Namespace != "team-a" {
+	if v := c.fn(t, "mine.team-a"); v.Namespace != "team-a" {
 		t.Fatalf("deployed into %q, want the token's namespace team-a", v.Namespace)
 	}
 	for _, tc := range []struct {
@@ -247,7 +247,7 @@ func TestNamespacesAndQuotas(t *testing.T) {
 		t.Fatalf("team's fn list shows other namespaces' functions or not its own:\n%s", out)
 	}
 	url := "http://" + c.invokeAddr + "/function/"
-	if code := callWith(t, "POST", url+"mine", "Bearer "+team, `{"ms": 1}`); code != 200 {
+	if code := callWith(t, "POST", url+"mine.team-a", "Bearer "+team, `{"ms": 1}`); code != 200 {
 		t.Fatalf("team calls its function: %d", code)
 	}
 	if code := callWith(t, "POST", url+"other", "Bearer "+team, `{"ms": 1}`); code != http.StatusForbidden {
@@ -271,42 +271,41 @@ func TestNamespacesAndQuotas(t *testing.T) {
 	}
 }
 
-// A function made again under a deleted one's name (perhaps by another
-// tenant) does not see the deleted one's log lines (issue 36).
+// A function made again under a deleted one's name does not see the
+// deleted one's log lines (issue 36). Names are per namespace, so only the
+// namespace's own tenant (or an admin) can make the name again.
 func TestRecreatedFunctionSeesNoOldLogs(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
 	c.mustBrisk(t, "ns", "create", "team-b")
-	c.mustBrisk(t, "ns", "create", "team-a")
 	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "watchdog", "--env", "fprocess=cat")
-	if inv := c.invoke(t, "x", "b's data"); inv.status != 200 {
+	if inv := c.invoke(t, "x.team-b", "b's data"); inv.status != 200 {
 		t.Fatalf("call: %d %s", inv.status, inv.body)
 	}
 	eventually(t, 30*time.Second, "b's log lines", func() bool {
-		return strings.Contains(c.mustBrisk(t, "fn", "logs", "x"), "Forking fprocess")
+		return strings.Contains(c.mustBrisk(t, "fn", "logs", "x.team-b"), "Forking fprocess")
 	})
-	c.mustBrisk(t, "fn", "delete", "x")
-	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-a", "--builtin", "watchdog", "--env", "fprocess=cat")
-	if out := c.mustBrisk(t, "fn", "logs", "x"); strings.TrimSpace(out) != "" {
+	c.mustBrisk(t, "fn", "delete", "x.team-b")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "watchdog", "--env", "fprocess=cat")
+	if out := c.mustBrisk(t, "fn", "logs", "x.team-b"); strings.TrimSpace(out) != "" {
 		t.Fatalf("the new x shows the deleted one's logs:\n%s", out)
 	}
 }
 
 // Calls still queued for a deleted function never run on a function made
-// again under its name by another tenant (issue 36: they were delivered to
-// the newcomer's code with their bodies): they are dead, and the newcomer
-// does not see them.
+// again under its name (issue 36: they were delivered to the newcomer's
+// code with their bodies): they are dead, and the newcomer does not see
+// them.
 func TestQueuedCallsDieWithTheirFunction(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
 	c.mustBrisk(t, "ns", "create", "team-b")
-	c.mustBrisk(t, "ns", "create", "team-a")
 	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "trace", "--max", "1", "--async-concurrency", "1", "--public")
 	var ids []string
 	for range 6 {
 		// Long enough that the deletion below comes while five still wait,
 		// however slow a loaded machine makes the CLI.
-		resp, err := c.hc.Post("http://"+c.invokeAddr+"/async-function/x", "application/json", strings.NewReader(`{"ms": 4000}`))
+		resp, err := c.hc.Post("http://"+c.invokeAddr+"/async-function/x.team-b", "application/json", strings.NewReader(`{"ms": 4000}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,22 +319,22 @@ func TestQueuedCallsDieWithTheirFunction(t *testing.T) {
 		rec, err := c.cl.Call(context.Background(), ids[0])
 		return err == nil && rec.Status != "queued"
 	})
-	c.mustBrisk(t, "fn", "delete", "x")
-	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-a", "--builtin", "trace", "--public")
+	c.mustBrisk(t, "fn", "delete", "x.team-b")
+	c.mustBrisk(t, "fn", "deploy", "x", "--namespace", "team-b", "--builtin", "trace", "--public")
 	metrics := "http://" + c.invokeAddr + "/metrics"
 	count := func(name string) float64 {
 		v, _ := metricSample(t, metrics, name)
 		return v
 	}
-	succeeded := `brisk_async_delivered_total{function="x",outcome="succeeded"}`
-	failed := `brisk_async_delivered_total{function="x",outcome="failed"}`
-	dead := `brisk_async_dead_lettered_total{function="x"}`
+	succeeded := `brisk_async_delivered_total{function="x.team-b",outcome="succeeded"}`
+	failed := `brisk_async_delivered_total{function="x.team-b",outcome="failed"}`
+	dead := `brisk_async_dead_lettered_total{function="x.team-b"}`
 	eventually(t, 60*time.Second, "every call settled", func() bool { return count(succeeded)+count(failed)+count(dead) >= 6 })
 	if s := count(succeeded); s > 1 {
 		t.Fatalf("%v of the deleted function's queued calls ran (on the new x); only the one running at the deletion may have", s)
 	}
 	// The newcomer sees none of them.
-	if recs, err := c.cl.Calls(context.Background(), "x", "", 100); err != nil || len(recs) != 0 {
+	if recs, err := c.cl.Calls(context.Background(), "x.team-b", "", 100); err != nil || len(recs) != 0 {
 		t.Fatalf("the new x lists %d calls (%v), want none of the deleted one's", len(recs), err)
 	}
 	if _, err := c.cl.Call(context.Background(), ids[5]); !client.IsNotFound(err) {

@@ -65,7 +65,7 @@ func TestNamespaceEgressPolicy(t *testing.T) {
 	net := func(fn string) map[string]string {
 		return netQ(fn, url.Values{"url": {"http://" + f.HTTP + "/"}, "dial": {g.HTTP}})
 	}
-	if got := net("probe-a"); got["fetch"] != "hello from the internet" || !strings.Contains(got["dial"], "connection refused") {
+	if got := net("probe-a.team-a"); got["fetch"] != "hello from the internet" || !strings.Contains(got["dial"], "connection refused") {
 		t.Fatalf("team-a's sandbox: fetch %q, dial %q; want the allowed fetch and the other network refused at once", got["fetch"], got["dial"])
 	}
 	if got := net("probe-d"); got["fetch"] != "hello from the internet" || got["dial"] != "connected" {
@@ -75,10 +75,10 @@ func TestNamespaceEgressPolicy(t *testing.T) {
 	// allowed; f's port 81 was never allowed.
 	c.mustBrisk(t, "ns", "set", "team-a", "--egress-allow", g.Addr.String())
 	testutil.Eventually(t, 30*time.Second, func() bool {
-		got := net("probe-a")
+		got := net("probe-a.team-a")
 		return strings.Contains(got["fetch"], "connection refused") && got["dial"] == "connected"
 	}, "the new policy reaches the running sandbox")
-	if got := netQ("probe-a", url.Values{"dial": {f81}}); !strings.Contains(got["dial"], "connection refused") {
+	if got := netQ("probe-a.team-a", url.Values{"dial": {f81}}); !strings.Contains(got["dial"], "connection refused") {
 		t.Fatalf("dial of a port never allowed: %q", got["dial"])
 	}
 	if out := c.mustBrisk(t, "ns", "list"); !strings.Contains(out, "allow "+g.Addr.String()+", deny the rest") {
@@ -93,6 +93,6 @@ func TestNamespaceEgressPolicy(t *testing.T) {
 	if out := c.mustBrisk(t, "ns", "list"); !strings.Contains(out, "functions 5,") || !strings.Contains(out, "unrestricted") {
 		t.Fatalf("after --egress-clear the quota stays and the policy goes:\n%s", out)
 	}
-	testutil.Eventually(t, 30*time.Second, func() bool { return net("probe-a")["fetch"] == "hello from the internet" },
+	testutil.Eventually(t, 30*time.Second, func() bool { return net("probe-a.team-a")["fetch"] == "hello from the internet" },
 		"the cleared policy reaches the running sandbox")
 }

@@ -143,8 +143,9 @@ func TestKubeFunctions(t *testing.T) {
 			t.Fatalf("create function %s: %v", name, err)
 		}
 	}
+	bn := func(name string) string { return spec.Qualify(name, ns) } // the object's function's name in brisk
 	deployed := func(name string) bool {
-		v, err := c.cl.Get(ctx, name)
+		v, err := c.cl.Get(ctx, bn(name))
 		if err != nil {
 			return false
 		}
@@ -154,7 +155,7 @@ func TestKubeFunctions(t *testing.T) {
 		return s == "True" && observed(o) && uint64(rev) == v.Revision && v.Namespace == ns
 	}
 	gone := func(name string) bool {
-		_, err := c.cl.Get(ctx, name)
+		_, err := c.cl.Get(ctx, bn(name))
 		_, kerr := fns.Get(ctx, name, metav1.GetOptions{})
 		return client.IsNotFound(err) && apierrors.IsNotFound(kerr)
 	}
@@ -172,7 +173,7 @@ func TestKubeFunctions(t *testing.T) {
 		apply("hello", helloYAML)
 	}
 	eventually(t, 30*time.Second, "hello deployed and Ready", func() bool { return deployed("hello") })
-	if inv := c.invoke(t, "hello", `{}`); inv.status != 200 {
+	if inv := c.invoke(t, bn("hello"), `{}`); inv.status != 200 {
 		t.Fatalf("call of hello: %d %s", inv.status, inv.body)
 	}
 	o := get("hello")
@@ -190,13 +191,13 @@ func TestKubeFunctions(t *testing.T) {
 	}
 
 	// An update makes a new revision; status follows.
-	rev1 := c.fn(t, "hello").Revision
+	rev1 := c.fn(t, bn("hello")).Revision
 	apply("hello", "builtin: trace\nscaling: {max: 3}\nenv: {V: \"2\"}\n")
 	eventually(t, 30*time.Second, "hello updated", func() bool {
-		v := c.fn(t, "hello")
+		v := c.fn(t, bn("hello"))
 		return v.Env["V"] == "2" && v.Revision != rev1 && deployed("hello")
 	})
-	rev2 := c.fn(t, "hello").Revision
+	rev2 := c.fn(t, bn("hello")).Revision
 
 	// A spec brisk refuses: a condition with brisk's message; the revision
 	// before keeps serving. The CRD's own checks refuse what they can
@@ -210,10 +211,10 @@ func TestKubeFunctions(t *testing.T) {
 			return observed(o) && s == "False" && r == kubefunctions.ReasonInvalidSpec && strings.Contains(msg, "scaling.min: 5 is above scaling.max 2")
 		})
 	}
-	if v := c.fn(t, "hello"); v.Revision != rev2 {
+	if v := c.fn(t, bn("hello")); v.Revision != rev2 {
 		t.Errorf("a refused update changed hello's revision: %d, want %d", v.Revision, rev2)
 	}
-	if _, err := c.cl.Get(ctx, "bad"); !client.IsNotFound(err) {
+	if _, err := c.cl.Get(ctx, bn("bad")); !client.IsNotFound(err) {
 		t.Errorf("bad: %v, want no brisk function", err)
 	}
 
@@ -241,8 +242,8 @@ func TestKubeFunctions(t *testing.T) {
 
 	// A function made through the admin API is never touched: an object of
 	// the same name says so, and deleting it leaves the function.
-	c.mustBrisk(t, "fn", "deploy", "manual", "--builtin", "trace")
-	manual := c.fn(t, "manual")
+	c.mustBrisk(t, "fn", "deploy", "manual", "--namespace", ns, "--builtin", "trace")
+	manual := c.fn(t, bn("manual"))
 	apply("manual", "builtin: trace\nenv: {X: \"y\"}\n")
 	eventually(t, 30*time.Second, "manual: the NameTaken condition", func() bool {
 		s, r, msg := ready(get("manual"))
@@ -255,7 +256,7 @@ func TestKubeFunctions(t *testing.T) {
 		_, err := fns.Get(ctx, "manual", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	if v := c.fn(t, "manual"); v.Revision != manual.Revision || v.Env["X"] != "" || v.Namespace != "default" {
+	if v := c.fn(t, bn("manual")); v.Revision != manual.Revision || v.Env["X"] != "" || v.Namespace != ns {
 		t.Errorf("the admin API's function was changed: revision %d (was %d), env %v, namespace %s", v.Revision, manual.Revision, v.Env, v.Namespace)
 	}
 
@@ -294,7 +295,7 @@ func TestKubeFunctions(t *testing.T) {
 		return deployed("later") && deployed("bad") && gone("doomed")
 	})
 	for _, name := range []string{"later", "bad"} {
-		if inv := c.invoke(t, name, `{}`); inv.status != 200 {
+		if inv := c.invoke(t, bn(name), `{}`); inv.status != 200 {
 			t.Errorf("call of %s after the restart: %d %s", name, inv.status, inv.body)
 		}
 	}
@@ -305,12 +306,12 @@ func TestKubeFunctions(t *testing.T) {
 
 	// A function deleted behind the controller's back (through the admin
 	// API) comes back: the object is the record.
-	before := c.fn(t, "later").Revision
-	if err := c.cl.Delete(ctx, "later"); err != nil {
+	before := c.fn(t, bn("later")).Revision
+	if err := c.cl.Delete(ctx, bn("later")); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "later deployed again", func() bool {
-		v, err := c.cl.Get(ctx, "later")
+		v, err := c.cl.Get(ctx, bn("later"))
 		return err == nil && v.Revision != before && deployed("later")
 	})
 }

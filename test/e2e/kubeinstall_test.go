@@ -237,7 +237,7 @@ func TestInstallOnKubelet(t *testing.T) {
 	var fnErr error
 	eventuallyOr(t, 2*time.Minute, "the Function controller deploys team-k/kfn", func() bool {
 		var v *api.FunctionView
-		v, fnErr = cl.Get(ctx, "kfn")
+		v, fnErr = cl.Get(ctx, spec.Qualify("kfn", fnNS))
 		return fnErr == nil && v.Namespace == fnNS
 	}, func() string { return fmt.Sprintf("last: %v\n%s", fnErr, podLogs(k.Dir, ns)) })
 

@@ -24,14 +24,15 @@ func TestFunctionListPagesAndFilters(t *testing.T) {
 		args := []string{"fn", "deploy", name, "--builtin", "trace"}
 		if i%2 == 0 {
 			args = append(args, "--namespace", "team-a")
+			name += ".team-a" // its full name (names are per namespace)
 		}
 		c.mustBrisk(t, args...)
 		want = append(want, name)
 	}
-	for _, name := range []string{"f1", "f2"} {
+	for _, name := range []string{"f1", "f2.team-a"} {
 		v := c.fn(t, name)
 		v.Labels = map[string]string{"tier": "web"}
-		if name == "f2" {
+		if name == "f2.team-a" {
 			v.Labels["canary"] = "yes"
 		}
 		if _, err := c.cl.Update(ctx, v.Function); err != nil {
@@ -76,11 +77,11 @@ func TestFunctionListPagesAndFilters(t *testing.T) {
 		opts client.ListOptions
 		want []string
 	}{
-		{client.ListOptions{Namespace: "team-a"}, []string{"f0", "f2", "f4", "f6"}},
-		{client.ListOptions{Labels: "tier=web"}, []string{"f1", "f2"}},
-		{client.ListOptions{Labels: "tier=web,canary"}, []string{"f2"}},
+		{client.ListOptions{Namespace: "team-a"}, []string{"f0.team-a", "f2.team-a", "f4.team-a", "f6.team-a"}},
+		{client.ListOptions{Labels: "tier=web"}, []string{"f1", "f2.team-a"}},
+		{client.ListOptions{Labels: "tier=web,canary"}, []string{"f2.team-a"}},
 		{client.ListOptions{Labels: "tier=db"}, nil},
-		{client.ListOptions{Namespace: "team-a", Labels: "tier"}, []string{"f2"}},
+		{client.ListOptions{Namespace: "team-a", Labels: "tier"}, []string{"f2.team-a"}},
 		{client.ListOptions{Status: "scaled-to-zero"}, want},
 		{client.ListOptions{Status: "function-failing"}, nil},
 		{client.ListOptions{Status: "ok", Namespace: "default"}, []string{"f1", "f3", "f5"}},

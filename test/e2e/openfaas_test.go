@@ -221,6 +221,28 @@ func TestOpenFaaSGatewayAPI(t *testing.T) {
 		case <-tick.C:
 		}
 	}
+	// Names are per namespace, as OpenFaaS's: env-verbs again in team-a
+	// is another function, listed, described, called (NAME.NAMESPACE) and
+	// removed apart from the default namespace's.
+	c.mustBrisk(t, "ns", "create", "team-a")
+	if code, _, body := do("POST", "/system/functions", basic, `{"service":"env-verbs","image":"brisk.dev/builtin/trace","namespace":"team-a"}`); code/100 != 2 {
+		t.Fatalf("deploy env-verbs into team-a: %d %s", code, body)
+	}
+	if code, _, body := do("GET", "/system/functions?namespace=team-a", basic, ""); code != 200 || !strings.Contains(body, `"name":"env-verbs"`) || !strings.Contains(body, `"namespace":"team-a"`) || strings.Contains(body, "openfaas-fn") {
+		t.Fatalf("list team-a: %d %s", code, body)
+	}
+	if code, _, body := do("GET", "/system/function/env-verbs?namespace=team-a", basic, ""); code != 200 || !strings.Contains(body, `"namespace":"team-a"`) {
+		t.Fatalf("describe env-verbs in team-a: %d %s", code, body)
+	}
+	if code, _, body := do("POST", "/function/env-verbs.team-a", "", `{"ms": 1}`); code != 200 {
+		t.Fatalf("invoke env-verbs.team-a: %d %s", code, body)
+	}
+	if code, _, body := do("DELETE", "/system/functions", basic, `{"functionName":"env-verbs","namespace":"team-a"}`); code/100 != 2 {
+		t.Fatalf("remove env-verbs from team-a: %d %s", code, body)
+	}
+	if code, _, body := do("GET", "/system/function/env-verbs?namespace=openfaas-fn", basic, ""); code != 200 {
+		t.Fatalf("the default namespace's env-verbs after team-a's went: %d %s", code, body)
+	}
 	if code, _, body := do("DELETE", "/system/functions", basic, `{"functionName":"env-test","namespace":"openfaas-fn"}`); code/100 != 2 {
 		t.Fatalf("remove: %d %s", code, body)
 	}

@@ -220,7 +220,8 @@ func secretsCluster(t *testing.T) (*cluster, func(tok string) *client.Client) {
 func TestSecretsFunctionLimitedToken(t *testing.T) {
 	c, as := secretsCluster(t)
 	ctx := context.Background()
-	fc := as(strings.TrimSpace(c.mustBrisk(t, "token", "create", "ci-f", "--scope", "deploy", "--function", "f", "-q")))
+	// f of team-a is f.team-a: a token bound to no namespace names it in full.
+	fc := as(strings.TrimSpace(c.mustBrisk(t, "token", "create", "ci-f", "--scope", "deploy", "--function", "f.team-a", "-q")))
 	if _, err := fc.Create(ctx, mustSpec(t, `{"name":"f","namespace":"team-b","builtin":"trace","secrets":["db"]}`)); !isStatus(err, 403) {
 		t.Fatalf("a function-limited token creates f naming team-b's secret: %v, want 403", err)
 	}

@@ -407,7 +407,7 @@ func merge(a, b map[string]string) map[string]string {
 // fill its status (url empty: no status).
 func FromSpec(f *spec.Function, url string, ready bool, message string) *Service {
 	s := &Service{APIVersion: APIVersion, Kind: Kind}
-	s.Metadata = Metadata{Name: f.Name, Namespace: f.Namespace}
+	s.Metadata = Metadata{Name: spec.ShortName(f.Name), Namespace: f.Namespace}
 	ann := map[string]string{}
 	if f.Scaling.Min != 0 {
 		ann[annMinScale] = strconv.Itoa(f.Scaling.Min)

@@ -7,6 +7,7 @@
 package openfaas
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -140,7 +141,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fail(w, http.StatusMethodNotAllowed, "GET, POST, PUT or DELETE")
 		}
 	case strings.HasPrefix(p, "/system/function/") && r.Method == http.MethodGet:
-		h.get(w, r, strings.TrimPrefix(p, "/system/function/"))
+		h.get(w, r, fullName(strings.TrimPrefix(p, "/system/function/"), r.URL.Query().Get("namespace")))
 	case strings.HasPrefix(p, "/system/scale-function/") && r.Method == http.MethodPost:
 		h.scale(w, r, strings.TrimPrefix(p, "/system/scale-function/"))
 	case p == "/system/info" && r.Method == http.MethodGet:
@@ -182,6 +183,10 @@ func failFrom(w http.ResponseWriter, err error) {
 	}
 	fail(w, http.StatusBadGateway, err.Error())
 }
+
+// fullName is brisk's name of OpenFaaS's function name in namespace ns
+// (NAME.NAMESPACE outside the default one, spec.Qualify).
+func fullName(name, ns string) string { return spec.Qualify(name, briskNS(ns)) }
 
 // briskNS and faasNS map namespaces between the two.
 func briskNS(ns string) string {
@@ -256,12 +261,13 @@ func (h *Handler) deploy(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) remove(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		FunctionName string `json:"functionName"`
+		Namespace    string `json:"namespace"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.FunctionName == "" {
 		fail(w, http.StatusBadRequest, `want {"functionName": "NAME"}`)
 		return
 	}
-	if err := h.client(r).Delete(r.Context(), req.FunctionName); err != nil {
+	if err := h.client(r).Delete(r.Context(), fullName(req.FunctionName, cmp.Or(req.Namespace, r.URL.Query().Get("namespace")))); err != nil {
 		failFrom(w, err)
 		return
 	}
@@ -272,12 +278,14 @@ func (h *Handler) remove(w http.ResponseWriter, r *http.Request) {
 // autoscaler keeps at least that many and may add more up to the maximum).
 func (h *Handler) scale(w http.ResponseWriter, r *http.Request, name string) {
 	var req struct {
-		Replicas uint64 `json:"replicas"`
+		Replicas  uint64 `json:"replicas"`
+		Namespace string `json:"namespace"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || req.Replicas > math.MaxInt32 {
 		fail(w, http.StatusBadRequest, `want {"serviceName": "NAME", "replicas": N}`)
 		return
 	}
+	name = fullName(name, cmp.Or(req.Namespace, r.URL.Query().Get("namespace")))
 	cl := h.client(r)
 	v, err := cl.Get(r.Context(), name)
 	if err != nil {
@@ -305,6 +313,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "name is required")
 		return
 	}
+	short, name := name, fullName(name, q.Get("namespace"))
 	o := client.LogOptions{Follow: q.Get("follow") == "true", Sandbox: q.Get("instance"), Since: q.Get("since")}
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -331,7 +340,7 @@ func (h *Handler) logs(w http.ResponseWriter, r *http.Request) {
 			_ = rc.SetWriteDeadline(time.Time{})
 			started = true
 		}
-		if err := enc.Encode(map[string]any{"name": name, "namespace": ns, "instance": l.Sandbox, "timestamp": l.Time, "text": l.Text}); err != nil {
+		if err := enc.Encode(map[string]any{"name": short, "namespace": ns, "instance": l.Sandbox, "timestamp": l.Time, "text": l.Text}); err != nil {
 			return err
 		}
 		return rc.Flush()
@@ -459,7 +468,7 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 // its load (docs/compatibility.md).
 func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 	f := v.Function
-	st := FunctionStatus{Name: f.Name, Function: Function{Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot},
+	st := FunctionStatus{Name: spec.ShortName(f.Name), Function: Function{Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot},
 		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(min(v.Status.Ready, v.Status.Desired), 0)), CreatedAt: f.CreatedAt,
 		InvocationCount: float64(v.Status.Calls)}
 	if st.Image == "" && f.Builtin != "" {
@@ -482,7 +491,7 @@ func ToStatus(v *controlplane.FunctionView) FunctionStatus {
 	if st.Labels == nil {
 		st.Labels = map[string]string{}
 	}
-	st.Labels[labelFunction] = f.Name
+	st.Labels[labelFunction] = st.Name
 	st.Annotations = map[string]string{}
 	for k, val := range f.Annotations {
 		switch k {
