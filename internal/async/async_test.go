@@ -348,7 +348,7 @@ func TestDuplicateSubmitStoredOnce(t *testing.T) {
 }
 
 func TestQueueFull(t *testing.T) {
-	e := start(t, t.TempDir(), Config{MaxQueued: 2})
+	e := start(t, t.TempDir(), Config{MaxQueued: 2, NamespaceShare: 1})
 	submit(t, e.q, "a", "")
 	submit(t, e.q, "b", "")
 	err := e.q.Submit(context.Background(), &Call{ID: "c", Function: "fn", Method: "GET", Path: "/"})
@@ -626,7 +626,7 @@ func TestResubmitIsIdempotent(t *testing.T) {
 // queued (from the stream); a record written already is what Get and List
 // show; a call the stream refuses is not found.
 func TestFreshSubmit(t *testing.T) {
-	e := start(t, t.TempDir(), Config{MaxQueued: 2})
+	e := start(t, t.TempDir(), Config{MaxQueued: 2, NamespaceShare: 1})
 	ctx := context.Background()
 	fresh := func(id string) error {
 		return e.q.Submit(ctx, &Call{ID: id, Function: "fn", Method: "POST", Path: "/", Body: []byte(id), Fresh: true})

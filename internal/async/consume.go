@@ -348,7 +348,7 @@ func (q *Queue) deliver(ctx context.Context, inv Invoker, lim *fnLimits, msg jet
 	default:
 		rec.ID, rec.Function, rec.FunctionUID, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.FunctionUID, c.Submitted, c.CallbackURL
 		rec.Status, rec.Error, rec.NextAttemptAt = StatusQueued, why, &next
-		q.putStatusAsync(rec)
+		q.putStatusAsync(q.stored(ctx, rec))
 		q.m.retried.WithLabelValues(c.Function).Inc()
 		_ = msg.NakWithDelay(delay)
 	}
@@ -431,7 +431,7 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 	if c.CallbackURL != "" && rec.Result != nil {
 		rec.Callback = q.callback(ctx, c, rec)
 	}
-	if err := q.putStatus(wctx, rec); err != nil {
+	if err := q.putStatus(wctx, q.stored(wctx, rec)); err != nil {
 		q.cfg.Logger.Warn("async: status record not stored", "call", c.ID, "err", err)
 	}
 	// The final record is stored: a lost ack only redelivers a call that

@@ -18,6 +18,9 @@ type metrics struct {
 	callbacks *prometheus.CounterVec
 	depth     *prometheus.GaugeVec
 	age       *prometheus.GaugeVec
+	// resultsDropped counts result bodies found gone from their
+	// namespace's budget when read.
+	resultsDropped *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -38,11 +41,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Asynchronous calls waiting or running, per function (refreshed every 5s)."}, []string{"function"}),
 		age: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "brisk_async_queue_oldest_seconds",
 			Help: "Age of the oldest queued asynchronous call, per function (refreshed every 5s)."}, []string{"function"}),
+		resultsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_result_bodies_dropped_total",
+			Help: "Result bodies of asynchronous calls found dropped by their namespace's result budget (oldest first) when read."}, []string{"namespace"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age} {
+	for _, c := range []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age, m.resultsDropped} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -56,7 +61,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // Collectors are the queue's metrics, for a registry Open was not given.
 func (q *Queue) Collectors() []prometheus.Collector {
 	m := q.m
-	return []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age}
+	return []prometheus.Collector{m.accepted, m.delivered, m.retried, m.deferred, m.dead, m.callbacks, m.depth, m.age, m.resultsDropped}
 }
 
 // Depth returns the calls waiting or running per function.
@@ -88,6 +93,7 @@ func (q *Queue) watchDepth(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		q.refreshShares(depth)
 		q.m.depth.Reset()
 		q.m.age.Reset()
 		now := q.now()

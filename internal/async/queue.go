@@ -33,9 +33,12 @@ const (
 // Errors Submit and the lookups return.
 var (
 	ErrQueueFull = errors.New("async queue is at its limit")
-	ErrNotFound  = errors.New("no such call")
-	ErrTooLarge  = errors.New("call too large for the queue")
-	ErrBadID     = errors.New("call id must be 1-64 letters, digits, '-' or '_'")
+	// ErrNamespaceFull: the call's namespace holds its share of the queue
+	// (Config.NamespaceShare).
+	ErrNamespaceFull = errors.New("the namespace holds its share of the async queue")
+	ErrNotFound      = errors.New("no such call")
+	ErrTooLarge      = errors.New("call too large for the queue")
+	ErrBadID         = errors.New("call id must be 1-64 letters, digits, '-' or '_'")
 	// ErrIDTaken: the id names a call of another function (while its
 	// record lives).
 	ErrIDTaken = errors.New("call id in use by another function's call")
@@ -66,6 +69,13 @@ type Config struct {
 	// MaxResultBytes bounds the body kept in a status record (and posted
 	// to a callback); longer bodies are cut and marked truncated.
 	MaxResultBytes int
+	// NamespaceShare is the part of MaxQueued and MaxQueuedBytes one
+	// namespace's waiting calls may hold (shares.go); 1: no share.
+	NamespaceShare float64
+	// NamespaceResultBytes bounds the result bodies above 4 KiB one
+	// namespace's calls keep at once; past it the oldest are dropped
+	// (results.go).
+	NamespaceResultBytes int64
 	// CallbackAllow lists address ranges callbacks may reach beyond the
 	// default, public addresses: loopback, private, carrier-grade NAT,
 	// link-local, unspecified and multicast addresses (and NAT64 forms of
@@ -90,6 +100,8 @@ const (
 	DefaultAckWait          = 10 * time.Second
 	DefaultMaxInFlight      = 1024
 	DefaultMaxResultBytes   = 1 << 20
+	DefaultNamespaceResults = 256 << 20
+	DefaultNamespaceShare   = 0.5
 	DefaultCallbackAttempts = 5
 	DefaultCallbackTimeout  = 10 * time.Second
 )
@@ -105,6 +117,10 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.MaxQueued, DefaultMaxQueued)
 	def(&c.MaxQueuedBytes, DefaultMaxQueuedBytes)
+	def(&c.NamespaceResultBytes, DefaultNamespaceResults)
+	if c.NamespaceShare <= 0 {
+		c.NamespaceShare = DefaultNamespaceShare
+	}
 	if c.ResultTTL == 0 {
 		c.ResultTTL = DefaultResultTTL
 	}
@@ -135,17 +151,19 @@ func (c Config) withDefaults() Config {
 // Queue is the async queue as one process sees it: submit, look up, retry,
 // purge, and (Run) consume.
 type Queue struct {
-	cfg    Config
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	calls  jetstream.Stream
-	dead   jetstream.Stream
-	status jetstream.KeyValue
-	cons   jetstream.Consumer
-	m      *metrics
-	hc     *http.Client // callbacks
-	now    func() time.Time
-	yield  *yielder
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	calls   jetstream.Stream
+	dead    jetstream.Stream
+	status  jetstream.KeyValue
+	cons    jetstream.Consumer
+	m       *metrics
+	results resultStreams
+	shares  shares
+	hc      *http.Client // callbacks
+	now     func() time.Time
+	yield   *yielder
 }
 
 // Open creates or updates the streams, the status bucket and the shared
@@ -317,6 +335,9 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	// at the limit must still fit in the dead-letter stream.
 	if int64(len(meta)+len(c.Body))+headRoom > q.nc.MaxPayload() {
 		return ErrTooLarge
+	}
+	if !q.admitShare(NamespaceOfFunction(c.Function), len(meta)+len(c.Body)) {
+		return ErrNamespaceFull
 	}
 	msg := &nats.Msg{Subject: callsPrefix + c.Function + "." + c.ID, Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
 	if c.Fresh {

@@ -55,6 +55,9 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 		return nil, ErrBadID
 	}
 	r, err := q.record(ctx, id)
+	if err == nil {
+		return r, q.loadBody(ctx, r)
+	}
 	if !errors.Is(err, ErrNotFound) {
 		return r, err
 	}
@@ -65,7 +68,10 @@ func (q *Queue) Get(ctx context.Context, id string) (*Record, error) {
 	}
 	// The call may have ended between the two reads: its record is written
 	// before it leaves the calls stream.
-	return q.record(ctx, id)
+	if r, err = q.record(ctx, id); err != nil {
+		return r, err
+	}
+	return r, q.loadBody(ctx, r)
 }
 
 // record reads call id's status record; ErrNotFound when it has none.

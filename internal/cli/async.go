@@ -30,6 +30,8 @@ type asyncFlags struct {
 	noAsync        bool
 	listen         string
 	maxQueued      int64
+	nsShare        float64
+	nsResultBytes  int64
 	resultTTL      time.Duration
 	ackWait        time.Duration
 	callbackAllow  []string
@@ -47,6 +49,8 @@ func (f *asyncFlags) register(c *cobra.Command, embedded bool) {
 	c.Flags().StringVar(&f.tokenFile, "nats-token-file", "", "file with the token the NATS server wants (brisk nats --token-file)")
 	c.Flags().IntVar(&f.replicas, "nats-replicas", 1, "JetStream replicas of brisk's streams (3 on a NATS cluster)")
 	c.Flags().Int64Var(&f.maxQueued, "async-max-queued", async.DefaultMaxQueued, "asynchronous calls waiting at once; past it, submits get 503")
+	c.Flags().Float64Var(&f.nsShare, "async-namespace-share", async.DefaultNamespaceShare, "the part of --async-max-queued (and of the queue's bytes) one namespace's waiting calls may hold; past it, its submits get 503 and other namespaces' still go in (1: no share)")
+	c.Flags().Int64Var(&f.nsResultBytes, "async-namespace-result-bytes", async.DefaultNamespaceResults, "result bodies above 4 KiB one namespace's asynchronous calls keep at once; past it the oldest are dropped (their records say body_dropped)")
 	c.Flags().DurationVar(&f.resultTTL, "async-result-ttl", async.DefaultResultTTL, "how long an asynchronous call's status and result are kept")
 	c.Flags().DurationVar(&f.ackWait, "async-ack-wait", async.DefaultAckWait, "how long a call delivered to a data plane that died waits before another data plane takes it")
 	c.Flags().StringSliceVar(&f.callbackAllow, "async-callback-allow", nil, "address ranges (CIDR) X-Callback-Url may reach besides public ones; loopback, private, link-local and the like are refused unless listed, e.g. 10.0.0.0/8")
@@ -64,6 +68,12 @@ func (f *asyncFlags) open(ctx context.Context, dataDir string, log *slog.Logger)
 	}
 	if f.maxQueued < 1 {
 		return nil, nothing, usageError{fmt.Errorf("--async-max-queued %d: must be positive", f.maxQueued)}
+	}
+	if !(f.nsShare > 0 && f.nsShare <= 1) {
+		return nil, nothing, usageError{fmt.Errorf("--async-namespace-share %v: want a fraction in (0, 1]", f.nsShare)}
+	}
+	if f.nsResultBytes < 1<<20 {
+		return nil, nothing, usageError{fmt.Errorf("--async-namespace-result-bytes %d: at least 1 MiB (one call's largest result)", f.nsResultBytes)}
 	}
 	allow, err := parseCIDRs("--async-callback-allow", f.callbackAllow)
 	if err != nil {
@@ -118,7 +128,7 @@ func (f *asyncFlags) open(ctx context.Context, dataDir string, log *slog.Logger)
 		closeAll()
 		return nil, nothing, usageError{fmt.Errorf("--async-ack-wait %s: at least 1s", f.ackWait)}
 	}
-	cfg := async.Config{Replicas: f.replicas, MaxQueued: f.maxQueued, ResultTTL: f.resultTTL, AckWait: f.ackWait, CallbackAllow: allow, Logger: log}
+	cfg := async.Config{Replicas: f.replicas, MaxQueued: f.maxQueued, NamespaceShare: f.nsShare, NamespaceResultBytes: f.nsResultBytes, ResultTTL: f.resultTTL, AckWait: f.ackWait, CallbackAllow: allow, Logger: log}
 	q, err := async.Open(octx, nc, cfg)
 	if err != nil {
 		closeAll()

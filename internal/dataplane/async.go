@@ -175,6 +175,8 @@ func (d *DataPlane) storeAsync(ctx context.Context, c *async.Call) failure {
 		return failure{}
 	case errors.Is(err, async.ErrQueueFull):
 		return fail(http.StatusServiceUnavailable, reasonQueueFull, "the asynchronous queue is at its limit; try again later")
+	case errors.Is(err, async.ErrNamespaceFull):
+		return fail(http.StatusServiceUnavailable, reasonQueueFull, "namespace %q holds its share of the asynchronous queue (--async-namespace-share); try again later", async.NamespaceOfFunction(c.Function))
 	case errors.Is(err, async.ErrTooLarge):
 		return fail(http.StatusRequestEntityTooLarge, reasonBodyTooLarge, "request (body and headers) too large for the asynchronous queue")
 	case errors.Is(err, async.ErrIDTaken):

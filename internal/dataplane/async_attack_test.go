@@ -259,7 +259,7 @@ func TestAsyncAttackRetryRunsOnlyItsOwnFunctionsCall(t *testing.T) {
 // queued (nor one that holds its id); once there is room, the same id is
 // accepted and runs once.
 func TestAsyncAttackRefusedSubmitLeavesNoRecord(t *testing.T) {
-	e := newAsyncEnv(t, nil, async.Config{MaxQueued: 1})
+	e := newAsyncEnv(t, nil, async.Config{MaxQueued: 1, NamespaceShare: 1})
 	g := newGate(t)
 	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("slow")}, Added: []*briskv1.Endpoint{ep("slow", "sb-1", g.addr)}})
 	if r := submitAsync(t, "POST", e.ts.URL+"/async-function/slow", http.Header{"X-Call-Id": {"held"}}, ""); r.code != http.StatusAccepted {
@@ -482,7 +482,7 @@ func TestAsyncAttackBothPathsAgree(t *testing.T) {
 // A retry refused for a full queue leaves the call's record as it was
 // (failed, in the dead-letter stream), not saying it is queued again.
 func TestAsyncAttackRefusedRetryLeavesTheRecord(t *testing.T) {
-	e := newAsyncEnv(t, nil, async.Config{MaxQueued: 1})
+	e := newAsyncEnv(t, nil, async.Config{MaxQueued: 1, NamespaceShare: 1})
 	g := newGate(t)
 	bad := &hits{}
 	e.d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("slow"), fnSpec("bad")},

@@ -301,6 +301,13 @@ type CallResult struct {
 	Header    http.Header `json:"headers,omitempty"`
 	Body      []byte      `json:"body,omitempty"` // base64 in JSON
 	Truncated bool        `json:"body_truncated,omitempty"`
+	// BodyBytes is the body's length where the status record does not
+	// hold it: a body above 4 KiB is kept apart, in its namespace's result
+	// budget (lists leave it out; a call's own record has it).
+	BodyBytes int `json:"body_bytes,omitempty"`
+	// BodyDropped says the body is gone: its namespace's result budget
+	// (--async-namespace-result-bytes) dropped it for newer ones.
+	BodyDropped bool `json:"body_dropped,omitempty"`
 	// PlatformError is brisk's reason (X-Brisk-Error) when brisk, not the
 	// function, answered: no-capacity, queue-timeout, sandbox-failed, ...
 	PlatformError string  `json:"platform_error,omitempty"`
