@@ -87,6 +87,10 @@ type Config struct {
 	// /healthz needs a token, and the first start creates an admin token
 	// in DataDir/admin.token.
 	AuthDisabled bool
+	// TrustedProxies are the addresses whose X-Forwarded-For the admin
+	// API's failed-authentication throttle believes: the other replicas,
+	// whose followers forward their clients' requests to the leader.
+	TrustedProxies []netip.Addr
 	// BootstrapAdminToken and BootstrapJoinToken, when set, are the first
 	// admin and join tokens: registered when the registry has none of
 	// their kind, instead of made and written to DataDir (brisk k8s
@@ -198,6 +202,9 @@ type ControlPlane struct {
 	cluster *Cluster
 	store   store.Registry
 	tokens  *auth.Checker // the registry's tokens, for the admin API
+	// authThrottle slows token guessing on the admin API: 20 failures at
+	// once per client address, then one a second.
+	authThrottle *auth.Throttle
 
 	dirigentLis    net.Listener
 	dirigentImages sync.Map // images logged as mapped to the trace function
@@ -255,7 +262,7 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker(), splits: map[string]map[string]bool{}}, nil
+	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker(), authThrottle: auth.NewThrottle(20, time.Second), splits: map[string]map[string]bool{}}, nil
 }
 
 // Ready is closed once both listeners are bound.

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,14 +39,48 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		addr, now := cp.clientAddr(r), time.Now()
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+		if ok, wait := cp.authThrottle.Allowed(addr, tok, now); !ok {
+			// 401 still: the token is not accepted, and clients treat it so.
+			secs := int(wait/time.Second) + 1
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
+			writeError(w, http.StatusUnauthorized, fmt.Sprintf("too many failed authentications with this token from %s: not checked; try again in %d s", addr, secs))
+			return
+		}
 		if err := auth.Check(cp.tokens, tok, "", "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
+			if !errors.Is(err, auth.ErrNoToken) {
+				cp.authThrottle.Failed(addr, tok, now) // a wrong token, not a missing one
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
 			writeError(w, http.StatusUnauthorized, err.Error())
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// clientAddr is the address of the request's client: its peer's, or for
+// a request a follower replica forwarded (Config.TrustedProxies), the
+// client the follower saw (the last X-Forwarded-For entry). The zero Addr
+// when there is none (a test's handler call).
+func (cp *ControlPlane) clientAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	a := ap.Addr().Unmap()
+	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 && slices.Contains(cp.cfg.TrustedProxies, a) {
+		last := xff[len(xff)-1]
+		if i := strings.LastIndexByte(last, ','); i >= 0 {
+			last = last[i+1:]
+		}
+		if c, err := netip.ParseAddr(strings.TrimSpace(last)); err == nil {
+			return c.Unmap()
+		}
+	}
+	return a
 }
 
 // authorize checks the request's token for scope on function fn of
