@@ -3,6 +3,7 @@ package containerd
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"sync"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 )
 
 // held records, per pool, the endpoints this process took for sandboxes and
@@ -112,6 +114,9 @@ func (r *Runtime) adoptOrKill(ctx context.Context) error {
 			}
 		}
 		if running && sb.ep != nil {
+			if err := logpipe.Adopt(filepath.Join(r.LogDir(), sb.function, sb.id+".log"), logpipe.Default, r.log); err != nil {
+				r.log.Warn("adopted sandbox's output is not drained: it blocks once its pipe is full", "sandbox", sb.id, "err", err)
+			}
 			r.mu.Lock()
 			r.sandboxes[sb.id] = sb
 			r.mu.Unlock()

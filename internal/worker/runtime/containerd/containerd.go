@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -29,6 +30,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -366,7 +368,17 @@ func (r *Runtime) start(ctx context.Context, sb *sandbox, img containerd.Image, 
 		return fmt.Errorf("container from %s: %w", img.Name(), err)
 	}
 	t1 := time.Now()
-	task, err := c.NewTask(ctx, cio.LogFile(logPath))
+	// The output goes through the worker's rate-limited drain (package
+	// logpipe), as the other runtimes' does: the shim writes to the log's
+	// FIFO, holding it open across worker restarts (adoptOrKill drains it
+	// again), so a flooding sandbox cannot fill the disk between the log
+	// keeper's checks.
+	logf, err := logpipe.Sandbox(logPath)
+	if err != nil {
+		return fmt.Errorf("log: %w", err)
+	}
+	task, err := c.NewTask(ctx, cio.LogURI(&url.URL{Path: logPath + logpipe.Suffix}))
+	logf.Close() // the shim holds the FIFO now; or no task, and the drain ends
 	if err != nil {
 		return fmt.Errorf("task: %w", err)
 	}

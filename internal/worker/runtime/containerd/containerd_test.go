@@ -29,6 +29,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/cgroups"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/logpipe"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -408,6 +409,42 @@ func TestExitIsReported(t *testing.T) {
 	if l := leftovers(t, id); len(l) > 0 {
 		t.Errorf("left after Kill: %v", l)
 	}
+}
+
+// A container that floods its output (256 MiB as fast as it can) puts at
+// most the log pipe's burst and rate into its log (issue 36: containerd
+// sandboxes' logs were not rate-limited, only capped every second), its
+// writes succeed, and the log says how much was dropped.
+func TestFloodingContainerIsBounded(t *testing.T) {
+	testutil.RequiresRoot(t)
+	dir := t.TempDir()
+	r := newRuntime(t, newPool(t, 1), dir)
+	id := newID()
+	start := time.Now()
+	inst := create(t, r, id, echoFn("flood", map[string]string{"ECHO_MODE": "flood"}))
+	testutil.Eventually(t, waitLong, func() bool { return closed(inst.Exited) }, "the flooding container did not finish: its writes were held up")
+	if err := inst.ExitErr(); err == nil || !strings.Contains(err.Error(), "status 0") {
+		t.Fatalf("the flooding container ended with %v, want status 0 (its writes must succeed)", err)
+	}
+	logpipe.Wait()
+	took := time.Since(start)
+	path := filepath.Join(r.LogDir(), "flood", id+".log")
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := logpipe.Default.Burst + int64(took.Seconds()*float64(logpipe.Default.Rate)) + 64<<10
+	if st.Size() > bound {
+		t.Fatalf("%d bytes in the log after %v; bound %d", st.Size(), took, bound)
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b[max(0, len(b)-4096):]), "bytes of this sandbox's output dropped") {
+		t.Fatal("the log does not say what was dropped")
+	}
+	if err := r.Kill(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("256 MiB written in %v; %d bytes kept", took, st.Size())
 }
 
 func TestRestartAdoptsRunningSandboxes(t *testing.T) {

@@ -6,7 +6,8 @@
 // finds, and to GET /secrets with what it sees of its secrets
 // (secretsprobe). With ECHO_MODE=hog it instead
 // allocates memory until the OOM killer (or 1 GiB) stops it; with
-// ECHO_MODE=exit it exits with status 3.
+// ECHO_MODE=exit it exits with status 3; with ECHO_MODE=flood it writes
+// 256 MiB to stdout as fast as it can, then exits 0.
 package main
 
 import (
@@ -31,6 +32,14 @@ func main() {
 		return
 	case "exit":
 		os.Exit(3)
+	case "flood":
+		line := []byte(strings.Repeat("x", 1023) + "\n")
+		for range 256 << 10 {
+			if _, err := os.Stdout.Write(line); err != nil {
+				os.Exit(2)
+			}
+		}
+		return
 	}
 	host, _ := os.Hostname()
 	_, rootErr := os.Create("/written-by-echo")
