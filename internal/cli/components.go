@@ -192,6 +192,20 @@ type wkFlags struct {
 	kubeNodes, kubeKeyPrefixes              []string
 }
 
+// isolationOf says what a runtime isolates, for brisk up's banner: whether
+// tenants' sandboxes are kept from each other (docs/security.md).
+func isolationOf(rt string) string {
+	switch rt {
+	case "native", "containerd":
+		return rt + " (each sandbox in its own network, mount and PID namespaces and cgroup: tenants are isolated from each other)"
+	case "kube":
+		return "kube (sandboxes are Pods: isolation is the kubelet's runtime's)"
+	case "emulated":
+		return "emulated (no real sandboxes: for scale tests)"
+	}
+	return rt + " (host processes, one user per function: tenants share the host's files and network; for isolation between tenants use --runtime native or containerd: docs/security.md)"
+}
+
 func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
@@ -677,6 +691,7 @@ server given with --nats.`,
 							filepath.Join(cf.dataDir, controlplane.AdminTokenFile))
 					}
 					fmt.Fprintf(os.Stderr, "dashboard: %s://%s/ui/ (brisk ui prints it with the token)\n", adminScheme, cl.AdminAddr())
+					fmt.Fprintf(os.Stderr, "runtime: %s\n", isolationOf(wf.rt))
 				}
 			}()
 			return usageOr(cl.Run(c.Context()))
