@@ -3,11 +3,9 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -20,26 +18,8 @@ import (
 // deploy on every namespace; a token limited to a namespace or to
 // functions may keep them as they are, but not forge them.
 func TestReservedLabels(t *testing.T) {
-	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
-	cp, _ := runCP(t, Config{DataDir: t.TempDir(), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		BootstrapAdminToken: admin, StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	adm, token := tenantCP(t, "team-a")
 	ctx := context.Background()
-	as := func(tok string) *client.Client {
-		c := client.New("http://"+cp.AdminAddr(), "")
-		c.Token = tok
-		return c
-	}
-	adm := as(admin)
-	if _, err := adm.PutNamespace(ctx, "team-a", spec.Quota{}); err != nil {
-		t.Fatal(err)
-	}
-	token := func(req api.TokenRequest) *client.Client {
-		v, err := adm.CreateToken(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return as(v.Token)
-	}
 	tenant := token(api.TokenRequest{Name: "tenant", Scopes: []string{auth.ScopeDeploy}, Namespace: "team-a"})
 	controller := token(api.TokenRequest{Name: "controller", Scopes: []string{auth.ScopeDeploy}})
 	forbidden := func(what string, err error) {

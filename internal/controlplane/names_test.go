@@ -19,28 +19,8 @@ import (
 // tenant nothing about another namespace's names. Before, the second
 // tenant's create got 409 "already exists": an oracle for every name.
 func TestNamesArePerNamespace(t *testing.T) {
-	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
-	cp, _ := runCP(t, Config{DataDir: t.TempDir(), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		BootstrapAdminToken: admin, StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	adm, token := tenantCP(t, "team-a", "team-b")
 	ctx := context.Background()
-	as := func(tok string) *client.Client {
-		c := client.New("http://"+cp.AdminAddr(), "")
-		c.Token = tok
-		return c
-	}
-	adm := as(admin)
-	token := func(req api.TokenRequest) *client.Client {
-		v, err := adm.CreateToken(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return as(v.Token)
-	}
-	for _, ns := range []string{"team-a", "team-b"} {
-		if _, err := adm.PutNamespace(ctx, ns, spec.Quota{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	ta := token(api.TokenRequest{Name: "a", Scopes: []string{auth.ScopeDeploy}, Namespace: "team-a"})
 	tb := token(api.TokenRequest{Name: "b", Scopes: []string{auth.ScopeDeploy}, Namespace: "team-b"})
 	status := func(err error) int {
@@ -102,5 +82,33 @@ func TestNamesArePerNamespace(t *testing.T) {
 	}
 	if _, err := ta.Get(ctx, "x"); err != nil {
 		t.Errorf("team-b's delete of x took team-a's: %v", err)
+	}
+}
+
+// tenantCP runs a control plane with the given namespaces and returns an
+// admin client and a func that makes a token and a client for it.
+func tenantCP(t *testing.T, namespaces ...string) (adm *client.Client, token func(api.TokenRequest) *client.Client) {
+	t.Helper()
+	admin, _, _ := auth.New([]string{auth.ScopeAdmin}, nil, "")
+	cp, _ := runCP(t, Config{DataDir: t.TempDir(), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		BootstrapAdminToken: admin, StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	as := func(tok string) *client.Client {
+		c := client.New("http://"+cp.AdminAddr(), "")
+		c.Token = tok
+		return c
+	}
+	adm = as(admin)
+	for _, ns := range namespaces {
+		if _, err := adm.PutNamespace(context.Background(), ns, spec.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return adm, func(req api.TokenRequest) *client.Client {
+		t.Helper()
+		v, err := adm.CreateToken(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return as(v.Token)
 	}
 }
