@@ -64,6 +64,11 @@ type Node struct {
 	em         emergencyState           // the emergency track (emergency.go)
 	lastLive   time.Time                // last time a session was connected
 	connected  bool
+	// stopped closes when the node stops (Stop): a kill still being
+	// retried then gives up, leaving the sandbox to the next worker's
+	// recovery (adopt), instead of holding the exit forever.
+	stopped  chan struct{}
+	stopOnce sync.Once
 }
 
 func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max int, createTimeout time.Duration, log *slog.Logger) *Node {
@@ -75,6 +80,7 @@ func newNode(id, bootID string, rt runtime.Runtime, capacity spec.Resources, max
 		terminated: make(map[string]time.Time),
 		specs:      make(map[specKey]*spec.Function),
 		notify:     make(chan struct{}, 1),
+		stopped:    make(chan struct{}),
 	}
 }
 
@@ -551,13 +557,32 @@ func (n *Node) terminate(ctx context.Context, id, why string) {
 	backoff := 10 * time.Millisecond
 	for {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		go func() { // an attempt under way when the node stops ends too
+			select {
+			case <-n.stopped:
+				cancel()
+			case <-kctx.Done():
+			}
+		}()
 		err := n.rt.Kill(kctx, id)
 		cancel()
 		if err == nil || errors.Is(err, runtime.ErrNotFound) {
 			break
 		}
 		n.log.Warn("killing sandbox, will retry", "sandbox", id, "err", err)
-		time.Sleep(backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-n.stopped:
+			// The worker is exiting: the sandbox stays terminating, for
+			// the next worker's recovery to kill (or adopt and kill).
+			t.Stop()
+			n.mu.Lock()
+			sb.killing = false
+			n.mu.Unlock()
+			n.log.Warn("gave up killing a sandbox: the worker is stopping", "sandbox", id, "err", err)
+			return
+		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
 	n.mu.Lock()
@@ -635,4 +660,15 @@ func (n *Node) Snapshot() []*briskv1.SandboxRecord {
 }
 
 // Stop kills every sandbox (used when a worker shuts down with --cleanup).
-func (n *Node) Stop(ctx context.Context) { n.drain(ctx) }
+func (n *Node) Stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { n.drain(ctx); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		// Kills still failing when the time is up are given up.
+		n.stopOnce.Do(func() { close(n.stopped) })
+		<-done
+	}
+	n.stopOnce.Do(func() { close(n.stopped) })
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,4 +224,51 @@ func TestTombstoneDuringStartEndsTheSandbox(t *testing.T) {
 		ls, err := rt.List(ctx)
 		return err == nil && len(ls) == 0 && len(n.Snapshot()) == 0
 	}, "s1 ended after its start completed")
+}
+
+// failingKills is a runtime whose Kill fails while fail is set (a wedged
+// container engine).
+type failingKills struct {
+	runtime.Runtime
+	fail *atomic.Bool
+}
+
+func (r failingKills) Kill(ctx context.Context, id string) error {
+	if !r.fail.Load() {
+		return r.Runtime.Kill(ctx, id)
+	}
+	<-ctx.Done() // as a hung engine call would, until its deadline
+	return ctx.Err()
+}
+
+// A worker stopping with kills that keep failing gives them up once its
+// stop's time is over (issue 39: the retry slept uncancellably, so Stop,
+// and the worker's exit, waited forever); the sandbox stays terminating
+// for the next worker's recovery, and a later Tombstone retries it.
+func TestStopGivesUpKillsThatKeepFailing(t *testing.T) {
+	n, rt := newTestNodeRT(t, 0)
+	var fail atomic.Bool
+	n.rt, n.emRT = failingKills{rt, &fail}, failingKills{rt, &fail}
+	n.apply(context.Background(), n.currentEpoch(), create("a"))
+	testutil.Eventually(t, 10*time.Second, func() bool { return state(n, "a") == briskv1.SandboxState_SANDBOX_STATE_READY }, "a never ran")
+	fail.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() { n.Stop(ctx); close(stopped) }()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		select {
+		case <-stopped:
+			return true
+		default:
+			return false
+		}
+	}, "Stop never returned while the kill kept failing")
+	if s := state(n, "a"); s != briskv1.SandboxState_SANDBOX_STATE_TERMINATING {
+		t.Fatalf("a is %v after the given-up kill, want TERMINATING (left for recovery)", s)
+	}
+	// The engine recovers: a Tombstone kills it after all.
+	fail.Store(false)
+	n.apply(context.Background(), n.currentEpoch(), &briskv1.Commands{Tombstones: []string{"a"}})
+	testutil.Eventually(t, 10*time.Second, func() bool { return state(n, "a") == briskv1.SandboxState_SANDBOX_STATE_UNSPECIFIED }, "a was not killed by the later Tombstone")
 }
