@@ -40,6 +40,10 @@ type fnState struct {
 	backoffUntil time.Time // no new creates before this (crash-loop protection)
 	lastFailure  string
 	retryArmed   bool
+	// minStarved: the function lacks sandboxes of its scaling.min and
+	// found no room for them; until it has them, no other function
+	// places sandboxes beyond its own min (Reconciler.minStarved).
+	minStarved bool
 
 	// keep-alive: when the function last had calls, what a cold start of
 	// it takes (created to ready), and since when it has held sandboxes
@@ -235,6 +239,7 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 		return
 	}
 	fs.deleted, fs.desired = true, 0
+	c.setMinStarved(fs, false)
 	delete(c.busyFns, fs)
 	delete(c.fns, name)
 	last := c.order[len(c.order)-1]
@@ -576,10 +581,26 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 				fs.quotaErr = why
 				break
 			}
+			if active >= fs.spec.Scaling.Min && c.minStarved > 0 && !fs.minStarved {
+				// Room goes first to functions below their min: the
+				// scale-out waits for them (evictFor's forMin).
+				c.armRetry(fs, now.Add(500*time.Millisecond))
+				break
+			}
 			if err := c.place1(now, fs); err != nil {
-				if errors.Is(err, placement.ErrNoCapacity) && c.evictFor(now, fs, want-active) {
-					// Room is coming from evicted idle sandboxes: not a
-					// failure to report, a retry once they are gone.
+				coming := false // room, from evicted sandboxes
+				if errors.Is(err, placement.ErrNoCapacity) {
+					coming = c.evictFor(now, fs, want-active, false)
+					if !coming && active < fs.spec.Scaling.Min && c.evictFor(now, fs, min(want, fs.spec.Scaling.Min)-active, true) {
+						// Other functions' sandboxes beyond their min make
+						// room for this one's min; until it has it, their
+						// scale-out waits, or it would take the room back.
+						c.setMinStarved(fs, true)
+						coming = true
+					}
+				}
+				if coming {
+					// Not a failure to report: a retry once they are gone.
 					c.armRetry(fs, now.Add(c.cfg.DrainDelay+100*time.Millisecond))
 					break
 				}
@@ -613,6 +634,9 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 	if active <= want {
 		fs.surplusSince = time.Time{}
 	}
+	if active >= min(want, fs.spec.Scaling.Min) {
+		c.setMinStarved(fs, false)
+	}
 	c.refreshCondition(fs)
 	if readyCur >= want || fs.deleted {
 		var old []*sandboxRec
@@ -625,6 +649,20 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		for _, r := range old {
 			c.tombstone(r)
 		}
+	}
+}
+
+// setMinStarved sets fs.minStarved, counting starved functions in
+// c.minStarved.
+func (c *Reconciler) setMinStarved(fs *fnState, starved bool) {
+	if fs.minStarved == starved {
+		return
+	}
+	fs.minStarved = starved
+	if starved {
+		c.minStarved++
+	} else {
+		c.minStarved--
 	}
 }
 

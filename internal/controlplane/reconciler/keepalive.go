@@ -110,12 +110,18 @@ func (c *Reconciler) touch(now time.Time, fs *fnState, n int64) {
 // of other functions, and reports whether any room is coming (evicted now,
 // or already being freed by sandboxes on their way out and not claimed by
 // an earlier sandbox of this call). Resources return when the evicted
-// sandboxes are gone, so the caller retries then.
-func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
+// sandboxes are gone, so the caller retries then. With forMin (count
+// sandboxes fs lacks to reach its scaling.min) the sandboxes other
+// functions have beyond their own min may go although their calls use
+// them: a function's min is a guarantee, another's scale-out is not, so a
+// backlog that fills the nodes cannot keep a min sandbox out (they are
+// drained as any tombstoned sandbox: out of the endpoints first, killed
+// after the drain delay).
+func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool) bool {
 	if count <= 0 {
 		return false
 	}
-	idle := c.idleByNode(now, fs)
+	idle := c.idleByNode(now, fs, forMin)
 	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
 	// room is each usable node's free capacity plus what is leaving it,
 	// less what this call has claimed; slots likewise for MaxSandboxes.
@@ -194,7 +200,10 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int) bool {
 // revision serves, which on a full node may need their room). A gd
 // function's kept surplus is idle by this rule, and so is a sandbox its
 // autoscaler still wants only because its window remembers past load.
-func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sandboxRec {
+//
+// With beyondMin, every reachable ready sandbox of another function beyond
+// its min is listed, busy or not (evictFor's forMin).
+func (c *Reconciler) idleByNode(now time.Time, fs *fnState, beyondMin bool) map[*nodeState][]*sandboxRec {
 	idle := map[*nodeState][]*sandboxRec{}
 	for _, g := range c.order {
 		if g.deleted {
@@ -231,6 +240,9 @@ func (c *Reconciler) idleByNode(now time.Time, fs *fnState) map[*nodeState][]*sa
 		// Only reachable ready sandboxes serve calls, so they are what must
 		// cover the function's need; sandboxes still starting, or on a node
 		// whose link is down, cover nothing and are never evicted here.
+		if beyondMin {
+			busy = 0
+		}
 		surplus := min(active, reachable) - max(g.spec.Scaling.Min, busy)
 		if surplus <= 0 {
 			continue

@@ -62,14 +62,17 @@ type Reconciler struct {
 	cfg Config
 	log *slog.Logger
 
-	fns      map[string]*fnState
-	order    []*fnState // fns in a fixed order: commands come out the same on every run
-	nodes    map[string]*nodeState
-	nodeList []*nodeState
-	place    []placement.Node // parallel to nodeList
-	placer   placement.Policy
-	placers  map[string]placement.Policy // per-function overrides, by policy name
-	rng      *rand.Rand
+	fns map[string]*fnState
+	// minStarved counts the functions below their scaling.min for want
+	// of room (fnState.minStarved).
+	minStarved int
+	order      []*fnState // fns in a fixed order: commands come out the same on every run
+	nodes      map[string]*nodeState
+	nodeList   []*nodeState
+	place      []placement.Node // parallel to nodeList
+	placer     placement.Policy
+	placers    map[string]placement.Policy // per-function overrides, by policy name
+	rng        *rand.Rand
 	// keep orders idle sandboxes for eviction.
 	keep keepalive.Policy
 	// hybrid learns the idle times of hybrid keep-alive functions.
