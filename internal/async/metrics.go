@@ -89,11 +89,12 @@ func (q *Queue) watchDepth(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		before := q.sharesBefore()
 		depth, err := q.Depth(ctx)
 		if err != nil {
 			continue
 		}
-		q.refreshShares(depth)
+		q.refreshShares(depth, before)
 		q.m.depth.Reset()
 		q.m.age.Reset()
 		now := q.now()

@@ -336,7 +336,8 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if int64(len(meta)+len(c.Body))+headRoom > q.nc.MaxPayload() {
 		return ErrTooLarge
 	}
-	if !q.admitShare(NamespaceOfFunction(c.Function), len(meta)+len(c.Body)) {
+	ok, share := q.admitShare(NamespaceOfFunction(c.Function), len(meta)+len(c.Body))
+	if !ok {
 		return ErrNamespaceFull
 	}
 	msg := &nats.Msg{Subject: callsPrefix + c.Function + "." + c.ID, Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
@@ -350,7 +351,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 		if c.Dedupe {
 			msg.Header[jetstream.MsgIDHeader] = []string{c.ID}
 		}
-		return q.store(ctx, c, msg)
+		return q.store(ctx, c, msg, share)
 	}
 	// A client's id may come again (a retried submit): JetStream stores
 	// it once within its duplicate window.
@@ -394,7 +395,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 			return fmt.Errorf("async: store call: %w", gerr)
 		}
 	}
-	err = q.store(ctx, c, msg)
+	err = q.store(ctx, c, msg, share)
 	if err != nil && rev != 0 {
 		// A refused call leaves no record saying it is queued.
 		_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
@@ -408,12 +409,15 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 func (q *Queue) Accepting() (done func()) { return q.yield.accepting() }
 
 // store publishes call c's message and counts it accepted.
-func (q *Queue) store(ctx context.Context, c *Call, msg *nats.Msg) error {
+func (q *Queue) store(ctx context.Context, c *Call, msg *nats.Msg, share *nsShare) error {
 	if err := q.publish(ctx, msg); err != nil {
 		if isLimit(err) {
 			return ErrQueueFull
 		}
 		return fmt.Errorf("async: store call: %w", err)
+	}
+	if share != nil {
+		share.added.Add(1)
 	}
 	q.m.accepted.WithLabelValues(c.Function).Inc()
 	return nil

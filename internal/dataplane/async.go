@@ -80,7 +80,7 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	defer q.Accepting()()
 	fn := rt.fn
 	if fn == nil && httpx.NamesFunction(rt.name) {
-		fn = d.awaitFunction(r.Context(), rt.name)
+		fn = d.awaitRoute(r.Context(), rt)
 	}
 	if fn == nil {
 		d.writeError(w, callID, fail(http.StatusNotFound, reasonNoFunction, "function %q not found", rt.name))

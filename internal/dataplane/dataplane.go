@@ -67,6 +67,9 @@ type DataPlane struct {
 	sandboxes map[string]*function // sandbox id -> function; guarded by applyMu
 	pools     map[string]*connPool // sandbox address -> upstream connections; guarded by applyMu
 	leftPools []*connPool          // references to drop at the end of an Apply; guarded by applyMu
+	nsCount   map[string]int       // the routing table's functions per namespace; guarded by applyMu
+	// namespaces is nsCount's keys, for Host routing (lookupHost).
+	namespaces atomic.Pointer[map[string]bool]
 
 	// Urgent (no-capacity) reports: functions to include, and a 1-slot
 	// doorbell that coalesces triggers while one report is in flight.
@@ -96,6 +99,7 @@ func New(cfg Config) (*DataPlane, error) {
 		rnd:          loadbalance.NewRand(rand.Uint64()),
 		transport:    newTransport(),
 		sandboxes:    make(map[string]*function),
+		nsCount:      make(map[string]int),
 		pools:        make(map[string]*connPool),
 		urgentBell:   make(chan struct{}, 1),
 		unreach:      unreachable{bell: make(chan struct{}, 1)},

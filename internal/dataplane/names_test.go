@@ -27,7 +27,8 @@ func TestNamesPerNamespace(t *testing.T) {
 		return func(s *briskv1.FunctionSpec) { s.Namespace = ns }
 	}
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
-		Functions: []*briskv1.FunctionSpec{fnSpec("x"), fnSpec("x.team-a", inNS("team-a")), fnSpec("y", inNS("team-b"))},
+		Functions: []*briskv1.FunctionSpec{fnSpec("x"), fnSpec("x.team-a", inNS("team-a")), fnSpec("y", inNS("team-b")),
+			fnSpec("other.team-c", inNS("team-c"))},
 		Added: []*briskv1.Endpoint{ep("x", "default-x", named("default-x")), ep("x.team-a", "team-a-x", named("team-a-x")),
 			ep("y", "legacy-y", named("legacy-y"))}})
 
@@ -46,6 +47,12 @@ func TestNamesPerNamespace(t *testing.T) {
 		{"x.default.example.com", "/", "default-x"},
 		{"x.example.com", "/", "default-x"},
 		{"x:8080", "/", "default-x"},
+		// A namespace's Host never reaches another namespace's function:
+		// team-c has no x (its calls and tokens must not go to default's),
+		// team-a no y (nor to team-b's bare-named one).
+		{"x.team-c.brisk.local", "/", "404"},
+		{"y.team-a.brisk.local", "/", "404"},
+		{"y.team-b.brisk.local", "/", "legacy-y"},
 	} {
 		for _, chunked := range []bool{false, true} {
 			var body io.Reader = strings.NewReader("{}")

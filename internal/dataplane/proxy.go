@@ -41,6 +41,7 @@ var (
 type route struct {
 	fn      *function
 	name    string // the function named by the request, if any
+	host2   string // by Host: its first two labels (lookupHost)
 	byPath  bool   // named by /function/NAME (the Host is not consulted)
 	rest    string // path the sandbox sees
 	rawRest string // its escaped form when it differs from the default (url.URL.RawPath)
@@ -59,7 +60,7 @@ func (d *DataPlane) resolve(r *http.Request) route {
 		return rt
 	}
 	first, two := httpx.HostLabels(r.Host)
-	rt := route{name: first, rest: p, rawRest: r.URL.RawPath}
+	rt := route{name: first, host2: two, rest: p, rawRest: r.URL.RawPath}
 	rt.fn = d.lookupHost(first, two)
 	return rt
 }
@@ -157,7 +158,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if fn := d.awaitFunction(r.Context(), rt.name); fn != nil {
+	if fn := d.awaitRoute(r.Context(), rt); fn != nil {
 		rt.fn = fn
 		if _, ok := r.Header["Prefer"]; ok && preferAsync(r.Header) {
 			d.submitAsync(w, r, rt)
@@ -180,9 +181,24 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 // at once must not get a 404 for that.
 const unknownFunctionGrace = time.Second
 
+// awaitRoute is awaitFunction for the function a route names, by path
+// (lookupNamed) or by Host (lookupHost).
+func (d *DataPlane) awaitRoute(ctx context.Context, rt route) *function {
+	if rt.byPath || rt.host2 == "" {
+		return d.awaitFunction(ctx, rt.name)
+	}
+	return d.await(ctx, rt.name, func() *function { return d.lookupHost(rt.name, rt.host2) })
+}
+
 // awaitFunction waits up to unknownFunctionGrace for the function name to
 // appear in the routing table (data planes following a control plane only).
 func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
+	return d.await(ctx, name, func() *function { return d.lookupNamed(name) })
+}
+
+// await waits up to unknownFunctionGrace for find to find the function
+// name (data planes following a control plane only).
+func (d *DataPlane) await(ctx context.Context, name string, find func() *function) *function {
 	if d.cfg.ControlPlane == "" || name == "" || spec.IsRevisionFunction(name) {
 		return nil
 	}
@@ -193,7 +209,7 @@ func (d *DataPlane) awaitFunction(ctx context.Context, name string) *function {
 	defer d.awaiting.Add(-1)
 	for {
 		ch := d.applied.Load()
-		if fn := d.lookupNamed(name); fn != nil {
+		if fn := find(); fn != nil {
 			return fn
 		}
 		select {

@@ -108,14 +108,42 @@ func (d *DataPlane) lookupNamed(name string) *function {
 const openfaasNamespace = "openfaas-fn"
 
 // lookupHost returns the function a Host names by its first two labels
-// (first, two: httpx.HostLabels): NAME.NAMESPACE of
-// NAME.NAMESPACE.example.com when there is such a function, else NAME,
-// whatever follows it (NAME.example.com, NAME:8080).
+// (first, two: httpx.HostLabels). When the second label is a namespace
+// (of a function this data plane knows), the Host is Knative's
+// NAME.NAMESPACE.DOMAIN and names NAME of that namespace: NAME.NAMESPACE,
+// or a bare NAME of that namespace (made before names were per
+// namespace) — never a function of another namespace, which would take a
+// tenant's calls, and their tokens, while its own function is away.
+// Otherwise the second label is the domain's (NAME.example.com; or there
+// is none, NAME:8080) and the first names a function of the default
+// namespace, or a bare-named one.
 func (d *DataPlane) lookupHost(first, two string) *function {
-	if len(two) > len(first) {
+	if len(two) == len(first) {
+		return d.lookupCall(first)
+	}
+	ns := two[len(first)+1:]
+	if ns == spec.DefaultNamespace {
+		return d.lookupCall(first)
+	}
+	if m := d.namespaces.Load(); m != nil && (*m)[ns] {
 		if fn := d.lookupCall(two); fn != nil {
 			return fn
 		}
+		if fn := d.lookupCall(first); fn != nil && fn.set.Load().conf.namespace == ns {
+			return fn
+		}
+		return nil
 	}
 	return d.lookupCall(first)
+}
+
+// namespaceOfFn is fn's namespace, "" for none.
+func namespaceOfFn(fn *function) string {
+	if fn == nil {
+		return ""
+	}
+	if s := fn.set.Load(); s != nil {
+		return s.conf.namespace
+	}
+	return ""
 }

@@ -342,12 +342,32 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		d.publish(fn, p)
 	}
 	d.releaseLeftPools()
+	nsChanged := false
 	for name, fn := range next {
+		old := d.lookup(name)
 		if fn == nil {
 			d.fns.Delete(name)
 		} else {
 			d.fns.Store(name, fn)
 		}
+		if ons, nns := namespaceOfFn(old), namespaceOfFn(fn); ons != nns {
+			if ons != "" {
+				if d.nsCount[ons]--; d.nsCount[ons] <= 0 {
+					delete(d.nsCount, ons)
+				}
+			}
+			if nns != "" {
+				d.nsCount[nns]++
+			}
+			nsChanged = true
+		}
+	}
+	if nsChanged {
+		set := make(map[string]bool, len(d.nsCount))
+		for ns := range d.nsCount {
+			set[ns] = true
+		}
+		d.namespaces.Store(&set)
 	}
 	d.applyConditions(b)
 	d.applyAuth(b.GetAuth())

@@ -402,6 +402,8 @@ func (f *Function) Validate() error {
 	}
 	if _, ns, ok := strings.Cut(f.Name, "."); ok && ns != f.Namespace {
 		return bad("name", "%q is a name of namespace %q, not of %q", f.Name, ns, f.Namespace)
+	} else if ok && ns == DefaultNamespace {
+		return bad("name", "%q: the default namespace's functions have bare names (%q)", f.Name, ShortName(f.Name))
 	}
 	kinds := 0
 	for _, set := range []bool{f.Builtin != "", len(f.Command) > 0, f.Image != "", f.Code != nil} {

@@ -113,6 +113,11 @@ func TestQualifiedNames(t *testing.T) {
 	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), `namespace "team-a"`) {
 		t.Errorf("a name of another namespace: %v", err)
 	}
+	f = &Function{Name: "api.default", Builtin: "trace"}
+	f.ApplyDefaults()
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), "bare names") {
+		t.Errorf("NAME.default: %v, want refused (it would shadow NAME on the routes)", err)
+	}
 	f = &Function{Name: "api", Namespace: "team-b", Builtin: "trace"} // made before names were per namespace
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
