@@ -18,8 +18,8 @@ type metrics struct {
 	callbacks *prometheus.CounterVec
 	depth     *prometheus.GaugeVec
 	age       *prometheus.GaugeVec
-	// resultsDropped counts result bodies found gone from their
-	// namespace's budget when read.
+	// resultsDropped counts reads of records whose result body was gone
+	// from its namespace's budget (a call read twice counts twice).
 	resultsDropped *prometheus.CounterVec
 }
 
@@ -41,8 +41,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Asynchronous calls waiting or running, per function (refreshed every 5s)."}, []string{"function"}),
 		age: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "brisk_async_queue_oldest_seconds",
 			Help: "Age of the oldest queued asynchronous call, per function (refreshed every 5s)."}, []string{"function"}),
-		resultsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_result_bodies_dropped_total",
-			Help: "Result bodies of asynchronous calls found dropped by their namespace's result budget (oldest first) when read."}, []string{"namespace"}),
+		resultsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "brisk_async_result_body_misses_total",
+			Help: "Reads of asynchronous calls' records whose result body their namespace's result budget had dropped (oldest first); a call read twice counts twice."}, []string{"namespace"}),
 	}
 	if reg == nil {
 		return m, nil

@@ -191,8 +191,8 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 		f.Namespace = auth.NamespaceOf(cp.tokens, tok)
 	}
 	// Names are per namespace: "api" deployed into team-a is api.team-a.
-	f.Name = cp.qualify(f.Name, f.Namespace)
-	if pathName != "" && f.Name != pathName && f.Name != cp.qualify(pathName, f.Namespace) {
+	f.Name = cp.qualify(r, f.Name, f.Namespace)
+	if pathName != "" && f.Name != pathName && f.Name != cp.qualify(r, pathName, f.Namespace) {
 		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
 		return nil, false
 	}

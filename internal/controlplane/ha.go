@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
@@ -97,10 +96,8 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // runTerm serves as leader until leadership or ctx ends.
 func runTerm(ctx context.Context, cfg Config, reg *replica.Registry, peers []replica.Peer) error {
 	for _, p := range peers {
-		if host, _, err := net.SplitHostPort(p.AdminAddr); err == nil {
-			if a, err := netip.ParseAddr(host); err == nil && p.ID != reg.Self().ID {
-				cfg.TrustedProxies = append(cfg.TrustedProxies, a.Unmap())
-			}
+		if host, _, err := net.SplitHostPort(p.AdminAddr); err == nil && host != "" && p.ID != reg.Self().ID {
+			cfg.TrustedProxies = append(cfg.TrustedProxies, host)
 		}
 	}
 	tctx, cancel := context.WithCancel(ctx)

@@ -3,8 +3,10 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"log/slog"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +112,64 @@ func tenantCP(t *testing.T, namespaces ...string) (adm *client.Client, token fun
 			t.Fatal(err)
 		}
 		return as(v.Token)
+	}
+}
+
+// A function made before names were per namespace keeps its bare name, and
+// its tenant reaches it by it; another tenant's refusal is the same as for
+// a name nobody has (the legacy rule would otherwise echo the bare name).
+func TestLegacyBareNames(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := st.PutNamespace(&store.Namespace{Name: ns}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy := &spec.Function{Name: "legacy", Namespace: "team-a", Builtin: "trace", UID: "0123456789abcdef0123456789abcdef", Revision: 1, Generation: 1}
+	legacy.ApplyDefaults()
+	if err := st.CreateFunction(legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	admin, err := ReadAdminToken(dir) // a used registry: the token written, not a given one
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	as := func(tok string) *client.Client {
+		c := client.New("http://"+cp.AdminAddr(), "")
+		c.Token = tok
+		return c
+	}
+	adm := as(admin)
+	token := func(ns string) *client.Client {
+		v, err := adm.CreateToken(ctx, api.TokenRequest{Name: ns, Scopes: []string{auth.ScopeDeploy}, Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return as(v.Token)
+	}
+	ta, tb := token("team-a"), token("team-b")
+	if v, err := ta.Get(ctx, "legacy"); err != nil || v.Name != "legacy" {
+		t.Fatalf("team-a reads its legacy function: %+v %v", v, err)
+	}
+	refusal := func(name string) string {
+		_, err := tb.Get(ctx, name+"?namespace=team-a")
+		var e *client.Error
+		if !errors.As(err, &e) || e.Status != http.StatusForbidden {
+			t.Fatalf("team-b reads %s of team-a: %v, want 403", name, err)
+		}
+		return strings.ReplaceAll(e.Message, name, "NAME")
+	}
+	if a, b := refusal("legacy"), refusal("nothing"); a != b {
+		t.Fatalf("the refusals differ:\nlegacy:  %s\nnothing: %s", a, b)
 	}
 }

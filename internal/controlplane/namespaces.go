@@ -47,13 +47,25 @@ func (cp *ControlPlane) namespaceOfFn(name string) string {
 
 // qualify is spec.Qualify(name, ns), except that a bare name a function
 // of namespace ns holds already (made before names were per namespace)
-// stays as it is.
-func (cp *ControlPlane) qualify(name, ns string) string {
+// stays as it is — for a request whose token may see that namespace: to
+// another, whether such a function exists is not to be told (the name a
+// refusal echoes would say it).
+func (cp *ControlPlane) qualify(r *http.Request, name, ns string) string {
 	q := spec.Qualify(name, ns)
-	if q != name && cp.namespaceOfFn(name) == ns {
+	if q != name && cp.namespaceOfFn(name) == ns && cp.maySee(r, ns) {
 		return name
 	}
 	return q
+}
+
+// maySee reports whether the request's token may deploy into namespace ns
+// (or auth is off).
+func (cp *ControlPlane) maySee(r *http.Request, ns string) bool {
+	if cp.cfg.AuthDisabled {
+		return true
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	return auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, "") == nil
 }
 
 // pathFunction is the function a /v1/functions/{name}/… path names: a
@@ -65,7 +77,7 @@ func (cp *ControlPlane) pathFunction(r *http.Request) string {
 	if strings.IndexByte(name, '.') >= 0 {
 		return name
 	}
-	return cp.qualify(name, cp.requestNamespace(r, ""))
+	return cp.qualify(r, name, cp.requestNamespace(r, ""))
 }
 
 // admitToNamespace checks f against its namespace: that it exists, and its

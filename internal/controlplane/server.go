@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -87,10 +88,13 @@ type Config struct {
 	// /healthz needs a token, and the first start creates an admin token
 	// in DataDir/admin.token.
 	AuthDisabled bool
-	// TrustedProxies are the addresses whose X-Forwarded-For the admin
-	// API's failed-authentication throttle believes: the other replicas,
-	// whose followers forward their clients' requests to the leader.
-	TrustedProxies []netip.Addr
+	// TrustedProxies are the hosts (addresses or names) whose
+	// X-Forwarded-For the admin API's failed-authentication throttle
+	// believes: the other replicas, whose followers forward their
+	// clients' requests to the leader. Names are resolved when a request
+	// needs them, at most every 30 s (a replica's Pod may come back with
+	// another address).
+	TrustedProxies []string
 	// BootstrapAdminToken and BootstrapJoinToken, when set, are the first
 	// admin and join tokens: registered when the registry has none of
 	// their kind, instead of made and written to DataDir (brisk k8s
@@ -205,6 +209,8 @@ type ControlPlane struct {
 	// authThrottle slows token guessing on the admin API: 20 failures at
 	// once per client address, then one a second.
 	authThrottle *auth.Throttle
+	proxyAddrs   atomic.Pointer[[]netip.Addr] // Config.TrustedProxies resolved
+	proxyAddrsAt atomic.Int64                 // when (unix ns)
 
 	dirigentLis    net.Listener
 	dirigentImages sync.Map // images logged as mapped to the trace function

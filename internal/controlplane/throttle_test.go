@@ -3,7 +3,6 @@ package controlplane
 import (
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"strings"
 	"testing"
 )
@@ -18,7 +17,7 @@ func TestFailedAuthenticationsAreThrottled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cfg.TrustedProxies = []netip.Addr{netip.MustParseAddr("10.0.0.9")}
+	e.cp.cfg.TrustedProxies = []string{"10.0.0.9", "localhost"} // a replica by address, one by name (Kubernetes')
 	h := e.cp.authenticate(e.cp.adminHandler())
 	do := func(from, xff, token string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/v1/functions", nil)
@@ -58,6 +57,12 @@ func TestFailedAuthenticationsAreThrottled(t *testing.T) {
 	}
 	if r := do("10.0.0.9", "198.51.100.1", guess); !strings.Contains(r.Body.String(), "too many") {
 		t.Fatalf("the guesser behind the follower is not throttled: %s", r.Body)
+	}
+	for range 21 {
+		do("127.0.0.1", "198.51.100.7", guess)
+	}
+	if r := do("127.0.0.1", "198.51.100.8", guess); strings.Contains(r.Body.String(), "too many") {
+		t.Fatalf("a second client behind the replica named localhost is throttled: %s", r.Body)
 	}
 	if r := do("192.0.2.3", "198.51.100.99", guess); !strings.Contains(r.Body.String(), "too many") {
 		t.Fatalf("X-Forwarded-For from a non-replica evaded the throttle: %s", r.Body)

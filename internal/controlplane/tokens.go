@@ -1,9 +1,11 @@
 package controlplane
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -71,7 +73,7 @@ func (cp *ControlPlane) clientAddr(r *http.Request) netip.Addr {
 		return netip.Addr{}
 	}
 	a := ap.Addr().Unmap()
-	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 && slices.Contains(cp.cfg.TrustedProxies, a) {
+	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 && cp.trustedProxy(r.Context(), a) {
 		last := xff[len(xff)-1]
 		if i := strings.LastIndexByte(last, ','); i >= 0 {
 			last = last[i+1:]
@@ -81,6 +83,41 @@ func (cp *ControlPlane) clientAddr(r *http.Request) netip.Addr {
 		}
 	}
 	return a
+}
+
+// trustedProxy reports whether a is a replica's address
+// (Config.TrustedProxies). Names are resolved on the first question and
+// again when an address is not found, at most every 30 s.
+func (cp *ControlPlane) trustedProxy(ctx context.Context, a netip.Addr) bool {
+	if len(cp.cfg.TrustedProxies) == 0 {
+		return false
+	}
+	if known := cp.proxyAddrs.Load(); known != nil && slices.Contains(*known, a) {
+		return true
+	}
+	now := time.Now().UnixNano()
+	if last := cp.proxyAddrsAt.Load(); last != 0 && now-last < int64(30*time.Second) || !cp.proxyAddrsAt.CompareAndSwap(last, now) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var addrs []netip.Addr
+	for _, h := range cp.cfg.TrustedProxies {
+		if ip, err := netip.ParseAddr(h); err == nil {
+			addrs = append(addrs, ip.Unmap())
+			continue
+		}
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
+		if err != nil {
+			cp.log.Debug("resolving a replica's address for the auth throttle", "host", h, "err", err)
+			continue
+		}
+		for _, ip := range ips {
+			addrs = append(addrs, ip.Unmap())
+		}
+	}
+	cp.proxyAddrs.Store(&addrs)
+	return slices.Contains(addrs, a)
 }
 
 // authorize checks the request's token for scope on function fn of

@@ -114,7 +114,7 @@ func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name
 		t.Name = name
 	}
 	t.Namespace = cp.requestNamespace(r, t.Namespace)
-	t.Function = cp.qualify(t.Function, t.Namespace)
+	t.Function = cp.qualify(r, t.Function, t.Namespace)
 	if err := t.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return t, false
@@ -317,6 +317,9 @@ func (cp *ControlPlane) listTriggers(w http.ResponseWriter, r *http.Request) {
 		visible = func(t *store.Trigger) bool {
 			return auth.Check(cp.tokens, tok, auth.ScopeDeploy, spec.TriggerNamespace(&t.Trigger), t.Function) == nil
 		}
+	}
+	if fn != "" && ns != "" {
+		fn = cp.qualify(r, fn, ns) // a bare name is the namespace's function
 	}
 	cp.triggerMu.Lock()
 	recs := make([]*store.Trigger, 0, len(cp.triggerRecs))

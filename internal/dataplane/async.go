@@ -15,6 +15,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Asynchronous calls (internal/async): the data plane accepts them
@@ -359,7 +360,7 @@ func (d *DataPlane) serveCalls(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	switch {
 	case id == "" && r.Method == http.MethodGet:
-		fnName := r.URL.Query().Get("function")
+		fnName := d.tokenQualified(r, r.URL.Query().Get("function"))
 		if f := d.authCalls(r, fnName, auth.ScopeInvoke, false); f.code != 0 {
 			d.writeError(w, nil, f)
 			return
@@ -484,6 +485,22 @@ func (d *DataPlane) callError(w http.ResponseWriter, err error) bool {
 	return true
 }
 
+// tokenQualified is the full name of the function a /v1/calls request
+// names: a bare name is its token's namespace's (NAME.NAMESPACE), unless
+// that namespace has a function of the bare name (made before names were
+// per namespace).
+func (d *DataPlane) tokenQualified(r *http.Request, name string) string {
+	if name == "" || strings.IndexByte(name, '.') >= 0 || !d.authOn.Load() {
+		return name
+	}
+	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
+	ns := auth.NamespaceOf(d.tokens, tok)
+	if ns == "" || ns == spec.DefaultNamespace || namespaceOfFn(d.lookup(name)) == ns {
+		return name
+	}
+	return name + "." + ns
+}
+
 // authCalls checks a /v1/calls request's token: scope for function fnName
 // (its namespace), or an admin token; nothing while auth is off. byID: the
 // request names one call (GET /v1/calls/ID, a retry), whose function is
@@ -493,7 +510,7 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) 
 	if !d.authOn.Load() {
 		return failure{}
 	}
-	ns := ""
+	ns, asked := "", scope // a refusal names the scope asked for: the raised one would say the function is gone
 	if fn := d.lookup(fnName); fn != nil {
 		conf := fn.set.Load().conf
 		if conf.public && byID && scope == auth.ScopeInvoke && r.Method == http.MethodGet {
@@ -511,9 +528,9 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) 
 	case errors.Is(err, auth.ErrForbidden) && byID:
 		// The call's function is not the caller's to learn (nor is the
 		// call: authorizedCall answers 404).
-		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for the call's function, or admin)", scope)
+		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for the call's function, or admin)", asked)
 	case errors.Is(err, auth.ErrForbidden):
-		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", scope, fnName)
+		return fail(http.StatusForbidden, reasonForbidden, "the token may not do this (it needs the %s scope for function %q, or admin)", asked, fnName)
 	}
 	return fail(http.StatusUnauthorized, reasonUnauthorized, "%s: %v", callsPath, err)
 }

@@ -609,3 +609,20 @@ func TestAsyncAttackClaimingAPublicCallID(t *testing.T) {
 		t.Fatalf("the owner's submit with its id: %d %s", r.code, r.body)
 	}
 }
+
+// A refused list says the same of a function that exists and one that
+// does not (issue 36: it asked for the admin scope for a function that is
+// gone, the invoke scope for another tenant's: an oracle for names).
+func TestAsyncAttackListRefusalIsNoNameOracle(t *testing.T) {
+	tn := newTenants(t, nil, async.Config{}, 200)
+	msg := func(fn string) string {
+		r := as(t, "GET", tn.ts.URL+"/v1/calls?function="+fn, tn.a, nil, "")
+		if r.code != http.StatusForbidden {
+			t.Fatalf("list %s with a's token: %d %s, want 403", fn, r.code, r.body)
+		}
+		return strings.ReplaceAll(r.body, `\"`+fn+`\"`, "FN")
+	}
+	if b, ghost := msg("b"), msg("ghost"); b != ghost {
+		t.Fatalf("the refusals differ:\nb:     %s\nghost: %s", b, ghost)
+	}
+}
