@@ -82,7 +82,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	pw := prewarm.NewCron(2*cfg.TickInterval, 2*cfg.TickInterval+5*time.Second)
 	r, err := reconciler.New(reconciler.Config{Predictor: pw,
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,
-		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, TemplateFraction: cfg.TemplateFraction, MaxScale: cfg.Caps.MaxScale, DrainDelay: cfg.DrainDelay, NodeGrace: cfg.NodeGrace,
+		Placement: cfg.Placement, KeepAlivePolicy: cfg.KeepAlivePolicy, LoadBalancing: cfg.LoadBalancing, TemplateFraction: cfg.TemplateFraction, MaxScale: cfg.Caps.MaxScale, DrainDelay: max(cfg.DrainDelay, 0), NodeGrace: cfg.NodeGrace,
 		FailureBackoff: cfg.FailureBackoff, MaxFailureBackoff: cfg.MaxFailureBackoff,
 		Seed: binary.LittleEndian.Uint64(seed[:]), IDPrefix: prefix, Logger: cfg.Logger,
 	})
@@ -130,7 +130,17 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			}
 		case reconciler.Tombstone:
 			if s := c.sessionOf(x.Node); s != nil {
-				s.tombstone(x.ID, x.After)
+				if x.After > 0 {
+					// On the cluster's clock, as every delay: the data
+					// planes withdraw the endpoint first.
+					ch := c.clk.After(x.After)
+					go func() {
+						<-ch
+						s.tombstone(x.ID)
+					}()
+				} else {
+					s.tombstone(x.ID)
+				}
 			}
 		case reconciler.Verify:
 			if s := c.sessionOf(x.Node); s != nil {

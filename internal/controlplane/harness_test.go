@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -63,6 +64,7 @@ type envOpts struct {
 	dataPlane    bool          // run a real data plane (through a cuttable TCP proxy)
 	hbTimeout    time.Duration // Config.HeartbeatTimeout; 0: the default
 	term         uint64        // Config.Term (leadership term)
+	drainDelay   time.Duration // Config.DrainDelay, on the env's clock; 0: none
 }
 
 type testWorker struct {
@@ -144,7 +146,9 @@ func (e *env) shutdown() {
 
 func (e *env) cpConfig(addr string) Config {
 	return Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
-		TickInterval: 100 * time.Millisecond, DrainDelay: time.Millisecond, NodeGrace: e.opts.nodeGrace,
+		// No drain delay: it runs on the cluster's clock, which these
+		// tests advance only where they mean to.
+		TickInterval: 100 * time.Millisecond, DrainDelay: cmp.Or(e.opts.drainDelay, -1), NodeGrace: e.opts.nodeGrace,
 		StartupGrace: 5 * time.Second, WorkerLinkInterceptor: e.net.clientInterceptor, HeartbeatTimeout: e.opts.hbTimeout,
 		Term: e.opts.term,
 		// The chain's cases scale down and expect victims at once:

@@ -97,12 +97,8 @@ func (s *session) setEgress(e *briskv1.EgressPolicies) {
 	s.signal()
 }
 
-// tombstone queues a Tombstone, after delay when one is given.
-func (s *session) tombstone(id string, delay time.Duration) {
-	if delay > 0 {
-		time.AfterFunc(delay, func() { s.tombstone(id, 0) })
-		return
-	}
+// tombstone queues a Tombstone.
+func (s *session) tombstone(id string) {
 	s.mu.Lock()
 	s.tombs = append(s.tombs, id)
 	s.mu.Unlock()

@@ -78,7 +78,7 @@ func TestSessionSplitsLargeSpecBatches(t *testing.T) {
 	for i := range fns {
 		f := &spec.Function{Name: fmt.Sprintf("f%d", i), Revision: 1, Secrets: names}
 		s.create(f, fmt.Sprintf("sb-%d", i), data, 1)
-		s.tombstone(fmt.Sprintf("old-%d", i), 0)
+		s.tombstone(fmt.Sprintf("old-%d", i))
 	}
 	s.create(&spec.Function{Name: "plain", Revision: 1}, "sb-plain", nil, 0)
 	specs, creates, tombs, msgs := map[string]bool{}, 0, 0, 0

@@ -71,7 +71,7 @@ type Config struct {
 	// spec.ModeAsync (the default) or spec.ModeDual.
 	ScalingMode      string
 	TickInterval     time.Duration // autoscaler period; default 2s (Knative)
-	DrainDelay       time.Duration // endpoint withdrawn -> Tombstone sent; default 500ms
+	DrainDelay       time.Duration // endpoint withdrawn -> Tombstone sent, on Clock; default 500ms, negative: none
 	NodeGrace        time.Duration // unreachable worker -> its sandboxes replaced, node fenced; default 10s
 	StartupGrace     time.Duration // restart: wait this long for workers before placing; default 5s
 	HandshakeTimeout time.Duration // default 10s
