@@ -80,11 +80,11 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	}
 	defer q.Accepting()()
 	fn := rt.fn
-	if fn == nil && httpx.NamesFunction(rt.name) {
+	if fn == nil && httpx.NamesFunction(rt.name) && (!rt.byPath || d.foreignName(r, rt.name).code == 0) {
 		fn = d.awaitRoute(r.Context(), rt)
 	}
 	if fn == nil {
-		d.writeError(w, callID, fail(http.StatusNotFound, reasonNoFunction, "function %q not found", rt.name))
+		d.writeError(w, callID, d.unknownFunction(r, rt.name))
 		return
 	}
 	set := fn.set.Load()

@@ -403,7 +403,9 @@ func TestAsyncAttackRefusals(t *testing.T) {
 		{"upgrade", "POST", "/async-function/a", tn.a, http.Header{"X-Call-Id": {"r-10"}, "Connection": {"Upgrade"}, "Upgrade": {"websocket"}}, "", 400, "bad-request"},
 		{"body over the limit", "POST", "/async-function/a", tn.a, id("r-11"), big, 413, "body-too-large"},
 		{"no name", "POST", "/async-function/", tn.a, id("r-12"), "", 404, "no-function"},
-		{"no such function", "POST", "/async-function/ghost", tn.a, id("r-13"), "", 404, "no-function"},
+		// a's token may not call ghost, there or not: the same 403 as for b.
+		{"no such function", "POST", "/async-function/ghost", tn.a, id("r-13"), "", 403, "forbidden"},
+		{"no such function, an admin", "POST", "/async-function/ghost", tn.admin, id("r-13b"), "", 404, "no-function"},
 		{"no trailing slash", "POST", "/async-function", tn.a, id("r-14"), "", 404, "no-function"},
 		{"double slash", "POST", "//async-function/a", tn.a, id("r-15"), "", 404, "no-function"},
 		// Methods /v1/calls does not serve.

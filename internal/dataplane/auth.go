@@ -3,9 +3,11 @@ package dataplane
 import (
 	"errors"
 	"net/http"
+	"strings"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Calls of a function whose spec says auth "token" need a token with the
@@ -51,6 +53,40 @@ func authorize[S string | []byte](d *DataPlane, fn *function, conf *fnConf, auth
 		return fail(http.StatusForbidden, reasonForbidden, "function %q: the token may not call it (it needs the invoke scope, for this function)", fn.name), false
 	}
 	return fail(http.StatusUnauthorized, reasonUnauthorized, "function %q: %v", fn.name, err), false
+}
+
+// unknownFunction is the answer to a call of a function this data plane
+// does not have: 404, except to a token that could not call a function of
+// that name if there were one (bound to another namespace, or limited to
+// other functions), which gets the 403 it gets for one that exists, so
+// that a tenant learns nothing of another namespace's names.
+func (d *DataPlane) unknownFunction(r *http.Request, name string) failure {
+	if f := d.foreignName(r, name); f.code != 0 {
+		return f
+	}
+	return fail(http.StatusNotFound, reasonNoFunction, "function %q not found", name)
+}
+
+// foreignName is the 403 a call of function name gets, there or not, when
+// its token could not call a function of that name; zero otherwise. It is
+// answered at once, before any wait for a function about to appear, so
+// that not even the time tells.
+func (d *DataPlane) foreignName(r *http.Request, name string) failure {
+	if !d.authOn.Load() || name == "" {
+		return failure{}
+	}
+	tok, ok := auth.FromHeader(r.Header.Get("Authorization"))
+	if !ok {
+		return failure{}
+	}
+	ns := spec.DefaultNamespace
+	if _, s, dotted := strings.Cut(name, "."); dotted {
+		ns = s
+	}
+	if errors.Is(auth.Check(d.tokens, tok, auth.ScopeInvoke, ns, name), auth.ErrForbidden) {
+		return fail(http.StatusForbidden, reasonForbidden, "function %q: the token may not call it (it needs the invoke scope, for this function)", name)
+	}
+	return failure{}
 }
 
 // mayChooseCallID checks a submit that names its call id (X-Call-Id) of

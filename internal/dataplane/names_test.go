@@ -3,10 +3,13 @@ package dataplane
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // Names are per namespace (spec.Qualify): a path or Host that names
@@ -76,6 +79,32 @@ func TestNamesPerNamespace(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("Host %q %s (chunked %v): reached %q, want %q", tc.host, tc.path, chunked, got, tc.want)
 			}
+		}
+	}
+}
+
+// A token bound to one namespace gets the same 403 for another
+// namespace's function whether it exists or not (a 404 for the absent one
+// told a tenant which names another had).
+func TestOtherNamespacesNamesDoNotLeak(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	tok, g, err := auth.New([]string{auth.ScopeInvoke}, nil, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv := func(s *briskv1.FunctionSpec) { s.Namespace, s.Auth = "team-a", spec.AuthToken }
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("x.team-a", priv)},
+		Added:     []*briskv1.Endpoint{ep("x.team-a", "sb-1", newSandbox(t, echo))},
+		Auth:      &briskv1.AuthConfig{Enabled: true, Tokens: []*briskv1.TokenGrant{grantOf(g)}}})
+	answer := func(name string, chunked bool) string {
+		r := callAs(t, srv.URL+"/function/"+name, "Bearer "+tok, chunked)
+		return strconv.Itoa(r.code) + " " + strings.ReplaceAll(r.body, name, "NAME")
+	}
+	for _, chunked := range []bool{false, true} {
+		there, absent := answer("x.team-a", chunked), answer("nope.team-a", chunked)
+		if there != absent || !strings.HasPrefix(there, "403") {
+			t.Errorf("chunked %v: x.team-a: %s; nope.team-a: %s; want one 403", chunked, there, absent)
 		}
 	}
 }

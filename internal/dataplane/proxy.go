@@ -158,6 +158,10 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if f := d.foreignName(r, rt.name); rt.byPath && f.code != 0 {
+		d.writeError(w, callID, f)
+		return
+	}
 	if fn := d.awaitRoute(r.Context(), rt); fn != nil {
 		rt.fn = fn
 		if _, ok := r.Header["Prefer"]; ok && preferAsync(r.Header) {
@@ -171,7 +175,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		d.invoke(w, r, rt)
 		return
 	}
-	d.writeError(w, callID, fail(http.StatusNotFound, reasonNoFunction, "function %q not found", rt.name))
+	d.writeError(w, callID, d.unknownFunction(r, rt.name))
 }
 
 // unknownFunctionGrace is how long a call for a function this data plane
