@@ -406,7 +406,7 @@ func (q *Queue) settle(ctx context.Context, msg jetstream.Msg, c *Call, rec *Rec
 	wctx := context.WithoutCancel(ctx)
 	rec.ID, rec.Function, rec.FunctionUID, rec.SubmittedAt, rec.CallbackURL = c.ID, c.Function, c.FunctionUID, c.Submitted, c.CallbackURL
 	if rec.Status != StatusSucceeded {
-		dm := nats.NewMsg(deadPrefix + c.Function + "." + c.ID)
+		dm := nats.NewMsg(subject(deadPrefix, c.Function, c.ID))
 		dm.Header = msg.Headers()
 		dm.Header.Del(jetstream.MsgIDHeader)
 		meta, _ := msg.Metadata()

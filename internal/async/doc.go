@@ -7,7 +7,8 @@
 // succeed, and optionally as a callback POST.
 //
 // Layout in JetStream (docs/architecture.md, "Asynchronous calls"):
-//   - stream BRISK_CALLS, subjects brisk.calls.FUNCTION.ID, work-queue
+//   - stream BRISK_CALLS, subjects brisk.calls.FUNCTION.ID (FUNCTION one
+//     token: NAME.NAMESPACE as NAME:NAMESPACE), work-queue
 //     retention: the calls waiting or running; one durable pull consumer
 //     shared by every data plane, so each call is delivered to one of them;
 //   - stream BRISK_DEAD, subjects brisk.dead.FUNCTION.ID: calls that failed

@@ -100,7 +100,7 @@ func (q *Queue) watchDepth(ctx context.Context) {
 		now := q.now()
 		for fn, n := range depth {
 			q.m.depth.WithLabelValues(fn).Set(float64(n))
-			if m, err := q.calls.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(callsPrefix+fn+".*")); err == nil {
+			if m, err := q.calls.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(callsPrefix+fnToken(fn)+".*")); err == nil {
 				q.m.age.WithLabelValues(fn).Set(now.Sub(m.Time).Seconds())
 			}
 		}

@@ -233,6 +233,11 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	q.hc = newCallbackClient(cfg.CallbackAllow, cfg.CallbackTimeout)
+	// The namespaces' shares start from what waits now (a restarted data
+	// plane's queue may hold calls), not from a first submit's reading.
+	if depth, err := q.Depth(ctx); err == nil {
+		q.refreshShares(depth, nil)
+	}
 	return q, nil
 }
 
@@ -340,7 +345,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	if !ok {
 		return ErrNamespaceFull
 	}
-	msg := &nats.Msg{Subject: callsPrefix + c.Function + "." + c.ID, Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
+	msg := &nats.Msg{Subject: subject(callsPrefix, c.Function, c.ID), Header: nats.Header{hdrCall: {meta}}, Data: c.Body}
 	if c.Fresh {
 		// An id nobody else can hold: one JetStream write, the call alone.
 		// Its queued state is the call's presence in the calls stream (Get
@@ -381,7 +386,7 @@ func (q *Queue) Submit(ctx context.Context, c *Call) error {
 	default:
 		// A call stored with a data-plane id has no record until its
 		// attempt: the calls stream says whether the id is taken.
-		m, gerr := lastOfID(ctx, q.calls, callsPrefix, c.ID)
+		m, gerr := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+c.ID)
 		if gerr == nil || !errors.Is(gerr, jetstream.ErrMsgNotFound) {
 			_ = q.status.Delete(context.WithoutCancel(ctx), c.ID, jetstream.LastRevision(rev))
 		}
@@ -447,26 +452,25 @@ func decodeCall(subject string, h nats.Header, data []byte) (*Call, error) {
 		Body: data, CallbackURL: m.Callback, Submitted: time.Unix(0, m.Submit), Host: m.Host, Remote: m.Remote, FunctionUID: m.UID}, nil
 }
 
-// lastOfID is the last message of call id in stream st, whose subjects
-// are prefix FN.ID: a function's name is one subject token (NAME) or two
-// (NAME.NAMESPACE, spec.Qualify).
-func lastOfID(ctx context.Context, st jetstream.Stream, prefix, id string) (*jetstream.RawStreamMsg, error) {
-	m, err := st.GetLastMsgForSubject(ctx, prefix+"*."+id)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		m, err = st.GetLastMsgForSubject(ctx, prefix+"*.*."+id)
-	}
-	return m, err
-}
+// subject is the subject of call id of function fn under prefix:
+// prefix FN.ID, FN being fn as one subject token (fnToken).
+func subject(prefix, fn, id string) string { return prefix + fnToken(fn) + "." + id }
 
-// ValidFunction reports whether fn may be a function's subject tokens:
-// NAME or NAME.NAMESPACE, each a valid id.
+// fnToken is function fn as one subject token: the dot of NAME.NAMESPACE
+// (spec.Qualify) becomes ':', which no name has, so that every subject is
+// PREFIX FN.ID and "*."+ID finds a call of any function in one lookup.
+// Names without a dot, most, are used as they are, without allocating.
+func fnToken(fn string) string { return strings.ReplaceAll(fn, ".", ":") }
+
+// ValidFunction reports whether fn may name a function in subjects: NAME
+// or NAME.NAMESPACE, each a valid id.
 func ValidFunction(fn string) bool {
 	name, ns, ok := strings.Cut(fn, ".")
 	return ValidID(name) && (!ok || ValidID(ns))
 }
 
-// splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID. FN may have a
-// dot (NAME.NAMESPACE, spec.Qualify); an ID has none (ValidID).
+// splitSubject parses brisk.calls.FN.ID or brisk.dead.FN.ID (FN a
+// fnToken) into the function's name and the call's id.
 func splitSubject(s string) (fn, id string, ok bool) {
 	rest, found := strings.CutPrefix(s, callsPrefix)
 	if !found {
@@ -474,11 +478,11 @@ func splitSubject(s string) (fn, id string, ok bool) {
 			return "", "", false
 		}
 	}
-	i := strings.LastIndexByte(rest, '.')
-	if i <= 0 || i == len(rest)-1 {
+	tok, id, ok := strings.Cut(rest, ".")
+	if !ok || tok == "" || id == "" {
 		return "", "", false
 	}
-	return rest[:i], rest[i+1:], true
+	return strings.ReplaceAll(tok, ":", "."), id, true
 }
 
 // Conn is the NATS connection the queue uses (triggers subscribe on it).

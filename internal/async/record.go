@@ -92,7 +92,7 @@ func (q *Queue) record(ctx context.Context, id string) (*Record, error) {
 // inStreams finds call id in the calls stream (queued) or the dead-letter
 // stream; ErrNotFound when in neither.
 func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
-	if m, err := lastOfID(ctx, q.calls, callsPrefix, id); err == nil {
+	if m, err := q.calls.GetLastMsgForSubject(ctx, callsPrefix+"*."+id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
 		if err != nil {
 			return nil, err
@@ -101,7 +101,7 @@ func (q *Queue) inStreams(ctx context.Context, id string) (*Record, error) {
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("async: %w", err)
 	}
-	if m, err := lastOfID(ctx, q.dead, deadPrefix, id); err == nil {
+	if m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+"*."+id); err == nil {
 		c, err := decodeCall(m.Subject, m.Header, nil)
 		if err != nil {
 			return nil, err
@@ -204,7 +204,7 @@ func (q *Queue) listRecords(ctx context.Context, f Filter) ([]Record, error) {
 func (q *Queue) listWaiting(ctx context.Context, fn string, limit int) ([]Record, error) {
 	subj := callsPrefix + ">"
 	if fn != "" {
-		subj = callsPrefix + fn + ".*" // not ".>": fn's, not fn.NAMESPACE's
+		subj = callsPrefix + fnToken(fn) + ".*"
 	}
 	var out []Record
 	seen := make(map[string]bool, limit)
@@ -244,7 +244,7 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	if !ValidID(id) || !ValidFunction(fn) {
 		return nil, ErrBadID
 	}
-	m, err := q.dead.GetLastMsgForSubject(ctx, deadPrefix+fn+"."+id)
+	m, err := q.dead.GetLastMsgForSubject(ctx, subject(deadPrefix, fn, id))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNotFound
 	} else if err != nil {
@@ -254,7 +254,7 @@ func (q *Queue) Retry(ctx context.Context, id, fn string) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := nats.NewMsg(callsPrefix + c.Function + "." + c.ID)
+	out := nats.NewMsg(subject(callsPrefix, c.Function, c.ID))
 	out.Header.Set(hdrCall, m.Header.Get(hdrCall))
 	// '.' is in no call id: a submit's message id (its call id) cannot be
 	// this one and have the retry de-duplicated away.
@@ -310,7 +310,7 @@ func (q *Queue) Purge(ctx context.Context, fn string, dead bool) (uint64, error)
 	}
 	subj := prefix + ">"
 	if fn != "" {
-		subj = prefix + fn + ".*" // not ".>": fn's, not fn.NAMESPACE's
+		subj = prefix + fnToken(fn) + ".*"
 	}
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 	if err != nil {

@@ -1,10 +1,10 @@
 package async
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,10 +41,7 @@ func NamespaceOfFunction(fn string) string {
 	if base, _, ok := spec.SplitOf(fn); ok {
 		fn = base
 	}
-	if _, ns, ok := strings.Cut(fn, "."); ok && ns != "" {
-		return ns
-	}
-	return spec.DefaultNamespace
+	return cmp.Or(spec.NameNamespace(fn), spec.DefaultNamespace)
 }
 
 // resultsStream returns namespace ns's results stream, made on first use

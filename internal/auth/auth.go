@@ -230,9 +230,7 @@ func (c *Checker) Replace(grants []Grant) {
 				// Within its namespace a token names its functions as
 				// their tenant deployed them: "api" is api.NAMESPACE
 				// (spec.Qualify).
-				if g.Namespace != "" && g.Namespace != spec.DefaultNamespace && strings.IndexByte(f, '.') < 0 {
-					e.fns[f+"."+g.Namespace] = true
-				}
+				e.fns[spec.Qualify(f, g.Namespace)] = true
 			}
 		}
 		m[g.ID] = e

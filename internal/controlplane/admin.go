@@ -182,8 +182,8 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 	if pathName != "" && f.Name == "" {
 		f.Name = pathName
 	}
-	if _, ns, ok := strings.Cut(f.Name, "."); ok && f.Namespace == "" {
-		f.Namespace = ns // NAME.NAMESPACE names its namespace
+	if f.Namespace == "" {
+		f.Namespace = spec.NameNamespace(f.Name) // NAME.NAMESPACE names its namespace
 	}
 	if f.Namespace == "" && !cp.cfg.AuthDisabled {
 		// A token bound to a namespace deploys there by default.

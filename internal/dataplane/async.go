@@ -495,10 +495,10 @@ func (d *DataPlane) tokenQualified(r *http.Request, name string) string {
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 	ns := auth.NamespaceOf(d.tokens, tok)
-	if ns == "" || ns == spec.DefaultNamespace || namespaceOfFn(d.lookup(name)) == ns {
-		return name
+	if namespaceOfFn(d.lookup(name)) == ns {
+		return name // made before names were per namespace
 	}
-	return name + "." + ns
+	return spec.Qualify(name, ns)
 }
 
 // authCalls checks a /v1/calls request's token: scope for function fnName

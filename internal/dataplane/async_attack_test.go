@@ -311,8 +311,8 @@ func TestAsyncAttackPurgeSubjectInjection(t *testing.T) {
 	for _, fn := range []string{"*", ">", "keep.>", "keep.*", "a.b.c", "*.kept", "%2A"} {
 		wantReason(t, submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?function="+fn, nil, ""), http.StatusBadRequest, "bad-request", "function")
 	}
-	// A function of another namespace (NAME.NAMESPACE) is two subject
-	// tokens: its purge is not keep's, nor is keep's kept call its.
+	// A function of another namespace (NAME.NAMESPACE) is another subject
+	// token: its purge is not keep's, nor is keep's kept call its.
 	if r := submitAsync(t, "DELETE", e.ts.URL+"/v1/calls?function=keep.team-a", nil, ""); r.code != http.StatusOK || !strings.Contains(r.body, `"purged": 0`) {
 		t.Fatalf("purge of keep.team-a: %d %s", r.code, r.body)
 	}

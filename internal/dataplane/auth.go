@@ -1,9 +1,9 @@
 package dataplane
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
-	"strings"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
@@ -79,10 +79,7 @@ func (d *DataPlane) foreignName(r *http.Request, name string) failure {
 	if !ok {
 		return failure{}
 	}
-	ns := spec.DefaultNamespace
-	if _, s, dotted := strings.Cut(name, "."); dotted {
-		ns = s
-	}
+	ns := cmp.Or(spec.NameNamespace(name), spec.DefaultNamespace)
 	if errors.Is(auth.Check(d.tokens, tok, auth.ScopeInvoke, ns, name), auth.ErrForbidden) {
 		return fail(http.StatusForbidden, reasonForbidden, "function %q: the token may not call it (it needs the invoke scope, for this function)", name)
 	}

@@ -158,9 +158,11 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if f := d.foreignName(r, rt.name); rt.byPath && f.code != 0 {
-		d.writeError(w, callID, f)
-		return
+	if rt.byPath {
+		if f := d.foreignName(r, rt.name); f.code != 0 {
+			d.writeError(w, callID, f)
+			return
+		}
 	}
 	if fn := d.awaitRoute(r.Context(), rt); fn != nil {
 		rt.fn = fn

@@ -661,14 +661,9 @@ func (n *Node) Snapshot() []*briskv1.SandboxRecord {
 
 // Stop kills every sandbox (used when a worker shuts down with --cleanup).
 func (n *Node) Stop(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { n.drain(ctx); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		// Kills still failing when the time is up are given up.
-		n.stopOnce.Do(func() { close(n.stopped) })
-		<-done
-	}
-	n.stopOnce.Do(func() { close(n.stopped) })
+	stop := func() { n.stopOnce.Do(func() { close(n.stopped) }) }
+	// Kills still failing when the time is up are given up.
+	context.AfterFunc(ctx, stop)
+	n.drain(ctx)
+	stop()
 }

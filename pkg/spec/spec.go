@@ -3,6 +3,7 @@
 package spec
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -335,6 +336,13 @@ func Qualify(name, ns string) string {
 	return name + "." + ns
 }
 
+// NameNamespace is the namespace a function's full name says: NAMESPACE of
+// NAME.NAMESPACE, "" for a bare name.
+func NameNamespace(name string) string {
+	_, ns, _ := strings.Cut(name, ".")
+	return ns
+}
+
 // ShortName is a function's name without its namespace: NAME of
 // NAME.NAMESPACE (what OpenFaaS and Kubernetes call it within its
 // namespace).
@@ -378,10 +386,7 @@ func (f *Function) ApplyDefaults() {
 		f.Auth = AuthToken
 	}
 	if f.Namespace == "" {
-		f.Namespace = DefaultNamespace
-		if _, ns, ok := strings.Cut(f.Name, "."); ok {
-			f.Namespace = ns
-		}
+		f.Namespace = cmp.Or(NameNamespace(f.Name), DefaultNamespace)
 	}
 	if f.Code != nil {
 		f.Code.applyDefaults()
@@ -400,9 +405,9 @@ func (f *Function) Validate() error {
 	if !ValidName(f.Name) {
 		return bad("name", "%q must be a DNS label (lowercase letters, digits and '-'), or LABEL.NAMESPACE, at most 63 characters", f.Name)
 	}
-	if _, ns, ok := strings.Cut(f.Name, "."); ok && ns != f.Namespace {
+	if ns := NameNamespace(f.Name); ns != "" && ns != f.Namespace {
 		return bad("name", "%q is a name of namespace %q, not of %q", f.Name, ns, f.Namespace)
-	} else if ok && ns == DefaultNamespace {
+	} else if ns == DefaultNamespace {
 		return bad("name", "%q: the default namespace's functions have bare names (%q)", f.Name, ShortName(f.Name))
 	}
 	kinds := 0
