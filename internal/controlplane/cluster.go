@@ -147,17 +147,17 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 				s.verifySandbox(x.ID)
 			}
 		case reconciler.AddEndpoint:
-			ep := x.Endpoint
+			ep := endpointPB(x.Endpoint)
 			c.publishLocked(func(b *briskv1.EndpointBatch) { b.Added = append(b.Added, ep) })
-			if x.ReadyAfter > 0 {
-				c.prewarm.ObserveColdStart(ep.GetFunction(), x.ReadyAfter)
-				c.metrics.readyLatency.Observe(x.ReadyAfter.Seconds())
-				c.observeStartPhases(ep, x.ReadyAfter)
+			if after := x.Endpoint.ReadyAfter; after > 0 {
+				c.prewarm.ObserveColdStart(x.Endpoint.Function, after)
+				c.metrics.readyLatency.Observe(after.Seconds())
+				c.observeStartPhases(x.Endpoint)
 			}
 		case reconciler.RemoveEndpoint:
 			c.publishRemoveLocked(x.ID)
 		case reconciler.PublishFunction:
-			pf := x.Spec
+			pf := specPB(x.Function)
 			c.dash.register(pf.GetName())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				b.DeletedFunctions = without(b.DeletedFunctions, pf.GetName())
@@ -171,7 +171,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 				b.DeletedFunctions = append(without(b.DeletedFunctions, name), name)
 			})
 		case reconciler.SetCondition:
-			pc := x.Condition
+			pc := conditionPB(x.Condition)
 			c.dash.condition(c.clk.Now(), pc.GetFunction(), pc.GetReason(), pc.GetMessage())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				for i, old := range b.Conditions {
@@ -183,7 +183,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 				b.Conditions = append(b.Conditions, pc)
 			})
 		case reconciler.SetEmergencyWorkers:
-			list := x.Workers
+			list := emergencyWorkersPB(x.Workers)
 			c.publishLocked(func(b *briskv1.EndpointBatch) { b.EmergencyWorkers, b.EmergencySet = list, true })
 		case reconciler.RetryAt:
 			c.armRetry(x.Function, x.At.Sub(c.clk.Now()))
@@ -239,7 +239,7 @@ func (c *Cluster) removeFunction(name string) { c.step(reconciler.RemoveFunction
 
 func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
 	c.dash.report(c.clk.Now(), r) // its own lock, not the cluster's
-	c.step(reconciler.Metrics{Report: r})
+	c.step(reconciler.Metrics{Report: loadFromPB(r)})
 }
 
 func (c *Cluster) sampleLoad() { c.step(reconciler.SampleLoad{}) }
@@ -263,7 +263,7 @@ func (c *Cluster) setEgress(e *briskv1.EgressPolicies) {
 }
 
 func (c *Cluster) reportUnreachable(rep *briskv1.UnreachableReport) {
-	c.step(reconciler.Unreachable{Report: rep})
+	c.step(reconciler.Unreachable{Report: unreachableFromPB(rep)})
 }
 
 // tickChunk bounds how many functions one tick handles per hold of the
@@ -355,15 +355,14 @@ func namespaceOf(f *spec.Function) string { return reconciler.NamespaceOf(f) }
 
 // observeStartPhases splits a sandbox start into the phases the worker
 // measured and the rest (brisk_controlplane_cold_start_phase_seconds).
-func (c *Cluster) observeStartPhases(ep *briskv1.Endpoint, readyAfter time.Duration) {
-	start, create := ep.GetStartUs(), ep.GetCreateUs()
+func (c *Cluster) observeStartPhases(ep reconciler.Endpoint) {
+	start, create := ep.Start, ep.Create
 	if create <= 0 || start < 0 || start > create {
 		return // a worker that does not report them
 	}
-	us := func(v int64) float64 { return float64(v) / 1e6 }
-	c.metrics.startPhases.WithLabelValues("creation").Observe(us(start))
-	c.metrics.startPhases.WithLabelValues("readiness").Observe(us(create - start))
-	if link := readyAfter.Microseconds() - create; link >= 0 {
-		c.metrics.startPhases.WithLabelValues("link").Observe(us(link))
+	c.metrics.startPhases.WithLabelValues("creation").Observe(start.Seconds())
+	c.metrics.startPhases.WithLabelValues("readiness").Observe((create - start).Seconds())
+	if link := ep.ReadyAfter - create; link >= 0 {
+		c.metrics.startPhases.WithLabelValues("link").Observe(link.Seconds())
 	}
 }

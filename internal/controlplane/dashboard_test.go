@@ -149,19 +149,19 @@ func TestDashboardLatencyPercentiles(t *testing.T) {
 func TestDashboardFailureRing(t *testing.T) {
 	d := knownDash()
 	for i := range maxDashFailures + 10 {
-		d.failed(at(float64(i)), reconciler.SandboxFailed{Function: "f", ID: fmt.Sprintf("sb-%d", i), Node: "n1", State: "SANDBOX_STATE_FAILED", Reason: fmt.Sprintf("boom %d", i)})
+		d.failed(at(float64(i)), reconciler.SandboxFailed{Function: "f", ID: fmt.Sprintf("sb-%d", i), Node: "n1", State: "failed", Reason: fmt.Sprintf("boom %d", i)})
 	}
 	// Failures count in the window too: the window ending at 59 s holds
 	// those of 30-59 s.
 	if got := d.snapshot(at(59)).total.failures; got != 30 {
 		t.Fatalf("%d failures in the window ending at 59 s, want 30", got)
 	}
-	d.failed(at(100), reconciler.SandboxFailed{Function: "g", ID: "x", Node: "n2", State: "SANDBOX_STATE_EXITED"})
+	d.failed(at(100), reconciler.SandboxFailed{Function: "g", ID: "x", Node: "n2", State: "exited"})
 	snap := d.snapshot(at(100))
 	if len(snap.failures) != maxDashFailures {
 		t.Fatalf("%d failures kept, want %d", len(snap.failures), maxDashFailures)
 	}
-	if f := snap.failures[0]; f.Function != "g" || f.Node != "n2" || f.Kind != "sandbox-failed" || f.Reason != "sandbox ended: SANDBOX_STATE_EXITED" || !f.Time.Equal(at(100)) {
+	if f := snap.failures[0]; f.Function != "g" || f.Node != "n2" || f.Kind != "sandbox-failed" || f.Reason != "sandbox ended: exited" || !f.Time.Equal(at(100)) {
 		t.Fatalf("newest failure %+v", f)
 	}
 	if f := snap.failures[1]; f.Sandbox != fmt.Sprintf("sb-%d", maxDashFailures+9) || f.Reason != fmt.Sprintf("boom %d", maxDashFailures+9) {

@@ -249,7 +249,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 	hsTimer := time.AfterFunc(cp.cfg.HandshakeTimeout, cancel)
 	start := time.Now()
 	err = stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Hello{Hello: &briskv1.Hello{
-		Epoch: epoch, Mode: mode, Drain: drain, ControlPlaneId: cp.id, Term: cp.cfg.Term}}})
+		Epoch: epoch, Mode: modePB(mode), Drain: drain, ControlPlaneId: cp.id, Term: cp.cfg.Term}}})
 	if err != nil {
 		return err
 	}
@@ -261,7 +261,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 	if ack == nil {
 		return errors.New("worker answered Hello without HelloAck")
 	}
-	records := ack.GetRecords()
+	records, versions := ack.GetRecords(), versionsFromPB(ack.GetVersions())
 	// A worker daemon that restarted (new boot id) numbers versions afresh:
 	// ours are not comparable with its own, so round 2 fetches every record
 	// and the worker's record wins even where its version is not newer.
@@ -272,11 +272,11 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 	// sent them before its Fetch answer, versions sort out which is newer).
 	// Failing the handshake on them instead made every reset handshake with
 	// a round 2 fail and retry forever.
-	var early []*briskv1.Updates
-	if mode == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
+	var early []reconciler.Updates
+	if mode == reconciler.HandshakeReset {
 		// Round 2: fetch only what differs from our cache.
 		c.mu.Lock()
-		ids := c.r.StaleIDs(n.id, ack.GetVersions(), rebooted)
+		ids := c.r.StaleIDs(n.id, versions, rebooted)
 		c.mu.Unlock()
 		if len(ids) > 0 {
 			if err := stream.Send(&briskv1.ToWorker{Epoch: epoch, Msg: &briskv1.ToWorker_Fetch{Fetch: &briskv1.FetchRequest{Ids: ids}}}); err != nil {
@@ -291,7 +291,7 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 				case m.GetFetch() != nil:
 					records, fetched = m.GetFetch().GetRecords(), true
 				case m.GetUpdates() != nil && m.GetEpoch() == epoch:
-					early = append(early, m.GetUpdates())
+					early = append(early, updatesFromPB(m.GetUpdates()))
 				default:
 					return errors.New("worker answered Fetch with something else")
 				}
@@ -302,10 +302,11 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 		return fmt.Errorf("handshake with %s timed out", n.id)
 	}
 	sess := newSession(epoch)
+	recs := recordsFromPB(records)
 	c.mu.Lock()
 	sess.setEgress(c.egress) // before any create of this session
 	n.sess = sess
-	c.stepLocked(reconciler.SessionUp{Node: n.id, Versions: ack.GetVersions(), Records: records, BootID: ack.GetBootId(),
+	c.stepLocked(reconciler.SessionUp{Node: n.id, Versions: versions, Records: recs, BootID: ack.GetBootId(),
 		Rebooted: rebooted, Drained: drain, Early: early})
 	c.mu.Unlock()
 	cp.metrics.handshakes.WithLabelValues(modeName(mode)).Inc()
@@ -353,10 +354,11 @@ func (cp *ControlPlane) session(ctx context.Context, n *nodeLink, client briskv1
 			return err
 		}
 		lastRecv.Store(time.Now().UnixNano())
-		u := m.GetUpdates()
-		if u == nil || m.GetEpoch() != epoch {
+		pu := m.GetUpdates()
+		if pu == nil || m.GetEpoch() != epoch {
 			continue
 		}
+		u := updatesFromPB(pu) // outside the cluster's lock
 		c.mu.Lock()
 		if n.sess == sess {
 			c.stepLocked(reconciler.WorkerUpdates{Node: n.id, Updates: u})
@@ -385,8 +387,8 @@ func sendLoop(ctx context.Context, stream briskv1.Worker_SessionClient, s *sessi
 	}
 }
 
-func modeName(m briskv1.HandshakeMode) string {
-	if m == briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
+func modeName(m reconciler.HandshakeMode) string {
+	if m == reconciler.HandshakeReset {
 		return "reset"
 	}
 	return "recover"

@@ -29,7 +29,7 @@ func (w *watcher) take() *briskv1.EndpointBatch {
 func (c *Cluster) subscribe(dpID string) *watcher {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	snap := c.r.Snapshot()
+	snap := snapshotPB(c.r.Snapshot())
 	snap.Auth = c.auth
 	w := &watcher{dpID: dpID, pending: snap, notify: make(chan struct{}, 1)}
 	w.notify <- struct{}{}

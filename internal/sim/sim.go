@@ -24,7 +24,6 @@ import (
 	"slices"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/loadgen"
@@ -603,7 +602,7 @@ func (sm *simulator) step(ev reconciler.Event) {
 				sm.push(event{at: sm.now + int64(x.After), kind: evGone, name: x.ID})
 			}
 		case reconciler.AddEndpoint:
-			if sb := sm.sandboxes[x.Endpoint.GetSandboxId()]; sb != nil && !sb.gone && !sb.ready {
+			if sb := sm.sandboxes[x.Endpoint.SandboxID]; sb != nil && !sb.gone && !sb.ready {
 				sb.ready, sb.readyAt = true, sm.now
 				sb.fn.endpoints = append(sb.fn.endpoints, sb)
 				if sb.fn.lb != nil {
@@ -652,10 +651,10 @@ func (sm *simulator) unroute(sb *sandbox) {
 }
 
 // record tells the worker's state of sandbox id to the reconciler.
-func (sm *simulator) record(sb *sandbox, st briskv1.SandboxState) {
+func (sm *simulator) record(sb *sandbox, st reconciler.SandboxState) {
 	sm.version++
-	sm.step(reconciler.WorkerUpdates{Node: sb.node.id, Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{
-		Id: sb.id, Function: sb.fn.name, Revision: sb.fn.spec.Revision, State: st, Version: sm.version, Address: sb.id}}}})
+	sm.step(reconciler.WorkerUpdates{Node: sb.node.id, Updates: reconciler.Updates{Records: []reconciler.Record{{
+		ID: sb.id, Function: sb.fn.name, Revision: sb.fn.spec.Revision, State: st, Version: sm.version, Address: sb.id}}}})
 }
 
 func (sm *simulator) ready(id string) {
@@ -663,7 +662,7 @@ func (sm *simulator) ready(id string) {
 	if sb == nil || sb.gone {
 		return
 	}
-	sm.record(sb, briskv1.SandboxState_SANDBOX_STATE_READY)
+	sm.record(sb, reconciler.StateReady)
 }
 
 func (sm *simulator) gone(id string) {
@@ -673,7 +672,7 @@ func (sm *simulator) gone(id string) {
 	}
 	delete(sm.sandboxes, id)
 	sm.live--
-	sm.record(sb, briskv1.SandboxState_SANDBOX_STATE_GONE)
+	sm.record(sb, reconciler.StateGone)
 }
 
 // ---------------------------------------------------------------- data plane
@@ -706,14 +705,14 @@ func (sm *simulator) arrive(i int32) {
 	fn.queue = append(fn.queue, c)
 	c.queued = true
 	sm.push(event{at: sm.now + int64(spec.DefaultQueueTimeout), kind: evQueueTimeout, c: c})
-	fms := make([]*briskv1.FunctionMetric, 0, 1+len(sm.busy))
-	fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, Queued: int32(len(fn.queue)), NoCapacity: true, InFlight: int32(fn.inflight)})
+	fms := make([]reconciler.FunctionLoad, 0, 1+len(sm.busy))
+	fms = append(fms, reconciler.FunctionLoad{Function: fn.name, Queued: len(fn.queue), NoCapacity: true, InFlight: fn.inflight})
 	for _, b := range sm.busy {
 		if b != fn {
-			fms = append(fms, &briskv1.FunctionMetric{Function: b.name, InFlight: int32(b.inflight)})
+			fms = append(fms, reconciler.FunctionLoad{Function: b.name, InFlight: b.inflight})
 		}
 	}
-	sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", Urgent: true, Functions: fms}})
+	sm.step(reconciler.Metrics{Report: reconciler.LoadReport{DataPlane: "sim-dp", Urgent: true, Functions: fms}})
 }
 
 // running counts a call starting (+1) or ending (-1) in one of fn's
@@ -937,27 +936,27 @@ func (sm *simulator) timeout(c *call) {
 // second is the data plane's periodic report, the control plane's
 // once-a-second load sample, and a memory sample.
 func (sm *simulator) second() {
-	var fms []*briskv1.FunctionMetric
+	var fms []reconciler.FunctionLoad
 	for _, fn := range sm.fnByIdx {
 		if !fn.active {
 			continue
 		}
 		fn.setLevel(sm.now, 0)
-		fms = append(fms, &briskv1.FunctionMetric{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
-			Queued: int32(len(fn.queue)), NoCapacity: len(fn.queue) > 0 && !hasFree(fn), InFlight: int32(fn.inflight)})
+		fms = append(fms, reconciler.FunctionLoad{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
+			Queued: len(fn.queue), NoCapacity: len(fn.queue) > 0 && !hasFree(fn), InFlight: fn.inflight})
 		fn.active = fn.level > 0
 		fn.area, fn.requests = 0, 0
 	}
 	if len(fms) > 0 {
-		sm.step(reconciler.Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "sim-dp", IntervalMs: 1000, Functions: fms}})
+		sm.step(reconciler.Metrics{Report: reconciler.LoadReport{DataPlane: "sim-dp", Interval: time.Second, Functions: fms}})
 	}
 	sm.step(reconciler.SampleLoad{})
 	if sm.now%int64(5*time.Second) == 0 { // heartbeats: the load the locality policies bound
 		for _, n := range sm.nodeList {
 			sm.advance(n)
 			used := int64(min(float64(len(n.running)), n.cores) * 1000)
-			sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
-				Capacity: &briskv1.Resources{MilliCpu: int64(n.cores * 1000)}, Used: &briskv1.Resources{MilliCpu: used}}}})
+			sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: reconciler.Updates{Heartbeat: &reconciler.Heartbeat{
+				Capacity: spec.Resources{MilliCPU: int64(n.cores * 1000)}, Used: spec.Resources{MilliCPU: used}}}})
 		}
 	}
 	var reserved, busy float64

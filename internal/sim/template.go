@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/policy/templateset"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // DefaultTemplateStart is a sandbox's start from its function's template
@@ -62,13 +62,12 @@ func (sm *simulator) reportTemplates() {
 		return
 	}
 	for _, n := range sm.nodeList {
-		set := &briskv1.TemplateSet{}
+		hb := &reconciler.Heartbeat{Capacity: spec.Resources{MilliCPU: int64(n.cores * 1000)}, HeldSet: true}
 		for _, fn := range sm.fnByIdx {
 			if sm.tmpl.holds(fn, n) {
-				set.Templates = append(set.Templates, &briskv1.HeldTemplate{Function: fn.name, Revision: fn.spec.Revision})
+				hb.Held = append(hb.Held, reconciler.HeldTemplate{Function: fn.name, Revision: fn.spec.Revision})
 			}
 		}
-		sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
-			Capacity: &briskv1.Resources{MilliCpu: int64(n.cores * 1000)}, HeldTemplates: set}}})
+		sm.step(reconciler.WorkerUpdates{Node: n.id, Updates: reconciler.Updates{Heartbeat: hb}})
 	}
 }

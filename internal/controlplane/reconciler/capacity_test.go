@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -25,27 +24,27 @@ func (w *world) deployCPU(name, policy string, min int) {
 // call is one call of name arriving with no sandbox: the data plane's
 // urgent report; then its load in the next periodic report.
 func (w *world) call(name string) []Command {
-	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: name, Queued: 1, NoCapacity: true}}}})
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true,
+		Functions: []FunctionLoad{{Function: name, Queued: 1, NoCapacity: true}}}})
 	w.load(name, 0.05)
 	return cmds
 }
 
 // load is a periodic report of name's average concurrency, and of its
 // calls in flight at the report's time.
-func (w *world) load(name string, avg float64, inFlight ...int32) {
-	m := &briskv1.FunctionMetric{Function: name, AvgConcurrency: avg, Requests: 1}
+func (w *world) load(name string, avg float64, inFlight ...int) {
+	m := FunctionLoad{Function: name, AvgConcurrency: avg, Requests: 1}
 	if len(inFlight) > 0 {
 		m.InFlight = inFlight[0]
 	}
-	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000, Functions: []*briskv1.FunctionMetric{m}}})
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second, Functions: []FunctionLoad{m}}})
 }
 
-func conditionOf(cmds []Command, fn string) *briskv1.FunctionCondition {
-	var last *briskv1.FunctionCondition
+func conditionOf(cmds []Command, fn string) *Condition {
+	var last *Condition
 	for _, c := range cmds {
-		if x, ok := c.(SetCondition); ok && x.Condition.GetFunction() == fn {
-			last = x.Condition
+		if x, ok := c.(SetCondition); ok && x.Condition.Function == fn {
+			last = &x.Condition
 		}
 	}
 	return last
@@ -76,7 +75,7 @@ func TestIdleSandboxesYieldToAWaitingCall(t *testing.T) {
 				}
 			}
 			cmds := w.call("f4")
-			if c := conditionOf(cmds, "f4"); c != nil && c.GetReason() != "" {
+			if c := conditionOf(cmds, "f4"); c != nil && c.Reason != "" {
 				t.Fatalf("condition %v while an idle sandbox makes room", c)
 			}
 			if ev := w.r.Stats().Evictions; ev != 1 {
@@ -148,29 +147,29 @@ func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
 	w.load("busy1", 1, 1) // a call in flight on each
 	w.load("busy2", 1, 1)
 	// An urgent report lists every function with calls in flight.
-	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true, Functions: []*briskv1.FunctionMetric{
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true, Functions: []FunctionLoad{
 		{Function: "late", Queued: 1, NoCapacity: true}, {Function: "busy1", InFlight: 1}, {Function: "busy2", InFlight: 1}}}})
 	if ev := w.r.Stats().Evictions; ev != 0 {
 		t.Fatalf("%d evictions of busy or min sandboxes, want 0", ev)
 	}
 	c := conditionOf(cmds, "late")
-	if c == nil || c.GetReason() != CondNoCapacity || !c.GetFailFast() {
+	if c == nil || c.Reason != CondNoCapacity || !c.FailFast {
 		t.Fatalf("condition %v, want no-capacity, fail-fast", c)
 	}
 	for _, want := range []string{"node n0", "CPU 1000m of 1000m requested", "250m CPU"} {
-		if !strings.Contains(c.GetMessage(), want) {
-			t.Errorf("message %q lacks %q", c.GetMessage(), want)
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
 		}
 	}
 	// busy1's call ends: the next urgent report (another call of late)
 	// lists only busy2 in flight, and busy1's sandbox is taken.
 	w.now = w.now.Add(time.Second)
-	cmds = w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true, Functions: []*briskv1.FunctionMetric{
+	cmds = w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true, Functions: []FunctionLoad{
 		{Function: "late", Queued: 1, NoCapacity: true}, {Function: "busy2", InFlight: 1}}}})
 	if ev := w.r.Stats().Evictions; ev != 1 {
 		t.Fatalf("%d evictions once busy1 is idle, want 1", ev)
 	}
-	if c := conditionOf(cmds, "late"); c == nil || c.GetReason() != "" {
+	if c := conditionOf(cmds, "late"); c == nil || c.Reason != "" {
 		t.Fatalf("condition %v once room is coming, want cleared", c)
 	}
 	if r, _, _ := w.status("busy2"); r != 1 {
@@ -237,7 +236,7 @@ func TestNoNodeConnectedDoesNotFailFast(t *testing.T) {
 	w := newWorld(t, 0)
 	w.deployCPU("f", spec.KeepAliveTTL, 0)
 	c := conditionOf(w.call("f"), "f")
-	if c == nil || c.GetReason() != CondNoCapacity || c.GetFailFast() || !strings.Contains(c.GetMessage(), "no worker node is connected") {
+	if c == nil || c.Reason != CondNoCapacity || c.FailFast || !strings.Contains(c.Message, "no worker node is connected") {
 		t.Fatalf("condition %v, want no-capacity (no node connected), not fail-fast", c)
 	}
 }
@@ -250,25 +249,25 @@ func TestQueuedCallKeepsItsNewSandbox(t *testing.T) {
 	w := oneNodeWorld(t, spec.Resources{MilliCPU: 250, MemoryMB: 8192})
 	w.deployCPU("g", spec.KeepAliveTTL, 0)
 	w.deployCPU("h", spec.KeepAliveTTL, 0)
-	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp1", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: "g", Queued: 1, NoCapacity: true}}}})
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp1", Urgent: true,
+		Functions: []FunctionLoad{{Function: "g", Queued: 1, NoCapacity: true}}}})
 	if r, _, _ := w.status("g"); r != 1 {
 		t.Fatalf("g: %d ready, want 1", r)
 	}
-	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp2", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: "h", Queued: 1, NoCapacity: true}}}})
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp2", Urgent: true,
+		Functions: []FunctionLoad{{Function: "h", Queued: 1, NoCapacity: true}}}})
 	if ev := w.r.Stats().Evictions; ev != 0 {
 		t.Fatalf("%d evictions of g's sandbox while its queued call goes to it", ev)
 	}
-	if c := conditionOf(cmds, "h"); c == nil || c.GetReason() != CondNoCapacity {
+	if c := conditionOf(cmds, "h"); c == nil || c.Reason != CondNoCapacity {
 		t.Fatalf("h: condition %v, want no-capacity", c)
 	}
 	// dp1 reports g's call done: g is idle, and h's next call takes its room.
 	w.now = w.now.Add(time.Second)
-	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp1", IntervalMs: 1000,
-		Functions: []*briskv1.FunctionMetric{{Function: "g", AvgConcurrency: 0.01, Requests: 1}}}})
-	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp2", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: "h", Queued: 1, NoCapacity: true}}}})
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp1", Interval: time.Second,
+		Functions: []FunctionLoad{{Function: "g", AvgConcurrency: 0.01, Requests: 1}}}})
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp2", Urgent: true,
+		Functions: []FunctionLoad{{Function: "h", Queued: 1, NoCapacity: true}}}})
 	if ev := w.r.Stats().Evictions; ev != 1 {
 		t.Fatalf("%d evictions once g is idle, want 1", ev)
 	}
@@ -318,11 +317,11 @@ func TestBusySetForgetsDeletedFunctions(t *testing.T) {
 func TestTemplateMemoryIsOffAllocatable(t *testing.T) {
 	w := oneNodeWorld(t, spec.Resources{MilliCPU: 4000, MemoryMB: 1024})
 	heartbeat := func(tplMB int64) {
-		hb := &briskv1.Heartbeat{Capacity: &briskv1.Resources{MilliCpu: 4000, MemoryMb: 1024}}
+		hb := &Heartbeat{Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 1024}}
 		if tplMB > 0 {
-			hb.Templates = &briskv1.Resources{MemoryMb: tplMB}
+			hb.Templates = spec.Resources{MemoryMB: tplMB}
 		}
-		w.step(WorkerUpdates{Node: "n0", Updates: &briskv1.Updates{Heartbeat: hb}})
+		w.step(WorkerUpdates{Node: "n0", Updates: Updates{Heartbeat: hb}})
 	}
 	deploy := func(name string, min int) {
 		w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1,
@@ -356,14 +355,14 @@ func TestTemplateMemoryIsOffAllocatable(t *testing.T) {
 // an empty list clears it.
 func TestLocalityPrefersTemplateNodes(t *testing.T) {
 	w := newWorld(t, 3)
-	heartbeat := func(node string, set *briskv1.TemplateSet) {
-		w.step(WorkerUpdates{Node: node, Updates: &briskv1.Updates{Heartbeat: &briskv1.Heartbeat{
-			Capacity: &briskv1.Resources{MilliCpu: 4000, MemoryMb: 8192}, HeldTemplates: set}}})
+	heartbeat := func(node string, set []HeldTemplate) {
+		w.step(WorkerUpdates{Node: node, Updates: Updates{Heartbeat: &Heartbeat{
+			Capacity: spec.Resources{MilliCPU: 4000, MemoryMB: 8192}, HeldSet: set != nil, Held: set}}})
 	}
-	held := func(rev uint64, fns ...string) *briskv1.TemplateSet {
-		set := &briskv1.TemplateSet{}
+	held := func(rev uint64, fns ...string) []HeldTemplate {
+		set := []HeldTemplate{}
 		for _, f := range fns {
-			set.Templates = append(set.Templates, &briskv1.HeldTemplate{Function: f, Revision: rev})
+			set = append(set, HeldTemplate{Function: f, Revision: rev})
 		}
 		return set
 	}
@@ -386,7 +385,7 @@ func TestLocalityPrefersTemplateNodes(t *testing.T) {
 	if n := len(w.r.nodes["n2"].templates); n != len(fns) {
 		t.Fatalf("a heartbeat without a list left %d templates, want %d", n, len(fns))
 	}
-	heartbeat("n2", &briskv1.TemplateSet{})
+	heartbeat("n2", []HeldTemplate{})
 	if n := len(w.r.nodes["n2"].templates); n != 0 {
 		t.Fatalf("an empty list left %d templates", n)
 	}

@@ -9,10 +9,8 @@ import (
 	"strings"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
-	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -202,16 +200,15 @@ func (c *Reconciler) PlacementOf(f *spec.Function) string {
 	return placement.NameKubernetes
 }
 
-// WireSpec is f as data planes and workers get it: the spec with the
-// effective scaling mode and the keep-alive of an idle regular sandbox.
-func (c *Reconciler) WireSpec(f *spec.Function) *briskv1.FunctionSpec {
-	pf := specpb.ToProto(f)
-	pf.ScalingMode = c.ModeOf(f)
-	pf.KeepAliveMs = c.KeepAliveOf(f).Milliseconds()
-	if pf.LoadBalancing == "" {
-		pf.LoadBalancing = c.cfg.LoadBalancing
+// Publish is f as data planes and workers get it: the spec with the
+// effective scaling mode, load balancing and the keep-alive of an idle
+// regular sandbox.
+func (c *Reconciler) Publish(f *spec.Function) Published {
+	p := Published{Spec: f, ScalingMode: c.ModeOf(f), KeepAlive: c.KeepAliveOf(f), LoadBalancing: f.LoadBalancing}
+	if p.LoadBalancing == "" {
+		p.LoadBalancing = c.cfg.LoadBalancing
 	}
-	return pf
+	return p
 }
 
 func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
@@ -228,7 +225,7 @@ func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
 		fs.failures, fs.backoffUntil = 0, time.Time{}
 	}
 	c.offerToAll(f)
-	c.emit(PublishFunction{c.WireSpec(f)})
+	c.emit(PublishFunction{c.Publish(f)})
 	c.boundDesired(fs)
 	c.reconcile(now, fs)
 }
@@ -280,31 +277,32 @@ const loadSampleLag = 2 * time.Second
 // reporting a function once it is idle, and a data plane may be gone.
 const loadStaleAfter = 2500 * time.Millisecond
 
-func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
-	dp := r.GetDataPlaneId()
-	if r.GetUrgent() {
-		c.recordInFlight(now, dp, r.GetFunctions())
+func (c *Reconciler) recordMetrics(now time.Time, r *LoadReport) {
+	dp := r.DataPlane
+	if r.Urgent {
+		c.recordInFlight(now, dp, r.Functions)
 	}
-	for _, m := range r.GetFunctions() {
-		fs := c.fns[m.GetFunction()]
+	for i := range r.Functions {
+		m := &r.Functions[i]
+		fs := c.fns[m.Function]
 		if fs == nil {
 			continue
 		}
-		if !r.GetUrgent() {
-			c.setInFlight(fs, dp, m.GetInFlight(), m.GetQueued(), now)
-			iv := float64(r.GetIntervalMs()) / 1000
+		if !r.Urgent {
+			c.setInFlight(fs, dp, m.InFlight, m.Queued, now)
+			iv := r.Interval.Seconds()
 			req := 0.0
 			if iv > 0 {
-				req = float64(m.GetRequests()) / iv
+				req = float64(m.Requests) / iv
 			}
-			fs.setLoad(r.GetDataPlaneId(), m.GetAvgConcurrency(), req, now)
-			c.touch(now, fs, m.GetRequests())
+			fs.setLoad(dp, m.AvgConcurrency, req, now)
+			c.touch(now, fs, m.Requests)
 			continue
 		}
-		if !m.GetNoCapacity() {
+		if !m.NoCapacity {
 			continue
 		}
-		if fs.desired == 0 && m.GetQueued() > 0 {
+		if fs.desired == 0 && m.Queued > 0 {
 			// Activation: a waiting request always gets a sandbox, and the
 			// autoscaler keeps it for at least a stable window (Knative keeps
 			// a freshly active revision at 1 as long). Its load arrives with
@@ -314,11 +312,11 @@ func (c *Reconciler) recordMetrics(now time.Time, r *briskv1.MetricsReport) {
 			fs.desired = 1
 			c.boundDesired(fs)
 			if fs.readyCurrent() > 0 { // gd kept sandboxes at zero demand, all busy now
-				c.coverQueued(fs, now, int(m.GetQueued()))
+				c.coverQueued(fs, now, m.Queued)
 			}
 		} else {
 			c.decide(fs, now) // all busy: let panic mode react now
-			c.coverQueued(fs, now, int(m.GetQueued()))
+			c.coverQueued(fs, now, m.Queued)
 		}
 		c.reconcile(now, fs)
 	}
@@ -433,12 +431,12 @@ func (fs *fnState) sample(dp string) *dpSample {
 
 // setInFlight records dp's counts of fs's calls in flight and queued at
 // now.
-func (c *Reconciler) setInFlight(fs *fnState, dp string, inFlight, queued int32, now time.Time) {
+func (c *Reconciler) setInFlight(fs *fnState, dp string, inFlight, queued int, now time.Time) {
 	if inFlight <= 0 && queued <= 0 && len(fs.dpLoad) == 0 {
 		return
 	}
 	s := fs.sample(dp)
-	s.inFlight, s.queued, s.inFlightAt = max(inFlight, 0), max(queued, 0), now
+	s.inFlight, s.queued, s.inFlightAt = int32(max(inFlight, 0)), int32(max(queued, 0)), now
 	if s.inFlight+s.queued > 0 && !fs.deleted {
 		c.busyFns[fs] = struct{}{}
 	}
@@ -447,12 +445,12 @@ func (c *Reconciler) setInFlight(fs *fnState, dp string, inFlight, queued int32,
 // recordInFlight takes an urgent report's calls in flight: every function
 // with calls running on dp is listed, so the busy ones it leaves out have
 // none there now.
-func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []*briskv1.FunctionMetric) {
+func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []FunctionLoad) {
 	listed := make(map[*fnState]bool, len(ms))
-	for _, m := range ms {
-		if fs := c.fns[m.GetFunction()]; fs != nil {
+	for i := range ms {
+		if fs := c.fns[ms[i].Function]; fs != nil {
 			listed[fs] = true
-			c.setInFlight(fs, dp, m.GetInFlight(), m.GetQueued(), now)
+			c.setInFlight(fs, dp, ms[i].InFlight, ms[i].Queued, now)
 		}
 	}
 	for fs := range c.busyFns {
@@ -870,6 +868,11 @@ func (fs *fnState) condition() fnCondition {
 	return fnCondition{}
 }
 
+// conditionOut is fs's condition as data planes get it.
+func (fs *fnState) conditionOut() Condition {
+	return Condition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message, FailFast: fs.cond.failFast()}
+}
+
 // refreshCondition publishes fs's condition when it changed.
 func (c *Reconciler) refreshCondition(fs *fnState) {
 	cond := fs.condition()
@@ -877,16 +880,16 @@ func (c *Reconciler) refreshCondition(fs *fnState) {
 		return
 	}
 	fs.cond = cond
-	c.emit(SetCondition{&briskv1.FunctionCondition{Function: fs.spec.Name, Reason: cond.reason, Message: cond.message, FailFast: cond.failFast()}})
+	c.emit(SetCondition{fs.conditionOut()})
 }
 
 // noteFailure backs off creation for a function whose sandboxes keep
 // dying, so a crash-looping command cannot hammer a worker.
-func (c *Reconciler) noteFailure(now time.Time, fs *fnState, node string, u *briskv1.SandboxRecord) {
+func (c *Reconciler) noteFailure(now time.Time, fs *fnState, node string, u *Record) {
 	fs.failures++
-	fs.lastFailure = u.GetMessage()
+	fs.lastFailure = u.Message
 	d := c.cfg.FailureBackoff << min(fs.failures-1, 10)
 	d = min(d, c.cfg.MaxFailureBackoff)
 	fs.backoffUntil = now.Add(d)
-	c.emit(SandboxFailed{Function: fs.spec.Name, ID: u.GetId(), Node: node, State: u.GetState().String(), Reason: u.GetMessage(), Backoff: d})
+	c.emit(SandboxFailed{Function: fs.spec.Name, ID: u.ID, Node: node, State: u.State.String(), Reason: u.Message, Backoff: d})
 }

@@ -2,8 +2,6 @@ package reconciler
 
 import (
 	"testing"
-
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
 
 // A sandbox whose id a handshake gave up (the worker did not report it;
@@ -22,22 +20,22 @@ func TestLiveInvalidIDIsTombstoned(t *testing.T) {
 	// A handshake that does not report it: invalid, replaced.
 	delete(w.running["n0"], old)
 	w.step(SessionDown{Node: "n0"})
-	var versions []*briskv1.SandboxVersion
+	var versions []Version
 	w.step(SessionUp{Node: "n0", Versions: versions})
 	if got := sandboxIDs(t, w, "f"); len(got) != 1 || got[0] == old {
 		t.Fatalf("after the handshake: %v, want one replacement of %s", got, old)
 	}
 	// The worker reports it ready after all.
 	w.version++
-	cmds := w.r.Step(w.now, WorkerUpdates{Node: "n0", Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{
-		Id: old, Function: "f", Revision: 1, State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: w.version, Address: "10.0.0.1:1"}}}})
+	cmds := w.r.Step(w.now, WorkerUpdates{Node: "n0", Updates: Updates{Records: []Record{{
+		ID: old, Function: "f", Revision: 1, State: StateReady, Version: w.version, Address: "10.0.0.1:1"}}}})
 	var tombstoned, announced bool
 	for _, c := range cmds {
 		switch x := c.(type) {
 		case Tombstone:
 			tombstoned = tombstoned || x.ID == old
 		case AddEndpoint:
-			announced = announced || x.Endpoint.GetSandboxId() == old
+			announced = announced || x.Endpoint.SandboxID == old
 		}
 	}
 	if !tombstoned || announced {
@@ -48,8 +46,8 @@ func TestLiveInvalidIDIsTombstoned(t *testing.T) {
 	}
 	// Its end (gone) changes nothing.
 	w.version++
-	w.r.Step(w.now, WorkerUpdates{Node: "n0", Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{
-		Id: old, Function: "f", State: briskv1.SandboxState_SANDBOX_STATE_GONE, Version: w.version}}}})
+	w.r.Step(w.now, WorkerUpdates{Node: "n0", Updates: Updates{Records: []Record{{
+		ID: old, Function: "f", State: StateGone, Version: w.version}}}})
 	if got := sandboxIDs(t, w, "f"); len(got) != 1 || got[0] == old {
 		t.Fatalf("after its end: %v", got)
 	}

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -47,8 +46,8 @@ func TestKeepAliveGDEvictsUnderMemoryPressure(t *testing.T) {
 	w.deployKA("hot", 128, spec.KeepAliveGD, 0)
 	w.step(ScaleTo{Function: "rare", Desired: 2})
 	w.step(ScaleTo{Function: "hot", Desired: 2})
-	w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
-		Functions: []*briskv1.FunctionMetric{{Function: "hot", Requests: 500}}}})
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second,
+		Functions: []FunctionLoad{{Function: "hot", Requests: 500}}}})
 	w.idle(10 * time.Minute) // no demand: ttl would have removed them all
 	for _, f := range []string{"rare", "hot"} {
 		if r, _, _ := w.status(f); r != 2 {
@@ -63,7 +62,7 @@ func TestKeepAliveGDEvictsUnderMemoryPressure(t *testing.T) {
 		if x, ok := c.(RetryAt); ok {
 			retry = &x
 		}
-		if x, ok := c.(SetCondition); ok && x.Condition.GetReason() != "" {
+		if x, ok := c.(SetCondition); ok && x.Condition.Reason != "" {
 			t.Fatalf("condition %v while room is being made", x.Condition)
 		}
 	}
@@ -157,8 +156,8 @@ func TestKeepAliveGDEvictsForTheWholeDeficit(t *testing.T) {
 	w2.deployKA("g", 64, spec.KeepAliveGD, 0)
 	w2.step(ScaleTo{Function: "g", Desired: 1})
 	w2.idle(5 * time.Minute)
-	cmds := w2.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: "g", Queued: 3, NoCapacity: true}}}})
+	cmds := w2.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true,
+		Functions: []FunctionLoad{{Function: "g", Queued: 3, NoCapacity: true}}}})
 	if n := count[Create](cmds); n != 3 {
 		t.Fatalf("%d creates for 3 queued calls with the kept sandbox busy, want 3", n)
 	}
@@ -193,10 +192,10 @@ func TestKeepAliveHybridLearnsAndPrewarms(t *testing.T) {
 	w := smallWorld(t)
 	w.deployKA("timer", 128, spec.KeepAliveHybrid, 0)
 	call := func() {
-		w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
-			Functions: []*briskv1.FunctionMetric{{Function: "timer", Queued: 1, NoCapacity: true}}}})
-		w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
-			Functions: []*briskv1.FunctionMetric{{Function: "timer", Requests: 1}}}})
+		w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true,
+			Functions: []FunctionLoad{{Function: "timer", Queued: 1, NoCapacity: true}}}})
+		w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second,
+			Functions: []FunctionLoad{{Function: "timer", Requests: 1}}}})
 	}
 	// Before the histogram says (fewer than 10 idle times), gd's 15
 	// minutes: the sandbox is there 14 minutes after a call.
@@ -237,8 +236,8 @@ func TestDesiredLeavesOutKeptSandboxes(t *testing.T) {
 	load := func(d time.Duration, conc float64) {
 		for end := w.now.Add(d); w.now.Before(end); {
 			w.now = w.now.Add(time.Second)
-			w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
-				Functions: []*briskv1.FunctionMetric{{Function: "f", AvgConcurrency: conc, InFlight: int32(conc), Requests: int64(conc * 10)}}}})
+			w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second,
+				Functions: []FunctionLoad{{Function: "f", AvgConcurrency: conc, InFlight: int(conc), Requests: int64(conc * 10)}}}})
 			w.step(SampleLoad{})
 			w.step(Tick{})
 		}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/policy/templateset"
@@ -64,7 +63,7 @@ type nodeState struct {
 	gen           uint64 // handshakes completed with this node
 	bootID        string
 	lastHeartbeat time.Time
-	heartbeat     *briskv1.Heartbeat
+	heartbeat     *Heartbeat
 	downSince     time.Time // zero while a session is live
 	// seen holds the images (or commands) the node has run since it
 	// registered: it holds them unpacked, which the locality policies use.
@@ -98,7 +97,7 @@ func (c *Reconciler) registerNode(w *nodes.Worker) {
 // last heartbeat's): memory no sandbox's request covers.
 func (c *Reconciler) setAllocatable(n *nodeState) {
 	mem := n.rec.Capacity.MemoryMB
-	if t := n.heartbeat.GetTemplates().GetMemoryMb(); t > 0 && mem > 0 {
+	if t := n.heartbeat.templatesMB(); t > 0 && mem > 0 {
 		mem = max(mem-t, 0)
 	}
 	c.place[n.idx].Allocatable = placement.Resources{MilliCPU: n.rec.Capacity.MilliCPU, MemoryMB: mem}
@@ -137,11 +136,11 @@ func (c *Reconciler) drop(r *sandboxRec) {
 
 // HandshakeMode is the mode of n's next handshake: reset when the table
 // holds sandboxes of it (a change set follows), recover when it holds none.
-func (c *Reconciler) HandshakeMode(node string) briskv1.HandshakeMode {
+func (c *Reconciler) HandshakeMode(node string) HandshakeMode {
 	if n := c.nodes[node]; n != nil && len(n.sandboxes) > 0 {
-		return briskv1.HandshakeMode_HANDSHAKE_MODE_RESET
+		return HandshakeReset
 	}
-	return briskv1.HandshakeMode_HANDSHAKE_MODE_RECOVER
+	return HandshakeRecover
 }
 
 // Node returns a copy of node's durable record and its last boot id.
@@ -170,16 +169,16 @@ func (c *Reconciler) Up(node string) bool {
 
 // StaleIDs are the sandboxes a reset handshake must fetch: those whose
 // version differs from the table's (all of them after a reboot).
-func (c *Reconciler) StaleIDs(node string, versions []*briskv1.SandboxVersion, rebooted bool) []string {
+func (c *Reconciler) StaleIDs(node string, versions []Version, rebooted bool) []string {
 	n := c.nodes[node]
 	var ids []string
 	for _, v := range versions {
 		var r *sandboxRec
 		if n != nil {
-			r = n.sandboxes[v.GetId()]
+			r = n.sandboxes[v.ID]
 		}
-		if rebooted || r == nil || r.version != v.GetVersion() {
-			ids = append(ids, v.GetId())
+		if rebooted || r == nil || r.version != v.Version {
+			ids = append(ids, v.ID)
 		}
 	}
 	return ids
@@ -197,7 +196,7 @@ func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
 	}
 	reported := make(map[string]struct{}, len(e.Versions))
 	for _, v := range e.Versions {
-		reported[v.GetId()] = struct{}{}
+		reported[v.ID] = struct{}{}
 	}
 	n.gen++
 	for id, g := range n.invalid {
@@ -221,10 +220,11 @@ func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
 		}
 	}
 	var adopted []*fnState
-	for _, u := range e.Records {
-		known := n.sandboxes[u.GetId()] != nil
+	for i := range e.Records {
+		u := &e.Records[i]
+		known := n.sandboxes[u.ID] != nil
 		c.applyUpdate(now, n, u)
-		if r := n.sandboxes[u.GetId()]; r != nil && !known && r.fn != nil && !slices.Contains(adopted, r.fn) {
+		if r := n.sandboxes[u.ID]; r != nil && !known && r.fn != nil && !slices.Contains(adopted, r.fn) {
 			adopted = append(adopted, r.fn)
 		}
 	}
@@ -254,8 +254,8 @@ func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
 	for _, fs := range c.order {
 		c.reconcile(now, fs)
 	}
-	for _, u := range e.Early {
-		c.applyUpdates(now, n, u)
+	for i := range e.Early {
+		c.applyUpdates(now, n, &e.Early[i])
 	}
 	c.refreshEmergency() // the session is up: its emergency slots count
 	c.offerDual(n)
@@ -386,30 +386,30 @@ func (c *Reconciler) resume(now time.Time, why string) {
 
 // ---------------------------------------------------------------- updates
 
-func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Updates) {
-	for _, r := range u.GetRecords() {
-		c.applyUpdate(now, n, r)
+func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *Updates) {
+	for i := range u.Records {
+		c.applyUpdate(now, n, &u.Records[i])
 	}
-	if hb := u.GetHeartbeat(); hb != nil {
-		tplMemChanged := n.heartbeat.GetTemplates().GetMemoryMb() != hb.GetTemplates().GetMemoryMb()
+	if hb := u.Heartbeat; hb != nil {
+		tplMemChanged := n.heartbeat.templatesMB() != hb.Templates.MemoryMB
 		n.heartbeat = hb
 		n.lastHeartbeat = now
 		if tplMemChanged {
 			c.setAllocatable(n)
 		}
-		if set := hb.GetHeldTemplates(); set != nil {
+		if hb.HeldSet {
 			clear(n.templates)
-			for _, t := range set.GetTemplates() {
+			for _, t := range hb.Held {
 				if n.templates == nil {
 					n.templates = make(map[heldTemplate]struct{})
 				}
-				n.templates[heldTemplate{t.GetFunction(), t.GetRevision()}] = struct{}{}
+				n.templates[heldTemplate{t.Function, t.Revision}] = struct{}{}
 			}
 		}
-		if capa := hb.GetCapacity().GetMilliCpu(); capa > 0 {
-			c.place[n.idx].Load = float64(hb.GetUsed().GetMilliCpu()) / float64(capa)
+		if capa := hb.Capacity.MilliCPU; capa > 0 {
+			c.place[n.idx].Load = float64(hb.Used.MilliCPU) / float64(capa)
 		}
-		if hb.GetEmergency().GetSlots() > 0 || c.emergencyKey != "" {
+		if hb.Emergency.Slots > 0 || c.emergencyKey != "" {
 			c.refreshEmergency()
 		}
 	}
@@ -417,48 +417,48 @@ func (c *Reconciler) applyUpdates(now time.Time, n *nodeState, u *briskv1.Update
 
 // applyUpdate folds one worker record (a soft invalidation) into the
 // table. Records carry versions; stale ones are ignored.
-func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.SandboxRecord) {
-	if _, inv := n.invalid[u.GetId()]; inv {
-		n.invalid[u.GetId()] = n.gen // traffic for the id: keep the mark a session longer
+func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *Record) {
+	if _, inv := n.invalid[u.ID]; inv {
+		n.invalid[u.ID] = n.gen // traffic for the id: keep the mark a session longer
 		// Never adopted nor routed; but a sandbox the worker says runs
 		// under an id replaced elsewhere is a stray process: end it
 		// rather than leave it running unaccounted (a Create the worker
 		// finished after the handshake that gave the id up).
-		if !terminal(u.GetState()) && u.GetState() != briskv1.SandboxState_SANDBOX_STATE_TERMINATING && n.up {
-			c.emit(Tombstone{Node: n.id, ID: u.GetId()})
+		if !u.State.terminal() && u.State != StateTerminating && n.up {
+			c.emit(Tombstone{Node: n.id, ID: u.ID})
 		}
 		return
 	}
-	r := n.sandboxes[u.GetId()]
+	r := n.sandboxes[u.ID]
 	if r == nil {
-		if !terminal(u.GetState()) {
+		if !u.State.terminal() {
 			c.adopt(now, n, u)
 		}
 		return
 	}
-	if u.GetVersion() != 0 && u.GetVersion() <= r.version {
+	if u.Version != 0 && u.Version <= r.version {
 		return
 	}
-	r.version = u.GetVersion()
-	switch u.GetState() {
-	case briskv1.SandboxState_SANDBOX_STATE_CREATING:
+	r.version = u.Version
+	switch u.State {
+	case StateCreating:
 		if r.state == sbAssumed {
 			r.state = sbPending
 		}
-	case briskv1.SandboxState_SANDBOX_STATE_READY:
-		r.addr = u.GetAddress()
+	case StateReady:
+		r.addr = u.Address
 		if r.state == sbAssumed || r.state == sbPending {
 			r.state = sbReady
 			r.fn.failures = 0
 			r.fn.observeColdStart(now.Sub(r.created))
-			ep, after := endpointOf(r), max(now.Sub(r.created), time.Nanosecond)
-			ep.ReadyAfterUs, ep.StartUs, ep.CreateUs = after.Microseconds(), u.GetStartUs(), u.GetCreateUs()
-			c.emit(AddEndpoint{Endpoint: ep, ReadyAfter: after})
+			ep := endpointOf(r)
+			ep.ReadyAfter, ep.Start, ep.Create = max(now.Sub(r.created), time.Nanosecond), u.Start, u.Create
+			c.emit(AddEndpoint{ep})
 			c.refreshCondition(r.fn)
 		} else if r.state == sbReady {
 			c.verified(r)
 		}
-	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+	case StateTerminating:
 		if r.state != sbTombstoned { // the worker gave up on it on its own
 			if r.state == sbReady {
 				c.emit(RemoveEndpoint{r.id})
@@ -478,39 +478,40 @@ func (c *Reconciler) applyUpdate(now time.Time, n *nodeState, u *briskv1.Sandbox
 
 // adopt takes a sandbox the worker reports but the control plane does not
 // know (recover mode, or created by an earlier leader).
-func (c *Reconciler) adopt(now time.Time, n *nodeState, u *briskv1.SandboxRecord) {
-	fs := c.fns[u.GetFunction()]
+func (c *Reconciler) adopt(now time.Time, n *nodeState, u *Record) {
+	fs := c.fns[u.Function]
 	if fs == nil { // function deleted meanwhile: terminate it
 		if n.up {
-			c.emit(Tombstone{Node: n.id, ID: u.GetId()})
+			c.emit(Tombstone{Node: n.id, ID: u.ID})
 		}
 		return
 	}
-	r := &sandboxRec{id: u.GetId(), fn: fs, rev: u.GetRevision(), node: n, version: u.GetVersion(), addr: u.GetAddress(), created: now,
+	r := &sandboxRec{id: u.ID, fn: fs, rev: u.Revision, node: n, version: u.Version, addr: u.Address, created: now,
 		milliCPU: fs.spec.Resources.MilliCPU, memoryMB: fs.spec.Resources.MemoryMB}
 	c.addRecord(r)
 	n.seen[imageKey(fs.spec)] = struct{}{}
-	switch u.GetState() {
-	case briskv1.SandboxState_SANDBOX_STATE_READY:
+	switch u.State {
+	case StateReady:
 		r.state = sbReady
-		c.emit(AddEndpoint{Endpoint: endpointOf(r)})
-	case briskv1.SandboxState_SANDBOX_STATE_TERMINATING:
+		c.emit(AddEndpoint{endpointOf(r)})
+	case StateTerminating:
 		r.state = sbTombstoned
 	default:
 		r.state = sbPending
 	}
 }
 
-func terminal(s briskv1.SandboxState) bool {
-	switch s {
-	case briskv1.SandboxState_SANDBOX_STATE_GONE, briskv1.SandboxState_SANDBOX_STATE_FAILED, briskv1.SandboxState_SANDBOX_STATE_EXITED:
-		return true
-	}
-	return false
+func endpointOf(r *sandboxRec) Endpoint {
+	return Endpoint{SandboxID: r.id, Function: r.fn.spec.Name, Address: r.addr, Node: r.node.id}
 }
 
-func endpointOf(r *sandboxRec) *briskv1.Endpoint {
-	return &briskv1.Endpoint{SandboxId: r.id, Function: r.fn.spec.Name, Address: r.addr, NodeId: r.node.id}
+// templatesMB is the memory the node's templates held at its last
+// heartbeat (0 before the first).
+func (hb *Heartbeat) templatesMB() int64 {
+	if hb == nil {
+		return 0
+	}
+	return hb.Templates.MemoryMB
 }
 
 // ---------------------------------------------------------------- unreachable
@@ -522,25 +523,25 @@ const verifyAgainAfter = time.Second
 
 // reportUnreachable asks each reported sandbox's worker to check it: one
 // data plane with a network fault cannot have healthy sandboxes killed.
-func (c *Reconciler) reportUnreachable(now time.Time, rep *briskv1.UnreachableReport) {
-	for _, e := range rep.GetEndpoints() {
-		fs := c.fns[e.GetFunction()]
+func (c *Reconciler) reportUnreachable(now time.Time, rep *UnreachableReport) {
+	for _, e := range rep.Endpoints {
+		fs := c.fns[e.Function]
 		if fs == nil {
 			continue
 		}
-		r := fs.sandboxes[e.GetSandboxId()]
+		r := fs.sandboxes[e.SandboxID]
 		switch {
 		case r == nil, r.state != sbReady, r.withdrawn, !r.node.up:
 			continue // gone, on its way out, or its node's link is down
-		case e.GetAddress() != "" && e.GetAddress() != r.addr:
+		case e.Address != "" && e.Address != r.addr:
 			continue // about an earlier address of the sandbox
 		case !r.verifyAsked.IsZero() && now.Sub(r.verifyAsked) < verifyAgainAfter:
 			continue // a check is in flight
 		}
 		r.verifyAsked = now
 		c.emit(Verify{Node: r.node.id, ID: r.id})
-		c.log.Info("a data plane could not connect to a sandbox: its worker checks it", "data_plane", rep.GetDataPlaneId(),
-			"function", fs.spec.Name, "sandbox", r.id, "node", r.node.id, "err", e.GetError())
+		c.log.Info("a data plane could not connect to a sandbox: its worker checks it", "data_plane", rep.DataPlane,
+			"function", fs.spec.Name, "sandbox", r.id, "node", r.node.id, "err", e.Error)
 	}
 }
 
@@ -553,7 +554,7 @@ func (c *Reconciler) verified(r *sandboxRec) {
 	}
 	r.verifyAsked = time.Time{}
 	if !r.withdrawn {
-		c.emit(AddEndpoint{Endpoint: endpointOf(r)})
+		c.emit(AddEndpoint{endpointOf(r)})
 	}
 }
 
@@ -561,16 +562,16 @@ func (c *Reconciler) verified(r *sandboxRec) {
 
 // EmergencyWorkers lists the live workers offering emergency slots, sorted
 // by node id.
-func (c *Reconciler) EmergencyWorkers() []*briskv1.EmergencyWorker {
-	var out []*briskv1.EmergencyWorker
+func (c *Reconciler) EmergencyWorkers() []EmergencyWorker {
+	var out []EmergencyWorker
 	for _, n := range c.nodeList {
-		em := n.heartbeat.GetEmergency()
-		if !n.up || n.rec.Drain || em.GetSlots() <= 0 || n.rec.Address == "" {
+		if !n.up || n.rec.Drain || n.heartbeat == nil || n.heartbeat.Emergency.Slots <= 0 || n.rec.Address == "" {
 			continue
 		}
-		out = append(out, &briskv1.EmergencyWorker{NodeId: n.id, Address: n.rec.Address, Free: max(0, em.GetSlots()-em.GetInUse())})
+		em := n.heartbeat.Emergency
+		out = append(out, EmergencyWorker{Node: n.id, Address: n.rec.Address, Free: max(0, em.Slots-em.InUse)})
 	}
-	slices.SortFunc(out, func(a, b *briskv1.EmergencyWorker) int { return strings.Compare(a.NodeId, b.NodeId) })
+	slices.SortFunc(out, func(a, b EmergencyWorker) int { return strings.Compare(a.Node, b.Node) })
 	return out
 }
 
@@ -580,7 +581,7 @@ func (c *Reconciler) refreshEmergency() {
 	list := c.EmergencyWorkers()
 	var b strings.Builder
 	for _, w := range list {
-		fmt.Fprintf(&b, "%s|%s|%d;", w.NodeId, w.Address, w.Free)
+		fmt.Fprintf(&b, "%s|%s|%d;", w.Node, w.Address, w.Free)
 	}
 	if key := b.String(); key != c.emergencyKey {
 		c.emergencyKey = key

@@ -44,10 +44,10 @@ func TestLoadBalancingDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lb := r.WireSpec(&spec.Function{Name: "f"}).GetLoadBalancing(); lb != "power-of-two" {
+	if lb := r.Publish(&spec.Function{Name: "f"}).LoadBalancing; lb != "power-of-two" {
 		t.Fatalf("wire load balancing %q, want the cluster's", lb)
 	}
-	if lb := r.WireSpec(&spec.Function{Name: "f", LoadBalancing: "random"}).GetLoadBalancing(); lb != "random" {
+	if lb := r.Publish(&spec.Function{Name: "f", LoadBalancing: "random"}).LoadBalancing; lb != "random" {
 		t.Fatalf("wire load balancing %q, want the spec's", lb)
 	}
 	if p := r.PoliciesOf(&spec.Function{Name: "f"}); p.LoadBalancing != "power-of-two" || p.Placement != "kubernetes" || p.KeepAlivePolicy != "gd" || p.KeepAlive != "15m0s" {

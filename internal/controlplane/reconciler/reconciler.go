@@ -19,7 +19,6 @@ import (
 	"strings"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/keepalive"
@@ -177,7 +176,7 @@ func (c *Reconciler) Step(now time.Time, ev Event) []Command {
 	case RemoveFunction:
 		c.removeFunction(now, e.Name)
 	case Metrics:
-		c.recordMetrics(now, e.Report)
+		c.recordMetrics(now, &e.Report)
 	case SampleLoad:
 		c.sampleLoad(now)
 	case Tick:
@@ -192,10 +191,10 @@ func (c *Reconciler) Step(now time.Time, ev Event) []Command {
 		c.sessionDown(now, e.Node, e.Withdraw)
 	case WorkerUpdates:
 		if n := c.nodes[e.Node]; n != nil && n.up {
-			c.applyUpdates(now, n, e.Updates)
+			c.applyUpdates(now, n, &e.Updates)
 		}
 	case Unreachable:
-		c.reportUnreachable(now, e.Report)
+		c.reportUnreachable(now, &e.Report)
 	case SetQuotas:
 		c.setQuotas(now, e.Quotas)
 	case Retry:
@@ -232,7 +231,7 @@ type RemoveFunction struct{ Name string }
 
 // Metrics is one data plane's load report; an urgent one (a request waits
 // with no capacity) scales at once.
-type Metrics struct{ Report *briskv1.MetricsReport }
+type Metrics struct{ Report LoadReport }
 
 // SampleLoad records each function's load, summed over data planes, into
 // its autoscaler: exactly once a second.
@@ -255,14 +254,14 @@ type RegisterNode struct{ Worker *nodes.Worker }
 // session.
 type SessionUp struct {
 	Node     string
-	Versions []*briskv1.SandboxVersion
-	Records  []*briskv1.SandboxRecord
+	Versions []Version
+	Records  []Record
 	BootID   string
 	Rebooted bool
 	// Drained says the Hello asked the worker to drain (it killed every
 	// sandbox before answering): the node takes work again.
 	Drained bool
-	Early   []*briskv1.Updates
+	Early   []Updates
 }
 
 // SessionDown marks a node's link down; Withdraw takes its sandboxes out
@@ -275,11 +274,11 @@ type SessionDown struct {
 // WorkerUpdates is one batch of a live session: records and a heartbeat.
 type WorkerUpdates struct {
 	Node    string
-	Updates *briskv1.Updates
+	Updates Updates
 }
 
 // Unreachable is a data plane's report of sandboxes it could not reach.
-type Unreachable struct{ Report *briskv1.UnreachableReport }
+type Unreachable struct{ Report UnreachableReport }
 
 // SetQuotas replaces the namespaces' quotas.
 type SetQuotas struct{ Quotas map[string]spec.Quota }
@@ -345,28 +344,25 @@ type Tombstone struct {
 // Verify asks node to check a sandbox a data plane could not reach.
 type Verify struct{ Node, ID string }
 
-// AddEndpoint publishes a ready sandbox to data planes. ReadyAfter is its
-// placement-to-ready time when it just became ready (0 otherwise).
-type AddEndpoint struct {
-	Endpoint   *briskv1.Endpoint
-	ReadyAfter time.Duration
-}
+// AddEndpoint publishes a ready sandbox to data planes (its ReadyAfter is
+// set when it just became ready).
+type AddEndpoint struct{ Endpoint Endpoint }
 
 // RemoveEndpoint withdraws a sandbox from data planes.
 type RemoveEndpoint struct{ ID string }
 
 // PublishFunction sends data planes a function's (new) spec.
-type PublishFunction struct{ Spec *briskv1.FunctionSpec }
+type PublishFunction struct{ Function Published }
 
 // DeleteFunction tells data planes a function is gone.
 type DeleteFunction struct{ Name string }
 
 // SetCondition tells data planes why a function lacks sandboxes ("" reason:
 // nothing is wrong any more).
-type SetCondition struct{ Condition *briskv1.FunctionCondition }
+type SetCondition struct{ Condition Condition }
 
 // SetEmergencyWorkers sends data planes the workers taking emergency calls.
-type SetEmergencyWorkers struct{ Workers []*briskv1.EmergencyWorker }
+type SetEmergencyWorkers struct{ Workers []EmergencyWorker }
 
 // RetryAt asks for a Retry event for Function at At.
 type RetryAt struct {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
@@ -53,27 +52,27 @@ func (w *world) step(ev Event) []Command {
 		var next []Command
 		for _, c := range cmds {
 			w.log = append(w.log, render(c))
-			var recs []*briskv1.SandboxRecord
+			var recs []Record
 			switch x := c.(type) {
 			case Create:
 				w.version++
 				if w.fail {
-					recs = append(recs, &briskv1.SandboxRecord{Id: x.ID, Function: x.Spec.Name, Revision: x.Spec.Revision,
-						State: briskv1.SandboxState_SANDBOX_STATE_FAILED, Version: w.version, Message: "exec: /nope: no such file"})
+					recs = append(recs, Record{ID: x.ID, Function: x.Spec.Name, Revision: x.Spec.Revision,
+						State: StateFailed, Version: w.version, Message: "exec: /nope: no such file"})
 					break
 				}
 				w.running[x.Node][x.ID] = x.Spec.Name
-				recs = append(recs, &briskv1.SandboxRecord{Id: x.ID, Function: x.Spec.Name, Revision: x.Spec.Revision,
-					State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: w.version, Address: "10.0.0.1:" + x.ID})
+				recs = append(recs, Record{ID: x.ID, Function: x.Spec.Name, Revision: x.Spec.Revision,
+					State: StateReady, Version: w.version, Address: "10.0.0.1:" + x.ID})
 			case Tombstone:
 				if _, ok := w.running[x.Node][x.ID]; ok {
 					delete(w.running[x.Node], x.ID)
 					w.version++
-					recs = append(recs, &briskv1.SandboxRecord{Id: x.ID, State: briskv1.SandboxState_SANDBOX_STATE_GONE, Version: w.version})
+					recs = append(recs, Record{ID: x.ID, State: StateGone, Version: w.version})
 				}
 			}
 			if len(recs) > 0 && w.r.Up(nodeOf(c)) {
-				next = append(next, w.r.Step(w.now, WorkerUpdates{Node: nodeOf(c), Updates: &briskv1.Updates{Records: recs}})...)
+				next = append(next, w.r.Step(w.now, WorkerUpdates{Node: nodeOf(c), Updates: Updates{Records: recs}})...)
 			}
 		}
 		cmds = next
@@ -89,11 +88,11 @@ func render(c Command) string {
 	case Offer:
 		return fmt.Sprintf("offer %s %s", x.Node, x.Spec.Name)
 	case AddEndpoint:
-		return fmt.Sprintf("add %s %s %s", x.Endpoint.GetSandboxId(), x.Endpoint.GetNodeId(), x.ReadyAfter)
+		return fmt.Sprintf("add %s %s %s", x.Endpoint.SandboxID, x.Endpoint.Node, x.Endpoint.ReadyAfter)
 	case PublishFunction:
-		return "publish " + x.Spec.GetName()
+		return "publish " + x.Function.Spec.Name
 	case SetCondition:
-		return "condition " + x.Condition.GetFunction() + " " + x.Condition.GetReason()
+		return "condition " + x.Condition.Function + " " + x.Condition.Reason
 	case SetEmergencyWorkers:
 		return fmt.Sprintf("emergency %d", len(x.Workers))
 	}
@@ -149,8 +148,8 @@ func scaleFromZeroAndBack(t *testing.T, policy string) {
 	w := newWorld(t, 3)
 	w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Concurrency: 1, Revision: 1,
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 128}, Scaling: spec.Scaling{KeepAlivePolicy: policy}}})
-	cmds := w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
-		Functions: []*briskv1.FunctionMetric{{Function: "f", Queued: 1, NoCapacity: true}}}})
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true,
+		Functions: []FunctionLoad{{Function: "f", Queued: 1, NoCapacity: true}}}})
 	if count[Create](cmds) != 1 || count[AddEndpoint](cmds) != 1 {
 		t.Fatalf("activation: %d creates, %d endpoints added; want 1 and 1", count[Create](cmds), count[AddEndpoint](cmds))
 	}
@@ -184,24 +183,24 @@ func TestFunctionFailingCondition(t *testing.T) {
 	w := newWorld(t, 1)
 	w.fail = true
 	cmds := w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Revision: 1, Scaling: spec.Scaling{Min: 1}}})
-	var cond *briskv1.FunctionCondition
+	var cond *Condition
 	var retry *RetryAt
 	for _, c := range cmds {
 		switch x := c.(type) {
 		case SetCondition:
-			cond = x.Condition
+			cond = &x.Condition
 		case RetryAt:
 			retry = &x
 		}
 	}
-	if cond == nil || cond.GetReason() != CondFunctionFailing || !strings.Contains(cond.GetMessage(), "exec: /nope") {
+	if cond == nil || cond.Reason != CondFunctionFailing || !strings.Contains(cond.Message, "exec: /nope") {
 		t.Fatalf("condition %v, want function-failing with the cause", cond)
 	}
 	if retry == nil || retry.At.Sub(w.now) != 200*time.Millisecond {
 		t.Fatalf("retry %+v, want one after the 200 ms backoff", retry)
 	}
-	if snap := w.r.Snapshot(); len(snap.GetConditions()) != 1 || snap.GetConditions()[0].GetReason() != CondFunctionFailing {
-		t.Fatalf("snapshot conditions %v", snap.GetConditions())
+	if snap := w.r.Snapshot(); len(snap.Conditions) != 1 || snap.Conditions[0].Reason != CondFunctionFailing {
+		t.Fatalf("snapshot conditions %v", snap.Conditions)
 	}
 	// Before the backoff ends a retry creates nothing.
 	if n := count[Create](w.step(Tick{})); n != 0 {
@@ -212,7 +211,7 @@ func TestFunctionFailingCondition(t *testing.T) {
 	cmds = w.step(Retry{Function: "f"})
 	cleared := false
 	for _, c := range cmds {
-		if x, ok := c.(SetCondition); ok && x.Condition.GetReason() == "" {
+		if x, ok := c.(SetCondition); ok && x.Condition.Reason == "" {
 			cleared = true
 		}
 	}
@@ -275,21 +274,21 @@ func TestResetHandshakeInvalidatesMissing(t *testing.T) {
 		ids = append(ids, id)
 	}
 	w.step(SessionDown{Node: "n0", Withdraw: true})
-	if m := w.r.HandshakeMode("n0"); m != briskv1.HandshakeMode_HANDSHAKE_MODE_RESET {
+	if m := w.r.HandshakeMode("n0"); m != HandshakeReset {
 		t.Fatalf("mode %v, want reset", m)
 	}
 	// The worker lost ids[0]; it still runs ids[1].
 	keep := ids[1]
-	cmds := w.step(SessionUp{Node: "n0", Versions: []*briskv1.SandboxVersion{{Id: keep, Version: 99}},
-		Records: []*briskv1.SandboxRecord{{Id: keep, Function: "f", Revision: 1, State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: 99, Address: "a"}}})
+	cmds := w.step(SessionUp{Node: "n0", Versions: []Version{{ID: keep, Version: 99}},
+		Records: []Record{{ID: keep, Function: "f", Revision: 1, State: StateReady, Version: 99, Address: "a"}}})
 	if !w.r.Invalid("n0", ids[0]) {
 		t.Fatal("the lost id is not marked invalid")
 	}
 	if count[Create](cmds) != 1 {
 		t.Fatalf("%d replacements, want 1", count[Create](cmds))
 	}
-	w.step(WorkerUpdates{Node: "n0", Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{Id: ids[0], Function: "f", Revision: 1,
-		State: briskv1.SandboxState_SANDBOX_STATE_READY, Version: 100}}}})
+	w.step(WorkerUpdates{Node: "n0", Updates: Updates{Records: []Record{{ID: ids[0], Function: "f", Revision: 1,
+		State: StateReady, Version: 100}}}})
 	st, _ := w.r.FunctionStatus("f")
 	for _, s := range st.Sandboxes {
 		if s.ID == ids[0] {
@@ -310,8 +309,8 @@ func TestDeterministic(t *testing.T) {
 		}
 		for i := range 30 {
 			w.now = w.now.Add(time.Second)
-			w.step(Metrics{Report: &briskv1.MetricsReport{DataPlaneId: "dp", IntervalMs: 1000,
-				Functions: []*briskv1.FunctionMetric{{Function: fmt.Sprintf("f%d", i%20), AvgConcurrency: float64(i % 7), Requests: 3}}}})
+			w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second,
+				Functions: []FunctionLoad{{Function: fmt.Sprintf("f%d", i%20), AvgConcurrency: float64(i % 7), Requests: 3}}}})
 			w.step(SampleLoad{})
 			if i%2 == 0 {
 				w.step(Tick{})

@@ -5,7 +5,6 @@ import (
 	"sort"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -109,11 +108,11 @@ func (c *Reconciler) NodeStatus(now time.Time) []api.NodeStatus {
 			ns.HeartbeatMs = now.Sub(n.lastHeartbeat).Milliseconds()
 		}
 		if hb := n.heartbeat; hb != nil {
-			ns.Used = spec.Resources{MilliCPU: hb.GetUsed().GetMilliCpu(), MemoryMB: hb.GetUsed().GetMemoryMb()}
-			ns.Templates = spec.Resources{MemoryMB: hb.GetTemplates().GetMemoryMb()}
-			if em := hb.GetEmergency(); em.GetSlots() > 0 {
-				ns.Emergency = &api.EmergencyStatus{Slots: int(em.GetSlots()), InUse: int(em.GetInUse()), Started: em.GetStarted(), Failed: em.GetFailed(),
-					MemoryMBSeconds: em.GetMemoryMbSeconds()}
+			ns.Used = hb.Used
+			ns.Templates = spec.Resources{MemoryMB: hb.Templates.MemoryMB}
+			if em := hb.Emergency; em.Slots > 0 {
+				ns.Emergency = &api.EmergencyStatus{Slots: em.Slots, InUse: em.InUse, Started: em.Started, Failed: em.Failed,
+					MemoryMBSeconds: em.MemoryMBSeconds}
 			}
 		}
 		out = append(out, ns)
@@ -124,20 +123,20 @@ func (c *Reconciler) NodeStatus(now time.Time) []api.NodeStatus {
 // Snapshot is the full endpoint state a data plane starts from: every
 // function, its condition, every routable sandbox and the emergency
 // workers (Auth is the owner's to fill in).
-func (c *Reconciler) Snapshot() *briskv1.EndpointBatch {
-	snap := &briskv1.EndpointBatch{Snapshot: true}
+func (c *Reconciler) Snapshot() Snapshot {
+	var snap Snapshot
 	for _, fs := range c.order {
-		snap.Functions = append(snap.Functions, c.WireSpec(fs.spec))
+		snap.Functions = append(snap.Functions, c.Publish(fs.spec))
 		if fs.cond.reason != "" {
-			snap.Conditions = append(snap.Conditions, &briskv1.FunctionCondition{Function: fs.spec.Name, Reason: fs.cond.reason, Message: fs.cond.message, FailFast: fs.cond.failFast()})
+			snap.Conditions = append(snap.Conditions, fs.conditionOut())
 		}
 		for _, r := range fs.sandboxes {
 			if r.state == sbReady && !r.withdrawn {
-				snap.Added = append(snap.Added, endpointOf(r))
+				snap.Endpoints = append(snap.Endpoints, endpointOf(r))
 			}
 		}
 	}
-	snap.EmergencyWorkers, snap.EmergencySet = c.EmergencyWorkers(), true
+	snap.EmergencyWorkers = c.EmergencyWorkers()
 	return snap
 }
 
