@@ -40,7 +40,7 @@ test: setup-test vet ## install what the tests need (scripts/setup.sh --test), r
 	$(MAKE) fuzz
 
 fidelity: ## brisk sim against brisk replay on a local cluster (no race detector: it would be what is measured)
-	$(GO) test -count=1 -timeout 10m -run 'TestSimAgreesWithReplay' -v ./internal/loadgen/bench
+	$(GO) test -count=1 -timeout 10m -run 'TestSimAgreesWithReplay' -v ./internal/bench
 
 partitions: ## every partition lab schedule at full length (LAB_HOLD each, 90s by default; CI runs a subset with 6 s): docs/reliability.md, "Partitions"
 	$(GO) test ./test/e2e -run 'TestPartition' -count=1 -v -timeout 60m -lab-all -lab-hold $(or $(LAB_HOLD),90s)

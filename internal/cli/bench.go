@@ -16,8 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/bench"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 )
 
 // benchFlags are the flags every benchmark and replay share: which cluster,

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/internal/bench"
 )
 
 func newBenchAsync(g *globals) *cobra.Command {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/bench"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/brisk-faas/brisk/internal/loadgen/bench"
+	"github.com/brisk-faas/brisk/internal/bench"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 

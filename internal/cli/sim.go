@@ -16,11 +16,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/bench"
 	"github.com/brisk-faas/brisk/internal/loadgen"
-	"github.com/brisk-faas/brisk/internal/loadgen/bench"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/policy/placement"
 	"github.com/brisk-faas/brisk/internal/sim"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -274,7 +275,7 @@ func observeTemplates(sc *sim.Config) *templateRuns {
 	fraction, start := sc.TemplateFraction, sc.TemplateStart
 	aware := sc.Placement == placement.NameLocality
 	sc.OnResult = func(res *sim.Result) {
-		_, pf := loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{})
+		_, pf := workload.Slowdowns(res.Records, workload.SlowdownOptions{})
 		t.runs = append(t.runs, templateRun{fraction: fraction, start: start, nodes: res.TemplateNodes, aware: aware, starts: res.TemplateStarts,
 			created: res.SandboxesCreated, emergency: res.EmergencyTemplateStarts, p50: medianSlowdownGeomean(res.Records), p99: pf.P99})
 	}
@@ -282,9 +283,9 @@ func observeTemplates(sc *sim.Config) *templateRuns {
 }
 
 // medianSlowdownGeomean is the geometric mean over functions of each
-// function's median slowdown, over the calls loadgen.Slowdowns' p99
+// function's median slowdown, over the calls workload.Slowdowns' p99
 // headline counts (completed, measured phase).
-func medianSlowdownGeomean(recs []loadgen.Record) float64 {
+func medianSlowdownGeomean(recs []workload.Record) float64 {
 	byFn := map[string][]float64{}
 	for i := range recs {
 		r := &recs[i]
@@ -300,7 +301,7 @@ func medianSlowdownGeomean(recs []loadgen.Record) float64 {
 	for _, name := range slices.Sorted(maps.Keys(byFn)) {
 		v := byFn[name]
 		slices.Sort(v)
-		sum += math.Log(loadgen.Percentile(v, 50))
+		sum += math.Log(workload.Percentile(v, 50))
 	}
 	return math.Exp(sum / float64(len(byFn)))
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // ClosedLoop sends calls closed-loop: each of Callers goroutines sends its
@@ -43,7 +45,7 @@ func (cl *ClosedLoop) Done() int64 { return cl.done.Load() }
 // A call is sent only while its phase lasts; calls in flight when the
 // measured phase ends are awaited for the grace period at most. It returns
 // early with ctx's error.
-func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
+func (cl *ClosedLoop) Run(ctx context.Context) ([]workload.Record, error) {
 	if cl.Invoker == nil || cl.Callers <= 0 || cl.Duration <= 0 || len(cl.Functions) == 0 {
 		return nil, errors.New("closed loop: needs an invoker, callers, a duration and functions")
 	}
@@ -55,11 +57,11 @@ func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 	callCtx, cancel := context.WithDeadline(ctx, end.Add(cmp.Or(cl.Grace, DefaultGrace)))
 	defer cancel()
 	var next atomic.Int64
-	perCaller := make([][]Record, cl.Callers)
+	perCaller := make([][]workload.Record, cl.Callers)
 	var wg sync.WaitGroup
 	for k := range cl.Callers {
 		wg.Go(func() {
-			recs := make([]Record, 0, 1024)
+			recs := make([]workload.Record, 0, 1024)
 			for ctx.Err() == nil {
 				now := time.Now()
 				if !now.Before(end) {
@@ -77,7 +79,7 @@ func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 				if !rep.Sent.IsZero() {
 					sent = rep.Sent
 				}
-				r := Record{Phase: c.Phase, InvocationID: c.ID, Function: c.Function, RequestedUs: int64(c.RuntimeMs) * 1000,
+				r := workload.Record{Phase: c.Phase, InvocationID: c.ID, Function: c.Function, RequestedUs: int64(c.RuntimeMs) * 1000,
 					StartTime: sent.UnixMicro()}
 				fill(&r, &rep)
 				recs = append(recs, r)
@@ -91,7 +93,7 @@ func (cl *ClosedLoop) Run(ctx context.Context) ([]Record, error) {
 	for _, recs := range perCaller {
 		n += len(recs)
 	}
-	out := make([]Record, 0, n)
+	out := make([]workload.Record, 0, n)
 	for phase := 1; phase <= 2; phase++ {
 		for _, recs := range perCaller {
 			for i := range recs {

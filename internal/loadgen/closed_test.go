@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // countingInvoker answers every call, tracking how many are in flight at
@@ -62,7 +64,7 @@ func TestClosedLoopKeepsItsCallersBusyAndNoMore(t *testing.T) {
 			t.Fatalf("function %s got %d of %d measured calls", f, n, measured)
 		}
 	}
-	if s := Summarize(recs); s.Completed != measured || s.ThroughputRPS <= 0 {
+	if s := workload.Summarize(recs); s.Completed != measured || s.ThroughputRPS <= 0 {
 		t.Fatalf("summary %+v", s)
 	}
 }
@@ -95,7 +97,7 @@ func (s *stuckInvoker) Invoke(ctx context.Context, call *Call) Reply {
 // recorded as failed, and the other callers' calls as they came.
 func TestClosedLoopBoundsCallsThatNeverReturn(t *testing.T) {
 	cl := &ClosedLoop{Invoker: &stuckInvoker{}, Callers: 3, Duration: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Functions: []string{"stuck", "ok"}}
-	done := make(chan []Record, 1)
+	done := make(chan []workload.Record, 1)
 	go func() {
 		recs, err := cl.Run(context.Background())
 		if err != nil {
@@ -103,7 +105,7 @@ func TestClosedLoopBoundsCallsThatNeverReturn(t *testing.T) {
 		}
 		done <- recs
 	}()
-	var recs []Record
+	var recs []workload.Record
 	select {
 	case recs = <-done:
 	case <-time.After(30 * time.Second):

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // Call is one invocation to send.
@@ -120,7 +122,7 @@ func (is *Issuer) Done() int64 { return is.done.Load() }
 // Run sends calls (in any order; each function's calls are sent in offset
 // order) and returns one record per call, in the order of calls. It returns
 // early with ctx's error, after cancelling what is in flight.
-func (is *Issuer) Run(ctx context.Context, calls []Call) ([]Record, error) {
+func (is *Issuer) Run(ctx context.Context, calls []Call) ([]workload.Record, error) {
 	if is.Invoker == nil {
 		return nil, errors.New("issuer: no invoker")
 	}
@@ -136,7 +138,7 @@ func (is *Issuer) Run(ctx context.Context, calls []Call) ([]Record, error) {
 		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(calls[a].Offset, calls[b].Offset) })
 	}
 
-	recs := make([]Record, len(calls))
+	recs := make([]workload.Record, len(calls))
 	// Calls run under their own context: ctx ending cancels them, and so
 	// does the grace period running out after the last send.
 	callCtx, cancelCalls := context.WithCancel(context.WithoutCancel(ctx))
@@ -213,7 +215,7 @@ func (is *Issuer) Run(ctx context.Context, calls []Call) ([]Record, error) {
 	return recs, ctx.Err()
 }
 
-func fill(r *Record, rep *Reply) {
+func fill(r *workload.Record, rep *Reply) {
 	r.Status, r.ConnUs, r.ResponseUs = rep.Status, rep.Conn.Microseconds(), rep.Response.Microseconds()
 	r.ActualUs, r.QueueUs, r.Cold, r.Sandbox = rep.ExecUs, rep.QueueUs, rep.Cold, rep.Sandbox
 	r.Instance = cmp.Or(rep.Function, r.Function)
@@ -251,7 +253,7 @@ var ErrBehind = errors.New("the load generator fell behind its schedule")
 // than MaxFraction of the measured (not phase-1) sends were later than
 // Late, or when any measured call was not sent (cut short, or refused for
 // generator overload).
-func (l Lateness) Check(recs []Record) error {
+func (l Lateness) Check(recs []workload.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -283,7 +285,7 @@ func (l Lateness) Check(recs []Record) error {
 	if unsent > 0 || frac > l.MaxFraction {
 		return fmt.Errorf("%w: %d of %d measured sends (%.2f%%) were more than %s late, limit %.2f%% (lateness p99 %.1f ms, max %.1f ms); %d calls not sent",
 			ErrBehind, late, n, 100*frac, l.Late, 100*l.MaxFraction,
-			Percentile(lat, 99)/1000, lastOr(lat)/1000, unsent)
+			workload.Percentile(lat, 99)/1000, lastOr(lat)/1000, unsent)
 	}
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // fakeClock jumps to the requested time at once, plus lag(t): the issuer
@@ -128,9 +130,9 @@ func TestLatenessRefusesABehindRun(t *testing.T) {
 		t.Fatalf("6%% limit: %v", err)
 	}
 	// Hand-made records: 0.5 % late passes, an unsent call fails.
-	var rs []Record
+	var rs []workload.Record
 	for i := range 1000 {
-		r := Record{StartTime: 1, LatenessUs: 100}
+		r := workload.Record{StartTime: 1, LatenessUs: 100}
 		if i < 5 {
 			r.LatenessUs = 20_000
 		}
@@ -139,7 +141,7 @@ func TestLatenessRefusesABehindRun(t *testing.T) {
 	if err := DefaultLateness.Check(rs); err != nil {
 		t.Fatalf("0.5%% late refused: %v", err)
 	}
-	rs[999] = Record{}
+	rs[999] = workload.Record{}
 	if err := DefaultLateness.Check(rs); !errors.Is(err, ErrBehind) || !strings.Contains(err.Error(), "1 calls not sent") {
 		t.Fatalf("unsent call: %v", err)
 	}
@@ -241,7 +243,7 @@ func TestHTTPInvokerSpeaksTheLoadersProtocol(t *testing.T) {
 				t.Fatalf("server saw HTTP/%d, want HTTP/%d", proto.Load(), want)
 			}
 			rep = inv.Invoke(context.Background(), &Call{Function: "busy", RuntimeMs: 25, MemoryMB: 64})
-			var r Record
+			var r workload.Record
 			fill(&r, &rep)
 			if rep.Status != 503 || r.OK() || !r.FuncTimeout || r.ConnTimeout || !strings.Contains(r.Error, "queue full") {
 				t.Fatalf("503 recorded as %+v", r)
@@ -260,7 +262,7 @@ func TestHTTPInvokerSpeaksTheLoadersProtocol(t *testing.T) {
 	// No server: a connection failure.
 	inv := &HTTPInvoker{Client: NewHTTPClient(HTTPOptions{}), Route: DataPlane("127.0.0.1:1")}
 	rep := inv.Invoke(context.Background(), &Call{Function: "x"})
-	var r Record
+	var r workload.Record
 	fill(&r, &rep)
 	if !r.ConnTimeout || r.Status != 0 || r.Error == "" {
 		t.Fatalf("refused connection recorded as %+v", r)

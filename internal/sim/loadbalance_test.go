@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // With a load-balancing policy the simulator picks sandboxes as the data
@@ -16,7 +16,7 @@ import (
 // other tests pin call for call.)
 func TestLoadBalancingPolicies(t *testing.T) {
 	// 400 calls of 400 ms, 50 ms apart: 8 in flight.
-	sched := func() *loadgen.Schedule { return schedule(400, 50*time.Millisecond, 400) }
+	sched := func() *workload.Schedule { return schedule(400, 50*time.Millisecond, 400) }
 	shares := map[string][]int{}
 	for _, lb := range []string{"", "least-loaded", "first-available", "round-robin", "power-of-two", "random", "knative"} {
 		res, err := Run(sched(), Config{Nodes: 4, Seed: 1, Concurrency: 4, LoadBalancing: lb, StableWindow: 6 * time.Second})

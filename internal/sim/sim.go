@@ -26,11 +26,11 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
-	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/internal/policy/templateset"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -167,12 +167,12 @@ func (c *Config) defaults() {
 
 // Result is what a run produced.
 type Result struct {
-	Records          []loadgen.Record
+	Records          []workload.Record
 	SandboxesCreated int64
 	// EmergencyCalls were served by one-shot emergency sandboxes (dual).
 	EmergencyCalls int64
 	PeakSandboxes  int
-	Memory         []loadgen.MemorySample
+	Memory         []workload.MemorySample
 	// NodeBusy is each node's busy core-seconds: the spread of load.
 	NodeBusy []float64
 	Events   int64
@@ -353,7 +353,7 @@ func (h *callHeap) Pop() any {
 
 type simulator struct {
 	cfg   Config
-	s     *loadgen.Schedule
+	s     *workload.Schedule
 	r     *reconciler.Reconciler
 	start time.Time
 	now   int64
@@ -385,7 +385,7 @@ type simulator struct {
 }
 
 // Run simulates s on the cluster cfg describes.
-func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
+func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 	cfg.defaults()
 	var predictor autoscale.Predictor
 	if cfg.Triggers {
@@ -422,7 +422,7 @@ func Run(s *loadgen.Schedule, cfg Config) (*Result, error) {
 	lbRand := loadbalance.NewRand(cfg.Seed)
 	for i := range s.Functions {
 		f := &s.Functions[i]
-		cpu, mem := loadgen.ResourceRequest(f)
+		cpu, mem := workload.ResourceRequest(f)
 		sp := &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: cfg.Concurrency, Revision: 1,
 			Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem}, Scaling: spec.Scaling{Mode: cfg.ScalingMode}}
 		if cfg.StableWindow > 0 {
@@ -887,7 +887,7 @@ func (sm *simulator) finish(c *call) {
 	if !sb.emergency || sb.counted {
 		fn.setLevel(sm.now, -1)
 	}
-	sm.res.Records = append(sm.res.Records, loadgen.Record{
+	sm.res.Records = append(sm.res.Records, workload.Record{
 		Phase: sm.s.Phase(inv), Instance: sb.id, InvocationID: sm.s.InvocationID(inv),
 		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
 		RequestedUs: int64(inv.RuntimeMs) * 1000, ConnUs: (c.start - c.arrival) / 1000,
@@ -924,7 +924,7 @@ func (sm *simulator) timeout(c *call) {
 	c.queued = false
 	fn.setLevel(sm.now, -1)
 	inv := &sm.s.Invocations[c.inv]
-	sm.res.Records = append(sm.res.Records, loadgen.Record{
+	sm.res.Records = append(sm.res.Records, workload.Record{
 		Phase: sm.s.Phase(inv), InvocationID: sm.s.InvocationID(inv),
 		StartTime:   sm.start.Add(time.Duration(c.arrival)).UnixMicro(),
 		RequestedUs: int64(inv.RuntimeMs) * 1000, ResponseUs: (sm.now - c.arrival) / 1000,
@@ -966,5 +966,5 @@ func (sm *simulator) second() {
 			busy += float64(sb.memMB)
 		}
 	}
-	sm.res.Memory = append(sm.res.Memory, loadgen.MemorySample{At: float64(sm.now) / 1e9, ReservedMB: reserved, BusyMB: busy})
+	sm.res.Memory = append(sm.res.Memory, workload.MemorySample{At: float64(sm.now) / 1e9, ReservedMB: reserved, BusyMB: busy})
 }

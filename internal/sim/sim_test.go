@@ -5,15 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // schedule is n calls of one function every gap, each runtime long.
-func schedule(n int, gap time.Duration, runtime int32) *loadgen.Schedule {
-	s := &loadgen.Schedule{Functions: []loadgen.Function{{Row: 0, Invocations: []int{n}}}, Columns: 1,
-		Granularity: loadgen.Granularity(0)}
+func schedule(n int, gap time.Duration, runtime int32) *workload.Schedule {
+	s := &workload.Schedule{Functions: []workload.Function{{Row: 0, Invocations: []int{n}}}, Columns: 1,
+		Granularity: workload.Granularity(0)}
 	for i := range n {
-		s.Invocations = append(s.Invocations, loadgen.Invocation{Offset: time.Duration(i) * gap, Index: int32(i), RuntimeMs: runtime, MemoryMB: 128})
+		s.Invocations = append(s.Invocations, workload.Invocation{Offset: time.Duration(i) * gap, Index: int32(i), RuntimeMs: runtime, MemoryMB: 128})
 	}
 	return s
 }

@@ -7,19 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/templateset"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // traceSample is the first minutes of traces/azure_100 (the first one
 // warm-up), as brisk sim draws it with seed 42.
-func traceSample(t *testing.T, minutes int) *loadgen.Schedule {
+func traceSample(t *testing.T, minutes int) *workload.Schedule {
 	t.Helper()
-	tr, err := loadgen.LoadTrace("../../traces/azure_100", loadgen.TraceOptions{Columns: minutes})
+	tr, err := workload.LoadTrace("../../traces/azure_100", workload.TraceOptions{Columns: minutes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := loadgen.BuildSchedule(tr, loadgen.ScheduleConfig{Seed: 42, IAT: loadgen.Exponential, Granularity: loadgen.Minute, WarmupColumns: 1})
+	s, err := workload.BuildSchedule(tr, workload.ScheduleConfig{Seed: 42, IAT: workload.Exponential, Granularity: workload.Minute, WarmupColumns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestTemplateSlowdownImprovesWithFraction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sd, _ := loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{})
+		sd, _ := workload.Slowdowns(res.Records, workload.SlowdownOptions{})
 		hit := float64(res.TemplateStarts) / float64(res.SandboxesCreated)
 		t.Logf("fraction %.2f: slowdown gmean p99 %.4f, %d sandboxes, template hit rate %.3f", frac, sd.GeomeanP99, res.SandboxesCreated, hit)
 		if i > 0 && (sd.GeomeanP99 > prevSlow || hit < prevHit) {

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // Triggers (Config.Triggers): the trace's timer-triggered functions are
@@ -17,9 +17,9 @@ import (
 // plane gives it its cron triggers' schedules.
 
 // timerSchedules spreads the timer functions' calls of s over their
-// columns (loadgen.Schedule.SpreadTimers) and returns it with each timer
+// columns (workload.Schedule.SpreadTimers) and returns it with each timer
 // function's ticks.
-func timerSchedules(s *loadgen.Schedule) (*loadgen.Schedule, map[string]prewarm.Ticks) {
+func timerSchedules(s *workload.Schedule) (*workload.Schedule, map[string]prewarm.Ticks) {
 	out, fires := s.SpreadTimers()
 	ticks := make(map[string]prewarm.Ticks, len(fires))
 	for fi, offs := range fires {

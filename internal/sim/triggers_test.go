@@ -4,26 +4,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // timerTrace is a timer function firing once every 20 minutes for three
 // hours, measured after the first hour: a tick farther apart than any
 // keep-alive but gd's.
-func timerTrace() *loadgen.Schedule {
+func timerTrace() *workload.Schedule {
 	const cols = 180
-	f := loadgen.Function{Row: 0, Trigger: "timer", Invocations: make([]int, cols)}
-	s := &loadgen.Schedule{Columns: cols, WarmupColumns: 60, Granularity: loadgen.Minute}
+	f := workload.Function{Row: 0, Trigger: "timer", Invocations: make([]int, cols)}
+	s := &workload.Schedule{Columns: cols, WarmupColumns: 60, Granularity: workload.Minute}
 	for c := 5; c < cols; c += 20 {
 		f.Invocations[c] = 2
 		for k := range 2 {
 			// Somewhere in the column, as the loader spreads them.
-			s.Invocations = append(s.Invocations, loadgen.Invocation{Offset: time.Duration(c)*time.Minute + time.Duration(17+k*13)*time.Second,
+			s.Invocations = append(s.Invocations, workload.Invocation{Offset: time.Duration(c)*time.Minute + time.Duration(17+k*13)*time.Second,
 				Column: int32(c), Index: int32(k), RuntimeMs: 200, MemoryMB: 128})
 		}
 	}
-	s.Functions = []loadgen.Function{f}
+	s.Functions = []workload.Function{f}
 	return s
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // HTTPConfig is `brisk bench http`: the warm benchmark's open-loop
@@ -42,7 +43,7 @@ type HTTPSummary struct {
 	Command string `json:"command"`
 	Target  string `json:"target"` // the URL template
 	Validity
-	loadgen.Summary
+	workload.Summary
 	CPUPerCallUs float64        `json:"cpu_per_call_us"`
 	Config       HTTPConfigJSON `json:"config"`
 	Host         HostInfo       `json:"host"`
@@ -105,12 +106,12 @@ func HTTP(ctx context.Context, o Options, cfg HTTPConfig) (*HTTPSummary, string,
 		return nil, "", err
 	}
 	out := &HTTPSummary{Command: "bench http", Target: cfg.URL, CPUPerCallUs: cpuPerCall(processCPU()-cpu0, len(recs)),
-		Summary: loadgen.Summarize(recs), Config: HTTPConfigJSON{URL: cfg.URL, Host: cfg.Host, Functions: cfg.Functions,
+		Summary: workload.Summarize(recs), Config: HTTPConfigJSON{URL: cfg.URL, Host: cfg.Host, Functions: cfg.Functions,
 			Rate: cfg.Rate, Closed: cfg.Closed, DurationS: cfg.Duration.Seconds(), WarmupS: cfg.Warmup.Seconds(), ExecMs: cfg.ExecMs, H2C: o.HTTP.H2C}}
 	var verr error
 	out.Validity, verr = validity(&o, recs)
 	out.Host = host()
-	err = writeOutputs(o.Out, out, map[string][]loadgen.Record{"invocations.csv": recs}, []plotSpec{{file: "latency_cdf.png",
+	err = writeOutputs(o.Out, out, map[string][]workload.Record{"invocations.csv": recs}, []plotSpec{{file: "latency_cdf.png",
 		title: ld.title("calls"), xLabel: "response time (ms)", logX: true,
 		series: []loadgen.Series{{Name: "http", Values: latencies(recs)}}}})
 	text := formatLoad("http  ", &out.Summary, out.Validity, o.Force) + "\n" + out.Host.String()

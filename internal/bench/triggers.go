@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/trigger"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -85,9 +85,9 @@ type CronPhase struct {
 	// LagMs is a tick's scheduled time to its call's start in the
 	// function's sandbox (the attempt's start on the data plane plus its
 	// queue wait there); QueuedMs the tick to the call queued.
-	LagMs    loadgen.Dist `json:"lag_ms"`
-	QueuedMs loadgen.Dist `json:"queued_ms"`
-	Outcome  CallOutcome  `json:"outcome"`
+	LagMs    workload.Dist `json:"lag_ms"`
+	QueuedMs workload.Dist `json:"queued_ms"`
+	Outcome  CallOutcome   `json:"outcome"`
 }
 
 // NATSPhase: a JetStream trigger's throughput into one warm function.
@@ -215,7 +215,7 @@ func cronPhase(ctx context.Context, c *Cluster, o *Options, cfg TriggersConfig, 
 		lag = append(lag, ms(time.Duration(r.started-ticks[i].UnixNano()))+float64(q)/1000)
 		queued = append(queued, ms(time.Duration(r.submitted-ticks[i].UnixNano())))
 	}
-	*out = CronPhase{Functions: len(names), Ticks: len(ids), LagMs: loadgen.NewDist(lag), QueuedMs: loadgen.NewDist(queued), Outcome: outcome(recs)}
+	*out = CronPhase{Functions: len(names), Ticks: len(ids), LagMs: workload.NewDist(lag), QueuedMs: workload.NewDist(queued), Outcome: outcome(recs)}
 	return nil
 }
 

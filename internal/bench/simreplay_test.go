@@ -16,6 +16,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/sim"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // TestSimAgreesWithReplay validates the simulator against the real system:
@@ -56,7 +57,7 @@ func TestSimAgreesWithReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs, err := loadgen.ReadRecords(f)
+	recs, err := workload.ReadRecords(f)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -172,8 +173,8 @@ type AcceptPhase struct {
 	AcceptedPerS float64        `json:"accepted_per_s"`
 	// LatencyMs is the client's time from send to the 202 (accepted
 	// calls).
-	LatencyMs loadgen.Dist `json:"accept_latency_ms"`
-	Calls     CallOutcome  `json:"calls"`
+	LatencyMs workload.Dist `json:"accept_latency_ms"`
+	Calls     CallOutcome   `json:"calls"`
 	// FinishedWhileSubmitting counts calls that finished before the last
 	// one was submitted: the consumer runs while the clients submit.
 	FinishedWhileSubmitting int `json:"finished_while_submitting"`
@@ -197,7 +198,7 @@ type PacedPhase struct {
 	// was still busy then (the wait counts: no coordinated omission), else
 	// from its actual send (a client's timer firing late is not the
 	// server's).
-	LatencyMs loadgen.Dist `json:"accept_latency_ms"`
+	LatencyMs workload.Dist `json:"accept_latency_ms"`
 	// Late counts sends that left after their scheduled time because every
 	// client was busy.
 	Late  int         `json:"late"`
@@ -210,17 +211,17 @@ type LightPhase struct {
 	GapMs float64 `json:"gap_ms"`
 	// OverheadMs is accept to function start: dispatch plus the data
 	// plane's queue wait.
-	OverheadMs loadgen.Dist `json:"accept_to_start_ms"`
+	OverheadMs workload.Dist `json:"accept_to_start_ms"`
 	// DispatchMs is StartedAt − SubmittedAt: the queue stored the call,
 	// the consumer pulled it and took a slot.
-	DispatchMs loadgen.Dist `json:"dispatch_ms"`
+	DispatchMs workload.Dist `json:"dispatch_ms"`
 	// QueueWaitMs is the data plane's queue wait (X-Brisk-Timing
 	// queue_us of the attempt).
-	QueueWaitMs loadgen.Dist `json:"dataplane_queue_ms"`
+	QueueWaitMs workload.Dist `json:"dataplane_queue_ms"`
 	// EndToEndMs is FinishedAt − SubmittedAt.
-	EndToEndMs loadgen.Dist `json:"submit_to_finish_ms"`
-	LatencyMs  loadgen.Dist `json:"accept_latency_ms"`
-	Outcome    CallOutcome  `json:"calls"`
+	EndToEndMs workload.Dist `json:"submit_to_finish_ms"`
+	LatencyMs  workload.Dist `json:"accept_latency_ms"`
+	Outcome    CallOutcome   `json:"calls"`
 	// NoTiming counts succeeded calls whose result lacks X-Brisk-Timing
 	// (their queue wait counts as 0).
 	NoTiming int `json:"without_timing_header"`
@@ -240,7 +241,7 @@ type DrainPhase struct {
 	// queue was paused (a local cluster): the accept path alone.
 	SubmitCPUPerCallUs float64        `json:"submit_cpu_per_call_us,omitempty"`
 	Statuses           map[string]int `json:"statuses"`
-	LatencyMs          loadgen.Dist   `json:"accept_latency_ms"`
+	LatencyMs          workload.Dist  `json:"accept_latency_ms"`
 	Calls              CallOutcome    `json:"calls"`
 	// DrainS runs from the resume (Paused) or else the first call's
 	// SubmittedAt to the last call's FinishedAt; DrainedPerS is the calls
@@ -260,12 +261,12 @@ type DrainPhase struct {
 
 // SyncPhase is phase 4: synchronous calls of the same function.
 type SyncPhase struct {
-	Callers       int          `json:"callers"`
-	DurationS     float64      `json:"duration_s"`
-	Completed     int          `json:"completed"`
-	Failed        int          `json:"failed"`
-	ThroughputRPS float64      `json:"throughput_rps"`
-	LatencyMs     loadgen.Dist `json:"latency_ms"`
+	Callers       int           `json:"callers"`
+	DurationS     float64       `json:"duration_s"`
+	Completed     int           `json:"completed"`
+	Failed        int           `json:"failed"`
+	ThroughputRPS float64       `json:"throughput_rps"`
+	LatencyMs     workload.Dist `json:"latency_ms"`
 	// CPUPerCallUs is this process's CPU time per call, warm-up included
 	// (a local cluster).
 	CPUPerCallUs float64 `json:"cpu_per_call_us,omitempty"`
@@ -350,7 +351,7 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 		return nil, "", err
 	}
 	out.Accept = AcceptPhase{Clients: cfg.Clients, DurationS: acc.elapsed.Seconds(), Sent: acc.sent, Statuses: acc.statuses,
-		AcceptedPerS: rate(len(acc.ids), acc.elapsed), LatencyMs: loadgen.NewDist(acc.lat)}
+		AcceptedPerS: rate(len(acc.ids), acc.elapsed), LatencyMs: workload.NewDist(acc.lat)}
 	o.logf("phase 1: waiting for %d calls to finish", len(acc.ids))
 	recs, werr := c.awaitCalls(ctx, acc.ids, cfg.Timeout, cfg.Clients)
 	phases = append(phases, phaseRecords{"accept", acc.ids, recs})
@@ -370,7 +371,7 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 		return nil, "", err
 	}
 	out.Paced = PacedPhase{Clients: cfg.Clients, OfferedPerS: cfg.AcceptRate, DurationS: paced.elapsed.Seconds(), Sent: paced.sent,
-		Statuses: paced.statuses, AcceptedPerS: rate(len(paced.ids), paced.elapsed), LatencyMs: loadgen.NewDist(paced.lat), Late: paced.late}
+		Statuses: paced.statuses, AcceptedPerS: rate(len(paced.ids), paced.elapsed), LatencyMs: workload.NewDist(paced.lat), Late: paced.late}
 	o.logf("phase 1b: waiting for %d calls to finish", len(paced.ids))
 	recs, werr = c.awaitCalls(ctx, paced.ids, cfg.Timeout, cfg.Clients)
 	phases = append(phases, phaseRecords{"paced", paced.ids, recs})
@@ -428,7 +429,7 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 		return finish(err)
 	}
 	out.Drain = DrainPhase{Backlog: cfg.Backlog, Clients: cfg.Clients, Paused: !resumed.IsZero(), SubmitS: bl.elapsed.Seconds(),
-		SubmitPerS: rate(len(bl.ids), bl.elapsed), Statuses: bl.statuses, LatencyMs: loadgen.NewDist(bl.lat)}
+		SubmitPerS: rate(len(bl.ids), bl.elapsed), Statuses: bl.statuses, LatencyMs: workload.NewDist(bl.lat)}
 	if c.IsLocal() && !resumed.IsZero() {
 		out.Drain.SubmitCPUPerCallUs = cpuPerCall(submitCPU, bl.sent)
 	}
@@ -468,7 +469,7 @@ func Async(ctx context.Context, c *Cluster, o Options, cfg AsyncConfig) (*AsyncS
 		return finish(err)
 	}
 	syncCPU := processCPU() - cpu0
-	s := loadgen.Summarize(srecs)
+	s := workload.Summarize(srecs)
 	out.Sync = SyncPhase{Callers: cfg.Concurrency, DurationS: cfg.SyncDuration.Seconds(), Completed: s.Completed, Failed: s.Failed,
 		ThroughputRPS: s.ThroughputRPS, LatencyMs: s.LatencyMs}
 	if c.IsLocal() {
@@ -1042,8 +1043,8 @@ func lightPhase(recs []callEnd, cfg AsyncConfig, acceptMs []float64) LightPhase 
 		disp, wait, over = append(disp, d), append(wait, q), append(over, d+q)
 		e2e = append(e2e, ms(time.Duration(r.finished-r.submitted)))
 	}
-	return LightPhase{Count: cfg.LightCalls, GapMs: ms(cfg.LightGap), OverheadMs: loadgen.NewDist(over), DispatchMs: loadgen.NewDist(disp),
-		QueueWaitMs: loadgen.NewDist(wait), EndToEndMs: loadgen.NewDist(e2e), LatencyMs: loadgen.NewDist(acceptMs), Outcome: outcome(recs), NoTiming: noTiming}
+	return LightPhase{Count: cfg.LightCalls, GapMs: ms(cfg.LightGap), OverheadMs: workload.NewDist(over), DispatchMs: workload.NewDist(disp),
+		QueueWaitMs: workload.NewDist(wait), EndToEndMs: workload.NewDist(e2e), LatencyMs: workload.NewDist(acceptMs), Outcome: outcome(recs), NoTiming: noTiming}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -42,7 +43,7 @@ type WarmSummary struct {
 	Command string `json:"command"`
 	Target  string `json:"target"` // "brisk" or "direct"
 	Validity
-	loadgen.Summary
+	workload.Summary
 	// CPUPerCallUs is this process's CPU time over the run's calls
 	// (warm-up included): the generator's, and with --local the whole
 	// cluster's and the sandboxes'.
@@ -70,7 +71,7 @@ type WarmConfigJSON struct {
 // DirectRun is the same load sent straight to the sandboxes.
 type DirectRun struct {
 	Validity
-	loadgen.Summary
+	workload.Summary
 	CPUPerCallUs float64 `json:"cpu_per_call_us"`
 }
 
@@ -179,7 +180,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 		}
 	}
 
-	csvs := map[string][]loadgen.Record{}
+	csvs := map[string][]workload.Record{}
 	var text []string
 	var series []loadgen.Series
 	var firstErr error
@@ -229,7 +230,7 @@ func Warm(ctx context.Context, c *Cluster, o Options, cfg WarmConfig) (*WarmSumm
 type warmSide struct {
 	label string
 	inv   loadgen.Invoker
-	recs  []loadgen.Record
+	recs  []workload.Record
 	cpu   time.Duration
 	// completed and span (seconds) of each round's measured calls: the
 	// throughput is taken over the side's own time only.
@@ -237,18 +238,18 @@ type warmSide struct {
 	span      float64
 }
 
-func (sd *warmSide) add(recs []loadgen.Record, cpu time.Duration) {
+func (sd *warmSide) add(recs []workload.Record, cpu time.Duration) {
 	sd.recs = append(sd.recs, recs...)
 	sd.cpu += cpu
-	if s := loadgen.Summarize(recs); s.ThroughputRPS > 0 {
+	if s := workload.Summarize(recs); s.ThroughputRPS > 0 {
 		sd.completed += s.Completed
 		sd.span += float64(s.Completed) / s.ThroughputRPS
 	}
 }
 
 // summary is the side's summary over all rounds and its CPU per call.
-func (sd *warmSide) summary() (loadgen.Summary, float64) {
-	s := loadgen.Summarize(sd.recs)
+func (sd *warmSide) summary() (workload.Summary, float64) {
+	s := workload.Summarize(sd.recs)
 	if sd.span > 0 {
 		s.ThroughputRPS = float64(sd.completed) / sd.span
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -70,7 +71,7 @@ type Validity struct {
 // fell behind; its files are written all the same, marked invalid.
 var ErrRefused = errors.New("run refused")
 
-func validity(o *Options, recs []loadgen.Record) (Validity, error) {
+func validity(o *Options, recs []workload.Record) (Validity, error) {
 	lim := o.Lateness
 	if lim == (loadgen.Lateness{}) {
 		lim = loadgen.DefaultLateness
@@ -196,7 +197,7 @@ func (c *Cluster) waitReady(ctx context.Context, name string, n int, timeout tim
 
 // writeOutputs writes summary.json, the records CSVs and the plots into
 // dir, creating it.
-func writeOutputs(dir string, summary any, csvs map[string][]loadgen.Record, plots []plotSpec) error {
+func writeOutputs(dir string, summary any, csvs map[string][]workload.Record, plots []plotSpec) error {
 	if dir == "" {
 		return nil
 	}
@@ -204,7 +205,7 @@ func writeOutputs(dir string, summary any, csvs map[string][]loadgen.Record, plo
 		return err
 	}
 	for name, recs := range csvs {
-		if err := writeFile(filepath.Join(dir, name), func(w io.Writer) error { return loadgen.WriteRecords(w, recs) }); err != nil {
+		if err := writeFile(filepath.Join(dir, name), func(w io.Writer) error { return workload.WriteRecords(w, recs) }); err != nil {
 			return err
 		}
 	}
@@ -242,7 +243,7 @@ func writeFile(path string, f func(io.Writer) error) error {
 }
 
 // latencies returns the response times (ms) of completed measured calls.
-func latencies(recs []loadgen.Record) []float64 {
+func latencies(recs []workload.Record) []float64 {
 	var out []float64
 	for i := range recs {
 		if r := &recs[i]; r.Phase == 2 && r.OK() {
@@ -254,7 +255,7 @@ func latencies(recs []loadgen.Record) []float64 {
 
 // formatLoad is the short human summary of a load run. A refused run shows
 // no latencies unless forced: they measure the generator, not brisk.
-func formatLoad(name string, s *loadgen.Summary, v Validity, force bool) string {
+func formatLoad(name string, s *workload.Summary, v Validity, force bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %d issued, %d ok, %d failed", name, s.Issued, s.Completed, s.Failed)
 	if len(s.Statuses) > 1 || s.Statuses["200"] != s.Issued {
@@ -280,7 +281,7 @@ func newIssuer(o *Options, inv loadgen.Invoker) *loadgen.Issuer {
 }
 
 // issue runs calls with a progress bar.
-func issue(ctx context.Context, o *Options, label string, is *loadgen.Issuer, calls []loadgen.Call) ([]loadgen.Record, error) {
+func issue(ctx context.Context, o *Options, label string, is *loadgen.Issuer, calls []loadgen.Call) ([]workload.Record, error) {
 	bar := loadgen.StartProgress(o.Progress, label, int64(len(calls)), func() (int64, string) {
 		return is.Issued(), fmt.Sprintf("done %d", is.Done())
 	})
@@ -299,7 +300,7 @@ type load struct {
 }
 
 // send sends one run of l through inv, warm-up calls first.
-func (l load) send(ctx context.Context, o *Options, label string, inv loadgen.Invoker, warmup, d time.Duration) ([]loadgen.Record, error) {
+func (l load) send(ctx context.Context, o *Options, label string, inv loadgen.Invoker, warmup, d time.Duration) ([]workload.Record, error) {
 	if l.closed > 0 {
 		return closedLoop(ctx, o, label, &loadgen.ClosedLoop{Invoker: inv, Callers: l.closed, Warmup: warmup,
 			Duration: d, Functions: l.names, RuntimeMs: l.execMs, Grace: o.Grace})
@@ -317,7 +318,7 @@ func (l load) title(what string) string {
 
 // closedLoop runs cl with a progress bar. A closed loop cannot fall behind
 // a schedule, so its runs are always valid.
-func closedLoop(ctx context.Context, o *Options, label string, cl *loadgen.ClosedLoop) ([]loadgen.Record, error) {
+func closedLoop(ctx context.Context, o *Options, label string, cl *loadgen.ClosedLoop) ([]workload.Record, error) {
 	total := int64((cl.Warmup + cl.Duration) / time.Millisecond)
 	start := time.Now()
 	bar := loadgen.StartProgress(o.Progress, label, total, func() (int64, string) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // triggerTrace writes a trace of three functions of azure_100, one of
@@ -19,8 +20,8 @@ import (
 func triggerTrace(t *testing.T, columns int) (dir string, names map[string]string) {
 	t.Helper()
 	src := filepath.Join(moduleRoot(t), "traces", "azure_100")
-	rows := readCSV(t, filepath.Join(src, loadgen.InvocationsFile))
-	per := map[string]int{"http": 1, loadgen.TriggerTimer: 1, loadgen.TriggerQueue: 3}
+	rows := readCSV(t, filepath.Join(src, workload.InvocationsFile))
+	per := map[string]int{"http": 1, workload.TriggerTimer: 1, workload.TriggerQueue: 3}
 	out := [][]string{append(rows[0][:4:4], make([]string, columns)...)}
 	for i := range columns {
 		out[0][4+i] = strconv.Itoa(i)
@@ -36,14 +37,14 @@ func triggerTrace(t *testing.T, columns int) (dir string, names map[string]strin
 			row[4+c] = strconv.Itoa(n)
 		}
 		// Registered as trace-func-<row in the written trace>.
-		names[r[3]] = loadgen.FunctionName(len(out) - 1)
+		names[r[3]] = workload.FunctionName(len(out) - 1)
 		out = append(out, row)
 	}
 	if len(names) != len(per) {
 		t.Fatalf("azure_100 lacks a function of each kind: %v", names)
 	}
 	dir = t.TempDir()
-	w, err := os.Create(filepath.Join(dir, loadgen.InvocationsFile))
+	w, err := os.Create(filepath.Join(dir, workload.InvocationsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func triggerTrace(t *testing.T, columns int) (dir string, names map[string]strin
 		t.Fatal(err)
 	}
 	w.Close()
-	for _, n := range []string{loadgen.DurationsFile, loadgen.MemoryFile} {
+	for _, n := range []string{workload.DurationsFile, workload.MemoryFile} {
 		if err := os.WriteFile(filepath.Join(dir, n), must(os.ReadFile(filepath.Join(src, n))), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -77,18 +78,18 @@ func TestReplayTriggersOnALocalCluster(t *testing.T) {
 	if s.Requested != 4*(1+1+3) || s.Issued != s.Requested || s.Completed != s.Issued || s.Failed != 0 {
 		t.Fatalf("requested %d issued %d completed %d failed %d, want %d each and no failure", s.Requested, s.Issued, s.Completed, s.Failed, 20)
 	}
-	recs, err := loadgen.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
+	recs, err := workload.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
 	if err != nil {
 		t.Fatal(err)
 	}
 	count := map[string]int{}
 	for _, r := range recs {
 		count[r.Function]++
-		if !r.OK() || r.ResponseUs <= 0 || r.ActualUs <= 0 || r.Function == names[loadgen.TriggerTimer] && r.LatenessUs != 0 {
+		if !r.OK() || r.ResponseUs <= 0 || r.ActualUs <= 0 || r.Function == names[workload.TriggerTimer] && r.LatenessUs != 0 {
 			t.Errorf("record %+v: want a succeeded call with its response and execution times", r)
 		}
 	}
-	if count[names["http"]] != 6 || count[names[loadgen.TriggerTimer]] != 6 || count[names[loadgen.TriggerQueue]] != 18 {
+	if count[names["http"]] != 6 || count[names[workload.TriggerTimer]] != 6 || count[names[workload.TriggerQueue]] != 18 {
 		t.Errorf("records per function %v (functions %v), want 6 HTTP calls, 6 ticks, 18 messages", count, names)
 	}
 	// The triggers and the stream are gone.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/trigger"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -23,7 +24,7 @@ import (
 // generator (docs/triggers.md, "Replaying a trace's triggers").
 //
 //   - A timer function fires at its calls' times spread evenly over their
-//     columns (loadgen.Schedule.SpreadTimers); its trigger is "@every P"
+//     columns (workload.Schedule.SpreadTimers); its trigger is "@every P"
 //     from the first firing (CronSource.Start), P the mean interval between
 //     its firings in the window (rounded to a second; one firing: once).
 //     The ticks are those of the trigger, which the trace's counts
@@ -71,30 +72,30 @@ func queueKey(fn, id string) string { return fn + "/" + id }
 // planTriggers decides the triggers of s's timer and queue functions and
 // returns the calls the generator still makes itself. calls[i] is
 // s.Invocations[i]'s call; fns the registered functions by index.
-func planTriggers(s *loadgen.Schedule, calls []loadgen.Call, fns []*spec.Function, timeScale float64) (*replayTriggers, []loadgen.Call) {
+func planTriggers(s *workload.Schedule, calls []loadgen.Call, fns []*spec.Function, timeScale float64) (*replayTriggers, []loadgen.Call) {
 	rt := &replayTriggers{subjects: map[string]string{}, uids: map[string]string{}}
 	_, fires := s.SpreadTimers()
-	window := loadgen.ScaleOffset(time.Duration(s.Columns)*s.Granularity.Period(), timeScale)
-	warm := loadgen.ScaleOffset(time.Duration(s.WarmupColumns)*s.Granularity.Period(), timeScale)
+	window := workload.ScaleOffset(time.Duration(s.Columns)*s.Granularity.Period(), timeScale)
+	warm := workload.ScaleOffset(time.Duration(s.WarmupColumns)*s.Granularity.Period(), timeScale)
 	byFn := map[int32][]int{} // timer function → its calls
 	var rest []loadgen.Call
 	for i := range s.Invocations {
 		f := s.Invocations[i].Func
 		switch s.Functions[f].Trigger {
-		case loadgen.TriggerTimer:
+		case workload.TriggerTimer:
 			byFn[f] = append(byFn[f], i)
 			continue
-		case loadgen.TriggerQueue:
+		case workload.TriggerQueue:
 			rt.subjects[fns[f].Name] = ""
 		}
 		rest = append(rest, calls[i])
 	}
 	for _, f := range slices.Sorted(maps.Keys(fires)) {
 		offs := fires[f]
-		first := loadgen.ScaleOffset(offs[0], timeScale).Round(time.Second)
+		first := workload.ScaleOffset(offs[0], timeScale).Round(time.Second)
 		every := 24 * time.Hour // one firing: once in the window
 		if n := len(offs); n > 1 {
-			every = max(loadgen.ScaleOffset((offs[n-1]-offs[0])/time.Duration(n-1), timeScale).Round(time.Second), time.Second)
+			every = max(workload.ScaleOffset((offs[n-1]-offs[0])/time.Duration(n-1), timeScale).Round(time.Second), time.Second)
 		}
 		ms := make([]int, 0, len(byFn[f]))
 		mb := make([]int, 0, len(byFn[f]))
@@ -206,7 +207,7 @@ func (rt *replayTriggers) Invoke(ctx context.Context, c *loadgen.Call) loadgen.R
 // records waits for the trigger-made calls to end and returns the records:
 // recs with each published call's record replaced by its call's, and one
 // record per timer tick. start is the schedule's start.
-func (rt *replayTriggers) records(ctx context.Context, c *Cluster, o *Options, start time.Time, recs []loadgen.Record, timeout time.Duration) ([]loadgen.Record, error) {
+func (rt *replayTriggers) records(ctx context.Context, c *Cluster, o *Options, start time.Time, recs []workload.Record, timeout time.Duration) ([]workload.Record, error) {
 	var ids []string
 	type ref struct {
 		rec  int // index in recs; -1: a tick
@@ -238,13 +239,13 @@ func (rt *replayTriggers) records(ctx context.Context, c *Cluster, o *Options, s
 	}
 	for i, e := range ends {
 		rf := refs[i]
-		var r loadgen.Record
+		var r workload.Record
 		if rf.rec >= 0 {
 			r = recs[rf.rec]
 		} else {
 			tt := rf.tt
 			at := start.Add(tt.ticks[rf.tick])
-			r = loadgen.Record{Phase: tt.phases[rf.tick], Function: tt.fn, InvocationID: "tick" + strconv.Itoa(rf.tick),
+			r = workload.Record{Phase: tt.phases[rf.tick], Function: tt.fn, InvocationID: "tick" + strconv.Itoa(rf.tick),
 				StartTime: at.UnixMicro(), RequestedUs: tt.requestU, MemoryMB: tt.memoryMB}
 		}
 		callRecord(&r, &e)
@@ -261,7 +262,7 @@ func (rt *replayTriggers) records(ctx context.Context, c *Cluster, o *Options, s
 }
 
 // callRecord fills r (its StartTime the tick or publish) from its call's end.
-func callRecord(r *loadgen.Record, e *callEnd) {
+func callRecord(r *workload.Record, e *callEnd) {
 	r.Status, r.Error, r.ConnTimeout, r.FuncTimeout = int(e.code), "", false, false
 	r.QueueUs, r.Cold, r.ActualUs = max(e.queueUs, 0), e.cold, e.execUs
 	if e.finished > 0 {
@@ -284,7 +285,7 @@ func callRecord(r *loadgen.Record, e *callEnd) {
 
 // finish waits out the window's last ticks, stops the cron triggers and
 // returns the records with the trigger-made calls'.
-func (rt *replayTriggers) finish(ctx context.Context, c *Cluster, o *Options, start time.Time, window time.Duration, recs []loadgen.Record) ([]loadgen.Record, error) {
+func (rt *replayTriggers) finish(ctx context.Context, c *Cluster, o *Options, start time.Time, window time.Duration, recs []workload.Record) ([]workload.Record, error) {
 	select {
 	case <-time.After(time.Until(start.Add(window))):
 	case <-ctx.Done():
@@ -304,10 +305,10 @@ type ReplayTriggers struct {
 	QueueCalls      int64 `json:"queue_calls"`
 	QueueColdStarts int64 `json:"queue_cold_starts"`
 	// TickToStartMs: a tick to its call's start in the sandbox.
-	TickToStartMs loadgen.Dist `json:"tick_to_start_ms"`
+	TickToStartMs workload.Dist `json:"tick_to_start_ms"`
 }
 
-func (rt *replayTriggers) summary(s *loadgen.Schedule, recs []loadgen.Record) *ReplayTriggers {
+func (rt *replayTriggers) summary(s *workload.Schedule, recs []workload.Record) *ReplayTriggers {
 	out := &ReplayTriggers{QueueFunctions: len(rt.subjects)}
 	_, out.TimerCalls, out.TimerColdStarts = s.TimerStats(recs)
 	out.TimerFunctions = len(rt.timers)
@@ -331,6 +332,6 @@ func (rt *replayTriggers) summary(s *loadgen.Schedule, recs []loadgen.Record) *R
 			}
 		}
 	}
-	out.TickToStartMs = loadgen.NewDist(lag)
+	out.TickToStartMs = workload.NewDist(lag)
 	return out
 }

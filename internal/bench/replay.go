@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/codezip"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -65,25 +66,25 @@ type ReplayConfig struct {
 }
 
 // Schedule loads the trace window and draws the schedule.
-func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
+func (cfg *ReplayConfig) Schedule() (*workload.Schedule, error) {
 	if cfg.Minutes <= 0 || cfg.Warmup < 0 || cfg.StartMinute < 0 {
 		return nil, fmt.Errorf("replay: --minutes %d must be positive, --warmup %d and --start-minute %d not negative", cfg.Minutes, cfg.Warmup, cfg.StartMinute)
 	}
-	if cfg.MinSandboxMemoryMB < 0 || cfg.MinSandboxMemoryMB > loadgen.DefaultMaxMemory {
-		return nil, fmt.Errorf("replay: --min-sandbox-memory %d out of range [0, %d]", cfg.MinSandboxMemoryMB, loadgen.DefaultMaxMemory)
+	if cfg.MinSandboxMemoryMB < 0 || cfg.MinSandboxMemoryMB > workload.DefaultMaxMemory {
+		return nil, fmt.Errorf("replay: --min-sandbox-memory %d out of range [0, %d]", cfg.MinSandboxMemoryMB, workload.DefaultMaxMemory)
 	}
 	if cfg.TimeScale <= 0 || cfg.TimeScale > 1000 {
 		return nil, fmt.Errorf("replay: --time-scale %g out of range (0, 1000]", cfg.TimeScale)
 	}
-	iat, shift, err := loadgen.ParseIAT(cfg.IAT)
+	iat, shift, err := workload.ParseIAT(cfg.IAT)
 	if err != nil {
 		return nil, err
 	}
-	gran, err := loadgen.ParseGranularity(cfg.Granularity)
+	gran, err := workload.ParseGranularity(cfg.Granularity)
 	if err != nil {
 		return nil, err
 	}
-	tr, err := loadgen.LoadTrace(cfg.TraceDir, loadgen.TraceOptions{StartColumn: cfg.StartMinute, Columns: cfg.Warmup + cfg.Minutes})
+	tr, err := workload.LoadTrace(cfg.TraceDir, workload.TraceOptions{StartColumn: cfg.StartMinute, Columns: cfg.Warmup + cfg.Minutes})
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +92,7 @@ func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
 		return nil, fmt.Errorf("replay: --replicate %d out of range [0, 10000]", cfg.Replicate)
 	}
 	tr = tr.Busiest(cfg.Functions).Replicate(cfg.Replicate)
-	return loadgen.BuildSchedule(tr, loadgen.ScheduleConfig{Seed: cfg.Seed, IAT: iat, Shift: shift, Granularity: gran,
+	return workload.BuildSchedule(tr, workload.ScheduleConfig{Seed: cfg.Seed, IAT: iat, Shift: shift, Granularity: gran,
 		WarmupColumns: cfg.Warmup, MaxRuntime: cfg.MaxRuntime})
 }
 
@@ -100,21 +101,21 @@ func (cfg *ReplayConfig) Schedule() (*loadgen.Schedule, error) {
 type ReplaySummary struct {
 	Command string `json:"command"`
 	Validity
-	loadgen.Summary
+	workload.Summary
 	// Requested is the number of measured-phase invocations the trace asks
 	// for; issued must equal it.
 	Requested int `json:"requested"`
 	// Slowdown: see loadgen.Slowdown for each variant's exact definition.
-	Slowdown loadgen.Slowdown `json:"slowdown"`
+	Slowdown workload.Slowdown `json:"slowdown"`
 	// SchedulingLatencyMs is responseTime − actualDuration of completed
 	// measured calls.
-	SchedulingLatencyMs loadgen.Dist `json:"scheduling_latency_ms"`
+	SchedulingLatencyMs workload.Dist `json:"scheduling_latency_ms"`
 	// ColdStartsAll counts cold replies of both phases, to compare with
 	// SandboxesCreated (which covers the whole run).
-	ColdStartsAll    int                `json:"cold_starts_all_phases"`
-	SandboxesCreated int64              `json:"sandboxes_created"`
-	PeakSandboxes    int                `json:"peak_sandboxes"`
-	MemoryCost       loadgen.MemoryCost `json:"memory_cost"`
+	ColdStartsAll    int                 `json:"cold_starts_all_phases"`
+	SandboxesCreated int64               `json:"sandboxes_created"`
+	PeakSandboxes    int                 `json:"peak_sandboxes"`
+	MemoryCost       workload.MemoryCost `json:"memory_cost"`
 	// Emergency is the dual track's one-shot sandboxes during the run
 	// (from the workers' heartbeats; -1 when not known): how many started,
 	// and their memory cost, which MemoryCost (the control plane's table)
@@ -173,7 +174,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	skip := cfg.SkipMinutes
 	switch {
 	case skip == 0:
-		skip = loadgen.DefaultSkipMinutes
+		skip = workload.DefaultSkipMinutes
 	case skip < 0:
 		skip = 0
 	}
@@ -183,7 +184,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	active := 0
 	for i := range s.Functions {
 		f := &s.Functions[i]
-		cpu, mem := loadgen.ResourceRequest(f)
+		cpu, mem := workload.ResourceRequest(f)
 		mem = max(mem, cfg.MinSandboxMemoryMB)
 		names[i] = f.Name()
 		fns[i] = &spec.Function{Name: f.Name(), Builtin: "trace", Concurrency: 1, Resources: spec.Resources{MilliCPU: cpu, MemoryMB: mem},
@@ -215,7 +216,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	requested := 0
 	for i := range s.Invocations {
 		inv := &s.Invocations[i]
-		calls[i] = loadgen.Call{Function: names[inv.Func], Offset: loadgen.ScaleOffset(inv.Offset, cfg.TimeScale),
+		calls[i] = loadgen.Call{Function: names[inv.Func], Offset: workload.ScaleOffset(inv.Offset, cfg.TimeScale),
 			RuntimeMs: int(inv.RuntimeMs), MemoryMB: int(inv.MemoryMB), Phase: s.Phase(inv), ID: s.InvocationID(inv)}
 		if cfg.MinSandboxMemoryMB > 0 {
 			calls[i].MemoryMB = min(calls[i].MemoryMB, int(fns[inv.Func].Resources.MemoryMB/4))
@@ -265,7 +266,7 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	}
 	recs, err := issue(ctx, &o, "replay", is, sent)
 	if err == nil && rt != nil {
-		recs, err = rt.finish(ctx, c, &o, start, loadgen.ScaleOffset(time.Duration(s.Columns)*s.Granularity.Period(), cfg.TimeScale), recs)
+		recs, err = rt.finish(ctx, c, &o, start, workload.ScaleOffset(time.Duration(s.Columns)*s.Granularity.Period(), cfg.TimeScale), recs)
 	}
 	stopMon()
 	<-monDone
@@ -292,8 +293,8 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	if cfg.Granularity == "second" {
 		cpm = 60
 	}
-	out := &ReplaySummary{Command: "replay", Summary: loadgen.Summarize(recs), Requested: requested, SandboxesCreated: -1,
-		PeakSandboxes: mon.peak, MemoryCost: loadgen.ComputeMemoryCost(mon.samples),
+	out := &ReplaySummary{Command: "replay", Summary: workload.Summarize(recs), Requested: requested, SandboxesCreated: -1,
+		PeakSandboxes: mon.peak, MemoryCost: workload.ComputeMemoryCost(mon.samples),
 		Config: ReplayConfigJSON{Trace: cfg.TraceDir, Minutes: cfg.Minutes, Warmup: cfg.Warmup, StartMinute: cfg.StartMinute,
 			TimeScale: cfg.TimeScale, Seed: cfg.Seed, IAT: cfg.IAT, Granularity: cfg.Granularity, Functions: len(fns),
 			ActiveFunctions: active, H2C: o.HTTP.H2C, ScalingMode: cfg.ScalingMode, StableWindowS: cfg.StableWindow.Seconds(),
@@ -313,10 +314,10 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	if cerr0 == nil && cerr1 == nil {
 		out.SandboxesCreated = int64(created1 - created0)
 	}
-	var pf loadgen.PerFunction
-	out.Slowdown, pf = loadgen.Slowdowns(recs, loadgen.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
-	sched, schedPerFn := loadgen.SchedulingLatency(recs)
-	out.SchedulingLatencyMs = loadgen.NewDist(sched)
+	var pf workload.PerFunction
+	out.Slowdown, pf = workload.Slowdowns(recs, workload.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
+	sched, schedPerFn := workload.SchedulingLatency(recs)
+	out.SchedulingLatencyMs = workload.NewDist(sched)
 	out.ColdStartsAll = out.ColdStarts
 	for i := range recs {
 		if recs[i].Phase == 1 && recs[i].OK() && recs[i].Cold {
@@ -360,12 +361,12 @@ func Replay(ctx context.Context, c *Cluster, o Options, cfg ReplayConfig) (*Repl
 	return out, b.String(), errors.Join(verr, writeReplayOutputs(o.Out, out, recs, s, cfg.TimeScale, pf, sched, schedPerFn))
 }
 
-func writeReplayOutputs(dir string, out any, recs []loadgen.Record, s *loadgen.Schedule, timeScale float64,
-	pf loadgen.PerFunction, sched, schedPerFn []float64) error {
+func writeReplayOutputs(dir string, out any, recs []workload.Record, s *workload.Schedule, timeScale float64,
+	pf workload.PerFunction, sched, schedPerFn []float64) error {
 	if dir == "" {
 		return nil
 	}
-	err := writeOutputs(dir, out, map[string][]loadgen.Record{"invocations.csv": recs}, []plotSpec{
+	err := writeOutputs(dir, out, map[string][]workload.Record{"invocations.csv": recs}, []plotSpec{
 		{file: "latency_cdf.png", title: "response time per invocation", xLabel: "response time (ms)", logX: true,
 			series: []loadgen.Series{{Name: "invocations", Values: latencies(recs)}}},
 		{file: "slowdown_cdf.png", title: "per-function slowdown", xLabel: "slowdown (response / requested)", logX: true,

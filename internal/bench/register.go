@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -29,16 +30,16 @@ type RegisterConfig struct {
 // RegisterSummary is summary.json of bench register. Issued, completed,
 // failed, throughput_rps and latency_ms describe the registrations.
 type RegisterSummary struct {
-	Command       string       `json:"command"`
-	Clients       int          `json:"clients"`
-	Issued        int          `json:"issued"`
-	Completed     int          `json:"completed"`
-	Failed        int          `json:"failed"`
-	ThroughputRPS float64      `json:"throughput_rps"` // acknowledged registrations per second
-	LatencyMs     loadgen.Dist `json:"latency_ms"`     // POST to 201
-	ElapsedS      float64      `json:"elapsed_s"`      // first POST to last acknowledgement
-	Invocable     *Invocable   `json:"invocable,omitempty"`
-	Host          HostInfo     `json:"host"`
+	Command       string        `json:"command"`
+	Clients       int           `json:"clients"`
+	Issued        int           `json:"issued"`
+	Completed     int           `json:"completed"`
+	Failed        int           `json:"failed"`
+	ThroughputRPS float64       `json:"throughput_rps"` // acknowledged registrations per second
+	LatencyMs     workload.Dist `json:"latency_ms"`     // POST to 201
+	ElapsedS      float64       `json:"elapsed_s"`      // first POST to last acknowledgement
+	Invocable     *Invocable    `json:"invocable,omitempty"`
+	Host          HostInfo      `json:"host"`
 }
 
 // Invocable is the register-and-invoke phase.
@@ -49,7 +50,7 @@ type Invocable struct {
 	AllInvocableS float64 `json:"all_invocable_s"`
 	// AckToReplyMs: from a function's acknowledged registration to its
 	// first 200 (a cold start included).
-	AckToReplyMs loadgen.Dist `json:"ack_to_reply_ms"`
+	AckToReplyMs workload.Dist `json:"ack_to_reply_ms"`
 	// NotFoundRetries counts 404s (data plane not yet told of the
 	// function) that were retried.
 	NotFoundRetries int64 `json:"not_found_retries"`
@@ -113,7 +114,7 @@ func Register(ctx context.Context, c *Cluster, o Options, cfg RegisterConfig) (*
 		lat = append(lat, float64(r.Latency.Microseconds())/1000)
 		last = maxTime(last, r.Start.Add(r.Latency))
 	}
-	out.LatencyMs = loadgen.NewDist(lat)
+	out.LatencyMs = workload.NewDist(lat)
 	if out.Completed > 0 {
 		out.ElapsedS = last.Sub(t0).Seconds()
 		out.ThroughputRPS = float64(out.Completed) / out.ElapsedS
@@ -208,7 +209,7 @@ func registerAndInvoke(ctx context.Context, c *Cluster, o *Options, fns []*spec.
 		ackToReply = append(ackToReply, float64((r.replied-r.ack).Microseconds())/1000)
 	}
 	res.AllInvocableS = all.Seconds()
-	res.AckToReplyMs = loadgen.NewDist(ackToReply)
+	res.AckToReplyMs = workload.NewDist(ackToReply)
 	return res, rows, nil
 }
 

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/sim"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // Calibration is what the simulator takes from a real run of the same
@@ -53,7 +53,7 @@ func CalibrateFromFile(cfg ReplayConfig, path string) (*Calibration, error) {
 		return nil, err
 	}
 	defer f.Close()
-	recs, err := loadgen.ReadRecords(f)
+	recs, err := workload.ReadRecords(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -64,7 +64,7 @@ func CalibrateFromFile(cfg ReplayConfig, path string) (*Calibration, error) {
 // schedule. A record is placed by its invocation's scheduled offset (time
 // scale applied), so its own lateness does not move it; records of another
 // schedule (an invocation it lacks, or sent at other offsets) are refused.
-func Calibrate(cfg ReplayConfig, recs []loadgen.Record) (*Calibration, error) {
+func Calibrate(cfg ReplayConfig, recs []workload.Record) (*Calibration, error) {
 	s, err := cfg.Schedule()
 	if err != nil {
 		return nil, err
@@ -76,9 +76,9 @@ func Calibrate(cfg ReplayConfig, recs []loadgen.Record) (*Calibration, error) {
 		inv := &s.Invocations[i]
 		off := inv.Offset
 		if cfg.TimeScale != 1 {
-			off = loadgen.ScaleOffset(off, cfg.TimeScale)
+			off = workload.ScaleOffset(off, cfg.TimeScale)
 		}
-		offsets[key{loadgen.FunctionName(s.Functions[inv.Func].Row), s.InvocationID(inv)}] = off
+		offsets[key{workload.FunctionName(s.Functions[inv.Func].Row), s.InvocationID(inv)}] = off
 		end = max(end, off)
 	}
 	// At most maxCalibrationWindows windows: a long schedule gets wider ones.

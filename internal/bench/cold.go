@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -31,7 +32,7 @@ type ColdConfig struct {
 type ColdSummary struct {
 	Command string `json:"command"`
 	Validity
-	loadgen.Summary
+	workload.Summary
 	// SandboxesCreated is the control plane's creation counter over the
 	// run (brisk_controlplane_sandbox_creations_total), to cross-check
 	// cold_starts; -1 when it could not be read.
@@ -99,7 +100,7 @@ func Cold(ctx context.Context, c *Cluster, o Options, cfg ColdConfig) (*ColdSumm
 		return nil, "", err
 	}
 	after, aerr := c.counter(ctx, "brisk_controlplane_sandbox_creations_total")
-	out := &ColdSummary{Command: "bench cold", Summary: loadgen.Summarize(recs), SandboxesCreated: -1,
+	out := &ColdSummary{Command: "bench cold", Summary: workload.Summarize(recs), SandboxesCreated: -1,
 		Config: ColdConfigJSON{Rate: cfg.Rate, DurationS: cfg.Duration.Seconds(), Functions: n, ExecMs: cfg.ExecMs,
 			WarmupFraction: cfg.WarmupFraction, H2C: o.HTTP.H2C}}
 	if berr == nil && aerr == nil {
@@ -115,7 +116,7 @@ func Cold(ctx context.Context, c *Cluster, o Options, cfg ColdConfig) (*ColdSumm
 	}
 	out.Host = host()
 	text += "\n" + out.Host.String()
-	werr := writeOutputs(o.Out, out, map[string][]loadgen.Record{"invocations.csv": recs},
+	werr := writeOutputs(o.Out, out, map[string][]workload.Record{"invocations.csv": recs},
 		[]plotSpec{{file: "latency_cdf.png", title: fmt.Sprintf("cold starts at %g/s", cfg.Rate), xLabel: "response time (ms)",
 			logX: true, series: []loadgen.Series{{Name: "cold", Values: latencies(recs)}}}})
 	return out, text, errors.Join(verr, werr)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/sim"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // SimSummary is summary.json of brisk sim: replay's summary, with the
@@ -131,8 +132,8 @@ func SimKeepAlives(cfg ReplayConfig, sc sim.Config, kas []KeepAlive, out string)
 	return b.String(), loadgen.PlotTradeoff(filepath.Join(out, "keepalive.png"), title, "memory of sandboxes (GiB·s)", "cold starts (measured)", series...)
 }
 
-func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.PerFunction, string, error) {
-	var pf loadgen.PerFunction
+func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, workload.PerFunction, string, error) {
+	var pf workload.PerFunction
 	s, err := cfg.Schedule()
 	if err != nil {
 		return nil, pf, "", err
@@ -145,7 +146,7 @@ func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.P
 	}
 	if cfg.TimeScale != 1 {
 		for i := range s.Invocations {
-			s.Invocations[i].Offset = loadgen.ScaleOffset(s.Invocations[i].Offset, cfg.TimeScale)
+			s.Invocations[i].Offset = workload.ScaleOffset(s.Invocations[i].Offset, cfg.TimeScale)
 		}
 	}
 	host := hostInfo()
@@ -174,17 +175,17 @@ func simRun(cfg ReplayConfig, sc sim.Config, out string) (*SimSummary, loadgen.P
 	o := &SimSummary{}
 	o.Command = "sim"
 	o.Valid = true
-	o.Summary = loadgen.Summarize(res.Records)
+	o.Summary = workload.Summarize(res.Records)
 	o.Requested = requested
 	o.SandboxesCreated = res.SandboxesCreated
 	o.PeakSandboxes = res.PeakSandboxes
-	o.MemoryCost = loadgen.ComputeMemoryCost(res.Memory)
+	o.MemoryCost = workload.ComputeMemoryCost(res.Memory)
 	o.MemoryCost.Method = "simulated: every second, Σ requested MiB of live sandboxes (busy: with a call in flight)"
 	o.TotalGBs = o.MemoryCost.GBs
 	o.Emergency.Sandboxes, o.Emergency.GBs = 0, 0
-	o.Slowdown, pf = loadgen.Slowdowns(res.Records, loadgen.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
-	sched, schedPerFn := loadgen.SchedulingLatency(res.Records)
-	o.SchedulingLatencyMs = loadgen.NewDist(sched)
+	o.Slowdown, pf = workload.Slowdowns(res.Records, workload.SlowdownOptions{WarmupColumns: cfg.Warmup * cpm, SkipMinutes: skip, ColumnsPerMinute: cpm})
+	sched, schedPerFn := workload.SchedulingLatency(res.Records)
+	o.SchedulingLatencyMs = workload.NewDist(sched)
 	o.ColdStartsAll = 0
 	for i := range res.Records {
 		if res.Records[i].Cold {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // TestCalibrate places each record by its invocation's scheduled offset
@@ -20,11 +20,11 @@ func TestCalibrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Three measured invocations scheduled in one window.
-	var three []*loadgen.Invocation
+	var three []*workload.Invocation
 	for i := range s.Invocations {
 		inv := &s.Invocations[i]
-		w := loadgen.ScaleOffset(inv.Offset, cfg.TimeScale) / CalibrationWindow
-		if s.Phase(inv) != 2 || len(three) > 0 && loadgen.ScaleOffset(three[0].Offset, cfg.TimeScale)/CalibrationWindow != w {
+		w := workload.ScaleOffset(inv.Offset, cfg.TimeScale) / CalibrationWindow
+		if s.Phase(inv) != 2 || len(three) > 0 && workload.ScaleOffset(three[0].Offset, cfg.TimeScale)/CalibrationWindow != w {
 			three = three[:0]
 		}
 		if s.Phase(inv) == 2 {
@@ -36,14 +36,14 @@ func TestCalibrate(t *testing.T) {
 	if len(three) != 3 {
 		t.Fatal("no window with three measured invocations")
 	}
-	off := loadgen.ScaleOffset(three[0].Offset, cfg.TimeScale)
-	rec := func(inv *loadgen.Invocation, cold bool, respUs, queueUs int64) loadgen.Record {
-		start := time.Unix(1_700_000_000, 0).Add(loadgen.ScaleOffset(inv.Offset, cfg.TimeScale))
-		return loadgen.Record{Phase: s.Phase(inv), StartTime: start.UnixMicro() + 300, LatenessUs: 300, Function: loadgen.FunctionName(s.Functions[inv.Func].Row), InvocationID: s.InvocationID(inv),
+	off := workload.ScaleOffset(three[0].Offset, cfg.TimeScale)
+	rec := func(inv *workload.Invocation, cold bool, respUs, queueUs int64) workload.Record {
+		start := time.Unix(1_700_000_000, 0).Add(workload.ScaleOffset(inv.Offset, cfg.TimeScale))
+		return workload.Record{Phase: s.Phase(inv), StartTime: start.UnixMicro() + 300, LatenessUs: 300, Function: workload.FunctionName(s.Functions[inv.Func].Row), InvocationID: s.InvocationID(inv),
 			Status: 200, RequestedUs: 1000, ResponseUs: respUs, QueueUs: queueUs, Cold: cold}
 	}
 	first := &s.Invocations[0]
-	recs := []loadgen.Record{rec(three[0], true, 1000+70_000+5_000, 70_000), rec(three[1], true, 1000+50_000+3_000, 50_000),
+	recs := []workload.Record{rec(three[0], true, 1000+70_000+5_000, 70_000), rec(three[1], true, 1000+50_000+3_000, 50_000),
 		rec(three[2], true, 1000+90_000, 90_000), rec(first, false, 1000+800, 0)}
 	c, err := Calibrate(cfg, recs)
 	if err != nil {
@@ -60,26 +60,26 @@ func TestCalibrate(t *testing.T) {
 	if w := c.Overhead.Windows[0]; len(w) != 1 || w[0] != 800*time.Microsecond {
 		t.Fatalf("first window: %v, want [800µs]", w)
 	}
-	foreign := append(recs, loadgen.Record{Function: "trace-func-999999", InvocationID: "min0.inv0", Status: 200})
+	foreign := append(recs, workload.Record{Function: "trace-func-999999", InvocationID: "min0.inv0", Status: 200})
 	if _, err := Calibrate(cfg, foreign); err == nil || !strings.Contains(err.Error(), "not in this schedule") {
 		t.Fatalf("a record of another schedule: %v, want refused", err)
 	}
 	// Another time scale: the same invocations, sent at other offsets.
-	bad := func(what, want string, edit func(r []loadgen.Record) []loadgen.Record) {
+	bad := func(what, want string, edit func(r []workload.Record) []workload.Record) {
 		t.Helper()
-		if _, err := Calibrate(cfg, edit(append([]loadgen.Record(nil), recs...))); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := Calibrate(cfg, edit(append([]workload.Record(nil), recs...))); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want refused (%q)", what, err, want)
 		}
 	}
-	bad("a record sent 2 s off its schedule", "off this schedule", func(r []loadgen.Record) []loadgen.Record { r[0].StartTime += 2_000_000; return r })
-	bad("a record 584 years off (µs that would wrap as a Duration)", "off this schedule", func(r []loadgen.Record) []loadgen.Record {
+	bad("a record sent 2 s off its schedule", "off this schedule", func(r []workload.Record) []workload.Record { r[0].StartTime += 2_000_000; return r })
+	bad("a record 584 years off (µs that would wrap as a Duration)", "off this schedule", func(r []workload.Record) []workload.Record {
 		r[0].StartTime += 18446744073709552
 		return r
 	})
-	bad("a response of 1e16 µs", "outside", func(r []loadgen.Record) []loadgen.Record { r[0].ResponseUs = 1e16; return r })
-	bad("a negative queue wait", "outside", func(r []loadgen.Record) []loadgen.Record { r[1].QueueUs = -5_000_000; return r })
-	bad("the file twice", "twice", func(r []loadgen.Record) []loadgen.Record { return append(r, r...) })
-	bad("most calls failed", "completed", func(r []loadgen.Record) []loadgen.Record {
+	bad("a response of 1e16 µs", "outside", func(r []workload.Record) []workload.Record { r[0].ResponseUs = 1e16; return r })
+	bad("a negative queue wait", "outside", func(r []workload.Record) []workload.Record { r[1].QueueUs = -5_000_000; return r })
+	bad("the file twice", "twice", func(r []workload.Record) []workload.Record { return append(r, r...) })
+	bad("most calls failed", "completed", func(r []workload.Record) []workload.Record {
 		for i := range r[:3] {
 			r[i].Status = 503
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 func TestMetricValues(t *testing.T) {
@@ -173,7 +174,7 @@ func TestBenchmarksOnALocalCluster(t *testing.T) {
 				t.Errorf("summary.json has no %q", k)
 			}
 		}
-		recs, err := loadgen.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
+		recs, err := workload.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
 		if err != nil || len(recs) != len(sched.Invocations) {
 			t.Fatalf("invocations.csv: %d rows (%v), want %d", len(recs), err, len(sched.Invocations))
 		}
@@ -192,7 +193,7 @@ func TestBenchmarksOnALocalCluster(t *testing.T) {
 		if s.Config.MinSandboxMiB != 64 || s.Failed != 0 {
 			t.Fatalf("summary: failed %d, config %+v", s.Failed, s.Config)
 		}
-		recs, err := loadgen.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
+		recs, err := workload.ReadRecords(strings.NewReader(string(must(os.ReadFile(filepath.Join(o.Out, "invocations.csv"))))))
 		if err != nil || len(recs) == 0 {
 			t.Fatalf("invocations.csv: %d rows (%v)", len(recs), err)
 		}

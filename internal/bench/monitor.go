@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 )
 
 // monitor samples, once per interval, the memory reserved by the run's
@@ -17,7 +17,7 @@ type monitor struct {
 	memMB    map[string]float64 // function → requested MiB per sandbox
 	interval time.Duration
 
-	samples   []loadgen.MemorySample
+	samples   []workload.MemorySample
 	failures  int
 	lastError error
 	peak      int // most sandboxes (ready + pending) seen at once
@@ -49,7 +49,7 @@ func (m *monitor) sample(ctx context.Context, at float64) {
 	} else {
 		m.failures, m.lastError = m.failures+1, err
 	}
-	s := loadgen.MemorySample{At: at}
+	s := workload.MemorySample{At: at}
 	live := 0
 	for _, f := range st.Functions {
 		mb, ok := m.memMB[f.Name]

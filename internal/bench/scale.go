@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/loadgen"
+	"github.com/brisk-faas/brisk/internal/workload"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -39,7 +40,7 @@ type ScaleSummary struct {
 	Workers   int    `json:"workers"`
 	Ready     int    `json:"ready"`
 	// ReadyS summarises per-sandbox ready times (p50, p90, max...).
-	ReadyS loadgen.Dist `json:"ready_s"`
+	ReadyS workload.Dist `json:"ready_s"`
 	// AllReadyS is when the last sandbox was ready; 0 if some never were.
 	AllReadyS float64 `json:"all_ready_s"`
 	// UpdatesAckedS is when the last PUT was acknowledged.
@@ -132,7 +133,7 @@ func Scale(ctx context.Context, c *Cluster, o Options, cfg ScaleConfig) (*ScaleS
 	if p, ok := meter.(*readyPoller); ok && p.polls > 0 {
 		out.PollIntervalMs = p.last * 1000 / float64(p.polls)
 	}
-	out.ReadyS = loadgen.NewDist(slices.Clone(readyAt))
+	out.ReadyS = workload.NewDist(slices.Clone(readyAt))
 	if !out.TimedOut {
 		out.AllReadyS = out.ReadyS.Max
 	}
