@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -122,5 +123,30 @@ func TestQualifiedNames(t *testing.T) {
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
 		t.Errorf("a bare name in a namespace: %v", err)
+	}
+}
+
+// Durations read and write as strings; the fast paths give what
+// encoding/json gives.
+func TestDurationJSON(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Microsecond, 1500 * time.Millisecond, 90 * time.Minute} {
+		got, _ := Duration(d).MarshalJSON()
+		want, _ := json.Marshal(d.String())
+		if string(got) != string(want) {
+			t.Errorf("%v: %s, want %s", d, got, want)
+		}
+		var back Duration
+		if err := back.UnmarshalJSON(got); err != nil || time.Duration(back) != d {
+			t.Errorf("%s read back as %v, %v", got, back, err)
+		}
+	}
+	var d Duration
+	if err := d.UnmarshalJSON([]byte(`"\u0031s"`)); err != nil || time.Duration(d) != time.Second {
+		t.Errorf(`"\u0031s": %v, %v`, d, err)
+	}
+	for _, bad := range []string{`5`, `"5"`, `"`, `""`, `null`, `"1 s"`} {
+		if err := d.UnmarshalJSON([]byte(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
 	}
 }

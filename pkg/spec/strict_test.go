@@ -2,9 +2,12 @@ package spec
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
 )
 
 func TestDuplicateKey(t *testing.T) {
@@ -97,6 +100,73 @@ func TestCapsNameFieldAndLimit(t *testing.T) {
 // FuzzDecode: the admin API's spec parser never panics; what it accepts
 // and validates converts to the wire form and back unchanged, and carries
 // no control byte into a command or the environment.
+// decodeCorners are inputs where encoding/json and the v2 decoder could
+// disagree: escapes in names, nulls, numbers, UTF-8, embedded objects.
+var decodeCorners = []string{
+	`{"n\u0061me": "a", "builtin": "trace"}`,
+	`{"name": "a", "NAME": "b"}`,
+	`{"name": "a", "scaling": null, "env": null, "command": null}`,
+	`null`,
+	`{"name": "a", "port": 1e2}`,
+	`{"name": "a", "port": 80.0}`,
+	`{"name": "a", "port": -0}`,
+	`{"name": "a", "port": 99999999999999999999}`,
+	`{"name": "a", "concurrency": "1"}`,
+	"{\"name\": \"a\xff\"}",
+	"{\"name\": \"a\", \"env\": {\"K\xff\": \"v\"}}",
+	`{"name": "a", "env": {"K": "v", "k": "w"}}`,
+	`{"name": "a", "env": {"K": "v", "K": "w"}}`,
+	`{"name": "a", "timeout": 5}`,
+	`{"name": "a", "timeout": "5s", "queue": {"Depth": 1}}`,
+	`{"name": "a"}   `,
+	` {"name": "a"}`,
+	`{"name": "a", "labels": {"": "x"}}`,
+	`{"name": "a", "code": {"zip": "AAAA"}}`,
+	`{"name": "a", "traffic": [{"revision": 1, "percent": 100}]}`,
+	`{"name": "a", "command": ["x", 1]}`,
+	`{"name": "a", "resources": {"cpu_milli": 100, "memory_mb": 64}}`,
+	`{"name": "a", "resources": {"cpu": "100m"}}`,
+}
+
+// agree fails when the fast path accepts data and the strict decoder does
+// not, or reads it otherwise.
+func agree(t *testing.T, data []byte) {
+	t.Helper()
+	var fast Function
+	if jsonv2.Unmarshal(data, &fast, jsonv2.RejectUnknownMembers(true)) != nil {
+		return // the slow path decides alone
+	}
+	slow, err := decodeStrict(data)
+	if err != nil {
+		t.Fatalf("%q: the fast path accepted what the strict decoder refuses: %v", data, err)
+	}
+	if !reflect.DeepEqual(&fast, slow) {
+		t.Fatalf("%q: the fast path read %+v, the strict decoder %+v", data, fast, *slow)
+	}
+}
+
+func TestDecodePathsAgree(t *testing.T) {
+	for _, s := range decodeCorners {
+		agree(t, []byte(s))
+	}
+	// Invalid UTF-8 is refused by the fast path only: it still decodes,
+	// as before.
+	if f, err := Decode([]byte("{\"name\": \"a\xff\", \"builtin\": \"trace\"}")); err != nil || f.Name != "a\ufffd" {
+		t.Fatalf("invalid UTF-8: %+v, %v", f, err)
+	}
+	// What the fast path refuses gets the strict decoder's precise error.
+	for in, want := range map[string]string{
+		`{"name": "p", "timeout": "1s", "timeout": "50m"}`: `key "timeout" appears twice`,
+		`{"name": "x", "NAME": "y"}`:                        `unknown field "NAME" (field names are case-sensitive: "name")`,
+		`{"name": "x", "colour": 1}`:                        `unknown field "colour"`,
+		`{"name": "x"} {}`:                                  "trailing data",
+	} {
+		if _, err := Decode([]byte(in)); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error with %q", in, err, want)
+		}
+	}
+}
+
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"name": "a", "builtin": "trace"}`,
@@ -110,7 +180,11 @@ func FuzzDecode(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	for _, s := range decodeCorners {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		agree(t, data)
 		fn, err := Decode(data)
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
