@@ -157,9 +157,9 @@ func TestDecodePathsAgree(t *testing.T) {
 	// What the fast path refuses gets the strict decoder's precise error.
 	for in, want := range map[string]string{
 		`{"name": "p", "timeout": "1s", "timeout": "50m"}`: `key "timeout" appears twice`,
-		`{"name": "x", "NAME": "y"}`:                        `unknown field "NAME" (field names are case-sensitive: "name")`,
-		`{"name": "x", "colour": 1}`:                        `unknown field "colour"`,
-		`{"name": "x"} {}`:                                  "trailing data",
+		`{"name": "x", "NAME": "y"}`:                       `unknown field "NAME" (field names are case-sensitive: "name")`,
+		`{"name": "x", "colour": 1}`:                       `unknown field "colour"`,
+		`{"name": "x"} {}`:                                 "trailing data",
 	} {
 		if _, err := Decode([]byte(in)); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", in, err, want)
