@@ -23,6 +23,11 @@ type world struct {
 	running map[string]map[string]string
 	fail    bool // workers report every new sandbox FAILED
 	version uint64
+	// tracing: step appends each command and worker reply to trace
+	// (the scenarios in testdata), with times relative to start.
+	tracing bool
+	trace   []string
+	start   time.Time
 }
 
 func newWorld(t *testing.T, count int) *world {
@@ -52,6 +57,9 @@ func (w *world) step(ev Event) []Command {
 		var next []Command
 		for _, c := range cmds {
 			w.log = append(w.log, render(c))
+			if w.tracing {
+				w.trace = append(w.trace, describe(c, w.now))
+			}
 			var recs []Record
 			switch x := c.(type) {
 			case Create:
@@ -69,6 +77,11 @@ func (w *world) step(ev Event) []Command {
 					delete(w.running[x.Node], x.ID)
 					w.version++
 					recs = append(recs, Record{ID: x.ID, State: StateGone, Version: w.version})
+				}
+			}
+			if len(recs) > 0 && w.tracing {
+				for _, r := range recs {
+					w.trace = append(w.trace, fmt.Sprintf("%s: %s %s", nodeOf(c), r.ID, r.State))
 				}
 			}
 			if len(recs) > 0 && w.r.Up(nodeOf(c)) {
@@ -134,171 +147,9 @@ func count[T Command](cmds []Command) int {
 	return n
 }
 
-// A waiting request scales a function from zero; with no load it returns
-// to zero after the stable window and the grace period.
-func TestScaleFromZeroAndBack(t *testing.T) {
-	for _, policy := range []string{spec.KeepAliveTTL, spec.KeepAliveGD} {
-		t.Run(policy, func(t *testing.T) { scaleFromZeroAndBack(t, policy) })
-	}
-}
-
-// scaleFromZeroAndBack: ttl returns to zero after Knative's windows (60 s
-// + 30 s), gd keeps the idle sandbox for its 15 minutes.
-func scaleFromZeroAndBack(t *testing.T, policy string) {
-	w := newWorld(t, 3)
-	w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Concurrency: 1, Revision: 1,
-		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 128}, Scaling: spec.Scaling{KeepAlivePolicy: policy}}})
-	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true,
-		Functions: []FunctionLoad{{Function: "f", Queued: 1, NoCapacity: true}}}})
-	if count[Create](cmds) != 1 || count[AddEndpoint](cmds) != 1 {
-		t.Fatalf("activation: %d creates, %d endpoints added; want 1 and 1", count[Create](cmds), count[AddEndpoint](cmds))
-	}
-	if r, _, _ := w.status("f"); r != 1 {
-		t.Fatalf("ready %d, want 1", r)
-	}
-	var gone int
-	idle := func(d time.Duration) {
-		for end := w.now.Add(d); w.now.Before(end); {
-			w.now = w.now.Add(time.Second)
-			w.step(SampleLoad{})
-			gone += count[RemoveEndpoint](w.step(Tick{}))
-		}
-	}
-	idle(200 * time.Second)
-	if policy == spec.KeepAliveGD {
-		if r, _, _ := w.status("f"); r != 1 || gone != 0 {
-			t.Fatalf("gd, after 200 idle seconds: ready %d, %d removed; want the sandbox kept", r, gone)
-		}
-		idle(spec.DefaultGDKeepAlive)
-	}
-	if r, p, term := w.status("f"); r+p+term != 0 || gone != 1 {
-		t.Fatalf("%s: after the keep-alive: ready %d pending %d terminating %d, %d endpoints removed; want all 0 and 1 removal", policy, r, p, term, gone)
-	}
-}
-
-// A function whose starts fail and that has no ready sandbox is marked
-// function-failing with the last error, backs off, and a snapshot carries
-// the mark; a start that succeeds clears it.
-func TestFunctionFailingCondition(t *testing.T) {
-	w := newWorld(t, 1)
-	w.fail = true
-	cmds := w.step(UpsertFunction{Spec: &spec.Function{Name: "f", Builtin: "echo", Revision: 1, Scaling: spec.Scaling{Min: 1}}})
-	var cond *Condition
-	var retry *RetryAt
-	for _, c := range cmds {
-		switch x := c.(type) {
-		case SetCondition:
-			cond = &x.Condition
-		case RetryAt:
-			retry = &x
-		}
-	}
-	if cond == nil || cond.Reason != CondFunctionFailing || !strings.Contains(cond.Message, "exec: /nope") {
-		t.Fatalf("condition %v, want function-failing with the cause", cond)
-	}
-	if retry == nil || retry.At.Sub(w.now) != 200*time.Millisecond {
-		t.Fatalf("retry %+v, want one after the 200 ms backoff", retry)
-	}
-	if snap := w.r.Snapshot(); len(snap.Conditions) != 1 || snap.Conditions[0].Reason != CondFunctionFailing {
-		t.Fatalf("snapshot conditions %v", snap.Conditions)
-	}
-	// Before the backoff ends a retry creates nothing.
-	if n := count[Create](w.step(Tick{})); n != 0 {
-		t.Fatalf("%d creates during the backoff", n)
-	}
-	w.fail = false
-	w.now = retry.At
-	cmds = w.step(Retry{Function: "f"})
-	cleared := false
-	for _, c := range cmds {
-		if x, ok := c.(SetCondition); ok && x.Condition.Reason == "" {
-			cleared = true
-		}
-	}
-	if r, _, _ := w.status("f"); r != 1 || !cleared {
-		t.Fatalf("after a good start: ready %d, condition cleared %v", r, cleared)
-	}
-}
-
-// A node whose link goes down has its sandboxes withdrawn at once, and
-// replaced elsewhere only once NodeGrace has passed (then it is fenced).
-func TestNodeDownWithdrawsThenReplaces(t *testing.T) {
-	w := newWorld(t, 2)
-	w.deploy("f", 4)
-	if r, _, _ := w.status("f"); r != 4 {
-		t.Fatalf("ready %d, want 4", r)
-	}
-	var on0 int
-	for _, id := range []string{"n0", "n1"} {
-		if id == "n0" {
-			on0 = len(w.running[id])
-		}
-	}
-	if on0 == 0 {
-		t.Skip("placement put nothing on n0") // cannot happen with 2 empty nodes and kubernetes scoring
-	}
-	cmds := w.step(SessionDown{Node: "n0", Withdraw: true})
-	if got := count[RemoveEndpoint](cmds); got != on0 {
-		t.Fatalf("%d endpoints withdrawn, want %d", got, on0)
-	}
-	w.now = w.now.Add(5 * time.Second)
-	if n := count[Create](w.step(CheckNodes{})); n != 0 {
-		t.Fatalf("%d replacements inside the grace period", n)
-	}
-	w.now = w.now.Add(6 * time.Second)
-	cmds = w.step(CheckNodes{})
-	persisted := false
-	for _, c := range cmds {
-		if p, ok := c.(PersistWorker); ok && p.Worker.ID == "n0" && p.Worker.Drain {
-			persisted = true
-		}
-		if x, ok := c.(Create); ok && x.Node != "n1" {
-			t.Fatalf("replacement placed on %s", x.Node)
-		}
-	}
-	if !persisted || count[Create](cmds) != on0 {
-		t.Fatalf("fence persisted %v, %d replacements; want true and %d", persisted, count[Create](cmds), on0)
-	}
-	if r, _, _ := w.status("f"); r != 4 {
-		t.Fatalf("ready %d after the replacement, want 4", r)
-	}
-}
-
-// A reset handshake drops ids the worker no longer holds, marks them
-// invalid, and ignores a late record for them (it is never adopted).
-func TestResetHandshakeInvalidatesMissing(t *testing.T) {
-	w := newWorld(t, 1)
-	w.deploy("f", 2)
-	var ids []string
-	for id := range w.running["n0"] {
-		ids = append(ids, id)
-	}
-	w.step(SessionDown{Node: "n0", Withdraw: true})
-	if m := w.r.HandshakeMode("n0"); m != HandshakeReset {
-		t.Fatalf("mode %v, want reset", m)
-	}
-	// The worker lost ids[0]; it still runs ids[1].
-	keep := ids[1]
-	cmds := w.step(SessionUp{Node: "n0", Versions: []Version{{ID: keep, Version: 99}},
-		Records: []Record{{ID: keep, Function: "f", Revision: 1, State: StateReady, Version: 99, Address: "a"}}})
-	if !w.r.Invalid("n0", ids[0]) {
-		t.Fatal("the lost id is not marked invalid")
-	}
-	if count[Create](cmds) != 1 {
-		t.Fatalf("%d replacements, want 1", count[Create](cmds))
-	}
-	w.step(WorkerUpdates{Node: "n0", Updates: Updates{Records: []Record{{ID: ids[0], Function: "f", Revision: 1,
-		State: StateReady, Version: 100}}}})
-	st, _ := w.r.FunctionStatus("f")
-	for _, s := range st.Sandboxes {
-		if s.ID == ids[0] {
-			t.Fatalf("the invalid id came back: %+v", st.Sandboxes)
-		}
-	}
-	if st.Ready != 2 {
-		t.Fatalf("ready %d, want 2", st.Ready)
-	}
-}
+// The scenarios of the state protocol (scaling from zero and back, a
+// failing function, a node down, a reset handshake, capacity) are
+// testdata/*.txt, run by TestScenarios.
 
 // The same events with the same seed give the same commands.
 func TestDeterministic(t *testing.T) {
