@@ -73,7 +73,7 @@ func TestScenarios(t *testing.T) {
 			case "deploy":
 				f := &spec.Function{Name: strArg(t, d, "name", ""), Builtin: "echo", Concurrency: 1, Revision: uint64(intArg(t, d, "rev", 1)),
 					Resources: spec.Resources{MilliCPU: int64(intArg(t, d, "cpu", 100)), MemoryMB: int64(intArg(t, d, "mem", 128))},
-					Scaling: spec.Scaling{Min: intArg(t, d, "min", 0), Max: intArg(t, d, "max", 0), KeepAlivePolicy: optArg(t, d, "keep-alive")}}
+					Scaling:   spec.Scaling{Min: intArg(t, d, "min", 0), Max: intArg(t, d, "max", 0), KeepAlivePolicy: optArg(t, d, "keep-alive")}}
 				w.step(UpsertFunction{Spec: f})
 			case "remove":
 				w.step(RemoveFunction{Name: strArg(t, d, "name", "")})
