@@ -23,6 +23,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -139,7 +140,7 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 		ControlPlane: controlplane.Config{DataDir: filepath.Join(dir, "cp"), AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 			Async: c.queue, Logger: log.With("component", "controlplane")},
 		DataPlane: dataplane.Config{ID: "bench", Listen: "127.0.0.1:0", Async: c.queue, Logger: log.With("component", "dataplane")},
-		Workers: local.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
+		Workers: runtimes.Workers{Runtime: o.Runtime, Nodes: nodes, NodeID: "bench", CreateDelay: o.CreateDelay,
 			StateDir: filepath.Join(dir, "worker"), Capacity: capacity, StopOnExit: true, EmergencySlots: o.EmergencySlots},
 		Logger:        log,
 		InsecureNoTLS: o.InsecureNoTLS,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brisk-faas/brisk/internal/compat/dirigent"
 	"github.com/brisk-faas/brisk/internal/compat/openfaas"
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
@@ -21,6 +22,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -51,7 +53,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.grpc, "grpc", "127.0.0.1:9091", "gRPC listen address for workers and data planes")
 	fl.StringVar(&f.dirigent, "dirigent-registration", "", "also serve Dirigent's registration contract on this address (the InVitro loader's form POST: give it DirigentControlPlaneIP user:TOKEN@ADDR; docs/compatibility.md); off by default")
 	fl.DurationVar(&f.dirigentKeepAlive, "dirigent-keep-alive", 0, "how long an idle sandbox of a function registered through --dirigent-registration lives, under the ttl keep-alive policy (default 0: the cluster's --keep-alive-policy, gd, which keeps idle sandboxes up to 15 min while no call needs their room); for the loader's RPS cold starts, below its RpsCooldownSeconds")
-	fl.StringVar(&f.dirigentImages, "dirigent-images", controlplane.DirigentImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
+	fl.StringVar(&f.dirigentImages, "dirigent-images", dirigent.ImagesTrace, "what an image registered through --dirigent-registration runs as: trace (the built-in trace function) or keep (the image itself)")
 	fl.StringVar(&f.placement, "placement", "kubernetes", "default placement policy of functions whose spec names none: "+strings.Join(spec.Placements, ", ")+" (docs/policies.md)")
 	fl.StringVar(&f.keepAlivePolicy, "keep-alive-policy", spec.KeepAliveGD, "default keep-alive policy of functions whose spec names none: gd (idle sandboxes stay 15 min, or the spec's keep_alive, unless a new sandbox needs their room first: FaasCache's Greedy-Dual eviction) or ttl (Knative: idle sandboxes leave after the stable window and the scale-to-zero grace, 90 s) or hybrid (Azure's hybrid histogram policy: per function, from its idle times, unloaded after a call and pre-warmed before the next is due; gd's 15 min until its histogram says)")
 	fl.Float64Var(&f.templateFraction, "template-fraction", 1, "the fraction of the workers that make each function from source's template when it is deployed, chosen per function by rendezvous hashing (the others make one at their first sandbox of it; --placement locality prefers the nodes that hold one; brisk sim --template-fraction measures the trade-off): (0,1]")
@@ -110,7 +112,7 @@ func (f *cpFlags) config(g *globals) (controlplane.Config, error) {
 	if !slices.Contains(spec.KeepAlivePolicies, f.keepAlivePolicy) {
 		return controlplane.Config{}, usageError{fmt.Errorf("--keep-alive-policy %q: want one of %v", f.keepAlivePolicy, spec.KeepAlivePolicies)}
 	}
-	if f.dirigentImages != controlplane.DirigentImagesTrace && f.dirigentImages != controlplane.DirigentImagesKeep {
+	if f.dirigentImages != dirigent.ImagesTrace && f.dirigentImages != dirigent.ImagesKeep {
 		return controlplane.Config{}, usageError{fmt.Errorf("--dirigent-images %q: want trace or keep", f.dirigentImages)}
 	}
 	natsAllow, err := parseCIDRs("--trigger-nats-allow", f.triggerNATSAllow)
@@ -218,7 +220,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl.IntVar(&f.emulate, "emulate", 1, "with --runtime emulated: number of emulated worker nodes hosted by this process")
 	fl.DurationVar(&f.createDelay, "create-delay", 40*time.Millisecond, "with --runtime emulated: sandbox creation delay")
 	fl.StringVar(&f.cpu, "cpu", "", "CPU capacity offered per node, e.g. 2 or 1500m (default: all cores)")
-	fl.Float64Var(&f.cpuOvercommit, "cpu-overcommit", local.DefaultCPUOvercommit, "how many times --cpu the CPU requests of a node's sandboxes may add up to (1 = none): most FaaS sandboxes sit idle, and memory stays the hard limit; not with --runtime kube, whose kubelet admits Pods by their real requests")
+	fl.Float64Var(&f.cpuOvercommit, "cpu-overcommit", runtimes.DefaultCPUOvercommit, "how many times --cpu the CPU requests of a node's sandboxes may add up to (1 = none): most FaaS sandboxes sit idle, and memory stays the hard limit; not with --runtime kube, whose kubelet admits Pods by their real requests")
 	fl.Int64Var(&f.maxSandboxes, "max-sandboxes", 0, "sandbox limit per node (0 = none)")
 	fl.IntVar(&f.emergencySlots, "emergency-slots", 0, "one-shot emergency sandboxes per node for dual-mode functions (0 = the runtime's default: 2 per core with --runtime native or --emergency-runtime native, none otherwise; -1 = none); with --runtime kube, this host's, split over the nodes the process stands for")
 	fl.StringVar(&f.emergencyRT, "emergency-runtime", "", "runtime of the emergency track: native beside --runtime containerd or kube (regular sandboxes in containerd or as Pods, one-shot emergency ones from this host's native runtime's pooled shells, as PulseNet pairs them); default: the node's runtime")
@@ -239,43 +241,43 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 }
 
 // options turns the flags into worker options.
-func (f *wkFlags) options(c *cobra.Command) (local.Workers, error) {
+func (f *wkFlags) options(c *cobra.Command) (runtimes.Workers, error) {
 	// --emulate N alone means the emulated runtime.
 	if c.Flags().Changed("emulate") && !c.Flags().Changed("runtime") {
 		f.rt = "emulated"
 	}
 	capacity, err := nodeCapacity(f.cpu, f.memoryMB)
 	if err != nil {
-		return local.Workers{}, err
+		return runtimes.Workers{}, err
 	}
-	if !(f.cpuOvercommit >= 1 && f.cpuOvercommit <= local.MaxCPUOvercommit) {
-		return local.Workers{}, usageError{fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to %d", f.cpuOvercommit, local.MaxCPUOvercommit)}
+	if !(f.cpuOvercommit >= 1 && f.cpuOvercommit <= runtimes.MaxCPUOvercommit) {
+		return runtimes.Workers{}, usageError{fmt.Errorf("--cpu-overcommit %v: want a factor from 1 (none) to %d", f.cpuOvercommit, runtimes.MaxCPUOvercommit)}
 	}
 	if f.rt == "kube" && c.Flags().Changed("cpu-overcommit") && f.cpuOvercommit != 1 {
-		return local.Workers{}, usageError{fmt.Errorf("--cpu-overcommit does not apply to --runtime kube: the kubelet admits Pods by their real requests")}
+		return runtimes.Workers{}, usageError{fmt.Errorf("--cpu-overcommit does not apply to --runtime kube: the kubelet admits Pods by their real requests")}
 	}
 	if f.rt == "process" && f.emulate != 1 {
-		return local.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
+		return runtimes.Workers{}, usageError{fmt.Errorf("--emulate needs --runtime emulated")}
 	}
 	if f.sandboxHost != "" && f.rt != "process" && f.rt != "emulated" {
-		return local.Workers{}, usageError{fmt.Errorf("--sandbox-host needs --runtime process or emulated (native and containerd sandboxes have addresses of their own network)")}
+		return runtimes.Workers{}, usageError{fmt.Errorf("--sandbox-host needs --runtime process or emulated (native and containerd sandboxes have addresses of their own network)")}
 	}
 	if ip := net.ParseIP(f.sandboxHost); f.sandboxHost != "" && (ip == nil || ip.IsUnspecified()) {
-		return local.Workers{}, usageError{fmt.Errorf("--sandbox-host %q: want one IP address of this host", f.sandboxHost)}
+		return runtimes.Workers{}, usageError{fmt.Errorf("--sandbox-host %q: want one IP address of this host", f.sandboxHost)}
 	}
-	if err := local.CheckEmergencyRuntime(f.rt, f.emergencyRT); err != nil {
-		return local.Workers{}, usageError{err}
+	if err := runtimes.CheckEmergencyRuntime(f.rt, f.emergencyRT); err != nil {
+		return runtimes.Workers{}, usageError{err}
 	}
-	w := local.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
+	w := runtimes.Workers{Runtime: f.rt, Nodes: f.emulate, NodeID: f.nodeID, CreateDelay: f.createDelay, StateDir: f.stateDir,
 		Capacity: capacity, CPUOvercommit: f.cpuOvercommit, MaxSandboxes: int(f.maxSandboxes), Listen: f.listen, Advertise: f.advertise, SandboxHost: f.sandboxHost, StopOnExit: f.stopOnExit,
 		SandboxUser: f.sandboxUser, EmergencySlots: f.emergencySlots, EmergencyRuntime: f.emergencyRT, Python: f.python, Node: f.node, NoTemplates: !f.templates, MaxTemplates: f.maxTemplates}
 	if f.rt == "kube" {
 		if f.kubePlace != "brisk" && f.kubePlace != "scheduler" {
-			return local.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}
+			return runtimes.Workers{}, usageError{fmt.Errorf("--kube-placement %q: want brisk or scheduler", f.kubePlace)}
 		}
-		w.Kube = local.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes, Placement: f.kubePlace, KeyPrefixes: f.kubeKeyPrefixes}
+		w.Kube = runtimes.KubeWorkers{Kubeconfig: f.kubeconfig, Namespace: f.kubeNamespace, Nodes: f.kubeNodes, Placement: f.kubePlace, KeyPrefixes: f.kubeKeyPrefixes}
 	} else if c.Flags().Changed("kubeconfig") || c.Flags().Changed("kube-nodes") || c.Flags().Changed("kube-namespace") || c.Flags().Changed("kube-placement") || c.Flags().Changed("kube-key-prefixes") {
-		return local.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace, --kube-nodes, --kube-placement and --kube-key-prefixes need --runtime kube")}
+		return runtimes.Workers{}, usageError{fmt.Errorf("--kubeconfig, --kube-namespace, --kube-nodes, --kube-placement and --kube-key-prefixes need --runtime kube")}
 	}
 	return w, f.ctr.apply(&w)
 }
@@ -304,7 +306,7 @@ func nodeCapacity(cpu string, memMB int64) (spec.Resources, error) {
 }
 
 func usageOr(err error) error {
-	if errors.Is(err, local.ErrUsage) {
+	if errors.Is(err, runtimes.ErrUsage) {
 		return usageError{err}
 	}
 	return err
@@ -568,11 +570,11 @@ func newWorker(g *globals) *cobra.Command {
 			if opts.Join, err = jf.joiner(cpAddr, filepath.Join(f.stateDir, "identity")); err != nil {
 				return err
 			}
-			d, host, err := local.BuildWorker(opts, cpAddr, log)
+			d, host, err := runtimes.BuildWorker(opts, cpAddr, log)
 			if err != nil {
 				return usageOr(err)
 			}
-			return local.RunWorker(c.Context(), d, host)
+			return runtimes.RunWorker(c.Context(), d, host)
 		},
 	}
 	f.register(c, true)

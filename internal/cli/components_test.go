@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brisk-faas/brisk/internal/local"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 )
 
 func TestSandboxUserFlag(t *testing.T) {
@@ -58,7 +58,7 @@ func TestEmergencyRuntimeFlag(t *testing.T) {
 // --kubeconfig, --kube-namespace and --kube-nodes configure --runtime kube
 // and are a usage error with any other runtime.
 func TestKubeFlags(t *testing.T) {
-	parse := func(args ...string) (local.Workers, error) {
+	parse := func(args ...string) (runtimes.Workers, error) {
 		var f wkFlags
 		c := &cobra.Command{Use: "worker"}
 		f.register(c, true)

@@ -20,9 +20,9 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 )
 
 // ctrFlags are the worker's flags for --runtime containerd.
@@ -58,7 +58,7 @@ func (f *ctrFlags) register(c *cobra.Command) {
 }
 
 // apply sets w's containerd options when w runs containerd.
-func (f *ctrFlags) apply(w *local.Workers) error {
+func (f *ctrFlags) apply(w *runtimes.Workers) error {
 	if w.Runtime != "containerd" && w.Runtime != "native" {
 		return nil
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/compat/dirigent"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/pki"
@@ -42,9 +43,9 @@ type Config struct {
 	DataDir   string // registry location (required)
 	AdminAddr string // HTTP/JSON admin API; default 127.0.0.1:9090
 	// DirigentAddr, when set, serves Dirigent's registration contract
-	// there (dirigent.go) for the InVitro loader; DirigentImages is what a
-	// registered image runs as (DirigentImagesTrace, the default, or
-	// DirigentImagesKeep).
+	// there (internal/compat/dirigent) for the InVitro loader;
+	// DirigentImages is what a registered image runs as (dirigent.ImagesTrace,
+	// the default, or dirigent.ImagesKeep).
 	DirigentAddr   string
 	DirigentImages string
 	// DirigentKeepAlive, when set, is how long an idle sandbox of a function
@@ -212,8 +213,7 @@ type ControlPlane struct {
 	proxyAddrs   atomic.Pointer[[]netip.Addr] // Config.TrustedProxies resolved
 	proxyAddrsAt atomic.Int64                 // when (unix ns)
 
-	dirigentLis    net.Listener
-	dirigentImages sync.Map // images logged as mapped to the trace function
+	dirigentLis net.Listener
 
 	linkCtx context.Context
 	linkWG  sync.WaitGroup
@@ -258,10 +258,10 @@ func New(cfg Config) (*ControlPlane, error) {
 	}
 	switch cfg.DirigentImages {
 	case "":
-		cfg.DirigentImages = DirigentImagesTrace
-	case DirigentImagesTrace, DirigentImagesKeep:
+		cfg.DirigentImages = dirigent.ImagesTrace
+	case dirigent.ImagesTrace, dirigent.ImagesKeep:
 	default:
-		return nil, fmt.Errorf("controlplane: dirigent images %q: want %q or %q", cfg.DirigentImages, DirigentImagesTrace, DirigentImagesKeep)
+		return nil, fmt.Errorf("controlplane: dirigent images %q: want %q or %q", cfg.DirigentImages, dirigent.ImagesTrace, dirigent.ImagesKeep)
 	}
 	m := newMetrics()
 	c, err := newCluster(cfg, m)

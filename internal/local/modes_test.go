@@ -16,12 +16,13 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 )
 
 // startCluster runs a one-process cluster with TLS between the components
 // (so the data plane's emergency calls go over mutual TLS to the worker)
 // on the emulated runtime, until the test ends.
-func startCluster(t *testing.T, w Workers) *Cluster {
+func startCluster(t *testing.T, w runtimes.Workers) *Cluster {
 	t.Helper()
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
@@ -93,7 +94,7 @@ func status(t *testing.T, cl *Cluster) controlplane.StatusView {
 // call counts toward regular scaling (no history yet), so a regular sandbox
 // follows and takes later calls (docs/reliability.md, cases 22 and 23).
 func TestDualTrackServesTheFirstCallOnTheEmergencyTrack(t *testing.T) {
-	cl := startCluster(t, Workers{NodeID: "w", EmergencySlots: 4, CreateDelay: 300 * time.Millisecond})
+	cl := startCluster(t, runtimes.Workers{NodeID: "w", EmergencySlots: 4, CreateDelay: 300 * time.Millisecond})
 	// The data plane learns the emergency workers from the worker's
 	// heartbeats; until then a new function's first call queues. Each try
 	// is a new function, at zero.
@@ -132,7 +133,7 @@ func TestDualTrackServesTheFirstCallOnTheEmergencyTrack(t *testing.T) {
 // An async function's call never takes the emergency track, even with
 // slots free: it waits for its regular sandbox.
 func TestAsyncFunctionWaitsForARegularSandbox(t *testing.T) {
-	cl := startCluster(t, Workers{NodeID: "w", EmergencySlots: 4, CreateDelay: 50 * time.Millisecond})
+	cl := startCluster(t, runtimes.Workers{NodeID: "w", EmergencySlots: 4, CreateDelay: 50 * time.Millisecond})
 	deploy(t, cl, `{"name":"a","builtin":"trace"}`)
 	r := call(t, cl, "a")
 	if r.StatusCode != 200 || r.Header.Get("X-Brisk-Track") != "" || strings.HasPrefix(r.Header.Get("X-Brisk-Sandbox"), "ei-") {
@@ -144,7 +145,7 @@ func TestAsyncFunctionWaitsForARegularSandbox(t *testing.T) {
 // peak is kept for the keep-alive (stable window + grace = 6 s) although
 // no call runs any more, and then the function goes to zero.
 func TestSyncModeHoldsThePeakForTheKeepAlive(t *testing.T) {
-	cl := startCluster(t, Workers{NodeID: "w", CreateDelay: 50 * time.Millisecond})
+	cl := startCluster(t, runtimes.Workers{NodeID: "w", CreateDelay: 50 * time.Millisecond})
 	deploy(t, cl, `{"name":"s","builtin":"trace","scaling":{"mode":"sync","stable_window":"5s","scale_to_zero_grace":"1s"}}`)
 	var wg sync.WaitGroup
 	codes := make([]int, 4)

@@ -19,10 +19,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
+	"github.com/brisk-faas/brisk/internal/worker/runtimes"
 )
 
 // BenchmarkKubeDirect is KubeDirect's scale-up experiment on one machine:
@@ -96,7 +96,7 @@ func BenchmarkKubeDirect(b *testing.B) {
 			for _, mode := range []struct {
 				name  string
 				slots int // the host's emergency slots; 0: none (async)
-			}{{"dual", local.DefaultEmergencySlots()}, {"dual-slots=100", 100}, {"pods-only", 0}} {
+			}{{"dual", runtimes.DefaultEmergencySlots()}, {"dual-slots=100", 100}, {"pods-only", 0}} {
 				b.Run("burst=100/"+mode.name, func(b *testing.B) {
 					if mode.slots > 0 {
 						testutil.RequiresRoot(b)

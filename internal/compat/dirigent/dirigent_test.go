@@ -1,0 +1,119 @@
+package dirigent
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brisk-faas/brisk/pkg/spec"
+)
+
+// admin records what the handler asks of brisk's admin API.
+type admin struct {
+	existing map[string]bool
+	created  []*spec.Function
+	updated  []string
+	addrs    []string
+}
+
+func (a *admin) CreateFunction(r *http.Request, body []byte) (int, []byte) {
+	f, err := spec.Decode(body)
+	if err != nil {
+		return http.StatusBadRequest, []byte(err.Error())
+	}
+	if a.existing[f.Name] {
+		return http.StatusConflict, []byte(`{"error":"exists"}`)
+	}
+	a.created = append(a.created, f)
+	return http.StatusCreated, body
+}
+
+func (a *admin) UpdateFunction(r *http.Request, name string, body []byte) (int, []byte) {
+	a.updated = append(a.updated, name)
+	return http.StatusOK, body
+}
+
+func (a *admin) GetFunction(r *http.Request, name string) (int, []byte) {
+	if a.existing[name] {
+		return http.StatusOK, []byte(`{}`)
+	}
+	return http.StatusNotFound, []byte(`{"error":"not found"}`)
+}
+
+func (a *admin) DataPlaneAddrs() ([]string, error) { return a.addrs, nil }
+
+func post(h http.Handler, form url.Values) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// The loader's registration form becomes a spec: its image runs as the
+// trace function unless told to keep it, its scaling bounds and requests
+// carry over, a keep-alive makes it ttl, and the answer is exactly 200 with
+// the data planes.
+func TestRegistration(t *testing.T) {
+	a := &admin{existing: map[string]bool{"old": true}, addrs: []string{"127.0.0.1:8080", "127.0.0.1:8081"}}
+	h := Handler(a, Config{KeepAlive: 5 * time.Second})
+	rec := post(h, url.Values{"name": {"f1"}, "image": {"example/empty:latest"}, "port_forwarding": {"80"},
+		"scaling_upper_bound": {"3"}, "scaling_lower_bound": {"1"}, "requested_cpu": {"100"}, "requested_memory": {"64"},
+		"env_vars": {"A=1 B=2"}})
+	if rec.Code != http.StatusOK || rec.Body.String() != "127.0.0.1:8080;127.0.0.1:8081" {
+		t.Fatalf("register: %d %q", rec.Code, rec.Body.String())
+	}
+	f := a.created[0]
+	if f.Builtin != "trace" || f.Image != "" || f.Port != 0 || f.Scaling.Max != 3 || f.Scaling.Min != 1 ||
+		f.Resources.MilliCPU != 100 || f.Resources.MemoryMB != 64 || f.Env["A"] != "1" || f.Env["B"] != "2" ||
+		f.Scaling.KeepAlivePolicy != spec.KeepAliveTTL || time.Duration(f.Scaling.StableWindow) != 5*time.Second || f.Auth != spec.AuthPublic {
+		t.Fatalf("spec %+v", f)
+	}
+	// Registered before: the form replaces it.
+	if rec := post(h, url.Values{"name": {"old"}}); rec.Code != http.StatusOK || len(a.updated) != 1 || a.updated[0] != "old" {
+		t.Fatalf("re-registration: %d, updates %v", rec.Code, a.updated)
+	}
+	// Keep deploys the image itself.
+	if rec := post(Handler(a, Config{Images: ImagesKeep}), url.Values{"name": {"f2"}, "image": {"example/app:1"}}); rec.Code != http.StatusOK {
+		t.Fatalf("keep: %d %s", rec.Code, rec.Body)
+	}
+	if f := a.created[len(a.created)-1]; f.Image != "example/app:1" || f.Builtin != "" {
+		t.Fatalf("keep: spec %+v", f)
+	}
+	for _, bad := range []url.Values{{}, {"name": {"x"}, "requested_cpu": {"-1"}}, {"name": {"x"}, "scaling_upper_bound": {"many"}}} {
+		rec := post(h, bad)
+		var e map[string]string
+		if rec.Code != http.StatusBadRequest || json.Unmarshal(rec.Body.Bytes(), &e) != nil || !strings.Contains(e["error"], "registration form") {
+			t.Errorf("%v: %d %s", bad, rec.Code, rec.Body)
+		}
+	}
+	// No data plane yet: the loader must not count it registered.
+	a.addrs = nil
+	if rec := post(h, url.Values{"name": {"f3"}}); rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("no data planes: %d", rec.Code)
+	}
+}
+
+func TestCheckAndOtherPaths(t *testing.T) {
+	h := Handler(&admin{existing: map[string]bool{"f": true}}, Config{})
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodGet, "/check?name=f", http.StatusOK},
+		{http.MethodGet, "/check?name=g", http.StatusNotFound},
+		{http.MethodPost, "/workflow", http.StatusNotImplemented},
+		{http.MethodGet, "/healthz", http.StatusOK},
+		{http.MethodDelete, "/x", http.StatusMethodNotAllowed},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		if rec.Code != tc.want {
+			t.Errorf("%s %s: %d, want %d", tc.method, tc.path, rec.Code, tc.want)
+		}
+	}
+}
