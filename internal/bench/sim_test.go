@@ -10,7 +10,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/sim"
 )
 
-const azure100 = "../../../traces/azure_100"
+const azure100 = "../../traces/azure_100"
 
 // brisk sim writes replay's summary.json with the simulated cluster's
 // settings, from the real trace sample.
@@ -48,7 +48,7 @@ func TestSimWritesReplayOutputs(t *testing.T) {
 // BenchmarkSimAzure500 is the first scale target: azure_500, 30
 // minutes (10 warm-up + 20 measured), on 1,000 nodes.
 func BenchmarkSimAzure500(b *testing.B) {
-	cfg := ReplayConfig{TraceDir: "../../../traces/azure_500", Minutes: 20, Warmup: 10, TimeScale: 1, Seed: 42, IAT: "exponential", Granularity: "minute"}
+	cfg := ReplayConfig{TraceDir: "../../traces/azure_500", Minutes: 20, Warmup: 10, TimeScale: 1, Seed: 42, IAT: "exponential", Granularity: "minute"}
 	for b.Loop() {
 		out, _, err := Sim(cfg, sim.Config{Nodes: 1000}, "")
 		if err != nil {
