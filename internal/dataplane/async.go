@@ -14,7 +14,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -27,7 +27,7 @@ import (
 // status, retry and purge.
 
 const (
-	asyncPrefix = httpx.AsyncPrefix
+	asyncPrefix = naming.AsyncPrefix
 	callsPath   = "/v1/calls"
 )
 
@@ -80,7 +80,7 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 	}
 	defer q.Accepting()()
 	fn := rt.fn
-	if fn == nil && httpx.NamesFunction(rt.name) && (!rt.byPath || d.foreignName(r, rt.name).code == 0) {
+	if fn == nil && naming.NamesFunction(rt.name) && (!rt.byPath || d.foreignName(r, rt.name).code == 0) {
 		fn = d.awaitRoute(r.Context(), rt)
 	}
 	if fn == nil {

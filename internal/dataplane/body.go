@@ -28,7 +28,7 @@ type reqBody struct {
 }
 
 // pooledBody is the largest body of known length read into a pooled copy
-// buffer (httpx.BufferPool's size).
+// buffer (proxy.BufferPool's size).
 const pooledBody = 32 << 10
 
 // bodyBudget is the memory the data plane's buffered bodies may hold.

@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/httpx"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/internal/rpc"
 )
 
@@ -130,7 +130,7 @@ func New(cfg Config) (*DataPlane, error) {
 	d.proxy = &httputil.ReverseProxy{
 		Rewrite:        d.rewrite,
 		Transport:      d.transport,
-		BufferPool:     &httpx.BufferPool{},
+		BufferPool:     &proxy.BufferPool{},
 		ModifyResponse: d.modifyResponse,
 		ErrorHandler:   d.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
@@ -256,7 +256,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	d.em.close()
 	d.applyMu.Lock()
 	for _, p := range d.pools {
-		p.close()
+		p.Close()
 	}
 	d.applyMu.Unlock()
 	return err
@@ -303,7 +303,7 @@ func (d *DataPlane) reapIdle(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		cutoff := monoNow() - int64(idleTimeout)
+		cutoff := proxy.MonoNow() - int64(idleTimeout)
 		d.applyMu.Lock()
 		pools := make([]*connPool, 0, len(d.pools))
 		for _, p := range d.pools {
@@ -311,7 +311,7 @@ func (d *DataPlane) reapIdle(ctx context.Context) {
 		}
 		d.applyMu.Unlock()
 		for _, p := range pools {
-			p.prune(cutoff)
+			p.Prune(cutoff)
 		}
 	}
 }

@@ -40,7 +40,7 @@ func (d *DataPlane) connectFailed(st *reqState, err error) {
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		if nothingSent(err) {
-			st.ep.conns.prune(math.MaxInt64)
+			st.ep.conns.Prune(math.MaxInt64)
 		}
 		return
 	}

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/h1"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 // The front end's call: parse a request head, admit the call, send it to
@@ -150,7 +151,7 @@ func (c *frontConn) parse() *function {
 		return nil // the Lambda API: the net/http path (lambda.go)
 	} else {
 		rq.rest = path
-		if first, two := httpx.HostLabels(string(rq.host)); httpx.NamesFunction(first) {
+		if first, two := naming.HostLabels(string(rq.host)); naming.NamesFunction(first) {
 			fn = c.f.d.lookupHost(first, two)
 		}
 	}
@@ -239,7 +240,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		up, reused, err = st.ep.conns.take(attempt, false)
+		up, reused, err = st.ep.conns.Take(c.ctx, attempt, false)
 		if err != nil {
 			d.connectFailed(st, err)
 			if d.reroute(c.ctx, st, err, &reroutes) {
@@ -249,7 +250,7 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			return c.failCall(st, err, callID)
 		}
 		st.proxyStart = d.nanotime()
-		_ = up.nc.SetDeadline(deadline)
+		_ = up.NC.SetDeadline(deadline)
 		c.up.Store(up)
 		err = c.writeUpstream(up, st, callID)
 		sent := err == nil
@@ -261,14 +262,14 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 			break
 		}
 		c.up.Store(nil)
-		up.nc.Close()
+		up.NC.Close()
 		if c.gone.Load() || errors.Is(err, errClientWrite) {
 			st.code = statusClientGone
 			d.finish(st, nil)
 			c.leaveCall()
 			return false
 		}
-		if reused && !rh.started && httpx.ClosedByPeer(err) && (!sent || rq.idempotent) {
+		if reused && !rh.started && proxy.ClosedByPeer(err) && (!sent || rq.idempotent) {
 			continue
 		}
 		return c.failCall(st, err, callID)
@@ -282,19 +283,19 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	switch {
 	case rh.noBody:
 	case rh.chunked:
-		upErr, downErr = h1.CopyChunks(c.bw, up.br)
+		upErr, downErr = h1.CopyChunks(c.bw, up.BR)
 	case rh.length >= 0:
-		upErr, downErr = h1.CopyFixed(c.bw, up.br, rh.length)
+		upErr, downErr = h1.CopyFixed(c.bw, up.BR, rh.length)
 	default:
-		upErr, downErr = h1.CopyUntilClose(c.bw, up.br)
+		upErr, downErr = h1.CopyUntilClose(c.bw, up.BR)
 	}
 	// What is left of the reply is in c.bw, not yet flushed.
 	usable := c.endCall()
 	c.up.Store(nil)
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
-		up.pool.put(up, rh.noBody)
+		up.Put(rh.noBody)
 	} else {
-		up.nc.Close() // a watch that found the client gone may have aborted it
+		up.NC.Close() // a watch that found the client gone may have aborted it
 	}
 	cut := upErr != nil || downErr != nil
 	switch {
@@ -361,8 +362,8 @@ var errClientWrite = errors.New("client connection failed")
 func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error {
 	rq := &c.req
 	h := c.head
-	bw := up.bw
-	up.head = rq.isHead
+	bw := up.BW
+	up.Head = rq.isHead
 	bw.Write(rq.method)
 	bw.WriteByte(' ')
 	bw.Write(rq.rest)
@@ -424,7 +425,7 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 		}
 		var err error
 		var started bool
-		c.rbuf, started, err = h1.ReadHead(up.br, c.rbuf[:0])
+		c.rbuf, started, err = h1.ReadHead(up.BR, c.rbuf[:0])
 		rh.started = rh.started || started
 		if err != nil {
 			return err
@@ -447,7 +448,7 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 	switch {
 	case p.Code == http.StatusSwitchingProtocols:
 		return errors.New("sandbox switched protocols on a call that did not ask to")
-	case up.head, p.Code == http.StatusNoContent, p.Code == http.StatusNotModified:
+	case up.Head, p.Code == http.StatusNoContent, p.Code == http.StatusNotModified:
 		rh.noBody = true
 	case p.Chunked:
 		rh.chunked = true

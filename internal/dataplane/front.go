@@ -527,7 +527,7 @@ func (c *frontConn) watch() {
 		c.gone.Store(true)
 		c.cancel()
 		if up := c.up.Load(); up != nil {
-			up.abort()
+			up.Abort()
 		}
 	}
 	c.watchDone <- struct{}{}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -76,7 +76,7 @@ func (d *DataPlane) serveLambda(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	name, qual, ok := lambdaName(target)
-	if !ok || !httpx.NamesFunction(name) {
+	if !ok || !naming.NamesFunction(name) {
 		lambdaError(w, reqID, http.StatusBadRequest, "InvalidParameterValueException", "function name %q: want NAME, NAME:QUALIFIER or a function ARN", target)
 		return true
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/telemetry"
 )
 
 // latencyBuckets span a sub-millisecond warm call to a function that runs for
@@ -50,7 +50,7 @@ type promMetrics struct {
 }
 
 func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *function], reading *atomic.Int64, extra []prometheus.Collector) (*promMetrics, error) {
-	reg, handler := httpx.Metrics(reg)
+	reg, handler := telemetry.Metrics(reg)
 	errVec, errs := newReasonCounters()
 	m := &promMetrics{
 		errors:  errs,
@@ -95,7 +95,7 @@ func newPromMetrics(reg prometheus.Registerer, fns func() iter.Seq2[string, *fun
 			Name: "brisk_dataplane_bodies_reading",
 			Help: "Requests reading their body before they take a sandbox slot (slow uploads show here, not as busy sandboxes).",
 		}, func() float64 { return float64(reading.Load()) })) {
-		if err := httpx.Register(reg, "data plane", c); err != nil {
+		if err := telemetry.Register(reg, "data plane", c); err != nil {
 			return nil, err
 		}
 	}

@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/pkg/spec"
 	"golang.org/x/net/http/httpguts"
 )
 
-const functionPrefix = httpx.FunctionPrefix
+const functionPrefix = naming.FunctionPrefix
 
 // deadlineSlack is added to queue timeout + function timeout when a request
 // needs a write deadline beyond Config.WriteTimeout.
@@ -59,7 +60,7 @@ func (d *DataPlane) resolve(r *http.Request) route {
 		rt.fn = d.lookupNamed(rt.name)
 		return rt
 	}
-	first, two := httpx.HostLabels(r.Host)
+	first, two := naming.HostLabels(r.Host)
 	rt := route{name: first, host2: two, rest: p, rawRest: r.URL.RawPath}
 	rt.fn = d.lookupHost(first, two)
 	return rt
@@ -153,7 +154,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			d.cfg.System.ServeHTTP(w, r)
 			return
 		}
-		if !httpx.NamesFunction(rt.name) {
+		if !naming.NamesFunction(rt.name) {
 			d.writeError(w, callID, failure{http.StatusNotFound, reasonNoFunction, "no function named in the request: call /function/NAME/... or send a Host header whose first label is the function name"})
 			return
 		}
@@ -358,7 +359,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 		return
 	}
-	if httpx.Relayable(r) {
+	if proxy.Relayable(r) {
 		defer d.finish(st, nil)
 		d.forward(w, r, st, &rb)
 		return

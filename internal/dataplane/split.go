@@ -108,7 +108,7 @@ func (d *DataPlane) lookupNamed(name string) *function {
 const openfaasNamespace = "openfaas-fn"
 
 // lookupHost returns the function a Host names by its first two labels
-// (first, two: httpx.HostLabels). When the second label is a namespace
+// (first, two: naming.HostLabels). When the second label is a namespace
 // (of a function this data plane knows), the Host is Knative's
 // NAME.NAMESPACE.DOMAIN and names NAME of that namespace: NAME.NAMESPACE,
 // or a bare NAME of that namespace (made before names were per

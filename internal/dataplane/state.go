@@ -538,8 +538,8 @@ func (d *DataPlane) unrefPool(p *connPool) {
 	if p.refs--; p.refs > 0 {
 		return
 	}
-	p.close()
-	if d.pools[p.addr] == p {
-		delete(d.pools, p.addr)
+	p.Close()
+	if d.pools[p.Addr()] == p {
+		delete(d.pools, p.Addr())
 	}
 }

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,11 +11,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/h1"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 // The warm path's upstream client. httputil.ReverseProxy over
@@ -38,161 +35,26 @@ const (
 	// reused one turns out closed by the sandbox.
 	replayableBody  = 64 << 10
 	upstreamBufSize = 4 << 10
-	dialTimeout     = time.Second
-)
-
-var errPoolClosed = errors.New("sandbox left the routing table")
-
-// connPool holds the idle keep-alive connections to one sandbox address
-// (DataPlane.refPools says why per address). The hot path takes and returns
-// connections under the pool's own mutex, no data-plane-wide lock.
-type connPool struct {
-	addr   string
-	refs   int // published endpoints at addr; guarded by DataPlane.applyMu
-	mu     sync.Mutex
-	idle   []*upConn
-	closed bool
-}
-
-type upConn struct {
-	nc     net.Conn
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	pool   *connPool
-	rbuf   []byte           // the reply head readHead read
-	reply  h1.ReplyHead     // its parse
-	chunks h1.ChunkedReader // copyChunked's decoder
-	head   bool             // the call in flight is a HEAD: its reply has no body
-	// suspect: the last reply had no body (HEAD, 204, 304), the kind a
-	// function may wrongly follow with one: probe before reuse.
-	suspect bool
-	idleAt  int64  // monoNow when it was last returned to the pool
-	abort   func() // ends the exchange in flight (watchClient)
-}
-
-const (
 	// idleTimeout: the reaper closes connections idle longer.
 	idleTimeout = 90 * time.Second
 )
 
-// checkIdleAfter: a connection idle longer is probed before reuse (a
-// function's server may have closed it: Node's keep-alive timeout is 5 s,
-// gunicorn's 2 s). Busier connections are not, which saves a system call
-// per warm call. A variable for tests.
-var checkIdleAfter = 500 * time.Millisecond
-
-var monoEpoch = time.Now()
-
-func monoNow() int64 { return int64(time.Since(monoEpoch)) }
-
-func newConnPool(addr string) *connPool { return &connPool{addr: addr} }
-
-// get returns an idle connection (reused) or dials one. An idle connection
-// is probed first when it idled past checkIdleAfter or when probe is set
-// (the call could not be sent again on a fresh connection).
-func (p *connPool) get(probe bool) (c *upConn, reused bool, err error) {
-	for {
-		p.mu.Lock()
-		n := len(p.idle)
-		if n == 0 {
-			break
-		}
-		c = p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		p.mu.Unlock()
-		if (!probe && !c.suspect && monoNow()-c.idleAt < int64(checkIdleAfter)) || c.alive() {
-			c.suspect = false
-			return c, true, nil
-		}
-		c.nc.Close()
-	}
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
-		return nil, false, errPoolClosed
-	}
-	c, err = p.dial()
-	return c, false, err
+// connPool is the upstream connections to one sandbox address
+// (DataPlane.refPools says why per address) and the published endpoints
+// at it.
+type connPool struct {
+	*proxy.Pool
+	refs int // guarded by DataPlane.applyMu
 }
 
-// alive reports whether an idle connection is still open (stray bytes
-// mean it is done).
-func (c *upConn) alive() bool {
-	return c.br.Buffered() == 0 && httpx.PeekAlive(c.nc)
+// upConn is one connection to a sandbox.
+type upConn = proxy.Conn
+
+func newConnPool(addr string) *connPool {
+	return &connPool{Pool: proxy.NewPool(addr, maxIdlePerAddr, upstreamBufSize)}
 }
 
-// take returns the connection for a call's attempt: a pooled one for the
-// first (get), a new one for a replay, which must not meet another
-// connection the sandbox closed.
-func (p *connPool) take(attempt int, probe bool) (c *upConn, reused bool, err error) {
-	if attempt == 0 {
-		return p.get(probe)
-	}
-	c, err = p.dial()
-	return c, false, err
-}
-
-func (p *connPool) dial() (*upConn, error) {
-	nc, err := net.DialTimeout("tcp", p.addr, dialTimeout)
-	if err != nil {
-		return nil, err
-	}
-	c := &upConn{nc: nc, br: bufio.NewReaderSize(nc, upstreamBufSize), bw: bufio.NewWriterSize(nc, upstreamBufSize), pool: p}
-	c.abort = func() { _ = nc.SetDeadline(longAgo) } // made once, not per call
-	return c, nil
-}
-
-// put returns a connection whose last exchange completed cleanly.
-// put returns c to the pool after a reply; bodiless says the reply had no
-// body. Bytes already read past the reply's end are not a reply to
-// anything: a connection holding them is closed, never reused, or the
-// next caller would read them as its answer (and the function's answer to
-// it would go to the caller after).
-func (p *connPool) put(c *upConn, bodiless bool) {
-	c.idleAt, c.suspect = monoNow(), bodiless
-	p.mu.Lock()
-	if p.closed || len(p.idle) >= maxIdlePerAddr || c.br.Buffered() > 0 {
-		p.mu.Unlock()
-		c.nc.Close()
-		return
-	}
-	p.idle = append(p.idle, c)
-	p.mu.Unlock()
-}
-
-// prune closes the connections idle since before cutoff. The stack is
-// oldest first, so they are a prefix.
-func (p *connPool) prune(cutoff int64) {
-	p.mu.Lock()
-	n := 0
-	for n < len(p.idle) && p.idle[n].idleAt < cutoff {
-		n++
-	}
-	old := make([]*upConn, n)
-	copy(old, p.idle[:n])
-	rest := copy(p.idle, p.idle[n:])
-	clear(p.idle[rest:])
-	p.idle = p.idle[:rest]
-	p.mu.Unlock()
-	for _, c := range old {
-		c.nc.Close()
-	}
-}
-
-// close drops the idle connections and makes later returns close theirs:
-// the sandbox left the routing table.
-func (p *connPool) close() {
-	p.mu.Lock()
-	idle := p.idle
-	p.idle, p.closed = nil, true
-	p.mu.Unlock()
-	for _, c := range idle {
-		c.nc.Close()
-	}
-}
-
-var copyBufs httpx.BufferPool
+var copyBufs proxy.BufferPool
 
 // forward sends r to st.ep and copies the reply to w. It returns the status
 // counted for the call.
@@ -219,14 +81,14 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	deadline := time.Now().Add(st.conf.timeout)
 	ctx := r.Context()
 	var c *upConn
-	var resp httpx.Reply
+	var resp proxy.Reply
 	var unwatch func() bool
 	var streaming chan error // a streamed body's writer, when one runs
 	reroutes := 0
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		c, reused, err = st.ep.conns.take(attempt, !buffered)
+		c, reused, err = st.ep.conns.Take(ctx, attempt, !buffered)
 		if err != nil {
 			d.connectFailed(st, err)
 			if d.reroute(ctx, st, err, &reroutes) {
@@ -236,8 +98,8 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			return d.failUpstream(w, st, err)
 		}
 		st.proxyStart = d.nanotime()
-		_ = c.nc.SetDeadline(deadline)
-		unwatch = watchClient(ctx, c)
+		_ = c.NC.SetDeadline(deadline)
+		unwatch = c.Watch(ctx)
 		err = d.writeRequest(c, r, st, body, buffered, cb)
 		sent := err == nil
 		if sent && cb != nil {
@@ -249,7 +111,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			go streamBody(streaming, c, r, cb) // not a closure: its captures would escape on every call
 		}
 		if sent {
-			err = c.readHead(&resp, w)
+			err = c.ReadHead(&resp, w)
 		}
 		if err == nil {
 			st.firstByte = d.nanotime()
@@ -257,7 +119,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 			break
 		}
 		unwatch()
-		c.nc.Close()
+		c.NC.Close()
 		if streaming != nil {
 			<-streaming // the closed connection ends its writes
 		}
@@ -271,7 +133,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		// A reused connection the sandbox had closed: the call goes once
 		// more on a new one, if it can be sent again and either did not
 		// reach the sandbox whole or may run twice (http.Transport's rule).
-		if reused && buffered && !resp.Started && httpx.ClosedByPeer(err) && (!sent || httpx.Idempotent(r)) {
+		if reused && buffered && !resp.Started && proxy.ClosedByPeer(err) && (!sent || proxy.Idempotent(r)) {
 			continue
 		}
 		return d.failUpstream(w, st, err)
@@ -282,10 +144,10 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// 502 saying so, not a connection closed on it.
 	sb := copyBufs.Get()
 	defer copyBufs.Put(sb)
-	small, err := httpx.ReadSmallBody(c.br, &resp, sb)
+	small, err := proxy.ReadSmallBody(c.BR, &resp, sb)
 	if err != nil {
 		unwatch()
-		c.nc.Close()
+		c.NC.Close()
 		if streaming != nil {
 			<-streaming
 		}
@@ -299,7 +161,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	h := w.Header()
 	conn := resp.Header["Connection"]
 	for k, v := range resp.Header {
-		if !httpx.HopByHop(k) && (conn == nil || !httpx.ListedIn(conn, k)) {
+		if !proxy.HopByHop(k) && (conn == nil || !proxy.ListedIn(conn, k)) {
 			h[k] = v
 		}
 	}
@@ -316,7 +178,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	st.code = resp.Code
 	w.WriteHeader(resp.Code)
 
-	cw := httpx.ClientWriter{W: w, Flush: resp.Length < 0}
+	cw := proxy.ClientWriter{W: w, Flush: resp.Length < 0}
 	ok := true
 	switch {
 	case resp.NoBody:
@@ -324,21 +186,21 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		_, err := cw.Write(small)
 		ok = err == nil
 	case resp.Chunked:
-		ok = c.copyChunked(&cw, h)
+		ok = c.CopyChunked(&cw, h)
 	default:
-		ok = c.copyBody(&cw, resp.Length)
+		ok = c.CopyBody(&cw, resp.Length)
 	}
 	// A streamed body the function did not read to the end is cut off
 	// (the writer's next write fails); the connection then cannot carry
 	// another call.
-	bodySent := httpx.AwaitBodySent(streaming, c.nc)
+	bodySent := proxy.AwaitBodySent(streaming, c.NC)
 	// The deadline stays set while the connection idles: every use sets
 	// its own. A connection whose deadline the client's leaving moved is
 	// not reused.
 	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.pool.put(c, resp.NoBody)
+		c.Put(resp.NoBody)
 	} else {
-		c.nc.Close()
+		c.NC.Close()
 	}
 	if !ok {
 		st.code = http.StatusBadGateway // the sandbox's reply broke off
@@ -352,24 +214,7 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	return st.code
 }
 
-// watchClient ends the exchange on c when the client leaves (net/http
-// cancels the request's context when its connection closes): the sandbox
-// sees its connection close and the slot comes back at once, rather than
-// when the function finishes or times out. The returned func stops the
-// watch and reports whether c is still usable. The watch costs 5
-// allocations (~0.5 KB) per call, within the noise of BenchmarkHotPath's
-// time per call.
-func watchClient(ctx context.Context, c *upConn) func() bool {
-	if ctx.Done() == nil {
-		return alwaysUsable
-	}
-	return context.AfterFunc(ctx, c.abort)
-}
-
-var (
-	longAgo      = httpx.LongAgo
-	alwaysUsable = func() bool { return true }
-)
+var longAgo = proxy.LongAgo
 
 // clientBody reads the client's request body and keeps its error apart from
 // the sandbox connection's.
@@ -418,7 +263,7 @@ func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error)
 // function ran out of time, 502 otherwise.
 func (d *DataPlane) upstreamError(st *reqState, err error) failure {
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && !httpx.IsDialError(err) {
+	if errors.As(err, &ne) && ne.Timeout() && !proxy.IsDialError(err) {
 		return d.timeoutFailure(st)
 	}
 	return d.sandboxFailure(st, err)
@@ -428,8 +273,8 @@ func (d *DataPlane) upstreamError(st *reqState, err error) failure {
 // the client's headers without hop-by-hop ones, X-Forwarded-*, the call id
 // and sandbox id (as the ReverseProxy path does).
 func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body []byte, buffered bool, cb *clientBody) error {
-	bw := c.bw
-	c.head = r.Method == http.MethodHead
+	bw := c.BW
+	c.Head = r.Method == http.MethodHead
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
 	if st.rawRest != "" {
@@ -445,7 +290,7 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 	bw.WriteString(st.ep.addr)
 	bw.WriteString("\r\n")
 	// The call and sandbox ids are the data plane's own (writeForwarding).
-	remote := httpx.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr, "X-Call-Id", "X-Brisk-Sandbox")
+	remote := proxy.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr, "X-Call-Id", "X-Brisk-Sandbox")
 	writeForwarding(bw, remote, r.Host, d.fwdProto, st.ep.id, st.callID[0])
 	switch {
 	case buffered:
@@ -468,7 +313,7 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 func streamBody(done chan<- error, c *upConn, r *http.Request, cb *clientBody) {
 	err := sendBody(c, r, cb)
 	if err != nil && cb.err != nil {
-		_ = c.nc.SetReadDeadline(longAgo)
+		_ = c.NC.SetReadDeadline(longAgo)
 	}
 	done <- err
 }
@@ -476,7 +321,7 @@ func streamBody(done chan<- error, c *upConn, r *http.Request, cb *clientBody) {
 func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
 	buf := copyBufs.Get()
 	defer copyBufs.Put(buf)
-	return httpx.SendBody(c.bw, r.ContentLength, cb, buf)
+	return proxy.SendBody(c.BW, r.ContentLength, cb, buf)
 }
 
 // writeForwarding ends the head of a request to a sandbox (after any
@@ -532,33 +377,4 @@ func pathByteOK(b byte) bool {
 		return true
 	}
 	return strings.IndexByte("-._~/$&+,;=:@", b) >= 0
-}
-
-// readHead reads the reply's head (httpx.ReadReply: the front end's
-// rules), relaying interim replies to w.
-func (c *upConn) readHead(h *httpx.Reply, w http.ResponseWriter) error {
-	return httpx.ReadReply(c.br, &c.rbuf, &c.reply, c.head, h, w)
-}
-
-// copyBody copies a reply body of n bytes, or up to the connection's close
-// when n < 0. It reports whether the whole body arrived and went out.
-func (c *upConn) copyBody(cw *httpx.ClientWriter, n int64) bool {
-	buf := copyBufs.Get()
-	defer copyBufs.Put(buf)
-	return httpx.CopyTo(cw, c.br, n, buf)
-}
-
-// copyChunked copies a chunked reply body piece by piece (decoded by
-// h1.ChunkedReader), then its trailers (declared or not, less hop-by-hop
-// ones and the data plane's own) as the client's trailers.
-func (c *upConn) copyChunked(cw *httpx.ClientWriter, h http.Header) bool {
-	buf := copyBufs.Get()
-	defer copyBufs.Put(buf)
-	cr := &c.chunks
-	cr.Reset(c.br)
-	if !httpx.CopyTo(cw, cr, -1, buf) {
-		return false
-	}
-	httpx.CopyTrailers(h, cr)
-	return true
 }

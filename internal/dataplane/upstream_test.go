@@ -18,6 +18,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -130,8 +131,8 @@ func post(t *testing.T, url, body string) result {
 // server's idle timeout) is found closed before use: the call goes on a new
 // connection, once, with its body intact.
 func TestClosedIdleConnectionIsNotUsed(t *testing.T) {
-	defer func(v time.Duration) { checkIdleAfter = v }(checkIdleAfter)
-	checkIdleAfter = 0 // probe every reuse: the close comes at once here
+	defer func(v time.Duration) { proxy.CheckIdleAfter = v }(proxy.CheckIdleAfter)
+	proxy.CheckIdleAfter = 0 // probe every reuse: the close comes at once here
 	d, srv := newTestDP(t, nil)
 	sb := newOneShotSandbox(t, true, func(int) bool { return true })
 	deploy(d, "f", sb.addr)

@@ -8,7 +8,7 @@
 //
 // The server side is net/http (HTTP/1.1 and h2c). Upstream, the handler's
 // own goroutine writes the request and reads the reply (internal/h1, through
-// internal/httpx) over pooled keep-alive connections to the data plane, as
+// internal/proxy) over pooled keep-alive connections to the data plane, as
 // the data plane does to its sandboxes (upstream.go); protocol upgrades and
 // requests with trailers take httputil.ReverseProxy. A request whose
 // connection cannot be made goes to the function's next data plane.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -18,7 +19,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
+	"github.com/brisk-faas/brisk/internal/proxy"
+	"github.com/brisk-faas/brisk/internal/telemetry"
 )
 
 // Gateway proxies invocations to data planes, each function to the one its
@@ -28,7 +31,7 @@ type Gateway struct {
 	log       *slog.Logger
 	dps       []*backend
 	prom      *promMetrics
-	none      *httpx.CodeCounters // requests no data plane could take
+	none      *telemetry.CodeCounters // requests no data plane could take
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 	health    *http.Client
@@ -45,10 +48,10 @@ type backend struct {
 	addr     string
 	hash     uint64
 	hdr      []string // X-Brisk-Dataplane value, shared by every response
-	conns    *connPool
+	conns    *proxy.Pool
 	up       atomic.Bool
 	fails    int // consecutive failed probes; touched only by the prober
-	requests *httpx.CodeCounters
+	requests *telemetry.CodeCounters
 	connFail prometheus.Counter
 }
 
@@ -67,14 +70,14 @@ func New(cfg Config) (*Gateway, error) {
 		cfg:       cfg,
 		log:       cfg.Logger,
 		prom:      prom,
-		none:      &httpx.CodeCounters{Vec: prom.requests, Label: noDataPlane},
+		none:      &telemetry.CodeCounters{Vec: prom.requests, Label: noDataPlane},
 		transport: newTransport(),
 		ready:     make(chan struct{}),
 	}
 	for i, a := range cfg.DataPlanes {
 		b := &backend{idx: i, addr: a, hash: hashString(a), hdr: []string{a},
-			conns:    &connPool{addr: a},
-			requests: &httpx.CodeCounters{Vec: prom.requests, Label: a},
+			conns:    proxy.NewPool(a, maxIdlePerDataPlane, upstreamBufSize),
+			requests: &telemetry.CodeCounters{Vec: prom.requests, Label: a},
 			connFail: prom.failovers.WithLabelValues(a)}
 		// Up until shown otherwise: a data plane that is down at start is
 		// found by the first probes, or sooner by the first request that
@@ -98,7 +101,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:        g.rewrite,
 		Transport:      retryTransport{g},
-		BufferPool:     &httpx.BufferPool{},
+		BufferPool:     &proxy.BufferPool{},
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler:   g.proxyError,
 		ErrorLog:       slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
@@ -189,7 +192,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	wg.Wait()
 	g.transport.CloseIdleConnections()
 	for _, b := range g.dps {
-		b.conns.prune(time.Time{})
+		b.conns.Prune(math.MaxInt64)
 	}
 	g.health.CloseIdleConnections()
 	return err
@@ -200,7 +203,7 @@ const callsPath = "/v1/calls"
 
 func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	name, byPath := functionOf(r)
-	if byPath && name != "" || !byPath && httpx.NamesFunction(name) {
+	if byPath && name != "" || !byPath && naming.NamesFunction(name) {
 		g.forward(w, r, name)
 		return
 	}

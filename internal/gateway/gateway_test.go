@@ -19,7 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brisk-faas/brisk/internal/dataplane"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/naming"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -212,7 +213,7 @@ func TestRoutingAgreesWithDataPlane(t *testing.T) {
 		}
 
 		name, byPath := functionOf(r)
-		routed := byPath && name != "" || !byPath && httpx.NamesFunction(name)
+		routed := byPath && name != "" || !byPath && naming.NamesFunction(name)
 		gwName := ""
 		if routed {
 			gwName = name
@@ -571,10 +572,10 @@ func TestRunTwiceAndListenError(t *testing.T) {
 func TestIsConnectError(t *testing.T) {
 	port := testutil.FreePort(t)
 	_, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
-	if err == nil || !httpx.IsDialError(err) {
+	if err == nil || !proxy.IsDialError(err) {
 		t.Errorf("refused connection: IsDialError(%v) = false", err)
 	}
-	if httpx.IsDialError(errors.New("EOF")) || httpx.IsDialError(io.ErrUnexpectedEOF) {
+	if proxy.IsDialError(errors.New("EOF")) || proxy.IsDialError(io.ErrUnexpectedEOF) {
 		t.Error("non-dial errors count as connection failures")
 	}
 }

@@ -3,7 +3,7 @@ package gateway
 import (
 	"net/http"
 
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,7 +18,7 @@ type promMetrics struct {
 }
 
 func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
-	reg, handler := httpx.Metrics(reg)
+	reg, handler := telemetry.Metrics(reg)
 	m := &promMetrics{
 		reg:     reg,
 		handler: handler,
@@ -41,7 +41,7 @@ func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
 }
 
 func (m *promMetrics) register(c prometheus.Collector) error {
-	return httpx.Register(m.reg, "gateway", c)
+	return telemetry.Register(m.reg, "gateway", c)
 }
 
 // upGauge exports b.up as brisk_gateway_dataplane_up{dataplane}. Reading the

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 // Shared header values; cap 1, so an Add by anyone copies instead of writing
@@ -86,7 +86,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, name string) {
 	}
 	st := &reqState{Context: r.Context(), name: name, dp: dp}
 	defer g.finish(st)
-	if httpx.Relayable(r) {
+	if proxy.Relayable(r) {
 		g.relay(w, r, st)
 		return
 	}
@@ -173,7 +173,7 @@ func (t retryTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var tried []bool
 	for {
 		resp, err := t.g.transport.RoundTrip(req)
-		if err == nil || !httpx.IsDialError(err) || req.Context().Err() != nil || st.body.wasRead() {
+		if err == nil || !proxy.IsDialError(err) || req.Context().Err() != nil || st.body.wasRead() {
 			return resp, err
 		}
 		st.dp.connFail.Inc()

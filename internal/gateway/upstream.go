@@ -6,15 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/h1"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 // The gateway's upstream client, as the data plane's to its sandboxes
@@ -22,7 +19,7 @@ import (
 // request and reads the reply over a keep-alive connection from the data
 // plane's pool, with h1 reading the reply, where http.Transport would hand
 // each call to two goroutines per connection and clone the request.
-// Requests it does not handle (httpx.Relayable) take httputil.ReverseProxy.
+// Requests it does not handle (proxy.Relayable) take httputil.ReverseProxy.
 
 const (
 	// maxIdlePerDataPlane bounds the idle connections to one data plane:
@@ -39,101 +36,6 @@ const (
 	upstreamBufSize = 8 << 10
 )
 
-// checkIdleAfter: a connection idle longer is probed before reuse; busier
-// ones are not, which saves a system call per call. A variable for tests.
-var checkIdleAfter = 500 * time.Millisecond
-
-var copyBufs httpx.BufferPool
-
-// connPool holds the idle keep-alive connections to one data plane.
-type connPool struct {
-	addr string
-	mu   sync.Mutex
-	idle []*upConn // oldest first
-}
-
-type upConn struct {
-	nc     net.Conn
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	pool   *connPool
-	rbuf   []byte           // the reply head ReadReply read
-	reply  h1.ReplyHead     // its parse
-	chunks h1.ChunkedReader // a chunked reply's decoder
-	idleAt time.Time
-	abort  func() // ends the exchange in flight: the client left
-	// suspect: the last reply had no body (HEAD, 204, 304): probe before
-	// reuse, in case bytes followed it.
-	suspect bool
-}
-
-var dialer = net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
-
-// take returns a connection for an attempt: for the first a pooled one
-// (probed first when it idled past checkIdleAfter or when probe is set: the
-// call could not be sent again) or a new one; for a replay always a new
-// one, which cannot be another connection the data plane closed.
-func (p *connPool) take(ctx context.Context, attempt int, probe bool) (c *upConn, reused bool, err error) {
-	for attempt == 0 {
-		p.mu.Lock()
-		n := len(p.idle)
-		if n == 0 {
-			p.mu.Unlock()
-			break
-		}
-		c = p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		p.mu.Unlock()
-		if (!probe && !c.suspect && time.Since(c.idleAt) < checkIdleAfter) || (c.br.Buffered() == 0 && httpx.PeekAlive(c.nc)) {
-			c.suspect = false
-			return c, true, nil
-		}
-		c.nc.Close()
-	}
-	nc, err := dialer.DialContext(ctx, "tcp", p.addr)
-	if err != nil {
-		return nil, false, err
-	}
-	c = &upConn{nc: nc, br: bufio.NewReaderSize(nc, upstreamBufSize), bw: bufio.NewWriterSize(nc, upstreamBufSize), pool: p}
-	c.abort = func() { _ = nc.SetDeadline(longAgo) } // made once, not per call
-	return c, false, nil
-}
-
-// put returns a connection whose last exchange completed cleanly;
-// bodiless says its reply had no body. A connection holding bytes past the
-// reply's end is closed: the next call would read them as its answer.
-func (p *connPool) put(c *upConn, bodiless bool) {
-	c.idleAt, c.suspect = time.Now(), bodiless
-	p.mu.Lock()
-	if len(p.idle) >= maxIdlePerDataPlane || c.br.Buffered() > 0 {
-		p.mu.Unlock()
-		c.nc.Close()
-		return
-	}
-	p.idle = append(p.idle, c)
-	p.mu.Unlock()
-}
-
-// prune closes the connections idle since before cutoff (a prefix: the
-// stack is oldest first), or all of them for the zero time.
-func (p *connPool) prune(cutoff time.Time) {
-	p.mu.Lock()
-	n := 0
-	for n < len(p.idle) && (cutoff.IsZero() || p.idle[n].idleAt.Before(cutoff)) {
-		n++
-	}
-	old := make([]*upConn, n)
-	copy(old, p.idle[:n])
-	rest := copy(p.idle, p.idle[n:])
-	clear(p.idle[rest:])
-	p.idle = p.idle[:rest]
-	p.mu.Unlock()
-	for _, c := range old {
-		c.nc.Close()
-	}
-}
-
 // reapIdle closes connections idle past idleConnTimeout until ctx ends.
 func (g *Gateway) reapIdle(ctx context.Context) {
 	t := time.NewTicker(idleConnTimeout / 3)
@@ -144,14 +46,17 @@ func (g *Gateway) reapIdle(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		cutoff := time.Now().Add(-idleConnTimeout)
+		cutoff := proxy.MonoNow() - int64(idleConnTimeout)
 		for _, b := range g.dps {
-			b.conns.prune(cutoff)
+			b.conns.Prune(cutoff)
 		}
 	}
 }
 
-var longAgo = httpx.LongAgo
+var (
+	longAgo  = proxy.LongAgo
+	copyBufs proxy.BufferPool
+)
 
 // clientBody reads the client's request body and keeps its error apart
 // from the data plane connection's.
@@ -199,21 +104,21 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	}
 
 	ctx := r.Context()
-	var c *upConn
-	var resp httpx.Reply
+	var c *proxy.Conn
+	var resp proxy.Reply
 	var unwatch func() bool
 	var streaming chan error // a streamed body's writer, when one runs
 	var tried []bool
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		c, reused, err = st.dp.conns.take(ctx, attempt, !buffered)
+		c, reused, err = st.dp.conns.Take(ctx, attempt, !buffered)
 		if err != nil {
 			if ctx.Err() != nil {
 				st.code = statusClientGone
 				return
 			}
-			if !httpx.IsDialError(err) {
+			if !proxy.IsDialError(err) {
 				g.failUpstream(w, r, st, err)
 				return
 			}
@@ -235,8 +140,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 			st.dp, attempt = next, -1
 			continue
 		}
-		unwatch = context.AfterFunc(ctx, c.abort)
-		err = writeRequest(c.bw, r, target, body, buffered)
+		unwatch = c.Watch(ctx)
+		c.Head = r.Method == http.MethodHead
+		err = writeRequest(c.BW, r, target, body, buffered)
 		sent := err == nil
 		if sent && !buffered {
 			// A function may answer before it has read the whole body
@@ -246,13 +152,13 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 			go streamBody(streaming, c, r.ContentLength, cb)
 		}
 		if sent {
-			err = httpx.ReadReply(c.br, &c.rbuf, &c.reply, r.Method == http.MethodHead, &resp, w)
+			err = c.ReadHead(&resp, w)
 		}
 		if err == nil {
 			break
 		}
 		unwatch()
-		c.nc.Close()
+		c.NC.Close()
 		if streaming != nil {
 			<-streaming // the closed connection ends its writes
 		}
@@ -268,7 +174,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 		// once more on a new one, if it can be sent again and either did
 		// not reach the data plane whole or may run twice (http.Transport's
 		// rule).
-		if reused && buffered && !resp.Started && httpx.ClosedByPeer(err) && (!sent || httpx.Idempotent(r)) {
+		if reused && buffered && !resp.Started && proxy.ClosedByPeer(err) && (!sent || proxy.Idempotent(r)) {
 			continue
 		}
 		g.failUpstream(w, r, st, err)
@@ -280,10 +186,10 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	// client gets a 502 saying so, not a connection closed on it.
 	sb := copyBufs.Get()
 	defer copyBufs.Put(sb)
-	small, err := httpx.ReadSmallBody(c.br, &resp, sb)
+	small, err := proxy.ReadSmallBody(c.BR, &resp, sb)
 	if err != nil {
 		unwatch()
-		c.nc.Close()
+		c.NC.Close()
 		if streaming != nil {
 			<-streaming
 		}
@@ -298,7 +204,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	h := w.Header()
 	conn := resp.Header["Connection"]
 	for k, v := range resp.Header {
-		if !httpx.HopByHop(k) && (conn == nil || !httpx.ListedIn(conn, k)) {
+		if !proxy.HopByHop(k) && (conn == nil || !proxy.ListedIn(conn, k)) {
 			h[k] = v
 		}
 	}
@@ -312,33 +218,27 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	st.code = resp.Code
 	w.WriteHeader(resp.Code)
 
-	cw := httpx.ClientWriter{W: w, Flush: resp.Length < 0}
+	cw := proxy.ClientWriter{W: w, Flush: resp.Length < 0}
 	ok := true
 	switch {
 	case small != nil:
 		_, err := cw.Write(small)
 		ok = err == nil
-	case !resp.NoBody:
-		buf := copyBufs.Get()
-		if resp.Chunked {
-			c.chunks.Reset(c.br)
-			if ok = httpx.CopyTo(&cw, &c.chunks, -1, buf); ok {
-				httpx.CopyTrailers(h, &c.chunks)
-			}
-		} else {
-			ok = httpx.CopyTo(&cw, c.br, resp.Length, buf)
-		}
-		copyBufs.Put(buf)
+	case resp.NoBody:
+	case resp.Chunked:
+		ok = c.CopyChunked(&cw, h)
+	default:
+		ok = c.CopyBody(&cw, resp.Length)
 	}
 	// A streamed body the data plane did not read to the end is cut off
 	// (the writer's next write fails); the connection then cannot carry
 	// another call.
-	bodySent := httpx.AwaitBodySent(streaming, c.nc)
+	bodySent := proxy.AwaitBodySent(streaming, c.NC)
 	// A connection whose deadline the client's leaving moved is not reused.
 	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.pool.put(c, resp.NoBody)
+		c.Put(resp.NoBody)
 	} else {
-		c.nc.Close()
+		c.NC.Close()
 	}
 	if !ok {
 		st.code = http.StatusBadGateway // the data plane's reply broke off
@@ -391,7 +291,7 @@ func writeRequest(bw *bufio.Writer, r *http.Request, target string, body []byte,
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.WriteString(r.Host)
 	bw.WriteString("\r\n")
-	remote := httpx.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr)
+	remote := proxy.WriteForwardedHeaders(bw, r.Header, r.RemoteAddr)
 	bw.WriteString(remote)
 	bw.WriteString("\r\nX-Forwarded-Host: ")
 	bw.WriteString(r.Host)
@@ -425,12 +325,12 @@ func writeRequest(bw *bufio.Writer, r *http.Request, target string, body []byte,
 // client's body fails it ends the reply's reading too: the gateway answers
 // the call itself. When the data plane stops taking the body, the reply it
 // may have sent is still read.
-func streamBody(done chan<- error, c *upConn, n int64, cb *clientBody) {
+func streamBody(done chan<- error, c *proxy.Conn, n int64, cb *clientBody) {
 	buf := copyBufs.Get()
-	err := httpx.SendBody(c.bw, n, cb, buf)
+	err := proxy.SendBody(c.BW, n, cb, buf)
 	copyBufs.Put(buf)
 	if err != nil && cb.err != nil {
-		_ = c.nc.SetReadDeadline(longAgo)
+		_ = c.NC.SetReadDeadline(longAgo)
 	}
 	done <- err
 }

@@ -23,6 +23,6 @@
 // the data plane's net/http path (upstream.go) reads sandbox reply heads with
 // ReadHead and ParseReplyHead and decodes chunked replies with ChunkedReader,
 // so both paths take and refuse the same replies. The gateway reads its data
-// planes' replies the same way (internal/httpx.ReadReply, shared with
+// planes' replies the same way (internal/proxy.ReadReply, shared with
 // upstream.go); its client side stays net/http.
 package h1

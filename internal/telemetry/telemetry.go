@@ -1,4 +1,6 @@
-// Package telemetry sets up brisk's OpenTelemetry tracing: the data plane's
+// Package telemetry is what brisk's components report with: the
+// Prometheus registry a proxy serves and per-code request counters for its
+// hot path (prom_*.go), and OpenTelemetry tracing: the data plane's
 // invocation spans (queueing, the cold start a call waited for, the
 // sandbox's first byte), exported over OTLP/HTTP when an endpoint is
 // configured. Without one, tracing is off and costs nothing.

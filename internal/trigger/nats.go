@@ -20,7 +20,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/brisk-faas/brisk/internal/async"
-	"github.com/brisk-faas/brisk/internal/httpx"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -237,7 +237,7 @@ func (r *Runner) submitMessage(ctx context.Context, j *job, id string, dedupe bo
 	h := make(http.Header, len(mh)+2)
 	for k, vs := range mh {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if strings.HasPrefix(ck, "Nats-") || httpx.HopByHop(ck) || droppedHeader[ck] || !httpguts.ValidHeaderFieldName(ck) {
+		if strings.HasPrefix(ck, "Nats-") || proxy.HopByHop(ck) || droppedHeader[ck] || !httpguts.ValidHeaderFieldName(ck) {
 			continue
 		}
 		for _, v := range vs {

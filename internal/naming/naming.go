@@ -1,14 +1,13 @@
-// Package httpx holds what the data plane and the gateway share on the
-// invocation path: the rules that name a request's function (so the gateway
-// hashes on exactly the name the data plane routes by), the proxies'
-// copy-buffer pool, per-code counters and metrics registry setup, and the
-// pieces of their HTTP/1.1 upstream hop (relay.go).
-package httpx
+// Package naming holds the rules that name a call's function from its
+// request: the path prefixes (/function/NAME, /async-function/NAME) and
+// Host labels (NAME.NAMESPACE.DOMAIN). The data plane routes by them and
+// the gateway hashes on exactly the same name, so both ways of naming a
+// function reach one data plane.
+package naming
 
 import (
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // FunctionPrefix starts an OpenFaaS-style path: /function/NAME[/rest].
@@ -76,25 +75,4 @@ func NamesFunction(label string) bool {
 	}
 	_, err := strconv.Atoi(label)
 	return err != nil
-}
-
-const copyBufSize = 32 << 10
-
-// BufferPool recycles httputil.ReverseProxy copy buffers. It pools array
-// pointers, which box without allocating, unlike []byte.
-type BufferPool struct{ p sync.Pool }
-
-// Get returns a 32 KiB buffer.
-func (b *BufferPool) Get() []byte {
-	if v, ok := b.p.Get().(*[copyBufSize]byte); ok {
-		return v[:]
-	}
-	return new([copyBufSize]byte)[:]
-}
-
-// Put returns a buffer Get gave out.
-func (b *BufferPool) Put(buf []byte) {
-	if cap(buf) >= copyBufSize {
-		b.p.Put((*[copyBufSize]byte)(buf[:copyBufSize]))
-	}
 }
