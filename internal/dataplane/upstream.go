@@ -3,8 +3,8 @@ package dataplane
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -56,8 +56,9 @@ func newConnPool(addr string) *connPool {
 
 var copyBufs proxy.BufferPool
 
-// forward sends r to st.ep and copies the reply to w. It returns the status
-// counted for the call.
+// forward sends r to st.ep and copies the reply to w (proxy.Call: the
+// upstream hop the gateway takes too). It returns the status counted for
+// the call.
 func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState, rb *reqBody) int {
 	if strings.ContainsAny(st.rawRest, " \r\n") || strings.ContainsAny(r.URL.RawQuery, " \r\n") {
 		return d.failWith(w, st, failure{http.StatusBadRequest, reasonBadRequest, "invalid characters in the request path or query"})
@@ -65,146 +66,57 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	// The body was read before the call (readBody): in full, so that the
 	// call can be sent again on a fresh connection if a reused one was
 	// closed by the sandbox meanwhile; or its rest streams.
-	body, buffered := rb.data, rb.rest == nil
-	var cb *clientBody
+	sc := &sandboxCall{d: d, st: st, body: rb.data, deadline: time.Now().Add(st.conf.timeout)}
+	sc.Req, sc.Buffered = r, rb.rest == nil
 	switch {
-	case !buffered:
-		cb = &clientBody{r: io.MultiReader(bytes.NewReader(body), rb.rest)}
-	case len(body) > replayableBody:
+	case !sc.Buffered:
+		sc.Stream = &proxy.ClientBody{R: io.MultiReader(bytes.NewReader(rb.data), rb.rest)}
+	case len(rb.data) > replayableBody:
 		// A large body goes out beside the reply's reading, as a streamed
 		// one does: a function may answer before it has read it all (its
 		// own 413), and that answer must reach the client.
-		buffered = false
-		cb = &clientBody{r: bytes.NewReader(body)}
+		sc.Buffered = false
+		sc.Stream = &proxy.ClientBody{R: bytes.NewReader(rb.data)}
 	}
-
-	deadline := time.Now().Add(st.conf.timeout)
 	ctx := r.Context()
-	var c *upConn
-	var resp proxy.Reply
-	var unwatch func() bool
-	var streaming chan error // a streamed body's writer, when one runs
-	reroutes := 0
-	for attempt := 0; ; attempt++ {
-		var reused bool
-		var err error
-		c, reused, err = st.ep.conns.Take(ctx, attempt, !buffered)
-		if err != nil {
-			d.connectFailed(st, err)
-			if d.reroute(ctx, st, err, &reroutes) {
-				attempt = -1
-				continue
-			}
-			return d.failUpstream(w, st, err)
-		}
-		st.proxyStart = d.nanotime()
-		_ = c.NC.SetDeadline(deadline)
-		unwatch = c.Watch(ctx)
-		err = d.writeRequest(c, r, st, body, buffered, cb)
-		sent := err == nil
-		if sent && cb != nil {
-			// A streamed body goes out while the reply is read: a
-			// function may answer before it has read it all (a 413 or
-			// 401 of its own), or stream its answer as it reads.
-			_ = http.NewResponseController(w).EnableFullDuplex()
-			streaming = make(chan error, 1)
-			go streamBody(streaming, c, r, cb) // not a closure: its captures would escape on every call
-		}
-		if sent {
-			err = c.ReadHead(&resp, w)
-		}
-		if err == nil {
-			st.firstByte = d.nanotime()
-			d.prom.firstByte.Observe(seconds(st.firstByte - st.proxyStart))
-			break
-		}
-		unwatch()
-		c.NC.Close()
-		if streaming != nil {
-			<-streaming // the closed connection ends its writes
-		}
-		if cb != nil && cb.err != nil { // the client's body failed, not the sandbox
-			return d.failBody(w, r, st, cb.err)
-		}
-		if ctx.Err() != nil { // the client left: nothing to answer, nothing to retry
+	if err := sc.Send(ctx, w, sc); err != nil {
+		var be *proxy.BodyError
+		var te *proxy.TakeError
+		switch {
+		case errors.As(err, &be):
+			return d.failBody(w, r, st, be.Err)
+		case errors.As(err, &te):
+			return d.failUpstream(w, st, te.Err)
+		case ctx.Err() != nil: // the client left: nothing to answer
 			st.code = statusClientGone
 			return st.code
 		}
-		// A reused connection the sandbox had closed: the call goes once
-		// more on a new one, if it can be sent again and either did not
-		// reach the sandbox whole or may run twice (http.Transport's rule).
-		if reused && buffered && !resp.Started && proxy.ClosedByPeer(err) && (!sent || proxy.Idempotent(r)) {
-			continue
-		}
 		return d.failUpstream(w, st, err)
 	}
+	st.firstByte = d.nanotime()
+	d.prom.firstByte.Observe(seconds(st.firstByte - st.proxyStart))
 
-	// A small reply of known length is read in full before its status goes
-	// out: when the sandbox dies in the middle of it, the client gets a
-	// 502 saying so, not a connection closed on it.
 	sb := copyBufs.Get()
 	defer copyBufs.Put(sb)
-	small, err := proxy.ReadSmallBody(c.BR, &resp, sb)
+	small, err := sc.ReadSmall(ctx, sb)
 	if err != nil {
-		unwatch()
-		c.NC.Close()
-		if streaming != nil {
-			<-streaming
-		}
 		if ctx.Err() != nil {
 			st.code = statusClientGone
 			return st.code
 		}
-		return d.failWith(w, st, d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", err)))
+		return d.failWith(w, st, d.sandboxFailure(st, err))
 	}
-
 	h := w.Header()
-	conn := resp.Header["Connection"]
-	for k, v := range resp.Header {
-		if !proxy.HopByHop(k) && (conn == nil || !proxy.ListedIn(conn, k)) {
-			h[k] = v
-		}
-	}
-	if _, ok := h["Content-Type"]; !ok {
-		h["Content-Type"] = nil // a proxy adds no type of its own: no sniffing
-	}
+	sc.CopyHeader(h)
 	h["X-Call-Id"] = st.callID
 	h["X-Brisk-Sandbox"] = st.ep.idHdr
 	h["X-Brisk-Timing"] = []string{timing(st.queueNs/1e3, st.cold, (d.nanotime()-st.proxyStart)/1e3)}
 	h["X-Start-Time"] = []string{strconv.FormatInt(d.epochNs+st.arrival, 10)}
-	if resp.Length < 0 {
-		delete(h, "Content-Length")
-	}
-	st.code = resp.Code
-	w.WriteHeader(resp.Code)
-
-	cw := proxy.ClientWriter{W: w, Flush: resp.Length < 0}
-	ok := true
-	switch {
-	case resp.NoBody:
-	case small != nil:
-		_, err := cw.Write(small)
-		ok = err == nil
-	case resp.Chunked:
-		ok = c.CopyChunked(&cw, h)
-	default:
-		ok = c.CopyBody(&cw, resp.Length)
-	}
-	// A streamed body the function did not read to the end is cut off
-	// (the writer's next write fails); the connection then cannot carry
-	// another call.
-	bodySent := proxy.AwaitBodySent(streaming, c.NC)
-	// The deadline stays set while the connection idles: every use sets
-	// its own. A connection whose deadline the client's leaving moved is
-	// not reused.
-	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.Put(resp.NoBody)
-	} else {
-		c.NC.Close()
-	}
-	if !ok {
+	st.code = sc.Reply.Code
+	w.WriteHeader(sc.Reply.Code)
+	if ok, clientGone := sc.Finish(ctx, w, h, small); !ok {
 		st.code = http.StatusBadGateway // the sandbox's reply broke off
-		if cw.Err != nil || ctx.Err() != nil {
+		if clientGone {
 			st.code = statusClientGone
 		}
 		// The status already went out: abort the client's connection so
@@ -214,22 +126,41 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 	return st.code
 }
 
-var longAgo = proxy.LongAgo
-
-// clientBody reads the client's request body and keeps its error apart from
-// the sandbox connection's.
-type clientBody struct {
-	r   io.Reader
-	err error
+// sandboxCall is a call's trip to its sandbox (proxy.Upstream): Take
+// reroutes past sandboxes that cannot be reached, WriteRequest writes what
+// the sandbox sees.
+type sandboxCall struct {
+	proxy.Call
+	d        *DataPlane
+	st       *reqState
+	body     []byte
+	deadline time.Time
+	reroutes int
 }
 
-func (b *clientBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if err != nil && err != io.EOF {
-		b.err = err
+func (sc *sandboxCall) Take(ctx context.Context, attempt int, probe bool) (*upConn, bool, error) {
+	d, st := sc.d, sc.st
+	for {
+		c, reused, err := st.ep.conns.Take(ctx, attempt, probe)
+		if err != nil {
+			d.connectFailed(st, err)
+			if d.reroute(ctx, st, err, &sc.reroutes) {
+				attempt = 0
+				continue
+			}
+			return nil, false, err
+		}
+		st.proxyStart = d.nanotime()
+		_ = c.NC.SetDeadline(sc.deadline)
+		return c, reused, nil
 	}
-	return n, err
 }
+
+func (sc *sandboxCall) WriteRequest(c *upConn) error {
+	return sc.d.writeRequest(c, sc.Req, sc.st, sc.body, sc.Buffered)
+}
+
+var longAgo = proxy.LongAgo
 
 // failBody answers a call whose request body could not be read: too large
 // (413), too slow (408), the client gone (nothing to answer), or malformed
@@ -272,7 +203,7 @@ func (d *DataPlane) upstreamError(st *reqState, err error) failure {
 // writeRequest writes r's head and body to c: the path the sandbox sees,
 // the client's headers without hop-by-hop ones, X-Forwarded-*, the call id
 // and sandbox id (as the ReverseProxy path does).
-func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body []byte, buffered bool, cb *clientBody) error {
+func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body []byte, buffered bool) error {
 	bw := c.BW
 	c.Head = r.Method == http.MethodHead
 	bw.WriteString(r.Method)
@@ -303,25 +234,6 @@ func (d *DataPlane) writeRequest(c *upConn, r *http.Request, st *reqState, body 
 		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 	}
 	return bw.Flush()
-}
-
-// streamBody sends the client's body behind the head writeRequest wrote
-// (forward runs it beside the reply's reading) and reports on done. When
-// the client's body fails (too large, the client gone), it ends the
-// reply's reading too: the data plane answers the call itself. When the
-// sandbox stops taking the body, the reply it may have sent is still read.
-func streamBody(done chan<- error, c *upConn, r *http.Request, cb *clientBody) {
-	err := sendBody(c, r, cb)
-	if err != nil && cb.err != nil {
-		_ = c.NC.SetReadDeadline(longAgo)
-	}
-	done <- err
-}
-
-func sendBody(c *upConn, r *http.Request, cb *clientBody) error {
-	buf := copyBufs.Get()
-	defer copyBufs.Put(buf)
-	return proxy.SendBody(c.BW, r.ContentLength, cb, buf)
 }
 
 // writeForwarding ends the head of a request to a sandbox (after any

@@ -58,23 +58,9 @@ var (
 	copyBufs proxy.BufferPool
 )
 
-// clientBody reads the client's request body and keeps its error apart
-// from the data plane connection's.
-type clientBody struct {
-	r   io.Reader
-	err error
-}
-
-func (b *clientBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if err != nil && err != io.EOF {
-		b.err = err
-	}
-	return n, err
-}
-
 // relay sends r to st.dp, failing over to the function's next data plane
-// while no connection can be made, and copies the reply to w.
+// while no connection can be made, and copies the reply to w (proxy.Call:
+// the upstream hop the data plane takes to its sandboxes too).
 func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	target := r.RequestURI
 	if !strings.HasPrefix(target, "/") { // absolute form, or h2c's :path
@@ -88,167 +74,107 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, st *reqState) {
 	// A body of known length up to one buffer is read first, so that the
 	// call can be sent again if a pooled connection turns out closed; a
 	// larger or chunked one streams beside the reply's reading.
-	var body []byte
-	buffered := true
-	cb := &clientBody{r: r.Body}
+	gc := &gatewayCall{g: g, st: st, target: target}
+	gc.Req, gc.Buffered = r, true
 	if n := r.ContentLength; n > 0 && n <= replayableBody {
 		buf := copyBufs.Get()
 		defer copyBufs.Put(buf)
-		body = buf[:n]
-		if _, err := io.ReadFull(cb, body); err != nil {
+		gc.body = buf[:n]
+		if _, err := io.ReadFull(r.Body, gc.body); err != nil {
 			g.failBody(w, r, st, err)
 			return
 		}
 	} else if n != 0 {
-		buffered = false
+		gc.Buffered = false
+		gc.Stream = &proxy.ClientBody{R: r.Body}
 	}
 
 	ctx := r.Context()
-	var c *proxy.Conn
-	var resp proxy.Reply
-	var unwatch func() bool
-	var streaming chan error // a streamed body's writer, when one runs
-	var tried []bool
-	for attempt := 0; ; attempt++ {
-		var reused bool
-		var err error
-		c, reused, err = st.dp.conns.Take(ctx, attempt, !buffered)
-		if err != nil {
-			if ctx.Err() != nil {
-				st.code = statusClientGone
-				return
-			}
-			if !proxy.IsDialError(err) {
-				g.failUpstream(w, r, st, err)
-				return
-			}
-			// Nothing of the request has left the gateway: mark the data
-			// plane down and send it to the function's next one.
-			st.dp.connFail.Inc()
-			g.setUp(st.dp, false, err)
-			if tried == nil {
-				tried = make([]bool, len(g.dps))
-			}
-			tried[st.dp.idx] = true
-			next := g.pick(st.name, tried)
-			if next == nil {
-				st.dp, st.code = nil, http.StatusServiceUnavailable
-				writeError(w, r.Header["X-Call-Id"], nil, st.code, reasonNoDataPlane, errNoDataPlane.Error())
-				return
-			}
-			g.log.Debug("failing over", "function", st.name, "from", st.dp.addr, "to", next.addr, "err", err)
-			st.dp, attempt = next, -1
-			continue
-		}
-		unwatch = c.Watch(ctx)
-		c.Head = r.Method == http.MethodHead
-		err = writeRequest(c.BW, r, target, body, buffered)
-		sent := err == nil
-		if sent && !buffered {
-			// A function may answer before it has read the whole body
-			// (its own 413), or stream its answer as it reads.
-			_ = http.NewResponseController(w).EnableFullDuplex()
-			streaming = make(chan error, 1)
-			go streamBody(streaming, c, r.ContentLength, cb)
-		}
-		if sent {
-			err = c.ReadHead(&resp, w)
-		}
-		if err == nil {
-			break
-		}
-		unwatch()
-		c.NC.Close()
-		if streaming != nil {
-			<-streaming // the closed connection ends its writes
-		}
-		if cb.err != nil { // the client's body failed, not the data plane
-			g.failBody(w, r, st, cb.err)
-			return
-		}
-		if ctx.Err() != nil { // the client left: nothing to answer, nothing to retry
+	if err := gc.Send(ctx, w, gc); err != nil {
+		var be *proxy.BodyError
+		var te *proxy.TakeError
+		switch {
+		case ctx.Err() != nil: // the client left: nothing to answer, nothing to retry
 			st.code = statusClientGone
-			return
+		case errors.As(err, &be):
+			g.failBody(w, r, st, be.Err)
+		case errors.Is(err, errNoDataPlane):
+			st.dp, st.code = nil, http.StatusServiceUnavailable
+			writeError(w, r.Header["X-Call-Id"], nil, st.code, reasonNoDataPlane, errNoDataPlane.Error())
+		case errors.As(err, &te):
+			g.failUpstream(w, r, st, te.Err)
+		default:
+			g.failUpstream(w, r, st, err)
 		}
-		// A reused connection the data plane had closed: the call goes
-		// once more on a new one, if it can be sent again and either did
-		// not reach the data plane whole or may run twice (http.Transport's
-		// rule).
-		if reused && buffered && !resp.Started && proxy.ClosedByPeer(err) && (!sent || proxy.Idempotent(r)) {
-			continue
-		}
-		g.failUpstream(w, r, st, err)
 		return
 	}
 
-	// A small reply of known length is read in full before its status goes
-	// out: when the data plane's connection breaks in the middle of it, the
-	// client gets a 502 saying so, not a connection closed on it.
 	sb := copyBufs.Get()
 	defer copyBufs.Put(sb)
-	small, err := proxy.ReadSmallBody(c.BR, &resp, sb)
+	small, err := gc.ReadSmall(ctx, sb)
 	if err != nil {
-		unwatch()
-		c.NC.Close()
-		if streaming != nil {
-			<-streaming
-		}
 		if ctx.Err() != nil {
 			st.code = statusClientGone
 			return
 		}
-		g.failUpstream(w, r, st, fmt.Errorf("reply broken off: %w", err))
+		g.failUpstream(w, r, st, err)
 		return
 	}
-
 	h := w.Header()
-	conn := resp.Header["Connection"]
-	for k, v := range resp.Header {
-		if !proxy.HopByHop(k) && (conn == nil || !proxy.ListedIn(conn, k)) {
-			h[k] = v
-		}
-	}
-	if _, ok := h["Content-Type"]; !ok {
-		h["Content-Type"] = nil // a proxy adds no type of its own: no sniffing
-	}
+	gc.CopyHeader(h)
 	h["X-Brisk-Dataplane"] = st.dp.hdr
-	if resp.Length < 0 {
-		delete(h, "Content-Length")
-	}
-	st.code = resp.Code
-	w.WriteHeader(resp.Code)
-
-	cw := proxy.ClientWriter{W: w, Flush: resp.Length < 0}
-	ok := true
-	switch {
-	case small != nil:
-		_, err := cw.Write(small)
-		ok = err == nil
-	case resp.NoBody:
-	case resp.Chunked:
-		ok = c.CopyChunked(&cw, h)
-	default:
-		ok = c.CopyBody(&cw, resp.Length)
-	}
-	// A streamed body the data plane did not read to the end is cut off
-	// (the writer's next write fails); the connection then cannot carry
-	// another call.
-	bodySent := proxy.AwaitBodySent(streaming, c.NC)
-	// A connection whose deadline the client's leaving moved is not reused.
-	if unwatch() && ok && resp.KeepAlive && bodySent {
-		c.Put(resp.NoBody)
-	} else {
-		c.NC.Close()
-	}
-	if !ok {
+	st.code = gc.Reply.Code
+	w.WriteHeader(gc.Reply.Code)
+	if ok, clientGone := gc.Finish(ctx, w, h, small); !ok {
 		st.code = http.StatusBadGateway // the data plane's reply broke off
-		if cw.Err != nil || ctx.Err() != nil {
+		if clientGone {
 			st.code = statusClientGone
 		}
 		// The status already went out: abort the client's connection so
 		// that a truncated reply shows as one.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// gatewayCall is a call's trip to its data plane (proxy.Upstream): Take
+// fails over to the function's next data plane while none can be
+// connected to, WriteRequest writes the client's request as it came.
+type gatewayCall struct {
+	proxy.Call
+	g      *Gateway
+	st     *reqState
+	target string
+	body   []byte
+	tried  []bool
+}
+
+func (gc *gatewayCall) Take(ctx context.Context, attempt int, probe bool) (*proxy.Conn, bool, error) {
+	g, st := gc.g, gc.st
+	for {
+		c, reused, err := st.dp.conns.Take(ctx, attempt, probe)
+		if err == nil || ctx.Err() != nil || !proxy.IsDialError(err) {
+			return c, reused, err
+		}
+		// Nothing of the request has left the gateway: mark the data
+		// plane down and send it to the function's next one.
+		st.dp.connFail.Inc()
+		g.setUp(st.dp, false, err)
+		if gc.tried == nil {
+			gc.tried = make([]bool, len(g.dps))
+		}
+		gc.tried[st.dp.idx] = true
+		next := g.pick(st.name, gc.tried)
+		if next == nil {
+			return nil, false, errNoDataPlane
+		}
+		g.log.Debug("failing over", "function", st.name, "from", st.dp.addr, "to", next.addr, "err", err)
+		st.dp, attempt = next, 0
+	}
+}
+
+func (gc *gatewayCall) WriteRequest(c *proxy.Conn) error {
+	c.Head = gc.Req.Method == http.MethodHead
+	return writeRequest(c.BW, gc.Req, gc.target, gc.body, gc.Buffered)
 }
 
 // failUpstream answers a call whose exchange with its data plane failed.
@@ -318,19 +244,4 @@ func writeRequest(bw *bufio.Writer, r *http.Request, target string, body []byte,
 		bw.WriteString("\r\n")
 	}
 	return bw.Flush()
-}
-
-// streamBody sends the client's body behind the head writeRequest wrote
-// (relay runs it beside the reply's reading) and reports on done. When the
-// client's body fails it ends the reply's reading too: the gateway answers
-// the call itself. When the data plane stops taking the body, the reply it
-// may have sent is still read.
-func streamBody(done chan<- error, c *proxy.Conn, n int64, cb *clientBody) {
-	buf := copyBufs.Get()
-	err := proxy.SendBody(c.BW, n, cb, buf)
-	copyBufs.Put(buf)
-	if err != nil && cb.err != nil {
-		_ = c.NC.SetReadDeadline(longAgo)
-	}
-	done <- err
 }
