@@ -292,28 +292,18 @@ func (d *DataPlane) newServer() *http.Server {
 	}
 }
 
-// reapIdle closes upstream connections idle past idleTimeout, every third
-// of it, until ctx ends.
+// reapIdle closes upstream connections idle past idleTimeout until ctx
+// ends.
 func (d *DataPlane) reapIdle(ctx context.Context) {
-	t := time.NewTicker(idleTimeout / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		cutoff := proxy.MonoNow() - int64(idleTimeout)
+	proxy.Reap(ctx, idleTimeout, func() []*proxy.Pool {
 		d.applyMu.Lock()
-		pools := make([]*connPool, 0, len(d.pools))
+		defer d.applyMu.Unlock()
+		pools := make([]*proxy.Pool, 0, len(d.pools))
 		for _, p := range d.pools {
-			pools = append(pools, p)
+			pools = append(pools, p.Pool)
 		}
-		d.applyMu.Unlock()
-		for _, p := range pools {
-			p.Prune(cutoff)
-		}
-	}
+		return pools
+	})
 }
 
 // markUrgent queues fn for an immediate no-capacity report and rings the

@@ -38,19 +38,11 @@ const (
 
 // reapIdle closes connections idle past idleConnTimeout until ctx ends.
 func (g *Gateway) reapIdle(ctx context.Context) {
-	t := time.NewTicker(idleConnTimeout / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		cutoff := proxy.MonoNow() - int64(idleConnTimeout)
-		for _, b := range g.dps {
-			b.conns.Prune(cutoff)
-		}
+	pools := make([]*proxy.Pool, len(g.dps))
+	for i, b := range g.dps {
+		pools[i] = b.conns
 	}
+	proxy.Reap(ctx, idleConnTimeout, func() []*proxy.Pool { return pools })
 }
 
 var (

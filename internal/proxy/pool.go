@@ -208,3 +208,21 @@ func (c *Conn) CopyChunked(cw *ClientWriter, h http.Header) bool {
 	CopyTrailers(h, cr)
 	return true
 }
+
+// Reap closes the connections of pools() idle longer than idle, every
+// third of it, until ctx ends.
+func Reap(ctx context.Context, idle time.Duration, pools func() []*Pool) {
+	t := time.NewTicker(idle / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cutoff := MonoNow() - int64(idle)
+		for _, p := range pools() {
+			p.Prune(cutoff)
+		}
+	}
+}
