@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/compat/lambda"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/proxy"
@@ -51,6 +52,8 @@ type DataPlane struct {
 	// Invocation auth (auth.go): the tokens the control plane sent, and
 	// whether it asks for them at all.
 	tokens *auth.Checker
+	// lambda serves the AWS Lambda API over the data plane (lambda.go).
+	lambda *lambda.API
 	authOn atomic.Bool
 	// bodiesReading counts requests reading their body ahead of the call.
 	bodiesReading atomic.Int64
@@ -113,6 +116,7 @@ func New(cfg Config) (*DataPlane, error) {
 	d.epochNs = d.epoch.UnixNano()
 	d.bodyBudget.left.Store(cfg.BodyBufferTotal)
 	d.tokens = auth.NewChecker()
+	d.lambda = lambda.New(lambdaBackend{d})
 	var extra []prometheus.Collector
 	if cfg.Async != nil {
 		extra = cfg.Async.Collectors()

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/compat/lambda"
 	"github.com/brisk-faas/brisk/internal/h1"
 	"github.com/brisk-faas/brisk/internal/naming"
 	"github.com/brisk-faas/brisk/internal/proxy"
@@ -147,8 +148,8 @@ func (c *frontConn) parse() *function {
 		fn = c.f.d.lookupNamed(string(name))
 	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) {
 		return c.parseAsync(path[len(asyncPrefix):])
-	} else if bytes.HasPrefix(path, []byte(lambdaPrefix[:len(lambdaPrefix)-1])) {
-		return nil // the Lambda API: the net/http path (lambda.go)
+	} else if bytes.HasPrefix(path, lambdaPath) {
+		return nil // the Lambda API: the net/http path (internal/compat/lambda)
 	} else {
 		rq.rest = path
 		if first, two := naming.HostLabels(string(rq.host)); naming.NamesFunction(first) {
@@ -355,6 +356,10 @@ func (c *frontConn) trim() {
 
 // errClientWrite: relaying an interim reply to the client failed.
 var errClientWrite = errors.New("client connection failed")
+
+// lambdaPath starts the Lambda API's routes (ListFunctions' path less its
+// last slash prefixes them all).
+var lambdaPath = []byte(lambda.Prefix[:len(lambda.Prefix)-1])
 
 // writeUpstream writes the request to the sandbox: the path it sees, the
 // client's headers less hop-by-hop ones, X-Forwarded-*, the call and

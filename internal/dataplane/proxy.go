@@ -95,7 +95,7 @@ func (d *DataPlane) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// either to misread (RFC 9112 §6.1).
 		w.Header()["Connection"] = hdrClose
 	}
-	if d.serveAsyncRoute(w, r) || d.serveLambda(w, r) {
+	if d.serveAsyncRoute(w, r) || d.lambda.Serve(w, r) {
 		return
 	}
 	rt := d.resolve(r)
