@@ -242,6 +242,12 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		var reused bool
 		var err error
 		up, reused, err = st.ep.conns.Take(c.ctx, attempt, false)
+		if err != nil && c.ctx.Err() != nil { // the client left during the dial: not the sandbox's failure
+			st.code = statusClientGone
+			d.finish(st, nil)
+			c.leaveCall()
+			return false
+		}
 		if err != nil {
 			d.connectFailed(st, err)
 			if d.reroute(c.ctx, st, err, &reroutes) {

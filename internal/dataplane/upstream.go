@@ -85,11 +85,11 @@ func (d *DataPlane) forward(w http.ResponseWriter, r *http.Request, st *reqState
 		switch {
 		case errors.As(err, &be):
 			return d.failBody(w, r, st, be.Err)
-		case errors.As(err, &te):
-			return d.failUpstream(w, st, te.Err)
-		case ctx.Err() != nil: // the client left: nothing to answer
+		case ctx.Err() != nil: // the client left (a dial it cancelled too): nothing to answer
 			st.code = statusClientGone
 			return st.code
+		case errors.As(err, &te):
+			return d.failUpstream(w, st, te.Err)
 		}
 		return d.failUpstream(w, st, err)
 	}
@@ -142,6 +142,9 @@ func (sc *sandboxCall) Take(ctx context.Context, attempt int, probe bool) (*upCo
 	d, st := sc.d, sc.st
 	for {
 		c, reused, err := st.ep.conns.Take(ctx, attempt, probe)
+		if err != nil && ctx.Err() != nil {
+			return nil, false, err // the client left during the dial: not the sandbox's failure
+		}
 		if err != nil {
 			d.connectFailed(st, err)
 			if d.reroute(ctx, st, err, &sc.reroutes) {

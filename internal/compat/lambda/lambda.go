@@ -51,7 +51,7 @@ type Result struct {
 }
 
 // ErrBusy: the data plane holds as many request bodies as it may.
-var ErrBusy = errors.New("the data plane holds as many request bodies as it may")
+var ErrBusy = errors.New("the data plane holds as many request bodies as it may (its body buffer budget); try again later")
 
 // Backend is the data plane under the API.
 type Backend interface {
@@ -91,8 +91,9 @@ var hdrJSON = []string{"application/json"}
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header()["Content-Type"] = hdrJSON
 	w.WriteHeader(code)
-	b, _ := json.Marshal(v)
-	_, _ = w.Write(append(b, '\n'))
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }
 
 // lambdaError answers an API error the way Lambda does: the type in
@@ -180,6 +181,12 @@ func (a *API) Serve(w http.ResponseWriter, r *http.Request) bool {
 		default:
 			apiError(w, reqID, http.StatusBadRequest, "InvalidRequestContentException", "reading the body: %v", err)
 		}
+		return true
+	}
+	// The function as it is now, after the body's upload: deleted, or its
+	// access changed, meanwhile.
+	if fn, found = b.Lookup(fn.Name); !found {
+		apiError(w, reqID, http.StatusNotFound, "ResourceNotFoundException", "Function not found: %s", name)
 		return true
 	}
 	if !a.authorize(w, r, reqID, fn, body) {
