@@ -344,7 +344,15 @@ func TestChaos(t *testing.T) {
 		steady = append(steady, fmt.Sprintf("%ssteady%d", h.tag, i))
 	}
 	for _, fn := range steady {
-		if _, err := h.client().Create(context.Background(), testTraceSpec(fn, 2)); err != nil {
+		// An election may still be settling (a replica answers 503, not
+		// forwarded, while none leads): such a create was not applied and
+		// is sent again.
+		var err error
+		eventually(t, 30*time.Second, "creating "+fn, func() bool {
+			_, err = h.client().Create(context.Background(), testTraceSpec(fn, 2))
+			return err == nil || strings.Contains(err.Error(), "already exists") || !strings.Contains(err.Error(), "no control-plane leader")
+		})
+		if err != nil && !strings.Contains(err.Error(), "already exists") {
 			t.Fatal(err)
 		}
 	}
