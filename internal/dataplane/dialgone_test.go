@@ -9,45 +9,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
-
-// stalledListener is a loopback address whose accept queue is full (a
-// listen backlog of 0 and connections never accepted until one more no
-// longer gets in): a connect to it hangs in SYN_SENT until the dialer
-// gives up.
-func stalledListener(t *testing.T) string {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
-	for range 4 { // fill the queue: at most backlog+1 connections wait
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err != nil {
-			return addr // this one did not get in: the queue is full
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Fatal("the accept queue took 4 connections: cannot stall a connect")
-	return ""
-}
 
 // synSent reports whether a connect to port is waiting in SYN_SENT.
 func synSent(port string) bool {
@@ -79,7 +44,7 @@ func TestClientGoneDuringDial(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	slow := httptest.NewServer(d.Handler())
 	t.Cleanup(slow.Close)
-	addr := stalledListener(t)
+	addr := blackholeAddr(t) // deadends_test.go: connects to it wait in SYN_SENT
 	_, port, _ := net.SplitHostPort(addr)
 	for _, tc := range []struct{ name, url string }{{"front end", srv.URL}, {"net/http path", slow.URL}} {
 		t.Run(tc.name, func(t *testing.T) {
