@@ -161,6 +161,14 @@ func TestScenarios(t *testing.T) {
 				if st.Condition != "" {
 					out += fmt.Sprintf(" condition=%s (%s)", st.Condition, st.Message)
 				}
+				var sbs []string
+				for _, sb := range st.Sandboxes {
+					sbs = append(sbs, fmt.Sprintf("%s %s on %s", sb.ID, sb.State, sb.Node))
+				}
+				if len(sbs) > 0 {
+					slices.Sort(sbs)
+					out += "\nsandboxes: " + strings.Join(sbs, ", ")
+				}
 				return out
 			case "snapshot":
 				snap := w.r.Snapshot()
