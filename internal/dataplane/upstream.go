@@ -16,14 +16,11 @@ import (
 	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
-// The warm path's upstream client. httputil.ReverseProxy over
-// http.Transport hands every call to two goroutines per connection through
-// channels, allocates a cancel context per call and clones the request and
-// its headers; that made the data plane cost as much CPU per call as the
-// load generator and the sandbox together (docs/benchmarks.md). forward
-// instead writes the request and reads the reply on the handler's own
-// goroutine over a keep-alive connection from the pool of the sandbox's
-// address, with the function timeout as the connection's deadline. Requests it does not handle
+// The net/http path's hop to a sandbox, over internal/proxy (its package
+// doc says why not httputil.ReverseProxy): forward writes the request and
+// reads the reply on the handler's own goroutine over a keep-alive
+// connection from the pool of the sandbox's address, with the function
+// timeout as the connection's deadline. Requests proxy does not relay
 // (protocol upgrades, request trailers) take the ReverseProxy path.
 
 const (

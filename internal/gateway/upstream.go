@@ -14,12 +14,12 @@ import (
 	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
-// The gateway's upstream client, as the data plane's to its sandboxes
-// (internal/dataplane/upstream.go): the handler's own goroutine writes the
-// request and reads the reply over a keep-alive connection from the data
-// plane's pool, with h1 reading the reply, where http.Transport would hand
-// each call to two goroutines per connection and clone the request.
-// Requests it does not handle (proxy.Relayable) take httputil.ReverseProxy.
+// The gateway's upstream hop is internal/proxy's, the one the data plane
+// takes to its sandboxes: the handler's own goroutine writes the request
+// and reads the reply over a keep-alive connection from the data plane's
+// pool, with h1 reading the reply, where http.Transport would hand each
+// call to two goroutines per connection and clone the request. Requests it
+// does not handle (proxy.Relayable) take httputil.ReverseProxy.
 
 const (
 	// maxIdlePerDataPlane bounds the idle connections to one data plane:
