@@ -18,7 +18,7 @@ type lambdaBackend struct{ d *DataPlane }
 func lambdaFunction(fn *function) lambda.Function {
 	conf := fn.set.Load().conf
 	return lambda.Function{Name: fn.name, Namespace: conf.namespace, Public: conf.public, MemoryMB: conf.memoryMB,
-		Timeout: conf.timeout, Revision: conf.revision}
+		Timeout: conf.timeout, Revision: conf.revision, Ref: fn}
 }
 
 // Lookup takes the names calls take (NAME, NAME.NAMESPACE). An unknown
@@ -48,10 +48,7 @@ func (b lambdaBackend) MaxBody() int64        { return b.d.cfg.MaxBodyBytes }
 func (b lambdaBackend) NewID() string         { return newCallID() }
 
 func (b lambdaBackend) Authorize(f lambda.Function, authz string) (int, string) {
-	fn := b.d.lookupNamed(f.Name)
-	if fn == nil {
-		return http.StatusNotFound, "function " + f.Name + " is gone"
-	}
+	fn := f.Ref.(*function)
 	fl, _ := authorize(b.d, fn, fn.set.Load().conf, authz)
 	return fl.code, fl.msg
 }
@@ -66,14 +63,11 @@ func (b lambdaBackend) ReadBody(w http.ResponseWriter, r *http.Request, limit in
 	return body, release, err
 }
 
-// Invoke runs a RequestResponse call through the invoke path; the API
-// checked its credentials already.
+// Invoke runs a RequestResponse call through the invoke path (which
+// answers function-deleted for one deleted meanwhile); the API checked its
+// credentials already.
 func (b lambdaBackend) Invoke(r *http.Request, f lambda.Function) lambda.Result {
-	d := b.d
-	fn := d.lookupNamed(f.Name)
-	if fn == nil {
-		return lambda.Result{PlatformError: "function-deleted"}
-	}
+	d, fn := b.d, f.Ref.(*function)
 	rec := &resultRecorder{h: http.Header{}, max: int(d.cfg.MaxBodyBytes)}
 	d.invoke(rec, r, route{fn: fn, name: fn.name, byPath: true, rest: "/", checked: true})
 	res := rec.result()
@@ -88,11 +82,7 @@ func (b lambdaBackend) AsyncMaxBody() int64 {
 }
 
 func (b lambdaBackend) Enqueue(ctx context.Context, r *http.Request, f lambda.Function, id string, body []byte) (int, bool, string) {
-	d := b.d
-	fn := d.lookupNamed(f.Name)
-	if fn == nil {
-		return http.StatusNotFound, false, "function " + f.Name + " is gone"
-	}
+	d, fn := b.d, f.Ref.(*function)
 	c := d.asyncCall(r, fn, id, "/", body, false)
 	c.Fresh = true // the request id is ours
 	fl := d.storeAsync(ctx, c)

@@ -37,6 +37,9 @@ type Function struct {
 	MemoryMB        int64
 	Timeout         time.Duration
 	Revision        uint64
+	// Ref is the backend's own handle on the function, given back to its
+	// Authorize, Invoke and Enqueue so that they need not look it up again.
+	Ref any
 }
 
 // Result is a RequestResponse call's outcome through the invoke path.
