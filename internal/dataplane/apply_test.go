@@ -116,15 +116,15 @@ func TestApplyMatchesModel(t *testing.T) {
 			owns := map[string]string{}
 			for name, fn := range fns {
 				set := fn.set.Load()
-				if set.conf.revision != m.rev[name] || set.conf.capacity != int(m.cc[name]) {
-					fail("%s: revision %d capacity %d, want %d %d", name, set.conf.revision, set.conf.capacity, m.rev[name], m.cc[name])
+				if set.Conf.revision != m.rev[name] || set.Conf.capacity != int(m.cc[name]) {
+					fail("%s: revision %d capacity %d, want %d %d", name, set.Conf.revision, set.Conf.capacity, m.rev[name], m.cc[name])
 				}
 				got := map[string]string{}
-				for i, e := range set.eps {
-					if i > 0 && set.eps[i-1].id >= e.id {
+				for i, e := range set.Endpoints {
+					if i > 0 && set.Endpoints[i-1].id >= e.id {
 						fail("%s: endpoints not sorted by id", name)
 					}
-					if set.trackers[i] != e.tracker || e.tracker.Capacity() != set.conf.capacity {
+					if set.Trackers[i] != e.tracker || e.tracker.Capacity() != set.Conf.capacity {
 						fail("%s: tracker of %s out of step", name, e.id)
 					}
 					got[e.id] = e.addr
@@ -137,8 +137,10 @@ func TestApplyMatchesModel(t *testing.T) {
 				}
 			}
 			live := map[string]string{}
-			for id, fn := range d.sandboxes {
-				live[id] = fn.name
+			for id := range owns {
+				if name, ok := d.table.Owner(id); ok {
+					live[id] = name
+				}
 			}
 			if !maps.Equal(live, owns) {
 				fail("sandbox index %v, want %v", live, owns)

@@ -88,9 +88,9 @@ func (d *DataPlane) submitAsync(w http.ResponseWriter, r *http.Request, rt route
 		return
 	}
 	set := fn.set.Load()
-	f, keepAuth := authorize(d, fn, set.conf, r.Header.Get("Authorization"))
+	f, keepAuth := authorize(d, fn, set.Conf, r.Header.Get("Authorization"))
 	if f.code == 0 && !fresh {
-		f = mayChooseCallID(d, fn, set.conf, r.Header.Get("Authorization"))
+		f = mayChooseCallID(d, fn, set.Conf, r.Header.Get("Authorization"))
 	}
 	if f.code != 0 {
 		d.writeError(w, callID, f)
@@ -165,7 +165,7 @@ func (d *DataPlane) asyncCall(r *http.Request, fn *function, id, path string, bo
 		delete(h, "Authorization")
 	}
 	return &async.Call{ID: id, Function: fn.name, Method: r.Method, Path: path, Query: r.URL.RawQuery,
-		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr, FunctionUID: fn.set.Load().conf.async.UID}
+		Header: h, Body: body, Host: r.Host, Remote: r.RemoteAddr, FunctionUID: fn.set.Load().Conf.async.UID}
 }
 
 // storeAsync submits c and says what failed, if anything.
@@ -246,7 +246,7 @@ func (d *DataPlane) Policy(ctx context.Context, name string) (async.Policy, bool
 			return async.Policy{}, false
 		}
 	}
-	return fn.set.Load().conf.async, true
+	return fn.set.Load().Conf.async, true
 }
 
 // Invoke implements async.Invoker: one attempt of c through the invoke
@@ -259,7 +259,7 @@ func (d *DataPlane) Invoke(ctx context.Context, c *async.Call, maxBody int) (res
 	// Checked again here, as the call runs: it may have waited (for the
 	// function's async concurrency) while its function was deleted and
 	// another made under the name.
-	if uid := fn.set.Load().conf.async.UID; c.FunctionUID != "" && uid != "" && uid != c.FunctionUID {
+	if uid := fn.set.Load().Conf.async.UID; c.FunctionUID != "" && uid != "" && uid != c.FunctionUID {
 		return async.Result{Status: http.StatusNotFound, PlatformError: reasonFunctionDeleted.String()}
 	}
 	target := "http://async" + c.Path
@@ -464,7 +464,7 @@ func (d *DataPlane) sameFunction(rec *async.Record) bool {
 	if fn == nil || rec.FunctionUID == "" {
 		return true
 	}
-	uid := fn.set.Load().conf.async.UID
+	uid := fn.set.Load().Conf.async.UID
 	return uid == "" || uid == rec.FunctionUID
 }
 
@@ -512,7 +512,7 @@ func (d *DataPlane) authCalls(r *http.Request, fnName, scope string, byID bool) 
 	}
 	ns, asked := "", scope // a refusal names the scope asked for: the raised one would say the function is gone
 	if fn := d.lookup(fnName); fn != nil {
-		conf := fn.set.Load().conf
+		conf := fn.set.Load().Conf
 		if conf.public && byID && scope == auth.ScopeInvoke && r.Method == http.MethodGet {
 			return failure{}
 		}

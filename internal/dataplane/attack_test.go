@@ -96,7 +96,7 @@ func TestSlowUploadsDoNotHoldTheSlot(t *testing.T) {
 	if n := sb.total(); n != 3 {
 		t.Fatalf("the sandbox saw %d calls, want only the 3 normal ones", n)
 	}
-	if n := fn.set.Load().eps[0].tracker.InFlight(); n != 0 {
+	if n := fn.set.Load().Endpoints[0].tracker.InFlight(); n != 0 {
 		t.Fatalf("%d slots held while uploads stall", n)
 	}
 }

@@ -140,3 +140,35 @@ func BenchmarkRouteAndPick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkApplyReady is sandbox-ready propagation's share in the data
+// plane: a delta that adds one endpoint to a function of n, then one that
+// removes it (two Applies per op), with 100 functions in the table.
+func BenchmarkApplyReady(b *testing.B) {
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			d, err := New(Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			snap := &briskv1.EndpointBatch{Snapshot: true}
+			for f := range 100 {
+				snap.Functions = append(snap.Functions, fnSpec(fmt.Sprintf("f%d", f)))
+			}
+			for i := range n {
+				snap.Added = append(snap.Added, ep("f0", fmt.Sprintf("sb-%03d", i), fmt.Sprintf("127.0.0.1:%d", 2000+i)))
+			}
+			d.Apply(snap)
+			add := &briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("f0", "sb-new", "127.0.0.1:1999")}}
+			remove := &briskv1.EndpointBatch{Removed: []string{"sb-new"}}
+			b.ReportAllocs()
+			for b.Loop() {
+				d.Apply(add)
+				d.Apply(remove)
+			}
+			if got := len(d.lookup("f0").set.Load().Endpoints); got != n {
+				b.Fatalf("%d endpoints, want %d", got, n)
+			}
+		})
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/credentials"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -17,9 +16,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/compat/lambda"
+	"github.com/brisk-faas/brisk/internal/dataplane/endpoints"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/proxy"
@@ -67,7 +68,7 @@ type DataPlane struct {
 	epSeq atomic.Uint64 // endpoint add counter; see endpoint.seq
 
 	applyMu   sync.Mutex
-	sandboxes map[string]*function // sandbox id -> function; guarded by applyMu
+	table     *table               // the routing table the published sets come from; guarded by applyMu
 	pools     map[string]*connPool // sandbox address -> upstream connections; guarded by applyMu
 	leftPools []*connPool          // references to drop at the end of an Apply; guarded by applyMu
 	nsCount   map[string]int       // the routing table's functions per namespace; guarded by applyMu
@@ -101,7 +102,7 @@ func New(cfg Config) (*DataPlane, error) {
 		epoch:        time.Now(),
 		rnd:          loadbalance.NewRand(rand.Uint64()),
 		transport:    newTransport(),
-		sandboxes:    make(map[string]*function),
+		table:        endpoints.New[*fnConf, *endpoint](),
 		nsCount:      make(map[string]int),
 		pools:        make(map[string]*connPool),
 		urgentBell:   make(chan struct{}, 1),

@@ -410,7 +410,7 @@ func TestEndpointRemovalMidFlight(t *testing.T) {
 	res := getWithID(t, srv.URL+"/function/hello", "inflight")
 	recv(t, g.arrived, "arrival")
 	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1"}})
-	if n := len(d.lookup("hello").set.Load().eps); n != 0 {
+	if n := len(d.lookup("hello").set.Load().Endpoints); n != 0 {
 		t.Fatalf("%d endpoints after removal", n)
 	}
 	g.release <- struct{}{}
@@ -466,7 +466,7 @@ func TestDeltaUpdates(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 2 })}})
 	// An older revision is ignored; a newer one applies.
 	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 1; s.Concurrency = 7 })}})
-	if c := d.lookup("f").set.Load().conf; c.revision != 2 || c.capacity != 1 {
+	if c := d.lookup("f").set.Load().Conf; c.revision != 2 || c.capacity != 1 {
 		t.Fatalf("stale revision applied: %+v", c)
 	}
 	d.Apply(&briskv1.EndpointBatch{
@@ -474,8 +474,8 @@ func TestDeltaUpdates(t *testing.T) {
 		Added:     []*briskv1.Endpoint{ep("f", "sb-2", addr), ep("f", "sb-1", addr)},
 	})
 	set := d.lookup("f").set.Load()
-	if set.conf.revision != 3 || set.conf.capacity != 4 || len(set.eps) != 2 || set.eps[0].id != "sb-1" || set.eps[1].tracker.Capacity() != 4 {
-		t.Fatalf("after update: conf %+v, eps %v", set.conf, set.eps)
+	if set.Conf.revision != 3 || set.Conf.capacity != 4 || len(set.Endpoints) != 2 || set.Endpoints[0].id != "sb-1" || set.Endpoints[1].tracker.Capacity() != 4 {
+		t.Fatalf("after update: conf %+v, eps %v", set.Conf, set.Endpoints)
 	}
 	// Deleting fails the function's queued requests.
 	wantError(t, get(t, srv.URL+"/function/g"), 404, `function "g" not found`)
@@ -524,7 +524,7 @@ func TestUpstreamErrors(t *testing.T) {
 	// (The refusing endpoint leaves the set with the call: kept here. The
 	// call waits in the queue for another sandbox, briefly here, and fails
 	// with the refusal.)
-	eps := map[string]*endpoint{"broken": d.lookup("broken").set.Load().eps[0], "slow": d.lookup("slow").set.Load().eps[0]}
+	eps := map[string]*endpoint{"broken": d.lookup("broken").set.Load().Endpoints[0], "slow": d.lookup("slow").set.Load().Endpoints[0]}
 	wantError(t, get(t, srv.URL+"/function/broken"), 502, "sandbox sb-x")
 	wantError(t, get(t, srv.URL+"/function/slow"), 504, `function "slow" timed out after 50ms`)
 	// Both released their slots.

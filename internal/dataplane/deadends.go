@@ -122,16 +122,13 @@ func nothingSent(err error) bool {
 func (d *DataPlane) dropEndpoint(fn *function, ep *endpoint) bool {
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
-	set := fn.set.Load()
-	if set == nil || d.sandboxes[ep.id] != fn || findEndpoint(set.eps, ep.id) != ep {
+	if d.lookup(fn.name) != fn {
 		return false
 	}
-	delete(d.sandboxes, ep.id)
-	p := &pendingFn{conf: set.conf, eps: slices.Clone(set.eps)}
-	d.removeSandbox(p, ep.id)
-	d.publish(fn, p)
-	d.releaseLeftPools()
-	return true
+	d.table.Begin(false)
+	dropped := d.table.RemoveEndpoint(fn.name, ep)
+	d.publish(d.table.Commit())
+	return dropped
 }
 
 func (u *unreachable) ring() {

@@ -66,7 +66,7 @@ func refusingAddr(t *testing.T) string {
 func routed(d *DataPlane, fn string) []string {
 	var ids []string
 	if f := d.lookup(fn); f != nil {
-		for _, ep := range f.set.Load().eps {
+		for _, ep := range f.set.Load().Endpoints {
 			ids = append(ids, ep.id)
 		}
 	}
@@ -179,7 +179,7 @@ func TestConnectTimeoutKeepsEndpoint(t *testing.T) {
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f")},
 		Added: []*briskv1.Endpoint{ep("f", "sb-a", "127.0.0.1:1")}})
 	fn := d.lookup("f")
-	st := &reqState{fn: fn, ep: fn.set.Load().eps[0]}
+	st := &reqState{fn: fn, ep: fn.set.Load().Endpoints[0]}
 	d.connectFailed(st, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("i/o timeout")})
 	d.connectFailed(st, context.DeadlineExceeded)
 	if got := routed(d, "f"); !slices.Equal(got, []string{"sb-a"}) {

@@ -68,7 +68,7 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	if _, ok := c.move(inRead, stCall, d.nanotime(), d.cfg.WriteTimeout); !ok {
 		return false
 	}
-	conf := fn.set.Load().conf
+	conf := fn.set.Load().Conf
 	f, keepAuth := authorize(d, fn, conf, rq.parsed.Authorization)
 	if f.code == 0 && !fresh {
 		f = mayChooseCallID(d, fn, conf, rq.parsed.Authorization)
@@ -79,7 +79,7 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	id := string(callID)
 	call := &async.Call{ID: id, Function: fn.name, Method: methodString(rq.method), Path: string(rq.rest),
 		Query: string(rq.query), Header: c.asyncHeader(keepAuth), Body: rq.body, Host: string(rq.host),
-		Remote: c.remote, Fresh: fresh, FunctionUID: fn.set.Load().conf.async.UID}
+		Remote: c.remote, Fresh: fresh, FunctionUID: fn.set.Load().Conf.async.UID}
 	if f := d.storeAsync(c.ctx, call); f.code != 0 {
 		return c.answerError(f, callID)
 	}

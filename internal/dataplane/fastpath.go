@@ -157,7 +157,7 @@ func (c *frontConn) parse() *function {
 		}
 	}
 	if fn != nil {
-		if conf := fn.set.Load().conf; conf.dual || conf.split != nil {
+		if conf := fn.set.Load().Conf; conf.dual || conf.split != nil {
 			return nil // the emergency track and traffic splits are on the net/http path (emergency.go, split.go)
 		}
 	}
@@ -192,11 +192,11 @@ func (c *frontConn) call(fn *function) bool {
 		return c.submitAsync(fn, callID, len(rq.callID) == 0)
 	}
 	set := fn.set.Load()
-	limit := max(d.cfg.WriteTimeout, set.conf.queueTimeout+set.conf.timeout+deadlineSlack)
+	limit := max(d.cfg.WriteTimeout, set.Conf.queueTimeout+set.Conf.timeout+deadlineSlack)
 	if _, ok := c.move(inRead, stCall, d.nanotime(), limit); !ok {
 		return false
 	}
-	f, keepAuth := authorize(d, fn, set.conf, rq.parsed.Authorization)
+	f, keepAuth := authorize(d, fn, set.Conf, rq.parsed.Authorization)
 	if f.code != 0 {
 		fn.m.used.Store(true)
 		fn.m.codes.inc(f.code)

@@ -16,7 +16,7 @@ import (
 type lambdaBackend struct{ d *DataPlane }
 
 func lambdaFunction(fn *function) lambda.Function {
-	conf := fn.set.Load().conf
+	conf := fn.set.Load().Conf
 	return lambda.Function{Name: fn.name, Namespace: conf.namespace, Public: conf.public, MemoryMB: conf.memoryMB,
 		Timeout: conf.timeout, Revision: conf.revision, Ref: fn}
 }
@@ -49,7 +49,7 @@ func (b lambdaBackend) NewID() string         { return newCallID() }
 
 func (b lambdaBackend) Authorize(f lambda.Function, authz string) (int, string) {
 	fn := f.Ref.(*function)
-	fl, _ := authorize(b.d, fn, fn.set.Load().conf, authz)
+	fl, _ := authorize(b.d, fn, fn.set.Load().Conf, authz)
 	return fl.code, fl.msg
 }
 

@@ -260,7 +260,7 @@ func (c *fnCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(m.inflight.Load()), name)
 		var eps int
 		if set := fn.set.Load(); set != nil {
-			eps = len(set.eps)
+			eps = len(set.Endpoints)
 		}
 		ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(eps), name)
 	}

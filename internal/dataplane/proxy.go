@@ -282,7 +282,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	set := rt.fn.set.Load()
-	f, keepAuth := authorize(d, rt.fn, set.conf, r.Header.Get("Authorization"))
+	f, keepAuth := authorize(d, rt.fn, set.Conf, r.Header.Get("Authorization"))
 	if rt.async || rt.checked {
 		f, keepAuth = failure{}, true // checked already, and dropped then unless public
 	}
@@ -296,15 +296,15 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 		delete(r.Header, "Authorization") // the platform's token stays with the platform
 	}
 	named := rt.fn
-	if sp := set.conf.split; sp != nil {
+	if sp := set.Conf.split; sp != nil {
 		// Authorized as the function the caller named; served by the
 		// revision the split picks, under that revision's settings.
 		if t := d.splitTarget(rt.fn, sp); t != rt.fn {
 			rt.fn, set = t, t.set.Load()
 		}
 	}
-	if set.conf.extendDeadline {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(set.conf.queueTimeout + set.conf.timeout + deadlineSlack))
+	if set.Conf.extendDeadline {
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(set.Conf.queueTimeout + set.Conf.timeout + deadlineSlack))
 	}
 	st := &reqState{
 		Context: r.Context(),
@@ -320,7 +320,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	defer d.release(&rb)
 	_, upgrade := r.Header["Upgrade"]
 	if !upgrade {
-		if err := d.readBody(w, r, &rb, set.conf.streamRequests); err != nil {
+		if err := d.readBody(w, r, &rb, set.Conf.streamRequests); err != nil {
 			rt.fn.m.used.Store(true)
 			rt.fn.m.codes.inc(d.failBody(w, r, st, err))
 			return
@@ -338,11 +338,11 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	// Dual mode: a call that finds no free sandbox takes the emergency
 	// track when a worker offers one (emergency.go).
 	var pre *endpoint
-	if set.conf.dual && !rt.async && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
+	if set.Conf.dual && !rt.async && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
 		rt.fn.iat.observe(time.Now())
 		if ep, ok := rt.fn.tryAcquire(set); ok {
 			pre = ep
-		} else if d.em.any() && d.emergency(w, r, st, set.conf, rb.data) {
+		} else if d.em.any() && d.emergency(w, r, st, set.Conf, rb.data) {
 			return
 		}
 	}
@@ -373,7 +373,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	// Upgrades and request trailers: httputil.ReverseProxy, with the
 	// function timeout as a context deadline.
-	ctx, cancel := context.WithTimeoutCause(r.Context(), set.conf.timeout, errFunctionTimeout)
+	ctx, cancel := context.WithTimeoutCause(r.Context(), set.Conf.timeout, errFunctionTimeout)
 	st.Context = ctx
 	defer d.finish(st, cancel)
 	d.proxy.ServeHTTP(w, r.WithContext(st))
@@ -390,7 +390,7 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *en
 	fn.m.used.Store(true)
 	arrival := d.nanotime()
 	seq := d.epSeq.Load() // endpoints added later than this are cold for us
-	st.conf, st.arrival = set.conf, arrival
+	st.conf, st.arrival = set.Conf, arrival
 	fn.stats.arrive(arrival)
 	ep, waited, err := pre, false, error(nil)
 	if ep == nil {
@@ -403,7 +403,7 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *en
 	}
 	if err != nil {
 		fn.stats.depart(acquired)
-		f := d.acquireError(err, fn, set.conf)
+		f := d.acquireError(err, fn, set.Conf)
 		fn.m.codes.inc(f.code)
 		fn.m.duration.observe(acquired - arrival)
 		if d.cfg.Tracer != nil {

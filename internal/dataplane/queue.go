@@ -49,15 +49,15 @@ func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*func
 	if ep, ok := fn.tryAcquire(set); ok {
 		return ep, false, nil
 	}
-	ep, err = fn.wait(ctx, set.conf, onQueued, low)
+	ep, err = fn.wait(ctx, set.Conf, onQueued, low)
 	return ep, true, err
 }
 
 // tryAcquire reserves a free slot without queueing, unless others wait.
 func (fn *function) tryAcquire(set *epSet) (*endpoint, bool) {
 	if fn.nwait.Load() == 0 {
-		if i, ok := set.conf.policy.Pick(set.trackers); ok {
-			return set.eps[i], true
+		if i, ok := set.Conf.policy.Pick(set.Trackers); ok {
+			return set.Endpoints[i], true
 		}
 	}
 	return nil, false
@@ -144,13 +144,13 @@ func (fn *function) maybeDispatch() {
 func (fn *function) dispatchLocked() {
 	for fn.head != nil {
 		set := fn.set.Load()
-		i, ok := set.conf.policy.Pick(set.trackers)
+		i, ok := set.Conf.policy.Pick(set.Trackers)
 		if !ok {
 			return
 		}
 		w := fn.head
 		fn.removeLocked(w)
-		w.ep = set.eps[i]
+		w.ep = set.Endpoints[i]
 		w.ready <- struct{}{}
 	}
 }
@@ -172,7 +172,7 @@ func (fn *function) failingFast() error {
 	if c == nil || !c.failFast {
 		return nil
 	}
-	if set := fn.set.Load(); set != nil && len(set.eps) > 0 {
+	if set := fn.set.Load(); set != nil && len(set.Endpoints) > 0 {
 		return nil
 	}
 	if c.why == reasonNoCapacity {

@@ -98,7 +98,7 @@ func (d *DataPlane) lookupNamed(name string) *function {
 	if fn == nil {
 		return nil
 	}
-	if has := fn.set.Load().conf.namespace; has == ns || has == spec.DefaultNamespace && ns == openfaasNamespace {
+	if has := fn.set.Load().Conf.namespace; has == ns || has == spec.DefaultNamespace && ns == openfaasNamespace {
 		return fn
 	}
 	return nil
@@ -129,7 +129,7 @@ func (d *DataPlane) lookupHost(first, two string) *function {
 		if fn := d.lookupCall(two); fn != nil {
 			return fn
 		}
-		if fn := d.lookupCall(first); fn != nil && fn.set.Load().conf.namespace == ns {
+		if fn := d.lookupCall(first); fn != nil && fn.set.Load().Conf.namespace == ns {
 			return fn
 		}
 		return nil
@@ -143,7 +143,7 @@ func namespaceOfFn(fn *function) string {
 		return ""
 	}
 	if s := fn.set.Load(); s != nil {
-		return s.conf.namespace
+		return s.Conf.namespace
 	}
 	return ""
 }

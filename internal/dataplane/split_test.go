@@ -95,7 +95,7 @@ func TestSplitRoutesCalls(t *testing.T) {
 	}
 	// The split goes: all to f.
 	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("f", func(s *briskv1.FunctionSpec) { s.Revision = 6 })}})
-	if d.lookup("f").set.Load().conf.split != nil {
+	if d.lookup("f").set.Load().Conf.split != nil {
 		t.Fatal("split kept after an update without one")
 	}
 }

@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"iter"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/dataplane/endpoints"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -63,14 +63,29 @@ type fnConf struct {
 	split *split
 }
 
-// epSet is one immutable view of a function. Apply builds a new one and swaps
-// it in, so a request sees a consistent conf, policy and endpoint list with a
-// single atomic load.
-type epSet struct {
-	conf     *fnConf
-	eps      []*endpoint            // sorted by sandbox id (first-available order)
-	trackers []*loadbalance.Tracker // trackers[i] == eps[i].tracker: the policy's input
+// epSet is one immutable view of a function, committed by the routing
+// table (internal/dataplane/endpoints). Apply swaps a new one in, so a
+// request sees a consistent conf, policy and endpoint list with a single
+// atomic load.
+type epSet = endpoints.Set[*fnConf, *endpoint]
+
+// table is the data plane's routing table.
+type table = endpoints.Table[*fnConf, *endpoint]
+
+func (e *endpoint) SandboxID() string                 { return e.id }
+func (e *endpoint) Address() string                   { return e.addr }
+func (e *endpoint) LoadTracker() *loadbalance.Tracker { return e.tracker }
+
+// WithTracker is e on a new tracker, for a concurrency change; the copy
+// keeps e's pool, which its hold is counted by (refPools).
+func (e *endpoint) WithTracker(tr *loadbalance.Tracker) *endpoint {
+	c := *e
+	c.tracker = tr
+	return &c
 }
+
+func (c *fnConf) Revision() uint64 { return c.revision }
+func (c *fnConf) Concurrency() int { return c.capacity }
 
 // function is the per-function state. Nothing here is guarded by a
 // data-plane-wide lock: the set is copy-on-write and the queue has its own
@@ -186,18 +201,13 @@ func (d *DataPlane) newConf(p *briskv1.FunctionSpec, prev *fnConf) *fnConf {
 	return c
 }
 
-// pendingFn accumulates one function's changes within an Apply.
-type pendingFn struct {
-	conf *fnConf
-	eps  []*endpoint
-}
-
 // Apply applies one batch from the control plane: a snapshot replaces all
 // state, a delta adds or updates functions (newer revisions only), deletes
-// functions, and adds or removes endpoints by sandbox id. Functions and
-// endpoints that survive a snapshot keep their objects, so queued requests
-// stay queued and in-flight counts stay exact across a resync. Apply is
-// serialised; the hot path never waits for it.
+// functions, and adds or removes endpoints by sandbox id (the table's rules,
+// internal/dataplane/endpoints). Functions and endpoints that survive a
+// snapshot keep their objects, so queued requests stay queued and in-flight
+// counts stay exact across a resync. Apply is serialised; the hot path never
+// waits for it.
 func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 	if b == nil {
 		return
@@ -209,148 +219,68 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		close(*d.applied.Swap(&ch))
 	}()
 
-	// next overlays the routing table with this batch's changes (nil:
-	// deleted); it is written to the table at the end.
-	next := make(map[string]*function, len(b.GetFunctions()))
-	get := func(name string) *function {
-		if fn, ok := next[name]; ok {
-			return fn
-		}
-		return d.lookup(name)
-	}
-	pending := make(map[*function]*pendingFn)
-	touch := func(fn *function) *pendingFn {
-		p := pending[fn]
-		if p == nil {
-			set := fn.set.Load()
-			p = &pendingFn{conf: set.conf, eps: slices.Clone(set.eps)}
-			pending[fn] = p
-		}
-		return p
-	}
-
 	if b.GetEmergencySet() {
 		d.em.setWorkers(b.GetEmergencyWorkers())
 	}
-	if b.GetSnapshot() {
-		defer d.synced.Store(true)
-		for _, ps := range b.GetFunctions() {
-			if fn := next[ps.GetName()]; fn != nil { // listed twice: the newer revision wins
-				if p := pending[fn]; ps.GetRevision() >= p.conf.revision {
-					p.conf = d.newConf(ps, p.conf)
-				}
-				continue
-			}
-			fn := d.lookup(ps.GetName())
-			var prev *fnConf
-			if fn == nil {
-				fn = d.newFunction(ps.GetName())
-			} else {
-				prev = fn.set.Load().conf
-			}
-			next[fn.name] = fn
-			pending[fn] = &pendingFn{conf: d.newConf(ps, prev)}
-		}
-		for name, fn := range d.functions() {
-			if next[name] != fn {
-				d.deleteFunction(fn)
-				if next[name] == nil {
-					next[name] = nil // absent from the snapshot: delete
-				}
-			}
-		}
-		bySandbox := make(map[string]*function, len(b.GetAdded()))
-		for _, e := range b.GetAdded() {
-			fn := next[e.GetFunction()]
-			if fn == nil {
-				d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
-				continue
-			}
-			if bySandbox[e.GetSandboxId()] != nil {
-				continue // listed twice
-			}
-			p := pending[fn]
-			var old *endpoint
-			if d.sandboxes[e.GetSandboxId()] == fn {
-				old = findEndpoint(fn.set.Load().eps, e.GetSandboxId())
-			}
-			if old != nil && old.addr == e.GetAddress() {
-				p.eps = append(p.eps, old)
-			} else {
-				p.eps = append(p.eps, d.newEndpoint(e, p.conf.capacity))
-			}
-			bySandbox[e.GetSandboxId()] = fn
-		}
-		d.sandboxes = bySandbox
-	} else {
-		for _, ps := range b.GetFunctions() {
-			fn := get(ps.GetName())
-			if fn == nil {
-				fn = d.newFunction(ps.GetName())
-				next[fn.name] = fn
-				pending[fn] = &pendingFn{conf: d.newConf(ps, nil)}
-				continue
-			}
-			p := touch(fn)
-			if ps.GetRevision() < p.conf.revision {
-				continue // stale: an older revision overtaken by a newer one
-			}
-			p.conf = d.newConf(ps, p.conf)
-		}
+	snapshot := b.GetSnapshot()
+	d.table.Begin(snapshot)
+	for _, ps := range b.GetFunctions() {
+		d.table.Put(ps.GetName(), ps.GetRevision(), func(prev *fnConf, _ bool) *fnConf { return d.newConf(ps, prev) })
+	}
+	if !snapshot {
 		for _, name := range b.GetDeletedFunctions() {
-			fn := get(name)
-			if fn == nil {
-				continue
-			}
-			next[name] = nil
-			if p := pending[fn]; p != nil {
-				d.forgetSandboxes(fn, p.eps) // added earlier in this batch
-				delete(pending, fn)
-			}
-			d.deleteFunction(fn)
-		}
-		for _, e := range b.GetAdded() {
-			fn := get(e.GetFunction())
-			if fn == nil {
-				d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
-				continue
-			}
-			if other := d.sandboxes[e.GetSandboxId()]; other != nil && other != fn && get(other.name) == other {
-				d.removeSandbox(touch(other), e.GetSandboxId())
-			}
-			p := touch(fn)
-			i := slices.IndexFunc(p.eps, func(ep *endpoint) bool { return ep.id == e.GetSandboxId() })
-			switch {
-			case i < 0:
-				p.eps = append(p.eps, d.newEndpoint(e, p.conf.capacity))
-			case p.eps[i].addr != e.GetAddress():
-				p.eps[i] = d.newEndpoint(e, p.conf.capacity)
-			}
-			d.sandboxes[e.GetSandboxId()] = fn
-		}
-		for _, id := range b.GetRemoved() {
-			fn := d.sandboxes[id]
-			delete(d.sandboxes, id)
-			if fn == nil || get(fn.name) != fn {
-				continue
-			}
-			d.removeSandbox(touch(fn), id)
+			d.table.Delete(name)
 		}
 	}
+	for _, e := range b.GetAdded() {
+		if !d.table.Add(e.GetFunction(), e.GetSandboxId(), e.GetAddress(), func(capacity int) *endpoint { return d.newEndpoint(e, capacity) }) {
+			d.log.Warn("endpoint for unknown function ignored", "function", e.GetFunction(), "sandbox", e.GetSandboxId())
+		}
+	}
+	for _, id := range b.GetRemoved() {
+		d.table.Remove(id)
+	}
+	d.publish(d.table.Commit())
+	if snapshot {
+		d.synced.Store(true)
+	}
+	d.applyConditions(b)
+	d.applyAuth(b.GetAuth())
+}
 
-	for fn, p := range pending {
-		d.publish(fn, p)
-	}
-	d.releaseLeftPools()
+// publish makes a committed batch's changes visible to the hot path: new
+// sets swapped in, new functions routed, deleted ones failed, freed
+// capacity handed to waiters, pool holds moved. Apply holds applyMu.
+func (d *DataPlane) publish(changes []endpoints.Change[*fnConf, *endpoint]) {
 	nsChanged := false
-	for name, fn := range next {
-		old := d.lookup(name)
-		if fn == nil {
-			d.fns.Delete(name)
-		} else {
-			d.fns.Store(name, fn)
+	for _, c := range changes {
+		fn := d.lookup(c.Name)
+		var prev, cur []*endpoint
+		if c.Old != nil {
+			prev = c.Old.Endpoints
 		}
-		if ons, nns := namespaceOfFn(old), namespaceOfFn(fn); ons != nns {
+		switch {
+		case c.New == nil:
+			if fn != nil {
+				d.fns.Delete(c.Name)
+				fn.fail(errFunctionDeleted)
+			}
+		case fn == nil || c.Old == nil:
+			fn = d.newFunction(c.Name)
+			fn.set.Store(c.New)
+			d.fns.Store(c.Name, fn)
+		default:
+			fn.set.Store(c.New)
+		}
+		if c.New != nil {
+			cur = c.New.Endpoints
+			if len(cur) > 0 {
+				fn.m.used.Store(true)
+			}
+			fn.maybeDispatch()
+		}
+		d.refPools(prev, cur)
+		if ons, nns := namespaceOfSet(c.Old), namespaceOfSet(c.New); ons != nns {
 			if ons != "" {
 				if d.nsCount[ons]--; d.nsCount[ons] <= 0 {
 					delete(d.nsCount, ons)
@@ -362,6 +292,7 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 			nsChanged = true
 		}
 	}
+	d.releaseLeftPools()
 	if nsChanged {
 		set := make(map[string]bool, len(d.nsCount))
 		for ns := range d.nsCount {
@@ -369,8 +300,13 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		}
 		d.namespaces.Store(&set)
 	}
-	d.applyConditions(b)
-	d.applyAuth(b.GetAuth())
+}
+
+func namespaceOfSet(s *epSet) string {
+	if s == nil {
+		return ""
+	}
+	return s.Conf.namespace
 }
 
 // applyConditions sets the functions' conditions a batch carries; a
@@ -420,95 +356,41 @@ func (d *DataPlane) newEndpoint(e *briskv1.Endpoint, capacity int) *endpoint {
 	}
 }
 
-func (d *DataPlane) removeSandbox(p *pendingFn, id string) {
-	p.eps = slices.DeleteFunc(p.eps, func(ep *endpoint) bool { return ep.id == id })
-}
-
-func (d *DataPlane) deleteFunction(fn *function) {
-	if set := fn.set.Load(); set != nil { // nil: created earlier in this batch
-		d.forgetSandboxes(fn, set.eps)
-		for _, ep := range set.eps {
-			d.leftPools = append(d.leftPools, ep.conns)
-		}
-	}
-	fn.fail(errFunctionDeleted)
-}
-
-func (d *DataPlane) forgetSandboxes(fn *function, eps []*endpoint) {
-	for _, ep := range eps {
-		if d.sandboxes[ep.id] == fn {
-			delete(d.sandboxes, ep.id)
-		}
-	}
-}
-
-func findEndpoint(eps []*endpoint, id string) *endpoint {
-	for _, ep := range eps {
-		if ep.id == id {
-			return ep
-		}
-	}
-	return nil
-}
-
-// publish swaps in a new set and hands freed capacity to waiters. A
-// concurrency change needs new trackers; the old ones stay with the requests
-// in flight on them, so the limit can be exceeded briefly during the switch.
-func (d *DataPlane) publish(fn *function, p *pendingFn) {
-	eps := p.eps
-	for i, ep := range eps {
-		if ep.tracker.Capacity() != p.conf.capacity {
-			eps[i] = &endpoint{id: ep.id, addr: ep.addr, seq: ep.seq, tracker: loadbalance.NewTracker(p.conf.capacity), idHdr: ep.idHdr, conns: ep.conns}
-		}
-	}
-	slices.SortFunc(eps, func(a, b *endpoint) int { return strings.Compare(a.id, b.id) })
-	trackers := make([]*loadbalance.Tracker, len(eps))
-	for i, ep := range eps {
-		trackers[i] = ep.tracker
-	}
-	old := fn.set.Swap(&epSet{conf: p.conf, eps: eps, trackers: trackers})
-	if len(eps) > 0 {
-		fn.m.used.Store(true)
-	}
-	fn.maybeDispatch()
-	var prev []*endpoint
-	if old != nil {
-		prev = old.eps
-	}
-	d.refPools(prev, eps)
-}
-
-// poolKey identifies an endpoint's hold on a pool: a concurrency change
-// copies the endpoint but not the hold.
-type poolKey struct {
-	id    string
-	conns *connPool
-}
-
-// refPools moves pool references from the endpoints of prev to those of cur.
-// Connections are pooled per address, not per sandbox: the emulated runtime
-// serves many sandboxes on one address, and a connection per cold start to
-// it overflowed its accept queue. A pool closes when no endpoint at its
+// refPools moves pool references from the endpoints of prev to those of cur
+// (a set's endpoints, sorted by sandbox id, walked together). Connections
+// are pooled per address, not per sandbox: the emulated runtime serves many
+// sandboxes on one address, and a connection per cold start to it
+// overflowed its accept queue. A pool closes when no endpoint at its
 // address is left, so a sandbox given the address of a gone one later (an
-// IP or port reused) starts with no connections of the gone one's.
+// IP or port reused) starts with no connections of the gone one's. An
+// endpoint copied onto a new tracker keeps its pool and its hold.
 func (d *DataPlane) refPools(prev, cur []*endpoint) {
-	if len(prev) == 0 && len(cur) == 0 {
-		return
-	}
-	in := make(map[poolKey]struct{}, len(prev))
-	for _, ep := range prev {
-		in[poolKey{ep.id, ep.conns}] = struct{}{}
-	}
-	for _, ep := range cur {
-		k := poolKey{ep.id, ep.conns}
-		if _, ok := in[k]; ok {
-			delete(in, k) // kept
-		} else {
-			ep.conns.refs++
+	i, j := 0, 0
+	for i < len(prev) || j < len(cur) {
+		var c int
+		switch {
+		case i == len(prev):
+			c = 1
+		case j == len(cur):
+			c = -1
+		default:
+			c = strings.Compare(prev[i].id, cur[j].id)
 		}
-	}
-	for k := range in { // left: released once the whole batch is published
-		d.leftPools = append(d.leftPools, k.conns)
+		switch {
+		case c < 0: // left: released once the whole batch is published
+			d.leftPools = append(d.leftPools, prev[i].conns)
+			i++
+		case c > 0:
+			cur[j].conns.refs++
+			j++
+		default:
+			if prev[i].conns != cur[j].conns {
+				d.leftPools = append(d.leftPools, prev[i].conns)
+				cur[j].conns.refs++
+			}
+			i++
+			j++
+		}
 	}
 }
 
