@@ -26,6 +26,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
+	"github.com/brisk-faas/brisk/internal/dataplane/endpoints"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
@@ -51,8 +52,9 @@ type Config struct {
 	// is the simulator's own pick (least-loaded, ties to the first
 	// endpoint; every result in docs/policies.md before 2026-11-30 used
 	// it), or a policy of internal/policy/loadbalance by name, run as the
-	// data plane runs it (a Tracker per endpoint, endpoints in a stable
-	// order).
+	// data plane runs it: on the data plane's routing table
+	// (internal/dataplane/endpoints), a Tracker per endpoint, endpoints in
+	// sandbox id order.
 	LoadBalancing     string
 	ScalingMode       string
 	Autoscale         autoscale.Config
@@ -257,18 +259,44 @@ type sandbox struct {
 	// emergency: a one-shot sandbox of the dual track, gone with its call;
 	// counted: its call counts toward regular scaling (the filter).
 	emergency, counted bool
-	tr                 *loadbalance.Tracker // its endpoint's, with Config.LoadBalancing
+	tr                 *loadbalance.Tracker // its endpoint's in the routing table
 }
 
+// A sandbox is its own endpoint record in the routing table; its address
+// is its id.
+func (sb *sandbox) SandboxID() string                 { return sb.id }
+func (sb *sandbox) Address() string                   { return sb.id }
+func (sb *sandbox) LoadTracker() *loadbalance.Tracker { return sb.tr }
+
+// WithTracker moves sb to tr. The table calls it only when a function's
+// concurrency changes, which a simulated function's never does, so no
+// call in flight holds the old tracker.
+func (sb *sandbox) WithTracker(tr *loadbalance.Tracker) *sandbox {
+	sb.tr = tr
+	return sb
+}
+
+// fnConf is what the routing table keeps of a simulated function.
+type fnConf struct {
+	revision uint64
+	slots    int
+}
+
+func (c fnConf) Revision() uint64 { return c.revision }
+func (c fnConf) Concurrency() int { return c.slots }
+
+type routes = endpoints.Table[fnConf, *sandbox]
+
 type function struct {
-	name      string
-	spec      *spec.Function
-	endpoints []*sandbox
-	// lb picks among endpoints by their trackers (parallel to endpoints)
-	// when Config.LoadBalancing names a policy; nil: the model's pick.
-	lb       loadbalance.Policy
-	trackers []*loadbalance.Tracker
-	queue    []*call
+	name string
+	spec *spec.Function
+	// set is its routing table entry: its Ready sandboxes by id, with
+	// their trackers.
+	set *endpoints.Set[fnConf, *sandbox]
+	// lb picks among set's endpoints when Config.LoadBalancing names a
+	// policy; nil: the model's pick.
+	lb    loadbalance.Policy
+	queue []*call
 	// load accounting for the data plane's report: ∫(in flight + queued)dt
 	area      float64
 	level     int
@@ -365,6 +393,7 @@ type simulator struct {
 	nodes     map[string]*node
 	nodeList  []*node
 	sandboxes map[string]*sandbox
+	routes    *routes // the data plane's routing table
 	live      int
 	version   uint64
 
@@ -407,7 +436,7 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	sm := &simulator{cfg: cfg, s: s, r: r, start: simEpoch,
-		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox)}
+		rng: rand.New(rand.NewPCG(cfg.Seed, 0x5157)), fns: make(map[string]*function), nodes: make(map[string]*node), sandboxes: make(map[string]*sandbox), routes: endpoints.New[fnConf, *sandbox]()}
 	sm.res.Start = sm.start
 	for i := range cfg.Nodes {
 		n := &node{id: nodeID(i), idx: i, cores: cfg.NodeCores, images: make(map[string]struct{}), emFree: cfg.EmergencySlots}
@@ -420,6 +449,7 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 	sm.tmpl = newTemplates(sm.nodeList, cfg.TemplateFraction)
 	sm.res.TemplateNodes = sm.tmpl.k
 	lbRand := loadbalance.NewRand(cfg.Seed)
+	sm.routes.Begin(false)
 	for i := range s.Functions {
 		f := &s.Functions[i]
 		cpu, mem := workload.ResourceRequest(f)
@@ -437,9 +467,11 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 		}
 		sm.fns[sp.Name] = fn
 		sm.fnByIdx = append(sm.fnByIdx, fn)
+		sm.routes.Put(sp.Name, sp.Revision, func(fnConf, bool) fnConf { return fnConf{revision: sp.Revision, slots: sp.Concurrency} })
 		sm.step(reconciler.UpsertFunction{Spec: sp})
 		fn.keepAlive = int64(r.KeepAliveOf(sp))
 	}
+	sm.commitRoutes()
 	sm.reportTemplates()
 	sm.res.NodeBusy = make([]float64, len(sm.nodeList))
 	var end int64
@@ -604,11 +636,12 @@ func (sm *simulator) step(ev reconciler.Event) {
 		case reconciler.AddEndpoint:
 			if sb := sm.sandboxes[x.Endpoint.SandboxID]; sb != nil && !sb.gone && !sb.ready {
 				sb.ready, sb.readyAt = true, sm.now
-				sb.fn.endpoints = append(sb.fn.endpoints, sb)
-				if sb.fn.lb != nil {
-					sb.tr = loadbalance.NewTracker(sb.fn.spec.Concurrency)
-					sb.fn.trackers = append(sb.fn.trackers, sb.tr)
-				}
+				sm.routes.Begin(false)
+				sm.routes.Add(sb.fn.name, sb.id, sb.id, func(slots int) *sandbox {
+					sb.tr = loadbalance.NewTracker(slots)
+					return sb
+				})
+				sm.commitRoutes()
 				sm.drain(sb.fn)
 			}
 		case reconciler.RemoveEndpoint:
@@ -633,20 +666,18 @@ func (sm *simulator) unroute(sb *sandbox) {
 		return
 	}
 	sb.ready = false
-	fn := sb.fn
-	eps := fn.endpoints
-	for i, e := range eps {
-		if e != sb {
-			continue
+	sm.routes.Begin(false)
+	sm.routes.Remove(sb.id)
+	sm.commitRoutes()
+}
+
+// commitRoutes commits the routing table's batch and points each changed
+// function at its new set.
+func (sm *simulator) commitRoutes() {
+	for _, c := range sm.routes.Commit() {
+		if fn := sm.fns[c.Name]; fn != nil {
+			fn.set = c.New
 		}
-		if fn.lb != nil { // the policies keep a stable order (round-robin, first-available)
-			fn.endpoints = slices.Delete(eps, i, i+1)
-			fn.trackers = slices.Delete(fn.trackers, i, i+1)
-			break
-		}
-		eps[i] = eps[len(eps)-1]
-		fn.endpoints = eps[:len(eps)-1]
-		break
 	}
 }
 
@@ -773,16 +804,13 @@ func pick(fn *function) (sb *sandbox, slot bool) {
 	if fn.lb == nil {
 		return pickModel(fn), false
 	}
-	i, ok := fn.lb.Pick(fn.trackers)
-	if !ok {
-		return nil, false
-	}
-	return fn.endpoints[i], true
+	sb, ok := fn.set.Pick(fn.lb)
+	return sb, ok
 }
 
 // hasFree says whether a sandbox of fn has a free slot (no slot taken).
 func hasFree(fn *function) bool {
-	for _, sb := range fn.endpoints {
+	for _, sb := range fn.set.Endpoints {
 		if sb.inflight < fn.spec.Concurrency {
 			return true
 		}
@@ -794,7 +822,7 @@ func hasFree(fn *function) bool {
 // first, which the endpoint order keeps fair enough for the model).
 func pickModel(fn *function) *sandbox {
 	var best *sandbox
-	for _, sb := range fn.endpoints {
+	for _, sb := range fn.set.Endpoints {
 		if sb.inflight < fn.spec.Concurrency && (best == nil || sb.inflight < best.inflight) {
 			best = sb
 		}

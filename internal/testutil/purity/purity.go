@@ -29,15 +29,20 @@ import (
 
 // Banned is one forbidden dependency: the path itself and, if Subtree,
 // every package below it. Direct bans only the packages' own imports
-// (a data package they use may link it).
+// (a data package they use may link it). Except lists packages of the
+// subtree that are allowed (a pure part of an impure component).
 type Banned struct {
 	Path    string
 	Subtree bool
 	Direct  bool
+	Except  []string
 	Why     string
 }
 
 func (b Banned) matches(path string) bool {
+	if slices.Contains(b.Except, path) {
+		return false
+	}
 	return path == b.Path || b.Subtree && strings.HasPrefix(path, b.Path+"/")
 }
 
