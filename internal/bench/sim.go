@@ -49,19 +49,26 @@ func SimCompare(cfg ReplayConfig, sc sim.Config, placements []string, out string
 }
 
 // SimCompareBy is SimCompare along axis: "placement" (sim.Config.Placement)
-// or "load-balancing" (sim.Config.LoadBalancing), one run per value.
+// "load-balancing" (sim.Config.LoadBalancing) or "lb" (sim.SetBalancer: a
+// data-plane policy or a locality balancer), one run per value.
 func SimCompareBy(cfg ReplayConfig, sc sim.Config, axis string, values []string, out string) (string, error) {
 	var b strings.Builder
 	b.WriteString("| " + axis + " | slowdown gmean p99 | Dirigent median | cold starts (measured) | sandboxes created | peak | load CV | memory GiB·s | wall s |\n|---|---|---|---|---|---|---|---|---|\n")
 	var series []loadgen.Series
+	base := sc
 	for _, p := range values {
+		sc := base
 		switch axis {
 		case "placement":
 			sc.Placement = p
 		case "load-balancing":
 			sc.LoadBalancing = p
+		case "lb":
+			if err := sim.SetBalancer(&sc, p); err != nil {
+				return "", err
+			}
 		default:
-			return "", fmt.Errorf("compare along %q: want placement or load-balancing", axis)
+			return "", fmt.Errorf("compare along %q: want placement, load-balancing or lb", axis)
 		}
 		dir := ""
 		if out != "" {

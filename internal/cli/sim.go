@@ -28,7 +28,7 @@ import (
 func newSim() *cobra.Command {
 	cfg := bench.ReplayConfig{}
 	sc := sim.Config{}
-	var out, keepAlive, calibrate, templateFractions, lbs string
+	var out, keepAlive, calibrate, templateFractions, lbs, lbAny string
 	var keepAlives []string
 	var modes []string
 	var windows []time.Duration
@@ -47,6 +47,7 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 		Example: `  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --out results/sim-1000
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 100 --placement ch-rlu
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --placement kubernetes,ch-bl,ch-rlu --out results/compare
+  brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --node-cores 4 --concurrency 4 --replicate 50 --lb least-loaded,ch-bl,ch-rlu,p2c --out results/lb
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 10000 --replicate 100 --out results/region
   brisk sim ./traces/azure_500 --minutes 20 --warmup 10 --nodes 1000 --cold-start 150ms --cached-cold-start 150ms --template-fraction 0,0.1,0.5,1 --out results/templates`,
 		Args: exactArgs(1),
@@ -68,6 +69,20 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 				return usageError{fmt.Errorf("--concurrency %d: want 1..%d", sc.Concurrency, spec.DefaultCaps().MaxConcurrency)}
 			}
 			var balancers []string
+			if lbAny != "" {
+				if lbs != "" || len(placements) > 1 {
+					return usageError{fmt.Errorf("--lb compares the data plane's policies and the locality balancers together: give no --load-balancing and one --placement")}
+				}
+				var err error
+				if balancers, err = sim.ParseBalancers(lbAny); err != nil {
+					return usageError{fmt.Errorf("--lb: %w", err)}
+				}
+				if len(balancers) == 1 {
+					if err := sim.SetBalancer(&sc, balancers[0]); err != nil {
+						return usageError{fmt.Errorf("--lb: %w", err)}
+					}
+				}
+			}
 			if lbs != "" {
 				balancers = strings.Split(lbs, ",")
 				for _, b := range balancers {
@@ -133,7 +148,11 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 				return err
 			}
 			if len(balancers) > 1 {
-				text, err := bench.SimCompareBy(cfg, sc, "load-balancing", balancers, out)
+				axis := "load-balancing"
+				if lbAny != "" {
+					axis = "lb"
+				}
+				text, err := bench.SimCompareBy(cfg, sc, axis, balancers, out)
 				fmt.Fprint(c.OutOrStdout(), text)
 				return err
 			}
@@ -182,6 +201,7 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 	fl.Float64Var(&sc.NodeCores, "node-cores", 16, "processor-sharing cores per node")
 	fl.Int64Var(&sc.NodeMemMB, "node-memory-mb", 64<<10, "memory per node (placement capacity)")
 	fl.IntVar(&sc.Concurrency, "concurrency", 1, "concurrent calls per sandbox of every trace function (1, as the loader's functions; above 1 the load-balancing policies differ)")
+	fl.StringVar(&lbAny, "lb", "", "load balancing as the papers compare it, as `brisk fn deploy --lb` takes it: a data-plane policy ("+strings.Join(loadbalance.Names(), ", ")+", p2c for power-of-two) or a locality balancer ("+strings.Join(sim.LocalityBalancers, ", ")+"), which in brisk places sandboxes (that run's --placement, with the data plane's default policy); several, comma-separated, compare them (a run each under --out/<name>/, compare.md)")
 	fl.StringVar(&lbs, "load-balancing", "", "the data plane's choice of sandbox for each call, a policy of brisk's data plane: "+strings.Join(loadbalance.Names(), ", ")+"; several, comma-separated, compare them (a run each under --out/<policy>/, compare.md); default: the simulator's own least-loaded pick, ties to the first sandbox (docs/policies.md)")
 	fl.StringVar(&sc.Placement, "placement", "kubernetes", "placement policy: kubernetes, random, round-robin, bin-packing, sharding, ch-bl, ch-rlu or locality; several, comma-separated, compare them (a run each under --out/<policy>/, one slowdown CDF, compare.md)")
 	fl.DurationVar(&sc.ColdStart, "cold-start", 40*time.Millisecond, "sandbox creation time on a node without the function's image")
