@@ -53,6 +53,7 @@ replay's. A run is deterministic for --seed. See docs/policies.md.`,
 		Args: exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.TraceDir = args[0]
+			sc.Stop = c.Context().Done() // Ctrl-C or SIGTERM ends the run
 			if cfg.SkipMinutes == 0 {
 				cfg.SkipMinutes = -1
 			}

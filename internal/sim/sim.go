@@ -18,6 +18,7 @@ package sim
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -113,6 +114,9 @@ type Config struct {
 	// unless NoPrewarm, the reconciler pre-warms them before each tick as
 	// the control plane does for cron triggers.
 	Triggers, NoPrewarm bool
+	// Stop, when set, ends the run early (an interrupted `brisk sim`):
+	// Run checks it every 64k events and returns ErrStopped.
+	Stop <-chan struct{}
 	// OnResult, when set, is called with the result just before Run
 	// returns it: for callers that reach Run through a wrapper keeping
 	// only a summary (bench.Sim), such as the CLI's template counts.
@@ -413,6 +417,9 @@ type simulator struct {
 	res Result
 }
 
+// ErrStopped is Run's error when Config.Stop ended it.
+var ErrStopped = errors.New("sim: stopped")
+
 // Run simulates s on the cluster cfg describes.
 func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 	cfg.defaults()
@@ -487,6 +494,13 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 		e := heap.Pop(&sm.q).(event)
 		sm.now = e.at
 		sm.res.Events++
+		if sm.res.Events&0xffff == 0 && cfg.Stop != nil {
+			select {
+			case <-cfg.Stop:
+				return nil, ErrStopped
+			default:
+			}
+		}
 		switch e.kind {
 		case evArrival:
 			sm.arrive(e.i)

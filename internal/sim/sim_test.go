@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -158,5 +159,16 @@ func TestOverheadProfileDraw(t *testing.T) {
 	}
 	if got := (&OverheadProfile{Window: time.Second, Windows: make([][]time.Duration, 3)}).nearest(); got[0] != -1 || got[2] != -1 {
 		t.Errorf("an empty profile's nearest windows: %v, want none", got)
+	}
+}
+
+// A closed Stop ends a run (an interrupted `brisk sim` stops instead of
+// running on in the background).
+func TestStopEndsTheRun(t *testing.T) {
+	stop := make(chan struct{})
+	close(stop)
+	res, err := Run(schedule(100_000, time.Millisecond, 1), Config{Nodes: 4, Seed: 1, Stop: stop})
+	if !errors.Is(err, ErrStopped) || res != nil {
+		t.Fatalf("Run: %v, %v; want ErrStopped", res, err)
 	}
 }
