@@ -154,7 +154,7 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 			req.Headers = append(req.Headers, &briskv1.Header{Name: k, Value: v})
 		}
 	}
-	counted := fn.iat.counts(conf.keepAlive, d.cfg.EmergencyPercentile, time.Now())
+	counted := fn.iats().counts(conf.keepAlive, d.cfg.EmergencyPercentile, time.Now())
 	for _, cand := range cands {
 		c, err := d.emergencyClient(cand)
 		if err != nil {

@@ -339,7 +339,7 @@ func (d *DataPlane) invoke(w http.ResponseWriter, r *http.Request, rt route) {
 	// track when a worker offers one (emergency.go).
 	var pre *endpoint
 	if set.Conf.dual && !rt.async && !upgrade && rb.rest == nil && len(rb.data) <= maxEmergencyBody {
-		rt.fn.iat.observe(time.Now())
+		rt.fn.iats().observe(time.Now())
 		if ep, ok := rt.fn.tryAcquire(set); ok {
 			pre = ep
 		} else if d.em.any() && d.emergency(w, r, st, set.Conf, rb.data) {

@@ -109,8 +109,9 @@ type function struct {
 	// cond is the control plane's word on why the function lacks
 	// sandboxes (nil: nothing wrong); calls that find none say it.
 	cond atomic.Pointer[fnCondition]
-	// iat: inter-arrival times of a dual-mode function (emergency.go).
-	iat iatTracker
+	// iat: inter-arrival times of a dual-mode function (emergency.go),
+	// made on its first call: 8 KiB that most functions never use.
+	iat atomic.Pointer[iatTracker]
 	// splitSeq counts calls through the traffic split (split.go).
 	splitSeq atomic.Uint64
 }
@@ -123,6 +124,15 @@ type fnCondition struct {
 	// row), or no node has room for its first sandbox: a call that finds no
 	// sandbox is answered at once.
 	failFast bool
+}
+
+// iats is fn's inter-arrival tracker, made on first use.
+func (fn *function) iats() *iatTracker {
+	if t := fn.iat.Load(); t != nil {
+		return t
+	}
+	fn.iat.CompareAndSwap(nil, new(iatTracker))
+	return fn.iat.Load()
 }
 
 func (d *DataPlane) newFunction(name string) *function {
