@@ -1,5 +1,5 @@
 // Package manifests holds brisk's Kubernetes manifests, plain YAML, for
-// `brisk k8s manifests|install` (internal/kubeinstall renders them for a
+// `brisk k8s manifests|install` (internal/kubernetes/install renders them for a
 // namespace, an image and a replica count, and adds the Secrets).
 package manifests
 

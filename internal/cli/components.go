@@ -212,7 +212,7 @@ func (f *wkFlags) register(c *cobra.Command, standalone bool) {
 	fl := c.Flags()
 	host, _ := os.Hostname()
 	fl.StringVar(&f.rt, "runtime", "process", "sandbox runtime: process, emulated, containerd, native or kube (--emulate implies emulated)")
-	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --runtime kube: kubeconfig of the kube-apiserver the Pods are created through (default: the in-cluster service account)")
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "with --runtime kube: kubeconfig of the kube-apiserver the Pods are created through (default: the in-cluster service account, else $KUBECONFIG or ~/.kube/config)")
 	fl.StringVar(&f.kubeNamespace, "kube-namespace", "default", "with --runtime kube: namespace of the functions' Pods")
 	fl.StringSliceVar(&f.kubeNodes, "kube-nodes", nil, "with --runtime kube: Kubernetes nodes this process stands for, one worker node each, Pods bound to them directly (default: the one node --node-id, or the host name); with --kube-placement scheduler, the nodes the scheduler may use (default: any)")
 	fl.StringSliceVar(&f.kubeKeyPrefixes, "kube-key-prefixes", nil, "with --runtime kube: label and annotation key prefixes (e.g. example.com) a function's own labels and annotations may carry onto its Pods; unprefixed keys always go, others only when listed (they are what the cluster's integrations act on); brisk.dev and Kubernetes' domains never")

@@ -12,10 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/internal/kubeinstall"
+	"github.com/brisk-faas/brisk/internal/kubernetes"
+	"github.com/brisk-faas/brisk/internal/kubernetes/install"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/native/nsinit"
 )
 
@@ -39,13 +39,13 @@ rights it uses (docs/operations.md "Running on Kubernetes").
 }
 
 // k8sFlags are what the manifests are rendered for.
-type k8sFlags struct{ o kubeinstall.Options }
+type k8sFlags struct{ o install.Options }
 
 func (f *k8sFlags) register(c *cobra.Command) {
 	fl := c.Flags()
-	fl.StringVarP(&f.o.Namespace, "namespace", "n", kubeinstall.DefaultNamespace, "namespace of brisk's objects (created unless it exists; not default or kube-*)")
-	fl.StringVar(&f.o.SandboxNamespace, "sandbox-namespace", "", "with --worker-runtime kube: namespace of the functions' Pods, brisk's alone, Pod Security baseline enforced (default NAMESPACE"+kubeinstall.SandboxSuffix+")")
-	fl.StringVar(&f.o.Image, "image", kubeinstall.ImageRef, "brisk's image (brisk k8s image builds it)")
+	fl.StringVarP(&f.o.Namespace, "namespace", "n", install.DefaultNamespace, "namespace of brisk's objects (created unless it exists; not default or kube-*)")
+	fl.StringVar(&f.o.SandboxNamespace, "sandbox-namespace", "", "with --worker-runtime kube: namespace of the functions' Pods, brisk's alone, Pod Security baseline enforced (default NAMESPACE"+install.SandboxSuffix+")")
+	fl.StringVar(&f.o.Image, "image", install.ImageRef, "brisk's image (brisk k8s image builds it)")
 	fl.IntVar(&f.o.Replicas, "replicas", 3, "control-plane replicas: 1, 3, 5 or 7 (raft)")
 	fl.IntVar(&f.o.DataPlanes, "dataplanes", 2, "data-plane replicas")
 	fl.StringVar(&f.o.WorkerRuntime, "worker-runtime", "containerd", "the workers' sandbox runtime: containerd (the node's containerd, privileged DaemonSet, native emergency track) or kube (sandboxes are Pods in --sandbox-namespace, unprivileged DaemonSet)")
@@ -67,13 +67,13 @@ the first admin and join tokens): brisk k8s install makes those. Objects
 for the other worker runtime are left out.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			objs, err := kubeinstall.Render(f.o)
+			objs, err := install.Render(f.o)
 			if err != nil {
 				return usageError{err}
 			}
 			fmt.Fprintf(c.OutOrStdout(), "# brisk on Kubernetes, namespace %s. Secrets %s and %s are not here: 'brisk k8s install' makes them.\n",
-				f.o.Namespace, kubeinstall.SecretControlPlane, kubeinstall.SecretJoin)
-			return kubeinstall.YAML(c.OutOrStdout(), objs)
+				f.o.Namespace, install.SecretControlPlane, install.SecretJoin)
+			return install.YAML(c.OutOrStdout(), objs)
 		},
 	}
 	f.register(c)
@@ -88,25 +88,9 @@ func (f *kubeFlags) register(c *cobra.Command) {
 }
 
 func (f *kubeFlags) config() (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	switch {
-	case f.kubeconfig != "":
-		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("--kubeconfig: %w", err)}
-		}
-	case os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "":
-		if cfg, err = rest.InClusterConfig(); err == nil {
-			break
-		}
-		fallthrough
-	default:
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
-		if err != nil {
-			return nil, usageError{fmt.Errorf("no cluster to talk to (give --kubeconfig, set KUBECONFIG, or run in a Pod): %w", err)}
-		}
+	cfg, err := kubernetes.Config(f.kubeconfig)
+	if err != nil {
+		return nil, usageError{err}
 	}
 	cfg.Timeout = 30 * time.Second // per request: an unreachable apiserver is an error, not a hang
 	// Install makes about a hundred requests (a read and an apply per
@@ -143,20 +127,20 @@ The admin token: kubectl -n NAMESPACE get secret brisk-controlplane -o
 jsonpath='{.data.admin\.token}' | base64 -d.`,
 		Args: exactArgs(0),
 		RunE: func(c *cobra.Command, _ []string) error {
-			if _, err := kubeinstall.Render(f.o); err != nil {
+			if _, err := install.Render(f.o); err != nil {
 				return usageError{err}
 			}
 			cfg, err := kf.config()
 			if err != nil {
 				return err
 			}
-			changes, err := kubeinstall.Install(c.Context(), cfg, f.o)
+			changes, err := install.Install(c.Context(), cfg, f.o)
 			printChanges(c.OutOrStdout(), changes)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(c.OutOrStdout(), "brisk is installed in namespace %s; admin API: https://brisk-admin.%s.svc:9090 (CA and admin token in secret %s)\n",
-				f.o.Namespace, f.o.Namespace, kubeinstall.SecretControlPlane)
+				f.o.Namespace, f.o.Namespace, install.SecretControlPlane)
 			return nil
 		},
 	}
@@ -166,7 +150,7 @@ jsonpath='{.data.admin\.token}' | base64 -d.`,
 }
 
 func newK8sUninstall() *cobra.Command {
-	var o kubeinstall.UninstallOptions
+	var o install.UninstallOptions
 	var kf kubeFlags
 	c := &cobra.Command{
 		Use:   "uninstall",
@@ -186,10 +170,10 @@ object of its kind in the cluster.`,
 			if err != nil {
 				return err
 			}
-			changes, err := kubeinstall.Uninstall(c.Context(), cfg, o)
+			changes, err := install.Uninstall(c.Context(), cfg, o)
 			printChanges(c.OutOrStdout(), changes)
 			for _, ch := range changes {
-				if ch.Kind == "PersistentVolumeClaim" && ch.Action == kubeinstall.Kept {
+				if ch.Kind == "PersistentVolumeClaim" && ch.Action == install.Kept {
 					fmt.Fprintf(c.OutOrStdout(), "the registry's volumes are kept (the Secret with its CA and tokens is gone): an install here refuses them; uninstall --delete-data deletes them\n")
 					break
 				}
@@ -197,15 +181,15 @@ object of its kind in the cluster.`,
 			return err
 		},
 	}
-	c.Flags().StringVarP(&o.Namespace, "namespace", "n", kubeinstall.DefaultNamespace, "namespace brisk was installed in")
-	c.Flags().StringVar(&o.SandboxNamespace, "sandbox-namespace", "", "the functions' Pods' namespace install made (default NAMESPACE"+kubeinstall.SandboxSuffix+")")
+	c.Flags().StringVarP(&o.Namespace, "namespace", "n", install.DefaultNamespace, "namespace brisk was installed in")
+	c.Flags().StringVar(&o.SandboxNamespace, "sandbox-namespace", "", "the functions' Pods' namespace install made (default NAMESPACE"+install.SandboxSuffix+")")
 	c.Flags().BoolVar(&o.CRDs, "crds", false, "delete the CustomResourceDefinitions too (and every Function object in the cluster)")
 	c.Flags().BoolVar(&o.DeleteData, "delete-data", false, "delete the control plane's registry volumes (PersistentVolumeClaims) too")
 	kf.register(c)
 	return c
 }
 
-func printChanges(w io.Writer, changes []kubeinstall.Change) {
+func printChanges(w io.Writer, changes []install.Change) {
 	for _, ch := range changes {
 		fmt.Fprintln(w, ch)
 	}
@@ -257,7 +241,7 @@ registry and install with --image.`,
 					return usageError{fmt.Errorf("no sandbox init at %s: build it with scripts/build-sandbox-init.sh (make build puts it in bin/) and give it with --sandbox-init", initBin)}
 				}
 			}
-			img, err := kubeinstall.BuildImage(briskBin, initBin)
+			img, err := install.BuildImage(briskBin, initBin)
 			if err != nil {
 				return err
 			}
@@ -283,7 +267,7 @@ registry and install with --image.`,
 	}
 	fl := c.Flags()
 	fl.StringVar(&out, "out", "", "write the OCI archive here")
-	fl.StringVar(&tag, "tag", kubeinstall.ImageRef, "the image's reference (install --image must name the same)")
+	fl.StringVar(&tag, "tag", install.ImageRef, "the image's reference (install --image must name the same)")
 	fl.StringVar(&briskBin, "brisk", "", "static brisk binary to put in the image (default: see above)")
 	fl.StringVar(&initBin, "sandbox-init", "", "static sandbox init binary (default: "+nsinit.BinaryName+" beside this binary)")
 	fl.BoolVar(&doImport, "import", false, "also import the image into this machine's containerd")

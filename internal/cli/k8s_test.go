@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/brisk-faas/brisk/internal/kubeinstall"
+	"github.com/brisk-faas/brisk/internal/kubernetes/install"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 )
 
@@ -19,8 +19,8 @@ import (
 // renamed or misspelt flag fails here, not in a crash-looping Pod.
 func TestK8sManifestArgs(t *testing.T) {
 	envRef := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
-	for _, rt := range kubeinstall.WorkerRuntimes {
-		objs, err := kubeinstall.Render(kubeinstall.Options{WorkerRuntime: rt})
+	for _, rt := range install.WorkerRuntimes {
+		objs, err := install.Render(install.Options{WorkerRuntime: rt})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,15 +2,14 @@ package cli
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
-	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/kubernetes"
+	"github.com/brisk-faas/brisk/internal/kubernetes/fncontroller"
 )
 
 // newK8sFunctions is `brisk k8s functions`: the controller that deploys
@@ -18,7 +17,7 @@ import (
 func newK8sFunctions(g *globals) *cobra.Command {
 	var (
 		kubeconfig string
-		cfg        kubefunctions.Config
+		cfg        fncontroller.Config
 	)
 	c := &cobra.Command{
 		Use:   "functions",
@@ -40,7 +39,7 @@ Functions made through the admin API are never changed or deleted.
 
 Its Kubernetes rights: get, list, watch and update functions.brisk.dev,
 update functions/status, and get, list, watch namespaces
-(kubefunctions.ClusterRole). Run one replica.
+(fncontroller.ClusterRole). Run one replica.
 See docs/operations.md, "Function objects (Kubernetes)".`,
 		Example: `  kubectl apply -f deploy/kubernetes/function-crd.yaml
   brisk k8s functions --kubeconfig ~/.kube/config --admin-url brisk-cp:9090 --token-file /var/run/brisk/token
@@ -51,17 +50,15 @@ See docs/operations.md, "Function objects (Kubernetes)".`,
 			if err != nil {
 				return err
 			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			rc, err := kubernetes.Config(kubeconfig)
 			if err != nil {
-				return usageError{fmt.Errorf("kubeconfig: %w", err)}
+				return usageError{err}
 			}
 			if g.apiToken() == "" {
 				return usageError{errors.New("no brisk token: give --token or --token-file (a deploy token, or admin with --create-namespaces)")}
 			}
 			cfg.REST, cfg.Brisk, cfg.Logger = rc, g.client(), log.With("component", "k8s-functions")
-			ctrl, err := kubefunctions.New(cfg)
+			ctrl, err := fncontroller.New(cfg)
 			if err != nil {
 				return usageError{err}
 			}
@@ -69,7 +66,7 @@ See docs/operations.md, "Function objects (Kubernetes)".`,
 		},
 	}
 	fl := c.Flags()
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (default: the in-cluster service account when $KUBECONFIG is unset, else $KUBECONFIG or ~/.kube/config)")
 	fl.StringVarP(&cfg.Namespace, "namespace", "n", "", "watch only this Kubernetes namespace (default: all; a Role then suffices)")
 	fl.IntVar(&cfg.Workers, "workers", 4, "objects reconciled at once")
 	fl.DurationVar(&cfg.Resync, "resync", 5*time.Minute, "re-read every object this often, retrying specs brisk refused (kubectl annotate retries one at once)")
@@ -97,7 +94,7 @@ object, and the controller deploys it again under the object.`,
 			if err != nil {
 				return err
 			}
-			obj, err := kubefunctions.FromSpec(v.Function, namespace)
+			obj, err := fncontroller.FromSpec(v.Function, namespace)
 			if err != nil {
 				return err
 			}

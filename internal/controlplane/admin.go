@@ -213,7 +213,7 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 
 // ReservedLabelPrefix starts the function labels that are brisk's own
 // marks, e.g. brisk.dev/kubernetes-function, the Function controller's
-// mark of ownership (internal/kubefunctions).
+// mark of ownership (internal/kubernetes/fncontroller).
 const ReservedLabelPrefix = "brisk.dev/"
 
 // maySetReservedLabels reports whether the request's token may give f the

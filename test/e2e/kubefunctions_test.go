@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/kubernetes/fncontroller"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -31,7 +31,7 @@ import (
 // TestKubeFunctions is issue 22's CRD: Function objects applied to a real
 // kube-apiserver are deployed into brisk by the controller (run here in
 // the test process, as `brisk k8s functions` runs it, with only the RBAC
-// rights kubefunctions.ClusterRole grants): applied, a function is
+// rights fncontroller.ClusterRole grants): applied, a function is
 // invokable through the data plane; an update makes a new revision; a
 // spec brisk refuses gets a condition with brisk's message; a deleted
 // object's function is removed; a function made through the admin API is
@@ -51,11 +51,11 @@ func TestKubeFunctions(t *testing.T) {
 	ns := kc.Namespace(t, "team-a")
 	// Opted in: the controller serves only namespaces so labelled.
 	if _, err := kc.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType,
-		[]byte(`{"metadata":{"labels":{"`+kubefunctions.LabelNamespaceEnabled+`":"`+kubefunctions.NamespaceEnabled+`"}}}`), metav1.PatchOptions{}); err != nil {
+		[]byte(`{"metadata":{"labels":{"`+fncontroller.LabelNamespaceEnabled+`":"`+fncontroller.NamespaceEnabled+`"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The controller's user has the ClusterRole's rights and no others.
-	kc.GrantClusterRole(t, kubefunctions.ClusterRole("brisk-functions"), kubecluster.WorkerUser)
+	kc.GrantClusterRole(t, fncontroller.ClusterRole("brisk-functions"), kubecluster.WorkerUser)
 
 	c := newCluster(t)
 	p := c.up(t)
@@ -74,7 +74,7 @@ func TestKubeFunctions(t *testing.T) {
 	briskCl.Token = deploy.Token
 	reqs := &testutil.RequestCounter{}
 	briskCl.HTTP = &http.Client{Transport: reqs, Timeout: time.Minute}
-	ctrl, err := kubefunctions.New(kubefunctions.Config{REST: kc.WorkerConfig(), Brisk: briskCl, CreateNamespaces: false,
+	ctrl, err := fncontroller.New(fncontroller.Config{REST: kc.WorkerConfig(), Brisk: briskCl, CreateNamespaces: false,
 		StatusInterval: 200 * time.Millisecond, RetryMax: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestKubeFunctions(t *testing.T) {
 		}
 	})
 
-	fns := dyn.Resource(kubefunctions.GVR).Namespace(ns)
+	fns := dyn.Resource(fncontroller.GVR).Namespace(ns)
 	get := func(name string) *unstructured.Unstructured {
 		t.Helper()
 		o, err := fns.Get(ctx, name, metav1.GetOptions{})
@@ -180,8 +180,8 @@ func TestKubeFunctions(t *testing.T) {
 	if u, _, _ := unstructured.NestedString(o.Object, "status", "url"); u != "http://hello."+ns+".brisk.local" {
 		t.Errorf("status.url %q", u)
 	}
-	if !slices.Contains(o.GetFinalizers(), kubefunctions.Finalizer) {
-		t.Errorf("finalizers %v, want %s", o.GetFinalizers(), kubefunctions.Finalizer)
+	if !slices.Contains(o.GetFinalizers(), fncontroller.Finalizer) {
+		t.Errorf("finalizers %v, want %s", o.GetFinalizers(), fncontroller.Finalizer)
 	}
 	if fileExists(filepath.Join(kubecluster.BinDir(), "kubectl")) {
 		out := kc.Kubectl(t, "get", "functions", "-n", ns)
@@ -208,7 +208,7 @@ func TestKubeFunctions(t *testing.T) {
 		eventually(t, 30*time.Second, name+": the InvalidSpec condition", func() bool {
 			o := get(name)
 			s, r, msg := ready(o)
-			return observed(o) && s == "False" && r == kubefunctions.ReasonInvalidSpec && strings.Contains(msg, "scaling.min: 5 is above scaling.max 2")
+			return observed(o) && s == "False" && r == fncontroller.ReasonInvalidSpec && strings.Contains(msg, "scaling.min: 5 is above scaling.max 2")
 		})
 	}
 	if v := c.fn(t, bn("hello")); v.Revision != rev2 {
@@ -224,7 +224,7 @@ func TestKubeFunctions(t *testing.T) {
 	apply("needs", "builtin: trace\nsecrets: [db]\n")
 	eventually(t, 30*time.Second, "needs: the InvalidSpec condition", func() bool {
 		s, r, msg := ready(get("needs"))
-		return s == "False" && r == kubefunctions.ReasonInvalidSpec && strings.Contains(msg, "not found in namespace")
+		return s == "False" && r == fncontroller.ReasonInvalidSpec && strings.Contains(msg, "not found in namespace")
 	})
 	lists, creates := reqs.Count("GET /v1/functions"), reqs.Count("POST /v1/functions")
 	eventually(t, 30*time.Second, "5 more passes of the status loop", func() bool { return reqs.Count("GET /v1/functions") >= lists+5 })
@@ -247,7 +247,7 @@ func TestKubeFunctions(t *testing.T) {
 	apply("manual", "builtin: trace\nenv: {X: \"y\"}\n")
 	eventually(t, 30*time.Second, "manual: the NameTaken condition", func() bool {
 		s, r, msg := ready(get("manual"))
-		return s == "False" && r == kubefunctions.ReasonNameTaken && strings.Contains(msg, "admin API")
+		return s == "False" && r == fncontroller.ReasonNameTaken && strings.Contains(msg, "admin API")
 	})
 	if err := fns.Delete(ctx, "manual", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -288,7 +288,7 @@ func TestKubeFunctions(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the controller finds brisk unavailable", func() bool {
 		_, r, _ := ready(get("later"))
-		return r == kubefunctions.ReasonUnavailable
+		return r == fncontroller.ReasonUnavailable
 	})
 	c.up(t)
 	eventually(t, 60*time.Second, "later and bad deployed, doomed removed", func() bool {
@@ -323,8 +323,8 @@ func functionObject(t *testing.T, ns, name, specYAML string) *unstructured.Unstr
 		t.Fatal(err)
 	}
 	o := &unstructured.Unstructured{Object: map[string]any{"spec": s}}
-	o.SetAPIVersion(kubefunctions.APIVersion)
-	o.SetKind(kubefunctions.Kind)
+	o.SetAPIVersion(fncontroller.APIVersion)
+	o.SetKind(fncontroller.Kind)
 	o.SetNamespace(ns)
 	o.SetName(name)
 	return o

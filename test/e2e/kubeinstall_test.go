@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/brisk-faas/brisk/internal/image"
-	"github.com/brisk-faas/brisk/internal/kubefunctions"
-	"github.com/brisk-faas/brisk/internal/kubeinstall"
+	"github.com/brisk-faas/brisk/internal/kubernetes/fncontroller"
+	"github.com/brisk-faas/brisk/internal/kubernetes/install"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
@@ -68,8 +68,8 @@ func TestInstallOnKubelet(t *testing.T) {
 	kc.StartControllers(t, 0, "node-lifecycle-controller", "endpointslice-controller", "root-ca-certificate-publisher-controller",
 		"garbage-collector-controller", "namespace-controller")
 	k.StartDNS(t)
-	ns := kubeinstall.DefaultNamespace
-	sandboxNS := ns + kubeinstall.SandboxSuffix
+	ns := install.DefaultNamespace
+	sandboxNS := ns + install.SandboxSuffix
 	kubeconfig := "--kubeconfig=" + kc.Kubeconfig
 
 	// brisk's image from a static brisk and the sandbox init, and the
@@ -140,8 +140,8 @@ func TestInstallOnKubelet(t *testing.T) {
 		}
 	}
 	for comp, p := range pods {
-		if p.Spec.Containers[0].Image != kubeinstall.ImageRef {
-			t.Errorf("%s Pod %s runs image %q, want %s", comp, p.Name, p.Spec.Containers[0].Image, kubeinstall.ImageRef)
+		if p.Spec.Containers[0].Image != install.ImageRef {
+			t.Errorf("%s Pod %s runs image %q, want %s", comp, p.Name, p.Spec.Containers[0].Image, install.ImageRef)
 		}
 	}
 	// The worker has no privilege.
@@ -158,17 +158,17 @@ func TestInstallOnKubelet(t *testing.T) {
 	for _, n := range want {
 		total += n
 	}
-	if n := runningTasks(t, cctx, ctr, kubeinstall.ImageRef); n != total {
-		t.Errorf("running containers of %s: %d, want %d", kubeinstall.ImageRef, n, total)
+	if n := runningTasks(t, cctx, ctr, install.ImageRef); n != total {
+		t.Errorf("running containers of %s: %d, want %d", install.ImageRef, n, total)
 	}
 
 	// The admin token and the CA from the Secret install made.
-	sec, err := kc.Client.CoreV1().Secrets(ns).Get(ctx, kubeinstall.SecretControlPlane, metav1.GetOptions{})
+	sec, err := kc.Client.CoreV1().Secrets(ns).Get(ctx, install.SecretControlPlane, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(sec.Data[kubeinstall.KeyCACert]) {
+	if !roots.AppendCertsFromPEM(sec.Data[install.KeyCACert]) {
 		t.Fatal("no CA certificate in the Secret")
 	}
 	// Pod IPs, and the name the control plane's certificate is for.
@@ -177,7 +177,7 @@ func TestInstallOnKubelet(t *testing.T) {
 	hc := &http.Client{Transport: tr, Timeout: time.Minute}
 	cp, dp := pods["controlplane"], pods["dataplane"]
 	cl := client.New("https://"+cp.Status.PodIP+":9090", "http://"+dp.Status.PodIP+":8080")
-	cl.HTTP, cl.Token = hc, strings.TrimSpace(string(sec.Data[kubeinstall.KeyAdminToken]))
+	cl.HTTP, cl.Token = hc, strings.TrimSpace(string(sec.Data[install.KeyAdminToken]))
 	if _, err := cl.Create(ctx, &spec.Function{Name: "hello", Image: image.TraceRef}); err != nil {
 		t.Fatalf("deploy through the control plane's Pod %s (%s): %v", cp.Name, cp.Status.PodIP, err)
 	}
@@ -221,7 +221,7 @@ func TestInstallOnKubelet(t *testing.T) {
 	// brisk namespace an admin made for it.
 	fnNS := kc.Namespace(t, "team-k")
 	if _, err := kc.Client.CoreV1().Namespaces().Patch(ctx, fnNS, types.MergePatchType,
-		[]byte(`{"metadata":{"labels":{"`+kubefunctions.LabelNamespaceEnabled+`":"`+kubefunctions.NamespaceEnabled+`"}}}`), metav1.PatchOptions{}); err != nil {
+		[]byte(`{"metadata":{"labels":{"`+fncontroller.LabelNamespaceEnabled+`":"`+fncontroller.NamespaceEnabled+`"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cl.PutNamespace(ctx, fnNS, spec.Quota{}); err != nil {
@@ -231,7 +231,7 @@ func TestInstallOnKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dyn.Resource(kubefunctions.GVR).Namespace(fnNS).Create(ctx, functionObject(t, fnNS, "kfn", "image: "+image.TraceRef+"\n"), metav1.CreateOptions{}); err != nil {
+	if _, err := dyn.Resource(fncontroller.GVR).Namespace(fnNS).Create(ctx, functionObject(t, fnNS, "kfn", "image: "+image.TraceRef+"\n"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var fnErr error

@@ -39,7 +39,7 @@ func (c *Cluster) StartControllers(t testing.TB, qps float64, extra ...string) {
 		"--leader-elect=false", "--authentication-skip-lookup=true"}
 	c.start(t, "kube-controller-manager", append(append(common,
 		// The StatefulSet and DaemonSet controllers for brisk's own
-		// manifests (internal/kubeinstall); idle, they cost a few watches.
+		// manifests (internal/kubernetes/install); idle, they cost a few watches.
 		"--controllers="+strings.Join(append([]string{"deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller"}, extra...), ","),
 		"--root-ca-file="+c.pki.caFile,
 		"--cert-dir="+filepath.Join(c.Dir, "kcm-certs")), limits()...)...)

@@ -22,9 +22,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/brisk-faas/brisk/internal/kubernetes"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/worker"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
@@ -111,8 +110,9 @@ type Workers struct {
 
 // KubeWorkers says where the kube runtime's Pods go.
 type KubeWorkers struct {
-	// Kubeconfig reaches the kube-apiserver; empty: the in-cluster
-	// service account (a worker run as a Pod).
+	// Kubeconfig reaches the kube-apiserver; empty: as kubectl finds it
+	// (the in-cluster service account of a worker run as a Pod, else
+	// $KUBECONFIG or ~/.kube/config; internal/kubernetes.Config).
 	Kubeconfig string
 	// Namespace holds the Pods; default "default".
 	Namespace string
@@ -330,13 +330,7 @@ func buildKube(w Workers, given spec.Resources, log *slog.Logger) (*Sidecars, []
 	if placement != kube.PlaceBrisk && placement != kube.PlaceScheduler {
 		return nil, nil, fmt.Errorf("%w: kube placement %q: want brisk or scheduler", ErrUsage, w.Kube.Placement)
 	}
-	var rc *rest.Config
-	var err error
-	if w.Kube.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", w.Kube.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kubernetes.Config(w.Kube.Kubeconfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: kube runtime: %w", ErrUsage, err)
 	}

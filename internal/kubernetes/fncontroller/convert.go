@@ -1,4 +1,4 @@
-// Package kubefunctions keeps brisk's functions in step with Kubernetes
+// Package fncontroller keeps brisk's functions in step with Kubernetes
 // objects of the brisk.dev/v1 Function CRD (deploy/kubernetes/function-crd.yaml):
 // a controller, outside the control plane, that watches them with
 // client-go's dynamic informer and deploys, updates and deletes the
@@ -12,7 +12,7 @@
 // Kubernetes namespaces opted in (LabelNamespaceEnabled) are served: the
 // right to create objects in NS is not by itself a right to brisk
 // namespace NS.
-package kubefunctions
+package fncontroller
 
 import (
 	"bytes"

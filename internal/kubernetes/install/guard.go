@@ -1,4 +1,4 @@
-package kubeinstall
+package install
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // objects.
 
 // FunctionFinalizer is the Function controller's finalizer on every
-// Function object (internal/kubefunctions.Finalizer).
+// Function object (internal/kubernetes/fncontroller.Finalizer).
 const FunctionFinalizer = "brisk.dev/function"
 
 const (

@@ -1,4 +1,4 @@
-package kubeinstall
+package install
 
 import (
 	"archive/tar"
@@ -25,7 +25,7 @@ import (
 func staticBinary(t *testing.T, dir, name string) string {
 	t.Helper()
 	out := filepath.Join(dir, name)
-	if b, err := exec.Command("../../scripts/build-sandbox-init.sh", out).CombinedOutput(); err != nil {
+	if b, err := exec.Command("../../../scripts/build-sandbox-init.sh", out).CombinedOutput(); err != nil {
 		if os.Getenv("CI") == "" {
 			t.Skipf("no C compiler to build a static binary with: %v\n%s", err, b)
 		}

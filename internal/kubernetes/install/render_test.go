@@ -1,4 +1,4 @@
-package kubeinstall
+package install
 
 import (
 	"reflect"
@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
-	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/kubernetes/fncontroller"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
 )
 
@@ -91,8 +91,8 @@ func TestRenderShapes(t *testing.T) {
 		t.Errorf("ClusterRoleBinding: %+v", crb)
 	}
 	cr := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "brisk:functions:faas")
-	if want := kubefunctions.Rules(); !reflect.DeepEqual(cr.Rules, want) {
-		t.Errorf("Function controller's rules %+v, want kubefunctions.Rules %+v", cr.Rules, want)
+	if want := fncontroller.Rules(); !reflect.DeepEqual(cr.Rules, want) {
+		t.Errorf("Function controller's rules %+v, want fncontroller.Rules %+v", cr.Rules, want)
 	}
 	fc := find[appsv1.Deployment](t, objs, "Deployment", "brisk-functions")
 	if *fc.Spec.Replicas != 1 || fc.Spec.Template.Spec.ServiceAccountName != "brisk-functions" {

@@ -1,4 +1,4 @@
-package kubeinstall
+package install
 
 import (
 	"context"

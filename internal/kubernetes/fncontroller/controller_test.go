@@ -1,4 +1,4 @@
-package kubefunctions
+package fncontroller
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package kubefunctions
+package fncontroller
 
 import (
 	"context"
@@ -134,10 +134,10 @@ func (e *retryAfter) Unwrap() error { return e.err }
 // New checks cfg and makes a controller; Run starts it.
 func New(cfg Config) (*Controller, error) {
 	if cfg.REST == nil || cfg.Brisk == nil {
-		return nil, errors.New("kubefunctions: a Kubernetes REST config and a brisk client are required")
+		return nil, errors.New("k8s functions: a Kubernetes REST config and a brisk client are required")
 	}
 	if cfg.Namespace != "" && !spec.ValidNamespace(cfg.Namespace) {
-		return nil, fmt.Errorf("kubefunctions: namespace %q is not a DNS label", cfg.Namespace)
+		return nil, fmt.Errorf("k8s functions: namespace %q is not a DNS label", cfg.Namespace)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
@@ -162,7 +162,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	dyn, err := dynamic.NewForConfig(cfg.REST)
 	if err != nil {
-		return nil, fmt.Errorf("kubefunctions: %w", err)
+		return nil, fmt.Errorf("k8s functions: %w", err)
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger, dyn: dyn, nsKnown: map[string]bool{}}
 	// Per object, exponential back-off: a bad spec is not retried at all
@@ -184,14 +184,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	if _, err := c.res(c.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("kubefunctions: the %s CRD is not installed (kubectl apply -f deploy/kubernetes/function-crd.yaml): %w", GVR.GroupResource(), err)
+			return fmt.Errorf("k8s functions: the %s CRD is not installed (kubectl apply -f deploy/kubernetes/function-crd.yaml): %w", GVR.GroupResource(), err)
 		}
-		return fmt.Errorf("kubefunctions: listing %s: %w", GVR.GroupResource(), err)
+		return fmt.Errorf("k8s functions: listing %s: %w", GVR.GroupResource(), err)
 	}
 	var nsOpts metav1.ListOptions
 	c.namespaceSelector(&nsOpts)
 	if _, err := c.namespaces().List(ctx, nsOpts); err != nil {
-		return fmt.Errorf("kubefunctions: listing namespaces (the controller needs get, list and watch on them to see which are labelled %s=%s): %w",
+		return fmt.Errorf("k8s functions: listing namespaces (the controller needs get, list and watch on them to see which are labelled %s=%s): %w",
 			LabelNamespaceEnabled, NamespaceEnabled, err)
 	}
 	c.inf = dynInformer(c.dyn.Resource(GVR).Namespace(c.cfg.Namespace), c.cfg.Resync, nil)

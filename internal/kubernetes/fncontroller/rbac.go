@@ -1,4 +1,4 @@
-package kubefunctions
+package fncontroller
 
 import (
 	rbacv1 "k8s.io/api/rbac/v1"

@@ -1,4 +1,4 @@
-package kubefunctions
+package fncontroller
 
 import (
 	"errors"
@@ -253,7 +253,7 @@ func TestChanged(t *testing.T) {
 // for its enumerations, so that an object can say whatever the admin API
 // takes.
 func TestCRDMatchesSpec(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/kubernetes/function-crd.yaml")
+	data, err := os.ReadFile("../../../deploy/kubernetes/function-crd.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

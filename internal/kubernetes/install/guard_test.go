@@ -1,4 +1,4 @@
-package kubeinstall
+package install
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/brisk-faas/brisk/internal/kubefunctions"
+	"github.com/brisk-faas/brisk/internal/kubernetes/fncontroller"
 	"github.com/brisk-faas/brisk/internal/testutil/kubecluster"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/kube"
 )
@@ -245,8 +245,8 @@ var gvrFunctions = schema.GroupVersionResource{Group: "brisk.dev", Version: "v1"
 // finalizer; uninstall takes it off (the controller that would is gone
 // after), so that deleting them, their namespace or the CRD finishes.
 func TestUninstallReleasesFunctions(t *testing.T) {
-	if FunctionFinalizer != kubefunctions.Finalizer {
-		t.Fatalf("FunctionFinalizer %q, the controller's is %q", FunctionFinalizer, kubefunctions.Finalizer)
+	if FunctionFinalizer != fncontroller.Finalizer {
+		t.Fatalf("FunctionFinalizer %q, the controller's is %q", FunctionFinalizer, fncontroller.Finalizer)
 	}
 	c := kubecluster.Start(t, kubecluster.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
