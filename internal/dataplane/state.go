@@ -417,11 +417,16 @@ func (d *DataPlane) releaseLeftPools() {
 }
 
 // poolFor returns the pool of addr, made on first use. Apply holds applyMu.
+// A new pool starts with the batch's own hold, dropped with the batch's
+// left pools: a pool made for an endpoint that the same batch removed again
+// (never published, so never held) is closed then, not left behind.
 func (d *DataPlane) poolFor(addr string) *connPool {
 	p := d.pools[addr]
 	if p == nil {
 		p = newConnPool(addr)
 		d.pools[addr] = p
+		p.refs = 1
+		d.leftPools = append(d.leftPools, p)
 	}
 	return p
 }
