@@ -47,61 +47,61 @@ type (
 // maxSpecBytes bounds an admin request body.
 const maxSpecBytes = 1 << 20
 
-func (cp *ControlPlane) adminHandler() http.Handler {
+func (srv *adminAPI) adminHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/functions", cp.createFunction)
-	mux.HandleFunc("POST /v1/code", cp.uploadCode)
-	mux.HandleFunc("GET /v1/functions", cp.listFunctions)
-	mux.HandleFunc("GET /v1/functions/{name}", cp.getFunction)
-	mux.HandleFunc("PUT /v1/functions/{name}", cp.updateFunction)
-	mux.HandleFunc("DELETE /v1/functions/{name}", cp.deleteFunction)
-	mux.HandleFunc("GET /v1/functions/{name}/logs", cp.functionLogs)
-	mux.HandleFunc("GET /v1/functions/{name}/revisions", cp.functionRevisions)
-	mux.HandleFunc("POST /v1/functions/{name}/rollback", cp.rollbackFunction)
-	mux.HandleFunc("PUT /v1/functions/{name}/traffic", cp.putTraffic)
-	mux.HandleFunc("GET /v1/status", cp.status)
-	cp.registerDashboard(mux) // GET /v1/dashboard, and the page at /ui/ (dashboard.go)
-	mux.HandleFunc("GET /v1/backup", cp.backup)
-	mux.HandleFunc("PUT /v1/namespaces/{name}", cp.putNamespace)
-	mux.HandleFunc("GET /v1/namespaces", cp.listNamespaces)
-	mux.HandleFunc("GET /v1/namespaces/{name}", cp.getNamespace)
-	mux.HandleFunc("DELETE /v1/namespaces/{name}", cp.deleteNamespace)
-	mux.HandleFunc("POST /v1/secrets", cp.createSecret)
-	mux.HandleFunc("GET /v1/secrets", cp.listSecrets)
-	mux.HandleFunc("GET /v1/secrets/{name}", cp.getSecret)
-	mux.HandleFunc("PUT /v1/secrets/{name}", cp.updateSecret)
-	mux.HandleFunc("DELETE /v1/secrets/{name}", cp.deleteSecret)
-	mux.HandleFunc("POST /v1/triggers", cp.createTrigger)
-	mux.HandleFunc("GET /v1/triggers", cp.listTriggers)
-	mux.HandleFunc("GET /v1/triggers/{name}", cp.getTrigger)
-	mux.HandleFunc("PUT /v1/triggers/{name}", cp.updateTrigger)
-	mux.HandleFunc("DELETE /v1/triggers/{name}", cp.deleteTrigger)
-	mux.HandleFunc("POST /v1/triggers/{name}/pause", cp.pauseTrigger)
-	mux.HandleFunc("POST /v1/triggers/{name}/resume", cp.resumeTrigger)
-	mux.HandleFunc("POST /v1/tokens", cp.createToken)
-	mux.HandleFunc("GET /v1/tokens", cp.listTokens)
-	mux.HandleFunc("DELETE /v1/tokens/{id}", cp.revokeToken)
+	mux.HandleFunc("POST /v1/functions", srv.createFunction)
+	mux.HandleFunc("POST /v1/code", srv.uploadCode)
+	mux.HandleFunc("GET /v1/functions", srv.listFunctions)
+	mux.HandleFunc("GET /v1/functions/{name}", srv.getFunction)
+	mux.HandleFunc("PUT /v1/functions/{name}", srv.updateFunction)
+	mux.HandleFunc("DELETE /v1/functions/{name}", srv.deleteFunction)
+	mux.HandleFunc("GET /v1/functions/{name}/logs", srv.functionLogs)
+	mux.HandleFunc("GET /v1/functions/{name}/revisions", srv.functionRevisions)
+	mux.HandleFunc("POST /v1/functions/{name}/rollback", srv.rollbackFunction)
+	mux.HandleFunc("PUT /v1/functions/{name}/traffic", srv.putTraffic)
+	mux.HandleFunc("GET /v1/status", srv.status)
+	srv.registerDashboard(mux) // GET /v1/dashboard, and the page at /ui/ (dashboard.go)
+	mux.HandleFunc("GET /v1/backup", srv.backup)
+	mux.HandleFunc("PUT /v1/namespaces/{name}", srv.putNamespace)
+	mux.HandleFunc("GET /v1/namespaces", srv.listNamespaces)
+	mux.HandleFunc("GET /v1/namespaces/{name}", srv.getNamespace)
+	mux.HandleFunc("DELETE /v1/namespaces/{name}", srv.deleteNamespace)
+	mux.HandleFunc("POST /v1/secrets", srv.createSecret)
+	mux.HandleFunc("GET /v1/secrets", srv.listSecrets)
+	mux.HandleFunc("GET /v1/secrets/{name}", srv.getSecret)
+	mux.HandleFunc("PUT /v1/secrets/{name}", srv.updateSecret)
+	mux.HandleFunc("DELETE /v1/secrets/{name}", srv.deleteSecret)
+	mux.HandleFunc("POST /v1/triggers", srv.createTrigger)
+	mux.HandleFunc("GET /v1/triggers", srv.listTriggers)
+	mux.HandleFunc("GET /v1/triggers/{name}", srv.getTrigger)
+	mux.HandleFunc("PUT /v1/triggers/{name}", srv.updateTrigger)
+	mux.HandleFunc("DELETE /v1/triggers/{name}", srv.deleteTrigger)
+	mux.HandleFunc("POST /v1/triggers/{name}/pause", srv.pauseTrigger)
+	mux.HandleFunc("POST /v1/triggers/{name}/resume", srv.resumeTrigger)
+	mux.HandleFunc("POST /v1/tokens", srv.createToken)
+	mux.HandleFunc("GET /v1/tokens", srv.listTokens)
+	mux.HandleFunc("DELETE /v1/tokens/{id}", srv.revokeToken)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	metrics := promhttp.HandlerFor(cp.metrics.reg, promhttp.HandlerOpts{})
+	metrics := promhttp.HandlerFor(srv.metrics.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		if cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+		if srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 			metrics.ServeHTTP(w, r)
 		}
 	})
-	if cp.cfg.Replica != nil {
+	if srv.cfg.Replica != nil {
 		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
-			if cp.authorize(w, r, auth.ScopeDeploy, "", "") {
-				writeJSON(w, http.StatusOK, cp.cfg.Replica())
+			if srv.authorize(w, r, auth.ScopeDeploy, "", "") {
+				writeJSON(w, http.StatusOK, srv.cfg.Replica())
 			}
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
-	if cp.cfg.VerifyLeader == nil {
+	if srv.cfg.VerifyLeader == nil {
 		return mux
 	}
-	return cp.readBarrier(mux)
+	return srv.readBarrier(mux)
 }
 
 // readBarrier makes a replica confirm it still leads before it answers a
@@ -110,13 +110,13 @@ func (cp *ControlPlane) adminHandler() http.Handler {
 // (the partition lab's paused-leader schedule found that). Writes need no
 // barrier: they commit through raft or fail. /healthz, /metrics and
 // /v1/replica describe this replica, not the registry.
-func (cp *ControlPlane) readBarrier(next http.Handler) http.Handler {
+func (srv *adminAPI) readBarrier(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			switch r.URL.Path {
 			case "/healthz", "/metrics", "/v1/replica":
 			default:
-				if err := cp.cfg.VerifyLeader(); err != nil {
+				if err := srv.cfg.VerifyLeader(); err != nil {
 					w.Header().Set("Retry-After", "1")
 					w.Header().Set(api.HeaderNotForwarded, "1")
 					writeError(w, http.StatusServiceUnavailable, "this replica no longer leads ("+err.Error()+"); retry")
@@ -163,7 +163,7 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 // readSpec decodes and validates a spec body; on failure it has answered.
 // For an update, pathName is the name in the URL: the body may omit the
 // name but must not contradict it.
-func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
+func (srv *adminAPI) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -185,14 +185,14 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 	if f.Namespace == "" {
 		f.Namespace = spec.NameNamespace(f.Name) // NAME.NAMESPACE names its namespace
 	}
-	if f.Namespace == "" && !cp.cfg.AuthDisabled {
+	if f.Namespace == "" && !srv.cfg.AuthDisabled {
 		// A token bound to a namespace deploys there by default.
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		f.Namespace = auth.NamespaceOf(cp.tokens, tok)
+		f.Namespace = auth.NamespaceOf(srv.tokens, tok)
 	}
 	// Names are per namespace: "api" deployed into team-a is api.team-a.
-	f.Name = cp.qualify(r, f.Name, f.Namespace)
-	if pathName != "" && f.Name != pathName && f.Name != cp.qualify(r, pathName, f.Namespace) {
+	f.Name = srv.qualify(r, f.Name, f.Namespace)
+	if pathName != "" && f.Name != pathName && f.Name != srv.qualify(r, pathName, f.Namespace) {
 		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
 		return nil, false
 	}
@@ -201,11 +201,11 @@ func (cp *ControlPlane) readSpec(w http.ResponseWriter, r *http.Request, pathNam
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
-	if err := cp.cfg.Caps.Check(f); err != nil {
+	if err := srv.cfg.Caps.Check(f); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
-	if f.Code != nil && !cp.checkCode(w, f.Code) {
+	if f.Code != nil && !srv.checkCode(w, f.Code) {
 		return nil, false
 	}
 	return f, true
@@ -222,8 +222,8 @@ const ReservedLabelPrefix = "brisk.dev/"
 // or remove them, as a token limited to a namespace or to functions could
 // otherwise forge another component's mark on its own functions. Keeping
 // them as they are is allowed to all. On refusal it has answered.
-func (cp *ControlPlane) maySetReservedLabels(w http.ResponseWriter, r *http.Request, f, old *spec.Function) bool {
-	if cp.cfg.AuthDisabled {
+func (srv *adminAPI) maySetReservedLabels(w http.ResponseWriter, r *http.Request, f, old *spec.Function) bool {
+	if srv.cfg.AuthDisabled {
 		return true
 	}
 	var had map[string]string
@@ -247,7 +247,7 @@ func (cp *ControlPlane) maySetReservedLabels(w http.ResponseWriter, r *http.Requ
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	if auth.Check(cp.tokens, tok, auth.ScopeDeploy, "", "") == nil {
+	if auth.Check(srv.tokens, tok, auth.ScopeDeploy, "", "") == nil {
 		return true
 	}
 	slices.Sort(changed)
@@ -259,25 +259,25 @@ func (cp *ControlPlane) maySetReservedLabels(w http.ResponseWriter, r *http.Requ
 // nameLock serialises admin writes to one function name, so the registry
 // and the in-memory state apply them in the same order; different names
 // proceed in parallel (and group-commit together).
-func (cp *ControlPlane) nameLock(name string) *sync.Mutex {
+func (srv *adminAPI) nameLock(name string) *sync.Mutex {
 	h := fnv.New32a()
 	h.Write([]byte(name))
-	return &cp.nameLocks[h.Sum32()%uint32(len(cp.nameLocks))]
+	return &srv.nameLocks[h.Sum32()%uint32(len(srv.nameLocks))]
 }
 
 // nextRevision returns a revision above every earlier one, even across
 // delete and re-create, so workers never confuse two specs.
-func (cp *ControlPlane) nextRevision() uint64 {
-	cp.revMu.Lock()
-	defer cp.revMu.Unlock()
-	cp.lastRev = max(cp.lastRev+1, uint64(time.Now().UnixNano()))
-	return cp.lastRev
+func (srv *adminAPI) nextRevision() uint64 {
+	srv.revMu.Lock()
+	defer srv.revMu.Unlock()
+	srv.lastRev = max(srv.lastRev+1, uint64(time.Now().UnixNano()))
+	return srv.lastRev
 }
 
-func (cp *ControlPlane) noteRevision(rev uint64) {
-	cp.revMu.Lock()
-	cp.lastRev = max(cp.lastRev, rev)
-	cp.revMu.Unlock()
+func (srv *adminAPI) noteRevision(rev uint64) {
+	srv.revMu.Lock()
+	srv.lastRev = max(srv.lastRev, rev)
+	srv.revMu.Unlock()
 }
 
 // newUID makes a function's identity (spec.Function.UID): 128 random bits.
@@ -290,12 +290,12 @@ func newUID() string {
 // mayCreateIn refuses (403) a token limited to functions but to no
 // namespace a creation outside the default namespace
 // (auth.FunctionsAnywhere).
-func (cp *ControlPlane) mayCreateIn(w http.ResponseWriter, r *http.Request, ns string) bool {
-	if cp.cfg.AuthDisabled || ns == spec.DefaultNamespace {
+func (srv *adminAPI) mayCreateIn(w http.ResponseWriter, r *http.Request, ns string) bool {
+	if srv.cfg.AuthDisabled || ns == spec.DefaultNamespace {
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	if auth.FunctionsAnywhere(cp.tokens, tok) {
+	if auth.FunctionsAnywhere(srv.tokens, tok) {
 		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions but not to a namespace: it creates them in %q only (bind a token to namespace %q: brisk token create --namespace %s)",
 			auth.ID(tok), spec.DefaultNamespace, ns, ns))
 		return false
@@ -303,26 +303,26 @@ func (cp *ControlPlane) mayCreateIn(w http.ResponseWriter, r *http.Request, ns s
 	return true
 }
 
-func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
-	f, ok := cp.readSpec(w, r, "")
-	if !ok || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !cp.mayCreateIn(w, r, namespaceOf(f)) ||
-		!cp.mayAddSecrets(w, r, namespaceOf(f), f, nil) || !cp.maySetReservedLabels(w, r, f, nil) {
+func (srv *adminAPI) createFunction(w http.ResponseWriter, r *http.Request) {
+	f, ok := srv.readSpec(w, r, "")
+	if !ok || !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !srv.mayCreateIn(w, r, namespaceOf(f)) ||
+		!srv.mayAddSecrets(w, r, namespaceOf(f), f, nil) || !srv.maySetReservedLabels(w, r, f, nil) {
 		return
 	}
-	cp.secretMu.RLock() // against a namespace's deletion and a secret's
-	defer cp.secretMu.RUnlock()
-	if !cp.admitToNamespace(w, f, true) || !cp.admitSecrets(w, f) || !cp.checkTraffic(w, r, f, nil) {
+	srv.secretMu.RLock() // against a namespace's deletion and a secret's
+	defer srv.secretMu.RUnlock()
+	if !srv.admitToNamespace(w, f, true) || !srv.admitSecrets(w, f) || !srv.checkTraffic(w, r, f, nil) {
 		return
 	}
-	l := cp.nameLock(f.Name)
+	l := srv.nameLock(f.Name)
 	l.Lock()
 	defer l.Unlock()
-	if !cp.admitAnnotationTriggers(w, f) {
+	if !srv.admitAnnotationTriggers(w, f) {
 		return
 	}
 	now := time.Now().UTC()
-	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = cp.nextRevision(), 1, now, now, newUID()
-	if err := cp.store.CreateFunction(f); err != nil {
+	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = srv.nextRevision(), 1, now, now, newUID()
+	if err := srv.store.CreateFunction(f); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
 			return
@@ -330,33 +330,33 @@ func (cp *ControlPlane) createFunction(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	cp.applyFunction(f)
-	cp.syncAnnotationTriggers(f, nil)
-	cp.metrics.functions.Inc()
+	srv.applyFunction(f)
+	srv.syncAnnotationTriggers(f, nil)
+	srv.metrics.functions.Inc()
 	w.Header().Set("Location", "/v1/functions/"+f.Name)
 	writeCompactJSON(w, http.StatusCreated, f)
 }
 
-func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) updateFunction(w http.ResponseWriter, r *http.Request) {
 	// The body's namespace qualifies a bare name in the path (PUT
 	// /v1/functions/api with "namespace": "team-a" is api.team-a's).
-	f, ok := cp.readSpec(w, r, cp.pathFunction(r))
+	f, ok := srv.readSpec(w, r, srv.pathFunction(r))
 	if !ok {
 		return
 	}
 	name := f.Name
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) || !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) || !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) {
 		return
 	}
-	cp.secretMu.RLock() // against a namespace's deletion and a secret's
-	defer cp.secretMu.RUnlock()
-	if !cp.admitToNamespace(w, f, false) || !cp.admitSecrets(w, f) {
+	srv.secretMu.RLock() // against a namespace's deletion and a secret's
+	defer srv.secretMu.RUnlock()
+	if !srv.admitToNamespace(w, f, false) || !srv.admitSecrets(w, f) {
 		return
 	}
-	l := cp.nameLock(name)
+	l := srv.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
-	old := cp.cluster.spec(name)
+	old := srv.cluster.spec(name)
 	if old == nil {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
@@ -365,28 +365,28 @@ func (cp *ControlPlane) updateFunction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", namespaceOf(old), f.Namespace))
 		return
 	}
-	if !cp.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) || !cp.maySetReservedLabels(w, r, f, old) {
+	if !srv.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) || !srv.maySetReservedLabels(w, r, f, old) {
 		return
 	}
 	if f.Traffic == nil {
 		f.Traffic = old.Traffic // the split is not part of a revision: an update keeps it
-	} else if !cp.checkTraffic(w, r, f, old) {
+	} else if !srv.checkTraffic(w, r, f, old) {
 		return
 	}
-	if !cp.checkPinnedKept(w, old) {
+	if !srv.checkPinnedKept(w, old) {
 		return
 	}
-	cp.replaceFunction(w, old, f)
+	srv.replaceFunction(w, old, f)
 }
 
 // replaceFunction makes f the function's new revision in place of old,
 // which goes to its history; the caller holds the name's lock.
-func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
-	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), cp.nextRevision(), old.Generation+1, old.UID
-	if !cp.admitAnnotationTriggers(w, f) {
+func (srv *adminAPI) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
+	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), srv.nextRevision(), old.Generation+1, old.UID
+	if !srv.admitAnnotationTriggers(w, f) {
 		return
 	}
-	if err := cp.store.UpdateFunction(f); err != nil {
+	if err := srv.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
 			return
@@ -396,22 +396,22 @@ func (cp *ControlPlane) replaceFunction(w http.ResponseWriter, old, f *spec.Func
 	}
 	kept := *old
 	kept.Traffic = nil // the split is not part of the revision
-	if err := cp.store.PutRevision(&kept); err != nil {
-		cp.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
+	if err := srv.store.PutRevision(&kept); err != nil {
+		srv.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
-	cp.applyFunction(f)
-	cp.syncAnnotationTriggers(f, old)
+	srv.applyFunction(f)
+	srv.syncAnnotationTriggers(f, old)
 	writeCompactJSON(w, http.StatusOK, f)
 }
 
 // functionRevisions answers the function's revisions, newest (the current
 // one) first.
-func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+func (srv *adminAPI) functionRevisions(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	cur, revs, ok := cp.revisionsOf(w, name)
+	cur, revs, ok := srv.revisionsOf(w, name)
 	if !ok {
 		return
 	}
@@ -424,13 +424,13 @@ func (cp *ControlPlane) functionRevisions(w http.ResponseWriter, r *http.Request
 
 // revisionsOf returns function name's current spec and its kept earlier
 // revisions, oldest first; on failure it has answered.
-func (cp *ControlPlane) revisionsOf(w http.ResponseWriter, name string) (*spec.Function, []*spec.Function, bool) {
-	cur := cp.cluster.spec(name)
+func (srv *adminAPI) revisionsOf(w http.ResponseWriter, name string) (*spec.Function, []*spec.Function, bool) {
+	cur := srv.cluster.spec(name)
 	if cur == nil {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return nil, nil, false
 	}
-	revs, err := cp.store.Revisions(name)
+	revs, err := srv.store.Revisions(name)
 	if err != nil {
 		writeStoreError(w, "reading revisions: ", err)
 		return nil, nil, false
@@ -441,26 +441,26 @@ func (cp *ControlPlane) revisionsOf(w http.ResponseWriter, name string) (*spec.F
 // lockForChange takes what changing an existing function's spec holds:
 // the secrets' read lock (against a namespace's deletion and a secret's),
 // then the name's lock. The returned func releases both.
-func (cp *ControlPlane) lockForChange(name string) (unlock func()) {
-	cp.secretMu.RLock()
-	l := cp.nameLock(name)
+func (srv *adminAPI) lockForChange(name string) (unlock func()) {
+	srv.secretMu.RLock()
+	l := srv.nameLock(name)
 	l.Lock()
-	return func() { l.Unlock(); cp.secretMu.RUnlock() }
+	return func() { l.Unlock(); srv.secretMu.RUnlock() }
 }
 
 // rollbackFunction makes a kept revision's spec the function's newest
 // revision: {"revision": N}, or none for the one before the current.
-func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+func (srv *adminAPI) rollbackFunction(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
 	var req api.RollbackRequest
 	if r.ContentLength != 0 && !readJSON(w, r, &req) {
 		return
 	}
-	defer cp.lockForChange(name)()
-	old, revs, ok := cp.revisionsOf(w, name)
+	defer srv.lockForChange(name)()
+	old, revs, ok := srv.revisionsOf(w, name)
 	if !ok {
 		return
 	}
@@ -484,25 +484,25 @@ func (cp *ControlPlane) rollbackFunction(w http.ResponseWriter, r *http.Request)
 	}
 	f := *to
 	f.Traffic = old.Traffic // the split is not part of a revision: a rollback keeps the current one
-	if !cp.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !cp.admitToNamespace(w, &f, false) || !cp.admitSecrets(w, &f) ||
-		!cp.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !cp.maySetReservedLabels(w, r, &f, old) ||
-		!cp.checkTraffic(w, r, &f, old) || !cp.checkPinnedKept(w, old) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !srv.admitToNamespace(w, &f, false) || !srv.admitSecrets(w, &f) ||
+		!srv.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !srv.maySetReservedLabels(w, r, &f, old) ||
+		!srv.checkTraffic(w, r, &f, old) || !srv.checkPinnedKept(w, old) {
 		return
 	}
-	cp.replaceFunction(w, old, &f)
+	srv.replaceFunction(w, old, &f)
 }
 
-func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	ns := cp.namespaceOfFn(name)
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, name) {
+func (srv *adminAPI) deleteFunction(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	ns := srv.namespaceOfFn(name)
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, name) {
 		return
 	}
-	l := cp.nameLock(name)
+	l := srv.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
-	code := cp.codeOf(name)
-	if err := cp.store.DeleteFunction(name); err != nil {
+	code := srv.codeOf(name)
+	if err := srv.store.DeleteFunction(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 			return
@@ -510,23 +510,23 @@ func (cp *ControlPlane) deleteFunction(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "deleting function: ", err)
 		return
 	}
-	cp.cluster.removeFunction(name)
-	cp.removeSplit(name)
-	cp.metrics.functions.Dec()
-	if err := cp.store.DeleteRevisions(name); err != nil {
-		cp.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
+	srv.cluster.removeFunction(name)
+	srv.removeSplit(name)
+	srv.metrics.functions.Dec()
+	if err := srv.store.DeleteRevisions(name); err != nil {
+		srv.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
 	}
-	cp.dropUnusedCode(code)
-	cp.deleteFunctionTriggers(ns, name)
+	srv.dropUnusedCode(code)
+	srv.deleteFunctionTriggers(ns, name)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+func (srv *adminAPI) getFunction(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	var v FunctionView
 	st, ok := c.r.FunctionStatus(name)
@@ -539,24 +539,24 @@ func (cp *ControlPlane) getFunction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
-	v.Status.Triggers = cp.functionTriggers(namespaceOf(v.Function), name)
+	v.Status.Triggers = srv.functionTriggers(namespaceOf(v.Function), name)
 	views := []FunctionView{v}
 	c.dash.callsOf(views)
 	writeJSON(w, http.StatusOK, views[0])
 }
 
-func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) listFunctions(w http.ResponseWriter, r *http.Request) {
 	// A token limited to a namespace or to functions lists what it may see.
 	visible := func(*spec.Function) bool { return true }
-	if !cp.cfg.AuthDisabled {
+	if !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+		if err := auth.HasScope(srv.tokens, tok, auth.ScopeDeploy); err != nil {
 			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
 			return
 		}
-		if auth.Check(cp.tokens, tok, auth.ScopeDeploy, "", "") != nil { // limited: check each function
+		if auth.Check(srv.tokens, tok, auth.ScopeDeploy, "", "") != nil { // limited: check each function
 			visible = func(f *spec.Function) bool {
-				return auth.Check(cp.tokens, tok, auth.ScopeDeploy, namespaceOf(f), f.Name) == nil
+				return auth.Check(srv.tokens, tok, auth.ScopeDeploy, namespaceOf(f), f.Name) == nil
 			}
 		}
 	}
@@ -566,7 +566,7 @@ func (cp *ControlPlane) listFunctions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	var out []FunctionView
 	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
@@ -657,17 +657,17 @@ func (sel *listQuery) matches(f *spec.Function, st api.FunctionStatus) bool {
 	}
 }
 
-func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeDeploy, "", "") {
+func (srv *adminAPI) status(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, "", "") {
 		return
 	}
-	v := StatusView{ControlPlane: cp.id, Nodes: cp.cluster.nodeStatus()}
-	dps, err := cp.store.DataPlanes()
+	v := StatusView{ControlPlane: srv.id, Nodes: srv.cluster.nodeStatus()}
+	dps, err := srv.store.DataPlanes()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	watching := map[string]bool{}
 	for w := range c.watchers {
@@ -675,7 +675,7 @@ func (cp *ControlPlane) status(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, d := range dps {
 		ds := DataPlaneStatus{DataPlane: d, Connected: watching[d.ID], LastReportMs: -1}
-		if t, ok := cp.dpSeen.Load(d.ID); ok {
+		if t, ok := srv.dpSeen.Load(d.ID); ok {
 			ds.LastReportMs = time.Since(t.(time.Time)).Milliseconds()
 		}
 		v.DataPlanes = append(v.DataPlanes, ds)
@@ -693,11 +693,11 @@ func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // backup streams a consistent copy of the registry (registry.db) while the
 // control plane keeps serving.
-func (cp *ControlPlane) backup(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) backup(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
-	b, ok := cp.store.(store.Backuper)
+	b, ok := srv.store.(store.Backuper)
 	if !ok {
 		writeError(w, http.StatusNotImplemented, "this control plane's registry is replicated: back up a stopped replica's --data-dir (raft log and snapshots) instead")
 		return

@@ -23,10 +23,10 @@ import (
 // a spec's code.digest then names. Any token that may deploy may upload:
 // archives are named by their content, so one tenant's upload tells
 // another nothing it could not compute from the bytes themselves.
-func (cp *ControlPlane) uploadCode(w http.ResponseWriter, r *http.Request) {
-	if !cp.cfg.AuthDisabled {
+func (srv *adminAPI) uploadCode(w http.ResponseWriter, r *http.Request) {
+	if !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+		if err := auth.HasScope(srv.tokens, tok, auth.ScopeDeploy); err != nil {
 			if errors.Is(err, auth.ErrForbidden) {
 				writeError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow deploy, which uploading code needs", auth.ID(tok)))
 			} else {
@@ -51,16 +51,16 @@ func (cp *ControlPlane) uploadCode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := codezip.Digest(data)
-	if held, err := cp.store.CodeBytes(); err != nil {
+	if held, err := srv.store.CodeBytes(); err != nil {
 		writeStoreError(w, "reading code: ", err)
 		return
 	} else if held+int64(len(data)) > spec.MaxCodeTotalBytes {
-		if _, err := cp.store.Code(d); err != nil { // the same archive again is no more
+		if _, err := srv.store.Code(d); err != nil { // the same archive again is no more
 			writeError(w, http.StatusInsufficientStorage, fmt.Sprintf("the registry holds %d MiB of code archives, the most it keeps is %d MiB: delete functions whose code is no longer run", held>>20, spec.MaxCodeTotalBytes>>20))
 			return
 		}
 	}
-	if err := cp.store.PutCode(d, data); err != nil {
+	if err := srv.store.PutCode(d, data); err != nil {
 		writeStoreError(w, "storing code: ", err)
 		return
 	}
@@ -69,8 +69,8 @@ func (cp *ControlPlane) uploadCode(w http.ResponseWriter, r *http.Request) {
 
 // checkCode refuses (400) a spec whose code is not uploaded or lacks its
 // handler's module; on refusal it has answered.
-func (cp *ControlPlane) checkCode(w http.ResponseWriter, c *spec.Code) bool {
-	data, err := cp.store.Code(c.Digest)
+func (srv *adminAPI) checkCode(w http.ResponseWriter, c *spec.Code) bool {
+	data, err := srv.store.Code(c.Digest)
 	if errors.Is(err, store.ErrNotFound) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: code.digest: %s has not been uploaded (POST /v1/code)", c.Digest))
 		return false
@@ -95,8 +95,8 @@ const codeChunk = 1 << 20
 
 // FetchCode streams a code archive to a worker that is to start a sandbox
 // of a function deployed from it.
-func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.ControlPlane_FetchCodeServer) error {
-	if cp.cfg.CA != nil {
+func (srv *adminAPI) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.ControlPlane_FetchCodeServer) error {
+	if srv.cfg.CA != nil {
 		c := callerCert(stream.Context())
 		if c == nil {
 			return status.Error(codes.Unauthenticated, "a certificate of the cluster CA is required")
@@ -108,7 +108,7 @@ func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.Co
 	if !spec.ValidDigest(r.GetDigest()) {
 		return status.Errorf(codes.InvalidArgument, "digest %q: want sha256:<64 hex digits>", r.GetDigest())
 	}
-	data, err := cp.store.Code(r.GetDigest())
+	data, err := srv.store.Code(r.GetDigest())
 	if errors.Is(err, store.ErrNotFound) {
 		return status.Errorf(codes.NotFound, "code %s is not in the registry", r.GetDigest())
 	}
@@ -127,12 +127,12 @@ func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.Co
 
 // codeOf is the digests of the code archives function name and its kept
 // revisions run.
-func (cp *ControlPlane) codeOf(name string) map[string]bool {
+func (srv *adminAPI) codeOf(name string) map[string]bool {
 	out := map[string]bool{}
-	if f := cp.cluster.spec(name); f != nil && f.Code != nil {
+	if f := srv.cluster.spec(name); f != nil && f.Code != nil {
 		out[f.Code.Digest] = true
 	}
-	revs, _ := cp.store.Revisions(name)
+	revs, _ := srv.store.Revisions(name)
 	for _, f := range revs {
 		if f.Code != nil {
 			out[f.Code.Digest] = true
@@ -144,17 +144,17 @@ func (cp *ControlPlane) codeOf(name string) map[string]bool {
 // dropUnusedCode deletes, of digests (those of a function just deleted),
 // the archives no function or kept revision runs any more. Only those:
 // an archive uploaded for a deploy still to come stays.
-func (cp *ControlPlane) dropUnusedCode(digests map[string]bool) {
+func (srv *adminAPI) dropUnusedCode(digests map[string]bool) {
 	if len(digests) == 0 {
 		return
 	}
-	fns, err := cp.store.Functions()
+	fns, err := srv.store.Functions()
 	if err != nil {
-		cp.log.Warn("code archives of a deleted function kept", "err", err)
+		srv.log.Warn("code archives of a deleted function kept", "err", err)
 		return
 	}
 	for _, f := range fns {
-		for d := range cp.codeOf(f.Name) {
+		for d := range srv.codeOf(f.Name) {
 			delete(digests, d)
 		}
 		if len(digests) == 0 {
@@ -162,8 +162,8 @@ func (cp *ControlPlane) dropUnusedCode(digests map[string]bool) {
 		}
 	}
 	for d := range digests {
-		if err := cp.store.DeleteCode(d); err != nil && !errors.Is(err, store.ErrNotFound) {
-			cp.log.Warn("code archive of a deleted function kept", "digest", d, "err", err)
+		if err := srv.store.DeleteCode(d); err != nil && !errors.Is(err, store.ErrNotFound) {
+			srv.log.Warn("code archive of a deleted function kept", "digest", d, "err", err)
 		}
 	}
 }

@@ -15,7 +15,7 @@ func TestConditionNoCapacity(t *testing.T) {
 	f := &spec.Function{Name: "big", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 1},
 		Resources: spec.Resources{MilliCPU: 64_000, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.nextRevision()
+	f.Revision = e.cp.admin.nextRevision()
 	if err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestConditionNoCapacity(t *testing.T) {
 
 	g := *f
 	g.Resources.MilliCPU = 100
-	g.Revision = e.cp.nextRevision()
+	g.Revision = e.cp.admin.nextRevision()
 	if err := e.cp.store.UpdateFunction(&g); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestNamespaceQuotaBoundsSandboxes(t *testing.T) {
 	f := &spec.Function{Name: "q", Namespace: "team", Builtin: "trace", Scaling: spec.Scaling{Min: 3, Max: 3},
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.nextRevision()
+	f.Revision = e.cp.admin.nextRevision()
 	if err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}

@@ -403,8 +403,8 @@ func quantile(q float64, b *[nLatency]uint64, n uint64) float64 {
 // registerDashboard adds the dashboard's routes: its data, which needs a
 // token as GET /v1/status does, and the page's static files, which carry
 // no data and need none (authenticate lets /ui through).
-func (cp *ControlPlane) registerDashboard(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/dashboard", cp.dashboard)
+func (srv *adminAPI) registerDashboard(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/dashboard", srv.dashboard)
 	mux.Handle("GET /ui/", http.StripPrefix("/ui", ui.Handler()))
 	mux.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) {
 		// The browser keeps the #token=... fragment across the redirect.
@@ -450,8 +450,8 @@ func countState(c *api.SandboxCounts, state string) {
 	}
 }
 
-func (cp *ControlPlane) dashboard(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeDeploy, "", "") {
+func (srv *adminAPI) dashboard(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, "", "") {
 		return
 	}
 	limit := defaultDashFunctions
@@ -463,9 +463,9 @@ func (cp *ControlPlane) dashboard(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	c := cp.cluster
+	c := srv.cluster
 	now := c.clk.Now()
-	v := cp.dashboardView(now, limit)
+	v := srv.dashboardView(now, limit)
 	w.Header().Set("Cache-Control", "no-store")
 	writeCompactJSON(w, http.StatusOK, v)
 }
@@ -473,9 +473,9 @@ func (cp *ControlPlane) dashboard(w http.ResponseWriter, r *http.Request) {
 // dashboardView builds the reply: the table's state copied out under the
 // cluster lock (no map built there: placements wait for it), then the
 // window's figures under dashStats' own.
-func (cp *ControlPlane) dashboardView(now time.Time, limit int) *api.Dashboard {
-	c := cp.cluster
-	v := &api.Dashboard{Time: now.UTC(), ControlPlane: cp.id, Nodes: []api.DashboardNode{}, Functions: []api.DashboardFunction{}}
+func (srv *adminAPI) dashboardView(now time.Time, limit int) *api.Dashboard {
+	c := srv.cluster
+	v := &api.Dashboard{Time: now.UTC(), ControlPlane: srv.id, Nodes: []api.DashboardNode{}, Functions: []api.DashboardFunction{}}
 	var fns []dashRow
 	var sbxs []dashSandbox
 	c.mu.Lock()
@@ -508,7 +508,7 @@ func (cp *ControlPlane) dashboardView(now time.Time, limit int) *api.Dashboard {
 	snap := c.dash.snapshot(now)
 	v.WindowSeconds = snap.span.Seconds()
 	v.Failures = snap.failures
-	v.Triggers, v.Summary.Triggers = cp.dashboardTriggers(limit)
+	v.Triggers, v.Summary.Triggers = srv.dashboardTriggers(limit)
 	s := &v.Summary
 	s.Nodes, s.Functions = len(nodes), len(rows)
 	s.Calls, s.ColdStarts, s.SandboxFailures = snap.total.calls, snap.total.creations, snap.total.failures

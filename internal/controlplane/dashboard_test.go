@@ -219,7 +219,7 @@ func TestDashboardEndpoint(t *testing.T) {
 	// and 10 within 5 ms.
 	e.cp.cluster.recordMetrics(report(metric("f", 20, 0, 10, 0, 10)))
 
-	h := e.cp.authenticate(e.cp.adminHandler())
+	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
 	tok, err := ReadAdminToken(e.dir)
 	if err != nil || tok == "" {
 		t.Fatalf("admin token: %q %v", tok, err)

@@ -10,11 +10,11 @@ import (
 
 // dirigentHandler serves Dirigent's registration contract
 // (internal/compat/dirigent) behind the admin API's authentication.
-func (cp *ControlPlane) dirigentHandler() http.Handler {
-	h := cp.authenticate(dirigent.Handler(dirigentAdmin{cp}, dirigent.Config{Images: cp.cfg.DirigentImages,
-		KeepAlive: cp.cfg.DirigentKeepAlive, Log: cp.log}))
+func (srv *adminAPI) dirigentHandler() http.Handler {
+	h := srv.authenticate(dirigent.Handler(dirigentAdmin{srv}, dirigent.Config{Images: srv.cfg.DirigentImages,
+		KeepAlive: srv.cfg.DirigentKeepAlive, Log: srv.log}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") == "" && !cp.cfg.AuthDisabled && r.URL.Path != "/healthz" {
+		if r.Header.Get("Authorization") == "" && !srv.cfg.AuthDisabled && r.URL.Path != "/healthz" {
 			// Tools written for Dirigent send no token; say how to give one.
 			w.Header().Set("WWW-Authenticate", `Basic realm="brisk"`)
 			writeError(w, http.StatusUnauthorized, "registration needs a brisk token with the deploy scope: write the registration address as user:TOKEN@host:port (the InVitro loader's DirigentControlPlaneIP), which Go's HTTP client sends as basic auth")
@@ -25,30 +25,30 @@ func (cp *ControlPlane) dirigentHandler() http.Handler {
 }
 
 // dirigentAdmin runs the admin API's handlers for registrations.
-type dirigentAdmin struct{ cp *ControlPlane }
+type dirigentAdmin struct{ srv *adminAPI }
 
 func (a dirigentAdmin) CreateFunction(r *http.Request, body []byte) (int, []byte) {
-	return a.cp.serveInternal(r, http.MethodPost, "/v1/functions", "", body, a.cp.createFunction)
+	return a.srv.serveInternal(r, http.MethodPost, "/v1/functions", "", body, a.srv.createFunction)
 }
 
 func (a dirigentAdmin) UpdateFunction(r *http.Request, name string, body []byte) (int, []byte) {
-	return a.cp.serveInternal(r, http.MethodPut, "/v1/functions/"+name, name, body, a.cp.updateFunction)
+	return a.srv.serveInternal(r, http.MethodPut, "/v1/functions/"+name, name, body, a.srv.updateFunction)
 }
 
 func (a dirigentAdmin) GetFunction(r *http.Request, name string) (int, []byte) {
-	return a.cp.serveInternal(r, http.MethodGet, "/v1/functions/"+name, name, nil, a.cp.getFunction)
+	return a.srv.serveInternal(r, http.MethodGet, "/v1/functions/"+name, name, nil, a.srv.getFunction)
 }
 
-func (a dirigentAdmin) DataPlaneAddrs() ([]string, error) { return a.cp.dataPlaneAddrs() }
+func (a dirigentAdmin) DataPlaneAddrs() ([]string, error) { return a.srv.dataPlaneAddrs() }
 
 // dataPlaneAddrs lists the invocation addresses of the data planes that
 // follow the endpoint stream now (all registered ones when none does).
-func (cp *ControlPlane) dataPlaneAddrs() ([]string, error) {
-	dps, err := cp.store.DataPlanes()
+func (srv *adminAPI) dataPlaneAddrs() ([]string, error) {
+	dps, err := srv.store.DataPlanes()
 	if err != nil {
 		return nil, err
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	watching := map[string]bool{}
 	for w := range c.watchers {
@@ -74,7 +74,7 @@ func (cp *ControlPlane) dataPlaneAddrs() ([]string, error) {
 
 // serveInternal runs an admin handler for a request made from r (its
 // Authorization goes along) and returns the status and body.
-func (cp *ControlPlane) serveInternal(r *http.Request, method, path, name string, body []byte, h http.HandlerFunc) (int, []byte) {
+func (srv *adminAPI) serveInternal(r *http.Request, method, path, name string, body []byte, h http.HandlerFunc) (int, []byte) {
 	req, _ := http.NewRequestWithContext(r.Context(), method, path, bytes.NewReader(body))
 	req.Header.Set("Authorization", r.Header.Get("Authorization"))
 	req.Header.Set("Content-Type", "application/json")

@@ -1,5 +1,15 @@
-// Package controlplane is brisk's control plane: the durable function
-// registry, the in-memory sandbox table rebuilt from workers, the autoscaler
-// and placer loops, the worker link (KubeDirect-style handshake, idempotent
-// creates, Tombstones), the endpoint stream to data planes, and the admin API.
+// Package controlplane is brisk's control plane, in three parts over one
+// core (the cluster: the reconciler stepped under its lock, the registry,
+// the configuration):
+//
+//   - the link, ControlPlane itself: the gRPC service workers and data
+//     planes join and report to (server.go, identity.go, unreachable.go),
+//     the sessions to the workers (link.go: KubeDirect's handshake,
+//     idempotent creates, Tombstones) and the endpoint stream to the data
+//     planes (watch.go);
+//   - the admin surface, adminAPI: the REST API and what it owns (admin.go
+//     for functions, tokens.go, secrets.go, namespaces.go, triggers.go,
+//     traffic.go, code.go, logs.go, dashboard.go, dirigent.go);
+//   - the cluster (cluster.go), which both step; wire.go translates the
+//     wire's protobuf messages to and from the reconciler's own types.
 package controlplane

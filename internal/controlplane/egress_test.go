@@ -17,7 +17,7 @@ import (
 // before any create.
 func TestNamespaceEgressReachesWorkers(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	h := e.cp.authenticate(e.cp.adminHandler())
+	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
 	tok, err := ReadAdminToken(e.dir)
 	if err != nil {
 		t.Fatal(err)

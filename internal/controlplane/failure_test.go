@@ -1157,7 +1157,7 @@ func TestQueuedRequestsGetSandboxesAtOnce(t *testing.T) {
 	f := &spec.Function{Name: "q", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 10},
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.nextRevision()
+	f.Revision = e.cp.admin.nextRevision()
 	if err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}

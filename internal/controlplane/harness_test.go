@@ -269,7 +269,7 @@ func (e *env) deploy(name string, n int) {
 	f := &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: n, Max: n}, LoadBalancing: "round-robin",
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.nextRevision()
+	f.Revision = e.cp.admin.nextRevision()
 	if err := e.cp.store.CreateFunction(f); err != nil {
 		e.t.Fatal(err)
 	}

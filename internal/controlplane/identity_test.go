@@ -377,13 +377,13 @@ func TestBootstrapTokensGiven(t *testing.T) {
 			}
 		}
 	}
-	if err := cp.loadTokens(); err != nil {
+	if err := cp.admin.loadTokens(); err != nil {
 		t.Fatal(err)
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.bootstrapDeployToken(); err != nil {
+	if err := cp.admin.bootstrapDeployToken(); err != nil {
 		t.Fatal(err)
 	}
 	if got := get("/v1/functions", deploy); got != http.StatusUnauthorized {

@@ -86,7 +86,7 @@ func deploy(t *testing.T, cp *ControlPlane, name string, min int) {
 	t.Helper()
 	f := &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: min}}
 	f.ApplyDefaults()
-	f.Revision = cp.nextRevision()
+	f.Revision = cp.admin.nextRevision()
 	if err := cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}

@@ -30,9 +30,9 @@ const streamRecheck = time.Second
 // recheckStream calls cancel once the request's token no longer allows
 // reading function name's logs (revoked, or the function deleted or moved
 // to a namespace the token is not bound to), until ctx ends.
-func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.CancelFunc, r *http.Request, name string) {
+func (srv *adminAPI) recheckStream(ctx context.Context, cancel context.CancelFunc, r *http.Request, name string) {
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	ns := cp.namespaceOfFn(name)
+	ns := srv.namespaceOfFn(name)
 	t := time.NewTicker(streamRecheck)
 	defer t.Stop()
 	for {
@@ -41,9 +41,9 @@ func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.Cancel
 			return
 		case <-t.C:
 		}
-		gone := cp.namespaceOfFn(name) != ns
-		if gone || (!cp.cfg.AuthDisabled && auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, name) != nil) {
-			cp.log.Info("a followed log stream ended: its token or function is gone", "function", name, "token", auth.ID(tok))
+		gone := srv.namespaceOfFn(name) != ns
+		if gone || (!srv.cfg.AuthDisabled && auth.Check(srv.tokens, tok, auth.ScopeDeploy, ns, name) != nil) {
+			srv.log.Info("a followed log stream ended: its token or function is gone", "function", name, "token", auth.ID(tok))
 			cancel()
 			return
 		}
@@ -57,12 +57,12 @@ func (cp *ControlPlane) recheckStream(ctx context.Context, cancel context.Cancel
 // sandboxes together; -1 or 0: all that is kept), since (a duration, or
 // RFC 3339 time), sandbox, follow=true (keep streaming until the client
 // leaves).
-func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	f := cp.cluster.spec(name)
+	f := srv.cluster.spec(name)
 	if f == nil {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
@@ -101,11 +101,11 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
-		go cp.recheckStream(ctx, cancel, r, name)
+		go srv.recheckStream(ctx, cancel, r, name)
 	}
 	lines := make(chan *briskv1.LogLine, 256)
 	var wg sync.WaitGroup
-	c := cp.cluster
+	c := srv.cluster
 	streams := 0
 	c.mu.Lock()
 	for _, id := range c.r.NodeIDs() {
@@ -142,7 +142,7 @@ func (cp *ControlPlane) functionLogs(w http.ResponseWriter, r *http.Request) {
 				l, err := stream.Recv()
 				if err != nil {
 					if !errors.Is(err, io.EOF) && ctx.Err() == nil {
-						cp.log.Debug("logs from a worker ended", "node", id, "err", err)
+						srv.log.Debug("logs from a worker ended", "node", id, "err", err)
 					}
 					return
 				}

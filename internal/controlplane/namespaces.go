@@ -21,11 +21,11 @@ import (
 // (quota.go enforces the scheduling part). "default" always exists.
 
 // namespaceExists reports whether functions may be deployed in ns.
-func (cp *ControlPlane) namespaceExists(ns string) bool {
+func (srv *adminAPI) namespaceExists(ns string) bool {
 	if ns == spec.DefaultNamespace {
 		return true
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, ok := c.r.Quota(ns)
@@ -35,8 +35,8 @@ func (cp *ControlPlane) namespaceExists(ns string) bool {
 // namespaceOfFn is the namespace of the function called name, or "" when
 // there is none (a token bound to a namespace is then refused, the same
 // answer as for another namespace's function: names do not leak).
-func (cp *ControlPlane) namespaceOfFn(name string) string {
-	c := cp.cluster
+func (srv *adminAPI) namespaceOfFn(name string) string {
+	c := srv.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f := c.r.Spec(name); f != nil {
@@ -50,9 +50,9 @@ func (cp *ControlPlane) namespaceOfFn(name string) string {
 // stays as it is — for a request whose token may see that namespace: to
 // another, whether such a function exists is not to be told (the name a
 // refusal echoes would say it).
-func (cp *ControlPlane) qualify(r *http.Request, name, ns string) string {
+func (srv *adminAPI) qualify(r *http.Request, name, ns string) string {
 	q := spec.Qualify(name, ns)
-	if q != name && cp.namespaceOfFn(name) == ns && cp.maySee(r, ns) {
+	if q != name && srv.namespaceOfFn(name) == ns && srv.maySee(r, ns) {
 		return name
 	}
 	return q
@@ -60,36 +60,36 @@ func (cp *ControlPlane) qualify(r *http.Request, name, ns string) string {
 
 // maySee reports whether the request's token may deploy into namespace ns
 // (or auth is off).
-func (cp *ControlPlane) maySee(r *http.Request, ns string) bool {
-	if cp.cfg.AuthDisabled {
+func (srv *adminAPI) maySee(r *http.Request, ns string) bool {
+	if srv.cfg.AuthDisabled {
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	return auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, "") == nil
+	return auth.Check(srv.tokens, tok, auth.ScopeDeploy, ns, "") == nil
 }
 
 // pathFunction is the function a /v1/functions/{name}/… path names: a
 // bare name is qualified with the request's namespace (?namespace=, else
 // the one its token is bound to), so that a tenant reaches its function by
 // the name it deployed it under.
-func (cp *ControlPlane) pathFunction(r *http.Request) string {
+func (srv *adminAPI) pathFunction(r *http.Request) string {
 	name := r.PathValue("name")
 	if strings.IndexByte(name, '.') >= 0 {
 		return name
 	}
-	return cp.qualify(r, name, cp.requestNamespace(r, ""))
+	return srv.qualify(r, name, srv.requestNamespace(r, ""))
 }
 
 // admitToNamespace checks f against its namespace: that it exists, and its
 // quota's max_functions (for a new function) and max_scale. On failure it
 // has answered.
-func (cp *ControlPlane) admitToNamespace(w http.ResponseWriter, f *spec.Function, create bool) bool {
+func (srv *adminAPI) admitToNamespace(w http.ResponseWriter, f *spec.Function, create bool) bool {
 	ns := namespaceOf(f)
-	if !cp.namespaceExists(ns) {
+	if !srv.namespaceExists(ns) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: %q does not exist (brisk ns create %s)", ns, ns))
 		return false
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	q, _ := c.r.Quota(ns)
 	c.mu.Unlock()
@@ -114,8 +114,8 @@ func (cp *ControlPlane) admitToNamespace(w http.ResponseWriter, f *spec.Function
 }
 
 // loadQuotas gives the cluster the registry's namespaces.
-func (cp *ControlPlane) loadQuotas() error {
-	nss, err := cp.store.Namespaces()
+func (srv *adminAPI) loadQuotas() error {
+	nss, err := srv.store.Namespaces()
 	if err != nil {
 		return err
 	}
@@ -124,13 +124,13 @@ func (cp *ControlPlane) loadQuotas() error {
 	for _, n := range nss {
 		q[n.Name], egress[n.Name] = n.Quota, n.Egress
 	}
-	cp.cluster.setQuotas(q)
-	cp.cluster.setEgress(specpb.EgressToProto(egress))
+	srv.cluster.setQuotas(q)
+	srv.cluster.setEgress(specpb.EgressToProto(egress))
 	return nil
 }
 
-func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) putNamespace(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	name := r.PathValue("name")
@@ -156,10 +156,10 @@ func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
 	}
 	// One update at a time: what the request leaves out keeps its stored
 	// value, which a concurrent update must not overwrite.
-	cp.namespaceMu.Lock()
-	defer cp.namespaceMu.Unlock()
+	srv.namespaceMu.Lock()
+	defer srv.namespaceMu.Unlock()
 	rec := &store.Namespace{Name: name, CreatedAt: time.Now().UTC()}
-	old, err := cp.namespaceRecord(name)
+	old, err := srv.namespaceRecord(name)
 	if err != nil {
 		writeStoreError(w, "reading the namespace: ", err)
 		return
@@ -173,20 +173,20 @@ func (cp *ControlPlane) putNamespace(w http.ResponseWriter, r *http.Request) {
 	if req.Egress != nil {
 		rec.Egress = *req.Egress
 	}
-	if err := cp.store.PutNamespace(rec); err != nil {
+	if err := srv.store.PutNamespace(rec); err != nil {
 		writeStoreError(w, "storing the namespace: ", err)
 		return
 	}
-	if err := cp.loadQuotas(); err != nil {
+	if err := srv.loadQuotas(); err != nil {
 		writeStoreError(w, "loading namespaces: ", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Egress: rec.Egress, Usage: cp.cluster.usage(name), CreatedAt: rec.CreatedAt})
+	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Egress: rec.Egress, Usage: srv.cluster.usage(name), CreatedAt: rec.CreatedAt})
 }
 
 // namespaceRecord is name's stored record, or nil when it has none.
-func (cp *ControlPlane) namespaceRecord(name string) (*store.Namespace, error) {
-	nss, err := cp.store.Namespaces()
+func (srv *adminAPI) namespaceRecord(name string) (*store.Namespace, error) {
+	nss, err := srv.store.Namespaces()
 	if err != nil {
 		return nil, err
 	}
@@ -198,11 +198,11 @@ func (cp *ControlPlane) namespaceRecord(name string) (*store.Namespace, error) {
 	return nil, nil
 }
 
-func (cp *ControlPlane) listNamespaces(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) listNamespaces(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
-	nss, err := cp.store.Namespaces()
+	nss, err := srv.store.Namespaces()
 	if err != nil {
 		writeStoreError(w, "reading namespaces: ", err)
 		return
@@ -214,27 +214,27 @@ func (cp *ControlPlane) listNamespaces(w http.ResponseWriter, r *http.Request) {
 	out := make([]NamespaceView, 0, len(views))
 	for _, name := range slices.Sorted(maps.Keys(views)) {
 		v := views[name]
-		v.Usage = cp.cluster.usage(name)
+		v.Usage = srv.cluster.usage(name)
 		out = append(out, v)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (cp *ControlPlane) getNamespace(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) getNamespace(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !cp.authorize(w, r, auth.ScopeDeploy, name, "") {
+	if !srv.authorize(w, r, auth.ScopeDeploy, name, "") {
 		return
 	}
-	if !cp.namespaceExists(name) {
+	if !srv.namespaceExists(name) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
 		return
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	q, _ := c.r.Quota(name)
 	c.mu.Unlock()
 	view := NamespaceView{Name: name, Quota: q, Usage: c.usage(name)}
-	if rec, err := cp.namespaceRecord(name); err != nil {
+	if rec, err := srv.namespaceRecord(name); err != nil {
 		writeStoreError(w, "reading the namespace: ", err)
 		return
 	} else if rec != nil {
@@ -243,27 +243,27 @@ func (cp *ControlPlane) getNamespace(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, view)
 }
 
-func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) deleteNamespace(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	name := r.PathValue("name")
 	// Held until the namespace is gone: a function or a secret admitted
 	// meanwhile would outlive it (and belong to a namespace made again
 	// under its name).
-	cp.secretMu.Lock()
-	defer cp.secretMu.Unlock()
-	cp.namespaceMu.Lock() // the reload below publishes what the registry has now
-	defer cp.namespaceMu.Unlock()
-	if n := cp.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
+	srv.secretMu.Lock()
+	defer srv.secretMu.Unlock()
+	srv.namespaceMu.Lock() // the reload below publishes what the registry has now
+	defer srv.namespaceMu.Unlock()
+	if n := srv.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
 		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
 		return
 	}
-	if n := cp.namespaceSecrets(name); n > 0 && name != spec.DefaultNamespace {
+	if n := srv.namespaceSecrets(name); n > 0 && name != spec.DefaultNamespace {
 		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d secrets: delete them first (brisk secret list -n %s)", name, n, name))
 		return
 	}
-	if err := cp.store.DeleteNamespace(name); err != nil {
+	if err := srv.store.DeleteNamespace(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
 			return
@@ -271,7 +271,7 @@ func (cp *ControlPlane) deleteNamespace(w http.ResponseWriter, r *http.Request) 
 		writeStoreError(w, "deleting the namespace: ", err)
 		return
 	}
-	if err := cp.loadQuotas(); err != nil {
+	if err := srv.loadQuotas(); err != nil {
 		writeStoreError(w, "loading namespaces: ", err)
 		return
 	}

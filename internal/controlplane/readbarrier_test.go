@@ -28,7 +28,7 @@ func TestReadsConfirmLeadership(t *testing.T) {
 		}
 		return nil
 	}
-	h := e.cp.authenticate(e.cp.adminHandler())
+	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
 	var notForwarded string
 	do := func(method, path, body string) int {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))

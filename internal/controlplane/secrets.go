@@ -37,12 +37,12 @@ import (
 const maxSecretBody = spec.MaxSecretSize*4/3 + 64<<10
 
 // loadSecrets gives the cluster the registry's secrets.
-func (cp *ControlPlane) loadSecrets() error {
-	secs, err := cp.store.Secrets()
+func (srv *adminAPI) loadSecrets() error {
+	secs, err := srv.store.Secrets()
 	if err != nil {
 		return err
 	}
-	cp.cluster.setSecrets(secs)
+	srv.cluster.setSecrets(secs)
 	return nil
 }
 
@@ -79,13 +79,13 @@ func (c *Cluster) putSecret(key string, s *store.Secret) {
 // write: key now holds s (nil: deleted), or, when the write failed (it may
 // still have been applied: a replica losing leadership), whatever the
 // registry holds.
-func (cp *ControlPlane) secretWritten(key string, s *store.Secret, err error) {
+func (srv *adminAPI) secretWritten(key string, s *store.Secret, err error) {
 	if err == nil {
-		cp.cluster.putSecret(key, s)
+		srv.cluster.putSecret(key, s)
 		return
 	}
-	if lerr := cp.loadSecrets(); lerr != nil {
-		cp.log.Warn("reloading secrets after a failed write", "err", lerr)
+	if lerr := srv.loadSecrets(); lerr != nil {
+		srv.log.Warn("reloading secrets after a failed write", "err", lerr)
 	}
 }
 
@@ -109,12 +109,12 @@ func (c *Cluster) secretDataLocked(f *spec.Function) (map[string][]byte, uint64)
 
 // missingSecrets returns the secrets f names that do not exist in its
 // namespace; the caller holds secretMu.
-func (cp *ControlPlane) missingSecrets(f *spec.Function) []string {
+func (srv *adminAPI) missingSecrets(f *spec.Function) []string {
 	if len(f.Secrets) == 0 {
 		return nil
 	}
 	ns := namespaceOf(f)
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
@@ -128,8 +128,8 @@ func (cp *ControlPlane) missingSecrets(f *spec.Function) []string {
 
 // admitSecrets checks that every secret f names exists. On failure it has
 // answered.
-func (cp *ControlPlane) admitSecrets(w http.ResponseWriter, f *spec.Function) bool {
-	if miss := cp.missingSecrets(f); len(miss) > 0 {
+func (srv *adminAPI) admitSecrets(w http.ResponseWriter, f *spec.Function) bool {
+	if miss := srv.missingSecrets(f); len(miss) > 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: secrets: %s not found in namespace %q (brisk secret create NAME -n %s)",
 			strings.Join(miss, ", "), namespaceOf(f), namespaceOf(f)))
 		return false
@@ -142,8 +142,8 @@ func (cp *ControlPlane) admitSecrets(w http.ResponseWriter, f *spec.Function) bo
 // namespace may, the one that may manage its secrets. A token limited to
 // functions may keep (or drop) the secrets its function has. On refusal it
 // has answered.
-func (cp *ControlPlane) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns string, f *spec.Function, had []string) bool {
-	if cp.cfg.AuthDisabled {
+func (srv *adminAPI) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns string, f *spec.Function, had []string) bool {
+	if srv.cfg.AuthDisabled {
 		return true
 	}
 	var added []string
@@ -156,7 +156,7 @@ func (cp *ControlPlane) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	if auth.Check(cp.tokens, tok, auth.ScopeDeploy, ns, "") == nil {
+	if auth.Check(srv.tokens, tok, auth.ScopeDeploy, ns, "") == nil {
 		return true
 	}
 	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions: it may not give function %q secrets it did not name (%s); a token with deploy on namespace %q may",
@@ -181,14 +181,14 @@ func (c *Cluster) secretUsers(ns, name string) []string {
 // requestNamespace is the namespace a secret or trigger request
 // addresses: the query's or the body's, else the token's own, else the
 // default one.
-func (cp *ControlPlane) requestNamespace(r *http.Request, body string) string {
+func (srv *adminAPI) requestNamespace(r *http.Request, body string) string {
 	ns := r.URL.Query().Get("namespace")
 	if ns == "" {
 		ns = body
 	}
-	if ns == "" && !cp.cfg.AuthDisabled {
+	if ns == "" && !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		ns = auth.NamespaceOf(cp.tokens, tok)
+		ns = auth.NamespaceOf(srv.tokens, tok)
 	}
 	if ns == "" {
 		ns = spec.DefaultNamespace
@@ -224,12 +224,12 @@ func secretValue(req *api.SecretRequest) []byte {
 // namespace exists; the caller holds secretMu, which a namespace's
 // deletion holds too, so that no secret outlives its namespace. On failure
 // it has answered.
-func (cp *ControlPlane) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
+func (srv *adminAPI) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
 	if !spec.ValidSecretName(name) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret name %q: %s", name, spec.SecretNameRule))
 		return false
 	}
-	if !spec.ValidNamespace(ns) || !cp.namespaceExists(ns) {
+	if !spec.ValidNamespace(ns) || !srv.namespaceExists(ns) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: namespace %q does not exist", ns))
 		return false
 	}
@@ -239,8 +239,8 @@ func (cp *ControlPlane) checkSecretTarget(w http.ResponseWriter, ns, name string
 // checkSecretRoom checks that namespace ns stays within the limits with
 // a value of size bytes for its secret name (in place of its current one,
 // if any); the caller holds secretMu. On failure it has answered.
-func (cp *ControlPlane) checkSecretRoom(w http.ResponseWriter, ns, name string, size int) bool {
-	n, bytes, exists := cp.cluster.secretUsage(ns, name)
+func (srv *adminAPI) checkSecretRoom(w http.ResponseWriter, ns, name string, size int) bool {
+	n, bytes, exists := srv.cluster.secretUsage(ns, name)
 	if !exists && n+1 > spec.MaxSecretsPerNamespace {
 		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: secrets %d is above the limit %d", ns, n+1, spec.MaxSecretsPerNamespace))
 		return false
@@ -276,31 +276,31 @@ func secretView(s *store.Secret, users []string) api.SecretView {
 	return api.SecretView{Name: s.Name, Namespace: s.Namespace, Size: len(s.Value), UsedBy: users, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
 }
 
-func (cp *ControlPlane) createSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) createSecret(w http.ResponseWriter, r *http.Request) {
 	req, ok := readSecret(w, r)
 	if !ok {
 		return
 	}
-	ns := cp.requestNamespace(r, req.Namespace)
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+	ns := srv.requestNamespace(r, req.Namespace)
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
 	now := time.Now().UTC()
 	rec := &store.Secret{Namespace: ns, Name: req.Name, Value: secretValue(req), CreatedAt: now, UpdatedAt: now}
-	cp.secretMu.Lock()
-	defer cp.secretMu.Unlock()
-	if !cp.checkSecretTarget(w, ns, req.Name) {
+	srv.secretMu.Lock()
+	defer srv.secretMu.Unlock()
+	if !srv.checkSecretTarget(w, ns, req.Name) {
 		return
 	}
-	if cp.cluster.secret(ns, req.Name) != nil {
+	if srv.cluster.secret(ns, req.Name) != nil {
 		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
 		return
 	}
-	if !cp.checkSecretRoom(w, ns, req.Name, len(rec.Value)) {
+	if !srv.checkSecretRoom(w, ns, req.Name, len(rec.Value)) {
 		return
 	}
-	err := cp.store.CreateSecret(rec)
-	cp.secretWritten(rec.Key(), rec, err)
+	err := srv.store.CreateSecret(rec)
+	srv.secretWritten(rec.Key(), rec, err)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
@@ -313,7 +313,7 @@ func (cp *ControlPlane) createSecret(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, secretView(rec, nil))
 }
 
-func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) updateSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	req, ok := readSecret(w, r)
 	if !ok {
@@ -323,59 +323,59 @@ func (cp *ControlPlane) updateSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: name %q does not match the URL's %q", req.Name, name))
 		return
 	}
-	ns := cp.requestNamespace(r, req.Namespace)
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+	ns := srv.requestNamespace(r, req.Namespace)
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	cp.secretMu.Lock()
-	defer cp.secretMu.Unlock()
-	if !cp.checkSecretTarget(w, ns, name) {
+	srv.secretMu.Lock()
+	defer srv.secretMu.Unlock()
+	if !srv.checkSecretTarget(w, ns, name) {
 		return
 	}
-	old := cp.cluster.secret(ns, name)
+	old := srv.cluster.secret(ns, name)
 	if old == nil {
 		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
 	}
 	rec := &store.Secret{Namespace: ns, Name: name, Value: secretValue(req), CreatedAt: old.CreatedAt, UpdatedAt: time.Now().UTC()}
-	if !cp.checkSecretRoom(w, ns, name, len(rec.Value)) {
+	if !srv.checkSecretRoom(w, ns, name, len(rec.Value)) {
 		return
 	}
-	err := cp.store.UpdateSecret(rec)
-	cp.secretWritten(rec.Key(), rec, err)
+	err := srv.store.UpdateSecret(rec)
+	srv.secretWritten(rec.Key(), rec, err)
 	if err != nil {
 		writeSecretError(w, ns, name, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, secretView(rec, cp.cluster.secretUsers(ns, name)))
+	writeJSON(w, http.StatusOK, secretView(rec, srv.cluster.secretUsers(ns, name)))
 }
 
-func (cp *ControlPlane) getSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) getSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	ns := cp.requestNamespace(r, "")
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+	ns := srv.requestNamespace(r, "")
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	s := cp.cluster.secret(ns, name)
+	s := srv.cluster.secret(ns, name)
 	if s == nil {
 		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
 	}
-	writeJSON(w, http.StatusOK, secretView(s, cp.cluster.secretUsers(ns, name)))
+	writeJSON(w, http.StatusOK, secretView(s, srv.cluster.secretUsers(ns, name)))
 }
 
 // listSecrets answers the secrets of ?namespace= (default: the token's
 // namespace, or every namespace for a token bound to none).
-func (cp *ControlPlane) listSecrets(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
 	ns := r.URL.Query().Get("namespace")
-	if ns == "" && !cp.cfg.AuthDisabled {
+	if ns == "" && !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		ns = auth.NamespaceOf(cp.tokens, tok)
+		ns = auth.NamespaceOf(srv.tokens, tok)
 	}
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	c := cp.cluster
+	c := srv.cluster
 	out := []api.SecretView{}
 	c.mu.Lock()
 	for _, s := range c.secrets {
@@ -390,20 +390,20 @@ func (cp *ControlPlane) listSecrets(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (cp *ControlPlane) deleteSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	ns := cp.requestNamespace(r, "")
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, "") {
+	ns := srv.requestNamespace(r, "")
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	cp.secretMu.Lock()
-	defer cp.secretMu.Unlock()
-	if users := cp.cluster.secretUsers(ns, name); len(users) > 0 {
+	srv.secretMu.Lock()
+	defer srv.secretMu.Unlock()
+	if users := srv.cluster.secretUsers(ns, name); len(users) > 0 {
 		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q is used by %s in namespace %q: remove it from their specs first", name, strings.Join(users, ", "), ns))
 		return
 	}
-	err := cp.store.DeleteSecret(ns, name)
-	cp.secretWritten(store.SecretKey(ns, name), nil, err)
+	err := srv.store.DeleteSecret(ns, name)
+	srv.secretWritten(store.SecretKey(ns, name), nil, err)
 	if err != nil {
 		writeSecretError(w, ns, name, err)
 		return
@@ -429,7 +429,7 @@ func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
 
 // namespaceSecrets counts namespace ns's secrets (a namespace with secrets
 // cannot be deleted); the caller holds secretMu.
-func (cp *ControlPlane) namespaceSecrets(ns string) int {
-	n, _, _ := cp.cluster.secretUsage(ns, "")
+func (srv *adminAPI) namespaceSecrets(ns string) int {
+	n, _, _ := srv.cluster.secretUsage(ns, "")
 	return n
 }

@@ -200,18 +200,13 @@ func (c *Config) defaults() {
 // workers and data planes, and the admin HTTP API.
 type ControlPlane struct {
 	briskv1.UnimplementedControlPlaneServer
-	cfg     Config
-	id      string
-	log     *slog.Logger
-	metrics *cpMetrics
-	cluster *Cluster
-	store   store.Registry
-	tokens  *auth.Checker // the registry's tokens, for the admin API
-	// authThrottle slows token guessing on the admin API: 20 failures at
-	// once per client address, then one a second.
-	authThrottle *auth.Throttle
-	proxyAddrs   atomic.Pointer[[]netip.Addr] // Config.TrustedProxies resolved
-	proxyAddrsAt atomic.Int64                 // when (unix ns)
+	*core
+	// admin is the REST surface: functions, tokens, secrets, namespaces,
+	// triggers, traffic, logs, the dashboard and Dirigent's registration
+	// (admin.go and the files it names). The ControlPlane itself is the
+	// link: the gRPC service workers and data planes join and report to,
+	// and the sessions to the workers (link.go, identity.go, watch.go).
+	admin *adminAPI
 
 	dirigentLis net.Listener
 
@@ -221,14 +216,38 @@ type ControlPlane struct {
 
 	adminLis, grpcLis net.Listener
 	ready             chan struct{}
-	nameLocks         [64]sync.Mutex
-	dpSeen            sync.Map // data plane id -> time.Time of its last metrics report
-	revMu             sync.Mutex
-	lastRev           uint64
 	ident             *pki.Identity // the gRPC server's and worker-link client's certificate (with CA)
 	dpKeys            sync.Map      // data plane id -> key id its record is bound to
 	nodeLocks         [64]sync.Mutex
 	dpMu              sync.Mutex // serialises data plane registrations (the binding check)
+}
+
+// core is what the admin surface and the link share: the cluster (the
+// reconciler and its table), the registry, the configuration.
+type core struct {
+	cfg     Config
+	id      string
+	log     *slog.Logger
+	metrics *cpMetrics
+	cluster *Cluster
+	store   store.Registry
+	dpSeen  sync.Map // data plane id -> time.Time of its last metrics report
+	// tokens are the registry's tokens: the admin API's and the join
+	// tokens workers and data planes present.
+	tokens *auth.Checker
+}
+
+// adminAPI is the control plane's REST surface over the shared core.
+type adminAPI struct {
+	*core
+	// authThrottle slows token guessing on the admin API: 20 failures at
+	// once per client address, then one a second.
+	authThrottle *auth.Throttle
+	proxyAddrs   atomic.Pointer[[]netip.Addr] // Config.TrustedProxies resolved
+	proxyAddrsAt atomic.Int64                 // when (unix ns)
+	nameLocks    [64]sync.Mutex
+	revMu        sync.Mutex
+	lastRev      uint64
 	// secretMu orders secret writes and namespace deletions (held)
 	// against deploys (read-held): secrets.go, namespaces.go.
 	secretMu sync.RWMutex
@@ -268,7 +287,9 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	return &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, ready: make(chan struct{}), tokens: auth.NewChecker(), authThrottle: auth.NewThrottle(20, time.Second), splits: map[string]map[string]bool{}}, nil
+	co := &core{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, tokens: auth.NewChecker()}
+	return &ControlPlane{core: co, ready: make(chan struct{}),
+		admin: &adminAPI{core: co, authThrottle: auth.NewThrottle(20, time.Second), splits: map[string]map[string]bool{}}}, nil
 }
 
 // Ready is closed once both listeners are bound.
@@ -306,34 +327,34 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := cp.loadQuotas(); err != nil { // before functions are placed
+	if err := cp.admin.loadQuotas(); err != nil { // before functions are placed
 		return err
 	}
-	if err := cp.loadSecrets(); err != nil { // before sandboxes are created
+	if err := cp.admin.loadSecrets(); err != nil { // before sandboxes are created
 		return err
 	}
 	if err := cp.load(ctx); err != nil {
 		return err
 	}
-	if err := cp.loadTokens(); err != nil {
+	if err := cp.admin.loadTokens(); err != nil {
 		return err
 	}
 	if cp.cfg.Async != nil {
-		cp.triggers = trigger.New(trigger.Config{Queue: cp.cfg.Async, NATS: cp.cfg.Async.Conn(), Secret: cp.secretValue, Record: cp.recordTick,
+		cp.admin.triggers = trigger.New(trigger.Config{Queue: cp.cfg.Async, NATS: cp.cfg.Async.Conn(), Secret: cp.admin.secretValue, Record: cp.admin.recordTick,
 			OutboundAllow: cp.cfg.TriggerNATSAllow, Logger: cp.log.With("component", "triggers")})
-		cp.metrics.reg.MustRegister(cp.triggers)
+		cp.metrics.reg.MustRegister(cp.admin.triggers)
 	}
-	if err := cp.loadTriggers(); err != nil {
+	if err := cp.admin.loadTriggers(); err != nil {
 		return err
 	}
 
-	if err := cp.bootstrapToken(); err != nil {
+	if err := cp.admin.bootstrapToken(); err != nil {
 		return err
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
 		return err
 	}
-	if err := cp.bootstrapDeployToken(); err != nil {
+	if err := cp.admin.bootstrapDeployToken(); err != nil {
 		return err
 	}
 	if err := cp.loadDataPlaneKeys(); err != nil {
@@ -360,7 +381,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	gs := grpc.NewServer(append(rpc.ServerOptions(tlsCfg), IdentityInterceptors(cp.cfg.CA)...)...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
-		Handler:           auth.RefuseForged(cp.authenticate(cp.adminHandler()), cp.cfg.AuthDisabled, writeError),
+		Handler:           auth.RefuseForged(cp.admin.authenticate(cp.admin.adminHandler()), cp.cfg.AuthDisabled, writeError),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -393,7 +414,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	})
 	if cp.dirigentLis != nil {
 		ds := &http.Server{
-			Handler:           cp.dirigentHandler(),
+			Handler:           cp.admin.dirigentHandler(),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       30 * time.Second,
 			WriteTimeout:      30 * time.Second,
@@ -415,7 +436,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { cp.every(gctx, cp.cfg.TickInterval, cp.cluster.tick); return nil })
 	g.Go(func() error { cp.every(gctx, time.Second, cp.cluster.sampleLoad); return nil })
-	g.Go(func() error { cp.runTriggers(gctx); return nil })
+	g.Go(func() error { cp.admin.runTriggers(gctx); return nil })
 	g.Go(func() error {
 		t := time.NewTimer(cp.cfg.StartupGrace)
 		defer t.Stop()
@@ -465,8 +486,8 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 		c.mu.Unlock()
 	}
 	for _, f := range fns {
-		cp.noteRevision(f.Revision)
-		cp.applyFunction(f)
+		cp.admin.noteRevision(f.Revision)
+		cp.admin.applyFunction(f)
 	}
 	cp.metrics.functions.Set(float64(len(fns)))
 	// Every known worker is registered before any link starts. The startup

@@ -18,7 +18,7 @@ func TestFailedAuthenticationsAreThrottled(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.cp.cfg.TrustedProxies = []string{"10.0.0.9", "localhost"} // a replica by address, one by name (Kubernetes')
-	h := e.cp.authenticate(e.cp.adminHandler())
+	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
 	do := func(from, xff, token string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/v1/functions", nil)
 		req.RemoteAddr = from + ":40000"

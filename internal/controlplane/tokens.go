@@ -32,8 +32,8 @@ const AdminTokenFile = api.AdminTokenFile
 
 // authenticate wraps the admin mux: a request without a valid token is
 // refused before any route (so unknown routes answer 401 too).
-func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
-	if cp.cfg.AuthDisabled {
+func (srv *adminAPI) authenticate(next http.Handler) http.Handler {
+	if srv.cfg.AuthDisabled {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -41,9 +41,9 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		addr, now := cp.clientAddr(r), time.Now()
+		addr, now := srv.clientAddr(r), time.Now()
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-		if ok, wait := cp.authThrottle.Allowed(addr, tok, now); !ok {
+		if ok, wait := srv.authThrottle.Allowed(addr, tok, now); !ok {
 			// 401 still: the token is not accepted, and clients treat it so.
 			secs := int(wait/time.Second) + 1
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
@@ -51,9 +51,9 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, fmt.Sprintf("too many failed authentications with this token from %s: not checked; try again in %d s", addr, secs))
 			return
 		}
-		if err := auth.Check(cp.tokens, tok, "", "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
+		if err := auth.Check(srv.tokens, tok, "", "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
 			if !errors.Is(err, auth.ErrNoToken) {
-				cp.authThrottle.Failed(addr, tok, now) // a wrong token, not a missing one
+				srv.authThrottle.Failed(addr, tok, now) // a wrong token, not a missing one
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
 			writeError(w, http.StatusUnauthorized, err.Error())
@@ -67,13 +67,13 @@ func (cp *ControlPlane) authenticate(next http.Handler) http.Handler {
 // a request a follower replica forwarded (Config.TrustedProxies), the
 // client the follower saw (the last X-Forwarded-For entry). The zero Addr
 // when there is none (a test's handler call).
-func (cp *ControlPlane) clientAddr(r *http.Request) netip.Addr {
+func (srv *adminAPI) clientAddr(r *http.Request) netip.Addr {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}
 	}
 	a := ap.Addr().Unmap()
-	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 && cp.trustedProxy(r.Context(), a) {
+	if xff := r.Header.Values("X-Forwarded-For"); len(xff) > 0 && srv.trustedProxy(r.Context(), a) {
 		last := xff[len(xff)-1]
 		if i := strings.LastIndexByte(last, ','); i >= 0 {
 			last = last[i+1:]
@@ -88,47 +88,47 @@ func (cp *ControlPlane) clientAddr(r *http.Request) netip.Addr {
 // trustedProxy reports whether a is a replica's address
 // (Config.TrustedProxies). Names are resolved on the first question and
 // again when an address is not found, at most every 30 s.
-func (cp *ControlPlane) trustedProxy(ctx context.Context, a netip.Addr) bool {
-	if len(cp.cfg.TrustedProxies) == 0 {
+func (srv *adminAPI) trustedProxy(ctx context.Context, a netip.Addr) bool {
+	if len(srv.cfg.TrustedProxies) == 0 {
 		return false
 	}
-	if known := cp.proxyAddrs.Load(); known != nil && slices.Contains(*known, a) {
+	if known := srv.proxyAddrs.Load(); known != nil && slices.Contains(*known, a) {
 		return true
 	}
 	now := time.Now().UnixNano()
-	if last := cp.proxyAddrsAt.Load(); last != 0 && now-last < int64(30*time.Second) || !cp.proxyAddrsAt.CompareAndSwap(last, now) {
+	if last := srv.proxyAddrsAt.Load(); last != 0 && now-last < int64(30*time.Second) || !srv.proxyAddrsAt.CompareAndSwap(last, now) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	var addrs []netip.Addr
-	for _, h := range cp.cfg.TrustedProxies {
+	for _, h := range srv.cfg.TrustedProxies {
 		if ip, err := netip.ParseAddr(h); err == nil {
 			addrs = append(addrs, ip.Unmap())
 			continue
 		}
 		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
 		if err != nil {
-			cp.log.Debug("resolving a replica's address for the auth throttle", "host", h, "err", err)
+			srv.log.Debug("resolving a replica's address for the auth throttle", "host", h, "err", err)
 			continue
 		}
 		for _, ip := range ips {
 			addrs = append(addrs, ip.Unmap())
 		}
 	}
-	cp.proxyAddrs.Store(&addrs)
+	srv.proxyAddrs.Store(&addrs)
 	return slices.Contains(addrs, a)
 }
 
 // authorize checks the request's token for scope on function fn of
 // namespace ns (both "": the API as a whole; fn "": the namespace); on
 // failure it has answered 403.
-func (cp *ControlPlane) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn string) bool {
-	if cp.cfg.AuthDisabled {
+func (srv *adminAPI) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn string) bool {
+	if srv.cfg.AuthDisabled {
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
-	err := auth.Check(cp.tokens, tok, scope, ns, fn)
+	err := auth.Check(srv.tokens, tok, scope, ns, fn)
 	switch {
 	case err == nil:
 		return true
@@ -148,8 +148,8 @@ func (cp *ControlPlane) authorize(w http.ResponseWriter, r *http.Request, scope,
 }
 
 // loadTokens gives the checker the registry's tokens.
-func (cp *ControlPlane) loadTokens() error {
-	toks, err := cp.store.Tokens()
+func (srv *adminAPI) loadTokens() error {
+	toks, err := srv.store.Tokens()
 	if err != nil {
 		return err
 	}
@@ -157,36 +157,36 @@ func (cp *ControlPlane) loadTokens() error {
 	for i, t := range toks {
 		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, SigningKey: t.SigningKey}
 	}
-	cp.tokens.Replace(grants)
-	cp.cluster.setAuth(!cp.cfg.AuthDisabled, grants)
+	srv.tokens.Replace(grants)
+	srv.cluster.setAuth(!srv.cfg.AuthDisabled, grants)
 	return nil
 }
 
 // bootstrapToken creates the first admin token when the registry has none
 // and writes it to the data dir, so that whoever starts a cluster can use
 // it at once and nobody else can.
-func (cp *ControlPlane) bootstrapToken() error {
-	if cp.cfg.AuthDisabled || cp.tokens.Len() > 0 {
+func (srv *adminAPI) bootstrapToken() error {
+	if srv.cfg.AuthDisabled || srv.tokens.Len() > 0 {
 		return nil
 	}
-	g, path, _, err := cp.firstToken(auth.ScopeAdmin, cp.cfg.BootstrapAdminToken, filepath.Join(cp.cfg.DataDir, AdminTokenFile))
+	g, path, _, err := srv.firstToken(auth.ScopeAdmin, srv.cfg.BootstrapAdminToken, filepath.Join(srv.cfg.DataDir, AdminTokenFile))
 	if err != nil {
 		return err
 	}
 	rec := &store.Token{ID: g.ID, Name: "bootstrap-admin", Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
-	if err := cp.store.CreateToken(rec); err != nil {
+	if err := srv.store.CreateToken(rec); err != nil {
 		return err
 	}
-	cp.log.Info("created the first admin token", "file", path, "id", g.ID)
-	return cp.loadTokens()
+	srv.log.Info("created the first admin token", "file", path, "id", g.ID)
+	return srv.loadTokens()
 }
 
 // firstToken is a bootstrap token of scope: the given one while the
 // registry is unused (givenTokenUsable), else, with a path, a new one
 // written there (written is "" for a given token: whoever gave it has
 // it). ok is false when there is none to register.
-func (cp *ControlPlane) firstToken(scope, given, path string) (g auth.Grant, written string, ok bool, err error) {
-	if given != "" && cp.givenTokenUsable(scope) {
+func (srv *adminAPI) firstToken(scope, given, path string) (g auth.Grant, written string, ok bool, err error) {
+	if given != "" && srv.givenTokenUsable(scope) {
 		if g, err = auth.GrantOf(given, []string{scope}); err != nil {
 			return g, "", false, fmt.Errorf("controlplane: the bootstrap %s token: %w", scope, err)
 		}
@@ -211,11 +211,11 @@ const bootstrapDeployName = "bootstrap-deploy"
 // bootstrapDeployToken registers the given deploy token when no token of
 // its name exists and the registry is unused (givenTokenUsable): a revoked
 // one does not come back.
-func (cp *ControlPlane) bootstrapDeployToken() error {
-	if cp.cfg.AuthDisabled || cp.cfg.BootstrapDeployToken == "" {
+func (srv *adminAPI) bootstrapDeployToken() error {
+	if srv.cfg.AuthDisabled || srv.cfg.BootstrapDeployToken == "" {
 		return nil
 	}
-	toks, err := cp.store.Tokens()
+	toks, err := srv.store.Tokens()
 	if err != nil {
 		return err
 	}
@@ -224,16 +224,16 @@ func (cp *ControlPlane) bootstrapDeployToken() error {
 			return nil
 		}
 	}
-	g, _, ok, err := cp.firstToken(auth.ScopeDeploy, cp.cfg.BootstrapDeployToken, "")
+	g, _, ok, err := srv.firstToken(auth.ScopeDeploy, srv.cfg.BootstrapDeployToken, "")
 	if err != nil || !ok {
 		return err
 	}
 	rec := &store.Token{ID: g.ID, Name: bootstrapDeployName, Scopes: g.Scopes, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
-	if err := cp.store.CreateToken(rec); err != nil {
+	if err := srv.store.CreateToken(rec); err != nil {
 		return err
 	}
-	cp.log.Info("registered the given deploy token", "id", g.ID)
-	return cp.loadTokens()
+	srv.log.Info("registered the given deploy token", "id", g.ID)
+	return srv.loadTokens()
 }
 
 // givenTokenUsable says whether a bootstrap token given in the
@@ -243,16 +243,16 @@ func (cp *ControlPlane) bootstrapDeployToken() error {
 // the Secret every replica mounts, would otherwise come back after an
 // operator revoked it. Past that, a new token is made into the data dir as
 // without a given one.
-func (cp *ControlPlane) givenTokenUsable(kind string) bool {
-	ws, err1 := cp.store.Workers()
-	dps, err2 := cp.store.DataPlanes()
-	fns, err3 := cp.store.Functions()
+func (srv *adminAPI) givenTokenUsable(kind string) bool {
+	ws, err1 := srv.store.Workers()
+	dps, err2 := srv.store.DataPlanes()
+	fns, err3 := srv.store.Functions()
 	if err := errors.Join(err1, err2, err3); err != nil || len(ws)+len(dps)+len(fns) > 0 {
 		then := "making a new one into the data dir"
 		if kind == auth.ScopeDeploy {
 			then = "give its user a token made with brisk token create"
 		}
-		cp.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); "+then,
+		srv.log.Warn("not registering the given bootstrap token: the registry is in use (was the token revoked?); "+then,
 			"kind", kind, "err", err)
 		return false
 	}
@@ -285,8 +285,8 @@ func viewOf(t *store.Token) TokenView {
 	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, CreatedAt: t.CreatedAt}
 }
 
-func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) createToken(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	var req TokenRequest
@@ -301,7 +301,7 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "functions: at most 1000")
 		return
 	}
-	if req.Namespace != "" && !cp.namespaceExists(req.Namespace) {
+	if req.Namespace != "" && !srv.namespaceExists(req.Namespace) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("namespace: %q does not exist (brisk ns create)", req.Namespace))
 		return
 	}
@@ -311,11 +311,11 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
-	if err := cp.store.CreateToken(rec); err != nil {
+	if err := srv.store.CreateToken(rec); err != nil {
 		writeStoreError(w, "storing the token: ", err)
 		return
 	}
-	if err := cp.loadTokens(); err != nil {
+	if err := srv.loadTokens(); err != nil {
 		writeStoreError(w, "loading tokens: ", err)
 		return
 	}
@@ -324,11 +324,11 @@ func (cp *ControlPlane) createToken(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, v)
 }
 
-func (cp *ControlPlane) listTokens(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) listTokens(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
-	toks, err := cp.store.Tokens()
+	toks, err := srv.store.Tokens()
 	if err != nil {
 		writeStoreError(w, "reading tokens: ", err)
 		return
@@ -340,12 +340,12 @@ func (cp *ControlPlane) listTokens(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (cp *ControlPlane) revokeToken(w http.ResponseWriter, r *http.Request) {
-	if !cp.authorize(w, r, auth.ScopeAdmin, "", "") {
+func (srv *adminAPI) revokeToken(w http.ResponseWriter, r *http.Request) {
+	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	id := r.PathValue("id")
-	if err := cp.store.DeleteToken(id); err != nil {
+	if err := srv.store.DeleteToken(id); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("token %q not found", id))
 			return
@@ -353,7 +353,7 @@ func (cp *ControlPlane) revokeToken(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "revoking the token: ", err)
 		return
 	}
-	if err := cp.loadTokens(); err != nil {
+	if err := srv.loadTokens(); err != nil {
 		writeStoreError(w, "loading tokens: ", err)
 		return
 	}

@@ -25,7 +25,7 @@ import (
 // applyFunction hands f to the cluster with the revision functions its
 // split needs, and removes the ones it no longer needs. The caller holds
 // f's name lock (or is the single-threaded load).
-func (cp *ControlPlane) applyFunction(f *spec.Function) {
+func (srv *adminAPI) applyFunction(f *spec.Function) {
 	want := map[string]bool{}
 	var revs []*spec.Function
 	for _, t := range f.Traffic {
@@ -34,14 +34,14 @@ func (cp *ControlPlane) applyFunction(f *spec.Function) {
 		}
 		if revs == nil {
 			var err error
-			if revs, err = cp.store.Revisions(f.Name); err != nil {
-				cp.log.Warn("traffic split: reading revisions failed; its share goes to the current revision", "function", f.Name, "err", err)
+			if revs, err = srv.store.Revisions(f.Name); err != nil {
+				srv.log.Warn("traffic split: reading revisions failed; its share goes to the current revision", "function", f.Name, "err", err)
 				break
 			}
 		}
 		kept := revisionIn(revs, t.Revision)
 		if kept == nil {
-			cp.log.Warn("traffic split: revision no longer kept; its share goes to the current revision", "function", f.Name, "revision", t.Revision)
+			srv.log.Warn("traffic split: revision no longer kept; its share goes to the current revision", "function", f.Name, "revision", t.Revision)
 			continue
 		}
 		g := *kept
@@ -51,34 +51,34 @@ func (cp *ControlPlane) applyFunction(f *spec.Function) {
 		want[g.Name] = true
 		// The revision function first: a data plane learns the target
 		// before the split that names it.
-		if cur := cp.cluster.spec(g.Name); cur == nil || cur.Revision != g.Revision {
-			cp.cluster.upsertFunction(&g)
+		if cur := srv.cluster.spec(g.Name); cur == nil || cur.Revision != g.Revision {
+			srv.cluster.upsertFunction(&g)
 		}
 	}
-	cp.cluster.upsertFunction(f)
-	cp.splitMu.Lock()
-	old := cp.splits[f.Name]
+	srv.cluster.upsertFunction(f)
+	srv.splitMu.Lock()
+	old := srv.splits[f.Name]
 	if len(want) == 0 {
-		delete(cp.splits, f.Name)
+		delete(srv.splits, f.Name)
 	} else {
-		cp.splits[f.Name] = want
+		srv.splits[f.Name] = want
 	}
-	cp.splitMu.Unlock()
+	srv.splitMu.Unlock()
 	for name := range old {
 		if !want[name] {
-			cp.cluster.removeFunction(name)
+			srv.cluster.removeFunction(name)
 		}
 	}
 }
 
 // removeSplit removes the revision functions of a deleted function.
-func (cp *ControlPlane) removeSplit(name string) {
-	cp.splitMu.Lock()
-	old := cp.splits[name]
-	delete(cp.splits, name)
-	cp.splitMu.Unlock()
+func (srv *adminAPI) removeSplit(name string) {
+	srv.splitMu.Lock()
+	old := srv.splits[name]
+	delete(srv.splits, name)
+	srv.splitMu.Unlock()
 	for n := range old {
-		cp.cluster.removeFunction(n)
+		srv.cluster.removeFunction(n)
 	}
 }
 
@@ -87,8 +87,8 @@ func (cp *ControlPlane) removeSplit(name string) {
 // passes the checks a rollback to it would (its secrets exist, and the
 // caller may give them), and the revision functions it adds fit the
 // namespace's function quota. It answers the refusal itself.
-func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
-	if !cp.resolveTraffic(w, f, cur) {
+func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
+	if !srv.resolveTraffic(w, f, cur) {
 		return false
 	}
 	if err := spec.ValidateTraffic(f.Traffic); err != nil {
@@ -100,13 +100,13 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 	if cur != nil {
 		curRev = cur.Revision
 		had = append(had, cur.Secrets...)
-		cp.splitMu.Lock()
-		for name := range cp.splits[cur.Name] {
-			if g := cp.cluster.spec(name); g != nil {
+		srv.splitMu.Lock()
+		for name := range srv.splits[cur.Name] {
+			if g := srv.cluster.spec(name); g != nil {
 				had = append(had, g.Secrets...)
 			}
 		}
-		cp.splitMu.Unlock()
+		srv.splitMu.Unlock()
 	}
 	ns := namespaceOf(f)
 	var revs []*spec.Function
@@ -121,7 +121,7 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 		}
 		if revs == nil {
 			var err error
-			if revs, err = cp.store.Revisions(f.Name); err != nil {
+			if revs, err = srv.store.Revisions(f.Name); err != nil {
 				writeStoreError(w, "reading revisions: ", err)
 				return false
 			}
@@ -132,15 +132,15 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 			return false
 		}
 		g := *kept
-		if !cp.admitSecrets(w, &g) || !cp.mayAddSecrets(w, r, ns, &g, had) {
+		if !srv.admitSecrets(w, &g) || !srv.mayAddSecrets(w, r, ns, &g, had) {
 			return false
 		}
-		if cp.cluster.spec(spec.RevisionFunction(f.Name, t.Revision)) == nil {
+		if srv.cluster.spec(spec.RevisionFunction(f.Name, t.Revision)) == nil {
 			added++
 		}
 	}
 	if added > 0 {
-		c := cp.cluster
+		c := srv.cluster
 		c.mu.Lock()
 		q, _ := c.r.Quota(ns)
 		c.mu.Unlock()
@@ -157,7 +157,7 @@ func (cp *ControlPlane) checkTraffic(w http.ResponseWriter, r *http.Request, f, 
 // its generation (rev-3) into that revision's id, and notes each pinned
 // target's generation. A number that is neither a kept revision's id nor
 // its generation is left for checkTraffic to refuse.
-func (cp *ControlPlane) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function) bool {
+func (srv *adminAPI) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function) bool {
 	var revs []*spec.Function
 	loaded := cur == nil
 	for i := range f.Traffic {
@@ -171,7 +171,7 @@ func (cp *ControlPlane) resolveTraffic(w http.ResponseWriter, f, cur *spec.Funct
 		}
 		if !loaded {
 			var err error
-			if revs, err = cp.store.Revisions(f.Name); err != nil {
+			if revs, err = srv.store.Revisions(f.Name); err != nil {
 				writeStoreError(w, "reading revisions: ", err)
 				return false
 			}
@@ -187,11 +187,11 @@ func (cp *ControlPlane) resolveTraffic(w http.ResponseWriter, f, cur *spec.Funct
 // checkPinnedKept refuses an update that would push a revision old's split
 // pins out of the kept history (the oldest goes once MaxRevisions are
 // kept): its share would silently move to the current revision.
-func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
+func (srv *adminAPI) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
 	if !slices.ContainsFunc(old.Traffic, old.Pins) {
 		return true
 	}
-	revs, err := cp.store.Revisions(old.Name)
+	revs, err := srv.store.Revisions(old.Name)
 	if err != nil {
 		writeStoreError(w, "reading revisions: ", err)
 		return false
@@ -212,35 +212,35 @@ func (cp *ControlPlane) checkPinnedKept(w http.ResponseWriter, old *spec.Functio
 // "percent": 90}, {"revision": 0, "percent": 10}]}. It makes no revision:
 // the split is how calls reach revisions, not part of one. An empty list
 // sends everything to the current revision again.
-func (cp *ControlPlane) putTraffic(w http.ResponseWriter, r *http.Request) {
-	name := cp.pathFunction(r)
-	if !cp.authorize(w, r, auth.ScopeDeploy, cp.namespaceOfFn(name), name) {
+func (srv *adminAPI) putTraffic(w http.ResponseWriter, r *http.Request) {
+	name := srv.pathFunction(r)
+	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
 	var req api.TrafficRequest
 	if !readJSON(w, r, &req) {
 		return
 	}
-	defer cp.lockForChange(name)()
-	old := cp.cluster.spec(name)
+	defer srv.lockForChange(name)()
+	old := srv.cluster.spec(name)
 	if old == nil || spec.IsRevisionFunction(name) {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
-	if !cp.authorize(w, r, auth.ScopeDeploy, namespaceOf(old), name) { // it may have moved before the lock
+	if !srv.authorize(w, r, auth.ScopeDeploy, namespaceOf(old), name) { // it may have moved before the lock
 		return
 	}
 	f := *old
 	f.Traffic = req.Traffic
-	if !cp.checkTraffic(w, r, &f, old) {
+	if !srv.checkTraffic(w, r, &f, old) {
 		return
 	}
 	f.UpdatedAt = time.Now().UTC()
-	if err := cp.store.UpdateFunction(&f); err != nil {
+	if err := srv.store.UpdateFunction(&f); err != nil {
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	cp.applyFunction(&f)
+	srv.applyFunction(&f)
 	writeCompactJSON(w, http.StatusOK, &f)
 }
 

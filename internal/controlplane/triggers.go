@@ -32,43 +32,43 @@ import (
 const maxTriggerBody = spec.MaxTriggerPayload + 64<<10
 
 // loadTriggers reads the registry's triggers and gives them to the runner.
-func (cp *ControlPlane) loadTriggers() error {
-	recs, err := cp.store.Triggers()
+func (srv *adminAPI) loadTriggers() error {
+	recs, err := srv.store.Triggers()
 	if err != nil {
 		return err
 	}
-	cp.triggerMu.Lock()
-	defer cp.triggerMu.Unlock()
-	cp.triggerRecs = make(map[string]*store.Trigger, len(recs))
+	srv.triggerMu.Lock()
+	defer srv.triggerMu.Unlock()
+	srv.triggerRecs = make(map[string]*store.Trigger, len(recs))
 	for _, t := range recs {
-		cp.triggerRecs[t.Key()] = t
-		cp.runTrigger(t)
+		srv.triggerRecs[t.Key()] = t
+		srv.runTrigger(t)
 	}
-	cp.refreshPrewarmLocked()
+	srv.refreshPrewarmLocked()
 	return nil
 }
 
 // recordTick persists the last tick a cron trigger fired (the runner's
 // Record).
-func (cp *ControlPlane) recordTick(key string, tick time.Time) error {
-	cp.triggerMu.Lock()
-	defer cp.triggerMu.Unlock()
-	old := cp.triggerRecs[key]
+func (srv *adminAPI) recordTick(key string, tick time.Time) error {
+	srv.triggerMu.Lock()
+	defer srv.triggerMu.Unlock()
+	old := srv.triggerRecs[key]
 	if old == nil {
 		return nil // deleted meanwhile
 	}
 	rec := *old
 	rec.LastTick = tick
-	if err := cp.store.UpdateTrigger(&rec); err != nil {
+	if err := srv.store.UpdateTrigger(&rec); err != nil {
 		return err
 	}
-	cp.triggerRecs[key] = &rec
+	srv.triggerRecs[key] = &rec
 	return nil
 }
 
 // secretValue is a secret's value for the runner (NATS credentials).
-func (cp *ControlPlane) secretValue(ns, name string) ([]byte, bool) {
-	s := cp.cluster.secret(ns, name)
+func (srv *adminAPI) secretValue(ns, name string) ([]byte, bool) {
+	s := srv.cluster.secret(ns, name)
 	if s == nil {
 		return nil, false
 	}
@@ -82,13 +82,13 @@ func newTriggerUID() string {
 }
 
 // triggerView is a trigger with its status.
-func (cp *ControlPlane) triggerView(t *store.Trigger) api.TriggerView {
+func (srv *adminAPI) triggerView(t *store.Trigger) api.TriggerView {
 	v := api.TriggerView{Trigger: t.Trigger}
 	if v.Namespace == "" {
 		v.Namespace = spec.DefaultNamespace
 	}
-	if cp.triggers != nil {
-		v.Status = cp.triggers.Status(t.Key())
+	if srv.triggers != nil {
+		v.Status = srv.triggers.Status(t.Key())
 	} else {
 		v.Status = api.TriggerStatus{State: "failing", LastError: "this control plane has no asynchronous queue (--nats): triggers do not fire"}
 	}
@@ -101,7 +101,7 @@ func (cp *ControlPlane) triggerView(t *store.Trigger) api.TriggerView {
 // readTrigger decodes and checks a trigger request's body, in the
 // namespace it addresses; name, when set, is the URL's, which the body may
 // repeat. On failure it has answered.
-func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name string) (spec.Trigger, bool) {
+func (srv *adminAPI) readTrigger(w http.ResponseWriter, r *http.Request, name string) (spec.Trigger, bool) {
 	var t spec.Trigger
 	if !readJSONLimit(w, r, &t, maxTriggerBody) {
 		return t, false
@@ -113,8 +113,8 @@ func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name
 		}
 		t.Name = name
 	}
-	t.Namespace = cp.requestNamespace(r, t.Namespace)
-	t.Function = cp.qualify(r, t.Function, t.Namespace)
+	t.Namespace = srv.requestNamespace(r, t.Namespace)
+	t.Function = srv.qualify(r, t.Function, t.Namespace)
 	if err := t.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return t, false
@@ -122,41 +122,41 @@ func (cp *ControlPlane) readTrigger(w http.ResponseWriter, r *http.Request, name
 	return t, true
 }
 
-func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
-	t, ok := cp.readTrigger(w, r, "")
+func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
+	t, ok := srv.readTrigger(w, r, "")
 	if !ok {
 		return
 	}
 	ns := t.Namespace
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
 		return
 	}
-	if cp.cfg.Async == nil {
+	if srv.cfg.Async == nil {
 		writeError(w, http.StatusNotImplemented, "triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats, as the data planes')")
 		return
 	}
-	if !cp.namespaceExists(ns) {
+	if !srv.namespaceExists(ns) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: namespace %q does not exist", ns))
 		return
 	}
-	l := cp.nameLock(t.Function)
+	l := srv.nameLock(t.Function)
 	l.Lock()
 	defer l.Unlock()
-	f, ok := cp.triggerTarget(w, ns, &t)
+	f, ok := srv.triggerTarget(w, ns, &t)
 	if !ok {
 		return
 	}
 	now := time.Now().UTC()
 	t.UID, t.FunctionUID, t.CreatedAt = newTriggerUID(), f.UID, now
 	rec := &store.Trigger{Trigger: t, LastTick: now}
-	cp.triggerMu.Lock()
-	defer cp.triggerMu.Unlock()
-	if cp.triggerRecs[rec.Key()] != nil {
+	srv.triggerMu.Lock()
+	defer srv.triggerMu.Unlock()
+	if srv.triggerRecs[rec.Key()] != nil {
 		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
 		return
 	}
 	n := 0
-	for _, o := range cp.triggerRecs {
+	for _, o := range srv.triggerRecs {
 		if spec.TriggerNamespace(&o.Trigger) == ns {
 			n++
 		}
@@ -165,7 +165,7 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: triggers %d is above the limit %d", ns, n+1, spec.MaxTriggersPerNamespace))
 		return
 	}
-	if err := cp.store.CreateTrigger(rec); err != nil {
+	if err := srv.store.CreateTrigger(rec); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
 			return
@@ -173,31 +173,31 @@ func (cp *ControlPlane) createTrigger(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing the trigger: ", err)
 		return
 	}
-	cp.triggerRecs[rec.Key()] = rec
-	cp.refreshPrewarmLocked(t.Function)
-	cp.runTrigger(rec)
+	srv.triggerRecs[rec.Key()] = rec
+	srv.refreshPrewarmLocked(t.Function)
+	srv.runTrigger(rec)
 	w.Header().Set("Location", "/v1/triggers/"+t.Name+"?namespace="+ns)
-	writeJSON(w, http.StatusCreated, cp.triggerView(rec))
+	writeJSON(w, http.StatusCreated, srv.triggerView(rec))
 }
 
 // updateTrigger replaces a trigger's spec in place: it keeps its uid (so
 // its call ids, and the ticks already fired, stay its own) and its counts;
 // a changed source counts its ticks from now.
-func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	t, ok := cp.readTrigger(w, r, name)
+	t, ok := srv.readTrigger(w, r, name)
 	if !ok {
 		return
 	}
 	ns := t.Namespace
-	cp.triggerMu.Lock()
-	old := cp.triggerRecs[store.TriggerKey(ns, name)]
-	cp.triggerMu.Unlock()
+	srv.triggerMu.Lock()
+	old := srv.triggerRecs[store.TriggerKey(ns, name)]
+	srv.triggerMu.Unlock()
 	oldFn := ""
 	if old != nil {
 		oldFn = old.Function
 	}
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, oldFn) || !cp.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, oldFn) || !srv.authorize(w, r, auth.ScopeDeploy, ns, t.Function) {
 		return
 	}
 	if old == nil {
@@ -208,17 +208,17 @@ func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q is made from function %q's annotations: change them instead", name, old.Function))
 		return
 	}
-	l := cp.nameLock(t.Function)
+	l := srv.nameLock(t.Function)
 	l.Lock()
 	defer l.Unlock()
-	f, ok := cp.triggerTarget(w, ns, &t)
+	f, ok := srv.triggerTarget(w, ns, &t)
 	if !ok {
 		return
 	}
-	cp.triggerMu.Lock()
-	cur := cp.triggerRecs[old.Key()]
+	srv.triggerMu.Lock()
+	cur := srv.triggerRecs[old.Key()]
 	if cur == nil || cur.UID != old.UID {
-		cp.triggerMu.Unlock()
+		srv.triggerMu.Unlock()
 		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q changed meanwhile; try again", name))
 		return
 	}
@@ -227,31 +227,31 @@ func (cp *ControlPlane) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	if !reflect.DeepEqual(t.Cron, cur.Cron) || !reflect.DeepEqual(t.NATS, cur.NATS) || t.Paused != cur.Paused {
 		rec.LastTick = time.Now().UTC() // ticks of the new schedule count from now
 	}
-	if err := cp.store.UpdateTrigger(rec); err != nil {
-		cp.triggerMu.Unlock()
+	if err := srv.store.UpdateTrigger(rec); err != nil {
+		srv.triggerMu.Unlock()
 		writeStoreError(w, "storing the trigger: ", err)
 		return
 	}
-	cp.triggerRecs[rec.Key()] = rec
-	cp.refreshPrewarmLocked(cur.Function, t.Function)
-	cp.triggerMu.Unlock()
-	cp.runTrigger(rec)
-	writeJSON(w, http.StatusOK, cp.triggerView(rec))
+	srv.triggerRecs[rec.Key()] = rec
+	srv.refreshPrewarmLocked(cur.Function, t.Function)
+	srv.triggerMu.Unlock()
+	srv.runTrigger(rec)
+	writeJSON(w, http.StatusOK, srv.triggerView(rec))
 }
 
 // runTrigger hands rec to the runner (on a control plane that runs
 // triggers): it fires from rec's last tick on.
-func (cp *ControlPlane) runTrigger(rec *store.Trigger) {
-	if cp.triggers != nil {
-		cp.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
+func (srv *adminAPI) runTrigger(rec *store.Trigger) {
+	if srv.triggers != nil {
+		srv.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
 }
 
 // triggerTarget returns the function trigger t of namespace ns calls,
 // after checking it is there and so is t's credentials secret; the caller
 // holds the function's name lock. On failure it has answered.
-func (cp *ControlPlane) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
-	c := cp.cluster
+func (srv *adminAPI) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
+	c := srv.cluster
 	c.mu.Lock()
 	f := c.r.Spec(t.Function)
 	c.mu.Unlock()
@@ -261,7 +261,7 @@ func (cp *ControlPlane) triggerTarget(w http.ResponseWriter, ns string, t *spec.
 		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
 		return nil, false
 	}
-	if n := t.NATS; n != nil && n.CredentialsSecret != "" && cp.cluster.secret(ns, n.CredentialsSecret) == nil {
+	if n := t.NATS; n != nil && n.CredentialsSecret != "" && srv.cluster.secret(ns, n.CredentialsSecret) == nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
 		return nil, false
 	}
@@ -271,17 +271,17 @@ func (cp *ControlPlane) triggerTarget(w http.ResponseWriter, ns string, t *spec.
 // lookupTrigger finds the trigger a request names and checks the token
 // may manage it; on failure it has answered (404 for another tenant's
 // trigger too).
-func (cp *ControlPlane) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
+func (srv *adminAPI) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
 	name := r.PathValue("name")
-	ns := cp.requestNamespace(r, "")
-	cp.triggerMu.Lock()
-	t := cp.triggerRecs[store.TriggerKey(ns, name)]
-	cp.triggerMu.Unlock()
+	ns := srv.requestNamespace(r, "")
+	srv.triggerMu.Lock()
+	t := srv.triggerRecs[store.TriggerKey(ns, name)]
+	srv.triggerMu.Unlock()
 	fn := ""
 	if t != nil {
 		fn = t.Function
 	}
-	if !cp.authorize(w, r, auth.ScopeDeploy, ns, fn) {
+	if !srv.authorize(w, r, auth.ScopeDeploy, ns, fn) {
 		return nil, false
 	}
 	if t == nil {
@@ -291,92 +291,92 @@ func (cp *ControlPlane) lookupTrigger(w http.ResponseWriter, r *http.Request) (*
 	return t, true
 }
 
-func (cp *ControlPlane) getTrigger(w http.ResponseWriter, r *http.Request) {
-	if t, ok := cp.lookupTrigger(w, r); ok {
-		writeJSON(w, http.StatusOK, cp.triggerView(t))
+func (srv *adminAPI) getTrigger(w http.ResponseWriter, r *http.Request) {
+	if t, ok := srv.lookupTrigger(w, r); ok {
+		writeJSON(w, http.StatusOK, srv.triggerView(t))
 	}
 }
 
 // listTriggers answers the triggers of ?namespace= (default: the token's
 // namespace, or every namespace for a token bound to none), of
 // ?function= if given, that the token may manage.
-func (cp *ControlPlane) listTriggers(w http.ResponseWriter, r *http.Request) {
+func (srv *adminAPI) listTriggers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ns := q.Get("namespace")
 	fn := q.Get("function")
 	visible := func(*store.Trigger) bool { return true }
-	if !cp.cfg.AuthDisabled {
+	if !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 		if ns == "" {
-			ns = auth.NamespaceOf(cp.tokens, tok)
+			ns = auth.NamespaceOf(srv.tokens, tok)
 		}
-		if err := auth.HasScope(cp.tokens, tok, auth.ScopeDeploy); err != nil {
+		if err := auth.HasScope(srv.tokens, tok, auth.ScopeDeploy); err != nil {
 			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
 			return
 		}
 		visible = func(t *store.Trigger) bool {
-			return auth.Check(cp.tokens, tok, auth.ScopeDeploy, spec.TriggerNamespace(&t.Trigger), t.Function) == nil
+			return auth.Check(srv.tokens, tok, auth.ScopeDeploy, spec.TriggerNamespace(&t.Trigger), t.Function) == nil
 		}
 	}
 	if fn != "" && ns != "" {
-		fn = cp.qualify(r, fn, ns) // a bare name is the namespace's function
+		fn = srv.qualify(r, fn, ns) // a bare name is the namespace's function
 	}
-	cp.triggerMu.Lock()
-	recs := make([]*store.Trigger, 0, len(cp.triggerRecs))
-	for _, t := range cp.triggerRecs {
+	srv.triggerMu.Lock()
+	recs := make([]*store.Trigger, 0, len(srv.triggerRecs))
+	for _, t := range srv.triggerRecs {
 		if (ns == "" || spec.TriggerNamespace(&t.Trigger) == ns) && (fn == "" || t.Function == fn) && visible(t) {
 			recs = append(recs, t)
 		}
 	}
-	cp.triggerMu.Unlock()
+	srv.triggerMu.Unlock()
 	slices.SortFunc(recs, func(a, b *store.Trigger) int { return strings.Compare(a.Key(), b.Key()) })
 	out := make([]api.TriggerView, len(recs))
 	for i, t := range recs {
-		out[i] = cp.triggerView(t)
+		out[i] = srv.triggerView(t)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (cp *ControlPlane) deleteTrigger(w http.ResponseWriter, r *http.Request) {
-	t, ok := cp.lookupTrigger(w, r)
+func (srv *adminAPI) deleteTrigger(w http.ResponseWriter, r *http.Request) {
+	t, ok := srv.lookupTrigger(w, r)
 	if !ok {
 		return
 	}
-	cp.triggerMu.Lock()
-	err := cp.store.DeleteTrigger(spec.TriggerNamespace(&t.Trigger), t.Name)
+	srv.triggerMu.Lock()
+	err := srv.store.DeleteTrigger(spec.TriggerNamespace(&t.Trigger), t.Name)
 	if err == nil || errors.Is(err, store.ErrNotFound) {
-		delete(cp.triggerRecs, t.Key())
-		cp.refreshPrewarmLocked(t.Function)
+		delete(srv.triggerRecs, t.Key())
+		srv.refreshPrewarmLocked(t.Function)
 	}
-	cp.triggerMu.Unlock()
+	srv.triggerMu.Unlock()
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		writeStoreError(w, "deleting the trigger: ", err)
 		return
 	}
-	if cp.triggers != nil {
-		cp.triggers.Remove(t.Key())
+	if srv.triggers != nil {
+		srv.triggers.Remove(t.Key())
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
 // pauseTrigger and resumeTrigger set a trigger's Paused; a resumed cron
 // trigger's ticks count from the resumption.
-func (cp *ControlPlane) pauseTrigger(w http.ResponseWriter, r *http.Request) {
-	cp.setPaused(w, r, true)
+func (srv *adminAPI) pauseTrigger(w http.ResponseWriter, r *http.Request) {
+	srv.setPaused(w, r, true)
 }
-func (cp *ControlPlane) resumeTrigger(w http.ResponseWriter, r *http.Request) {
-	cp.setPaused(w, r, false)
+func (srv *adminAPI) resumeTrigger(w http.ResponseWriter, r *http.Request) {
+	srv.setPaused(w, r, false)
 }
 
-func (cp *ControlPlane) setPaused(w http.ResponseWriter, r *http.Request, paused bool) {
-	t, ok := cp.lookupTrigger(w, r)
+func (srv *adminAPI) setPaused(w http.ResponseWriter, r *http.Request, paused bool) {
+	t, ok := srv.lookupTrigger(w, r)
 	if !ok {
 		return
 	}
-	cp.triggerMu.Lock()
-	cur := cp.triggerRecs[t.Key()]
+	srv.triggerMu.Lock()
+	cur := srv.triggerRecs[t.Key()]
 	if cur == nil {
-		cp.triggerMu.Unlock()
+		srv.triggerMu.Unlock()
 		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", t.Name, spec.TriggerNamespace(&t.Trigger)))
 		return
 	}
@@ -387,52 +387,52 @@ func (cp *ControlPlane) setPaused(w http.ResponseWriter, r *http.Request, paused
 		if !paused {
 			rec.LastTick = time.Now().UTC()
 		}
-		if err := cp.store.UpdateTrigger(&rec); err != nil {
-			cp.triggerMu.Unlock()
+		if err := srv.store.UpdateTrigger(&rec); err != nil {
+			srv.triggerMu.Unlock()
 			writeStoreError(w, "storing the trigger: ", err)
 			return
 		}
-		cp.triggerRecs[rec.Key()] = &rec
-		cp.refreshPrewarmLocked(rec.Function)
+		srv.triggerRecs[rec.Key()] = &rec
+		srv.refreshPrewarmLocked(rec.Function)
 	}
-	cp.triggerMu.Unlock()
+	srv.triggerMu.Unlock()
 	if changed {
-		cp.runTrigger(&rec)
+		srv.runTrigger(&rec)
 	}
-	writeJSON(w, http.StatusOK, cp.triggerView(&rec))
+	writeJSON(w, http.StatusOK, srv.triggerView(&rec))
 }
 
 // deleteFunctionTriggers deletes the triggers of a deleted function; the
 // caller holds its name lock.
-func (cp *ControlPlane) deleteFunctionTriggers(ns, fn string) {
-	cp.triggerMu.Lock()
+func (srv *adminAPI) deleteFunctionTriggers(ns, fn string) {
+	srv.triggerMu.Lock()
 	var gone []string
-	for k, t := range cp.triggerRecs {
+	for k, t := range srv.triggerRecs {
 		if t.Function != fn || spec.TriggerNamespace(&t.Trigger) != ns {
 			continue
 		}
-		if err := cp.store.DeleteTrigger(ns, t.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
-			cp.log.Warn("trigger of a deleted function not deleted", "trigger", k, "err", err)
+		if err := srv.store.DeleteTrigger(ns, t.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			srv.log.Warn("trigger of a deleted function not deleted", "trigger", k, "err", err)
 			continue
 		}
-		delete(cp.triggerRecs, k)
+		delete(srv.triggerRecs, k)
 		gone = append(gone, k)
 	}
-	cp.refreshPrewarmLocked(fn)
-	cp.triggerMu.Unlock()
+	srv.refreshPrewarmLocked(fn)
+	srv.triggerMu.Unlock()
 	for _, k := range gone {
-		if cp.triggers != nil {
-			cp.triggers.Remove(k)
+		if srv.triggers != nil {
+			srv.triggers.Remove(k)
 		}
 	}
 }
 
 // functionTriggers lists the triggers of function fn of namespace ns.
-func (cp *ControlPlane) functionTriggers(ns, fn string) []api.TriggerRef {
-	cp.triggerMu.Lock()
-	defer cp.triggerMu.Unlock()
+func (srv *adminAPI) functionTriggers(ns, fn string) []api.TriggerRef {
+	srv.triggerMu.Lock()
+	defer srv.triggerMu.Unlock()
 	var out []api.TriggerRef
-	for _, t := range cp.triggerRecs {
+	for _, t := range srv.triggerRecs {
 		if t.Function == fn && spec.TriggerNamespace(&t.Trigger) == ns {
 			out = append(out, api.TriggerRef{Name: t.Name, Kind: t.Kind(), Paused: t.Paused})
 		}
@@ -442,16 +442,16 @@ func (cp *ControlPlane) functionTriggers(ns, fn string) []api.TriggerRef {
 }
 
 // runTriggers starts the runner over the loaded triggers until ctx ends.
-func (cp *ControlPlane) runTriggers(ctx context.Context) {
-	if cp.triggers != nil {
-		cp.triggers.Run(ctx)
+func (srv *adminAPI) runTriggers(ctx context.Context) {
+	if srv.triggers != nil {
+		srv.triggers.Run(ctx)
 	}
 }
 
 // admitAnnotationTriggers checks the triggers f's OpenFaaS connector
 // annotations ask for (spec.AnnotationTriggers); the caller holds f's
 // name lock. On failure it has answered.
-func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Function) bool {
+func (srv *adminAPI) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Function) bool {
 	ts, err := spec.AnnotationTriggers(f)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -460,14 +460,14 @@ func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.F
 	if len(ts) == 0 {
 		return true
 	}
-	if cp.cfg.Async == nil {
+	if srv.cfg.Async == nil {
 		writeError(w, http.StatusNotImplemented, "annotations: topic asks for a trigger, and triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats)")
 		return false
 	}
-	cp.triggerMu.Lock()
-	defer cp.triggerMu.Unlock()
+	srv.triggerMu.Lock()
+	defer srv.triggerMu.Unlock()
 	for _, t := range ts {
-		if o := cp.triggerRecs[store.TriggerKey(namespaceOf(f), t.Name)]; o != nil && (o.Managed != spec.ManagedByAnnotations || o.Function != f.Name) {
+		if o := srv.triggerRecs[store.TriggerKey(namespaceOf(f), t.Name)]; o != nil && (o.Managed != spec.ManagedByAnnotations || o.Function != f.Name) {
 			writeError(w, http.StatusConflict, fmt.Sprintf("annotations: they make trigger %q, and a trigger of that name exists already in namespace %q (brisk trigger delete %s)", t.Name, namespaceOf(f), t.Name))
 			return false
 		}
@@ -481,13 +481,13 @@ func (cp *ControlPlane) admitAnnotationTriggers(w http.ResponseWriter, f *spec.F
 // topic annotation in either there is nothing to do, which keeps
 // registrations away from the triggers' lock. The caller holds f's name
 // lock.
-func (cp *ControlPlane) syncAnnotationTriggers(f, old *spec.Function) {
+func (srv *adminAPI) syncAnnotationTriggers(f, old *spec.Function) {
 	if f.Annotations[spec.AnnotationTopic] == "" && (old == nil || old.Annotations[spec.AnnotationTopic] == "") {
 		return
 	}
 	want, err := spec.AnnotationTriggers(f)
 	if err != nil { // admitted: cannot happen
-		cp.log.Warn("annotation triggers", "function", f.Name, "err", err)
+		srv.log.Warn("annotation triggers", "function", f.Name, "err", err)
 		return
 	}
 	ns := namespaceOf(f)
@@ -495,10 +495,10 @@ func (cp *ControlPlane) syncAnnotationTriggers(f, old *spec.Function) {
 	for _, t := range want {
 		wanted[store.TriggerKey(ns, t.Name)] = t
 	}
-	cp.triggerMu.Lock()
+	srv.triggerMu.Lock()
 	var gone []string
 	var made []*store.Trigger
-	for k, rec := range cp.triggerRecs {
+	for k, rec := range srv.triggerRecs {
 		if rec.Managed != spec.ManagedByAnnotations || rec.Function != f.Name || spec.TriggerNamespace(&rec.Trigger) != ns {
 			continue
 		}
@@ -506,47 +506,47 @@ func (cp *ControlPlane) syncAnnotationTriggers(f, old *spec.Function) {
 			delete(wanted, k) // unchanged: keeps its ticks
 			continue
 		}
-		if err := cp.store.DeleteTrigger(ns, rec.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
-			cp.log.Warn("annotation trigger not deleted", "trigger", k, "err", err)
+		if err := srv.store.DeleteTrigger(ns, rec.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			srv.log.Warn("annotation trigger not deleted", "trigger", k, "err", err)
 			continue
 		}
-		delete(cp.triggerRecs, k)
+		delete(srv.triggerRecs, k)
 		gone = append(gone, k)
 	}
 	now := time.Now().UTC()
 	for k, t := range wanted {
-		if cp.triggerRecs[k] != nil {
+		if srv.triggerRecs[k] != nil {
 			continue // admitted, so a managed one whose delete failed
 		}
 		t.UID, t.FunctionUID, t.CreatedAt = newTriggerUID(), f.UID, now
 		rec := &store.Trigger{Trigger: t, LastTick: now}
-		if err := cp.store.CreateTrigger(rec); err != nil {
-			cp.log.Warn("annotation trigger not created", "trigger", k, "err", err)
+		if err := srv.store.CreateTrigger(rec); err != nil {
+			srv.log.Warn("annotation trigger not created", "trigger", k, "err", err)
 			continue
 		}
-		cp.triggerRecs[k] = rec
+		srv.triggerRecs[k] = rec
 		made = append(made, rec)
 	}
 	if len(gone)+len(made) > 0 {
-		cp.refreshPrewarmLocked(f.Name)
+		srv.refreshPrewarmLocked(f.Name)
 	}
-	cp.triggerMu.Unlock()
-	if cp.triggers == nil {
+	srv.triggerMu.Unlock()
+	if srv.triggers == nil {
 		return
 	}
 	for _, k := range gone {
-		cp.triggers.Remove(k)
+		srv.triggers.Remove(k)
 	}
 	for _, rec := range made {
-		cp.runTrigger(rec)
+		srv.runTrigger(rec)
 	}
 }
 
 // refreshPrewarmLocked gives the autoscaler's forecaster the schedules of
 // the active cron triggers of functions fns (every function with a trigger
 // when none is named); the caller holds triggerMu.
-func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
-	if cp.triggers == nil {
+func (srv *adminAPI) refreshPrewarmLocked(fns ...string) {
+	if srv.triggers == nil {
 		return // they do not fire here
 	}
 	// Named functions are set even to none (their last cron trigger
@@ -555,7 +555,7 @@ func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
 	for _, fn := range fns {
 		scheds[fn] = nil
 	}
-	for _, t := range cp.triggerRecs {
+	for _, t := range srv.triggerRecs {
 		if _, named := scheds[t.Function]; len(fns) > 0 && !named || t.Cron == nil || t.Paused {
 			continue
 		}
@@ -563,7 +563,7 @@ func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
 			scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
 		}
 	}
-	c := cp.cluster
+	c := srv.cluster
 	c.mu.Lock()
 	for fn, s := range scheds {
 		c.prewarm.SetSchedules(fn, s)
@@ -573,16 +573,16 @@ func (cp *ControlPlane) refreshPrewarmLocked(fns ...string) {
 
 // dashboardTriggers is the dashboard's list: at most limit triggers,
 // failing ones first, then by key; and how many there are.
-func (cp *ControlPlane) dashboardTriggers(limit int) ([]api.TriggerView, int) {
-	cp.triggerMu.Lock()
-	recs := make([]*store.Trigger, 0, len(cp.triggerRecs))
-	for _, t := range cp.triggerRecs {
+func (srv *adminAPI) dashboardTriggers(limit int) ([]api.TriggerView, int) {
+	srv.triggerMu.Lock()
+	recs := make([]*store.Trigger, 0, len(srv.triggerRecs))
+	for _, t := range srv.triggerRecs {
 		recs = append(recs, t)
 	}
-	cp.triggerMu.Unlock()
+	srv.triggerMu.Unlock()
 	out := make([]api.TriggerView, len(recs))
 	for i, t := range recs {
-		out[i] = cp.triggerView(t)
+		out[i] = srv.triggerView(t)
 	}
 	slices.SortFunc(out, func(a, b api.TriggerView) int {
 		if fa, fb := a.Status.State == "failing", b.Status.State == "failing"; fa != fb {
