@@ -251,11 +251,11 @@ func (d *DataPlane) Apply(b *briskv1.EndpointBatch) {
 		d.table.Remove(id)
 	}
 	d.publish(d.table.Commit())
-	if snapshot {
-		d.synced.Store(true)
-	}
 	d.applyConditions(b)
 	d.applyAuth(b.GetAuth())
+	if snapshot { // after the auth: a data plane that says it is synced checks tokens
+		d.synced.Store(true)
+	}
 }
 
 // publish makes a committed batch's changes visible to the hot path: new

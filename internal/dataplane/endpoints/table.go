@@ -245,7 +245,7 @@ func (t *Table[C, E]) Add(function, id, addr string, mk func(capacity int) E) bo
 				return true
 			}
 		}
-		e.eps = append(e.eps, mk(e.conf.Concurrency()))
+		e.eps = append(e.eps, mk(max(e.conf.Concurrency(), 0)))
 		t.newOwner[id] = function
 		return true
 	}
@@ -258,9 +258,9 @@ func (t *Table[C, E]) Add(function, id, addr string, mk func(capacity int) E) bo
 	i := slices.IndexFunc(e.eps, func(ep E) bool { return ep.SandboxID() == id })
 	switch {
 	case i < 0:
-		e.eps = append(e.eps, mk(e.conf.Concurrency()))
+		e.eps = append(e.eps, mk(max(e.conf.Concurrency(), 0)))
 	case e.eps[i].Address() != addr:
-		e.eps[i] = mk(e.conf.Concurrency())
+		e.eps[i] = mk(max(e.conf.Concurrency(), 0))
 	}
 	t.owner[id] = function
 	return true
@@ -343,6 +343,7 @@ func (t *Table[C, E]) Commit() []Change[C, E] {
 		t.owner, t.newOwner = t.newOwner, nil
 	}
 	t.snapshot = false
+	clear(t.edits) // they share the committed sets' slices
 	return t.changes
 }
 
