@@ -94,9 +94,10 @@ func (srv *adminAPI) checkCode(w http.ResponseWriter, c *spec.Code) bool {
 const codeChunk = 1 << 20
 
 // FetchCode streams a code archive to a worker that is to start a sandbox
-// of a function deployed from it.
-func (srv *adminAPI) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.ControlPlane_FetchCodeServer) error {
-	if srv.cfg.CA != nil {
+// of a function deployed from it: the link serves it, over the registry the
+// admin surface stores code in.
+func (cp *ControlPlane) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.ControlPlane_FetchCodeServer) error {
+	if cp.cfg.CA != nil {
 		c := callerCert(stream.Context())
 		if c == nil {
 			return status.Error(codes.Unauthenticated, "a certificate of the cluster CA is required")
@@ -108,7 +109,7 @@ func (srv *adminAPI) FetchCode(r *briskv1.FetchCodeRequest, stream briskv1.Contr
 	if !spec.ValidDigest(r.GetDigest()) {
 		return status.Errorf(codes.InvalidArgument, "digest %q: want sha256:<64 hex digits>", r.GetDigest())
 	}
-	data, err := srv.store.Code(r.GetDigest())
+	data, err := cp.store.Code(r.GetDigest())
 	if errors.Is(err, store.ErrNotFound) {
 		return status.Errorf(codes.NotFound, "code %s is not in the registry", r.GetDigest())
 	}

@@ -199,7 +199,10 @@ func (c *Config) defaults() {
 // ControlPlane wires the registry, the cluster state, the gRPC service for
 // workers and data planes, and the admin HTTP API.
 type ControlPlane struct {
-	briskv1.UnimplementedControlPlaneServer
+	// Unsafe, not Unimplemented: every method of the service must be
+	// ControlPlane's own, or the build fails (a method left on another
+	// type would answer Unimplemented at run time).
+	briskv1.UnsafeControlPlaneServer
 	*core
 	// admin is the REST surface: functions, tokens, secrets, namespaces,
 	// triggers, traffic, logs, the dashboard and Dirigent's registration
