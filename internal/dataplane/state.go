@@ -275,7 +275,7 @@ func (d *DataPlane) publish(changes []endpoints.Change[*fnConf, *endpoint]) {
 				d.fns.Delete(c.Name)
 				fn.fail(errFunctionDeleted)
 			}
-		case fn == nil || c.Old == nil:
+		case c.Old == nil: // new (or deleted and made again in this batch: its deletion came first)
 			fn = d.newFunction(c.Name)
 			fn.set.Store(c.New)
 			d.fns.Store(c.Name, fn)

@@ -199,18 +199,11 @@ func (t *Table[C, E]) Delete(name string) {
 	if e == nil && set == nil {
 		return
 	}
-	e = t.touch(name)
+	e = t.touch(name) // its endpoints: the committed ones still its, and this batch's
 	owners := t.owners()
 	for _, ep := range e.eps {
 		if owners[ep.SandboxID()] == name {
 			delete(owners, ep.SandboxID())
-		}
-	}
-	if set := t.sets[name]; set != nil && !t.snapshot {
-		for _, ep := range set.Endpoints {
-			if owners[ep.SandboxID()] == name {
-				delete(owners, ep.SandboxID())
-			}
 		}
 	}
 	e.gone, e.replaced, e.eps = true, false, nil
@@ -233,19 +226,20 @@ func (t *Table[C, E]) Add(function, id, addr string, mk func(capacity int) E) bo
 	if e == nil && set == nil {
 		return false
 	}
-	if t.snapshot {
+	if t.snapshot { // e is the function's edit: a snapshot sees nothing else
 		if _, dup := t.newOwner[id]; dup {
 			return true
 		}
-		e = t.edits[function]
+		var rec E
+		var kept bool
 		if set := t.sets[function]; set != nil && t.owner[id] == function {
-			if old, ok := set.Find(id); ok && old.Address() == addr {
-				e.eps = append(e.eps, old)
-				t.newOwner[id] = function
-				return true
-			}
+			rec, kept = set.Find(id)
+			kept = kept && rec.Address() == addr
 		}
-		e.eps = append(e.eps, mk(max(e.conf.Concurrency(), 0)))
+		if !kept {
+			rec = mk(slots(e.conf))
+		}
+		e.eps = append(e.eps, rec)
 		t.newOwner[id] = function
 		return true
 	}
@@ -258,9 +252,9 @@ func (t *Table[C, E]) Add(function, id, addr string, mk func(capacity int) E) bo
 	i := slices.IndexFunc(e.eps, func(ep E) bool { return ep.SandboxID() == id })
 	switch {
 	case i < 0:
-		e.eps = append(e.eps, mk(max(e.conf.Concurrency(), 0)))
+		e.eps = append(e.eps, mk(slots(e.conf)))
 	case e.eps[i].Address() != addr:
-		e.eps[i] = mk(max(e.conf.Concurrency(), 0))
+		e.eps[i] = mk(slots(e.conf))
 	}
 	t.owner[id] = function
 	return true
@@ -350,10 +344,10 @@ func (t *Table[C, E]) Commit() []Change[C, E] {
 // build makes a committed set: endpoints on trackers of conf's
 // concurrency, sorted by sandbox id.
 func build[C Conf, E Endpoint[E]](conf C, eps []E) *Set[C, E] {
-	slots := max(conf.Concurrency(), 0)
+	n := slots(conf)
 	for i, ep := range eps {
-		if ep.LoadTracker().Capacity() != slots {
-			eps[i] = ep.WithTracker(loadbalance.NewTracker(slots))
+		if ep.LoadTracker().Capacity() != n {
+			eps[i] = ep.WithTracker(loadbalance.NewTracker(n))
 		}
 	}
 	slices.SortFunc(eps, func(a, b E) int { return strings.Compare(a.SandboxID(), b.SandboxID()) })
@@ -363,3 +357,7 @@ func build[C Conf, E Endpoint[E]](conf C, eps []E) *Set[C, E] {
 	}
 	return &Set[C, E]{Conf: conf, Endpoints: eps, Trackers: trackers}
 }
+
+// slots is a tracker's capacity for conf: its concurrency, 0 (unlimited)
+// for anything below.
+func slots[C Conf](conf C) int { return max(conf.Concurrency(), 0) }
