@@ -3,6 +3,8 @@ package spec
 import (
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +149,27 @@ func TestDurationJSON(t *testing.T) {
 	for _, bad := range []string{`5`, `"5"`, `"`, `""`, `null`, `"1 s"`} {
 		if err := d.UnmarshalJSON([]byte(bad)); err == nil {
 			t.Errorf("%s: no error", bad)
+		}
+	}
+}
+
+// nameRE is the pattern isLabel implements by hand.
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+func TestIsLabel(t *testing.T) {
+	cases := []string{"", "a", "-", "a-", "-a", "a-b", "a--b", "A", "é", "0", "ab9", "a_b", "a.b", "a b", "x\x00", strings.Repeat("a", 70)}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "az09-A._\xff"
+	for range 5000 {
+		b := make([]byte, rnd.IntN(6))
+		for i := range b {
+			b[i] = alphabet[rnd.IntN(len(alphabet))]
+		}
+		cases = append(cases, string(b))
+	}
+	for _, s := range cases {
+		if got, want := isLabel(s), nameRE.MatchString(s); got != want {
+			t.Fatalf("isLabel(%q) = %v, the pattern says %v", s, got, want)
 		}
 	}
 }

@@ -202,7 +202,7 @@ func (t *Trigger) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrInvalidTrigger, field, fmt.Sprintf(format, args...))
 	}
-	if t.Name == "" || len(t.Name) > 63 || !nameRE.MatchString(t.Name) {
+	if t.Name == "" || len(t.Name) > 63 || !isLabel(t.Name) {
 		return bad("name", "%q: a trigger name is 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit", t.Name)
 	}
 	if t.Namespace != "" && !ValidNamespace(t.Namespace) {
