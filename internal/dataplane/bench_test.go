@@ -141,6 +141,36 @@ func BenchmarkRouteAndPick(b *testing.B) {
 	}
 }
 
+// BenchmarkQueueHandoff is the queued path: one sandbox of concurrency 1
+// and parallel callers, so most calls wait and get their slot handed over
+// by the previous call's release (internal/dataplane/queue).
+func BenchmarkQueueHandoff(b *testing.B) {
+	d, err := New(Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
+		Functions: []*briskv1.FunctionSpec{fnSpec("hello", func(s *briskv1.FunctionSpec) {
+			s.Concurrency = 1
+			s.QueueDepth = 1 << 20
+		})},
+		Added: []*briskv1.Endpoint{ep("hello", "sb-000", "127.0.0.1:1")}})
+	fn := d.lookup("hello")
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			ep, _, err := fn.acquire(ctx, fn.set.Load(), d.markUrgent, false)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			fn.release(ep)
+		}
+	})
+}
+
 // BenchmarkApplyReady is sandbox-ready propagation's share in the data
 // plane: a delta that adds one endpoint to a function of n, then one that
 // removes it (two Applies per op), with 100 functions in the table.

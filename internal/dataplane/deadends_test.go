@@ -133,7 +133,7 @@ func TestRefusingEndpointLeavesRotationNetHTTP(t *testing.T) {
 		Added: []*briskv1.Endpoint{ep("f", "sb-a", refusingAddr(t))}})
 	answered := make(chan *httptest.ResponseRecorder, 1)
 	go func() { answered <- chunkedCall(d, "f") }()
-	waitFor(t, "the call queued after the refused connect", func() bool { return d.lookup("f").nwait.Load() == 1 })
+	waitFor(t, "the call queued after the refused connect", func() bool { return d.lookup("f").q.Len() == 1 })
 	d.Apply(&briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("f", "sb-b", newSandbox(t, echo))}})
 	if rec := <-answered; rec.Code != http.StatusOK {
 		t.Fatalf("a call whose only sandbox refused: %d %s, want 200 from the one added", rec.Code, rec.Body)

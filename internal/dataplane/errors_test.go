@@ -142,11 +142,11 @@ func TestFailingFunctionAnswersAtOnce(t *testing.T) {
 	slow := func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 60_000 }
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("crashy", slow)}})
 	waiting := goGet(t, srv.URL+"/function/crashy")
-	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("crashy").nwait.Load() == 1 }, "the call never queued")
+	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("crashy").q.Len() == 1 }, "the call never queued")
 	// Failing, but not yet fail-fast: the call keeps waiting.
 	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{
 		{Function: "crashy", Reason: "function-failing", Message: "1 sandbox starts failed in a row, the last: exec: no such file"}}})
-	if n := d.lookup("crashy").nwait.Load(); n != 1 {
+	if n := d.lookup("crashy").q.Len(); n != 1 {
 		t.Fatalf("a first failure answered the waiting call (waiting %d)", n)
 	}
 	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{
@@ -183,10 +183,10 @@ func TestNoRoomAnswersAtOnce(t *testing.T) {
 	slow := func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 60_000 }
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("late", slow)}})
 	waiting := goGet(t, srv.URL+"/function/late")
-	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("late").nwait.Load() == 1 }, "the call never queued")
+	btestutil.Eventually(t, 10*time.Second, func() bool { return d.lookup("late").q.Len() == 1 }, "the call never queued")
 	msg := "no node has room for a sandbox of 250m CPU and 128 MiB, and no idle sandbox to evict for it (node n0: CPU 2000m of 2000m requested)"
 	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{{Function: "late", Reason: "no-capacity", Message: msg}}})
-	if n := d.lookup("late").nwait.Load(); n != 1 {
+	if n := d.lookup("late").q.Len(); n != 1 {
 		t.Fatalf("no-capacity without fail_fast answered the waiting call (waiting %d)", n)
 	}
 	d.Apply(&briskv1.EndpointBatch{Conditions: []*briskv1.FunctionCondition{{Function: "late", Reason: "no-capacity", Message: msg, FailFast: true}}})

@@ -208,7 +208,7 @@ func (d *DataPlane) queued(name string) int {
 	if fn == nil {
 		return -1
 	}
-	return int(fn.nwait.Load())
+	return int(fn.q.Len())
 }
 
 func must[T any](v T, err error) T {

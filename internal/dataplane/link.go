@@ -159,7 +159,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		if !report && latency == nil {
 			continue
 		}
-		queued := fn.nwait.Load()
+		queued := fn.q.Len()
 		rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{
 			Function:       name,
 			AvgConcurrency: avg,
@@ -191,7 +191,7 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	listed := make(map[*function]bool, len(fns))
 	for _, fn := range fns {
 		fn.urgent.Store(false) // before reading queued: a later trigger re-queues fn
-		queued := fn.nwait.Load()
+		queued := fn.q.Len()
 		if queued == 0 {
 			continue // served meanwhile
 		}
@@ -208,7 +208,7 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 		return rep
 	}
 	for name, fn := range d.functions() {
-		inFlight, queued := fn.inFlight(), fn.nwait.Load()
+		inFlight, queued := fn.inFlight(), fn.q.Len()
 		if (inFlight > 0 || queued > 0) && !listed[fn] {
 			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: inFlight, Queued: queued})
 		}

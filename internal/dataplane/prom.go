@@ -256,7 +256,7 @@ func (c *fnCollector) Collect(ch chan<- prometheus.Metric) {
 		cum += m.duration.counts[nBuckets].Load()
 		ch <- prometheus.MustNewConstHistogram(c.duration, cum, float64(m.duration.sumNs.Load())/1e9, buckets, name)
 		ch <- prometheus.MustNewConstMetric(c.cold, prometheus.CounterValue, float64(m.cold.Load()), name)
-		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(fn.nwait.Load()), name)
+		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(fn.q.Len()), name)
 		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(m.inflight.Load()), name)
 		var eps int
 		if set := fn.set.Load(); set != nil {

@@ -3,13 +3,13 @@ package dataplane
 import (
 	"iter"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/dataplane/endpoints"
+	"github.com/brisk-faas/brisk/internal/dataplane/queue"
 	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -94,14 +94,8 @@ type function struct {
 	name string
 	set  atomic.Pointer[epSet]
 
-	// nwait mirrors the queue length so the fast path and releasers can skip
-	// the mutex while nobody waits.
-	nwait      atomic.Int32
-	mu         sync.Mutex
-	head, tail *waiter
-	firstLow   *waiter // the first asynchronous waiter; guarded by mu
-	nlow       int32   // asynchronous waiters; guarded by mu
-	deleted    bool
+	// q: the calls waiting for a slot (internal/dataplane/queue).
+	q queue.Queue[*endpoint]
 
 	stats  loadStats
 	urgent atomic.Bool // queued for the next urgent report
@@ -137,6 +131,7 @@ func (fn *function) iats() *iatTracker {
 
 func (d *DataPlane) newFunction(name string) *function {
 	fn := &function{name: name}
+	fn.q.Init(fn)
 	fn.stats.reset(d.nanotime())
 	return fn
 }
@@ -275,7 +270,7 @@ func (d *DataPlane) publish(changes []endpoints.Change[*fnConf, *endpoint]) {
 		case c.New == nil:
 			if fn = d.lookup(c.Name); fn != nil {
 				d.fns.Delete(c.Name)
-				fn.fail(errFunctionDeleted)
+				fn.q.Close(errFunctionDeleted)
 			}
 		case c.Old == nil: // new (or deleted and made again in this batch: its deletion came first)
 			// No lookup: at 40k functions a miss in the map costs as much
@@ -292,7 +287,7 @@ func (d *DataPlane) publish(changes []endpoints.Change[*fnConf, *endpoint]) {
 			if len(cur) > 0 {
 				fn.m.used.Store(true)
 			}
-			fn.maybeDispatch()
+			fn.q.Dispatch()
 		}
 		d.refPools(prev, cur)
 		if ons, nns := namespaceOfSet(c.Old), namespaceOfSet(c.New); ons != nns {
@@ -342,7 +337,7 @@ func (d *DataPlane) applyConditions(b *briskv1.EndpointBatch) {
 				failFast: (why == reasonFunctionFailing || why == reasonNoCapacity) && c.GetFailFast()}
 			fn.cond.Store(fc)
 			if fc.failFast {
-				fn.failWaiters() // calls waiting for a sandbox learn why now
+				fn.q.FailIfRefused() // calls waiting for a sandbox learn why now
 			}
 		} else {
 			fn.cond.Store(nil)

@@ -49,7 +49,7 @@ func (s *loadStats) depart(now int64) {
 // inFlight is how many of fn's calls hold a sandbox slot now: its load
 // less the calls waiting in its queue.
 func (fn *function) inFlight() int32 {
-	return int32(max(fn.stats.current()-int64(fn.nwait.Load()), 0))
+	return int32(max(fn.stats.current()-int64(fn.q.Len()), 0))
 }
 
 // current returns the load now.
