@@ -526,22 +526,14 @@ func (srv *adminAPI) getFunction(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	var v FunctionView
-	st, ok := c.r.FunctionStatus(name)
-	if ok {
-		v = FunctionView{Function: c.r.Spec(name), Status: st}
-		v.Status.Traffic = c.trafficStatusLocked(v.Function)
-	}
-	c.mu.Unlock()
+	v, ok := srv.cluster.functionView(name)
 	if !ok {
 		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
 	v.Status.Triggers = srv.functionTriggers(namespaceOf(v.Function), name)
 	views := []FunctionView{v}
-	c.dash.callsOf(views)
+	srv.cluster.dash.callsOf(views)
 	writeJSON(w, http.StatusOK, views[0])
 }
 
@@ -567,15 +559,13 @@ func (srv *adminAPI) listFunctions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := srv.cluster
-	c.mu.Lock()
 	var out []FunctionView
-	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
+	c.eachFunction(func(f *spec.Function, st api.FunctionStatus) {
 		if f.Name <= sel.after || spec.IsRevisionFunction(f.Name) || !sel.matches(f, st) || !visible(f) {
 			return
 		}
 		out = append(out, FunctionView{Function: f, Status: st})
 	})
-	c.mu.Unlock()
 	if out == nil {
 		out = []FunctionView{}
 	}
@@ -668,11 +658,7 @@ func (srv *adminAPI) status(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := srv.cluster
-	c.mu.Lock()
-	watching := map[string]bool{}
-	for w := range c.watchers {
-		watching[w.dpID] = true
-	}
+	watching := c.watchedDataPlanes()
 	for _, d := range dps {
 		ds := DataPlaneStatus{DataPlane: d, Connected: watching[d.ID], LastReportMs: -1}
 		if t, ok := srv.dpSeen.Load(d.ID); ok {
@@ -680,11 +666,10 @@ func (srv *adminAPI) status(w http.ResponseWriter, r *http.Request) {
 		}
 		v.DataPlanes = append(v.DataPlanes, ds)
 	}
-	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) {
+	c.eachFunction(func(f *spec.Function, st api.FunctionStatus) {
 		v.Functions = append(v.Functions, FunctionSummary{Name: f.Name, Revision: f.Revision,
 			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending, Condition: st.Condition, Message: st.Message})
 	})
-	c.mu.Unlock()
 	sort.Slice(v.Functions, func(i, j int) bool { return v.Functions[i].Name < v.Functions[j].Name })
 	writeJSON(w, http.StatusOK, v)
 }

@@ -476,14 +476,8 @@ func (srv *adminAPI) dashboard(w http.ResponseWriter, r *http.Request) {
 func (srv *adminAPI) dashboardView(now time.Time, limit int) *api.Dashboard {
 	c := srv.cluster
 	v := &api.Dashboard{Time: now.UTC(), ControlPlane: srv.id, Nodes: []api.DashboardNode{}, Functions: []api.DashboardFunction{}}
-	var fns []dashRow
-	var sbxs []dashSandbox
-	c.mu.Lock()
-	nodes := c.r.NodeStatus(now)
-	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) { fns = append(fns, dashRow{f: f, st: st}) })
-	c.r.Sandboxes(func(fn, node, state string) { sbxs = append(sbxs, dashSandbox{fn, node, state}) })
-	v.Summary.DataPlanes = len(c.watchers)
-	c.mu.Unlock()
+	nodes, fns, sbxs, dataPlanes := c.tableState(now)
+	v.Summary.DataPlanes = dataPlanes
 
 	rows := make([]*dashRow, len(fns))
 	byFn := make(map[string]*dashRow, len(fns))

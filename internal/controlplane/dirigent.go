@@ -48,13 +48,7 @@ func (srv *adminAPI) dataPlaneAddrs() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	watching := map[string]bool{}
-	for w := range c.watchers {
-		watching[w.dpID] = true
-	}
-	c.mu.Unlock()
+	watching := srv.cluster.watchedDataPlanes()
 	var live, all []string
 	for _, d := range dps {
 		if d.Address == "" {

@@ -12,4 +12,8 @@
 //     traffic.go, code.go, logs.go, dashboard.go, dirigent.go);
 //   - the cluster (cluster.go), which both step; wire.go translates the
 //     wire's protobuf messages to and from the reconciler's own types.
+//
+// The admin surface reads and changes the cluster only through the
+// cluster's methods (query.go for its reads, clustersecrets.go), never its
+// lock or reconciler: TestAdminSurfaceUsesTheClusterQueries keeps it so.
 package controlplane

@@ -105,18 +105,8 @@ func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	lines := make(chan *briskv1.LogLine, 256)
 	var wg sync.WaitGroup
-	c := srv.cluster
 	streams := 0
-	c.mu.Lock()
-	for _, id := range c.r.NodeIDs() {
-		n := c.links[id]
-		if n == nil {
-			continue
-		}
-		conn := n.conn.Load()
-		if conn == nil || n.sess == nil {
-			continue
-		}
+	for id, conn := range srv.cluster.workerConns() {
 		wg.Add(1)
 		streams++
 		go func(id string) {
@@ -158,9 +148,8 @@ func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-		}(n.id)
+		}(id)
 	}
-	c.mu.Unlock()
 	go func() { wg.Wait(); close(lines) }()
 
 	w.Header().Set("Content-Type", "application/x-ndjson")

@@ -25,10 +25,7 @@ func (srv *adminAPI) namespaceExists(ns string) bool {
 	if ns == spec.DefaultNamespace {
 		return true
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.r.Quota(ns)
+	_, ok := srv.cluster.quota(ns)
 	return ok
 }
 
@@ -36,10 +33,7 @@ func (srv *adminAPI) namespaceExists(ns string) bool {
 // there is none (a token bound to a namespace is then refused, the same
 // answer as for another namespace's function: names do not leak).
 func (srv *adminAPI) namespaceOfFn(name string) string {
-	c := srv.cluster
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if f := c.r.Spec(name); f != nil {
+	if f := srv.cluster.spec(name); f != nil {
 		return namespaceOf(f)
 	}
 	return ""
@@ -89,10 +83,7 @@ func (srv *adminAPI) admitToNamespace(w http.ResponseWriter, f *spec.Function, c
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: %q does not exist (brisk ns create %s)", ns, ns))
 		return false
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	q, _ := c.r.Quota(ns)
-	c.mu.Unlock()
+	q, _ := srv.cluster.quota(ns)
 	over := func(what string, v, limit int) bool {
 		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: %s %d is above its quota %d", ns, what, v, limit))
 		return false
@@ -106,7 +97,7 @@ func (srv *adminAPI) admitToNamespace(w http.ResponseWriter, f *spec.Function, c
 		}
 	}
 	if create && q.MaxFunctions > 0 {
-		if n := c.usage(ns).Functions; n+1 > q.MaxFunctions {
+		if n := srv.cluster.usage(ns).Functions; n+1 > q.MaxFunctions {
 			return over("functions", n+1, q.MaxFunctions)
 		}
 	}
@@ -229,11 +220,8 @@ func (srv *adminAPI) getNamespace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
 		return
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	q, _ := c.r.Quota(name)
-	c.mu.Unlock()
-	view := NamespaceView{Name: name, Quota: q, Usage: c.usage(name)}
+	q, _ := srv.cluster.quota(name)
+	view := NamespaceView{Name: name, Quota: q, Usage: srv.cluster.usage(name)}
 	if rec, err := srv.namespaceRecord(name); err != nil {
 		writeStoreError(w, "reading the namespace: ", err)
 		return

@@ -46,35 +46,6 @@ func (srv *adminAPI) loadSecrets() error {
 	return nil
 }
 
-// setSecrets replaces the cluster's secrets: sandboxes created from now on
-// see their values.
-func (c *Cluster) setSecrets(secs []*store.Secret) {
-	m := make(map[string]*store.Secret, len(secs))
-	for _, s := range secs {
-		m[s.Key()] = s
-	}
-	c.mu.Lock()
-	c.secrets = m
-	c.secretGen++
-	c.mu.Unlock()
-}
-
-// putSecret records what the registry now holds under key: s, or nothing
-// for nil. The caller holds secretMu.
-func (c *Cluster) putSecret(key string, s *store.Secret) {
-	c.mu.Lock()
-	if s == nil {
-		delete(c.secrets, key)
-	} else {
-		if c.secrets == nil {
-			c.secrets = map[string]*store.Secret{}
-		}
-		c.secrets[key] = s
-	}
-	c.secretGen++
-	c.mu.Unlock()
-}
-
 // secretWritten brings the cluster's copy up to date after a registry
 // write: key now holds s (nil: deleted), or, when the write failed (it may
 // still have been applied: a replica losing leadership), whatever the
@@ -89,41 +60,13 @@ func (srv *adminAPI) secretWritten(key string, s *store.Secret, err error) {
 	}
 }
 
-// secretDataLocked returns the values of the secrets f names and the
-// generation they belong to; nil and 0 for a function that names none, so
-// that the common case costs nothing. A missing secret is left out: the
-// worker then refuses to start the sandbox and says which one.
-func (c *Cluster) secretDataLocked(f *spec.Function) (map[string][]byte, uint64) {
-	if len(f.Secrets) == 0 {
-		return nil, 0
-	}
-	ns := namespaceOf(f)
-	m := make(map[string][]byte, len(f.Secrets))
-	for _, n := range f.Secrets {
-		if s, ok := c.secrets[store.SecretKey(ns, n)]; ok {
-			m[n] = s.Value
-		}
-	}
-	return m, c.secretGen
-}
-
 // missingSecrets returns the secrets f names that do not exist in its
 // namespace; the caller holds secretMu.
 func (srv *adminAPI) missingSecrets(f *spec.Function) []string {
 	if len(f.Secrets) == 0 {
 		return nil
 	}
-	ns := namespaceOf(f)
-	c := srv.cluster
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, n := range f.Secrets {
-		if _, ok := c.secrets[store.SecretKey(ns, n)]; !ok {
-			out = append(out, n)
-		}
-	}
-	return out
+	return srv.cluster.missingSecrets(namespaceOf(f), f.Secrets)
 }
 
 // admitSecrets checks that every secret f names exists. On failure it has
@@ -162,20 +105,6 @@ func (srv *adminAPI) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns st
 	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions: it may not give function %q secrets it did not name (%s); a token with deploy on namespace %q may",
 		auth.ID(tok), f.Name, strings.Join(added, ", "), ns))
 	return false
-}
-
-// secretUsers returns the functions of namespace ns that name secret name.
-func (c *Cluster) secretUsers(ns, name string) []string {
-	var out []string
-	c.mu.Lock()
-	c.r.Functions(func(f *spec.Function, _ api.FunctionStatus) {
-		if namespaceOf(f) == ns && slices.Contains(f.Secrets, name) {
-			out = append(out, f.Name)
-		}
-	})
-	c.mu.Unlock()
-	slices.Sort(out)
-	return out
 }
 
 // requestNamespace is the namespace a secret or trigger request
@@ -250,26 +179,6 @@ func (srv *adminAPI) checkSecretRoom(w http.ResponseWriter, ns, name string, siz
 		return false
 	}
 	return true
-}
-
-// secretUsage returns the number of namespace ns's secrets and the bytes
-// of their values, leaving out the secret called skip, and whether skip
-// exists.
-func (c *Cluster) secretUsage(ns, skip string) (n int, bytes int64, exists bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range c.secrets {
-		if s.Namespace != ns {
-			continue
-		}
-		if s.Name == skip {
-			exists = true
-			continue
-		}
-		n++
-		bytes += int64(len(s.Value))
-	}
-	return n, bytes, exists
 }
 
 func secretView(s *store.Secret, users []string) api.SecretView {
@@ -375,15 +284,10 @@ func (srv *adminAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	c := srv.cluster
 	out := []api.SecretView{}
-	c.mu.Lock()
-	for _, s := range c.secrets {
-		if ns == "" || s.Namespace == ns {
-			out = append(out, secretView(s, nil))
-		}
+	for _, s := range srv.cluster.secretsIn(ns) {
+		out = append(out, secretView(s, nil))
 	}
-	c.mu.Unlock()
 	slices.SortFunc(out, func(a, b api.SecretView) int {
 		return strings.Compare(store.SecretKey(a.Namespace, a.Name), store.SecretKey(b.Namespace, b.Name))
 	})
@@ -409,14 +313,6 @@ func (srv *adminAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// secret returns namespace ns's secret name (nil: none), from the
-// cluster's copy of the registry's: a read costs no registry scan.
-func (c *Cluster) secret(ns, name string) *store.Secret {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.secrets[store.SecretKey(ns, name)]
 }
 
 func writeSecretError(w http.ResponseWriter, ns, name string, err error) {

@@ -140,11 +140,8 @@ func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur
 		}
 	}
 	if added > 0 {
-		c := srv.cluster
-		c.mu.Lock()
-		q, _ := c.r.Quota(ns)
-		c.mu.Unlock()
-		if n := c.usage(ns).Functions; q.MaxFunctions > 0 && n+added > q.MaxFunctions {
+		q, _ := srv.cluster.quota(ns)
+		if n := srv.cluster.usage(ns).Functions; q.MaxFunctions > 0 && n+added > q.MaxFunctions {
 			writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: functions %d is above its quota %d (each revision a split pins runs as a function)", ns, n+added, q.MaxFunctions))
 			return false
 		}
@@ -254,24 +251,4 @@ func revisionIn(revs []*spec.Function, rev uint64) *spec.Function {
 		return revs[i]
 	}
 	return nil
-}
-
-// trafficStatus reports each target of f's split with the function that
-// serves it and its sandboxes; the caller holds c.mu.
-func (c *Cluster) trafficStatusLocked(f *spec.Function) []api.TrafficStatus {
-	var out []api.TrafficStatus
-	for _, t := range f.Traffic {
-		fn := f.TrafficFunction(t)
-		ts := api.TrafficStatus{TrafficTarget: t, Function: fn, ServedRevision: f.Revision, ServedGeneration: f.Generation}
-		if st, ok := c.r.FunctionStatus(fn); ok {
-			ts.Ready, ts.Desired = st.Ready, st.Desired
-			if fn != f.Name {
-				ts.ServedRevision, ts.ServedGeneration = t.Revision, t.Generation
-			}
-		} else {
-			ts.Function, ts.Missing = f.Name, true // served by the current revision
-		}
-		out = append(out, ts)
-	}
-	return out
 }

@@ -251,10 +251,7 @@ func (srv *adminAPI) runTrigger(rec *store.Trigger) {
 // after checking it is there and so is t's credentials secret; the caller
 // holds the function's name lock. On failure it has answered.
 func (srv *adminAPI) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
-	c := srv.cluster
-	c.mu.Lock()
-	f := c.r.Spec(t.Function)
-	c.mu.Unlock()
+	f := srv.cluster.spec(t.Function)
 	if f == nil || namespaceOf(f) != ns {
 		// The same answer for a function of another namespace: names do
 		// not leak.
@@ -563,12 +560,7 @@ func (srv *adminAPI) refreshPrewarmLocked(fns ...string) {
 			scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
 		}
 	}
-	c := srv.cluster
-	c.mu.Lock()
-	for fn, s := range scheds {
-		c.prewarm.SetSchedules(fn, s)
-	}
-	c.mu.Unlock()
+	srv.cluster.setPrewarmSchedules(scheds)
 }
 
 // dashboardTriggers is the dashboard's list: at most limit triggers,
