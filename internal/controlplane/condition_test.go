@@ -16,7 +16,7 @@ func TestConditionNoCapacity(t *testing.T) {
 		Resources: spec.Resources{MilliCPU: 64_000, MemoryMB: 64}}
 	f.ApplyDefaults()
 	f.Revision = e.cp.admin.nextRevision()
-	if err := e.cp.store.CreateFunction(f); err != nil {
+	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
 	e.cp.cluster.upsertFunction(f)
@@ -52,7 +52,7 @@ func TestNamespaceQuotaBoundsSandboxes(t *testing.T) {
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
 	f.Revision = e.cp.admin.nextRevision()
-	if err := e.cp.store.CreateFunction(f); err != nil {
+	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
 	e.cp.cluster.upsertFunction(f)

@@ -1104,7 +1104,7 @@ func TestCase12SplitBrainDeposedLeaderIsRefused(t *testing.T) {
 	e.onStop(func() { cancel(); <-done })
 	<-cp2.Ready()
 	f := *e.cp.cluster.spec("f")
-	if err := cp2.store.CreateFunction(&f); err != nil {
+	if _, err := cp2.store.CreateFunction(&f); err != nil {
 		t.Fatal(err)
 	}
 	cp2.cluster.upsertFunction(&f)
@@ -1158,7 +1158,7 @@ func TestQueuedRequestsGetSandboxesAtOnce(t *testing.T) {
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
 	f.Revision = e.cp.admin.nextRevision()
-	if err := e.cp.store.CreateFunction(f); err != nil {
+	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
 	e.cp.cluster.upsertFunction(f)

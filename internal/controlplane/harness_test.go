@@ -270,7 +270,7 @@ func (e *env) deploy(name string, n int) {
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
 	f.Revision = e.cp.admin.nextRevision()
-	if err := e.cp.store.CreateFunction(f); err != nil {
+	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		e.t.Fatal(err)
 	}
 	e.cp.cluster.upsertFunction(f)

@@ -87,7 +87,7 @@ func deploy(t *testing.T, cp *ControlPlane, name string, min int) {
 	f := &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: min}}
 	f.ApplyDefaults()
 	f.Revision = cp.admin.nextRevision()
-	if err := cp.store.CreateFunction(f); err != nil {
+	if _, err := cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
 	cp.cluster.upsertFunction(f)

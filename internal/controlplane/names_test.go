@@ -131,7 +131,7 @@ func TestLegacyBareNames(t *testing.T) {
 	}
 	legacy := &spec.Function{Name: "legacy", Namespace: "team-a", Builtin: "trace", UID: "0123456789abcdef0123456789abcdef", Revision: 1, Generation: 1}
 	legacy.ApplyDefaults()
-	if err := st.CreateFunction(legacy); err != nil {
+	if _, err := st.CreateFunction(legacy); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {

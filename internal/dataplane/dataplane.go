@@ -77,6 +77,11 @@ type DataPlane struct {
 
 	// Urgent (no-capacity) reports: functions to include, and a 1-slot
 	// doorbell that coalesces triggers while one report is in flight.
+	// active: the functions with load to report (not quiet), which the
+	// reports visit instead of the whole table (thousands of functions
+	// are mostly idle). Guarded by activeMu, with each function's listed.
+	activeMu   sync.Mutex
+	active     []*function
 	urgentMu   sync.Mutex
 	urgentFns  []*function
 	urgentBell chan struct{}
@@ -313,6 +318,16 @@ func (d *DataPlane) reapIdle(ctx context.Context) {
 
 // markUrgent queues fn for an immediate no-capacity report and rings the
 // doorbell. Many triggers before the reporter wakes make one report.
+// noteActive puts fn on the reporting list (an arrival woke it).
+func (d *DataPlane) noteActive(fn *function) {
+	d.activeMu.Lock()
+	if !fn.listed {
+		fn.listed = true
+		d.active = append(d.active, fn)
+	}
+	d.activeMu.Unlock()
+}
+
 func (d *DataPlane) markUrgent(fn *function) {
 	if fn.urgent.CompareAndSwap(false, true) {
 		d.urgentMu.Lock()

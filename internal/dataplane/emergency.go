@@ -162,8 +162,8 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 		}
 		req.NodeId = cand.node
 		ctx, cancel := context.WithTimeout(r.Context(), conf.timeout)
-		if counted {
-			fn.stats.arrive(d.nanotime())
+		if counted && fn.stats.arrive(d.nanotime()) {
+			d.noteActive(fn)
 		}
 		fn.m.inflight.Add(1)
 		reply, err := c.Emergency(ctx, req, grpc.MaxCallRecvMsgSize(32<<20))

@@ -141,9 +141,10 @@ func (l *link) send(ctx context.Context, rep *briskv1.MetricsReport) {
 	}
 }
 
-// collect closes every function's metric interval. A function is included
-// if it had activity, has requests now, or has not yet reported its first
-// idle interval.
+// collect closes the metric interval of every function on the active list
+// (noteActive). A function is included if it had activity, has requests
+// now, or has not yet reported its first idle interval; after that one it
+// leaves the list until its next arrival.
 func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.MetricsReport {
 	rep := &briskv1.MetricsReport{
 		DataPlaneId: d.ID(),
@@ -151,8 +152,23 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		IntervalMs:  interval.Milliseconds(),
 	}
 	t := d.nanotime()
-	for name, fn := range d.functions() {
+	d.activeMu.Lock()
+	defer d.activeMu.Unlock()
+	kept := d.active[:0]
+	for _, fn := range d.active {
+		name := fn.name
+		if d.lookup(name) != fn { // deleted
+			fn.listed = false
+			continue
+		}
 		avg, requests, report := fn.stats.cut(t)
+		// Quiet now: off the list. An arrival that woke it since waits for
+		// activeMu and lists it again.
+		if fn.stats.isQuiet() {
+			fn.listed = false
+		} else {
+			kept = append(kept, fn)
+		}
 		// Latencies of calls that ended in the interval: cut with the load,
 		// from the counters the calls already keep for Prometheus.
 		latency := fn.m.duration.cut()
@@ -170,6 +186,8 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 			InFlight:       fn.inFlight(),
 		})
 	}
+	clear(d.active[len(kept):])
+	d.active = kept
 	return rep
 }
 
@@ -207,10 +225,14 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	if len(rep.Functions) == 0 {
 		return rep
 	}
-	for name, fn := range d.functions() {
+	// A function with calls in flight or queued is not quiet: it is on
+	// the active list.
+	d.activeMu.Lock()
+	defer d.activeMu.Unlock()
+	for _, fn := range d.active {
 		inFlight, queued := fn.inFlight(), fn.q.Len()
-		if (inFlight > 0 || queued > 0) && !listed[fn] {
-			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: name, InFlight: inFlight, Queued: queued})
+		if (inFlight > 0 || queued > 0) && !listed[fn] && d.lookup(fn.name) == fn {
+			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: fn.name, InFlight: inFlight, Queued: queued})
 		}
 	}
 	return rep

@@ -391,7 +391,9 @@ func (d *DataPlane) admit(ctx context.Context, st *reqState, set *epSet, pre *en
 	arrival := d.nanotime()
 	seq := d.epSeq.Load() // endpoints added later than this are cold for us
 	st.conf, st.arrival = set.Conf, arrival
-	fn.stats.arrive(arrival)
+	if fn.stats.arrive(arrival) {
+		d.noteActive(fn)
+	}
 	ep, waited, err := pre, false, error(nil)
 	if ep == nil {
 		ep, waited, err = fn.acquire(ctx, set, d.markUrgent, st.low)

@@ -94,6 +94,8 @@ type function struct {
 	name string
 	set  atomic.Pointer[epSet]
 
+	// listed: fn is in DataPlane.active; guarded by its activeMu.
+	listed bool
 	// q: the calls waiting for a slot (internal/dataplane/queue).
 	q queue.Queue[*endpoint]
 

@@ -31,12 +31,16 @@ func (s *loadStats) advanceLocked(now int64) {
 	}
 }
 
-func (s *loadStats) arrive(now int64) {
+// arrive counts a call's arrival. woke: the function was quiet, so it
+// must join the data plane's reporting list (DataPlane.noteActive).
+func (s *loadStats) arrive(now int64) (woke bool) {
 	s.mu.Lock()
 	s.advanceLocked(now)
 	s.load++
 	s.requests++
+	woke, s.quiet = s.quiet, false
 	s.mu.Unlock()
+	return woke
 }
 
 func (s *loadStats) depart(now int64) {
@@ -44,6 +48,13 @@ func (s *loadStats) depart(now int64) {
 	s.advanceLocked(now)
 	s.load--
 	s.mu.Unlock()
+}
+
+// isQuiet: nothing to report until the next arrival.
+func (s *loadStats) isQuiet() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.quiet
 }
 
 // inFlight is how many of fn's calls hold a sandbox slot now: its load

@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -90,4 +92,60 @@ func TestUrgentReportsCoalesce(t *testing.T) {
 	}
 	// Release the waiters so the servers can close.
 	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"a", "b"}})
+}
+
+// TestReportsVisitOnlyActiveFunctions: the periodic and urgent reports
+// walk the functions with load to report, not the whole table: an idle
+// function is on no list, an active one is until it reported its first
+// idle interval, and a new arrival lists it again.
+func TestReportsVisitOnlyActiveFunctions(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	fns := []*briskv1.FunctionSpec{fnSpec("busy"), fnSpec("brief", func(s *briskv1.FunctionSpec) { s.QueueTimeoutMs = 1 })}
+	for i := range 500 {
+		fns = append(fns, fnSpec(fmt.Sprintf("idle-%d", i)))
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: fns})
+	names := func(rep *briskv1.MetricsReport) []string {
+		var out []string
+		for _, m := range rep.GetFunctions() {
+			out = append(out, m.GetFunction())
+		}
+		slices.Sort(out)
+		return out
+	}
+	active := func() int {
+		d.activeMu.Lock()
+		defer d.activeMu.Unlock()
+		return len(d.active)
+	}
+	if got := names(d.collect(time.Now(), time.Second)); len(got) != 0 || active() != 0 {
+		t.Fatalf("no calls yet: report %v, %d active; want none", got, active())
+	}
+	goGet(t, srv.URL+"/function/busy")                            // waits: no sandbox
+	recv(t, goGet(t, srv.URL+"/function/brief"), "brief's reply") // times out in its queue at once
+	waitFor(t, "busy queued", func() bool { return d.queued("busy") == 1 })
+	if got := names(d.collect(time.Now(), time.Second)); !slices.Equal(got, []string{"brief", "busy"}) || active() != 2 {
+		t.Fatalf("after calls: report %v, %d active; want [brief busy], 2", got, active())
+	}
+	// brief's first idle interval is reported, then it leaves the list;
+	// busy's call still waits.
+	if got := names(d.collect(time.Now(), time.Second)); !slices.Equal(got, []string{"brief", "busy"}) || active() != 1 {
+		t.Fatalf("brief's idle interval: report %v, %d active; want [brief busy], 1", got, active())
+	}
+	if got := names(d.collect(time.Now(), time.Second)); !slices.Equal(got, []string{"busy"}) {
+		t.Fatalf("then: report %v, want [busy]", got)
+	}
+	recv(t, goGet(t, srv.URL+"/function/brief"), "brief's second reply")
+	if got := names(d.collect(time.Now(), time.Second)); !slices.Equal(got, []string{"brief", "busy"}) {
+		t.Fatalf("brief called again: report %v, want [brief busy]", got)
+	}
+	// A deleted function leaves the list (its waiter is failed).
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"busy"}})
+	if got := names(d.collect(time.Now(), time.Second)); slices.Contains(got, "busy") {
+		t.Fatalf("after busy's deletion: report %v lists it", got)
+	}
+	d.collect(time.Now(), time.Second) // brief's idle interval
+	if n := active(); n != 0 {
+		t.Fatalf("%d functions still active, want 0", n)
+	}
 }

@@ -489,8 +489,12 @@ func (r *Registry) put(o op, key string, v any) error {
 }
 
 // CreateFunction stores a new function; ErrExists if the name is taken.
-func (r *Registry) CreateFunction(f *spec.Function) error {
-	return r.put(opCreateFunction, f.Name, f)
+func (r *Registry) CreateFunction(f *spec.Function) ([]byte, error) {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return nil, err
+	}
+	return data, r.apply(command{Op: opCreateFunction, Key: f.Name, Value: data})
 }
 
 // UpdateFunction replaces a stored function; ErrNotFound if absent.

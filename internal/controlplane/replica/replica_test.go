@@ -361,7 +361,7 @@ func TestSingleReplica(t *testing.T) {
 	if p, ok := r.Leader(); !ok || p != c.peers[0] {
 		t.Fatalf("Leader() = %+v, %v; want %+v", p, ok, c.peers[0])
 	}
-	if err := r.CreateFunction(fn("a")); err != nil {
+	if _, err := r.CreateFunction(fn("a")); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.PutWorker(&store.Worker{ID: "w1", Address: "127.0.0.1:1"}); err != nil {
@@ -375,7 +375,7 @@ func TestSingleReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.regs[0] = nil
-	if err := r.CreateFunction(fn("b")); !errors.Is(err, ErrClosed) {
+	if _, err := r.CreateFunction(fn("b")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("write after Close: %v, want ErrClosed", err)
 	}
 	if err := r.Close(); err != nil {
@@ -397,7 +397,7 @@ func TestCloseDuringWrites(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				err := r.CreateFunction(fn(fmt.Sprintf("f%d", seq.Add(1))))
+				_, err := r.CreateFunction(fn(fmt.Sprintf("f%d", seq.Add(1))))
 				if err != nil {
 					errs <- err
 					return
@@ -433,7 +433,7 @@ func TestReplicatedWrites(t *testing.T) {
 	waitLeader(t, leader)
 
 	for i := range 20 {
-		if err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
+		if _, err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -472,7 +472,7 @@ func TestReplicatedWrites(t *testing.T) {
 
 	// A follower refuses writes and names the leader.
 	fi := (li + 1) % 3
-	err := c.regs[fi].CreateFunction(fn("on-follower"))
+	_, err := c.regs[fi].CreateFunction(fn("on-follower"))
 	if !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("write on follower: %v, want ErrNotLeader", err)
 	}
@@ -498,13 +498,13 @@ func TestReplicatedWrites(t *testing.T) {
 		do   func(store.Registry) error
 		is   error
 	}{
-		{"create", func(r store.Registry) error { return r.CreateFunction(fn("dup")) }, nil},
-		{"create again", func(r store.Registry) error { return r.CreateFunction(fn("dup")) }, store.ErrExists},
+		{"create", func(r store.Registry) error { _, err := r.CreateFunction(fn("dup")); return err }, nil},
+		{"create again", func(r store.Registry) error { _, err := r.CreateFunction(fn("dup")); return err }, store.ErrExists},
 		{"update missing", func(r store.Registry) error { return r.UpdateFunction(fn("ghost")) }, store.ErrNotFound},
 		{"delete missing", func(r store.Registry) error { return r.DeleteFunction("ghost") }, store.ErrNotFound},
 		{"delete", func(r store.Registry) error { return r.DeleteFunction("dup") }, nil},
 		{"update deleted", func(r store.Registry) error { return r.UpdateFunction(fn("dup")) }, store.ErrNotFound},
-		{"create after delete", func(r store.Registry) error { return r.CreateFunction(fn("dup")) }, nil},
+		{"create after delete", func(r store.Registry) error { _, err := r.CreateFunction(fn("dup")); return err }, nil},
 	}
 	for _, s := range steps {
 		got, ref := s.do(leader), s.do(st)
@@ -553,7 +553,7 @@ func TestLeaderFailover(t *testing.T) {
 						continue
 					}
 					name := fmt.Sprintf("f%05d", seq.Add(1))
-					if r.CreateFunction(fn(name)) == nil {
+					if _, err := r.CreateFunction(fn(name)); err == nil {
 						mu.Lock()
 						acked = append(acked, name)
 						mu.Unlock()
@@ -612,7 +612,7 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	t.Logf("%d writes acknowledged, %d of them by the new leader %s, 0 lost", len(acked), after.Load(), c.peers[nl].ID)
 
-	if err := newLeader.CreateFunction(fn("after-failover")); err != nil {
+	if _, err := newLeader.CreateFunction(fn("after-failover")); err != nil {
 		t.Fatalf("new leader refuses writes: %v", err)
 	}
 	c.converge(contents(t, newLeader))
@@ -641,7 +641,7 @@ func TestRestart(t *testing.T) {
 	leader := c.regs[c.leader()]
 	waitLeader(t, leader)
 	for i := range 30 {
-		if err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
+		if _, err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -668,10 +668,10 @@ func TestRestart(t *testing.T) {
 	if strings.Contains(c.logs.String(), "bootstrapped cluster") {
 		t.Fatal("restart bootstrapped again")
 	}
-	if err := leader.CreateFunction(fn("f00")); !errors.Is(err, store.ErrExists) {
+	if _, err := leader.CreateFunction(fn("f00")); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("recreate after restart: %v, want ErrExists", err)
 	}
-	if err := leader.CreateFunction(fn("new")); err != nil {
+	if _, err := leader.CreateFunction(fn("new")); err != nil {
 		t.Fatal(err)
 	}
 	c.converge(contents(t, leader))
@@ -686,7 +686,7 @@ func TestSnapshotRestore(t *testing.T) {
 	r := c.open(0)
 	waitLeader(t, r)
 	for i := range 50 {
-		if err := r.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
+		if _, err := r.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -742,7 +742,7 @@ func TestSnapshotRestore(t *testing.T) {
 	if err := r.DeleteFunction("f10"); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.CreateFunction(fn("late")); err != nil {
+	if _, err := r.CreateFunction(fn("late")); err != nil {
 		t.Fatal(err)
 	}
 	want := contents(t, r)
@@ -785,21 +785,21 @@ func TestSnapshotInstall(t *testing.T) {
 	li := c.leader()
 	leader := c.regs[li]
 	waitLeader(t, leader)
-	if err := leader.CreateFunction(fn("early")); err != nil {
+	if _, err := leader.CreateFunction(fn("early")); err != nil {
 		t.Fatal(err)
 	}
 	c.converge(contents(t, leader))
 	fi := (li + 1) % 3
 	c.close(fi)
 	for i := range 40 {
-		if err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
+		if _, err := leader.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := leader.raft.Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	if err := leader.CreateFunction(fn("late")); err != nil {
+	if _, err := leader.CreateFunction(fn("late")); err != nil {
 		t.Fatal(err)
 	}
 	want := contents(t, leader)
@@ -828,7 +828,7 @@ func BenchmarkCreateFunction(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					for next.Add(1) <= int64(b.N) {
-						if err := leader.CreateFunction(fn(fmt.Sprintf("b-%d", seq.Add(1)))); err != nil {
+						if _, err := leader.CreateFunction(fn(fmt.Sprintf("b-%d", seq.Add(1)))); err != nil {
 							b.Error(err)
 							return
 						}

@@ -29,7 +29,7 @@ func TestRaftOverMutualTLS(t *testing.T) {
 	c.startAll()
 	leader := c.regs[c.leader()]
 	waitLeader(t, leader)
-	if err := leader.CreateFunction(fn("over-tls")); err != nil {
+	if _, err := leader.CreateFunction(fn("over-tls")); err != nil {
 		t.Fatal(err)
 	}
 	c.converge(contents(t, leader))

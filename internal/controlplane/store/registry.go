@@ -13,7 +13,9 @@ import (
 // (test with errors.Is), with the same messages, and list records sorted by
 // name or id.
 type Registry interface {
-	CreateFunction(f *spec.Function) error
+	// CreateFunction returns the record it stored: f as JSON, which the
+	// admin API answers with rather than encoding f again.
+	CreateFunction(f *spec.Function) (record []byte, err error)
 	UpdateFunction(f *spec.Function) error
 	DeleteFunction(name string) error
 	Functions() ([]*spec.Function, error)

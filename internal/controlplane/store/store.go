@@ -451,8 +451,12 @@ func (s *Store) Backup(w io.Writer, size func(int64)) (int64, error) {
 }
 
 // CreateFunction stores a new function; ErrExists if the name is taken.
-func (s *Store) CreateFunction(f *spec.Function) error {
-	return s.create(bFunctions, "function", f.Name, f)
+func (s *Store) CreateFunction(f *spec.Function) ([]byte, error) {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return nil, err
+	}
+	return data, s.createRecord(bFunctions, "function", f.Name, data)
 }
 
 // UpdateFunction replaces a stored function; ErrNotFound if absent.
@@ -699,6 +703,10 @@ func (s *Store) create(bucket byte, kind, key string, v any) error {
 	if err != nil {
 		return err
 	}
+	return s.createRecord(bucket, kind, key, data)
+}
+
+func (s *Store) createRecord(bucket byte, kind, key string, data []byte) error {
 	return s.update(func(t *txn) error {
 		if t.get(bucket, []byte(key)) != nil {
 			return fmt.Errorf("%s %q: %w", kind, key, ErrExists)

@@ -23,7 +23,7 @@ func BenchmarkCreateFunction(b *testing.B) {
 		for pb.Next() {
 			f := &spec.Function{Name: fmt.Sprintf("f-%d", n.Add(1)), Builtin: "trace"}
 			f.ApplyDefaults()
-			if err := s.CreateFunction(f); err != nil {
+			if _, err := s.CreateFunction(f); err != nil {
 				b.Error(err)
 				return
 			}

@@ -23,11 +23,11 @@ func TestFunctionsSurviveReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateFunction(fn("a")); err != nil {
+	if _, err := s.CreateFunction(fn("a")); err != nil {
 		t.Fatal(err)
 	}
 	b := fn("b")
-	if err := s.CreateFunction(b); err != nil {
+	if _, err := s.CreateFunction(b); err != nil {
 		t.Fatal(err)
 	}
 	b.Revision, b.Concurrency = 2, 7
@@ -108,10 +108,10 @@ func TestSentinelErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.CreateFunction(fn("a")); err != nil {
+	if _, err := s.CreateFunction(fn("a")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateFunction(fn("a")); !errors.Is(err, ErrExists) {
+	if _, err := s.CreateFunction(fn("a")); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate create: %v, want ErrExists", err)
 	}
 	if err := s.UpdateFunction(fn("nope")); !errors.Is(err, ErrNotFound) {
@@ -143,7 +143,7 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = s.CreateFunction(fn(fmt.Sprintf("f-%d", i%n))) // every name twice
+			_, errs[i] = s.CreateFunction(fn(fmt.Sprintf("f-%d", i%n))) // every name twice
 		}()
 	}
 	wg.Wait()

@@ -61,7 +61,7 @@ func TestAcknowledgedWritesSurviveCrashBeforeCheckpoint(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, noCheckpoints)
 	for _, n := range []string{"a", "b", "c", "d"} {
-		if err := s.CreateFunction(fn(n)); err != nil {
+		if _, err := s.CreateFunction(fn(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,7 +99,7 @@ func TestConcurrentWritersSurviveCrash(t *testing.T) {
 	for c := range 16 {
 		wg.Go(func() {
 			for i := range 50 {
-				if err := s.CreateFunction(fn(fmt.Sprintf("f-%02d-%02d", c, i))); err != nil {
+				if _, err := s.CreateFunction(fn(fmt.Sprintf("f-%02d-%02d", c, i))); err != nil {
 					t.Error(err)
 				}
 			}
@@ -119,7 +119,7 @@ func TestRestartedLogDoesNotReplayOlderRecords(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, noCheckpoints)
 	for i := range 20 {
-		if err := s.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
+		if _, err := s.CreateFunction(fn(fmt.Sprintf("f%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -147,7 +147,7 @@ func TestTornRecordIsNotReplayed(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, noCheckpoints)
 	for _, n := range []string{"a", "b", "c"} {
-		if err := s.CreateFunction(fn(n)); err != nil {
+		if _, err := s.CreateFunction(fn(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -170,22 +170,22 @@ func TestTornRecordIsNotReplayed(t *testing.T) {
 func TestGroupLargerThanLogIsDurable(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, options{logSize: 4096, checkpointIdle: time.Hour, checkpointEvery: time.Hour})
-	if err := s.CreateFunction(fn("small")); err != nil {
+	if _, err := s.CreateFunction(fn("small")); err != nil {
 		t.Fatal(err)
 	}
 	big := fn("big")
 	big.Env = map[string]string{"BLOB": strings.Repeat("x", 8000)}
-	if err := s.CreateFunction(big); err != nil {
+	if _, err := s.CreateFunction(big); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateFunction(fn("after")); err != nil {
+	if _, err := s.CreateFunction(fn("after")); err != nil {
 		t.Fatal(err)
 	}
 	r := mustOpen(t, crashCopy(t, dir), noCheckpoints)
 	if got := names(t, r); got != "after@1,big@1,small@1" {
 		t.Fatalf("after crash: %s", got)
 	}
-	if err := r.CreateFunction(fn("big")); !errors.Is(err, ErrExists) {
+	if _, err := r.CreateFunction(fn("big")); !errors.Is(err, ErrExists) {
 		t.Fatalf("re-create of recovered function: %v, want ErrExists", err)
 	}
 }
@@ -193,7 +193,7 @@ func TestGroupLargerThanLogIsDurable(t *testing.T) {
 func TestIdleStoreCheckpoints(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, options{logSize: walSize, checkpointIdle: time.Millisecond, checkpointEvery: time.Hour})
-	if err := s.CreateFunction(fn("a")); err != nil {
+	if _, err := s.CreateFunction(fn("a")); err != nil {
 		t.Fatal(err)
 	}
 	// Without any read or further write, bbolt alone comes to hold "a".
@@ -218,7 +218,7 @@ func TestCorruptRecordMidLogFailsOpen(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir, noCheckpoints)
 	for _, n := range []string{"a", "b", "c"} {
-		if err := s.CreateFunction(fn(n)); err != nil {
+		if _, err := s.CreateFunction(fn(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -251,13 +251,13 @@ func TestCallsAfterCloseFail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateFunction(fn("a")); err != nil {
+	if _, err := s.CreateFunction(fn("a")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateFunction(fn("b")); !errors.Is(err, ErrClosed) {
+	if _, err := s.CreateFunction(fn("b")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("write after Close: %v, want ErrClosed", err)
 	}
 	if _, err := s.Functions(); !errors.Is(err, ErrClosed) {
@@ -271,7 +271,7 @@ func TestCallsAfterCloseFail(t *testing.T) {
 func TestBackupHoldsLoggedWrites(t *testing.T) {
 	s := mustOpen(t, t.TempDir(), noCheckpoints) // writes stay in the log
 	for _, n := range []string{"a", "b"} {
-		if err := s.CreateFunction(fn(n)); err != nil {
+		if _, err := s.CreateFunction(fn(n)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,7 +284,7 @@ func TestBackupHoldsLoggedWrites(t *testing.T) {
 	if n != int64(buf.Len()) || size != n {
 		t.Fatalf("backup wrote %d bytes, buffer holds %d, announced %d", n, buf.Len(), size)
 	}
-	if err := s.CreateFunction(fn("c")); err != nil { // after the backup
+	if _, err := s.CreateFunction(fn("c")); err != nil { // after the backup
 		t.Fatal(err)
 	}
 	restored := t.TempDir()
@@ -296,7 +296,7 @@ func TestBackupHoldsLoggedWrites(t *testing.T) {
 		t.Fatalf("restored %s, want a@1,b@1", got)
 	}
 	// The restored registry takes writes and keeps them across a restart.
-	if err := r.CreateFunction(fn("d")); err != nil {
+	if _, err := r.CreateFunction(fn("d")); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(t, mustOpen(t, crashCopy(t, restored), noCheckpoints)); got != "a@1,b@1,d@1" {
