@@ -12,8 +12,8 @@ import (
 // plane does (policy/loadbalance): with 8 calls in flight at a time on
 // sandboxes of concurrency 4, first-available packs them onto the first
 // sandboxes while least-loaded spreads them over all; every call
-// completes either way. (The default, the model's own pick, is what the
-// other tests pin call for call.)
+// completes either way. The default ("") is the data plane's default,
+// least-loaded.
 func TestLoadBalancingPolicies(t *testing.T) {
 	// 400 calls of 400 ms, 50 ms apart: 8 in flight.
 	sched := func() *workload.Schedule { return schedule(400, 50*time.Millisecond, 400) }

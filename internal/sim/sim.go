@@ -5,8 +5,9 @@
 // code that runs in the cluster.
 //
 // The emulation: one data plane per cluster holds each function's queue
-// and picks the least-loaded ready sandbox with a free slot (the default
-// endpoint policy); it reports load every second and at once when a call
+// and picks a ready sandbox with a free slot through the data plane's own
+// routing table and load-balancing policy (least-loaded by default); it
+// reports load every second and at once when a call
 // waits with no capacity, as the real data plane does. A worker's cores
 // are processor-sharing: with n calls running on c cores each progresses
 // at min(1, c/n), so load makes calls slower. A sandbox becomes ready a
@@ -49,13 +50,12 @@ type Config struct {
 	// and Concurrency are the cluster's (and the functions') settings, as
 	// `brisk replay` would deploy them.
 	Placement string
-	// LoadBalancing is the data plane's choice of sandbox for a call: ""
-	// is the simulator's own pick (least-loaded, ties to the first
-	// endpoint; every result in docs/policies.md before 2026-11-30 used
-	// it), or a policy of internal/policy/loadbalance by name, run as the
-	// data plane runs it: on the data plane's routing table
-	// (internal/dataplane/endpoints), a Tracker per endpoint, endpoints in
-	// sandbox id order.
+	// LoadBalancing is the data plane's choice of sandbox for a call: a
+	// policy of internal/policy/loadbalance by name ("": the data plane's
+	// default, least-loaded with random ties), run as the data plane runs
+	// it: on the data plane's routing table (internal/dataplane/endpoints),
+	// a Tracker per endpoint, endpoints in sandbox id order, ties drawn
+	// from the run's seed.
 	LoadBalancing     string
 	ScalingMode       string
 	Autoscale         autoscale.Config
@@ -297,8 +297,7 @@ type function struct {
 	// set is its routing table entry: its Ready sandboxes by id, with
 	// their trackers.
 	set *endpoints.Set[fnConf, *sandbox]
-	// lb picks among set's endpoints when Config.LoadBalancing names a
-	// policy; nil: the model's pick.
+	// lb picks among set's endpoints (Config.LoadBalancing).
 	lb    loadbalance.Policy
 	queue []*call
 	// load accounting for the data plane's report: ∫(in flight + queued)dt
@@ -467,10 +466,8 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 		}
 		sp.Scaling.KeepAlive = spec.Duration(cfg.KeepAlive)
 		fn := &function{name: sp.Name, spec: sp, dual: cfg.ScalingMode == spec.ModeDual && cfg.EmergencySlots > 0}
-		if cfg.LoadBalancing != "" {
-			if fn.lb, err = loadbalance.New(cfg.LoadBalancing, sp.Concurrency, lbRand); err != nil {
-				return nil, err
-			}
+		if fn.lb, err = loadbalance.New(cfg.LoadBalancing, sp.Concurrency, lbRand); err != nil {
+			return nil, err
 		}
 		sm.fns[sp.Name] = fn
 		sm.fnByIdx = append(sm.fnByIdx, fn)
@@ -811,13 +808,10 @@ func (sm *simulator) emergency(c *call, fn *function) bool {
 	return true
 }
 
-// pick chooses the sandbox for a call of fn, nil when none has a free
-// slot. With a load-balancing policy the choice holds a slot of its
-// tracker (slot), released when the call finishes.
+// pick chooses the sandbox for a call of fn with its policy, as the data
+// plane does: nil when none has a free slot. The choice holds a slot of
+// its tracker (slot), released when the call finishes.
 func pick(fn *function) (sb *sandbox, slot bool) {
-	if fn.lb == nil {
-		return pickModel(fn), false
-	}
 	sb, ok := fn.set.Pick(fn.lb)
 	return sb, ok
 }
@@ -830,18 +824,6 @@ func hasFree(fn *function) bool {
 		}
 	}
 	return false
-}
-
-// pickModel is least-loaded among ready sandboxes with a free slot (ties: the
-// first, which the endpoint order keeps fair enough for the model).
-func pickModel(fn *function) *sandbox {
-	var best *sandbox
-	for _, sb := range fn.set.Endpoints {
-		if sb.inflight < fn.spec.Concurrency && (best == nil || sb.inflight < best.inflight) {
-			best = sb
-		}
-	}
-	return best
 }
 
 func (sm *simulator) drain(fn *function) {
