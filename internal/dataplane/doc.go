@@ -2,4 +2,9 @@
 // routes each request to a function by path or Host header, waits in a bounded
 // per-function queue until a sandbox has a free concurrency slot, and keeps its
 // endpoint view in sync with the control plane while reporting load back to it.
+//
+// Two parts are packages of their own: the routing table (endpoints: each
+// function's settings and Ready sandboxes, a pure value stepped by the
+// endpoint stream, shared with the simulator) and a function's wait line
+// (queue: FIFO with asynchronous calls behind, slot handoff, timeouts).
 package dataplane
