@@ -316,9 +316,8 @@ func (d *DataPlane) reapIdle(ctx context.Context) {
 	})
 }
 
-// markUrgent queues fn for an immediate no-capacity report and rings the
-// doorbell. Many triggers before the reporter wakes make one report.
-// noteActive puts fn on the reporting list (an arrival woke it).
+// noteActive puts fn on the reporting list (an arrival woke it, or an
+// uncounted emergency call left a latency to report).
 func (d *DataPlane) noteActive(fn *function) {
 	d.activeMu.Lock()
 	if !fn.listed {
@@ -328,6 +327,8 @@ func (d *DataPlane) noteActive(fn *function) {
 	d.activeMu.Unlock()
 }
 
+// markUrgent queues fn for an immediate no-capacity report and rings the
+// doorbell. Many triggers before the reporter wakes make one report.
 func (d *DataPlane) markUrgent(fn *function) {
 	if fn.urgent.CompareAndSwap(false, true) {
 		d.urgentMu.Lock()

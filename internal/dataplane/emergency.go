@@ -180,6 +180,9 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 			fn.m.emergency.Add(1)
 			fn.m.codes.inc(int(reply.GetStatus()))
 			fn.m.duration.observe(end - arrival)
+			if !counted {
+				d.noteActive(fn) // its latency goes in the next report
+			}
 			h := w.Header()
 			for _, hd := range reply.GetHeaders() {
 				if !hopHeader(hd.GetName()) && hd.GetName() != "Content-Length" {
@@ -209,6 +212,9 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 		d.prom.emergency.WithLabelValues("failed").Inc()
 		fn.m.used.Store(true)
 		fn.m.duration.observe(end - arrival)
+		if !counted {
+			d.noteActive(fn)
+		}
 		var f failure
 		switch {
 		case r.Context().Err() != nil:

@@ -121,6 +121,11 @@ func TestEmergencyCallServed(t *testing.T) {
 	if w.calls.Load() != 1 {
 		t.Errorf("worker called %d times", w.calls.Load())
 	}
+	// Its latency reaches the control plane in the next report, whether
+	// or not the call counted toward the function's load.
+	if m := metricFor(d.collect(time.Now(), time.Second), "f"); len(m.GetLatencyBuckets()) == 0 {
+		t.Errorf("the next report's entry for f: %+v, want the call's latency", m)
+	}
 }
 
 // Every worker refuses (slots full): the call is not lost, it queues for a

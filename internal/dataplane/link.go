@@ -161,7 +161,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 			fn.listed = false
 			continue
 		}
-		avg, requests, report := fn.stats.cut(t)
+		avg, requests, report := fn.stats.cut(t, interval.Nanoseconds())
 		// Quiet now: off the list. An arrival that woke it since waits for
 		// activeMu and lists it again.
 		if fn.stats.isQuiet() {

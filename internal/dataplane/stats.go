@@ -73,11 +73,18 @@ func (s *loadStats) current() int64 {
 // cut closes the interval at now and starts the next one. report is false
 // when the interval had no activity and a zero interval was already reported
 // (Dirigent stops sending idle functions; activity resumes reporting).
-func (s *loadStats) cut(now int64) (avg float64, requests int64, report bool) {
+// maxSpan is the reporting interval: a quiet function is not cut while
+// quiet (it is on no report's list), so its interval's start can be long
+// past, and its average is over the last maxSpan, all of its load in it.
+func (s *loadStats) cut(now, maxSpan int64) (avg float64, requests int64, report bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.advanceLocked(now)
-	if span := now - s.start; span > 0 {
+	span := now - s.start
+	if maxSpan > 0 && span > maxSpan {
+		span = maxSpan
+	}
+	if span > 0 {
 		avg = float64(s.integral) / float64(span)
 	}
 	requests = s.requests

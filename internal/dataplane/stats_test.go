@@ -17,31 +17,31 @@ func TestLoadStatsTimeWeighted(t *testing.T) {
 	s.arrive(10)
 	s.arrive(50)
 	s.depart(60)
-	avg, req, report := s.cut(100)
+	avg, req, report := s.cut(100, 0)
 	// (50 + 50) load·ns over 100 ns.
 	if !report || req != 2 || math.Abs(avg-1.0) > 1e-9 {
 		t.Fatalf("interval 1: avg %v requests %d report %v; want 1.0, 2, true", avg, req, report)
 	}
 	// [100, 200): the second request is still in flight for the whole interval.
-	avg, req, report = s.cut(200)
+	avg, req, report = s.cut(200, 0)
 	if !report || req != 0 || avg != 1 {
 		t.Fatalf("interval 2: avg %v requests %d report %v; want 1, 0, true", avg, req, report)
 	}
 	s.depart(250)
-	avg, _, report = s.cut(300)
+	avg, _, report = s.cut(300, 0)
 	if !report || avg != 0.5 {
 		t.Fatalf("interval 3: avg %v report %v; want 0.5, true", avg, report)
 	}
 	// One zero interval is reported, then silence until activity.
-	if avg, req, report = s.cut(400); !report || avg != 0 || req != 0 {
+	if avg, req, report = s.cut(400, 0); !report || avg != 0 || req != 0 {
 		t.Fatalf("first idle interval: %v %d %v; want reported zero", avg, req, report)
 	}
-	if _, _, report = s.cut(500); report {
+	if _, _, report = s.cut(500, 0); report {
 		t.Fatal("second idle interval reported")
 	}
 	s.arrive(550)
 	s.depart(560)
-	if avg, req, report = s.cut(600); !report || req != 1 || math.Abs(avg-0.1) > 1e-9 {
+	if avg, req, report = s.cut(600, 0); !report || req != 1 || math.Abs(avg-0.1) > 1e-9 {
 		t.Fatalf("after activity: %v %d %v; want 0.1, 1, true", avg, req, report)
 	}
 }
@@ -49,7 +49,7 @@ func TestLoadStatsTimeWeighted(t *testing.T) {
 func TestLoadStatsNewFunctionIsQuiet(t *testing.T) {
 	var s loadStats
 	s.reset(0)
-	if _, _, report := s.cut(100); report {
+	if _, _, report := s.cut(100, 0); report {
 		t.Fatal("a function that never saw a request reported")
 	}
 }
@@ -147,5 +147,26 @@ func TestReportsVisitOnlyActiveFunctions(t *testing.T) {
 	d.collect(time.Now(), time.Second) // brief's idle interval
 	if n := active(); n != 0 {
 		t.Fatalf("%d functions still active, want 0", n)
+	}
+}
+
+// A quiet function is not cut while quiet (it is on no report's list), so
+// its interval started long ago; its first average after waking is over the
+// reporting interval, as when every function was cut every interval, not
+// over the whole quiet spell.
+func TestLoadAfterQuietSpellIsOverTheInterval(t *testing.T) {
+	var s loadStats
+	s.reset(0)
+	const interval = 1000
+	// An hour of nothing, then one call in flight for half the last
+	// interval.
+	now := int64(3600 * interval)
+	if !s.arrive(now - interval/2) {
+		t.Fatal("an arrival at a quiet function did not wake it")
+	}
+	s.depart(now)
+	avg, req, report := s.cut(now, interval)
+	if !report || req != 1 || math.Abs(avg-0.5) > 1e-9 {
+		t.Fatalf("after the quiet spell: avg %v requests %d report %v; want 0.5, 1, true", avg, req, report)
 	}
 }
