@@ -171,6 +171,10 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 		end := d.nanotime()
 		if counted {
 			fn.stats.depart(end)
+		} else {
+			// Uncounted, it woke nothing, but a latency may be
+			// observed below: the next report must visit fn.
+			d.noteActive(fn)
 		}
 		cancel()
 		switch status.Code(err) {
@@ -180,9 +184,6 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 			fn.m.emergency.Add(1)
 			fn.m.codes.inc(int(reply.GetStatus()))
 			fn.m.duration.observe(end - arrival)
-			if !counted {
-				d.noteActive(fn) // its latency goes in the next report
-			}
 			h := w.Header()
 			for _, hd := range reply.GetHeaders() {
 				if !hopHeader(hd.GetName()) && hd.GetName() != "Content-Length" {
@@ -212,9 +213,6 @@ func (d *DataPlane) emergency(w http.ResponseWriter, r *http.Request, st *reqSta
 		d.prom.emergency.WithLabelValues("failed").Inc()
 		fn.m.used.Store(true)
 		fn.m.duration.observe(end - arrival)
-		if !counted {
-			d.noteActive(fn)
-		}
 		var f failure
 		switch {
 		case r.Context().Err() != nil:

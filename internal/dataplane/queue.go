@@ -36,9 +36,7 @@ func (fn *function) acquire(ctx context.Context, set *epSet, onQueued func(*func
 // tryAcquire reserves a free slot without queueing, unless others wait.
 func (fn *function) tryAcquire(set *epSet) (*endpoint, bool) {
 	if fn.q.Len() == 0 {
-		if i, ok := set.Conf.policy.Pick(set.Trackers); ok {
-			return set.Endpoints[i], true
-		}
+		return set.Pick(set.Conf.policy)
 	}
 	return nil, false
 }
@@ -55,11 +53,7 @@ func (fn *function) release(ep *endpoint) {
 // Pick reserves a free slot on fn's current set.
 func (fn *function) Pick() (*endpoint, bool) {
 	set := fn.set.Load()
-	i, ok := set.Conf.policy.Pick(set.Trackers)
-	if !ok {
-		return nil, false
-	}
-	return set.Endpoints[i], true
+	return set.Pick(set.Conf.policy)
 }
 
 // Release frees a slot of ep without a dispatch (the queue dispatches).
