@@ -175,7 +175,8 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		if !report && latency == nil {
 			continue
 		}
-		queued := fn.q.Len()
+		queued, inFlight := fn.q.Len(), fn.inFlight()
+		fn.sent = callCounts(inFlight, queued)
 		rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{
 			Function:       name,
 			AvgConcurrency: avg,
@@ -183,7 +184,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 			Queued:         queued,
 			NoCapacity:     queued > 0,
 			LatencyBuckets: latency,
-			InFlight:       fn.inFlight(),
+			InFlight:       inFlight,
 		})
 	}
 	clear(d.active[len(kept):])
@@ -194,46 +195,54 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 // collectUrgent reports the functions with requests waiting and no free
 // slot. avg_concurrency is the load now, and requests is 0: arrivals are
 // counted once, by the periodic report. It also lists every other function
-// with calls in flight or queued now (those two counts only: its own
-// urgent report went earlier), so that the control plane making room for
+// whose calls in flight or queued changed since the last report carried
+// them (those two counts only), so that the control plane making room for
 // the waiting calls knows which sandboxes are busy at this moment, not as
-// of the last periodic report; a function left out has none on this data
-// plane, and one whose calls still wait keeps the sandbox being made for
-// them.
+// of the last periodic report. A function left out stands as last
+// reported: the report and the control plane's work on it grow with what
+// changed, not with every busy function, for one is sent whenever a call
+// waits.
 func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	d.urgentMu.Lock()
 	fns := d.urgentFns
 	d.urgentFns = nil
 	d.urgentMu.Unlock()
 	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true}
-	listed := make(map[*function]bool, len(fns))
+	// A function with calls in flight or queued is not quiet: it is on
+	// the active list, and its sent counts are guarded by activeMu.
+	d.activeMu.Lock()
+	defer d.activeMu.Unlock()
 	for _, fn := range fns {
 		fn.urgent.Store(false) // before reading queued: a later trigger re-queues fn
 		queued := fn.q.Len()
 		if queued == 0 {
 			continue // served meanwhile
 		}
+		inFlight := fn.inFlight()
+		fn.sent = callCounts(inFlight, queued)
 		rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{
 			Function:       fn.name,
 			AvgConcurrency: float64(fn.stats.current()),
 			Queued:         queued,
 			NoCapacity:     true,
-			InFlight:       fn.inFlight(),
+			InFlight:       inFlight,
 		})
-		listed[fn] = true
 	}
 	if len(rep.Functions) == 0 {
 		return rep
 	}
-	// A function with calls in flight or queued is not quiet: it is on
-	// the active list.
-	d.activeMu.Lock()
-	defer d.activeMu.Unlock()
 	for _, fn := range d.active {
 		inFlight, queued := fn.inFlight(), fn.q.Len()
-		if (inFlight > 0 || queued > 0) && !listed[fn] && d.lookup(fn.name) == fn {
+		if c := callCounts(inFlight, queued); c != fn.sent && d.lookup(fn.name) == fn {
+			fn.sent = c
 			rep.Functions = append(rep.Functions, &briskv1.FunctionMetric{Function: fn.name, InFlight: inFlight, Queued: queued})
 		}
 	}
 	return rep
+}
+
+// callCounts packs a function's calls in flight and queued for comparison
+// with what a report last carried.
+func callCounts(inFlight, queued int32) uint64 {
+	return uint64(uint32(inFlight))<<32 | uint64(uint32(queued))
 }

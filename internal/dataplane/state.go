@@ -94,8 +94,11 @@ type function struct {
 	name string
 	set  atomic.Pointer[epSet]
 
-	// listed: fn is in DataPlane.active; guarded by its activeMu.
+	// listed: fn is in DataPlane.active. sent: its calls in flight and
+	// queued as the last report carried them (inFlight<<32 | queued), so
+	// that an urgent report lists only changes. Both guarded by activeMu.
 	listed bool
+	sent   uint64
 	// q: the calls waiting for a slot (internal/dataplane/queue).
 	q queue.Queue[*endpoint]
 

@@ -1,8 +1,10 @@
 package dataplane
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -58,7 +60,16 @@ func TestUrgentReportsCoalesce(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("a"), fnSpec("b")}})
 	const n = 5
-	for range n {
+	// The first of a's calls can be called off, to change a's counts later.
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	first, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/function/a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go do(t, first)
+	waitFor(t, "a's first call queued", func() bool { return d.queued("a") == 1 })
+	for range n - 1 {
 		goGet(t, srv.URL+"/function/a")
 	}
 	goGet(t, srv.URL+"/function/b")
@@ -84,11 +95,20 @@ func TestUrgentReportsCoalesce(t *testing.T) {
 	if m := metricFor(rep, "b"); m.GetQueued() != 2 {
 		t.Errorf("b after a new arrival: %+v", m)
 	}
-	// a, whose calls still wait but whose urgent report went earlier, is
-	// listed with its counts: the control plane takes an urgent report as
-	// every busy function of its data plane.
-	if m := metricFor(rep, "a"); m.GetQueued() != n || m.GetNoCapacity() {
-		t.Errorf("a in b's urgent report: %+v, want queued %d, not no-capacity", m, n)
+	// a, whose calls still wait as its urgent report said, is left out:
+	// the control plane takes it as last reported.
+	if m := metricFor(rep, "a"); m != nil {
+		t.Errorf("a, unchanged, in b's urgent report: %+v", m)
+	}
+	// One of a's callers leaves: the next urgent report (another of b's
+	// calls) lists a with its new count, not as waiting with no capacity.
+	leave()
+	waitFor(t, "a's first caller gone", func() bool { return d.queued("a") == n-1 })
+	goGet(t, srv.URL+"/function/b")
+	waitFor(t, "b queued a third call", func() bool { return d.queued("b") == 3 })
+	rep = d.collectUrgent(time.Now())
+	if m := metricFor(rep, "a"); m.GetQueued() != n-1 || m.GetNoCapacity() {
+		t.Errorf("a in b's urgent report after a caller left: %+v, want queued %d, not no-capacity", m, n-1)
 	}
 	// Release the waiters so the servers can close.
 	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"a", "b"}})

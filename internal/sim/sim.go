@@ -209,6 +209,7 @@ const (
 	evTick
 	evQueueTimeout
 	evEmergencyReady // an emergency sandbox is up: its call runs
+	evUrgent         // the urgent report in flight is answered: send the next
 )
 
 type event struct {
@@ -308,9 +309,14 @@ type function struct {
 	active    bool
 	// tmpl is where its template is (template.go), set on first use.
 	tmpl templateset.Cut
-	// inflight counts its calls running in regular sandboxes; busyPos is
-	// its index in simulator.busy while that is above zero.
-	inflight, busyPos int
+	// urgent: it is on simulator.urgent, for the next urgent report.
+	urgent bool
+	// inflight counts its calls running in regular sandboxes. sent is
+	// (inflight, queued) as the last report carried them; changed: it is
+	// on simulator.changed.
+	inflight int
+	sent     [2]int
+	changed  bool
 	// dual-mode functions: keep-alive and recent inter-arrival times for
 	// the metric filter (the data plane's iatTracker).
 	dual      bool
@@ -400,9 +406,17 @@ type simulator struct {
 	live      int
 	version   uint64
 
-	// busy lists the functions with calls running in regular sandboxes,
-	// which an urgent report names (the data plane's collectUrgent).
-	busy []*function
+	// changed lists the functions whose calls in flight or queued may have
+	// changed since a report last carried them: an urgent report names
+	// those that did (the data plane's collectUrgent).
+	changed []*function
+	// urgent lists the functions with a call waiting since the last urgent
+	// report; urgentUntil is when the report in flight is answered, and
+	// urgentNext says an evUrgent is pending for it (the data plane's
+	// doorbell: one report at a time, later rings coalesce into the next).
+	urgent      []*function
+	urgentUntil int64
+	urgentNext  bool
 
 	rng *rand.Rand
 	// near is the Overhead profile's nearest non-empty window of each.
@@ -517,6 +531,9 @@ func Run(s *workload.Schedule, cfg Config) (*Result, error) {
 			sm.step(reconciler.Retry{Function: e.name})
 		case evEmergencyReady:
 			sm.dispatch(e.c, e.c.sb)
+		case evUrgent:
+			sm.urgentNext = false
+			sm.reportUrgent()
 		case evQueueTimeout:
 			if e.c.queued {
 				done++
@@ -747,13 +764,58 @@ func (sm *simulator) arrive(i int32) {
 	fn.queue = append(fn.queue, c)
 	c.queued = true
 	sm.push(event{at: sm.now + int64(spec.DefaultQueueTimeout), kind: evQueueTimeout, c: c})
-	fms := make([]reconciler.FunctionLoad, 0, 1+len(sm.busy))
-	fms = append(fms, reconciler.FunctionLoad{Function: fn.name, Queued: len(fn.queue), NoCapacity: true, InFlight: fn.inflight})
-	for _, b := range sm.busy {
-		if b != fn {
-			fms = append(fms, reconciler.FunctionLoad{Function: b.name, InFlight: b.inflight})
+	sm.markUrgent(fn)
+}
+
+// urgentRTT is an urgent report's round trip to the control plane: while
+// one is in flight, calls that wait meanwhile go into the next, as the data
+// plane's doorbell coalesces them (link.reportUrgent).
+const urgentRTT = int64(time.Millisecond)
+
+// markUrgent puts fn, which has a call waiting with no free slot, into the
+// next urgent report, sent now unless one is in flight.
+func (sm *simulator) markUrgent(fn *function) {
+	if !fn.urgent {
+		fn.urgent = true
+		sm.urgent = append(sm.urgent, fn)
+	}
+	switch {
+	case sm.urgentNext:
+	case sm.now >= sm.urgentUntil:
+		sm.reportUrgent()
+	default:
+		sm.urgentNext = true
+		sm.push(event{at: sm.urgentUntil, kind: evUrgent})
+	}
+}
+
+// reportUrgent sends the urgent report: the marked functions still waiting,
+// and every other function whose calls in flight or queued changed since a
+// report last carried them (the data plane's collectUrgent).
+func (sm *simulator) reportUrgent() {
+	var fms []reconciler.FunctionLoad
+	for _, fn := range sm.urgent {
+		fn.urgent = false
+		if len(fn.queue) > 0 { // else served meanwhile
+			fn.sent = [2]int{fn.inflight, len(fn.queue)}
+			fms = append(fms, reconciler.FunctionLoad{Function: fn.name, Queued: len(fn.queue), NoCapacity: true, InFlight: fn.inflight})
 		}
 	}
+	clear(sm.urgent)
+	sm.urgent = sm.urgent[:0]
+	if len(fms) == 0 {
+		return
+	}
+	for _, fn := range sm.changed {
+		fn.changed = false
+		if now := [2]int{fn.inflight, len(fn.queue)}; now != fn.sent {
+			fn.sent = now
+			fms = append(fms, reconciler.FunctionLoad{Function: fn.name, InFlight: fn.inflight, Queued: len(fn.queue)})
+		}
+	}
+	clear(sm.changed)
+	sm.changed = sm.changed[:0]
+	sm.urgentUntil = sm.now + urgentRTT
 	sm.step(reconciler.Metrics{Report: reconciler.LoadReport{DataPlane: "sim-dp", Urgent: true, Functions: fms}})
 }
 
@@ -761,15 +823,14 @@ func (sm *simulator) arrive(i int32) {
 // regular sandboxes.
 func (sm *simulator) running(fn *function, delta int) {
 	fn.inflight += delta
-	switch {
-	case delta > 0 && fn.inflight == delta:
-		fn.busyPos = len(sm.busy)
-		sm.busy = append(sm.busy, fn)
-	case delta < 0 && fn.inflight == 0:
-		last := sm.busy[len(sm.busy)-1]
-		sm.busy[fn.busyPos], last.busyPos = last, fn.busyPos
-		sm.busy[len(sm.busy)-1] = nil
-		sm.busy = sm.busy[:len(sm.busy)-1]
+	sm.change(fn)
+}
+
+// change notes that fn's calls in flight or queued changed.
+func (sm *simulator) change(fn *function) {
+	if !fn.changed {
+		fn.changed = true
+		sm.changed = append(sm.changed, fn)
 	}
 }
 
@@ -946,6 +1007,7 @@ func (sm *simulator) timeout(c *call) {
 		}
 	}
 	c.queued = false
+	sm.change(fn)
 	fn.setLevel(sm.now, -1)
 	inv := &sm.s.Invocations[c.inv]
 	sm.res.Records = append(sm.res.Records, workload.Record{
@@ -966,6 +1028,7 @@ func (sm *simulator) second() {
 			continue
 		}
 		fn.setLevel(sm.now, 0)
+		fn.sent = [2]int{fn.inflight, len(fn.queue)}
 		fms = append(fms, reconciler.FunctionLoad{Function: fn.name, AvgConcurrency: fn.area, Requests: fn.requests,
 			Queued: len(fn.queue), NoCapacity: len(fn.queue) > 0 && !hasFree(fn), InFlight: fn.inflight})
 		fn.active = fn.level > 0

@@ -3377,9 +3377,11 @@ type FunctionMetric struct {
 	// only.
 	LatencyBuckets []uint64 `protobuf:"varint,6,rep,packed,name=latency_buckets,json=latencyBuckets,proto3" json:"latency_buckets,omitempty"`
 	// Calls running in the function's sandboxes at the report's time (not
-	// queued ones). An urgent report lists every function with calls in flight
-	// at that moment, so that the control plane can tell idle sandboxes, whose
-	// room a waiting call may take, from busy ones.
+	// queued ones). An urgent report lists, besides the waiting functions,
+	// every function whose in_flight or queued changed since a report last
+	// carried them; the others stand as last reported. So the control plane
+	// can tell idle sandboxes, whose room a waiting call may take, from busy
+	// ones.
 	InFlight      int32 `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -27,8 +27,9 @@ import (
 //	world nodes=N [cpu=M] [mem=MiB]      a new reconciler with N live nodes n0..
 //	deploy name=F [min=N] [max=N] [keep-alive=ttl|gd] [cpu=M] [mem=MiB] [rev=R]
 //	remove name=F                        the function is deleted
-//	call name=F [queued=N] [busy=(G,...)]   a data plane's urgent report: F's calls wait with no
-//	                                     capacity; it lists every function with a call in flight (busy)
+//	call name=F [queued=N] [busy=(G,...)] [idle=(G,...)]   a data plane's urgent report: F's calls
+//	                                     wait with no capacity; it lists the functions whose calls in
+//	                                     flight changed since its last report: now one (busy) or none (idle)
 //	load name=F conc=C [requests=N] [in-flight=N]   a data plane's periodic report
 //	advance by=D                         the clock moves on (no event)
 //	idle for=D                           every second: the load sample and a tick (outputs carry their time)
@@ -86,6 +87,13 @@ func TestScenarios(t *testing.T) {
 				}
 				for _, b := range busy {
 					rep.Functions = append(rep.Functions, FunctionLoad{Function: b, InFlight: 1})
+				}
+				var idle []string
+				if d.HasArg("idle") {
+					d.ScanArgs(t, "idle", &idle)
+				}
+				for _, b := range idle {
+					rep.Functions = append(rep.Functions, FunctionLoad{Function: b})
 				}
 				w.step(Metrics{Report: rep})
 			case "load":

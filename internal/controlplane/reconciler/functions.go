@@ -237,7 +237,6 @@ func (c *Reconciler) removeFunction(now time.Time, name string) {
 	}
 	fs.deleted, fs.desired = true, 0
 	c.setMinStarved(fs, false)
-	delete(c.busyFns, fs)
 	delete(c.fns, name)
 	last := c.order[len(c.order)-1]
 	c.order[fs.pos], last.pos = last, fs.pos
@@ -437,41 +436,17 @@ func (c *Reconciler) setInFlight(fs *fnState, dp string, inFlight, queued int, n
 	}
 	s := fs.sample(dp)
 	s.inFlight, s.queued, s.inFlightAt = int32(max(inFlight, 0)), int32(max(queued, 0)), now
-	if s.inFlight+s.queued > 0 && !fs.deleted {
-		c.busyFns[fs] = struct{}{}
-	}
 }
 
-// recordInFlight takes an urgent report's calls in flight: every function
-// with calls running on dp is listed, so the busy ones it leaves out have
-// none there now.
+// recordInFlight takes an urgent report's calls in flight and queued: it
+// lists the functions whose counts changed since dp last reported them
+// (and the waiting ones), so the others stand as last reported. A report
+// costs its own length, not the number of busy functions: a data plane
+// sends one whenever a call waits.
 func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []FunctionLoad) {
-	listed := make(map[*fnState]bool, len(ms))
 	for i := range ms {
 		if fs := c.fns[ms[i].Function]; fs != nil {
-			listed[fs] = true
 			c.setInFlight(fs, dp, ms[i].InFlight, ms[i].Queued, now)
-		}
-	}
-	for fs := range c.busyFns {
-		if listed[fs] {
-			continue
-		}
-		for i := range fs.dpLoad {
-			if s := &fs.dpLoad[i]; s.dataPlane == dp {
-				s.inFlight, s.queued, s.inFlightAt = 0, 0, now
-			}
-		}
-	}
-	c.pruneBusy(now)
-}
-
-// pruneBusy drops from busyFns the functions with no fresh report of calls
-// in flight or queued, and deleted ones.
-func (c *Reconciler) pruneBusy(now time.Time) {
-	for fs := range c.busyFns {
-		if fs.deleted || fs.busy(now) == 0 {
-			delete(c.busyFns, fs)
 		}
 	}
 }
@@ -486,7 +461,6 @@ func (c *Reconciler) sampleLoad(now time.Time) {
 			fs.kpa.Record(now, sum)
 		}
 	}
-	c.pruneBusy(now)
 }
 
 // sumLoad drops stale data planes' reports and sums the rest; false if

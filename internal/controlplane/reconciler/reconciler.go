@@ -76,10 +76,6 @@ type Reconciler struct {
 	keep keepalive.Policy
 	// hybrid learns the idle times of hybrid keep-alive functions.
 	hybrid *keepalive.Hybrid
-	// busyFns holds the functions some data plane last reported with calls
-	// in flight: an urgent report lists all of its data plane's, so the
-	// ones it leaves out are idle there now.
-	busyFns map[*fnState]struct{}
 
 	quotas map[string]spec.Quota
 	nsUse  map[string]*nsUsage
@@ -132,7 +128,7 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		cfg: cfg, log: cfg.Logger, rng: rng,
-		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage), busyFns: make(map[*fnState]struct{}),
+		fns: make(map[string]*fnState), nodes: make(map[string]*nodeState), nsUse: make(map[string]*nsUsage),
 		placer: p, placers: make(map[string]placement.Policy), keep: keepalive.NewGD(0), hybrid: keepalive.NewHybrid(keepalive.HybridConfig{}),
 	}, nil
 }

@@ -93,8 +93,9 @@ type HeldTemplate struct {
 type LoadReport struct {
 	DataPlane string
 	Interval  time.Duration
-	// Urgent: a call waits with no capacity; such a report lists every
-	// function with calls in flight at that moment.
+	// Urgent: a call waits with no capacity; such a report also lists
+	// every function whose calls in flight or queued changed since its
+	// data plane last reported them (the others stand as last reported).
 	Urgent    bool
 	Functions []FunctionLoad
 }
