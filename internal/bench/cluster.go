@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/credentials"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,9 +17,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/brisk-faas/brisk/internal/async"
 	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/local"
 	"github.com/brisk-faas/brisk/internal/worker/runtimes"
@@ -165,7 +166,7 @@ func (c *Cluster) startLocal(ctx context.Context, o ClusterOptions) error {
 	}
 	c.Client = client.New(c.Admin, c.Invoke)
 	c.Client.HTTP = c.HTTP
-	tok, err := controlplane.ReadAdminToken(filepath.Join(dir, "cp"))
+	tok, err := admin.ReadAdminToken(filepath.Join(dir, "cp"))
 	if err != nil {
 		return fmt.Errorf("local cluster: %w", err)
 	}

@@ -18,9 +18,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/loadgen"
 	"github.com/brisk-faas/brisk/internal/workload"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -185,8 +185,8 @@ func cleanup(c *Cluster, o *Options, names []string) {
 }
 
 // waitReady polls a function until n of its sandboxes are ready.
-func (c *Cluster) waitReady(ctx context.Context, name string, n int, timeout time.Duration) (*controlplane.FunctionView, error) {
-	var v *controlplane.FunctionView
+func (c *Cluster) waitReady(ctx context.Context, name string, n int, timeout time.Duration) (*api.FunctionView, error) {
+	var v *api.FunctionView
 	err := poll(ctx, timeout, 20*time.Millisecond, func() (bool, error) {
 		var err error
 		v, err = c.Client.Get(ctx, name)

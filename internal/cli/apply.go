@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"io"
 	"net/http"
 	"os"
@@ -11,8 +10,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/internal/compat/knative"
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 func newApply(g *globals) *cobra.Command {
@@ -100,7 +100,7 @@ label) and a Ready condition. brisk fn get shows brisk's own spec.`,
 				return usageError{fmt.Errorf("-o %q: want yaml or json", output)}
 			}
 			cl := g.client()
-			var views []controlplane.FunctionView
+			var views []api.FunctionView
 			if len(args) == 1 {
 				v, err := cl.Get(c.Context(), args[0])
 				if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/worker/lang"
 	"github.com/brisk-faas/brisk/internal/worker/runtimes"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -690,7 +691,7 @@ server given with --nats.`,
 					}
 					if !cf.noAuth {
 						fmt.Fprintf(os.Stderr, "admin token: %s (the CLI reads it; elsewhere: export BRISK_TOKEN_FILE=%[1]s)\n",
-							filepath.Join(cf.dataDir, controlplane.AdminTokenFile))
+							filepath.Join(cf.dataDir, api.AdminTokenFile))
 					}
 					fmt.Fprintf(os.Stderr, "dashboard: %s://%s/ui/ (brisk ui prints it with the token)\n", adminScheme, cl.AdminAddr())
 					fmt.Fprintf(os.Stderr, "runtime: %s\n", isolationOf(wf.rt))

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 func newToken(g *globals) *cobra.Command {
@@ -71,7 +71,7 @@ func newTokenCreate(g *globals) *cobra.Command {
 		Example: "  brisk token create ci --scope deploy\n  brisk token create caller --scope invoke --function hello",
 		Args:    exactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			v, err := g.client().CreateToken(c.Context(), controlplane.TokenRequest{Name: args[0], Scopes: scopes, Functions: fns, Namespace: ns})
+			v, err := g.client().CreateToken(c.Context(), api.TokenRequest{Name: args[0], Scopes: scopes, Functions: fns, Namespace: ns})
 			if err != nil {
 				return err
 			}

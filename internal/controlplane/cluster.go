@@ -15,6 +15,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
@@ -58,8 +59,9 @@ type Cluster struct {
 	placementFailures, evictions uint64
 
 	metrics *cpMetrics
-	// dash keeps the dashboard's rates and recent failures (dashboard.go).
-	dash *dashStats
+	// dash keeps the dashboard's rates and recent failures (the admin
+	// surface's dashboard shows them).
+	dash *admin.DashStats
 }
 
 // nodeLink is the I/O side of one worker node: its link's connection and
@@ -94,7 +96,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 		links: make(map[string]*nodeLink), watchers: make(map[*watcher]struct{}),
 		idPrefix: prefix, metrics: m, prewarm: pw,
 	}
-	c.dash = newDashStats(c.clk.Now())
+	c.dash = admin.NewDashStats(c.clk.Now())
 	if err := m.reg.Register(newFunctionCollector(c)); err != nil {
 		return nil, err
 	}
@@ -122,7 +124,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 				s.create(x.Spec, x.ID, data, gen)
 			}
 			c.metrics.creations.Inc()
-			c.dash.created(c.clk.Now(), x.Spec.Name)
+			c.dash.Created(c.clk.Now(), x.Spec.Name)
 		case reconciler.Offer:
 			if s := c.sessionOf(x.Node); s != nil {
 				data, gen := c.secretDataLocked(x.Spec)
@@ -158,21 +160,21 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			c.publishRemoveLocked(x.ID)
 		case reconciler.PublishFunction:
 			pf := specPB(x.Function)
-			c.dash.register(pf.GetName())
+			c.dash.Register(pf.GetName())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				b.DeletedFunctions = without(b.DeletedFunctions, pf.GetName())
 				b.Functions = append(withoutFn(b.Functions, pf.GetName()), pf)
 			})
 		case reconciler.DeleteFunction:
 			name := x.Name
-			c.dash.forget(name)
+			c.dash.Forget(name)
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				b.Functions = withoutFn(b.Functions, name)
 				b.DeletedFunctions = append(without(b.DeletedFunctions, name), name)
 			})
 		case reconciler.SetCondition:
 			pc := conditionPB(x.Condition)
-			c.dash.condition(c.clk.Now(), pc.GetFunction(), pc.GetReason(), pc.GetMessage())
+			c.dash.Condition(c.clk.Now(), pc.GetFunction(), pc.GetReason(), pc.GetMessage())
 			c.publishLocked(func(b *briskv1.EndpointBatch) {
 				for i, old := range b.Conditions {
 					if old.GetFunction() == pc.GetFunction() {
@@ -191,7 +193,7 @@ func (c *Cluster) execLocked(cmds []reconciler.Command) {
 			c.persistWorker(x.Worker)
 		case reconciler.SandboxFailed:
 			c.metrics.sandboxFailures.WithLabelValues(x.Function).Inc()
-			c.dash.failed(c.clk.Now(), x)
+			c.dash.Failed(c.clk.Now(), x)
 			c.log.Warn("sandbox failed", "function", x.Function, "sandbox", x.ID, "state", x.State, "reason", x.Reason, "backoff", x.Backoff)
 		}
 	}
@@ -233,22 +235,22 @@ func (c *Cluster) persistWorker(w store.Worker) {
 
 // ---------------------------------------------------------------- events
 
-func (c *Cluster) upsertFunction(f *spec.Function) { c.step(reconciler.UpsertFunction{Spec: f}) }
+func (c *Cluster) UpsertFunction(f *spec.Function) { c.step(reconciler.UpsertFunction{Spec: f}) }
 
-func (c *Cluster) removeFunction(name string) { c.step(reconciler.RemoveFunction{Name: name}) }
+func (c *Cluster) RemoveFunction(name string) { c.step(reconciler.RemoveFunction{Name: name}) }
 
 func (c *Cluster) recordMetrics(r *briskv1.MetricsReport) {
-	c.dash.report(c.clk.Now(), r) // its own lock, not the cluster's
+	c.dash.Report(c.clk.Now(), r) // its own lock, not the cluster's
 	c.step(reconciler.Metrics{Report: loadFromPB(r)})
 }
 
 func (c *Cluster) sampleLoad() { c.step(reconciler.SampleLoad{}) }
 
-func (c *Cluster) setQuotas(q map[string]spec.Quota) { c.step(reconciler.SetQuotas{Quotas: q}) }
+func (c *Cluster) SetQuotas(q map[string]spec.Quota) { c.step(reconciler.SetQuotas{Quotas: q}) }
 
-// setEgress makes e the namespaces' egress policies and sends them to every
+// SetEgress makes e the namespaces' egress policies and sends them to every
 // connected worker when they changed; they apply to running sandboxes too.
-func (c *Cluster) setEgress(e *briskv1.EgressPolicies) {
+func (c *Cluster) SetEgress(e *briskv1.EgressPolicies) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.egress != nil && proto.Equal(c.egress, e) {
@@ -312,19 +314,19 @@ func (c *Cluster) functionStatus(name string) (api.FunctionStatus, bool) {
 	return c.r.FunctionStatus(name)
 }
 
-func (c *Cluster) nodeStatus() []api.NodeStatus {
+func (c *Cluster) NodeStatus() []api.NodeStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.r.NodeStatus(c.clk.Now())
 }
 
-func (c *Cluster) spec(name string) *spec.Function {
+func (c *Cluster) Spec(name string) *spec.Function {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.r.Spec(name)
 }
 
-func (c *Cluster) usage(ns string) api.NamespaceUsage {
+func (c *Cluster) Usage(ns string) api.NamespaceUsage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.r.Usage(ns)

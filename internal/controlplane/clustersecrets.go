@@ -11,9 +11,9 @@ import (
 // The cluster's copy of the secrets: what sandboxes get at create, and
 // what the admin surface checks specs and quotas against.
 
-// setSecrets replaces the cluster's secrets: sandboxes created from now on
+// SetSecrets replaces the cluster's secrets: sandboxes created from now on
 // see their values.
-func (c *Cluster) setSecrets(secs []*store.Secret) {
+func (c *Cluster) SetSecrets(secs []*store.Secret) {
 	m := make(map[string]*store.Secret, len(secs))
 	for _, s := range secs {
 		m[s.Key()] = s
@@ -24,9 +24,9 @@ func (c *Cluster) setSecrets(secs []*store.Secret) {
 	c.mu.Unlock()
 }
 
-// putSecret records what the registry now holds under key: s, or nothing
+// PutSecret records what the registry now holds under key: s, or nothing
 // for nil. The caller holds secretMu.
-func (c *Cluster) putSecret(key string, s *store.Secret) {
+func (c *Cluster) PutSecret(key string, s *store.Secret) {
 	c.mu.Lock()
 	if s == nil {
 		delete(c.secrets, key)
@@ -58,8 +58,8 @@ func (c *Cluster) secretDataLocked(f *spec.Function) (map[string][]byte, uint64)
 	return m, c.secretGen
 }
 
-// missingSecrets returns those of names that are no secret of namespace ns.
-func (c *Cluster) missingSecrets(ns string, names []string) []string {
+// MissingSecrets returns those of names that are no secret of namespace ns.
+func (c *Cluster) MissingSecrets(ns string, names []string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
@@ -71,8 +71,8 @@ func (c *Cluster) missingSecrets(ns string, names []string) []string {
 	return out
 }
 
-// secretUsers returns the functions of namespace ns that name secret name.
-func (c *Cluster) secretUsers(ns, name string) []string {
+// SecretUsers returns the functions of namespace ns that name secret name.
+func (c *Cluster) SecretUsers(ns, name string) []string {
 	var out []string
 	c.mu.Lock()
 	c.r.Functions(func(f *spec.Function, _ api.FunctionStatus) {
@@ -85,10 +85,10 @@ func (c *Cluster) secretUsers(ns, name string) []string {
 	return out
 }
 
-// secretUsage returns the number of namespace ns's secrets and the bytes
+// SecretUsage returns the number of namespace ns's secrets and the bytes
 // of their values, leaving out the secret called skip, and whether skip
 // exists.
-func (c *Cluster) secretUsage(ns, skip string) (n int, bytes int64, exists bool) {
+func (c *Cluster) SecretUsage(ns, skip string) (n int, bytes int64, exists bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range c.secrets {
@@ -105,16 +105,16 @@ func (c *Cluster) secretUsage(ns, skip string) (n int, bytes int64, exists bool)
 	return n, bytes, exists
 }
 
-// secret returns namespace ns's secret name (nil: none), from the
+// Secret returns namespace ns's secret name (nil: none), from the
 // cluster's copy of the registry's: a read costs no registry scan.
-func (c *Cluster) secret(ns, name string) *store.Secret {
+func (c *Cluster) Secret(ns, name string) *store.Secret {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.secrets[store.SecretKey(ns, name)]
 }
 
-// secretsIn is namespace ns's secrets, every namespace's for "".
-func (c *Cluster) secretsIn(ns string) []*store.Secret {
+// SecretsIn is namespace ns's secrets, every namespace's for "".
+func (c *Cluster) SecretsIn(ns string) []*store.Secret {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*store.Secret

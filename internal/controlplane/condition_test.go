@@ -15,11 +15,11 @@ func TestConditionNoCapacity(t *testing.T) {
 	f := &spec.Function{Name: "big", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 1},
 		Resources: spec.Resources{MilliCPU: 64_000, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.admin.nextRevision()
+	f.Revision = e.cp.admin.NextRevision()
 	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(f)
+	e.cp.cluster.UpsertFunction(f)
 	testutil.Eventually(t, wait, func() bool {
 		return strings.HasPrefix(e.watch.condition("big"), "no-capacity: no node has room")
 	}, "no-capacity on the endpoint stream")
@@ -30,11 +30,11 @@ func TestConditionNoCapacity(t *testing.T) {
 
 	g := *f
 	g.Resources.MilliCPU = 100
-	g.Revision = e.cp.admin.nextRevision()
+	g.Revision = e.cp.admin.NextRevision()
 	if err := e.cp.store.UpdateFunction(&g); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(&g)
+	e.cp.cluster.UpsertFunction(&g)
 	e.awaitConverged("big", 1)
 	testutil.Eventually(t, wait, func() bool { return e.watch.condition("big") == "" }, "condition cleared on the stream")
 	if st, _ := e.cp.cluster.functionStatus("big"); st.Condition != "" {
@@ -44,29 +44,29 @@ func TestConditionNoCapacity(t *testing.T) {
 
 // A namespace's quota bounds the sandboxes its functions hold at once: a
 // function gets what fits, says quota-exceeded, and gets the rest when the
-// quota is raised.
+// Quota is raised.
 func TestNamespaceQuotaBoundsSandboxes(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	e.cp.cluster.setQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 2}})
+	e.cp.cluster.SetQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 2}})
 	f := &spec.Function{Name: "q", Namespace: "team", Builtin: "trace", Scaling: spec.Scaling{Min: 3, Max: 3},
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.admin.nextRevision()
+	f.Revision = e.cp.admin.NextRevision()
 	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(f)
+	e.cp.cluster.UpsertFunction(f)
 	e.awaitConverged("q", 2)
 	testutil.Eventually(t, wait, func() bool {
 		return strings.HasPrefix(e.watch.condition("q"), "quota-exceeded: namespace \"team\" holds 2 sandboxes")
 	}, "quota-exceeded on the stream")
-	if u := e.cp.cluster.usage("team"); u.Sandboxes != 2 || u.MilliCPU != 200 || u.Functions != 1 {
+	if u := e.cp.cluster.Usage("team"); u.Sandboxes != 2 || u.MilliCPU != 200 || u.Functions != 1 {
 		t.Fatalf("usage %+v, want 2 sandboxes, 200m, 1 function", u)
 	}
-	e.cp.cluster.setQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 3}})
+	e.cp.cluster.SetQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 3}})
 	e.awaitConverged("q", 3)
 	testutil.Eventually(t, wait, func() bool { return e.watch.condition("q") == "" }, "the condition clears")
 	e.scale("q", 0)
 	e.awaitConverged("q", 0)
-	testutil.Eventually(t, wait, func() bool { return e.cp.cluster.usage("team").Sandboxes == 0 }, "usage back to 0")
+	testutil.Eventually(t, wait, func() bool { return e.cp.cluster.Usage("team").Sandboxes == 0 }, "usage back to 0")
 }

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 )
 
 // A create answers with the record it stored (store.Registry.CreateFunction
@@ -14,11 +16,11 @@ import (
 // it: compact JSON with a newline, application/json, 201, a Location.
 func TestCreateAnswersWithTheStoredFunction(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	tok, err := ReadAdminToken(e.dir)
+	tok, err := admin.ReadAdminToken(e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
+	h := e.cp.admin.Handler()
 	req := httptest.NewRequest(http.MethodPost, "/v1/functions", strings.NewReader(`{"name":"rec","builtin":"trace","env":{"K":"<v&>"},"labels":{"team":"a"}}`))
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/api"
 )
@@ -17,8 +18,8 @@ import (
 // before any create.
 func TestNamespaceEgressReachesWorkers(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
-	tok, err := ReadAdminToken(e.dir)
+	h := e.cp.admin.Handler()
+	tok, err := admin.ReadAdminToken(e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}

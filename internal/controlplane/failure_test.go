@@ -373,7 +373,7 @@ func TestCase7TombstoneOvertakesCreate(t *testing.T) {
 	}
 	before := refusals()
 	e.net.injectToWorker("w0", &briskv1.ToWorker{Epoch: e.net.stream("w0").Epoch(), Msg: &briskv1.ToWorker_Commands{
-		Commands: &briskv1.Commands{Creates: []*briskv1.CreateSandbox{{Id: s, Function: "f", Revision: e.cp.cluster.spec("f").Revision}}}}})
+		Commands: &briskv1.Commands{Creates: []*briskv1.CreateSandbox{{Id: s, Function: "f", Revision: e.cp.cluster.Spec("f").Revision}}}}})
 	testutil.Eventually(t, wait, func() bool { return refusals() > before }, "second create refused")
 	if n := e.workers["w0"].rt.count("create", s); n != 0 {
 		t.Fatalf("%s started", s)
@@ -491,7 +491,7 @@ func TestCase10LateReadyForInvalidIDIgnored(t *testing.T) {
 	// plane late, inside the current session (past the epoch fence).
 	lateReady := func() {
 		err := e.net.injectFromWorker("w0", &briskv1.FromWorker{Epoch: e.net.stream("w0").Epoch(), Msg: &briskv1.FromWorker_Updates{
-			Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{Id: s, Function: "f", Revision: e.cp.cluster.spec("f").Revision,
+			Updates: &briskv1.Updates{Records: []*briskv1.SandboxRecord{{Id: s, Function: "f", Revision: e.cp.cluster.Spec("f").Revision,
 				State: stReady, Version: 2, Address: e.host.Addr()}}}}})
 		if err != nil {
 			t.Fatal(err)
@@ -676,7 +676,7 @@ func TestCase14WorkerDaemonRestart(t *testing.T) {
 	if err := e.cp.store.DeleteFunction("g"); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.removeFunction("g")
+	e.cp.cluster.RemoveFunction("g")
 
 	e.restartWorker("w0")
 	after := e.awaitConverged("f", 4)
@@ -1103,11 +1103,11 @@ func TestCase12SplitBrainDeposedLeaderIsRefused(t *testing.T) {
 	go func() { cp2.Run(ctx); close(done) }()
 	e.onStop(func() { cancel(); <-done })
 	<-cp2.Ready()
-	f := *e.cp.cluster.spec("f")
+	f := *e.cp.cluster.Spec("f")
 	if _, err := cp2.store.CreateFunction(&f); err != nil {
 		t.Fatal(err)
 	}
-	cp2.cluster.upsertFunction(&f)
+	cp2.cluster.UpsertFunction(&f)
 	if _, err := cp2.RegisterWorker(ctx, &briskv1.RegisterWorkerRequest{NodeId: "w0", Address: e.workers["w0"].d.Addr(),
 		Capacity: &briskv1.Resources{MilliCpu: 2000, MemoryMb: 2048}}); err != nil {
 		t.Fatal(err)
@@ -1130,7 +1130,7 @@ func TestCase12SplitBrainDeposedLeaderIsRefused(t *testing.T) {
 	if err := cp2.store.UpdateFunction(&f3); err != nil {
 		t.Fatal(err)
 	}
-	cp2.cluster.upsertFunction(&f3)
+	cp2.cluster.UpsertFunction(&f3)
 	testutil.Eventually(t, wait, func() bool { return len(e.running("w0")) == 3 }, "worker runs the new leader's 3")
 	for _, id := range old {
 		if !slices.Contains(e.running("w0"), id) {
@@ -1157,11 +1157,11 @@ func TestQueuedRequestsGetSandboxesAtOnce(t *testing.T) {
 	f := &spec.Function{Name: "q", Builtin: "trace", Scaling: spec.Scaling{Min: 1, Max: 10},
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.admin.nextRevision()
+	f.Revision = e.cp.admin.NextRevision()
 	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(f)
+	e.cp.cluster.UpsertFunction(f)
 	e.awaitConverged("q", 1)
 	if _, err := e.cp.ReportMetrics(context.Background(), &briskv1.MetricsReport{DataPlaneId: "dp", Urgent: true,
 		Functions: []*briskv1.FunctionMetric{{Function: "q", Queued: 3, NoCapacity: true}}}); err != nil {

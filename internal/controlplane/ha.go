@@ -15,6 +15,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -172,7 +173,7 @@ func runFollower(ctx context.Context, cfg Config, reg *replica.Registry, peers [
 	gs := grpc.NewServer(rpc.ServerOptions(tlsCfg)...)
 	briskv1.RegisterControlPlaneServer(gs, &follower{reg: reg})
 	hs := &http.Server{
-		Handler:           auth.RefuseForged(followerAdmin(reg, peers, cfg.AdminTLS), cfg.AuthDisabled, writeError),
+		Handler:           auth.RefuseForged(followerAdmin(reg, peers, cfg.AdminTLS), cfg.AuthDisabled, admin.WriteError),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -243,7 +244,7 @@ func followerAdmin(reg *replica.Registry, peers []replica.Peer, adminTLS *tls.Co
 		_, _ = w.Write([]byte("ok (follower)\n"))
 	})
 	mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, replicaView(reg, peers))
+		admin.WriteJSON(w, http.StatusOK, replicaView(reg, peers))
 	})
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -262,14 +263,14 @@ func followerAdmin(reg *replica.Registry, peers []replica.Peer, adminTLS *tls.Co
 				w.Header().Set(api.HeaderNotForwarded, "1")
 			}
 			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "control-plane leader unreachable: "+err.Error()+"; retry")
+			admin.WriteError(w, http.StatusServiceUnavailable, "control-plane leader unreachable: "+err.Error()+"; retry")
 		},
 	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if l, ok := reg.Leader(); !ok || l.ID == reg.Self().ID {
 			w.Header().Set("Retry-After", "1")
 			w.Header().Set(api.HeaderNotForwarded, "1")
-			writeError(w, http.StatusServiceUnavailable, "no control-plane leader elected yet; retry")
+			admin.WriteError(w, http.StatusServiceUnavailable, "no control-plane leader elected yet; retry")
 			return
 		}
 		proxy.ServeHTTP(w, r)

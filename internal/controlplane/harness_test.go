@@ -17,6 +17,7 @@ import (
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/clock"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/rpc"
@@ -65,6 +66,7 @@ type envOpts struct {
 	hbTimeout    time.Duration // Config.HeartbeatTimeout; 0: the default
 	term         uint64        // Config.Term (leadership term)
 	drainDelay   time.Duration // Config.DrainDelay, on the env's clock; 0: none
+	config       func(*Config) // changes the control plane's config, when set
 }
 
 type testWorker struct {
@@ -145,7 +147,7 @@ func (e *env) shutdown() {
 }
 
 func (e *env) cpConfig(addr string) Config {
-	return Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
+	cfg := Config{DataDir: e.dir, AdminAddr: "127.0.0.1:0", GRPCAddr: addr, Logger: quiet, Clock: e.clk,
 		// No drain delay: it runs on the cluster's clock, which these
 		// tests advance only where they mean to.
 		TickInterval: 100 * time.Millisecond, DrainDelay: cmp.Or(e.opts.drainDelay, -1), NodeGrace: e.opts.nodeGrace,
@@ -154,6 +156,10 @@ func (e *env) cpConfig(addr string) Config {
 		// The chain's cases scale down and expect victims at once:
 		// Knative's keep-alive, not gd's idle sandboxes.
 		KeepAlivePolicy: spec.KeepAliveTTL}
+	if e.opts.config != nil {
+		e.opts.config(&cfg)
+	}
+	return cfg
 }
 
 // startCP runs a control plane on addr over the env's data directory.
@@ -269,23 +275,23 @@ func (e *env) deploy(name string, n int) {
 	f := &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: n, Max: n}, LoadBalancing: "round-robin",
 		Resources: spec.Resources{MilliCPU: 100, MemoryMB: 64}}
 	f.ApplyDefaults()
-	f.Revision = e.cp.admin.nextRevision()
+	f.Revision = e.cp.admin.NextRevision()
 	if _, err := e.cp.store.CreateFunction(f); err != nil {
 		e.t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(f)
+	e.cp.cluster.UpsertFunction(f)
 }
 
 // scale sets a function's desired count to exactly n (min = max = n), a
 // scaling change of the same revision, durably.
 func (e *env) scale(name string, n int) {
 	e.t.Helper()
-	f := *e.cp.cluster.spec(name)
+	f := *e.cp.cluster.Spec(name)
 	f.Scaling.Min, f.Scaling.Max = n, n
 	if err := e.cp.store.UpdateFunction(&f); err != nil {
 		e.t.Fatal(err)
 	}
-	e.cp.cluster.upsertFunction(&f)
+	e.cp.cluster.UpsertFunction(&f)
 	if n == 0 { // max 0 means unbounded: zero is the autoscaler's decision
 		e.cp.cluster.step(reconciler.ScaleTo{Function: name, Desired: 0})
 	}
@@ -456,7 +462,7 @@ func (e *env) dpRoutes(fn string, n int) ([]string, bool) {
 	seen := map[string]bool{}
 	for i := 0; i < 2*n+1; i++ {
 		req := httptest.NewRequest(http.MethodPost, "/function/"+fn, strings.NewReader(`{}`))
-		if tok, err := ReadAdminToken(e.dir); err == nil {
+		if tok, err := admin.ReadAdminToken(e.dir); err == nil {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -735,7 +741,7 @@ func (e *env) onNode(fn, node string) []string {
 }
 
 func (e *env) nodeConnected(node string) bool {
-	for _, ns := range e.cp.cluster.nodeStatus() {
+	for _, ns := range e.cp.cluster.NodeStatus() {
 		if ns.ID == node {
 			return ns.Connected
 		}

@@ -210,7 +210,7 @@ func (cp *ControlPlane) bootstrapJoinToken() error {
 			return nil
 		}
 	}
-	g, path, _, err := cp.admin.firstToken(auth.ScopeJoin, cp.cfg.BootstrapJoinToken, filepath.Join(cp.cfg.DataDir, JoinTokenFile))
+	g, path, _, err := cp.admin.FirstToken(auth.ScopeJoin, cp.cfg.BootstrapJoinToken, filepath.Join(cp.cfg.DataDir, JoinTokenFile))
 	if err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (cp *ControlPlane) bootstrapJoinToken() error {
 		return err
 	}
 	cp.log.Info("created a join token for workers and data planes", "file", path, "ca_pin", cp.cfg.CA.Pin())
-	return cp.admin.loadTokens()
+	return cp.admin.LoadTokens()
 }
 
 // loadDataPlaneKeys reads the data planes' bound keys from the registry.

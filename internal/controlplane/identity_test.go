@@ -24,6 +24,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/rpc"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // The attack of issue 18: any process that reached the gRPC port could
@@ -327,7 +328,7 @@ func TestBootstrapTokensGiven(t *testing.T) {
 	cp, _ := runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", CA: ca,
 		BootstrapAdminToken: admin, BootstrapJoinToken: join, BootstrapDeployToken: deploy,
 		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	for _, f := range []string{AdminTokenFile, JoinTokenFile} {
+	for _, f := range []string{api.AdminTokenFile, JoinTokenFile} {
 		if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s written although the token was given: %v", f, err)
 		}
@@ -377,13 +378,13 @@ func TestBootstrapTokensGiven(t *testing.T) {
 			}
 		}
 	}
-	if err := cp.admin.loadTokens(); err != nil {
+	if err := cp.admin.LoadTokens(); err != nil {
 		t.Fatal(err)
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.admin.bootstrapDeployToken(); err != nil {
+	if err := cp.admin.BootstrapDeployToken(); err != nil {
 		t.Fatal(err)
 	}
 	if got := get("/v1/functions", deploy); got != http.StatusUnauthorized {

@@ -86,11 +86,11 @@ func deploy(t *testing.T, cp *ControlPlane, name string, min int) {
 	t.Helper()
 	f := &spec.Function{Name: name, Builtin: "trace", Scaling: spec.Scaling{Min: min}}
 	f.ApplyDefaults()
-	f.Revision = cp.admin.nextRevision()
+	f.Revision = cp.admin.NextRevision()
 	if _, err := cp.store.CreateFunction(f); err != nil {
 		t.Fatal(err)
 	}
-	cp.cluster.upsertFunction(f)
+	cp.cluster.UpsertFunction(f)
 }
 
 func readyIDs(cp *ControlPlane, name string) []string {
@@ -107,7 +107,7 @@ func readyIDs(cp *ControlPlane, name string) []string {
 
 func connected(cp *ControlPlane, n int) bool {
 	c := 0
-	for _, ns := range cp.cluster.nodeStatus() {
+	for _, ns := range cp.cluster.NodeStatus() {
 		if ns.Connected {
 			c++
 		}
@@ -207,9 +207,9 @@ func TestRapidRescaleConverges(t *testing.T) {
 	deploy(t, cp, "f", 10)
 	testutil.Eventually(t, 10*time.Second, func() bool { return len(readyIDs(cp, "f")) == 10 })
 	setMin := func(n int) {
-		f := *cp.cluster.spec("f")
+		f := *cp.cluster.Spec("f")
 		f.Scaling.Min = n // same revision: a scaling change only
-		cp.cluster.upsertFunction(&f)
+		cp.cluster.UpsertFunction(&f)
 	}
 	setMin(3)
 	setMin(8)
@@ -219,7 +219,7 @@ func TestRapidRescaleConverges(t *testing.T) {
 	})
 	// Nothing beyond 8 is left at the workers either.
 	total := 0
-	for _, ns := range cp.cluster.nodeStatus() {
+	for _, ns := range cp.cluster.NodeStatus() {
 		total += ns.Sandboxes
 	}
 	if total != 8 {

@@ -53,7 +53,7 @@ func TestFunctionGaugesFollowTheTable(t *testing.T) {
 	if err := e.cp.store.DeleteFunction("a"); err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cluster.removeFunction("a")
+	e.cp.cluster.RemoveFunction("a")
 	if got := gaugesOf(t, e, "brisk_function_desired_sandboxes"); len(got) != 1 || got["b"] != 3 {
 		t.Fatalf("desired gauges after deleting a: %v, want b=3 only", got)
 	}

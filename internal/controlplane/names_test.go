@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
+	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -139,7 +140,7 @@ func TestLegacyBareNames(t *testing.T) {
 	}
 	cp, _ := runCP(t, Config{DataDir: dir, AdminAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 		StartupGrace: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	admin, err := ReadAdminToken(dir) // a used registry: the token written, not a given one
+	admin, err := admin.ReadAdminToken(dir) // a used registry: the token written, not a given one
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,47 +5,54 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
-// The cluster's read side, for the admin surface: each method takes the
-// cluster lock for one consistent read, so that the admin API never holds
-// it (nor reads the reconciler) itself.
+// The cluster's read side, for the admin surface (admin.Cluster): each
+// method takes the cluster lock for one consistent read, so that the admin
+// API never holds it (nor reads the reconciler) itself.
 
-// quota is namespace ns's quota; false when the namespace does not exist.
-func (c *Cluster) quota(ns string) (spec.Quota, bool) {
+// Now is the cluster's clock.
+func (c *Cluster) Now() time.Time { return c.clk.Now() }
+
+// Dash is the dashboard's call counts, which the cluster feeds.
+func (c *Cluster) Dash() *admin.DashStats { return c.dash }
+
+// Quota is namespace ns's quota; false when the namespace does not exist.
+func (c *Cluster) Quota(ns string) (spec.Quota, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.r.Quota(ns)
 }
 
-// functionView is function name's spec and status, its traffic split's
+// FunctionView is function name's spec and status, its traffic split's
 // targets resolved; false when there is no such function.
-func (c *Cluster) functionView(name string) (FunctionView, bool) {
+func (c *Cluster) FunctionView(name string) (api.FunctionView, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st, ok := c.r.FunctionStatus(name)
 	if !ok {
-		return FunctionView{}, false
+		return api.FunctionView{}, false
 	}
-	v := FunctionView{Function: c.r.Spec(name), Status: st}
+	v := api.FunctionView{Function: c.r.Spec(name), Status: st}
 	v.Status.Traffic = c.trafficStatusLocked(v.Function)
 	return v, true
 }
 
-// eachFunction calls visit with every function and its status, under the
+// EachFunction calls visit with every function and its status, under the
 // cluster lock: visit must be quick and must not call the cluster.
-func (c *Cluster) eachFunction(visit func(*spec.Function, api.FunctionStatus)) {
+func (c *Cluster) EachFunction(visit func(*spec.Function, api.FunctionStatus)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.r.Functions(visit)
 }
 
-// watchedDataPlanes is the ids of the data planes with an endpoint stream
+// WatchedDataPlanes is the ids of the data planes with an endpoint stream
 // open.
-func (c *Cluster) watchedDataPlanes() map[string]bool {
+func (c *Cluster) WatchedDataPlanes() map[string]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make(map[string]bool, len(c.watchers))
@@ -55,9 +62,9 @@ func (c *Cluster) watchedDataPlanes() map[string]bool {
 	return out
 }
 
-// workerConns is the gRPC connection of every node with a live link, by
+// WorkerConns is the gRPC connection of every node with a live link, by
 // node id.
-func (c *Cluster) workerConns() map[string]*grpc.ClientConn {
+func (c *Cluster) WorkerConns() map[string]*grpc.ClientConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := map[string]*grpc.ClientConn{}
@@ -73,14 +80,16 @@ func (c *Cluster) workerConns() map[string]*grpc.ClientConn {
 	return out
 }
 
-// tableState is the table as the dashboard shows it, copied out in one
+// TableState is the table as the dashboard shows it, copied out in one
 // read: no map is built under the lock, since placements wait for it.
-func (c *Cluster) tableState(now time.Time) (nodes []api.NodeStatus, fns []dashRow, sbxs []dashSandbox, dataPlanes int) {
+func (c *Cluster) TableState(now time.Time) (nodes []api.NodeStatus, fns []admin.DashRow, sbxs []admin.DashSandbox, dataPlanes int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	nodes = c.r.NodeStatus(now)
-	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) { fns = append(fns, dashRow{f: f, st: st}) })
-	c.r.Sandboxes(func(fn, node, state string) { sbxs = append(sbxs, dashSandbox{fn, node, state}) })
+	c.r.Functions(func(f *spec.Function, st api.FunctionStatus) { fns = append(fns, admin.DashRow{Spec: f, Status: st}) })
+	c.r.Sandboxes(func(fn, node, state string) {
+		sbxs = append(sbxs, admin.DashSandbox{Function: fn, Node: node, State: state})
+	})
 	return nodes, fns, sbxs, len(c.watchers)
 }
 
@@ -104,9 +113,9 @@ func (c *Cluster) trafficStatusLocked(f *spec.Function) []api.TrafficStatus {
 	return out
 }
 
-// setPrewarmSchedules gives the forecaster each function's cron
+// SetPrewarmSchedules gives the forecaster each function's cron
 // schedules (none: it has no cron trigger any more).
-func (c *Cluster) setPrewarmSchedules(scheds map[string][]prewarm.Ticks) {
+func (c *Cluster) SetPrewarmSchedules(scheds map[string][]prewarm.Ticks) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for fn, s := range scheds {

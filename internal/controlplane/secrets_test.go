@@ -17,7 +17,7 @@ import (
 // the link nothing more than before.
 func TestSessionSendsSecretsWithSpecs(t *testing.T) {
 	c := &Cluster{}
-	c.setSecrets([]*store.Secret{{Namespace: "default", Name: "db", Value: []byte("pw")}, {Namespace: "team-a", Name: "db", Value: []byte("other")}, {Namespace: "default", Name: "api", Value: []byte("k")}})
+	c.SetSecrets([]*store.Secret{{Namespace: "default", Name: "db", Value: []byte("pw")}, {Namespace: "team-a", Name: "db", Value: []byte("other")}, {Namespace: "default", Name: "api", Value: []byte("k")}})
 	f := &spec.Function{Name: "f", Revision: 3, Secrets: []string{"db", "missing"}}
 	plain := &spec.Function{Name: "plain", Revision: 1}
 	s := newSession(1)
@@ -48,7 +48,7 @@ func TestSessionSendsSecretsWithSpecs(t *testing.T) {
 	}
 
 	// An update: the next create carries the spec again with the new value.
-	c.putSecret("default/db", &store.Secret{Namespace: "default", Name: "db", Value: []byte("pw2")})
+	c.PutSecret("default/db", &store.Secret{Namespace: "default", Name: "db", Value: []byte("pw2")})
 	data, gen = c.secretDataLocked(f)
 	s.create(f, "sb-4", data, gen)
 	s.offer(f, data, gen)

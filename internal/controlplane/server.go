@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -24,12 +23,12 @@ import (
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/clock"
 	"github.com/brisk-faas/brisk/internal/compat/dirigent"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/internal/rpc"
-	"github.com/brisk-faas/brisk/internal/trigger"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -203,13 +202,22 @@ type ControlPlane struct {
 	// ControlPlane's own, or the build fails (a method left on another
 	// type would answer Unimplemented at run time).
 	briskv1.UnsafeControlPlaneServer
-	*core
+	cfg     Config
+	id      string
+	log     *slog.Logger
+	metrics *cpMetrics
+	cluster *Cluster
+	store   store.Registry
+	dpSeen  sync.Map // data plane id -> time.Time of its last metrics report
+	// tokens are the registry's tokens: the admin API's and the join
+	// tokens workers and data planes present.
+	tokens *auth.Checker
 	// admin is the REST surface: functions, tokens, secrets, namespaces,
 	// triggers, traffic, logs, the dashboard and Dirigent's registration
-	// (admin.go and the files it names). The ControlPlane itself is the
-	// link: the gRPC service workers and data planes join and report to,
-	// and the sessions to the workers (link.go, identity.go, watch.go).
-	admin *adminAPI
+	// (internal/controlplane/admin). The ControlPlane itself is the link:
+	// the gRPC service workers and data planes join and report to, and the
+	// sessions to the workers (link.go, identity.go, watch.go).
+	admin *admin.API
 
 	dirigentLis net.Listener
 
@@ -223,50 +231,6 @@ type ControlPlane struct {
 	dpKeys            sync.Map      // data plane id -> key id its record is bound to
 	nodeLocks         [64]sync.Mutex
 	dpMu              sync.Mutex // serialises data plane registrations (the binding check)
-}
-
-// core is what the admin surface and the link share: the cluster (the
-// reconciler and its table), the registry, the configuration.
-type core struct {
-	cfg     Config
-	id      string
-	log     *slog.Logger
-	metrics *cpMetrics
-	cluster *Cluster
-	store   store.Registry
-	dpSeen  sync.Map // data plane id -> time.Time of its last metrics report
-	// tokens are the registry's tokens: the admin API's and the join
-	// tokens workers and data planes present.
-	tokens *auth.Checker
-}
-
-// adminAPI is the control plane's REST surface over the shared core.
-type adminAPI struct {
-	*core
-	// authThrottle slows token guessing on the admin API: 20 failures at
-	// once per client address, then one a second.
-	authThrottle *auth.Throttle
-	proxyAddrs   atomic.Pointer[[]netip.Addr] // Config.TrustedProxies resolved
-	proxyAddrsAt atomic.Int64                 // when (unix ns)
-	nameLocks    [64]sync.Mutex
-	revMu        sync.Mutex
-	lastRev      uint64
-	// secretMu orders secret writes and namespace deletions (held)
-	// against deploys (read-held): secrets.go, namespaces.go.
-	secretMu sync.RWMutex
-	// namespaceMu orders namespace updates (one keeps the stored egress
-	// policy when its request leaves it out).
-	namespaceMu sync.Mutex
-	// splits: function name -> the revision functions its traffic split
-	// runs (traffic.go).
-	splitMu sync.Mutex
-	splits  map[string]map[string]bool
-	// triggers runs the triggers while this control plane runs (nil
-	// without Config.Async); triggerRecs is the registry's triggers by
-	// key, written under triggerMu (triggers.go).
-	triggers    *trigger.Runner
-	triggerMu   sync.Mutex
-	triggerRecs map[string]*store.Trigger
 }
 
 // New validates the config; it opens and starts nothing.
@@ -290,9 +254,26 @@ func New(cfg Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controlplane: %w", err)
 	}
-	co := &core{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, tokens: auth.NewChecker()}
-	return &ControlPlane{core: co, ready: make(chan struct{}),
-		admin: &adminAPI{core: co, authThrottle: auth.NewThrottle(20, time.Second), splits: map[string]map[string]bool{}}}, nil
+	cp := &ControlPlane{cfg: cfg, id: c.idPrefix, log: cfg.Logger, metrics: m, cluster: c, tokens: auth.NewChecker(), ready: make(chan struct{})}
+	var replica func() any
+	if cfg.Replica != nil {
+		replica = func() any { return cfg.Replica() }
+	}
+	cp.admin = admin.New(admin.Config{ID: c.idPrefix, DataDir: cfg.DataDir, Logger: cfg.Logger, Registry: m.reg, Functions: m.functions,
+		AuthDisabled: cfg.AuthDisabled, BootstrapAdminToken: cfg.BootstrapAdminToken, BootstrapDeployToken: cfg.BootstrapDeployToken,
+		TrustedProxies: cfg.TrustedProxies, Caps: cfg.Caps, DirigentImages: cfg.DirigentImages, DirigentKeepAlive: cfg.DirigentKeepAlive,
+		Replica: replica, VerifyLeader: cfg.VerifyLeader, Async: cfg.Async, TriggerNATSAllow: cfg.TriggerNATSAllow,
+		DataPlaneSeen: cp.dataPlaneSeen}, c, cp.tokens)
+	return cp, nil
+}
+
+// dataPlaneSeen is when data plane id last reported metrics.
+func (cp *ControlPlane) dataPlaneSeen(id string) (time.Time, bool) {
+	t, ok := cp.dpSeen.Load(id)
+	if !ok {
+		return time.Time{}, false
+	}
+	return t.(time.Time), true
 }
 
 // Ready is closed once both listeners are bound.
@@ -324,40 +305,36 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		st = bolt
 	}
 	cp.store, cp.cluster.store = st, st
+	cp.admin.Open(st)
 	// The control plane's identity first: load starts the links to known
 	// workers, which present it.
 	tlsCfg, err := cp.grpcTLS()
 	if err != nil {
 		return err
 	}
-	if err := cp.admin.loadQuotas(); err != nil { // before functions are placed
+	if err := cp.admin.LoadQuotas(); err != nil { // before functions are placed
 		return err
 	}
-	if err := cp.admin.loadSecrets(); err != nil { // before sandboxes are created
+	if err := cp.admin.LoadSecrets(); err != nil { // before sandboxes are created
 		return err
 	}
 	if err := cp.load(ctx); err != nil {
 		return err
 	}
-	if err := cp.admin.loadTokens(); err != nil {
+	if err := cp.admin.LoadTokens(); err != nil {
 		return err
 	}
-	if cp.cfg.Async != nil {
-		cp.admin.triggers = trigger.New(trigger.Config{Queue: cp.cfg.Async, NATS: cp.cfg.Async.Conn(), Secret: cp.admin.secretValue, Record: cp.admin.recordTick,
-			OutboundAllow: cp.cfg.TriggerNATSAllow, Logger: cp.log.With("component", "triggers")})
-		cp.metrics.reg.MustRegister(cp.admin.triggers)
-	}
-	if err := cp.admin.loadTriggers(); err != nil {
+	if err := cp.admin.LoadTriggers(); err != nil {
 		return err
 	}
 
-	if err := cp.admin.bootstrapToken(); err != nil {
+	if err := cp.admin.BootstrapToken(); err != nil {
 		return err
 	}
 	if err := cp.bootstrapJoinToken(); err != nil {
 		return err
 	}
-	if err := cp.admin.bootstrapDeployToken(); err != nil {
+	if err := cp.admin.BootstrapDeployToken(); err != nil {
 		return err
 	}
 	if err := cp.loadDataPlaneKeys(); err != nil {
@@ -384,7 +361,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	gs := grpc.NewServer(append(rpc.ServerOptions(tlsCfg), IdentityInterceptors(cp.cfg.CA)...)...)
 	briskv1.RegisterControlPlaneServer(gs, cp)
 	hs := &http.Server{
-		Handler:           auth.RefuseForged(cp.admin.authenticate(cp.admin.adminHandler()), cp.cfg.AuthDisabled, writeError),
+		Handler:           cp.admin.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -417,7 +394,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	})
 	if cp.dirigentLis != nil {
 		ds := &http.Server{
-			Handler:           cp.admin.dirigentHandler(),
+			Handler:           cp.admin.DirigentHandler(),
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       30 * time.Second,
 			WriteTimeout:      30 * time.Second,
@@ -439,7 +416,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { cp.every(gctx, cp.cfg.TickInterval, cp.cluster.tick); return nil })
 	g.Go(func() error { cp.every(gctx, time.Second, cp.cluster.sampleLoad); return nil })
-	g.Go(func() error { cp.admin.runTriggers(gctx); return nil })
+	g.Go(func() error { cp.admin.RunTriggers(gctx); return nil })
 	g.Go(func() error {
 		t := time.NewTimer(cp.cfg.StartupGrace)
 		defer t.Stop()
@@ -489,8 +466,8 @@ func (cp *ControlPlane) load(ctx context.Context) error {
 		c.mu.Unlock()
 	}
 	for _, f := range fns {
-		cp.admin.noteRevision(f.Revision)
-		cp.admin.applyFunction(f)
+		cp.admin.NoteRevision(f.Revision)
+		cp.admin.ApplyFunction(f)
 	}
 	cp.metrics.functions.Set(float64(len(fns)))
 	// Every known worker is registered before any link starts. The startup

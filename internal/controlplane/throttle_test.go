@@ -5,6 +5,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 )
 
 // Failed authentications are throttled per client address and token id
@@ -12,13 +14,14 @@ import (
 // token's secret is refused unchecked, while the other tokens used from
 // that address, and other clients a follower replica forwards, go on.
 func TestFailedAuthenticationsAreThrottled(t *testing.T) {
-	e := newEnv(t, envOpts{})
-	tok, err := ReadAdminToken(e.dir)
+	e := newEnv(t, envOpts{config: func(c *Config) {
+		c.TrustedProxies = []string{"10.0.0.9", "localhost"} // a replica by address, one by name (Kubernetes')
+	}})
+	tok, err := admin.ReadAdminToken(e.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cp.cfg.TrustedProxies = []string{"10.0.0.9", "localhost"} // a replica by address, one by name (Kubernetes')
-	h := e.cp.admin.authenticate(e.cp.admin.adminHandler())
+	h := e.cp.admin.Handler()
 	do := func(from, xff, token string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("GET", "/v1/functions", nil)
 		req.RemoteAddr = from + ":40000"

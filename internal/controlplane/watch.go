@@ -61,9 +61,9 @@ func (c *Cluster) publishLocked(edit func(b *briskv1.EndpointBatch)) {
 	}
 }
 
-// setAuth records the tokens data planes accept for calls and sends them
+// SetAuth records the tokens data planes accept for calls and sends them
 // to every data plane (the whole set: tokens are few and change rarely).
-func (c *Cluster) setAuth(enabled bool, grants []auth.Grant) {
+func (c *Cluster) SetAuth(enabled bool, grants []auth.Grant) {
 	a := &briskv1.AuthConfig{Enabled: enabled}
 	for _, g := range grants {
 		a.Tokens = append(a.Tokens, &briskv1.TokenGrant{Id: g.ID, Hash: g.Hash, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, SigningKey: g.SigningKey})

@@ -17,6 +17,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/dataplane"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/worker/runtimes"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // startCluster runs a one-process cluster with TLS between the components
@@ -75,14 +76,14 @@ func call(t *testing.T, cl *Cluster, fn string) *http.Response {
 	return resp
 }
 
-func status(t *testing.T, cl *Cluster) controlplane.StatusView {
+func status(t *testing.T, cl *Cluster) api.StatusView {
 	t.Helper()
 	resp, err := http.Get("http://" + cl.AdminAddr() + "/v1/status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var v controlplane.StatusView
+	var v api.StatusView
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
 		t.Fatal(err)
 	}

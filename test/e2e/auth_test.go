@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -44,7 +44,7 @@ func callWith(t *testing.T, method, url, authz, body string) int {
 func TestAdminAPIAuthentication(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
-	path := filepath.Join(c.dataDir, controlplane.AdminTokenFile)
+	path := filepath.Join(c.dataDir, api.AdminTokenFile)
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("admin token file %s: %v, mode %v; want 0600", path, err, fi.Mode().Perm())
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // TestBackupAndRestore saves the registry of a running control plane with
@@ -63,7 +63,7 @@ func TestBackupAndRestore(t *testing.T) {
 	if got := strings.Join(names, ","); got != "alpha,beta" {
 		t.Fatalf("restored registry holds %q, want alpha,beta", got)
 	}
-	if _, err := os.Stat(filepath.Join(restored.dataDir, controlplane.AdminTokenFile)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(restored.dataDir, api.AdminTokenFile)); !os.IsNotExist(err) {
 		t.Fatalf("the restored control plane made a new admin token (%v): it has the registry's", err)
 	}
 }

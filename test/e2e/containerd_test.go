@@ -23,9 +23,9 @@ import (
 	"github.com/containerd/containerd/snapshots"
 	"github.com/vishvananda/netlink"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/image"
 	"github.com/brisk-faas/brisk/internal/testutil"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
 
@@ -250,7 +250,7 @@ func BenchmarkContainerdColdStart(b *testing.B) {
 	run := func(args ...string) string {
 		cmd := exec.Command(briskBin, args...)
 		cmd.Env = append(os.Environ(), "BRISK_ADMIN="+admin, "BRISK_INVOKE="+invoke,
-			"BRISK_TOKEN_FILE="+filepath.Join(dataDir, controlplane.AdminTokenFile))
+			"BRISK_TOKEN_FILE="+filepath.Join(dataDir, api.AdminTokenFile))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			b.Fatalf("brisk %s: %v\n%s", strings.Join(args, " "), err, out)

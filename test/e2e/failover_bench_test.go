@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -54,7 +54,7 @@ func readyTotal(h *haCluster) int {
 	return n
 }
 
-func status(h *haCluster) *controlplane.StatusView {
+func status(h *haCluster) *api.StatusView {
 	st, err := h.client().Status(context.Background())
 	if err != nil {
 		return nil

@@ -24,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/internal/controlplane/admin"
 	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/pkg/api"
@@ -74,7 +74,7 @@ func adminToken(addr string) string {
 		return ""
 	}
 	for _, d := range dirs.([]string) {
-		if tok, err := controlplane.ReadAdminToken(d); err == nil && tok != "" {
+		if tok, err := admin.ReadAdminToken(d); err == nil && tok != "" {
 			return tok
 		}
 	}
@@ -278,7 +278,7 @@ func newCluster(t testing.TB) *cluster {
 // env points CLI commands at the cluster, with its admin token.
 func (c *cluster) env() []string {
 	return []string{"BRISK_ADMIN=" + c.scheme + "://" + c.admin, "BRISK_INVOKE=" + c.scheme + "://" + c.invokeAddr,
-		"BRISK_TOKEN_FILE=" + filepath.Join(c.dataDir, controlplane.AdminTokenFile)}
+		"BRISK_TOKEN_FILE=" + filepath.Join(c.dataDir, api.AdminTokenFile)}
 }
 
 // useTLS points the tests' clients at https:// URLs of a cluster whose
@@ -366,7 +366,7 @@ func (c *cluster) mustBrisk(t testing.TB, args ...string) string {
 	return out
 }
 
-func (c *cluster) fn(t testing.TB, name string) *controlplane.FunctionView {
+func (c *cluster) fn(t testing.TB, name string) *api.FunctionView {
 	t.Helper()
 	v, err := c.cl.Get(context.Background(), name)
 	if err != nil {

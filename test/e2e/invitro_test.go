@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // The InVitro loader's Dirigent contract (registration form, Host-routed
@@ -22,7 +22,7 @@ func TestDirigentLoaderProtocol(t *testing.T) {
 	c := newCluster(t)
 	reg := freePort(t)
 	c.up(t, "--dirigent-registration", reg, "--dirigent-keep-alive", "5s")
-	tok, err := os.ReadFile(filepath.Join(c.dataDir, controlplane.AdminTokenFile))
+	tok, err := os.ReadFile(filepath.Join(c.dataDir, api.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 )
@@ -28,7 +27,7 @@ import (
 func TestOpenFaaSGatewayAPI(t *testing.T) {
 	c := newCluster(t)
 	c.up(t)
-	tok, err := os.ReadFile(filepath.Join(c.dataDir, controlplane.AdminTokenFile))
+	tok, err := os.ReadFile(filepath.Join(c.dataDir, api.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}

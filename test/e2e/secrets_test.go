@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -31,7 +30,7 @@ import (
 func TestSecrets(t *testing.T) {
 	c := newCluster(t)
 	p := c.up(t)
-	tok, err := os.ReadFile(filepath.Join(c.dataDir, controlplane.AdminTokenFile))
+	tok, err := os.ReadFile(filepath.Join(c.dataDir, api.AdminTokenFile))
 	if err != nil {
 		t.Fatal(err)
 	}

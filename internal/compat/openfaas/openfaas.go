@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/client"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -466,7 +465,7 @@ func ToSpec(d *FunctionDeployment) (*spec.Function, error) {
 // keep-alive policy holds beyond it are a warm cache, not replicas: counted,
 // a function would read as scaled up for the keep-alive's 15 minutes after
 // its load (docs/compatibility.md).
-func ToStatus(v *controlplane.FunctionView) FunctionStatus {
+func ToStatus(v *api.FunctionView) FunctionStatus {
 	f := v.Function
 	st := FunctionStatus{Name: spec.ShortName(f.Name), Function: Function{Image: f.Image, Namespace: faasNS(f.Namespace), ReadOnlyRootFilesystem: !f.WritableRoot},
 		Replicas: uint64(max(v.Status.Desired, 0)), AvailableReplicas: uint64(max(min(v.Status.Ready, v.Status.Desired), 0)), CreatedAt: f.CreatedAt,

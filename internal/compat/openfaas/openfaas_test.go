@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/brisk-faas/brisk/internal/controlplane"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -21,7 +21,7 @@ func TestDeploymentRoundTrip(t *testing.T) {
 		f.Resources.MemoryMB != 64 || f.WritableRoot || f.Auth != spec.AuthPublic {
 		t.Fatalf("spec %+v", *f)
 	}
-	st := ToStatus(&controlplane.FunctionView{Function: f})
+	st := ToStatus(&api.FunctionView{Function: f})
 	if st.Namespace != DefaultNamespace || st.EnvProcess != "cat" || st.EnvVars["A"] != "1" || st.EnvVars["fprocess"] != "" ||
 		st.Labels["x"] != "y" || st.Labels[labelFunction] != "f" || st.Annotations["note"] != "n" || len(st.Annotations) != 1 ||
 		len(st.Constraints) != 1 || len(st.Secrets) != 1 || st.Limits.Memory != "1024Mi" || st.Requests.CPU != "100m" || !st.ReadOnlyRootFilesystem {
@@ -61,7 +61,7 @@ func TestStatusOfAPlainFunction(t *testing.T) {
 		t.Errorf("with %s=0: min %d, want 0", labelScaleMin, m.Scaling.Min)
 	}
 	f.ApplyDefaults() // as the control plane stores it
-	b, err := json.Marshal(ToStatus(&controlplane.FunctionView{Function: f}))
+	b, err := json.Marshal(ToStatus(&api.FunctionView{Function: f}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestReplicasLeaveOutKeptSandboxes(t *testing.T) {
 		{desired: 0, ready: 1, replicas: 0, available: 0},             // scaled to zero, one kept
 		{desired: 2, ready: 1, pending: 1, replicas: 2, available: 1}, // scaling up
 	} {
-		v := &controlplane.FunctionView{Function: f}
+		v := &api.FunctionView{Function: f}
 		v.Status.Desired, v.Status.Ready, v.Status.Pending = c.desired, c.ready, c.pending
 		st := ToStatus(v)
 		if st.Replicas != c.replicas || st.AvailableReplicas != c.available {

@@ -486,7 +486,7 @@ func (c *Controller) refusedIn(ns string, err error) (outcome, error) {
 }
 
 // namespaceMissing reports whether brisk's 400 says the function's
-// namespace does not exist (internal/controlplane/namespaces.go).
+// namespace does not exist (internal/controlplane/admin/namespaces.go).
 func namespaceMissing(msg string) bool {
 	return strings.Contains(msg, "namespace: ") && strings.Contains(msg, "does not exist")
 }

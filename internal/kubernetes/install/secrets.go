@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/brisk-faas/brisk/internal/auth"
-	"github.com/brisk-faas/brisk/internal/controlplane"
 	"github.com/brisk-faas/brisk/internal/pki"
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // The Secrets Install makes, and their keys. The control plane's holds
@@ -21,10 +21,10 @@ import (
 const (
 	SecretControlPlane = "brisk-controlplane"
 	SecretJoin         = "brisk-join"
-	KeyCACert          = pki.CACertFile              // ca.crt
-	KeyCAKey           = pki.CAKeyFile               // ca.key
-	KeyAdminToken      = controlplane.AdminTokenFile // admin.token
-	KeyJoinToken       = pki.JoinTokenFile           // join.token
+	KeyCACert          = pki.CACertFile     // ca.crt
+	KeyCAKey           = pki.CAKeyFile      // ca.key
+	KeyAdminToken      = api.AdminTokenFile // admin.token
+	KeyJoinToken       = pki.JoinTokenFile  // join.token
 	KeyDeployToken     = "deploy.token"
 )
 

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"crypto/rand"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
+	"github.com/brisk-faas/brisk/internal/controlplane/replica"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -47,7 +48,14 @@ type (
 // maxSpecBytes bounds an admin request body.
 const maxSpecBytes = 1 << 20
 
-func (srv *adminAPI) adminHandler() http.Handler {
+// Handler is the admin API as the control plane serves it: requests
+// authenticated (tokens, or a trusted proxy's forwarded identity), forged
+// identity headers refused.
+func (srv *API) Handler() http.Handler {
+	return auth.RefuseForged(srv.authenticate(srv.adminHandler()), srv.cfg.AuthDisabled, WriteError)
+}
+
+func (srv *API) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/functions", srv.createFunction)
 	mux.HandleFunc("POST /v1/code", srv.uploadCode)
@@ -82,7 +90,7 @@ func (srv *adminAPI) adminHandler() http.Handler {
 	mux.HandleFunc("GET /v1/tokens", srv.listTokens)
 	mux.HandleFunc("DELETE /v1/tokens/{id}", srv.revokeToken)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	metrics := promhttp.HandlerFor(srv.metrics.reg, promhttp.HandlerOpts{})
+	metrics := promhttp.HandlerFor(srv.cfg.Registry, promhttp.HandlerOpts{})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		if srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 			metrics.ServeHTTP(w, r)
@@ -91,12 +99,12 @@ func (srv *adminAPI) adminHandler() http.Handler {
 	if srv.cfg.Replica != nil {
 		mux.HandleFunc("GET /v1/replica", func(w http.ResponseWriter, r *http.Request) {
 			if srv.authorize(w, r, auth.ScopeDeploy, "", "") {
-				writeJSON(w, http.StatusOK, srv.cfg.Replica())
+				WriteJSON(w, http.StatusOK, srv.cfg.Replica())
 			}
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	if srv.cfg.VerifyLeader == nil {
 		return mux
@@ -110,7 +118,7 @@ func (srv *adminAPI) adminHandler() http.Handler {
 // (the partition lab's paused-leader schedule found that). Writes need no
 // barrier: they commit through raft or fail. /healthz, /metrics and
 // /v1/replica describe this replica, not the registry.
-func (srv *adminAPI) readBarrier(next http.Handler) http.Handler {
+func (srv *API) readBarrier(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			switch r.URL.Path {
@@ -119,7 +127,7 @@ func (srv *adminAPI) readBarrier(next http.Handler) http.Handler {
 				if err := srv.cfg.VerifyLeader(); err != nil {
 					w.Header().Set("Retry-After", "1")
 					w.Header().Set(api.HeaderNotForwarded, "1")
-					writeError(w, http.StatusServiceUnavailable, "this replica no longer leads ("+err.Error()+"); retry")
+					WriteError(w, http.StatusServiceUnavailable, "this replica no longer leads ("+err.Error()+"); retry")
 					return
 				}
 			}
@@ -132,15 +140,16 @@ func (srv *adminAPI) readBarrier(next http.Handler) http.Handler {
 // lost leadership meanwhile (the client retries and reaches the new leader),
 // 500 otherwise.
 func writeStoreError(w http.ResponseWriter, what string, err error) {
-	if errNotLeader(err) {
+	if errors.Is(err, replica.ErrNotLeader) {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, what+err.Error()+"; retry")
+		WriteError(w, http.StatusServiceUnavailable, what+err.Error()+"; retry")
 		return
 	}
-	writeError(w, http.StatusInternalServerError, what+err.Error())
+	WriteError(w, http.StatusInternalServerError, what+err.Error())
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
+// WriteJSON answers with v, indented for people reading it.
+func WriteJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
@@ -156,27 +165,29 @@ func writeCompactJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
+// WriteError answers with {"error": msg}, as every admin endpoint (and
+// the follower's, ha.go) does.
+func WriteError(w http.ResponseWriter, code int, msg string) {
+	WriteJSON(w, code, map[string]string{"error": msg})
 }
 
 // readSpec decodes and validates a spec body; on failure it has answered.
 // For an update, pathName is the name in the URL: the body may omit the
 // name but must not contradict it.
-func (srv *adminAPI) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
+func (srv *API) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "function spec larger than 1 MiB")
+			WriteError(w, http.StatusRequestEntityTooLarge, "function spec larger than 1 MiB")
 		} else {
-			writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+			WriteError(w, http.StatusBadRequest, "reading body: "+err.Error())
 		}
 		return nil, false
 	}
 	f, err := spec.Decode(body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
 	if pathName != "" && f.Name == "" {
@@ -193,16 +204,16 @@ func (srv *adminAPI) readSpec(w http.ResponseWriter, r *http.Request, pathName s
 	// Names are per namespace: "api" deployed into team-a is api.team-a.
 	f.Name = srv.qualify(r, f.Name, f.Namespace)
 	if pathName != "" && f.Name != pathName && f.Name != srv.qualify(r, pathName, f.Namespace) {
-		writeError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
+		WriteError(w, http.StatusBadRequest, "invalid function spec: name: "+quote(f.Name)+" does not match the URL's "+quote(pathName))
 		return nil, false
 	}
 	f.ApplyDefaults()
 	if err := f.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
 	if err := srv.cfg.Caps.Check(f); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
 	if f.Code != nil && !srv.checkCode(w, f.Code) {
@@ -222,7 +233,7 @@ const ReservedLabelPrefix = "brisk.dev/"
 // or remove them, as a token limited to a namespace or to functions could
 // otherwise forge another component's mark on its own functions. Keeping
 // them as they are is allowed to all. On refusal it has answered.
-func (srv *adminAPI) maySetReservedLabels(w http.ResponseWriter, r *http.Request, f, old *spec.Function) bool {
+func (srv *API) maySetReservedLabels(w http.ResponseWriter, r *http.Request, f, old *spec.Function) bool {
 	if srv.cfg.AuthDisabled {
 		return true
 	}
@@ -251,7 +262,7 @@ func (srv *adminAPI) maySetReservedLabels(w http.ResponseWriter, r *http.Request
 		return true
 	}
 	slices.Sort(changed)
-	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to a namespace or to functions: labels under %s are brisk's (%s); only a token with deploy on every namespace may set or remove them",
+	WriteError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to a namespace or to functions: labels under %s are brisk's (%s); only a token with deploy on every namespace may set or remove them",
 		auth.ID(tok), ReservedLabelPrefix, strings.Join(changed, ", ")))
 	return false
 }
@@ -259,22 +270,22 @@ func (srv *adminAPI) maySetReservedLabels(w http.ResponseWriter, r *http.Request
 // nameLock serialises admin writes to one function name, so the registry
 // and the in-memory state apply them in the same order; different names
 // proceed in parallel (and group-commit together).
-func (srv *adminAPI) nameLock(name string) *sync.Mutex {
+func (srv *API) nameLock(name string) *sync.Mutex {
 	h := fnv.New32a()
 	h.Write([]byte(name))
 	return &srv.nameLocks[h.Sum32()%uint32(len(srv.nameLocks))]
 }
 
-// nextRevision returns a revision above every earlier one, even across
+// NextRevision returns a revision above every earlier one, even across
 // delete and re-create, so workers never confuse two specs.
-func (srv *adminAPI) nextRevision() uint64 {
+func (srv *API) NextRevision() uint64 {
 	srv.revMu.Lock()
 	defer srv.revMu.Unlock()
 	srv.lastRev = max(srv.lastRev+1, uint64(time.Now().UnixNano()))
 	return srv.lastRev
 }
 
-func (srv *adminAPI) noteRevision(rev uint64) {
+func (srv *API) NoteRevision(rev uint64) {
 	srv.revMu.Lock()
 	srv.lastRev = max(srv.lastRev, rev)
 	srv.revMu.Unlock()
@@ -290,23 +301,23 @@ func newUID() string {
 // mayCreateIn refuses (403) a token limited to functions but to no
 // namespace a creation outside the default namespace
 // (auth.FunctionsAnywhere).
-func (srv *adminAPI) mayCreateIn(w http.ResponseWriter, r *http.Request, ns string) bool {
+func (srv *API) mayCreateIn(w http.ResponseWriter, r *http.Request, ns string) bool {
 	if srv.cfg.AuthDisabled || ns == spec.DefaultNamespace {
 		return true
 	}
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 	if auth.FunctionsAnywhere(srv.tokens, tok) {
-		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions but not to a namespace: it creates them in %q only (bind a token to namespace %q: brisk token create --namespace %s)",
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions but not to a namespace: it creates them in %q only (bind a token to namespace %q: brisk token create --namespace %s)",
 			auth.ID(tok), spec.DefaultNamespace, ns, ns))
 		return false
 	}
 	return true
 }
 
-func (srv *adminAPI) createFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *API) createFunction(w http.ResponseWriter, r *http.Request) {
 	f, ok := srv.readSpec(w, r, "")
-	if !ok || !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !srv.mayCreateIn(w, r, namespaceOf(f)) ||
-		!srv.mayAddSecrets(w, r, namespaceOf(f), f, nil) || !srv.maySetReservedLabels(w, r, f, nil) {
+	if !ok || !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, f.Name) || !srv.mayCreateIn(w, r, reconciler.NamespaceOf(f)) ||
+		!srv.mayAddSecrets(w, r, reconciler.NamespaceOf(f), f, nil) || !srv.maySetReservedLabels(w, r, f, nil) {
 		return
 	}
 	srv.secretMu.RLock() // against a namespace's deletion and a secret's
@@ -321,19 +332,19 @@ func (srv *adminAPI) createFunction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now().UTC()
-	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = srv.nextRevision(), 1, now, now, newUID()
+	f.Revision, f.Generation, f.CreatedAt, f.UpdatedAt, f.UID = srv.NextRevision(), 1, now, now, newUID()
 	record, err := srv.store.CreateFunction(f)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
-			writeError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
+			WriteError(w, http.StatusConflict, "function "+quote(f.Name)+" already exists (use PUT to update it)")
 			return
 		}
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	srv.applyFunction(f)
+	srv.ApplyFunction(f)
 	srv.syncAnnotationTriggers(f, nil)
-	srv.metrics.functions.Inc()
+	srv.cfg.Functions.Inc()
 	w.Header().Set("Location", "/v1/functions/"+f.Name)
 	// The stored record is f as writeCompactJSON would encode it: encoding
 	// it twice was a tenth of a registration's admin-side cost.
@@ -342,7 +353,7 @@ func (srv *adminAPI) createFunction(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(append(record, '\n'))
 }
 
-func (srv *adminAPI) updateFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *API) updateFunction(w http.ResponseWriter, r *http.Request) {
 	// The body's namespace qualifies a bare name in the path (PUT
 	// /v1/functions/api with "namespace": "team-a" is api.team-a's).
 	f, ok := srv.readSpec(w, r, srv.pathFunction(r))
@@ -361,16 +372,16 @@ func (srv *adminAPI) updateFunction(w http.ResponseWriter, r *http.Request) {
 	l := srv.nameLock(name)
 	l.Lock()
 	defer l.Unlock()
-	old := srv.cluster.spec(name)
+	old := srv.cluster.Spec(name)
 	if old == nil {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
-	if namespaceOf(old) != f.Namespace {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", namespaceOf(old), f.Namespace))
+	if reconciler.NamespaceOf(old) != f.Namespace {
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: a function cannot move from %q to %q (delete it and create it there)", reconciler.NamespaceOf(old), f.Namespace))
 		return
 	}
-	if !srv.mayAddSecrets(w, r, namespaceOf(f), f, old.Secrets) || !srv.maySetReservedLabels(w, r, f, old) {
+	if !srv.mayAddSecrets(w, r, reconciler.NamespaceOf(f), f, old.Secrets) || !srv.maySetReservedLabels(w, r, f, old) {
 		return
 	}
 	if f.Traffic == nil {
@@ -386,14 +397,14 @@ func (srv *adminAPI) updateFunction(w http.ResponseWriter, r *http.Request) {
 
 // replaceFunction makes f the function's new revision in place of old,
 // which goes to its history; the caller holds the name's lock.
-func (srv *adminAPI) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
-	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), srv.nextRevision(), old.Generation+1, old.UID
+func (srv *API) replaceFunction(w http.ResponseWriter, old, f *spec.Function) {
+	f.CreatedAt, f.UpdatedAt, f.Revision, f.Generation, f.UID = old.CreatedAt, time.Now().UTC(), srv.NextRevision(), old.Generation+1, old.UID
 	if !srv.admitAnnotationTriggers(w, f) {
 		return
 	}
 	if err := srv.store.UpdateFunction(f); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
+			WriteError(w, http.StatusNotFound, "function "+quote(f.Name)+" not found")
 			return
 		}
 		writeStoreError(w, "storing function: ", err)
@@ -404,14 +415,14 @@ func (srv *adminAPI) replaceFunction(w http.ResponseWriter, old, f *spec.Functio
 	if err := srv.store.PutRevision(&kept); err != nil {
 		srv.log.Warn("revision history: the replaced revision was not kept", "function", f.Name, "revision", old.Revision, "err", err)
 	}
-	srv.applyFunction(f)
+	srv.ApplyFunction(f)
 	srv.syncAnnotationTriggers(f, old)
 	writeCompactJSON(w, http.StatusOK, f)
 }
 
 // functionRevisions answers the function's revisions, newest (the current
 // one) first.
-func (srv *adminAPI) functionRevisions(w http.ResponseWriter, r *http.Request) {
+func (srv *API) functionRevisions(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
@@ -424,15 +435,15 @@ func (srv *adminAPI) functionRevisions(w http.ResponseWriter, r *http.Request) {
 	for i := len(revs) - 1; i >= 0; i-- {
 		out = append(out, revs[i])
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
 // revisionsOf returns function name's current spec and its kept earlier
 // revisions, oldest first; on failure it has answered.
-func (srv *adminAPI) revisionsOf(w http.ResponseWriter, name string) (*spec.Function, []*spec.Function, bool) {
-	cur := srv.cluster.spec(name)
+func (srv *API) revisionsOf(w http.ResponseWriter, name string) (*spec.Function, []*spec.Function, bool) {
+	cur := srv.cluster.Spec(name)
 	if cur == nil {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return nil, nil, false
 	}
 	revs, err := srv.store.Revisions(name)
@@ -446,7 +457,7 @@ func (srv *adminAPI) revisionsOf(w http.ResponseWriter, name string) (*spec.Func
 // lockForChange takes what changing an existing function's spec holds:
 // the secrets' read lock (against a namespace's deletion and a secret's),
 // then the name's lock. The returned func releases both.
-func (srv *adminAPI) lockForChange(name string) (unlock func()) {
+func (srv *API) lockForChange(name string) (unlock func()) {
 	srv.secretMu.RLock()
 	l := srv.nameLock(name)
 	l.Lock()
@@ -455,7 +466,7 @@ func (srv *adminAPI) lockForChange(name string) (unlock func()) {
 
 // rollbackFunction makes a kept revision's spec the function's newest
 // revision: {"revision": N}, or none for the one before the current.
-func (srv *adminAPI) rollbackFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *API) rollbackFunction(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
@@ -472,7 +483,7 @@ func (srv *adminAPI) rollbackFunction(w http.ResponseWriter, r *http.Request) {
 	var to *spec.Function
 	switch {
 	case req.Revision == old.Revision || (req.Revision == old.Generation && old.Generation > 0):
-		writeError(w, http.StatusConflict, fmt.Sprintf("revision %d is the current one", req.Revision))
+		WriteError(w, http.StatusConflict, fmt.Sprintf("revision %d is the current one", req.Revision))
 		return
 	case req.Revision == 0 && len(revs) > 0:
 		to = revs[len(revs)-1]
@@ -481,23 +492,23 @@ func (srv *adminAPI) rollbackFunction(w http.ResponseWriter, r *http.Request) {
 	}
 	if to == nil {
 		if req.Revision == 0 {
-			writeError(w, http.StatusConflict, "function "+quote(name)+" has no earlier revision")
+			WriteError(w, http.StatusConflict, "function "+quote(name)+" has no earlier revision")
 		} else {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("revision %d of function %q is not kept (brisk fn revisions %s)", req.Revision, name, name))
+			WriteError(w, http.StatusNotFound, fmt.Sprintf("revision %d of function %q is not kept (brisk fn revisions %s)", req.Revision, name, name))
 		}
 		return
 	}
 	f := *to
 	f.Traffic = old.Traffic // the split is not part of a revision: a rollback keeps the current one
 	if !srv.authorize(w, r, auth.ScopeDeploy, f.Namespace, name) || !srv.admitToNamespace(w, &f, false) || !srv.admitSecrets(w, &f) ||
-		!srv.mayAddSecrets(w, r, namespaceOf(&f), &f, old.Secrets) || !srv.maySetReservedLabels(w, r, &f, old) ||
+		!srv.mayAddSecrets(w, r, reconciler.NamespaceOf(&f), &f, old.Secrets) || !srv.maySetReservedLabels(w, r, &f, old) ||
 		!srv.checkTraffic(w, r, &f, old) || !srv.checkPinnedKept(w, old) {
 		return
 	}
 	srv.replaceFunction(w, old, &f)
 }
 
-func (srv *adminAPI) deleteFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *API) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	ns := srv.namespaceOfFn(name)
 	if !srv.authorize(w, r, auth.ScopeDeploy, ns, name) {
@@ -509,15 +520,15 @@ func (srv *adminAPI) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	code := srv.codeOf(name)
 	if err := srv.store.DeleteFunction(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+			WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 			return
 		}
 		writeStoreError(w, "deleting function: ", err)
 		return
 	}
-	srv.cluster.removeFunction(name)
+	srv.cluster.RemoveFunction(name)
 	srv.removeSplit(name)
-	srv.metrics.functions.Dec()
+	srv.cfg.Functions.Dec()
 	if err := srv.store.DeleteRevisions(name); err != nil {
 		srv.log.Warn("revision history of a deleted function not removed", "function", name, "err", err)
 	}
@@ -526,46 +537,46 @@ func (srv *adminAPI) deleteFunction(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (srv *adminAPI) getFunction(w http.ResponseWriter, r *http.Request) {
+func (srv *API) getFunction(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	v, ok := srv.cluster.functionView(name)
+	v, ok := srv.cluster.FunctionView(name)
 	if !ok {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
-	v.Status.Triggers = srv.functionTriggers(namespaceOf(v.Function), name)
+	v.Status.Triggers = srv.functionTriggers(reconciler.NamespaceOf(v.Function), name)
 	views := []FunctionView{v}
-	srv.cluster.dash.callsOf(views)
-	writeJSON(w, http.StatusOK, views[0])
+	srv.cluster.Dash().callsOf(views)
+	WriteJSON(w, http.StatusOK, views[0])
 }
 
-func (srv *adminAPI) listFunctions(w http.ResponseWriter, r *http.Request) {
+func (srv *API) listFunctions(w http.ResponseWriter, r *http.Request) {
 	// A token limited to a namespace or to functions lists what it may see.
 	visible := func(*spec.Function) bool { return true }
 	if !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 		if err := auth.HasScope(srv.tokens, tok, auth.ScopeDeploy); err != nil {
-			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
+			WriteError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
 			return
 		}
 		if auth.Check(srv.tokens, tok, auth.ScopeDeploy, "", "") != nil { // limited: check each function
 			visible = func(f *spec.Function) bool {
-				return auth.Check(srv.tokens, tok, auth.ScopeDeploy, namespaceOf(f), f.Name) == nil
+				return auth.Check(srv.tokens, tok, auth.ScopeDeploy, reconciler.NamespaceOf(f), f.Name) == nil
 			}
 		}
 	}
 	q := r.URL.Query()
 	sel, err := parseListQuery(q)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	c := srv.cluster
 	var out []FunctionView
-	c.eachFunction(func(f *spec.Function, st api.FunctionStatus) {
+	c.EachFunction(func(f *spec.Function, st api.FunctionStatus) {
 		if f.Name <= sel.after || spec.IsRevisionFunction(f.Name) || !sel.matches(f, st) || !visible(f) {
 			return
 		}
@@ -579,8 +590,8 @@ func (srv *adminAPI) listFunctions(w http.ResponseWriter, r *http.Request) {
 		out = out[:sel.limit]
 		w.Header().Set(api.HeaderContinue, base64.RawURLEncoding.EncodeToString([]byte(out[len(out)-1].Name)))
 	}
-	c.dash.callsOf(out)
-	writeJSON(w, http.StatusOK, out)
+	c.Dash().callsOf(out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
 // listQuery is a function list's filters and page: GET /v1/functions
@@ -629,7 +640,7 @@ func parseListQuery(q url.Values) (listQuery, error) {
 }
 
 func (sel *listQuery) matches(f *spec.Function, st api.FunctionStatus) bool {
-	if sel.namespace != "" && namespaceOf(f) != sel.namespace {
+	if sel.namespace != "" && reconciler.NamespaceOf(f) != sel.namespace {
 		return false
 	}
 	for k, v := range sel.labels {
@@ -652,44 +663,44 @@ func (sel *listQuery) matches(f *spec.Function, st api.FunctionStatus) bool {
 	}
 }
 
-func (srv *adminAPI) status(w http.ResponseWriter, r *http.Request) {
+func (srv *API) status(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeDeploy, "", "") {
 		return
 	}
-	v := StatusView{ControlPlane: srv.id, Nodes: srv.cluster.nodeStatus()}
+	v := StatusView{ControlPlane: srv.cfg.ID, Nodes: srv.cluster.NodeStatus()}
 	dps, err := srv.store.DataPlanes()
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		WriteError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
 	c := srv.cluster
-	watching := c.watchedDataPlanes()
+	watching := c.WatchedDataPlanes()
 	for _, d := range dps {
 		ds := DataPlaneStatus{DataPlane: d, Connected: watching[d.ID], LastReportMs: -1}
-		if t, ok := srv.dpSeen.Load(d.ID); ok {
-			ds.LastReportMs = time.Since(t.(time.Time)).Milliseconds()
+		if t, ok := srv.cfg.DataPlaneSeen(d.ID); ok {
+			ds.LastReportMs = time.Since(t).Milliseconds()
 		}
 		v.DataPlanes = append(v.DataPlanes, ds)
 	}
-	c.eachFunction(func(f *spec.Function, st api.FunctionStatus) {
+	c.EachFunction(func(f *spec.Function, st api.FunctionStatus) {
 		v.Functions = append(v.Functions, FunctionSummary{Name: f.Name, Revision: f.Revision,
 			Desired: st.Desired, Ready: st.Ready, Pending: st.Pending, Condition: st.Condition, Message: st.Message})
 	})
 	sort.Slice(v.Functions, func(i, j int) bool { return v.Functions[i].Name < v.Functions[j].Name })
-	writeJSON(w, http.StatusOK, v)
+	WriteJSON(w, http.StatusOK, v)
 }
 
 func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
 
 // backup streams a consistent copy of the registry (registry.db) while the
 // control plane keeps serving.
-func (srv *adminAPI) backup(w http.ResponseWriter, r *http.Request) {
+func (srv *API) backup(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	b, ok := srv.store.(store.Backuper)
 	if !ok {
-		writeError(w, http.StatusNotImplemented, "this control plane's registry is replicated: back up a stopped replica's --data-dir (raft log and snapshots) instead")
+		WriteError(w, http.StatusNotImplemented, "this control plane's registry is replicated: back up a stopped replica's --data-dir (raft log and snapshots) instead")
 		return
 	}
 	started := false

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/specpb"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -21,20 +22,20 @@ import (
 // (quota.go enforces the scheduling part). "default" always exists.
 
 // namespaceExists reports whether functions may be deployed in ns.
-func (srv *adminAPI) namespaceExists(ns string) bool {
+func (srv *API) namespaceExists(ns string) bool {
 	if ns == spec.DefaultNamespace {
 		return true
 	}
-	_, ok := srv.cluster.quota(ns)
+	_, ok := srv.cluster.Quota(ns)
 	return ok
 }
 
 // namespaceOfFn is the namespace of the function called name, or "" when
 // there is none (a token bound to a namespace is then refused, the same
 // answer as for another namespace's function: names do not leak).
-func (srv *adminAPI) namespaceOfFn(name string) string {
-	if f := srv.cluster.spec(name); f != nil {
-		return namespaceOf(f)
+func (srv *API) namespaceOfFn(name string) string {
+	if f := srv.cluster.Spec(name); f != nil {
+		return reconciler.NamespaceOf(f)
 	}
 	return ""
 }
@@ -44,7 +45,7 @@ func (srv *adminAPI) namespaceOfFn(name string) string {
 // stays as it is — for a request whose token may see that namespace: to
 // another, whether such a function exists is not to be told (the name a
 // refusal echoes would say it).
-func (srv *adminAPI) qualify(r *http.Request, name, ns string) string {
+func (srv *API) qualify(r *http.Request, name, ns string) string {
 	q := spec.Qualify(name, ns)
 	if q != name && srv.namespaceOfFn(name) == ns && srv.maySee(r, ns) {
 		return name
@@ -54,7 +55,7 @@ func (srv *adminAPI) qualify(r *http.Request, name, ns string) string {
 
 // maySee reports whether the request's token may deploy into namespace ns
 // (or auth is off).
-func (srv *adminAPI) maySee(r *http.Request, ns string) bool {
+func (srv *API) maySee(r *http.Request, ns string) bool {
 	if srv.cfg.AuthDisabled {
 		return true
 	}
@@ -66,7 +67,7 @@ func (srv *adminAPI) maySee(r *http.Request, ns string) bool {
 // bare name is qualified with the request's namespace (?namespace=, else
 // the one its token is bound to), so that a tenant reaches its function by
 // the name it deployed it under.
-func (srv *adminAPI) pathFunction(r *http.Request) string {
+func (srv *API) pathFunction(r *http.Request) string {
 	name := r.PathValue("name")
 	if strings.IndexByte(name, '.') >= 0 {
 		return name
@@ -77,15 +78,15 @@ func (srv *adminAPI) pathFunction(r *http.Request) string {
 // admitToNamespace checks f against its namespace: that it exists, and its
 // quota's max_functions (for a new function) and max_scale. On failure it
 // has answered.
-func (srv *adminAPI) admitToNamespace(w http.ResponseWriter, f *spec.Function, create bool) bool {
-	ns := namespaceOf(f)
+func (srv *API) admitToNamespace(w http.ResponseWriter, f *spec.Function, create bool) bool {
+	ns := reconciler.NamespaceOf(f)
 	if !srv.namespaceExists(ns) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: %q does not exist (brisk ns create %s)", ns, ns))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: namespace: %q does not exist (brisk ns create %s)", ns, ns))
 		return false
 	}
-	q, _ := srv.cluster.quota(ns)
+	q, _ := srv.cluster.Quota(ns)
 	over := func(what string, v, limit int) bool {
-		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: %s %d is above its quota %d", ns, what, v, limit))
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: %s %d is above its quota %d", ns, what, v, limit))
 		return false
 	}
 	if q.MaxScale > 0 {
@@ -97,15 +98,15 @@ func (srv *adminAPI) admitToNamespace(w http.ResponseWriter, f *spec.Function, c
 		}
 	}
 	if create && q.MaxFunctions > 0 {
-		if n := srv.cluster.usage(ns).Functions; n+1 > q.MaxFunctions {
+		if n := srv.cluster.Usage(ns).Functions; n+1 > q.MaxFunctions {
 			return over("functions", n+1, q.MaxFunctions)
 		}
 	}
 	return true
 }
 
-// loadQuotas gives the cluster the registry's namespaces.
-func (srv *adminAPI) loadQuotas() error {
+// LoadQuotas gives the cluster the registry's namespaces.
+func (srv *API) LoadQuotas() error {
 	nss, err := srv.store.Namespaces()
 	if err != nil {
 		return err
@@ -115,18 +116,18 @@ func (srv *adminAPI) loadQuotas() error {
 	for _, n := range nss {
 		q[n.Name], egress[n.Name] = n.Quota, n.Egress
 	}
-	srv.cluster.setQuotas(q)
-	srv.cluster.setEgress(specpb.EgressToProto(egress))
+	srv.cluster.SetQuotas(q)
+	srv.cluster.SetEgress(specpb.EgressToProto(egress))
 	return nil
 }
 
-func (srv *adminAPI) putNamespace(w http.ResponseWriter, r *http.Request) {
+func (srv *API) putNamespace(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	name := r.PathValue("name")
 	if !spec.ValidNamespace(name) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("namespace %q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", name))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("namespace %q must be a DNS label: lowercase letters, digits and '-', at most 63 characters", name))
 		return
 	}
 	var req NamespaceRequest
@@ -135,13 +136,13 @@ func (srv *adminAPI) putNamespace(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Quota != nil {
 		if err := req.Quota.Validate(); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			WriteError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 	}
 	if req.Egress != nil {
 		if err := req.Egress.Validate(); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			WriteError(w, http.StatusBadRequest, err.Error())
 			return
 		}
 	}
@@ -168,15 +169,15 @@ func (srv *adminAPI) putNamespace(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing the namespace: ", err)
 		return
 	}
-	if err := srv.loadQuotas(); err != nil {
+	if err := srv.LoadQuotas(); err != nil {
 		writeStoreError(w, "loading namespaces: ", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Egress: rec.Egress, Usage: srv.cluster.usage(name), CreatedAt: rec.CreatedAt})
+	WriteJSON(w, http.StatusOK, NamespaceView{Name: name, Quota: rec.Quota, Egress: rec.Egress, Usage: srv.cluster.Usage(name), CreatedAt: rec.CreatedAt})
 }
 
 // namespaceRecord is name's stored record, or nil when it has none.
-func (srv *adminAPI) namespaceRecord(name string) (*store.Namespace, error) {
+func (srv *API) namespaceRecord(name string) (*store.Namespace, error) {
 	nss, err := srv.store.Namespaces()
 	if err != nil {
 		return nil, err
@@ -189,7 +190,7 @@ func (srv *adminAPI) namespaceRecord(name string) (*store.Namespace, error) {
 	return nil, nil
 }
 
-func (srv *adminAPI) listNamespaces(w http.ResponseWriter, r *http.Request) {
+func (srv *API) listNamespaces(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
@@ -205,33 +206,33 @@ func (srv *adminAPI) listNamespaces(w http.ResponseWriter, r *http.Request) {
 	out := make([]NamespaceView, 0, len(views))
 	for _, name := range slices.Sorted(maps.Keys(views)) {
 		v := views[name]
-		v.Usage = srv.cluster.usage(name)
+		v.Usage = srv.cluster.Usage(name)
 		out = append(out, v)
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
-func (srv *adminAPI) getNamespace(w http.ResponseWriter, r *http.Request) {
+func (srv *API) getNamespace(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if !srv.authorize(w, r, auth.ScopeDeploy, name, "") {
 		return
 	}
 	if !srv.namespaceExists(name) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
 		return
 	}
-	q, _ := srv.cluster.quota(name)
-	view := NamespaceView{Name: name, Quota: q, Usage: srv.cluster.usage(name)}
+	q, _ := srv.cluster.Quota(name)
+	view := NamespaceView{Name: name, Quota: q, Usage: srv.cluster.Usage(name)}
 	if rec, err := srv.namespaceRecord(name); err != nil {
 		writeStoreError(w, "reading the namespace: ", err)
 		return
 	} else if rec != nil {
 		view.Egress, view.CreatedAt = rec.Egress, rec.CreatedAt
 	}
-	writeJSON(w, http.StatusOK, view)
+	WriteJSON(w, http.StatusOK, view)
 }
 
-func (srv *adminAPI) deleteNamespace(w http.ResponseWriter, r *http.Request) {
+func (srv *API) deleteNamespace(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
@@ -243,23 +244,23 @@ func (srv *adminAPI) deleteNamespace(w http.ResponseWriter, r *http.Request) {
 	defer srv.secretMu.Unlock()
 	srv.namespaceMu.Lock() // the reload below publishes what the registry has now
 	defer srv.namespaceMu.Unlock()
-	if n := srv.cluster.usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
-		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
+	if n := srv.cluster.Usage(name).Functions; n > 0 && name != spec.DefaultNamespace {
+		WriteError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d functions: delete them first", name, n))
 		return
 	}
 	if n := srv.namespaceSecrets(name); n > 0 && name != spec.DefaultNamespace {
-		writeError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d secrets: delete them first (brisk secret list -n %s)", name, n, name))
+		WriteError(w, http.StatusConflict, fmt.Sprintf("namespace %q still has %d secrets: delete them first (brisk secret list -n %s)", name, n, name))
 		return
 	}
 	if err := srv.store.DeleteNamespace(name); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
+			WriteError(w, http.StatusNotFound, fmt.Sprintf("namespace %q not found", name))
 			return
 		}
 		writeStoreError(w, "deleting the namespace: ", err)
 		return
 	}
-	if err := srv.loadQuotas(); err != nil {
+	if err := srv.LoadQuotas(); err != nil {
 		writeStoreError(w, "loading namespaces: ", err)
 		return
 	}

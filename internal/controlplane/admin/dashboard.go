@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"net/http"
@@ -20,7 +20,7 @@ import (
 // joins what the reconciler's table holds now — nodes, functions,
 // sandboxes by state — with what nothing else keeps: call rates and
 // latencies from the data planes' metric reports, sandbox creations (cold
-// starts) and the recent failures. dashStats keeps those in a sliding
+// starts) and the recent failures. DashStats keeps those in a sliding
 // window of a few fixed time slots, under its own mutex, so that neither a
 // report nor a dashboard read holds the cluster lock for them: a report
 // adds to one slot per function it names (a few dozen additions), and
@@ -39,7 +39,7 @@ const (
 	// helps nobody.
 	defaultDashFunctions = 500
 	// dashChunk bounds how many function windows a dashboard read sums per
-	// hold of dashStats' mutex, which placements (under the cluster lock)
+	// hold of DashStats' mutex, which placements (under the cluster lock)
 	// wait for: as tick's chunks, so that a read over 10,000 busy
 	// functions does not stall cold starts.
 	dashChunk = 256
@@ -116,9 +116,10 @@ func (w *dashWindow) sum(cur int64) dashCounts {
 
 func slotOf(t time.Time) int64 { return t.UnixNano() / int64(dashSlot) }
 
-// dashStats is what the dashboard shows beyond the reconciler's table. A
-// nil *dashStats ignores everything (clusters built bare, in tests).
-type dashStats struct {
+// DashStats is what the dashboard shows beyond the reconciler's table: the
+// cluster feeds it (Report, Created, Failed, Condition, Register, Forget).
+// A nil *DashStats ignores everything (clusters built bare, in tests).
+type DashStats struct {
 	mu    sync.Mutex
 	start time.Time // rates are over less than a window until one has passed
 	total dashWindow
@@ -142,12 +143,13 @@ type dashStats struct {
 	next, n int
 }
 
-func newDashStats(now time.Time) *dashStats {
-	return &dashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string), known: make(map[string]uint64)}
+// NewDashStats starts the window at now.
+func NewDashStats(now time.Time) *DashStats {
+	return &DashStats{start: now, fns: make(map[string]*dashWindow), conds: make(map[string]string), known: make(map[string]uint64)}
 }
 
 // windowLocked returns fn's window, made on first use.
-func (d *dashStats) windowLocked(fn string) *dashWindow {
+func (d *DashStats) windowLocked(fn string) *dashWindow {
 	w := d.fns[fn]
 	if w == nil {
 		w = &dashWindow{}
@@ -158,7 +160,7 @@ func (d *dashStats) windowLocked(fn string) *dashWindow {
 
 // sweepLocked forgets the windows of functions idle for a whole window,
 // once per slot: O(active functions) every dashSlot.
-func (d *dashStats) sweepLocked(slot int64) {
+func (d *DashStats) sweepLocked(slot int64) {
 	if slot <= d.swept {
 		return
 	}
@@ -170,8 +172,8 @@ func (d *dashStats) sweepLocked(slot int64) {
 	}
 }
 
-// report adds a data plane's metric report: its calls and latencies.
-func (d *dashStats) report(now time.Time, r *briskv1.MetricsReport) {
+// Report adds a data plane's metric report: its calls and latencies.
+func (d *DashStats) Report(now time.Time, r *briskv1.MetricsReport) {
 	if d == nil || r.GetUrgent() { // an urgent report's arrivals are in the next periodic one
 		return
 	}
@@ -197,8 +199,8 @@ func (d *dashStats) report(now time.Time, r *briskv1.MetricsReport) {
 	}
 }
 
-// created counts a sandbox placed for fn: a cold start.
-func (d *dashStats) created(now time.Time, fn string) {
+// Created counts a sandbox placed for fn: a cold start.
+func (d *DashStats) Created(now time.Time, fn string) {
 	if d == nil {
 		return
 	}
@@ -214,9 +216,9 @@ func (d *dashStats) created(now time.Time, fn string) {
 	}
 }
 
-// failed counts a sandbox that failed to start or exited on its own and
+// Failed counts a sandbox that failed to start or exited on its own and
 // keeps it in the recent failures.
-func (d *dashStats) failed(now time.Time, x reconciler.SandboxFailed) {
+func (d *DashStats) Failed(now time.Time, x reconciler.SandboxFailed) {
 	if d == nil {
 		return
 	}
@@ -236,9 +238,9 @@ func (d *dashStats) failed(now time.Time, x reconciler.SandboxFailed) {
 	d.pushLocked(api.DashboardFailure{Time: now.UTC(), Kind: "sandbox-failed", Function: x.Function, Node: x.Node, Sandbox: x.ID, Reason: reason})
 }
 
-// condition notes fn's condition; entering one ("" is none) is a failure
+// Condition notes fn's condition; entering one ("" is none) is a failure
 // to show.
-func (d *dashStats) condition(now time.Time, fn, reason, message string) {
+func (d *DashStats) Condition(now time.Time, fn, reason, message string) {
 	if d == nil {
 		return
 	}
@@ -255,9 +257,9 @@ func (d *dashStats) condition(now time.Time, fn, reason, message string) {
 	d.pushLocked(api.DashboardFailure{Time: now.UTC(), Kind: reason, Function: fn, Reason: message})
 }
 
-// forget drops a deleted function's window and condition; its failures
+// Forget drops a deleted function's window and condition; its failures
 // stay in the list, which is history.
-func (d *dashStats) forget(fn string) {
+func (d *DashStats) Forget(fn string) {
 	if d == nil {
 		return
 	}
@@ -268,8 +270,8 @@ func (d *dashStats) forget(fn string) {
 	delete(d.known, fn)
 }
 
-// register notes a registered function: its calls are counted.
-func (d *dashStats) register(fn string) {
+// Register notes a registered function: its calls are counted.
+func (d *DashStats) Register(fn string) {
 	if d == nil {
 		return
 	}
@@ -282,7 +284,7 @@ func (d *dashStats) register(fn string) {
 
 // callsOf sets each view's Calls: the calls its data planes reported
 // since this control plane started (or the function was registered).
-func (d *dashStats) callsOf(views []FunctionView) {
+func (d *DashStats) callsOf(views []FunctionView) {
 	if d == nil {
 		return
 	}
@@ -293,7 +295,7 @@ func (d *dashStats) callsOf(views []FunctionView) {
 	}
 }
 
-func (d *dashStats) pushLocked(f api.DashboardFailure) {
+func (d *DashStats) pushLocked(f api.DashboardFailure) {
 	d.ring[d.next] = f
 	d.next = (d.next + 1) % maxDashFailures
 	d.n = min(d.n+1, maxDashFailures)
@@ -312,7 +314,7 @@ func figures(c *dashCounts, span float64) dashFigures {
 		callsPerSec: float64(c.calls) / span, creationPerSec: float64(c.creations) / span, latency: latencyOf(&c.latency)}
 }
 
-// dashSnapshot is dashStats' part of a dashboard reply.
+// dashSnapshot is DashStats' part of a dashboard reply.
 type dashSnapshot struct {
 	span                       time.Duration // what the rates are over
 	total                      dashFigures
@@ -322,7 +324,7 @@ type dashSnapshot struct {
 }
 
 // snapshot computes the figures of the window that ends at now.
-func (d *dashStats) snapshot(now time.Time) dashSnapshot {
+func (d *DashStats) snapshot(now time.Time) dashSnapshot {
 	if d == nil {
 		return dashSnapshot{span: time.Second, fns: map[string]dashFigures{}, failures: []api.DashboardFailure{}}
 	}
@@ -403,7 +405,7 @@ func quantile(q float64, b *[nLatency]uint64, n uint64) float64 {
 // registerDashboard adds the dashboard's routes: its data, which needs a
 // token as GET /v1/status does, and the page's static files, which carry
 // no data and need none (authenticate lets /ui through).
-func (srv *adminAPI) registerDashboard(mux *http.ServeMux) {
+func (srv *API) registerDashboard(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/dashboard", srv.dashboard)
 	mux.Handle("GET /ui/", http.StripPrefix("/ui", ui.Handler()))
 	mux.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) {
@@ -427,15 +429,16 @@ func uiPath(r *http.Request) bool {
 	return !strings.Contains(p, "..") && !strings.Contains(p, "%") && !strings.Contains(p, "//")
 }
 
-// dashRow is one function as the table has it, with its sandbox counts.
-type dashRow struct {
-	f   *spec.Function
-	st  api.FunctionStatus
-	sbx api.SandboxCounts
+// DashRow is one function as the table has it (Cluster.TableState); the
+// dashboard counts its sandboxes.
+type DashRow struct {
+	Spec   *spec.Function
+	Status api.FunctionStatus
+	sbx    api.SandboxCounts
 }
 
-// dashSandbox is one sandbox of the table, copied out under the lock.
-type dashSandbox struct{ fn, node, state string }
+// DashSandbox is one sandbox of the table, copied out under the lock.
+type DashSandbox struct{ Function, Node, State string }
 
 func countState(c *api.SandboxCounts, state string) {
 	switch state {
@@ -450,7 +453,7 @@ func countState(c *api.SandboxCounts, state string) {
 	}
 }
 
-func (srv *adminAPI) dashboard(w http.ResponseWriter, r *http.Request) {
+func (srv *API) dashboard(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeDeploy, "", "") {
 		return
 	}
@@ -458,13 +461,13 @@ func (srv *adminAPI) dashboard(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 100_000 {
-			writeError(w, http.StatusBadRequest, "limit "+quote(v)+": want 1-100000")
+			WriteError(w, http.StatusBadRequest, "limit "+quote(v)+": want 1-100000")
 			return
 		}
 		limit = n
 	}
 	c := srv.cluster
-	now := c.clk.Now()
+	now := c.Now()
 	v := srv.dashboardView(now, limit)
 	w.Header().Set("Cache-Control", "no-store")
 	writeCompactJSON(w, http.StatusOK, v)
@@ -472,34 +475,34 @@ func (srv *adminAPI) dashboard(w http.ResponseWriter, r *http.Request) {
 
 // dashboardView builds the reply: the table's state copied out under the
 // cluster lock (no map built there: placements wait for it), then the
-// window's figures under dashStats' own.
-func (srv *adminAPI) dashboardView(now time.Time, limit int) *api.Dashboard {
+// window's figures under DashStats' own.
+func (srv *API) dashboardView(now time.Time, limit int) *api.Dashboard {
 	c := srv.cluster
-	v := &api.Dashboard{Time: now.UTC(), ControlPlane: srv.id, Nodes: []api.DashboardNode{}, Functions: []api.DashboardFunction{}}
-	nodes, fns, sbxs, dataPlanes := c.tableState(now)
+	v := &api.Dashboard{Time: now.UTC(), ControlPlane: srv.cfg.ID, Nodes: []api.DashboardNode{}, Functions: []api.DashboardFunction{}}
+	nodes, fns, sbxs, dataPlanes := c.TableState(now)
 	v.Summary.DataPlanes = dataPlanes
 
-	rows := make([]*dashRow, len(fns))
-	byFn := make(map[string]*dashRow, len(fns))
+	rows := make([]*DashRow, len(fns))
+	byFn := make(map[string]*DashRow, len(fns))
 	for i := range fns {
 		rows[i] = &fns[i]
-		byFn[fns[i].f.Name] = &fns[i]
+		byFn[fns[i].Spec.Name] = &fns[i]
 	}
 	byNode := map[string]*api.SandboxCounts{}
 	for _, sb := range sbxs {
-		countState(&v.Sandboxes, sb.state)
-		if row := byFn[sb.fn]; row != nil {
-			countState(&row.sbx, sb.state)
+		countState(&v.Sandboxes, sb.State)
+		if row := byFn[sb.Function]; row != nil {
+			countState(&row.sbx, sb.State)
 		}
-		n := byNode[sb.node]
+		n := byNode[sb.Node]
 		if n == nil {
 			n = &api.SandboxCounts{}
-			byNode[sb.node] = n
+			byNode[sb.Node] = n
 		}
-		countState(n, sb.state)
+		countState(n, sb.State)
 	}
 
-	snap := c.dash.snapshot(now)
+	snap := c.Dash().snapshot(now)
 	v.WindowSeconds = snap.span.Seconds()
 	v.Failures = snap.failures
 	v.Triggers, v.Summary.Triggers = srv.dashboardTriggers(limit)
@@ -529,36 +532,36 @@ func (srv *adminAPI) dashboardView(now time.Time, limit int) *api.Dashboard {
 	slices.SortFunc(v.Nodes, func(a, b api.DashboardNode) int { return strings.Compare(a.Name, b.Name) })
 
 	for _, row := range rows {
-		if row.st.Condition != "" {
+		if row.Status.Condition != "" {
 			s.FunctionsFailing++
 		}
 	}
 	// The functions worth a look when not all fit: those with a
 	// condition, then the busiest; shown by name.
 	if len(rows) > limit {
-		slices.SortFunc(rows, func(a, b *dashRow) int {
-			if ca, cb := a.st.Condition != "", b.st.Condition != ""; ca != cb {
+		slices.SortFunc(rows, func(a, b *DashRow) int {
+			if ca, cb := a.Status.Condition != "", b.Status.Condition != ""; ca != cb {
 				if ca {
 					return -1
 				}
 				return 1
 			}
-			if ra, rb := snap.fns[a.f.Name].calls, snap.fns[b.f.Name].calls; ra != rb {
+			if ra, rb := snap.fns[a.Spec.Name].calls, snap.fns[b.Spec.Name].calls; ra != rb {
 				if ra > rb {
 					return -1
 				}
 				return 1
 			}
-			return strings.Compare(a.f.Name, b.f.Name)
+			return strings.Compare(a.Spec.Name, b.Spec.Name)
 		})
 		rows = rows[:limit]
 	}
-	slices.SortFunc(rows, func(a, b *dashRow) int { return strings.Compare(a.f.Name, b.f.Name) })
+	slices.SortFunc(rows, func(a, b *DashRow) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
 	for _, row := range rows {
-		fig := snap.fns[row.f.Name]
-		v.Functions = append(v.Functions, api.DashboardFunction{Name: row.f.Name, Namespace: namespaceOf(row.f), Revision: row.f.RevisionNumber(),
-			Desired: row.st.Desired, Ready: row.st.Ready, Pending: row.st.Pending, Terminating: row.st.Terminating,
-			Condition: row.st.Condition, Message: row.st.Message, Failures: row.st.Failures, Sandboxes: row.sbx,
+		fig := snap.fns[row.Spec.Name]
+		v.Functions = append(v.Functions, api.DashboardFunction{Name: row.Spec.Name, Namespace: reconciler.NamespaceOf(row.Spec), Revision: row.Spec.RevisionNumber(),
+			Desired: row.Status.Desired, Ready: row.Status.Ready, Pending: row.Status.Pending, Terminating: row.Status.Terminating,
+			Condition: row.Status.Condition, Message: row.Status.Message, Failures: row.Status.Failures, Sandboxes: row.sbx,
 			CallsPerSecond: fig.callsPerSec, ColdStartsPerSecond: fig.creationPerSec, Calls: fig.calls,
 			SandboxFailures: fig.failures, Latency: fig.latency})
 	}

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"bytes"
@@ -8,16 +8,16 @@ import (
 	"github.com/brisk-faas/brisk/internal/compat/dirigent"
 )
 
-// dirigentHandler serves Dirigent's registration contract
+// DirigentHandler serves Dirigent's registration contract
 // (internal/compat/dirigent) behind the admin API's authentication.
-func (srv *adminAPI) dirigentHandler() http.Handler {
+func (srv *API) DirigentHandler() http.Handler {
 	h := srv.authenticate(dirigent.Handler(dirigentAdmin{srv}, dirigent.Config{Images: srv.cfg.DirigentImages,
 		KeepAlive: srv.cfg.DirigentKeepAlive, Log: srv.log}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") == "" && !srv.cfg.AuthDisabled && r.URL.Path != "/healthz" {
 			// Tools written for Dirigent send no token; say how to give one.
 			w.Header().Set("WWW-Authenticate", `Basic realm="brisk"`)
-			writeError(w, http.StatusUnauthorized, "registration needs a brisk token with the deploy scope: write the registration address as user:TOKEN@host:port (the InVitro loader's DirigentControlPlaneIP), which Go's HTTP client sends as basic auth")
+			WriteError(w, http.StatusUnauthorized, "registration needs a brisk token with the deploy scope: write the registration address as user:TOKEN@host:port (the InVitro loader's DirigentControlPlaneIP), which Go's HTTP client sends as basic auth")
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -25,7 +25,7 @@ func (srv *adminAPI) dirigentHandler() http.Handler {
 }
 
 // dirigentAdmin runs the admin API's handlers for registrations.
-type dirigentAdmin struct{ srv *adminAPI }
+type dirigentAdmin struct{ srv *API }
 
 func (a dirigentAdmin) CreateFunction(r *http.Request, body []byte) (int, []byte) {
 	return a.srv.serveInternal(r, http.MethodPost, "/v1/functions", "", body, a.srv.createFunction)
@@ -43,12 +43,12 @@ func (a dirigentAdmin) DataPlaneAddrs() ([]string, error) { return a.srv.dataPla
 
 // dataPlaneAddrs lists the invocation addresses of the data planes that
 // follow the endpoint stream now (all registered ones when none does).
-func (srv *adminAPI) dataPlaneAddrs() ([]string, error) {
+func (srv *API) dataPlaneAddrs() ([]string, error) {
 	dps, err := srv.store.DataPlanes()
 	if err != nil {
 		return nil, err
 	}
-	watching := srv.cluster.watchedDataPlanes()
+	watching := srv.cluster.WatchedDataPlanes()
 	var live, all []string
 	for _, d := range dps {
 		if d.Address == "" {
@@ -68,7 +68,7 @@ func (srv *adminAPI) dataPlaneAddrs() ([]string, error) {
 
 // serveInternal runs an admin handler for a request made from r (its
 // Authorization goes along) and returns the status and body.
-func (srv *adminAPI) serveInternal(r *http.Request, method, path, name string, body []byte, h http.HandlerFunc) (int, []byte) {
+func (srv *API) serveInternal(r *http.Request, method, path, name string, body []byte, h http.HandlerFunc) (int, []byte) {
 	req, _ := http.NewRequestWithContext(r.Context(), method, path, bytes.NewReader(body))
 	req.Header.Set("Authorization", r.Header.Get("Authorization"))
 	req.Header.Set("Content-Type", "application/json")

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -22,10 +23,10 @@ import (
 // registry holds one record per function and a restart rebuilds the same
 // set. Data planes pick a target per call (internal/dataplane/split.go).
 
-// applyFunction hands f to the cluster with the revision functions its
+// ApplyFunction hands f to the cluster with the revision functions its
 // split needs, and removes the ones it no longer needs. The caller holds
 // f's name lock (or is the single-threaded load).
-func (srv *adminAPI) applyFunction(f *spec.Function) {
+func (srv *API) ApplyFunction(f *spec.Function) {
 	want := map[string]bool{}
 	var revs []*spec.Function
 	for _, t := range f.Traffic {
@@ -51,11 +52,11 @@ func (srv *adminAPI) applyFunction(f *spec.Function) {
 		want[g.Name] = true
 		// The revision function first: a data plane learns the target
 		// before the split that names it.
-		if cur := srv.cluster.spec(g.Name); cur == nil || cur.Revision != g.Revision {
-			srv.cluster.upsertFunction(&g)
+		if cur := srv.cluster.Spec(g.Name); cur == nil || cur.Revision != g.Revision {
+			srv.cluster.UpsertFunction(&g)
 		}
 	}
-	srv.cluster.upsertFunction(f)
+	srv.cluster.UpsertFunction(f)
 	srv.splitMu.Lock()
 	old := srv.splits[f.Name]
 	if len(want) == 0 {
@@ -66,19 +67,19 @@ func (srv *adminAPI) applyFunction(f *spec.Function) {
 	srv.splitMu.Unlock()
 	for name := range old {
 		if !want[name] {
-			srv.cluster.removeFunction(name)
+			srv.cluster.RemoveFunction(name)
 		}
 	}
 }
 
 // removeSplit removes the revision functions of a deleted function.
-func (srv *adminAPI) removeSplit(name string) {
+func (srv *API) removeSplit(name string) {
 	srv.splitMu.Lock()
 	old := srv.splits[name]
 	delete(srv.splits, name)
 	srv.splitMu.Unlock()
 	for n := range old {
-		srv.cluster.removeFunction(n)
+		srv.cluster.RemoveFunction(n)
 	}
 }
 
@@ -87,12 +88,12 @@ func (srv *adminAPI) removeSplit(name string) {
 // passes the checks a rollback to it would (its secrets exist, and the
 // caller may give them), and the revision functions it adds fit the
 // namespace's function quota. It answers the refusal itself.
-func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
+func (srv *API) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur *spec.Function) bool {
 	if !srv.resolveTraffic(w, f, cur) {
 		return false
 	}
 	if err := spec.ValidateTraffic(f.Traffic); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
 	var curRev uint64
@@ -102,13 +103,13 @@ func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur
 		had = append(had, cur.Secrets...)
 		srv.splitMu.Lock()
 		for name := range srv.splits[cur.Name] {
-			if g := srv.cluster.spec(name); g != nil {
+			if g := srv.cluster.Spec(name); g != nil {
 				had = append(had, g.Secrets...)
 			}
 		}
 		srv.splitMu.Unlock()
 	}
-	ns := namespaceOf(f)
+	ns := reconciler.NamespaceOf(f)
 	var revs []*spec.Function
 	added := 0
 	for _, t := range f.Traffic {
@@ -116,7 +117,7 @@ func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur
 			continue
 		}
 		if cur == nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: %s: a new function has no earlier revision (use %s)", t.Name(), spec.Latest))
+			WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: %s: a new function has no earlier revision (use %s)", t.Name(), spec.Latest))
 			return false
 		}
 		if revs == nil {
@@ -127,22 +128,22 @@ func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur
 			}
 		}
 		kept := revisionIn(revs, t.Revision)
-		if kept == nil || namespaceOf(kept) != ns {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: revision %d of function %q is not kept (brisk fn revisions %s)", t.Revision, f.Name, f.Name))
+		if kept == nil || reconciler.NamespaceOf(kept) != ns {
+			WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: traffic: revision %d of function %q is not kept (brisk fn revisions %s)", t.Revision, f.Name, f.Name))
 			return false
 		}
 		g := *kept
 		if !srv.admitSecrets(w, &g) || !srv.mayAddSecrets(w, r, ns, &g, had) {
 			return false
 		}
-		if srv.cluster.spec(spec.RevisionFunction(f.Name, t.Revision)) == nil {
+		if srv.cluster.Spec(spec.RevisionFunction(f.Name, t.Revision)) == nil {
 			added++
 		}
 	}
 	if added > 0 {
-		q, _ := srv.cluster.quota(ns)
-		if n := srv.cluster.usage(ns).Functions; q.MaxFunctions > 0 && n+added > q.MaxFunctions {
-			writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: functions %d is above its quota %d (each revision a split pins runs as a function)", ns, n+added, q.MaxFunctions))
+		q, _ := srv.cluster.Quota(ns)
+		if n := srv.cluster.Usage(ns).Functions; q.MaxFunctions > 0 && n+added > q.MaxFunctions {
+			WriteError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: functions %d is above its quota %d (each revision a split pins runs as a function)", ns, n+added, q.MaxFunctions))
 			return false
 		}
 	}
@@ -154,7 +155,7 @@ func (srv *adminAPI) checkTraffic(w http.ResponseWriter, r *http.Request, f, cur
 // its generation (rev-3) into that revision's id, and notes each pinned
 // target's generation. A number that is neither a kept revision's id nor
 // its generation is left for checkTraffic to refuse.
-func (srv *adminAPI) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function) bool {
+func (srv *API) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function) bool {
 	var revs []*spec.Function
 	loaded := cur == nil
 	for i := range f.Traffic {
@@ -184,7 +185,7 @@ func (srv *adminAPI) resolveTraffic(w http.ResponseWriter, f, cur *spec.Function
 // checkPinnedKept refuses an update that would push a revision old's split
 // pins out of the kept history (the oldest goes once MaxRevisions are
 // kept): its share would silently move to the current revision.
-func (srv *adminAPI) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
+func (srv *API) checkPinnedKept(w http.ResponseWriter, old *spec.Function) bool {
 	if !slices.ContainsFunc(old.Traffic, old.Pins) {
 		return true
 	}
@@ -198,7 +199,7 @@ func (srv *adminAPI) checkPinnedKept(w http.ResponseWriter, old *spec.Function) 
 	}
 	for _, t := range old.Traffic {
 		if t.Revision == revs[0].Revision {
-			writeError(w, http.StatusConflict, fmt.Sprintf("%s, the oldest kept revision, takes %d%% of function %q's calls: another revision would drop it from the history; move its traffic first (brisk fn traffic %s)", t.Name(), t.Percent, old.Name, old.Name))
+			WriteError(w, http.StatusConflict, fmt.Sprintf("%s, the oldest kept revision, takes %d%% of function %q's calls: another revision would drop it from the history; move its traffic first (brisk fn traffic %s)", t.Name(), t.Percent, old.Name, old.Name))
 			return false
 		}
 	}
@@ -209,7 +210,7 @@ func (srv *adminAPI) checkPinnedKept(w http.ResponseWriter, old *spec.Function) 
 // "percent": 90}, {"revision": 0, "percent": 10}]}. It makes no revision:
 // the split is how calls reach revisions, not part of one. An empty list
 // sends everything to the current revision again.
-func (srv *adminAPI) putTraffic(w http.ResponseWriter, r *http.Request) {
+func (srv *API) putTraffic(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
@@ -219,12 +220,12 @@ func (srv *adminAPI) putTraffic(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer srv.lockForChange(name)()
-	old := srv.cluster.spec(name)
+	old := srv.cluster.Spec(name)
 	if old == nil || spec.IsRevisionFunction(name) {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
-	if !srv.authorize(w, r, auth.ScopeDeploy, namespaceOf(old), name) { // it may have moved before the lock
+	if !srv.authorize(w, r, auth.ScopeDeploy, reconciler.NamespaceOf(old), name) { // it may have moved before the lock
 		return
 	}
 	f := *old
@@ -237,7 +238,7 @@ func (srv *adminAPI) putTraffic(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing function: ", err)
 		return
 	}
-	srv.applyFunction(&f)
+	srv.ApplyFunction(&f)
 	writeCompactJSON(w, http.StatusOK, &f)
 }
 

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"context"
@@ -32,7 +32,7 @@ const AdminTokenFile = api.AdminTokenFile
 
 // authenticate wraps the admin mux: a request without a valid token is
 // refused before any route (so unknown routes answer 401 too).
-func (srv *adminAPI) authenticate(next http.Handler) http.Handler {
+func (srv *API) authenticate(next http.Handler) http.Handler {
 	if srv.cfg.AuthDisabled {
 		return next
 	}
@@ -48,7 +48,7 @@ func (srv *adminAPI) authenticate(next http.Handler) http.Handler {
 			secs := int(wait/time.Second) + 1
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
-			writeError(w, http.StatusUnauthorized, fmt.Sprintf("too many failed authentications with this token from %s: not checked; try again in %d s", addr, secs))
+			WriteError(w, http.StatusUnauthorized, fmt.Sprintf("too many failed authentications with this token from %s: not checked; try again in %d s", addr, secs))
 			return
 		}
 		if err := auth.Check(srv.tokens, tok, "", "", ""); err != nil && !errors.Is(err, auth.ErrForbidden) {
@@ -56,7 +56,7 @@ func (srv *adminAPI) authenticate(next http.Handler) http.Handler {
 				srv.authThrottle.Failed(addr, tok, now) // a wrong token, not a missing one
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="brisk"`)
-			writeError(w, http.StatusUnauthorized, err.Error())
+			WriteError(w, http.StatusUnauthorized, err.Error())
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -67,7 +67,7 @@ func (srv *adminAPI) authenticate(next http.Handler) http.Handler {
 // a request a follower replica forwarded (Config.TrustedProxies), the
 // client the follower saw (the last X-Forwarded-For entry). The zero Addr
 // when there is none (a test's handler call).
-func (srv *adminAPI) clientAddr(r *http.Request) netip.Addr {
+func (srv *API) clientAddr(r *http.Request) netip.Addr {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}
@@ -88,7 +88,7 @@ func (srv *adminAPI) clientAddr(r *http.Request) netip.Addr {
 // trustedProxy reports whether a is a replica's address
 // (Config.TrustedProxies). Names are resolved on the first question and
 // again when an address is not found, at most every 30 s.
-func (srv *adminAPI) trustedProxy(ctx context.Context, a netip.Addr) bool {
+func (srv *API) trustedProxy(ctx context.Context, a netip.Addr) bool {
 	if len(srv.cfg.TrustedProxies) == 0 {
 		return false
 	}
@@ -123,7 +123,7 @@ func (srv *adminAPI) trustedProxy(ctx context.Context, a netip.Addr) bool {
 // authorize checks the request's token for scope on function fn of
 // namespace ns (both "": the API as a whole; fn "": the namespace); on
 // failure it has answered 403.
-func (srv *adminAPI) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn string) bool {
+func (srv *API) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn string) bool {
 	if srv.cfg.AuthDisabled {
 		return true
 	}
@@ -140,15 +140,15 @@ func (srv *adminAPI) authorize(w http.ResponseWriter, r *http.Request, scope, ns
 		case ns != "":
 			what = fmt.Sprintf("namespace %q", ns)
 		}
-		writeError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow %s on %s", auth.ID(tok), scope, what))
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("token %s: its scopes do not allow %s on %s", auth.ID(tok), scope, what))
 	default:
-		writeError(w, http.StatusUnauthorized, err.Error())
+		WriteError(w, http.StatusUnauthorized, err.Error())
 	}
 	return false
 }
 
-// loadTokens gives the checker the registry's tokens.
-func (srv *adminAPI) loadTokens() error {
+// LoadTokens gives the checker the registry's tokens.
+func (srv *API) LoadTokens() error {
 	toks, err := srv.store.Tokens()
 	if err != nil {
 		return err
@@ -158,18 +158,18 @@ func (srv *adminAPI) loadTokens() error {
 		grants[i] = auth.Grant{ID: t.ID, Hash: t.Hash, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, SigningKey: t.SigningKey}
 	}
 	srv.tokens.Replace(grants)
-	srv.cluster.setAuth(!srv.cfg.AuthDisabled, grants)
+	srv.cluster.SetAuth(!srv.cfg.AuthDisabled, grants)
 	return nil
 }
 
-// bootstrapToken creates the first admin token when the registry has none
+// BootstrapToken creates the first admin token when the registry has none
 // and writes it to the data dir, so that whoever starts a cluster can use
 // it at once and nobody else can.
-func (srv *adminAPI) bootstrapToken() error {
+func (srv *API) BootstrapToken() error {
 	if srv.cfg.AuthDisabled || srv.tokens.Len() > 0 {
 		return nil
 	}
-	g, path, _, err := srv.firstToken(auth.ScopeAdmin, srv.cfg.BootstrapAdminToken, filepath.Join(srv.cfg.DataDir, AdminTokenFile))
+	g, path, _, err := srv.FirstToken(auth.ScopeAdmin, srv.cfg.BootstrapAdminToken, filepath.Join(srv.cfg.DataDir, AdminTokenFile))
 	if err != nil {
 		return err
 	}
@@ -178,14 +178,14 @@ func (srv *adminAPI) bootstrapToken() error {
 		return err
 	}
 	srv.log.Info("created the first admin token", "file", path, "id", g.ID)
-	return srv.loadTokens()
+	return srv.LoadTokens()
 }
 
-// firstToken is a bootstrap token of scope: the given one while the
+// FirstToken is a bootstrap token of scope: the given one while the
 // registry is unused (givenTokenUsable), else, with a path, a new one
 // written there (written is "" for a given token: whoever gave it has
 // it). ok is false when there is none to register.
-func (srv *adminAPI) firstToken(scope, given, path string) (g auth.Grant, written string, ok bool, err error) {
+func (srv *API) FirstToken(scope, given, path string) (g auth.Grant, written string, ok bool, err error) {
 	if given != "" && srv.givenTokenUsable(scope) {
 		if g, err = auth.GrantOf(given, []string{scope}); err != nil {
 			return g, "", false, fmt.Errorf("controlplane: the bootstrap %s token: %w", scope, err)
@@ -208,10 +208,10 @@ func (srv *adminAPI) firstToken(scope, given, path string) (g auth.Grant, writte
 // bootstrapDeployName names the given deploy token's record.
 const bootstrapDeployName = "bootstrap-deploy"
 
-// bootstrapDeployToken registers the given deploy token when no token of
+// BootstrapDeployToken registers the given deploy token when no token of
 // its name exists and the registry is unused (givenTokenUsable): a revoked
 // one does not come back.
-func (srv *adminAPI) bootstrapDeployToken() error {
+func (srv *API) BootstrapDeployToken() error {
 	if srv.cfg.AuthDisabled || srv.cfg.BootstrapDeployToken == "" {
 		return nil
 	}
@@ -224,7 +224,7 @@ func (srv *adminAPI) bootstrapDeployToken() error {
 			return nil
 		}
 	}
-	g, _, ok, err := srv.firstToken(auth.ScopeDeploy, srv.cfg.BootstrapDeployToken, "")
+	g, _, ok, err := srv.FirstToken(auth.ScopeDeploy, srv.cfg.BootstrapDeployToken, "")
 	if err != nil || !ok {
 		return err
 	}
@@ -233,7 +233,7 @@ func (srv *adminAPI) bootstrapDeployToken() error {
 		return err
 	}
 	srv.log.Info("registered the given deploy token", "id", g.ID)
-	return srv.loadTokens()
+	return srv.LoadTokens()
 }
 
 // givenTokenUsable says whether a bootstrap token given in the
@@ -243,7 +243,7 @@ func (srv *adminAPI) bootstrapDeployToken() error {
 // the Secret every replica mounts, would otherwise come back after an
 // operator revoked it. Past that, a new token is made into the data dir as
 // without a given one.
-func (srv *adminAPI) givenTokenUsable(kind string) bool {
+func (srv *API) givenTokenUsable(kind string) bool {
 	ws, err1 := srv.store.Workers()
 	dps, err2 := srv.store.DataPlanes()
 	fns, err3 := srv.store.Functions()
@@ -285,7 +285,7 @@ func viewOf(t *store.Token) TokenView {
 	return TokenView{ID: t.ID, Name: t.Name, Scopes: t.Scopes, Functions: t.Functions, Namespace: t.Namespace, CreatedAt: t.CreatedAt}
 }
 
-func (srv *adminAPI) createToken(w http.ResponseWriter, r *http.Request) {
+func (srv *API) createToken(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
@@ -294,20 +294,20 @@ func (srv *adminAPI) createToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name == "" || len(req.Name) > 128 || controlBytes(req.Name) {
-		writeError(w, http.StatusBadRequest, "name: required, at most 128 characters, no control bytes")
+		WriteError(w, http.StatusBadRequest, "name: required, at most 128 characters, no control bytes")
 		return
 	}
 	if len(req.Functions) > 1000 {
-		writeError(w, http.StatusBadRequest, "functions: at most 1000")
+		WriteError(w, http.StatusBadRequest, "functions: at most 1000")
 		return
 	}
 	if req.Namespace != "" && !srv.namespaceExists(req.Namespace) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("namespace: %q does not exist (brisk ns create)", req.Namespace))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("namespace: %q does not exist (brisk ns create)", req.Namespace))
 		return
 	}
 	tok, g, err := auth.New(req.Scopes, req.Functions, req.Namespace)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "scopes: "+err.Error())
+		WriteError(w, http.StatusBadRequest, "scopes: "+err.Error())
 		return
 	}
 	rec := &store.Token{ID: g.ID, Name: req.Name, Scopes: g.Scopes, Functions: g.Functions, Namespace: g.Namespace, Hash: g.Hash, SigningKey: g.SigningKey, CreatedAt: time.Now().UTC()}
@@ -315,16 +315,16 @@ func (srv *adminAPI) createToken(w http.ResponseWriter, r *http.Request) {
 		writeStoreError(w, "storing the token: ", err)
 		return
 	}
-	if err := srv.loadTokens(); err != nil {
+	if err := srv.LoadTokens(); err != nil {
 		writeStoreError(w, "loading tokens: ", err)
 		return
 	}
 	v := viewOf(rec)
 	v.Token = tok
-	writeJSON(w, http.StatusCreated, v)
+	WriteJSON(w, http.StatusCreated, v)
 }
 
-func (srv *adminAPI) listTokens(w http.ResponseWriter, r *http.Request) {
+func (srv *API) listTokens(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
@@ -337,23 +337,23 @@ func (srv *adminAPI) listTokens(w http.ResponseWriter, r *http.Request) {
 	for i, t := range toks {
 		out[i] = viewOf(t)
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
-func (srv *adminAPI) revokeToken(w http.ResponseWriter, r *http.Request) {
+func (srv *API) revokeToken(w http.ResponseWriter, r *http.Request) {
 	if !srv.authorize(w, r, auth.ScopeAdmin, "", "") {
 		return
 	}
 	id := r.PathValue("id")
 	if err := srv.store.DeleteToken(id); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("token %q not found", id))
+			WriteError(w, http.StatusNotFound, fmt.Sprintf("token %q not found", id))
 			return
 		}
 		writeStoreError(w, "revoking the token: ", err)
 		return
 	}
-	if err := srv.loadTokens(); err != nil {
+	if err := srv.LoadTokens(); err != nil {
 		writeStoreError(w, "loading tokens: ", err)
 		return
 	}
@@ -372,9 +372,9 @@ func readJSONLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) b
 	if err := dec.Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d KiB", limit>>10))
+			WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body larger than %d KiB", limit>>10))
 		} else {
-			writeError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
+			WriteError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
 		}
 		return false
 	}

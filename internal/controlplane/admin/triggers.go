@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/internal/policy/prewarm"
 	"github.com/brisk-faas/brisk/internal/trigger"
@@ -31,8 +32,15 @@ import (
 // maxTriggerBody bounds a trigger request: the payload and the rest.
 const maxTriggerBody = spec.MaxTriggerPayload + 64<<10
 
-// loadTriggers reads the registry's triggers and gives them to the runner.
-func (srv *adminAPI) loadTriggers() error {
+// LoadTriggers reads the registry's triggers and gives them to the runner.
+func (srv *API) LoadTriggers() error {
+	if srv.cfg.Async != nil && srv.triggers == nil {
+		srv.triggers = trigger.New(trigger.Config{Queue: srv.cfg.Async, NATS: srv.cfg.Async.Conn(), Secret: srv.secretValue, Record: srv.recordTick,
+			OutboundAllow: srv.cfg.TriggerNATSAllow, Logger: srv.log.With("component", "triggers")})
+		if srv.cfg.Registry != nil {
+			srv.cfg.Registry.MustRegister(srv.triggers)
+		}
+	}
 	recs, err := srv.store.Triggers()
 	if err != nil {
 		return err
@@ -50,7 +58,7 @@ func (srv *adminAPI) loadTriggers() error {
 
 // recordTick persists the last tick a cron trigger fired (the runner's
 // Record).
-func (srv *adminAPI) recordTick(key string, tick time.Time) error {
+func (srv *API) recordTick(key string, tick time.Time) error {
 	srv.triggerMu.Lock()
 	defer srv.triggerMu.Unlock()
 	old := srv.triggerRecs[key]
@@ -67,8 +75,8 @@ func (srv *adminAPI) recordTick(key string, tick time.Time) error {
 }
 
 // secretValue is a secret's value for the runner (NATS credentials).
-func (srv *adminAPI) secretValue(ns, name string) ([]byte, bool) {
-	s := srv.cluster.secret(ns, name)
+func (srv *API) secretValue(ns, name string) ([]byte, bool) {
+	s := srv.cluster.Secret(ns, name)
 	if s == nil {
 		return nil, false
 	}
@@ -82,7 +90,7 @@ func newTriggerUID() string {
 }
 
 // triggerView is a trigger with its status.
-func (srv *adminAPI) triggerView(t *store.Trigger) api.TriggerView {
+func (srv *API) triggerView(t *store.Trigger) api.TriggerView {
 	v := api.TriggerView{Trigger: t.Trigger}
 	if v.Namespace == "" {
 		v.Namespace = spec.DefaultNamespace
@@ -101,14 +109,14 @@ func (srv *adminAPI) triggerView(t *store.Trigger) api.TriggerView {
 // readTrigger decodes and checks a trigger request's body, in the
 // namespace it addresses; name, when set, is the URL's, which the body may
 // repeat. On failure it has answered.
-func (srv *adminAPI) readTrigger(w http.ResponseWriter, r *http.Request, name string) (spec.Trigger, bool) {
+func (srv *API) readTrigger(w http.ResponseWriter, r *http.Request, name string) (spec.Trigger, bool) {
 	var t spec.Trigger
 	if !readJSONLimit(w, r, &t, maxTriggerBody) {
 		return t, false
 	}
 	if name != "" {
 		if t.Name != "" && t.Name != name {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: name %q does not match the URL's %q", t.Name, name))
+			WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: name %q does not match the URL's %q", t.Name, name))
 			return t, false
 		}
 		t.Name = name
@@ -116,13 +124,13 @@ func (srv *adminAPI) readTrigger(w http.ResponseWriter, r *http.Request, name st
 	t.Namespace = srv.requestNamespace(r, t.Namespace)
 	t.Function = srv.qualify(r, t.Function, t.Namespace)
 	if err := t.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return t, false
 	}
 	return t, true
 }
 
-func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) createTrigger(w http.ResponseWriter, r *http.Request) {
 	t, ok := srv.readTrigger(w, r, "")
 	if !ok {
 		return
@@ -132,11 +140,11 @@ func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if srv.cfg.Async == nil {
-		writeError(w, http.StatusNotImplemented, "triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats, as the data planes')")
+		WriteError(w, http.StatusNotImplemented, "triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats, as the data planes')")
 		return
 	}
 	if !srv.namespaceExists(ns) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: namespace %q does not exist", ns))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: namespace %q does not exist", ns))
 		return
 	}
 	l := srv.nameLock(t.Function)
@@ -152,7 +160,7 @@ func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
 	srv.triggerMu.Lock()
 	defer srv.triggerMu.Unlock()
 	if srv.triggerRecs[rec.Key()] != nil {
-		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
+		WriteError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
 		return
 	}
 	n := 0
@@ -162,12 +170,12 @@ func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if n+1 > spec.MaxTriggersPerNamespace {
-		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: triggers %d is above the limit %d", ns, n+1, spec.MaxTriggersPerNamespace))
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: triggers %d is above the limit %d", ns, n+1, spec.MaxTriggersPerNamespace))
 		return
 	}
 	if err := srv.store.CreateTrigger(rec); err != nil {
 		if errors.Is(err, store.ErrExists) {
-			writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
+			WriteError(w, http.StatusConflict, fmt.Sprintf("trigger %q already exists in namespace %q", t.Name, ns))
 			return
 		}
 		writeStoreError(w, "storing the trigger: ", err)
@@ -177,13 +185,13 @@ func (srv *adminAPI) createTrigger(w http.ResponseWriter, r *http.Request) {
 	srv.refreshPrewarmLocked(t.Function)
 	srv.runTrigger(rec)
 	w.Header().Set("Location", "/v1/triggers/"+t.Name+"?namespace="+ns)
-	writeJSON(w, http.StatusCreated, srv.triggerView(rec))
+	WriteJSON(w, http.StatusCreated, srv.triggerView(rec))
 }
 
 // updateTrigger replaces a trigger's spec in place: it keeps its uid (so
 // its call ids, and the ticks already fired, stay its own) and its counts;
 // a changed source counts its ticks from now.
-func (srv *adminAPI) updateTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	t, ok := srv.readTrigger(w, r, name)
 	if !ok {
@@ -201,11 +209,11 @@ func (srv *adminAPI) updateTrigger(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if old == nil {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
 		return
 	}
 	if old.Managed != "" {
-		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q is made from function %q's annotations: change them instead", name, old.Function))
+		WriteError(w, http.StatusConflict, fmt.Sprintf("trigger %q is made from function %q's annotations: change them instead", name, old.Function))
 		return
 	}
 	l := srv.nameLock(t.Function)
@@ -219,7 +227,7 @@ func (srv *adminAPI) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	cur := srv.triggerRecs[old.Key()]
 	if cur == nil || cur.UID != old.UID {
 		srv.triggerMu.Unlock()
-		writeError(w, http.StatusConflict, fmt.Sprintf("trigger %q changed meanwhile; try again", name))
+		WriteError(w, http.StatusConflict, fmt.Sprintf("trigger %q changed meanwhile; try again", name))
 		return
 	}
 	t.UID, t.CreatedAt, t.FunctionUID = cur.UID, cur.CreatedAt, f.UID
@@ -236,12 +244,12 @@ func (srv *adminAPI) updateTrigger(w http.ResponseWriter, r *http.Request) {
 	srv.refreshPrewarmLocked(cur.Function, t.Function)
 	srv.triggerMu.Unlock()
 	srv.runTrigger(rec)
-	writeJSON(w, http.StatusOK, srv.triggerView(rec))
+	WriteJSON(w, http.StatusOK, srv.triggerView(rec))
 }
 
 // runTrigger hands rec to the runner (on a control plane that runs
 // triggers): it fires from rec's last tick on.
-func (srv *adminAPI) runTrigger(rec *store.Trigger) {
+func (srv *API) runTrigger(rec *store.Trigger) {
 	if srv.triggers != nil {
 		srv.triggers.Put(trigger.Entry{Trigger: rec.Trigger, LastTick: rec.LastTick})
 	}
@@ -250,16 +258,16 @@ func (srv *adminAPI) runTrigger(rec *store.Trigger) {
 // triggerTarget returns the function trigger t of namespace ns calls,
 // after checking it is there and so is t's credentials secret; the caller
 // holds the function's name lock. On failure it has answered.
-func (srv *adminAPI) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
-	f := srv.cluster.spec(t.Function)
-	if f == nil || namespaceOf(f) != ns {
+func (srv *API) triggerTarget(w http.ResponseWriter, ns string, t *spec.Trigger) (*spec.Function, bool) {
+	f := srv.cluster.Spec(t.Function)
+	if f == nil || reconciler.NamespaceOf(f) != ns {
 		// The same answer for a function of another namespace: names do
 		// not leak.
-		writeError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("function %q not found in namespace %q", t.Function, ns))
 		return nil, false
 	}
-	if n := t.NATS; n != nil && n.CredentialsSecret != "" && srv.cluster.secret(ns, n.CredentialsSecret) == nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
+	if n := t.NATS; n != nil && n.CredentialsSecret != "" && srv.cluster.Secret(ns, n.CredentialsSecret) == nil {
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid trigger: nats.credentials_secret: secret %q not found in namespace %q (brisk secret create %s -n %s)", n.CredentialsSecret, ns, n.CredentialsSecret, ns))
 		return nil, false
 	}
 	return f, true
@@ -268,7 +276,7 @@ func (srv *adminAPI) triggerTarget(w http.ResponseWriter, ns string, t *spec.Tri
 // lookupTrigger finds the trigger a request names and checks the token
 // may manage it; on failure it has answered (404 for another tenant's
 // trigger too).
-func (srv *adminAPI) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
+func (srv *API) lookupTrigger(w http.ResponseWriter, r *http.Request) (*store.Trigger, bool) {
 	name := r.PathValue("name")
 	ns := srv.requestNamespace(r, "")
 	srv.triggerMu.Lock()
@@ -282,22 +290,22 @@ func (srv *adminAPI) lookupTrigger(w http.ResponseWriter, r *http.Request) (*sto
 		return nil, false
 	}
 	if t == nil {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", name, ns))
 		return nil, false
 	}
 	return t, true
 }
 
-func (srv *adminAPI) getTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) getTrigger(w http.ResponseWriter, r *http.Request) {
 	if t, ok := srv.lookupTrigger(w, r); ok {
-		writeJSON(w, http.StatusOK, srv.triggerView(t))
+		WriteJSON(w, http.StatusOK, srv.triggerView(t))
 	}
 }
 
 // listTriggers answers the triggers of ?namespace= (default: the token's
 // namespace, or every namespace for a token bound to none), of
 // ?function= if given, that the token may manage.
-func (srv *adminAPI) listTriggers(w http.ResponseWriter, r *http.Request) {
+func (srv *API) listTriggers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ns := q.Get("namespace")
 	fn := q.Get("function")
@@ -308,7 +316,7 @@ func (srv *adminAPI) listTriggers(w http.ResponseWriter, r *http.Request) {
 			ns = auth.NamespaceOf(srv.tokens, tok)
 		}
 		if err := auth.HasScope(srv.tokens, tok, auth.ScopeDeploy); err != nil {
-			writeError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
+			WriteError(w, http.StatusForbidden, "token "+auth.ID(tok)+": its scopes do not allow deploy")
 			return
 		}
 		visible = func(t *store.Trigger) bool {
@@ -331,10 +339,10 @@ func (srv *adminAPI) listTriggers(w http.ResponseWriter, r *http.Request) {
 	for i, t := range recs {
 		out[i] = srv.triggerView(t)
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
-func (srv *adminAPI) deleteTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) deleteTrigger(w http.ResponseWriter, r *http.Request) {
 	t, ok := srv.lookupTrigger(w, r)
 	if !ok {
 		return
@@ -358,14 +366,14 @@ func (srv *adminAPI) deleteTrigger(w http.ResponseWriter, r *http.Request) {
 
 // pauseTrigger and resumeTrigger set a trigger's Paused; a resumed cron
 // trigger's ticks count from the resumption.
-func (srv *adminAPI) pauseTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) pauseTrigger(w http.ResponseWriter, r *http.Request) {
 	srv.setPaused(w, r, true)
 }
-func (srv *adminAPI) resumeTrigger(w http.ResponseWriter, r *http.Request) {
+func (srv *API) resumeTrigger(w http.ResponseWriter, r *http.Request) {
 	srv.setPaused(w, r, false)
 }
 
-func (srv *adminAPI) setPaused(w http.ResponseWriter, r *http.Request, paused bool) {
+func (srv *API) setPaused(w http.ResponseWriter, r *http.Request, paused bool) {
 	t, ok := srv.lookupTrigger(w, r)
 	if !ok {
 		return
@@ -374,7 +382,7 @@ func (srv *adminAPI) setPaused(w http.ResponseWriter, r *http.Request, paused bo
 	cur := srv.triggerRecs[t.Key()]
 	if cur == nil {
 		srv.triggerMu.Unlock()
-		writeError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", t.Name, spec.TriggerNamespace(&t.Trigger)))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("trigger %q not found in namespace %q", t.Name, spec.TriggerNamespace(&t.Trigger)))
 		return
 	}
 	rec := *cur
@@ -396,12 +404,12 @@ func (srv *adminAPI) setPaused(w http.ResponseWriter, r *http.Request, paused bo
 	if changed {
 		srv.runTrigger(&rec)
 	}
-	writeJSON(w, http.StatusOK, srv.triggerView(&rec))
+	WriteJSON(w, http.StatusOK, srv.triggerView(&rec))
 }
 
 // deleteFunctionTriggers deletes the triggers of a deleted function; the
 // caller holds its name lock.
-func (srv *adminAPI) deleteFunctionTriggers(ns, fn string) {
+func (srv *API) deleteFunctionTriggers(ns, fn string) {
 	srv.triggerMu.Lock()
 	var gone []string
 	for k, t := range srv.triggerRecs {
@@ -425,7 +433,7 @@ func (srv *adminAPI) deleteFunctionTriggers(ns, fn string) {
 }
 
 // functionTriggers lists the triggers of function fn of namespace ns.
-func (srv *adminAPI) functionTriggers(ns, fn string) []api.TriggerRef {
+func (srv *API) functionTriggers(ns, fn string) []api.TriggerRef {
 	srv.triggerMu.Lock()
 	defer srv.triggerMu.Unlock()
 	var out []api.TriggerRef
@@ -438,8 +446,8 @@ func (srv *adminAPI) functionTriggers(ns, fn string) []api.TriggerRef {
 	return out
 }
 
-// runTriggers starts the runner over the loaded triggers until ctx ends.
-func (srv *adminAPI) runTriggers(ctx context.Context) {
+// RunTriggers starts the runner over the loaded triggers until ctx ends.
+func (srv *API) RunTriggers(ctx context.Context) {
 	if srv.triggers != nil {
 		srv.triggers.Run(ctx)
 	}
@@ -448,24 +456,24 @@ func (srv *adminAPI) runTriggers(ctx context.Context) {
 // admitAnnotationTriggers checks the triggers f's OpenFaaS connector
 // annotations ask for (spec.AnnotationTriggers); the caller holds f's
 // name lock. On failure it has answered.
-func (srv *adminAPI) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Function) bool {
+func (srv *API) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Function) bool {
 	ts, err := spec.AnnotationTriggers(f)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		WriteError(w, http.StatusBadRequest, err.Error())
 		return false
 	}
 	if len(ts) == 0 {
 		return true
 	}
 	if srv.cfg.Async == nil {
-		writeError(w, http.StatusNotImplemented, "annotations: topic asks for a trigger, and triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats)")
+		WriteError(w, http.StatusNotImplemented, "annotations: topic asks for a trigger, and triggers need the asynchronous queue, which this control plane does not have (brisk controlplane --nats)")
 		return false
 	}
 	srv.triggerMu.Lock()
 	defer srv.triggerMu.Unlock()
 	for _, t := range ts {
-		if o := srv.triggerRecs[store.TriggerKey(namespaceOf(f), t.Name)]; o != nil && (o.Managed != spec.ManagedByAnnotations || o.Function != f.Name) {
-			writeError(w, http.StatusConflict, fmt.Sprintf("annotations: they make trigger %q, and a trigger of that name exists already in namespace %q (brisk trigger delete %s)", t.Name, namespaceOf(f), t.Name))
+		if o := srv.triggerRecs[store.TriggerKey(reconciler.NamespaceOf(f), t.Name)]; o != nil && (o.Managed != spec.ManagedByAnnotations || o.Function != f.Name) {
+			WriteError(w, http.StatusConflict, fmt.Sprintf("annotations: they make trigger %q, and a trigger of that name exists already in namespace %q (brisk trigger delete %s)", t.Name, reconciler.NamespaceOf(f), t.Name))
 			return false
 		}
 	}
@@ -478,7 +486,7 @@ func (srv *adminAPI) admitAnnotationTriggers(w http.ResponseWriter, f *spec.Func
 // topic annotation in either there is nothing to do, which keeps
 // registrations away from the triggers' lock. The caller holds f's name
 // lock.
-func (srv *adminAPI) syncAnnotationTriggers(f, old *spec.Function) {
+func (srv *API) syncAnnotationTriggers(f, old *spec.Function) {
 	if f.Annotations[spec.AnnotationTopic] == "" && (old == nil || old.Annotations[spec.AnnotationTopic] == "") {
 		return
 	}
@@ -487,7 +495,7 @@ func (srv *adminAPI) syncAnnotationTriggers(f, old *spec.Function) {
 		srv.log.Warn("annotation triggers", "function", f.Name, "err", err)
 		return
 	}
-	ns := namespaceOf(f)
+	ns := reconciler.NamespaceOf(f)
 	wanted := make(map[string]spec.Trigger, len(want))
 	for _, t := range want {
 		wanted[store.TriggerKey(ns, t.Name)] = t
@@ -542,7 +550,7 @@ func (srv *adminAPI) syncAnnotationTriggers(f, old *spec.Function) {
 // refreshPrewarmLocked gives the autoscaler's forecaster the schedules of
 // the active cron triggers of functions fns (every function with a trigger
 // when none is named); the caller holds triggerMu.
-func (srv *adminAPI) refreshPrewarmLocked(fns ...string) {
+func (srv *API) refreshPrewarmLocked(fns ...string) {
 	if srv.triggers == nil {
 		return // they do not fire here
 	}
@@ -560,12 +568,12 @@ func (srv *adminAPI) refreshPrewarmLocked(fns ...string) {
 			scheds[t.Function] = append(scheds[t.Function], prewarm.Ticks{Schedule: s, From: t.LastTick})
 		}
 	}
-	srv.cluster.setPrewarmSchedules(scheds)
+	srv.cluster.SetPrewarmSchedules(scheds)
 }
 
 // dashboardTriggers is the dashboard's list: at most limit triggers,
 // failing ones first, then by key; and how many there are.
-func (srv *adminAPI) dashboardTriggers(limit int) ([]api.TriggerView, int) {
+func (srv *API) dashboardTriggers(limit int) ([]api.TriggerView, int) {
 	srv.triggerMu.Lock()
 	recs := make([]*store.Trigger, 0, len(srv.triggerRecs))
 	for _, t := range srv.triggerRecs {

@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"cmp"
@@ -30,7 +30,7 @@ const streamRecheck = time.Second
 // recheckStream calls cancel once the request's token no longer allows
 // reading function name's logs (revoked, or the function deleted or moved
 // to a namespace the token is not bound to), until ctx ends.
-func (srv *adminAPI) recheckStream(ctx context.Context, cancel context.CancelFunc, r *http.Request, name string) {
+func (srv *API) recheckStream(ctx context.Context, cancel context.CancelFunc, r *http.Request, name string) {
 	tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
 	ns := srv.namespaceOfFn(name)
 	t := time.NewTicker(streamRecheck)
@@ -57,14 +57,14 @@ func (srv *adminAPI) recheckStream(ctx context.Context, cancel context.CancelFun
 // sandboxes together; -1 or 0: all that is kept), since (a duration, or
 // RFC 3339 time), sandbox, follow=true (keep streaming until the client
 // leaves).
-func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
+func (srv *API) functionLogs(w http.ResponseWriter, r *http.Request) {
 	name := srv.pathFunction(r)
 	if !srv.authorize(w, r, auth.ScopeDeploy, srv.namespaceOfFn(name), name) {
 		return
 	}
-	f := srv.cluster.spec(name)
+	f := srv.cluster.Spec(name)
 	if f == nil {
-		writeError(w, http.StatusNotFound, "function "+quote(name)+" not found")
+		WriteError(w, http.StatusNotFound, "function "+quote(name)+" not found")
 		return
 	}
 	q := r.URL.Query()
@@ -72,7 +72,7 @@ func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("tail"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < -1 || n > 1_000_000 {
-			writeError(w, http.StatusBadRequest, "tail "+quote(v)+": want a line count (-1: all)")
+			WriteError(w, http.StatusBadRequest, "tail "+quote(v)+": want a line count (-1: all)")
 			return
 		}
 		req.Tail = int32(max(n, 0)) // faas-cli's default, -1, is "all"
@@ -83,7 +83,7 @@ func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
 		} else if t, err := time.Parse(time.RFC3339, v); err == nil {
 			req.SinceUnixMs = t.UnixMilli()
 		} else {
-			writeError(w, http.StatusBadRequest, "since "+quote(v)+": want a duration (10m) or an RFC 3339 time")
+			WriteError(w, http.StatusBadRequest, "since "+quote(v)+": want a duration (10m) or an RFC 3339 time")
 			return
 		}
 	}
@@ -106,7 +106,7 @@ func (srv *adminAPI) functionLogs(w http.ResponseWriter, r *http.Request) {
 	lines := make(chan *briskv1.LogLine, 256)
 	var wg sync.WaitGroup
 	streams := 0
-	for id, conn := range srv.cluster.workerConns() {
+	for id, conn := range srv.cluster.WorkerConns() {
 		wg.Add(1)
 		streams++
 		go func(id string) {

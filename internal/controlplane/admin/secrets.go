@@ -1,4 +1,4 @@
-package controlplane
+package admin
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/auth"
+	"github.com/brisk-faas/brisk/internal/controlplane/reconciler"
 	"github.com/brisk-faas/brisk/internal/controlplane/store"
 	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
@@ -36,13 +37,13 @@ import (
 // the rest of the JSON.
 const maxSecretBody = spec.MaxSecretSize*4/3 + 64<<10
 
-// loadSecrets gives the cluster the registry's secrets.
-func (srv *adminAPI) loadSecrets() error {
+// LoadSecrets gives the cluster the registry's secrets.
+func (srv *API) LoadSecrets() error {
 	secs, err := srv.store.Secrets()
 	if err != nil {
 		return err
 	}
-	srv.cluster.setSecrets(secs)
+	srv.cluster.SetSecrets(secs)
 	return nil
 }
 
@@ -50,31 +51,31 @@ func (srv *adminAPI) loadSecrets() error {
 // write: key now holds s (nil: deleted), or, when the write failed (it may
 // still have been applied: a replica losing leadership), whatever the
 // registry holds.
-func (srv *adminAPI) secretWritten(key string, s *store.Secret, err error) {
+func (srv *API) secretWritten(key string, s *store.Secret, err error) {
 	if err == nil {
-		srv.cluster.putSecret(key, s)
+		srv.cluster.PutSecret(key, s)
 		return
 	}
-	if lerr := srv.loadSecrets(); lerr != nil {
+	if lerr := srv.LoadSecrets(); lerr != nil {
 		srv.log.Warn("reloading secrets after a failed write", "err", lerr)
 	}
 }
 
 // missingSecrets returns the secrets f names that do not exist in its
 // namespace; the caller holds secretMu.
-func (srv *adminAPI) missingSecrets(f *spec.Function) []string {
+func (srv *API) missingSecrets(f *spec.Function) []string {
 	if len(f.Secrets) == 0 {
 		return nil
 	}
-	return srv.cluster.missingSecrets(namespaceOf(f), f.Secrets)
+	return srv.cluster.MissingSecrets(reconciler.NamespaceOf(f), f.Secrets)
 }
 
 // admitSecrets checks that every secret f names exists. On failure it has
 // answered.
-func (srv *adminAPI) admitSecrets(w http.ResponseWriter, f *spec.Function) bool {
+func (srv *API) admitSecrets(w http.ResponseWriter, f *spec.Function) bool {
 	if miss := srv.missingSecrets(f); len(miss) > 0 {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: secrets: %s not found in namespace %q (brisk secret create NAME -n %s)",
-			strings.Join(miss, ", "), namespaceOf(f), namespaceOf(f)))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid function spec: secrets: %s not found in namespace %q (brisk secret create NAME -n %s)",
+			strings.Join(miss, ", "), reconciler.NamespaceOf(f), reconciler.NamespaceOf(f)))
 		return false
 	}
 	return true
@@ -85,7 +86,7 @@ func (srv *adminAPI) admitSecrets(w http.ResponseWriter, f *spec.Function) bool 
 // namespace may, the one that may manage its secrets. A token limited to
 // functions may keep (or drop) the secrets its function has. On refusal it
 // has answered.
-func (srv *adminAPI) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns string, f *spec.Function, had []string) bool {
+func (srv *API) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns string, f *spec.Function, had []string) bool {
 	if srv.cfg.AuthDisabled {
 		return true
 	}
@@ -102,7 +103,7 @@ func (srv *adminAPI) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns st
 	if auth.Check(srv.tokens, tok, auth.ScopeDeploy, ns, "") == nil {
 		return true
 	}
-	writeError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions: it may not give function %q secrets it did not name (%s); a token with deploy on namespace %q may",
+	WriteError(w, http.StatusForbidden, fmt.Sprintf("token %s is limited to functions: it may not give function %q secrets it did not name (%s); a token with deploy on namespace %q may",
 		auth.ID(tok), f.Name, strings.Join(added, ", "), ns))
 	return false
 }
@@ -110,7 +111,7 @@ func (srv *adminAPI) mayAddSecrets(w http.ResponseWriter, r *http.Request, ns st
 // requestNamespace is the namespace a secret or trigger request
 // addresses: the query's or the body's, else the token's own, else the
 // default one.
-func (srv *adminAPI) requestNamespace(r *http.Request, body string) string {
+func (srv *API) requestNamespace(r *http.Request, body string) string {
 	ns := r.URL.Query().Get("namespace")
 	if ns == "" {
 		ns = body
@@ -132,11 +133,11 @@ func readSecret(w http.ResponseWriter, r *http.Request) (*api.SecretRequest, boo
 		return nil, false
 	}
 	if req.Value != "" && req.RawValue != nil {
-		writeError(w, http.StatusBadRequest, "invalid secret: set value or raw_value, not both")
+		WriteError(w, http.StatusBadRequest, "invalid secret: set value or raw_value, not both")
 		return nil, false
 	}
 	if n := len(req.Value) + len(req.RawValue); n > spec.MaxSecretSize {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("secret value of %d bytes is larger than %d", n, spec.MaxSecretSize))
+		WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("secret value of %d bytes is larger than %d", n, spec.MaxSecretSize))
 		return nil, false
 	}
 	return &req, true
@@ -153,13 +154,13 @@ func secretValue(req *api.SecretRequest) []byte {
 // namespace exists; the caller holds secretMu, which a namespace's
 // deletion holds too, so that no secret outlives its namespace. On failure
 // it has answered.
-func (srv *adminAPI) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
+func (srv *API) checkSecretTarget(w http.ResponseWriter, ns, name string) bool {
 	if !spec.ValidSecretName(name) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret name %q: %s", name, spec.SecretNameRule))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret name %q: %s", name, spec.SecretNameRule))
 		return false
 	}
 	if !spec.ValidNamespace(ns) || !srv.namespaceExists(ns) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: namespace %q does not exist", ns))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: namespace %q does not exist", ns))
 		return false
 	}
 	return true
@@ -168,14 +169,14 @@ func (srv *adminAPI) checkSecretTarget(w http.ResponseWriter, ns, name string) b
 // checkSecretRoom checks that namespace ns stays within the limits with
 // a value of size bytes for its secret name (in place of its current one,
 // if any); the caller holds secretMu. On failure it has answered.
-func (srv *adminAPI) checkSecretRoom(w http.ResponseWriter, ns, name string, size int) bool {
-	n, bytes, exists := srv.cluster.secretUsage(ns, name)
+func (srv *API) checkSecretRoom(w http.ResponseWriter, ns, name string, size int) bool {
+	n, bytes, exists := srv.cluster.SecretUsage(ns, name)
 	if !exists && n+1 > spec.MaxSecretsPerNamespace {
-		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: secrets %d is above the limit %d", ns, n+1, spec.MaxSecretsPerNamespace))
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: secrets %d is above the limit %d", ns, n+1, spec.MaxSecretsPerNamespace))
 		return false
 	}
 	if bytes+int64(size) > spec.MaxSecretBytesPerNamespace {
-		writeError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: its secrets' values would take %d bytes, above the limit %d", ns, bytes+int64(size), spec.MaxSecretBytesPerNamespace))
+		WriteError(w, http.StatusForbidden, fmt.Sprintf("namespace %q: its secrets' values would take %d bytes, above the limit %d", ns, bytes+int64(size), spec.MaxSecretBytesPerNamespace))
 		return false
 	}
 	return true
@@ -185,7 +186,7 @@ func secretView(s *store.Secret, users []string) api.SecretView {
 	return api.SecretView{Name: s.Name, Namespace: s.Namespace, Size: len(s.Value), UsedBy: users, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
 }
 
-func (srv *adminAPI) createSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *API) createSecret(w http.ResponseWriter, r *http.Request) {
 	req, ok := readSecret(w, r)
 	if !ok {
 		return
@@ -201,8 +202,8 @@ func (srv *adminAPI) createSecret(w http.ResponseWriter, r *http.Request) {
 	if !srv.checkSecretTarget(w, ns, req.Name) {
 		return
 	}
-	if srv.cluster.secret(ns, req.Name) != nil {
-		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
+	if srv.cluster.Secret(ns, req.Name) != nil {
+		WriteError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
 		return
 	}
 	if !srv.checkSecretRoom(w, ns, req.Name, len(rec.Value)) {
@@ -212,24 +213,24 @@ func (srv *adminAPI) createSecret(w http.ResponseWriter, r *http.Request) {
 	srv.secretWritten(rec.Key(), rec, err)
 	if err != nil {
 		if errors.Is(err, store.ErrExists) {
-			writeError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
+			WriteError(w, http.StatusConflict, fmt.Sprintf("secret %q already exists in namespace %q (use PUT to update it)", req.Name, ns))
 			return
 		}
 		writeStoreError(w, "storing the secret: ", err)
 		return
 	}
 	w.Header().Set("Location", "/v1/secrets/"+req.Name+"?namespace="+ns)
-	writeJSON(w, http.StatusCreated, secretView(rec, nil))
+	WriteJSON(w, http.StatusCreated, secretView(rec, nil))
 }
 
-func (srv *adminAPI) updateSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *API) updateSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	req, ok := readSecret(w, r)
 	if !ok {
 		return
 	}
 	if req.Name != "" && req.Name != name {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: name %q does not match the URL's %q", req.Name, name))
+		WriteError(w, http.StatusBadRequest, fmt.Sprintf("invalid secret: name %q does not match the URL's %q", req.Name, name))
 		return
 	}
 	ns := srv.requestNamespace(r, req.Namespace)
@@ -241,7 +242,7 @@ func (srv *adminAPI) updateSecret(w http.ResponseWriter, r *http.Request) {
 	if !srv.checkSecretTarget(w, ns, name) {
 		return
 	}
-	old := srv.cluster.secret(ns, name)
+	old := srv.cluster.Secret(ns, name)
 	if old == nil {
 		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
@@ -256,26 +257,26 @@ func (srv *adminAPI) updateSecret(w http.ResponseWriter, r *http.Request) {
 		writeSecretError(w, ns, name, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, secretView(rec, srv.cluster.secretUsers(ns, name)))
+	WriteJSON(w, http.StatusOK, secretView(rec, srv.cluster.SecretUsers(ns, name)))
 }
 
-func (srv *adminAPI) getSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *API) getSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	ns := srv.requestNamespace(r, "")
 	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
 		return
 	}
-	s := srv.cluster.secret(ns, name)
+	s := srv.cluster.Secret(ns, name)
 	if s == nil {
 		writeSecretError(w, ns, name, store.ErrNotFound)
 		return
 	}
-	writeJSON(w, http.StatusOK, secretView(s, srv.cluster.secretUsers(ns, name)))
+	WriteJSON(w, http.StatusOK, secretView(s, srv.cluster.SecretUsers(ns, name)))
 }
 
 // listSecrets answers the secrets of ?namespace= (default: the token's
 // namespace, or every namespace for a token bound to none).
-func (srv *adminAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
+func (srv *API) listSecrets(w http.ResponseWriter, r *http.Request) {
 	ns := r.URL.Query().Get("namespace")
 	if ns == "" && !srv.cfg.AuthDisabled {
 		tok, _ := auth.FromHeader(r.Header.Get("Authorization"))
@@ -285,16 +286,16 @@ func (srv *adminAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []api.SecretView{}
-	for _, s := range srv.cluster.secretsIn(ns) {
+	for _, s := range srv.cluster.SecretsIn(ns) {
 		out = append(out, secretView(s, nil))
 	}
 	slices.SortFunc(out, func(a, b api.SecretView) int {
 		return strings.Compare(store.SecretKey(a.Namespace, a.Name), store.SecretKey(b.Namespace, b.Name))
 	})
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }
 
-func (srv *adminAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {
+func (srv *API) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	ns := srv.requestNamespace(r, "")
 	if !srv.authorize(w, r, auth.ScopeDeploy, ns, "") {
@@ -302,8 +303,8 @@ func (srv *adminAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	srv.secretMu.Lock()
 	defer srv.secretMu.Unlock()
-	if users := srv.cluster.secretUsers(ns, name); len(users) > 0 {
-		writeError(w, http.StatusConflict, fmt.Sprintf("secret %q is used by %s in namespace %q: remove it from their specs first", name, strings.Join(users, ", "), ns))
+	if users := srv.cluster.SecretUsers(ns, name); len(users) > 0 {
+		WriteError(w, http.StatusConflict, fmt.Sprintf("secret %q is used by %s in namespace %q: remove it from their specs first", name, strings.Join(users, ", "), ns))
 		return
 	}
 	err := srv.store.DeleteSecret(ns, name)
@@ -317,7 +318,7 @@ func (srv *adminAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {
 
 func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
 	if errors.Is(err, store.ErrNotFound) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("secret %q not found in namespace %q", name, ns))
+		WriteError(w, http.StatusNotFound, fmt.Sprintf("secret %q not found in namespace %q", name, ns))
 		return
 	}
 	writeStoreError(w, "secret: ", err)
@@ -325,7 +326,7 @@ func writeSecretError(w http.ResponseWriter, ns, name string, err error) {
 
 // namespaceSecrets counts namespace ns's secrets (a namespace with secrets
 // cannot be deleted); the caller holds secretMu.
-func (srv *adminAPI) namespaceSecrets(ns string) int {
-	n, _, _ := srv.cluster.secretUsage(ns, "")
+func (srv *API) namespaceSecrets(ns string) int {
+	n, _, _ := srv.cluster.SecretUsage(ns, "")
 	return n
 }
