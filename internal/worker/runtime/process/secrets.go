@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -68,7 +69,15 @@ func mountSecrets(f *spec.Function) error {
 	if err := unix.Mount("tmpfs", spec.SecretsDir, "tmpfs", flags, runtime.SecretsTmpfsData(f)); err != nil {
 		return &secretsError{fmt.Errorf("tmpfs on %s: %w", spec.SecretsDir, err)}
 	}
-	if err := runtime.WriteSecrets(spec.SecretsDir, f); err != nil {
+	// While a value's file is open for writing, no other goroutine of the
+	// worker may fork (exec.Command takes ForkLock to fork): the child
+	// would hold a copy of the descriptor until its exec, and the remount
+	// below fails with EBUSY while a file is open for writing on the
+	// tmpfs (a template failed to start so, once in CI).
+	syscall.ForkLock.RLock()
+	err := runtime.WriteSecrets(spec.SecretsDir, f)
+	syscall.ForkLock.RUnlock()
+	if err != nil {
 		return &secretsError{err}
 	}
 	// The superblock read-only: writes fail with EROFS, whoever tries.

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +20,7 @@ import (
 	"github.com/brisk-faas/brisk/internal/testutil"
 	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/internal/worker/runtime"
+	"github.com/brisk-faas/brisk/internal/worker/runtime/procs"
 	"github.com/brisk-faas/brisk/internal/worker/runtime/runtimetest/secretsprobe"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
@@ -222,5 +226,51 @@ func TestNoSecretsNoEnv(t *testing.T) {
 	env := (&Runtime{}).sandboxEnv(runtime.Spec{ID: "sb", Function: f}, 1, "")
 	if i, j := slices.Index(env, runtime.EnvSecretsDir+"=/elsewhere"), slices.Index(env, runtime.EnvSecretsDir+"="+spec.SecretsDir); j < 0 || j < i {
 		t.Errorf("env %q: want %s=%s after the function's variables", env, runtime.EnvSecretsDir, spec.SecretsDir)
+	}
+}
+
+// A sandbox's secrets mount while other sandboxes start: a fork between
+// the open and the close of a value's file gave the child a copy of the
+// descriptor until its exec, and the read-only remount then failed with
+// EBUSY (a template that failed to start, once in CI). Forks (exec.Command
+// here, as Create's) run all along; every mount must succeed.
+func TestSecretsMountWhileOthersFork(t *testing.T) {
+	testutil.RequiresRoot(t)
+	f := &spec.Function{Name: "many", Secrets: make([]string, 0, 64), SecretData: map[string][]byte{}}
+	for i := range 64 {
+		name := fmt.Sprintf("s%02d", i)
+		f.Secrets = append(f.Secrets, name)
+		f.SecretData[name] = bytes.Repeat([]byte{'x'}, 4096)
+	}
+	stop := make(chan struct{})
+	var forkers sync.WaitGroup
+	for range 2 {
+		forkers.Add(1)
+		go func() {
+			defer forkers.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = exec.Command("/bin/true").Run()
+			}
+		}()
+	}
+	var failed []error
+	for range 200 {
+		procs.SpawnThread(func() {
+			// The thread ends with the goroutine (still locked): its mount
+			// namespace goes with it.
+			if err := mountSecrets(f); err != nil {
+				failed = append(failed, err)
+			}
+		})
+	}
+	close(stop)
+	forkers.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d of 200 mounts failed, the first: %v", len(failed), failed[0])
 	}
 }
