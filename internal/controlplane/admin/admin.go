@@ -171,11 +171,27 @@ func WriteError(w http.ResponseWriter, code int, msg string) {
 	WriteJSON(w, code, map[string]string{"error": msg})
 }
 
+// readBody reads a request body of at most limit bytes into a buffer of
+// its Content-Length when it states one: io.ReadAll grows its buffer from
+// 512 bytes, copying as it goes (a registration's spec, a code archive).
+// A body over limit fails with *http.MaxBytesError.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	return io.ReadAll(body)
+}
+
 // readSpec decodes and validates a spec body; on failure it has answered.
 // For an update, pathName is the name in the URL: the body may omit the
 // name but must not contradict it.
 func (srv *API) readSpec(w http.ResponseWriter, r *http.Request, pathName string) (*spec.Function, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSpecBytes))
+	body, err := readBody(w, r, maxSpecBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

@@ -3,7 +3,6 @@ package admin
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/brisk-faas/brisk/internal/auth"
@@ -30,7 +29,7 @@ func (srv *API) uploadCode(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, spec.MaxCodeBytes))
+	data, err := readBody(w, r, spec.MaxCodeBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
