@@ -36,16 +36,16 @@ type Cluster struct {
 	cfg Config
 	r   *reconciler.Reconciler
 	// prewarm is the reconciler's Predictor: the cron triggers' ticks,
-	// updated under mu (triggers.go).
+	// updated under mu (admin/triggers.go, SetPrewarmSchedules).
 	prewarm *prewarm.Cron
 
 	links    map[string]*nodeLink
 	watchers map[*watcher]struct{}
-	// auth is what data planes need to check calls' tokens (setAuth); nil
+	// auth is what data planes need to check calls' tokens (SetAuth); nil
 	// until the control plane has loaded its tokens.
 	auth  *briskv1.AuthConfig
 	store store.Registry
-	// secrets are the registry's secrets by namespace/name (secrets.go);
+	// secrets are the registry's secrets by namespace/name (clustersecrets.go);
 	// secretGen changes with them, so that a link sends a spec again when
 	// the values it carried are stale.
 	secrets   map[string]*store.Secret
@@ -80,7 +80,7 @@ func newCluster(cfg Config, m *cpMetrics) (*Cluster, error) {
 	_, _ = rand.Read(seed[:])
 	prefix := hex.EncodeToString(seed[:6])
 	// Cron triggers' ticks are known: their functions are pre-warmed one
-	// cold start, and the autoscaler's period, before each (triggers.go).
+	// cold start, and the autoscaler's period, before each (admin/triggers.go).
 	pw := prewarm.NewCron(2*cfg.TickInterval, 2*cfg.TickInterval+5*time.Second)
 	r, err := reconciler.New(reconciler.Config{Predictor: pw,
 		Autoscale: cfg.Autoscale, TargetUtilization: cfg.TargetUtilization, ScalingMode: cfg.ScalingMode,

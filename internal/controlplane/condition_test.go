@@ -44,7 +44,7 @@ func TestConditionNoCapacity(t *testing.T) {
 
 // A namespace's quota bounds the sandboxes its functions hold at once: a
 // function gets what fits, says quota-exceeded, and gets the rest when the
-// Quota is raised.
+// quota is raised.
 func TestNamespaceQuotaBoundsSandboxes(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	e.cp.cluster.SetQuotas(map[string]spec.Quota{"team": {MaxSandboxes: 2}})

@@ -88,7 +88,7 @@ func (s *session) queueSpecLocked(f *spec.Function, secrets map[string][]byte, g
 	return true
 }
 
-// SetEgress queues the namespaces' egress policies (the complete set),
+// setEgress queues the namespaces' egress policies (the complete set),
 // replacing any not yet sent.
 func (s *session) setEgress(e *briskv1.EgressPolicies) {
 	s.mu.Lock()

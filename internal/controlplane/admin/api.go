@@ -63,7 +63,7 @@ type Config struct {
 // API never holds it (nor reads the reconciler) itself.
 type Cluster interface {
 	Now() time.Time
-	// Dash keeps the dashboard's call counts, fed by the link.
+	// Dash keeps the dashboard's call counts, which the cluster feeds.
 	Dash() *DashStats
 
 	Spec(name string) *spec.Function
@@ -128,10 +128,21 @@ type API struct {
 }
 
 // New makes the admin surface; it serves nothing until Handler is
-// mounted, and reads the registry only after Open.
+// mounted, and reads the registry only after Open. Config fields left nil
+// get a logger, a metrics registry and gauge, and data planes never seen,
+// of its own.
 func New(cfg Config, cluster Cluster, tokens *auth.Checker) *API {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Functions == nil {
+		cfg.Functions = prometheus.NewGauge(prometheus.GaugeOpts{Name: "brisk_controlplane_functions", Help: "Registered functions."})
+	}
+	if cfg.DataPlaneSeen == nil {
+		cfg.DataPlaneSeen = func(string) (time.Time, bool) { return time.Time{}, false }
 	}
 	return &API{cfg: cfg, log: cfg.Logger, cluster: cluster, tokens: tokens,
 		authThrottle: auth.NewThrottle(20, time.Second), splits: map[string]map[string]bool{}}
