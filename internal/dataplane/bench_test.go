@@ -8,6 +8,9 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 )
@@ -201,4 +204,39 @@ func BenchmarkApplyReady(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkUrgentReport is a data plane with 10,000 functions running
+// calls and one whose call waits with no capacity, sending one urgent
+// report after another (each waiting call rings the doorbell): the
+// collection and the report's size on the wire (wire-B/op), which is also
+// what the control plane then walks.
+func BenchmarkUrgentReport(b *testing.B) {
+	const busy = 10_000
+	d, srv := newTestDP(b, nil)
+	specs := []*briskv1.FunctionSpec{fnSpec("waiting")}
+	for i := range busy {
+		specs = append(specs, fnSpec(fmt.Sprintf("busy-%d", i)))
+	}
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: specs})
+	now := d.nanotime()
+	for i := range busy {
+		fn := d.lookup(fmt.Sprintf("busy-%d", i))
+		fn.stats.arrive(now) // a call in flight
+		d.noteActive(fn)
+	}
+	goGet(b, srv.URL+"/function/waiting")
+	waitFor(b, "the call queued", func() bool { return d.queued("waiting") == 1 })
+	waiting := d.lookup("waiting")
+	wire := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		d.markUrgent(waiting)
+		rep := d.collectUrgent(time.Now())
+		wire += proto.Size(rep)
+	}
+	b.ReportMetric(float64(wire)/float64(b.N), "wire-B/op")
+	b.StopTimer()
+	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"waiting"}})
 }
