@@ -174,8 +174,8 @@ func (d *DataPlane) ID() string {
 func (d *DataPlane) nanotime() int64 { return int64(time.Since(d.epoch)) }
 
 // Run binds Listen and serves HTTP/1.1 and h2c, or with Config.TLS
-// HTTP/1.1 over TLS (the front end, front.go, with net/http behind it),
-// and with a ControlPlane
+// HTTP/1.1 over TLS (the front end, internal/dataplane/front, with net/http
+// behind it), and with a ControlPlane
 // address keeps the endpoint watch and the metric reports running. It
 // returns after ctx ends and a graceful Shutdown (bounded by
 // ShutdownTimeout), or when serving fails.
@@ -208,9 +208,9 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	if d.cfg.TLS != nil {
 		ln = tls.NewListener(ln, listenerTLS(d.cfg.TLS))
 	}
-	front := d.newFrontEnd(d.newServer())
+	fe := d.newFrontEnd(d.newServer())
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- front.serve(ln) }()
+	go func() { serveErr <- fe.Serve(ln) }()
 	reapCtx, stopReap := context.WithCancel(ctx)
 	defer stopReap()
 	go d.reapIdle(reapCtx)
@@ -229,7 +229,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 		}
 		conn, err := rpc.DialLeader(creds, d.cfg.ControlPlane)
 		if err != nil {
-			front.close()
+			fe.Close()
 			return fmt.Errorf("dataplane: control plane %s: %w", d.cfg.ControlPlane, err)
 		}
 		defer conn.Close()
@@ -256,7 +256,7 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	// Drain with the link still up, so queued requests can still get the
 	// sandboxes the control plane is starting for them.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ShutdownTimeout)
-	if serr := front.shutdown(sctx); serr != nil {
+	if serr := fe.Shutdown(sctx); serr != nil {
 		d.log.Warn("graceful shutdown incomplete; closing connections", "err", serr)
 	}
 	cancel()

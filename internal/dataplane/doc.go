@@ -3,8 +3,11 @@
 // per-function queue until a sandbox has a free concurrency slot, and keeps its
 // endpoint view in sync with the control plane while reporting load back to it.
 //
-// Two parts are packages of their own: the routing table (endpoints: each
-// function's settings and Ready sandboxes, a pure value stepped by the
-// endpoint stream, shared with the simulator) and a function's wait line
-// (queue: FIFO with asynchronous calls behind, slot handoff, timeouts).
+// Three parts are packages of their own: the invocation listener (front:
+// connections, their states and time limits, the handoff to net/http; the
+// data plane serves each connection's calls as its Session, fastpath.go),
+// the routing table (endpoints: each function's settings and Ready
+// sandboxes, a pure value stepped by the endpoint stream, shared with the
+// simulator) and a function's wait line (queue: FIFO with asynchronous
+// calls behind, slot handoff, timeouts).
 package dataplane

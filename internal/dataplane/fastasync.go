@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/dataplane/front"
 	"github.com/brisk-faas/brisk/internal/h1"
 )
 
@@ -27,7 +28,7 @@ const hdrCallback = "x-callback-url"
 // parseAsync routes a submit whose path follows the async prefix. It
 // returns nil for one the front end does not serve.
 func (c *frontConn) parseAsync(tail []byte) *function {
-	d := c.f.d
+	d := c.d
 	q := d.cfg.Async
 	if q == nil {
 		return nil
@@ -59,13 +60,13 @@ func (c *frontConn) parseAsync(tail []byte) *function {
 // submitAsync stores the submit in hand and answers 202, or the refusal.
 // It reports whether the connection may carry another request.
 func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
-	d := c.f.d
+	d := c.d
 	if done := c.accepting; done != nil {
 		c.accepting = nil
 		defer done()
 	}
 	rq := &c.req
-	if _, ok := c.move(inRead, stCall, d.nanotime(), d.cfg.WriteTimeout); !ok {
+	if _, ok := c.Move(front.InRead, front.StCall, d.nanotime(), d.cfg.WriteTimeout); !ok {
 		return false
 	}
 	conf := fn.set.Load().Conf
@@ -79,12 +80,12 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	id := string(callID)
 	call := &async.Call{ID: id, Function: fn.name, Method: methodString(rq.method), Path: string(rq.rest),
 		Query: string(rq.query), Header: c.asyncHeader(keepAuth), Body: rq.body, Host: string(rq.host),
-		Remote: c.remote, Fresh: fresh, FunctionUID: fn.set.Load().Conf.async.UID}
-	if f := d.storeAsync(c.ctx, call); f.code != 0 {
+		Remote: c.Remote, Fresh: fresh, FunctionUID: fn.set.Load().Conf.async.UID}
+	if f := d.storeAsync(c.Ctx, call); f.code != 0 {
 		return c.answerError(f, callID)
 	}
 	keep := c.keepAlive()
-	bw := c.bw
+	bw := c.BW
 	bw.WriteString("HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nX-Call-Id: ")
 	bw.WriteString(id)
 	bw.WriteString("\r\nLocation: " + callsPath + "/")
@@ -103,7 +104,7 @@ func (c *frontConn) submitAsync(fn *function, callID []byte, fresh bool) bool {
 	bw.WriteString(id)
 	bw.WriteString(acceptedEnd)
 	ok := bw.Flush() == nil
-	return c.leaveCall() && ok && keep
+	return c.LeaveCall() && ok && keep
 }
 
 // asyncHeader is the request's header as the stored call keeps it: the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/compat/lambda"
+	"github.com/brisk-faas/brisk/internal/dataplane/front"
 	"github.com/brisk-faas/brisk/internal/h1"
 	"github.com/brisk-faas/brisk/internal/naming"
 	"github.com/brisk-faas/brisk/internal/proxy"
@@ -51,25 +52,25 @@ type frontReq struct {
 // actCall, actHandoff for a request the net/http server must serve (nothing
 // of it consumed), or actClose.
 func (c *frontConn) next() (*function, reqAction) {
-	cfg := &c.f.d.cfg
-	if _, err := c.br.Peek(1); err != nil {
+	cfg := &c.d.cfg
+	if _, err := c.BR.Peek(1); err != nil {
 		return nil, actClose
 	}
-	if _, ok := c.move(inIdle, stRead, c.f.d.nanotime(), min(cfg.ReadHeaderTimeout, cfg.ReadTimeout)); !ok {
+	if _, ok := c.Move(front.InIdle, front.StRead, c.d.nanotime(), min(cfg.ReadHeaderTimeout, cfg.ReadTimeout)); !ok {
 		return nil, actClose
 	}
 	var buf []byte
 	end, from := 0, 0
 	for {
-		buf, _ = c.br.Peek(c.br.Buffered())
+		buf, _ = c.BR.Peek(c.BR.Buffered())
 		end, from = h1.HeadEnd(buf, from)
 		if end > 0 {
 			break
 		}
-		if end < 0 || len(buf) >= c.br.Size() {
+		if end < 0 || len(buf) >= c.BR.Size() {
 			return nil, actHandoff
 		}
-		if _, err := c.br.Peek(len(buf) + 1); err != nil {
+		if _, err := c.BR.Peek(len(buf) + 1); err != nil {
 			return nil, actClose
 		}
 	}
@@ -86,29 +87,29 @@ func (c *frontConn) next() (*function, reqAction) {
 	if rq.async {
 		// A submit counts from its arrival, its body's upload included
 		// (Queue.Accepting); serve ends it if the body never comes.
-		c.accepting = c.f.d.cfg.Async.Accepting()
+		c.accepting = c.d.cfg.Async.Accepting()
 	}
 	// The body's buffer is charged to the data plane's body budget before
 	// it is made: heads announcing bodies they never send must not hold
 	// memory past it. Without budget, net/http's path takes the request
 	// (and streams it).
 	if n := rq.length; n > 0 {
-		if !c.f.d.bodyBudget.take(n) {
+		if !c.d.bodyBudget.take(n) {
 			return nil, actHandoff
 		}
 		c.charged = n
 	}
-	_, _ = c.br.Discard(end)
+	_, _ = c.BR.Discard(end)
 	if n := rq.length; n > 0 {
 		// The read timeout counts from the request's first byte.
-		if _, ok := c.move(inRead, stRead, c.since.Load(), cfg.ReadTimeout); !ok {
+		if _, ok := c.Move(front.InRead, front.StRead, c.Since(), cfg.ReadTimeout); !ok {
 			return nil, actClose
 		}
 		if int64(cap(c.body)) < n {
 			c.body = make([]byte, n)
 		}
 		rq.body = c.body[:n]
-		if _, err := io.ReadFull(c.br, rq.body); err != nil {
+		if _, err := io.ReadFull(c.BR, rq.body); err != nil {
 			c.uncharge()
 			return nil, actClose
 		}
@@ -119,7 +120,7 @@ func (c *frontConn) next() (*function, reqAction) {
 // parse parses c.head into c.req and routes it. It returns nil for a
 // request the front end does not serve.
 func (c *frontConn) parse() *function {
-	if c.f.d.cfg.Tracer != nil {
+	if c.d.cfg.Tracer != nil {
 		return nil // traced calls take the net/http path (tracing.go)
 	}
 	rq := &c.req
@@ -132,7 +133,7 @@ func (c *frontConn) parse() *function {
 	rq.length, rq.hasHost, rq.hasLength = p.Length, true, p.HasLength
 	rq.close, rq.connTokens, rq.te, rq.isHead = p.Close, p.ConnTokens, p.TE, p.IsHead
 	rq.idempotent = p.IdemKey || idempotentMethod(p.Method)
-	if rq.length > replayableBody || rq.length > c.f.d.cfg.MaxBodyBytes {
+	if rq.length > replayableBody || rq.length > c.d.cfg.MaxBodyBytes {
 		return nil
 	}
 	path := p.Path
@@ -145,7 +146,7 @@ func (c *frontConn) parse() *function {
 		if len(name) == 0 {
 			return nil
 		}
-		fn = c.f.d.lookupNamed(string(name))
+		fn = c.d.lookupNamed(string(name))
 	} else if bytes.HasPrefix(path, []byte(asyncPrefix)) {
 		return c.parseAsync(path[len(asyncPrefix):])
 	} else if bytes.HasPrefix(path, lambdaPath) {
@@ -153,7 +154,7 @@ func (c *frontConn) parse() *function {
 	} else {
 		rq.rest = path
 		if first, two := naming.HostLabels(string(rq.host)); naming.NamesFunction(first) {
-			fn = c.f.d.lookupHost(first, two)
+			fn = c.d.lookupHost(first, two)
 		}
 	}
 	if fn != nil {
@@ -179,10 +180,10 @@ func functionTail(tail []byte) (name, rest []byte) {
 // carry another.
 func (c *frontConn) call(fn *function) bool {
 	defer c.trim()
-	d := c.f.d
+	d := c.d
 	rq := &c.req
 	st := &c.st
-	*st = reqState{Context: c.ctx, fn: fn}
+	*st = reqState{Context: c.Ctx, fn: fn}
 	callID := rq.callID
 	if len(callID) == 0 {
 		writeCallID(&c.callID)
@@ -193,7 +194,7 @@ func (c *frontConn) call(fn *function) bool {
 	}
 	set := fn.set.Load()
 	limit := max(d.cfg.WriteTimeout, set.Conf.queueTimeout+set.Conf.timeout+deadlineSlack)
-	if _, ok := c.move(inRead, stCall, d.nanotime(), limit); !ok {
+	if _, ok := c.Move(front.InRead, front.StCall, d.nanotime(), limit); !ok {
 		return false
 	}
 	f, keepAuth := authorize(d, fn, set.Conf, rq.parsed.Authorization)
@@ -203,9 +204,9 @@ func (c *frontConn) call(fn *function) bool {
 		return c.answerError(f, callID)
 	}
 	st.keepAuth = keepAuth
-	if f := d.admit(c.ctx, st, set, nil); f.code != 0 {
+	if f := d.admit(c.Ctx, st, set, nil); f.code != 0 {
 		if f.code == statusClientGone {
-			c.leaveCall()
+			c.LeaveCall()
 			return false
 		}
 		return c.answerError(f, callID)
@@ -214,14 +215,14 @@ func (c *frontConn) call(fn *function) bool {
 }
 
 // keepAlive: the connection may carry another request after this one.
-func (c *frontConn) keepAlive() bool { return !c.req.close && !c.f.closing.Load() }
+func (c *frontConn) keepAlive() bool { return !c.req.close && !c.Server().Closing() }
 
 // answerError writes a brisk-generated error for a call in the call state
 // and leaves the state; it reports whether the connection goes on.
 func (c *frontConn) answerError(f failure, callID []byte) bool {
 	keep := c.keepAlive()
 	ok := c.writeError(f, callID, keep, c.req.isHead)
-	return c.leaveCall() && ok && keep
+	return c.LeaveCall() && ok && keep
 }
 
 // forward sends the call to st.ep, relays the reply and ends the call
@@ -232,7 +233,7 @@ func (c *frontConn) answerError(f failure, callID []byte) bool {
 // the handler), so that a client calling again at once finds it free
 // rather than queueing for it and asking for a sandbox more.
 func (c *frontConn) forward(st *reqState, callID []byte) bool {
-	d := c.f.d
+	d := c.d
 	rq := &c.req
 	deadline := time.Now().Add(st.conf.timeout)
 	var up *upConn
@@ -241,16 +242,16 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	for attempt := 0; ; attempt++ {
 		var reused bool
 		var err error
-		up, reused, err = st.ep.conns.Take(c.ctx, attempt, false)
-		if err != nil && c.ctx.Err() != nil { // the client left during the dial: not the sandbox's failure
+		up, reused, err = st.ep.conns.Take(c.Ctx, attempt, false)
+		if err != nil && c.Ctx.Err() != nil { // the client left during the dial: not the sandbox's failure
 			st.code = statusClientGone
 			d.finish(st, nil)
-			c.leaveCall()
+			c.LeaveCall()
 			return false
 		}
 		if err != nil {
 			d.connectFailed(st, err)
-			if d.reroute(c.ctx, st, err, &reroutes) {
+			if d.reroute(c.Ctx, st, err, &reroutes) {
 				attempt = -1
 				continue
 			}
@@ -270,10 +271,10 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		}
 		c.up.Store(nil)
 		up.NC.Close()
-		if c.gone.Load() || errors.Is(err, errClientWrite) {
+		if c.Gone.Load() || errors.Is(err, errClientWrite) {
 			st.code = statusClientGone
 			d.finish(st, nil)
-			c.leaveCall()
+			c.LeaveCall()
 			return false
 		}
 		if reused && !rh.started && proxy.ClosedByPeer(err) && (!sent || rq.idempotent) {
@@ -284,20 +285,20 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 
 	st.code = rh.code
 	keep := c.keepAlive()
-	sentBefore := c.out.n
+	sentBefore := c.Out.N()
 	c.writeReplyHead(st, &rh, callID, keep)
 	var upErr, downErr error
 	switch {
 	case rh.noBody:
 	case rh.chunked:
-		upErr, downErr = h1.CopyChunks(c.bw, up.BR)
+		upErr, downErr = h1.CopyChunks(c.BW, up.BR)
 	case rh.length >= 0:
-		upErr, downErr = h1.CopyFixed(c.bw, up.BR, rh.length)
+		upErr, downErr = h1.CopyFixed(c.BW, up.BR, rh.length)
 	default:
-		upErr, downErr = h1.CopyUntilClose(c.bw, up.BR)
+		upErr, downErr = h1.CopyUntilClose(c.BW, up.BR)
 	}
-	// What is left of the reply is in c.bw, not yet flushed.
-	usable := c.endCall()
+	// What is left of the reply is in c.BW, not yet flushed.
+	usable := c.EndCall()
 	c.up.Store(nil)
 	if upErr == nil && downErr == nil && rh.keepAlive && usable {
 		up.Put(rh.noBody)
@@ -306,12 +307,12 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 	}
 	cut := upErr != nil || downErr != nil
 	switch {
-	case cut && (downErr != nil || c.gone.Load()):
+	case cut && (downErr != nil || c.Gone.Load()):
 		st.code = statusClientGone
-	case cut && c.out.n == sentBefore:
+	case cut && c.Out.N() == sentBefore:
 		// Nothing of the reply has left: the client gets a 502 saying why
 		// rather than a connection closed on it.
-		c.bw.Reset(&c.out)
+		c.BW.Reset(&c.Out)
 		f := d.sandboxFailure(st, fmt.Errorf("reply broken off: %w", upErr))
 		st.code = f.code
 		d.finish(st, nil)
@@ -324,25 +325,25 @@ func (c *frontConn) forward(st *reqState, callID []byte) bool {
 		st.code = http.StatusBadGateway
 	}
 	d.finish(st, nil)
-	if cut || c.bw.Flush() != nil || !keep || !usable {
+	if cut || c.BW.Flush() != nil || !keep || !usable {
 		return false
 	}
-	return c.idle()
+	return c.Idle()
 }
 
 // failCall answers a call its sandbox failed (502, or 504 when it ran out
 // of time) and ends it.
 func (c *frontConn) failCall(st *reqState, err error, callID []byte) bool {
-	f := c.f.d.upstreamError(st, err)
+	f := c.d.upstreamError(st, err)
 	st.code = f.code
-	c.f.d.finish(st, nil)
+	c.d.finish(st, nil)
 	return c.answerError(f, callID)
 }
 
 // uncharge gives back the body budget the request held.
 func (c *frontConn) uncharge() {
 	if c.charged > 0 {
-		c.f.d.bodyBudget.give(c.charged)
+		c.d.bodyBudget.give(c.charged)
 		c.charged = 0
 	}
 }
@@ -407,7 +408,7 @@ func (c *frontConn) writeUpstream(up *upConn, st *reqState, callID []byte) error
 			bw.WriteString(", ")
 		}
 	}
-	writeForwarding(bw, c.remote, rq.host, c.f.d.fwdProto, st.ep.id, callID)
+	writeForwarding(bw, c.Remote, rq.host, c.d.fwdProto, st.ep.id, callID)
 	writeBody(bw, rq.method, rq.body)
 	return bw.Flush()
 }
@@ -449,8 +450,8 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 		}
 		if p.Code != http.StatusContinue {
 			c.writeStatus(rh)
-			c.bw.WriteString("\r\n")
-			if c.bw.Flush() != nil {
+			c.BW.WriteString("\r\n")
+			if c.BW.Flush() != nil {
 				return errClientWrite
 			}
 		}
@@ -472,16 +473,16 @@ func (c *frontConn) readReplyHead(up *upConn, rh *replyHead) error {
 // writeReplyHead writes the reply's status line and headers to the client,
 // with the call's own headers and the framing of the relayed body.
 func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, keep bool) {
-	bw := c.bw
+	bw := c.BW
 	c.writeStatus(rh)
 	bw.WriteString("X-Call-Id: ")
 	bw.Write(callID)
 	bw.WriteString("\r\nX-Brisk-Sandbox: ")
 	bw.WriteString(st.ep.id)
 	bw.WriteString("\r\nX-Brisk-Timing: ")
-	bw.Write(appendTiming(bw.AvailableBuffer(), st.queueNs/1e3, st.cold, (c.f.d.nanotime()-st.proxyStart)/1e3))
+	bw.Write(appendTiming(bw.AvailableBuffer(), st.queueNs/1e3, st.cold, (c.d.nanotime()-st.proxyStart)/1e3))
 	bw.WriteString("\r\nX-Start-Time: ")
-	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), c.f.d.epochNs+st.arrival, 10))
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), c.d.epochNs+st.arrival, 10))
 	bw.WriteString("\r\n")
 	if !rh.parsed.HasDate {
 		h1.WriteDate(bw)
@@ -503,9 +504,9 @@ func (c *frontConn) writeReplyHead(st *reqState, rh *replyHead, callID []byte, k
 
 // writeStatus writes the reply's status line and end-to-end headers.
 func (c *frontConn) writeStatus(rh *replyHead) {
-	c.bw.WriteString("HTTP/1.1 ")
-	c.bw.Write(rh.parsed.Status)
-	c.bw.WriteString("\r\n")
+	c.BW.WriteString("HTTP/1.1 ")
+	c.BW.Write(rh.parsed.Status)
+	c.BW.WriteString("\r\n")
 	b := c.rbuf
 	p := &rh.parsed
 	for _, s := range p.Hdrs {
@@ -515,10 +516,10 @@ func (c *frontConn) writeStatus(rh *replyHead) {
 		if p.ConnTokens && h1.ConnectionLists(b, p.Hdrs, s.Name(b)) {
 			continue
 		}
-		c.bw.Write(s.Name(b))
-		c.bw.WriteString(": ")
-		c.bw.Write(s.Value(b))
-		c.bw.WriteString("\r\n")
+		c.BW.Write(s.Name(b))
+		c.BW.WriteString(": ")
+		c.BW.Write(s.Value(b))
+		c.BW.WriteString("\r\n")
 	}
 }
 
@@ -526,8 +527,8 @@ func (c *frontConn) writeStatus(rh *replyHead) {
 // reply to a HEAD request (head). It reports whether the write succeeded.
 func (c *frontConn) writeError(f failure, callID []byte, keep, head bool) bool {
 	body := errorJSON(f)
-	c.f.d.prom.errors.inc(f.why)
-	bw := c.bw
+	c.d.prom.errors.inc(f.why)
+	bw := c.BW
 	bw.WriteString("HTTP/1.1 ")
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(f.code), 10))
 	bw.WriteByte(' ')

@@ -16,10 +16,11 @@ import (
 	"testing"
 	"time"
 
-	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
-	"github.com/brisk-faas/brisk/internal/h1"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	frontend "github.com/brisk-faas/brisk/internal/dataplane/front"
+	"github.com/brisk-faas/brisk/internal/h1"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -416,7 +417,7 @@ func FuzzFrontEndHead(f *testing.F) {
 		if end <= 0 {
 			return
 		}
-		c := &frontConn{f: &frontEnd{d: d}, head: b[:end]}
+		c := &frontConn{d: d, head: b[:end]}
 		fn := c.parse()
 		if fn == nil {
 			return
@@ -437,11 +438,11 @@ func FuzzFrontEndHead(f *testing.F) {
 // A client that calls again as soon as it has its reply finds the slot it
 // used free: the slot is released before the reply's end reaches the
 // client (a queued call would ask the control plane for a sandbox more).
-// The calls outlast watchAfter, so each has a client watch to stop first.
+// The calls outlast frontend.WatchAfter, so each has a client watch to stop first.
 func TestFrontEndFreesTheSlotBeforeTheReplyEnds(t *testing.T) {
 	d, front := newTestDP(t, nil)
 	sandbox := newSandbox(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(watchAfter + 2*reapEvery)
+		time.Sleep(frontend.WatchAfter + 2*frontend.ReapEvery)
 		_, _ = io.WriteString(w, "ok")
 	})
 	d.Apply(&briskv1.EndpointBatch{Snapshot: true,
@@ -552,7 +553,7 @@ func TestFrontEndShutdownKeepsTheEndOfAReply(t *testing.T) {
 	}
 	hl := &heldListener{Listener: ln, conns: make(chan *heldConn, 1)}
 	f := d.newFrontEnd(d.newServer())
-	go func() { _ = f.serve(hl) }()
+	go func() { _ = f.Serve(hl) }()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -567,10 +568,10 @@ func TestFrontEndShutdownKeepsTheEndOfAReply(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		done <- f.shutdown(ctx)
+		done <- f.Shutdown(ctx)
 	}()
-	waitFor(t, "the shutdown to begin", f.closing.Load)
-	f.sweep() // what the shutdown does to idle connections, once more
+	waitFor(t, "the shutdown to begin", f.Closing)
+	f.Sweep() // what the shutdown does to idle connections, once more
 	close(hc.release)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -615,22 +616,15 @@ func TestFrontEndShutdownFinishesHandedOffCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the second connection to be read", func() bool {
-		front.front.mu.Lock()
-		defer front.front.mu.Unlock()
-		for c := range front.front.conns {
-			if int32(c.word.Load()&stMask) == stRead {
-				return true
-			}
-		}
-		return false
+		return front.front.Count(frontend.StRead) > 0
 	})
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		done <- front.front.shutdown(ctx)
+		done <- front.front.Shutdown(ctx)
 	}()
-	waitFor(t, "the shutdown to begin", front.front.closing.Load)
+	waitFor(t, "the shutdown to begin", front.front.Closing)
 	if _, err := io.WriteString(reading, chunked[20:]); err != nil {
 		t.Fatal(err)
 	}
@@ -689,54 +683,5 @@ func TestFrontEndReframesChunkedReplies(t *testing.T) {
 	got = testutil.RawExchange(t, addr, "GET /function/g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	if strings.Contains(got, "Bad Name") || strings.HasSuffix(got, "0\r\n\r\n") {
 		t.Fatalf("a malformed trailer reached the client, or the reply looked whole: %q", got)
-	}
-}
-
-// The reaper judges a state by its own clock only: a connection that
-// moves between states whose clocks would condemn each other is never
-// closed.
-func TestFrontEndReaperSeesConsistentStates(t *testing.T) {
-	d, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := net.Pipe()
-	defer b.Close()
-	f := d.newFrontEnd(d.newServer())
-	c := f.newConn(a)
-	f.conns[c] = struct{}{}
-	const long = time.Hour
-	stop := make(chan struct{})
-	moved := make(chan struct{})
-	go func() {
-		defer close(moved)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			// Idle for a long while (well within its limit), then reading
-			// with a fresh clock: paired wrongly, the idle state's age and
-			// the read state's limit would close the connection.
-			now := d.nanotime()
-			if _, ok := c.move(inIdle, stRead, now, long); !ok {
-				return
-			}
-			if _, ok := c.move(inRead, stIdle, now-int64(long), 2*long); !ok {
-				return
-			}
-		}
-	}()
-	for range 20000 {
-		f.sweep()
-		if int32(c.word.Load()&stMask) == stGone {
-			break
-		}
-	}
-	close(stop)
-	<-moved
-	if s := int32(c.word.Load() & stMask); s == stGone {
-		t.Fatal("the reaper closed a connection by another state's clock")
 	}
 }

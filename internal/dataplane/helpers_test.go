@@ -12,6 +12,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	frontend "github.com/brisk-faas/brisk/internal/dataplane/front"
 	"github.com/brisk-faas/brisk/internal/testutil"
 )
 
@@ -19,7 +20,7 @@ import (
 // end, with the net/http server behind it, as Run serves it.
 type testServer struct {
 	URL   string
-	front *frontEnd
+	front *frontend.Server
 }
 
 // newTestDP returns a data plane (not Run) served on a loopback port by its
@@ -44,8 +45,8 @@ func newTestDP(t testing.TB, mod func(*Config)) (*DataPlane, *testServer) {
 	}
 	srv := &testServer{URL: scheme + ln.Addr().String(), front: d.newFrontEnd(d.newServer())}
 	done := make(chan struct{})
-	go func() { _ = srv.front.serve(ln); close(done) }()
-	t.Cleanup(func() { srv.front.close(); <-done })
+	go func() { _ = srv.front.Serve(ln); close(done) }()
+	t.Cleanup(func() { srv.front.Close(); <-done })
 	return d, srv
 }
 

@@ -40,7 +40,7 @@ type promMetrics struct {
 	firstByte prometheus.Histogram
 	// Connections the front end accepted, those of them it handed to the
 	// net/http server, and those it closed at once for MaxConnections
-	// (front.go).
+	// (internal/dataplane/front).
 	accepted, handedOff, refused prometheus.Counter
 	errors                       *reasonCounters // brisk-generated errors by reason
 	emergency                    *prometheus.CounterVec

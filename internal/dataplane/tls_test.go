@@ -154,5 +154,5 @@ func TestTLSHandshakeTimeout(t *testing.T) {
 			t.Errorf("%s: closed after %s; the header timeout is %s", tc.name, el, limit)
 		}
 	}
-	waitFor(t, "the connections to be released", func() bool { return front.front.open.Load() == 0 })
+	waitFor(t, "the connections to be released", func() bool { return front.front.Open() == 0 })
 }
