@@ -86,7 +86,7 @@ func (c *frontConn) next() (*function, reqAction) {
 	rq := &c.req
 	if rq.async {
 		// A submit counts from its arrival, its body's upload included
-		// (Queue.Accepting); serve ends it if the body never comes.
+		// (Queue.Accepting); Serve ends it if the body never comes.
 		c.accepting = c.d.cfg.Async.Accepting()
 	}
 	// The body's buffer is charged to the data plane's body budget before
@@ -215,7 +215,7 @@ func (c *frontConn) call(fn *function) bool {
 }
 
 // keepAlive: the connection may carry another request after this one.
-func (c *frontConn) keepAlive() bool { return !c.req.close && !c.Server().Closing() }
+func (c *frontConn) keepAlive() bool { return !c.req.close && !c.Closing() }
 
 // answerError writes a brisk-generated error for a call in the call state
 // and leaves the state; it reports whether the connection goes on.
@@ -226,7 +226,7 @@ func (c *frontConn) answerError(f failure, callID []byte) bool {
 }
 
 // forward sends the call to st.ep, relays the reply and ends the call
-// (finish). It ends the call state (leaveCall) before a sandbox connection
+// (finish). It ends the call state (LeaveCall) before a sandbox connection
 // goes back to its pool, so a client watch can never abort a connection
 // another call uses; and it frees the slot before the client can see the
 // end of the reply (as the net/http path does, whose server flushes after

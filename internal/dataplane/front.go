@@ -53,9 +53,9 @@ func (d *DataPlane) newFrontEnd(fallback *http.Server) *front.Server {
 	}, fallback)
 }
 
-// Serve answers the connection's requests until it is to close (false) or
-// is handed to the net/http server (true).
-func (c *frontConn) Serve() bool {
+// Serve answers the connection's requests until it is to close or is
+// handed to the net/http server.
+func (c *frontConn) Serve() {
 	for {
 		fn, act := c.next()
 		if act != actCall && c.accepting != nil {
@@ -64,17 +64,18 @@ func (c *frontConn) Serve() bool {
 		}
 		switch act {
 		case actClose:
-			return false
+			return
 		case actHandoff:
-			if c.Server().Closing() {
+			if c.Closing() {
 				// net/http, shutting down, would drop it unanswered.
 				c.refuse(failure{http.StatusServiceUnavailable, reasonShuttingDown, "the data plane is shutting down: call again"})
-				return false
+				return
 			}
-			return c.HandOff()
+			c.HandOff()
+			return
 		}
-		if !c.call(fn) || c.Server().Closing() {
-			return false
+		if !c.call(fn) || c.Closing() {
+			return
 		}
 	}
 }

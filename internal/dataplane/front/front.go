@@ -91,13 +91,18 @@ var (
 // Counter is a metric the front end counts into (a Prometheus counter).
 type Counter interface{ Inc() }
 
+type noCount struct{}
+
+func (noCount) Inc() {}
+
 // Config is the front end's: its limits, its clock, and the session that
 // serves each connection's requests.
 type Config struct {
 	// MaxConnections bounds the client connections open at once, handed-off
 	// ones included; one over it is closed at once.
 	MaxConnections int
-	// ReadHeaderTimeout, ReadTimeout and IdleTimeout as net/http's.
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout as net/http's, but
+	// required: zero closes a connection at the reaper's next pass.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
 	// Now is the monotonic clock (ns) of the states' limits.
 	Now func() int64
@@ -112,9 +117,10 @@ type Config struct {
 
 // Session serves one connection's requests on the connection's goroutine.
 type Session interface {
-	// Serve reads and answers requests until the connection is to close
-	// (false) or was handed to net/http (HandOff: true).
-	Serve() (handedOff bool)
+	// Serve reads and answers requests until the connection is to close,
+	// or it hands the connection to net/http (Conn.HandOff): the front end
+	// closes it unless it was handed off.
+	Serve()
 	// ClientGone is called from the client watch when the client left in
 	// the middle of a call: the call's sandbox exchange should end now.
 	ClientGone()
@@ -144,9 +150,23 @@ type Server struct {
 }
 
 // New makes a front end whose handed-off connections go to fallback.
+// Config.NewSession is required; a nil Now counts from New, nil counters
+// count nothing.
 func New(cfg Config, fallback *http.Server) *Server {
+	if cfg.NewSession == nil {
+		panic("front: Config.NewSession is required")
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Now == nil {
+		start := time.Now()
+		cfg.Now = func() int64 { return int64(time.Since(start)) }
+	}
+	for _, c := range []*Counter{&cfg.Accepted, &cfg.Refused, &cfg.HandedOff} {
+		if *c == nil {
+			*c = noCount{}
+		}
 	}
 	return &Server{
 		cfg:      cfg,
@@ -156,13 +176,18 @@ func New(cfg Config, fallback *http.Server) *Server {
 	}
 }
 
-// Count is how many of the front end's connections are in state now.
+// Count is how many of the front end's connections are in state now (a
+// call whose client is watched counts as StCall).
 func (f *Server) Count(state int32) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
 	for c := range f.conns {
-		if c.State() == state {
+		s := c.state()
+		if s == stWatch {
+			s = StCall
+		}
+		if s == state {
 			n++
 		}
 	}
@@ -377,7 +402,7 @@ type Conn struct {
 	BW  *bufio.Writer // writes to Out
 	// Out counts what reached the client connection, so that a reply cut
 	// off before any of it left can still be answered with a 502.
-	Out CountingConn
+	Out countingConn
 
 	word  atomic.Uint64 // moves<<stBits | state
 	since atomic.Int64  // Config.Now when the state's clock started
@@ -397,16 +422,17 @@ type Conn struct {
 
 	Remote string // the client's address, for X-Forwarded-For
 	sess   Session
+	handed bool // HandOff passed it to net/http
 }
 
-// Server is the front end c belongs to.
-func (c *Conn) Server() *Server { return c.f }
+// Closing reports whether c's front end is shutting down or closed.
+func (c *Conn) Closing() bool { return c.f.closing.Load() }
 
 // Since is when the current state's clock started (Config.Now).
 func (c *Conn) Since() int64 { return c.since.Load() }
 
-// State is c's state now.
-func (c *Conn) State() int32 { return int32(c.word.Load() & stMask) }
+// state is c's state now.
+func (c *Conn) state() int32 { return int32(c.word.Load() & stMask) }
 
 // killIf closes c if its word is still w; it reports whether it did.
 func (c *Conn) killIf(w uint64) bool {
@@ -445,7 +471,8 @@ func (f *Server) serveConn(c *Conn) {
 		c.finish()
 		return
 	}
-	if !c.sess.Serve() {
+	c.sess.Serve()
+	if !c.handed {
 		c.finish()
 	}
 }
@@ -520,6 +547,7 @@ func (c *Conn) HandOff() bool {
 	if !c.f.handoff.give(hc) {
 		hc.Close()
 	}
+	c.handed = true
 	return true
 }
 
@@ -642,20 +670,20 @@ func (l *handoffListener) give(c net.Conn) bool {
 	}
 }
 
-// CountingConn writes to a connection and counts the bytes written.
-type CountingConn struct {
+// countingConn writes to a connection and counts the bytes written.
+type countingConn struct {
 	nc net.Conn
 	n  int64
 }
 
-func (w *CountingConn) Write(p []byte) (int, error) {
+func (w *countingConn) Write(p []byte) (int, error) {
 	n, err := w.nc.Write(p)
 	w.n += int64(n)
 	return n, err
 }
 
 // N is the bytes written.
-func (w *CountingConn) N() int64 { return w.n }
+func (w *countingConn) N() int64 { return w.n }
 
 // longAgo is a deadline in the past: it makes a blocked read return now.
 var longAgo = time.Unix(1, 0)

@@ -10,7 +10,7 @@ import (
 // idleSession serves nothing: the tests drive the connection's states.
 type idleSession struct{}
 
-func (idleSession) Serve() bool { return false }
+func (idleSession) Serve()      {}
 func (idleSession) ClientGone() {}
 func (idleSession) Release()    {}
 
@@ -57,13 +57,13 @@ func TestReaperSeesConsistentStates(t *testing.T) {
 	}()
 	for range 20000 {
 		f.Sweep()
-		if c.State() == StGone {
+		if c.state() == StGone {
 			break
 		}
 	}
 	close(stop)
 	<-moved
-	if c.State() == StGone {
+	if c.state() == StGone {
 		t.Fatal("the reaper closed a connection by another state's clock")
 	}
 }
@@ -83,7 +83,7 @@ func TestSweepClosesAConnectionPastItsLimit(t *testing.T) {
 		t.Fatal("move to read")
 	}
 	f.Sweep()
-	if c.State() != StGone || f.Count(StRead) != 0 {
-		t.Fatalf("state %d after a sweep past the limit, want closed", c.State())
+	if c.state() != StGone || f.Count(StRead) != 0 {
+		t.Fatalf("state %d after a sweep past the limit, want closed", c.state())
 	}
 }
