@@ -93,6 +93,10 @@ func (l *link) session(ctx context.Context) (synced bool, err error) {
 		l.d.Apply(b)
 		if !synced {
 			synced = true
+			// A control plane that has just (re)started or taken over
+			// knows nothing of this data plane's calls: the next urgent
+			// report lists every busy function again.
+			l.d.forgetSent()
 			l.d.log.Info("endpoints synchronised", "functions", len(b.GetFunctions()), "endpoints", len(b.GetAdded()))
 		}
 	}
@@ -240,6 +244,19 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	}
 	return rep
 }
+
+// forgetSent marks every active function's counts as never reported.
+func (d *DataPlane) forgetSent() {
+	d.activeMu.Lock()
+	defer d.activeMu.Unlock()
+	for _, fn := range d.active {
+		fn.sent = unsent
+	}
+}
+
+// unsent is no function's packed counts (callCounts takes no negative
+// counts), so a function marked with it is listed by the next report.
+const unsent = ^uint64(0)
 
 // callCounts packs a function's calls in flight and queued for comparison
 // with what a report last carried.

@@ -110,6 +110,15 @@ func TestUrgentReportsCoalesce(t *testing.T) {
 	if m := metricFor(rep, "a"); m.GetQueued() != n-1 || m.GetNoCapacity() {
 		t.Errorf("a in b's urgent report after a caller left: %+v, want queued %d, not no-capacity", m, n-1)
 	}
+	// A new control-plane session (a restart, a new leader) knows nothing:
+	// the next urgent report lists a again, unchanged as it is.
+	d.forgetSent()
+	goGet(t, srv.URL+"/function/b")
+	waitFor(t, "b queued a fourth call", func() bool { return d.queued("b") == 4 })
+	rep = d.collectUrgent(time.Now())
+	if m := metricFor(rep, "a"); m.GetQueued() != n-1 {
+		t.Errorf("a in the first urgent report of a new session: %+v, want queued %d", m, n-1)
+	}
 	// Release the waiters so the servers can close.
 	d.Apply(&briskv1.EndpointBatch{DeletedFunctions: []string{"a", "b"}})
 }
