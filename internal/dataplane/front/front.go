@@ -42,6 +42,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 const (
@@ -588,7 +590,7 @@ func (c *Conn) watch() {
 }
 
 func (c *Conn) stopWatch() {
-	_ = c.NC.SetReadDeadline(longAgo)
+	_ = c.NC.SetReadDeadline(proxy.LongAgo) // ends the watch's read now
 	<-c.watchDone
 	c.seen++
 	_ = c.NC.SetReadDeadline(time.Time{})
@@ -684,6 +686,3 @@ func (w *countingConn) Write(p []byte) (int, error) {
 
 // N is the bytes written.
 func (w *countingConn) N() int64 { return w.n }
-
-// longAgo is a deadline in the past: it makes a blocked read return now.
-var longAgo = time.Unix(1, 0)
