@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/brisk-faas/brisk/pkg/api"
 	"slices"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brisk-faas/brisk/pkg/api"
 )
 
 // A call's status and result are pkg/api's types (clients read them).

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/brisk-faas/brisk/internal/pki"
-	"google.golang.org/grpc/credentials"
 	"io"
 	"net/netip"
 	"os"
@@ -17,9 +15,11 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/credentials"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	"github.com/brisk-faas/brisk/internal/image"
+	"github.com/brisk-faas/brisk/internal/pki"
 	"github.com/brisk-faas/brisk/internal/rpc"
 	"github.com/brisk-faas/brisk/internal/worker/netpool"
 	"github.com/brisk-faas/brisk/internal/worker/runtimes"

@@ -1,17 +1,17 @@
 package dataplane
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"crypto/tls"
 	"fmt"
-	"github.com/brisk-faas/brisk/internal/async"
-	"github.com/brisk-faas/brisk/internal/pki"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/brisk-faas/brisk/internal/async"
+	"github.com/brisk-faas/brisk/internal/pki"
 )
 
 // Config configures one data plane. The zero value plus a ControlPlane address

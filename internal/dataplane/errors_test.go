@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
 	btestutil "github.com/brisk-faas/brisk/internal/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // wantReason checks a brisk-generated error and its reason code, in the

@@ -14,11 +14,12 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/brisk-faas/brisk/internal/auth"
 	"github.com/brisk-faas/brisk/internal/naming"
 	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/pkg/spec"
-	"golang.org/x/net/http/httpguts"
 )
 
 const functionPrefix = naming.FunctionPrefix

@@ -3,8 +3,9 @@ package gateway
 import (
 	"net/http"
 
-	"github.com/brisk-faas/brisk/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/brisk-faas/brisk/internal/telemetry"
 )
 
 // noDataPlane is the dataplane label of requests no data plane could take.

@@ -1,9 +1,10 @@
 package reconciler
 
 import (
-	"github.com/brisk-faas/brisk/pkg/spec"
 	"testing"
 	"time"
+
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // A function's scaling.min is a guarantee, another's scale-out is not

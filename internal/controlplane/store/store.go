@@ -4,14 +4,11 @@
 package store
 
 import (
-	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
-
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/brisk-faas/brisk/pkg/api"
 	"io"
 	"os"
 	"path/filepath"
@@ -20,6 +17,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
+	"github.com/brisk-faas/brisk/pkg/api"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
