@@ -10,7 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/textproto"
-	"runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -87,6 +87,7 @@ type handler struct {
 	// every request only appends numbers between them.
 	head []byte // {"Status":"OK","Function":...,"MachineName":...,"ExecutionTime":
 	mid  []byte // ,"sandbox":...,"exec_us":
+	mem  memory
 }
 
 // New returns the trace function as an http.Handler. GET /healthz answers
@@ -158,9 +159,9 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	start := time.Now()
-	var mem []byte
 	if !h.sleep && req.MiB > 0 {
-		mem = touch(int64(req.MiB * mib))
+		mem := h.mem.take(int64(req.MiB * mib))
+		defer h.mem.give(mem) // the function "uses" its memory until it has replied
 	}
 	d := time.Duration(req.Millis * float64(time.Millisecond))
 	if h.sleep {
@@ -187,8 +188,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 	*bp = b
 	bufPool.Put(bp)
-	// The function "uses" its memory until it has replied.
-	runtime.KeepAlive(mem)
 }
 
 // parse reads the request from the loader's headers or, for fields without a
@@ -318,14 +317,52 @@ func writeError(w http.ResponseWriter, err error) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// touch allocates n bytes and writes one byte per page so that the memory is
-// really resident, not just reserved.
-func touch(n int64) []byte {
-	mem := make([]byte, n)
+// memory hands calls the memory they ask for, reusing what earlier calls
+// gave back. A fresh allocation per call leaves the last call's memory as
+// garbage until the next collection, which Go starts only once the heap
+// has doubled, and returns to the system later still: a function whose
+// calls ask for most of its limit was OOM-killed by its second call (the
+// InVitro loader's memory-hungry trace functions, whose limit is their
+// peak: internal/compat/dirigent).
+type memory struct {
+	mu   sync.Mutex
+	free [][]byte
+}
+
+// take returns n bytes with one byte written per page, so that the memory
+// is really resident, not just reserved.
+func (m *memory) take(n int64) []byte {
+	var mem []byte
+	m.mu.Lock()
+	if k := len(m.free); k > 0 {
+		mem = m.free[k-1]
+		m.free[k-1] = nil // else the array still holds it
+		m.free = m.free[:k-1]
+	}
+	m.mu.Unlock()
+	if int64(cap(mem)) < n {
+		if mem != nil {
+			// Too small: dropped, and collected and returned to the
+			// system before the larger one is made. Go would keep both
+			// (its heap is returned lazily), and the sandbox's limit
+			// counts them. Calls' memory grows to its largest soon, so
+			// this full collection is rare.
+			mem = nil
+			debug.FreeOSMemory()
+		}
+		mem = make([]byte, n)
+	}
+	mem = mem[:n]
 	for i := int64(0); i < n; i += pageSize {
 		mem[i] = 1
 	}
 	return mem
+}
+
+func (m *memory) give(mem []byte) {
+	m.mu.Lock()
+	m.free = append(m.free, mem)
+	m.mu.Unlock()
 }
 
 // spin burns CPU until d has passed since start, measured on the monotonic

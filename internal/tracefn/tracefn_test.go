@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -140,12 +141,55 @@ func TestTouchesMemory(t *testing.T) {
 	if code != http.StatusOK || r.MB != 8 || r.ExecUS < 1000 {
 		t.Fatalf("status %d reply %+v", code, r)
 	}
-	// touch itself must leave every page written.
-	mem := touch(8*mib + 1)
-	for i := 0; i < len(mem); i += pageSize {
-		if mem[i] != 1 {
-			t.Fatalf("page at offset %d not touched", i)
+	// take must leave every page written, a reused buffer's too.
+	var m memory
+	mem := m.take(8*mib + 1)
+	for round := range 2 {
+		for i := 0; i < len(mem); i += pageSize {
+			if mem[i] != 1 {
+				t.Fatalf("round %d: page at offset %d not touched", round, i)
+			}
 		}
+		clear(mem)
+		m.give(mem)
+		if mem = m.take(4 * mib); len(mem) != 4*mib {
+			t.Fatalf("take(4 MiB) gave %d bytes", len(mem))
+		}
+	}
+}
+
+// TestGrowingMemoryReturnsTheSmaller: a call asking for more than the
+// buffer it is handed gets a new one, and the old one goes back to the
+// system first, so that the sandbox never holds both.
+func TestGrowingMemoryReturnsTheSmaller(t *testing.T) {
+	var m memory
+	m.give(m.take(48 * mib))
+	mem := m.take(96 * mib)
+	var st runtime.MemStats
+	runtime.ReadMemStats(&st)
+	if held := st.HeapSys - st.HeapReleased; held >= (48+96)*mib {
+		t.Fatalf("the heap holds %d MiB from the system after growing 48 → 96 MiB: the old buffer was kept", held/mib)
+	}
+	m.give(mem)
+}
+
+// TestCallsReuseMemory: a call's memory goes to the next call instead of
+// being left as garbage, which let a sandbox reach twice its calls' memory
+// before Go collected it and so be OOM-killed under its limit.
+func TestCallsReuseMemory(t *testing.T) {
+	h := New(testCfg)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 4 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"ms":0,"mb":32}`)))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("status %d: %s", rec.Code, rec.Body)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 48*mib {
+		t.Fatalf("4 calls of 32 MiB allocated %d MiB: each call allocates its own memory", grew/mib)
 	}
 }
 

@@ -63,7 +63,7 @@ func TestDirigentLoaderProtocol(t *testing.T) {
 		t.Fatalf("registration reply %q, want the data plane %q", got, c.invokeAddr)
 	}
 	v := c.fn(t, name)
-	if v.Builtin != "trace" || v.Scaling.Max != 200 || v.Resources.MilliCPU != 100 || v.Resources.MemoryMB != 64 || v.Auth != "public" ||
+	if v.Builtin != "trace" || v.Scaling.Max != 200 || v.Resources.MilliCPU != 100 || v.Resources.MemoryMB != 64 || v.Limits.MemoryMB != 64*10+64 || v.Auth != "public" ||
 		time.Duration(v.Scaling.StableWindow) != 5*time.Second {
 		t.Fatalf("registered spec %+v", v.Function)
 	}

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/brisk-faas/brisk/internal/tracefn"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -33,6 +34,29 @@ const (
 	// the image imported on the workers).
 	ImagesKeep = "keep"
 )
+
+// The loader registers a tenth of a function's peak memory
+// (OvercommitmentRatio in its trace profiler; it asks Knative for the same
+// figure as a request, with no limit) and its calls then ask for up to the
+// peak (the requested_memory header). brisk places a sandbox by the
+// registered figure; its limit is the peak the loader implies plus room
+// for the function's own runtime, so that a call the loader sends is not
+// OOM-killed for asking what its trace says.
+const (
+	loaderOvercommit = 10
+	runtimeRoomMB    = 64
+)
+
+// memoryLimit is the limit of a function registered with requestMB,
+// within the operator's cap (capMB, 0: none) and never below the request.
+func memoryLimit(requestMB, capMB int64) int64 {
+	limit := min(requestMB, tracefn.MaxMiB)*loaderOvercommit + runtimeRoomMB
+	limit = min(limit, tracefn.MaxMiB+runtimeRoomMB)
+	if capMB > 0 {
+		limit = min(limit, capMB)
+	}
+	return max(limit, requestMB)
+}
 
 // maxRegistrationBytes bounds one registration form.
 const maxRegistrationBytes = 64 << 10
@@ -53,7 +77,10 @@ type Config struct {
 	// KeepAlive, when set, is how long an idle sandbox of a registered
 	// function lives (ttl keep-alive, as Dirigent's).
 	KeepAlive time.Duration
-	Log       *slog.Logger
+	// MaxMemoryMB is the operator's cap on a sandbox's memory
+	// (spec.Caps); a registration's memory limit stays within it.
+	MaxMemoryMB int64
+	Log         *slog.Logger
 }
 
 // Handler serves the contract. The caller authenticates requests before
@@ -151,6 +178,9 @@ func (h *handler) spec(form url.Values) (*spec.Function, error) {
 	}
 	f.Port, f.Scaling.Max, f.Scaling.Min = int(port), int(hi), int(lo)
 	f.Resources.MilliCPU, f.Resources.MemoryMB = cpu, mem
+	if mem > 0 {
+		f.Limits.MemoryMB = memoryLimit(mem, h.cfg.MaxMemoryMB)
+	}
 	if f.Builtin != "" {
 		f.Port = 0 // the trace function takes the port the runtime gives it
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func TestRegistration(t *testing.T) {
 	}
 	f := a.created[0]
 	if f.Builtin != "trace" || f.Image != "" || f.Port != 0 || f.Scaling.Max != 3 || f.Scaling.Min != 1 ||
-		f.Resources.MilliCPU != 100 || f.Resources.MemoryMB != 64 || f.Env["A"] != "1" || f.Env["B"] != "2" ||
+		f.Resources.MilliCPU != 100 || f.Resources.MemoryMB != 64 || f.Limits.MemoryMB != 64*10+64 || f.Env["A"] != "1" || f.Env["B"] != "2" ||
 		f.Scaling.KeepAlivePolicy != spec.KeepAliveTTL || time.Duration(f.Scaling.StableWindow) != 5*time.Second || f.Auth != spec.AuthPublic {
 		t.Fatalf("spec %+v", f)
 	}
@@ -95,6 +96,36 @@ func TestRegistration(t *testing.T) {
 	a.addrs = nil
 	if rec := post(h, url.Values{"name": {"f3"}}); rec.Code != http.StatusServiceUnavailable {
 		t.Fatalf("no data planes: %d", rec.Code)
+	}
+}
+
+// TestRegisteredMemoryIsARequest: the loader registers a tenth of a
+// function's peak memory and its calls ask for up to the peak, so the
+// registered figure places the sandbox and the limit leaves room for the
+// peak (a 7 MiB limit OOM-killed the loader's functions on the process
+// runtime), within the operator's cap.
+func TestRegisteredMemoryIsARequest(t *testing.T) {
+	for _, c := range []struct {
+		request, cap, limit int64
+	}{
+		{7, 0, 7*10 + 64},
+		{7, 65536, 7*10 + 64},
+		{2000, 0, 10240 + 64}, // the trace function's largest allocation
+		{300, 1024, 1024},     // the cap
+		{2000, 1024, 2000},    // never below the request (the cap check refuses it)
+		{0, 0, 0},             // nothing registered: no limit either
+	} {
+		a := &admin{addrs: []string{"127.0.0.1:8080"}}
+		form := url.Values{"name": {"f"}}
+		if c.request > 0 {
+			form.Set("requested_memory", strconv.FormatInt(c.request, 10))
+		}
+		if rec := post(Handler(a, Config{MaxMemoryMB: c.cap}), form); rec.Code != http.StatusOK {
+			t.Fatalf("%+v: %d %s", c, rec.Code, rec.Body)
+		}
+		if f := a.created[0]; f.Resources.MemoryMB != c.request || f.Limits.MemoryMB != c.limit {
+			t.Errorf("request %d, cap %d: resources %d, limit %d; want limit %d", c.request, c.cap, f.Resources.MemoryMB, f.Limits.MemoryMB, c.limit)
+		}
 	}
 }
 

@@ -149,12 +149,13 @@ func TestOOMKillIsReported(t *testing.T) {
 		t.Skip("no cgroup memory controller")
 	}
 	f := echoFn("hog", nil, "hog")
-	f.Resources.MemoryMB = 32
+	f.Resources.MemoryMB = 16
+	f.Limits.MemoryMB = 32 // the message names the limit, not the request
 	inst := create(t, r, "sb-hog", f)
 	testutil.Eventually(t, waitLong, func() bool { return closed(inst.Exited) }, "memory hog never ended")
 	err := inst.ExitErr()
 	t.Logf("ExitErr: %v", err)
-	if !errors.Is(err, ErrOOMKilled) || !strings.Contains(err.Error(), "OOM") {
+	if !errors.Is(err, ErrOOMKilled) || !strings.Contains(err.Error(), "OOM") || !strings.Contains(err.Error(), "memory limit 32 MiB") {
 		logs, _ := os.ReadFile(filepath.Join(r.cfg.StateDir, "logs", "hog", "sb-hog.log"))
 		t.Fatalf("ExitErr = %v, want ErrOOMKilled (log: %q)", err, logs)
 	}

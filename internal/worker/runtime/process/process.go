@@ -383,7 +383,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	defer logf.Close() // the child has its own copy once started
 	sb := &sandbox{
 		rec:    record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr},
-		memMB:  s.Function.Resources.MemoryMB,
+		memMB:  s.Function.SandboxLimits().MemoryMB,
 		exited: make(chan struct{}),
 		lock:   make(chan struct{}, 1),
 	}

@@ -297,7 +297,7 @@ func (r *Runtime) createFromTemplate(ctx context.Context, s runtime.Spec, t *for
 	defer logf.Close()
 	sb := &sandbox{
 		rec:   record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr},
-		memMB: s.Function.Resources.MemoryMB,
+		memMB: s.Function.SandboxLimits().MemoryMB,
 		lock:  make(chan struct{}, 1),
 		tpl:   t,
 	}
@@ -439,7 +439,7 @@ func (r *Runtime) createFromStandby(ctx context.Context, s runtime.Spec, t *fork
 	}()
 	sb := &sandbox{
 		rec:    record{ID: s.ID, Function: s.Function.Name, Revision: s.Function.Revision, Addr: addr, PID: p.pid, PGID: p.pid, StartTime: p.start},
-		memMB:  s.Function.Resources.MemoryMB,
+		memMB:  s.Function.SandboxLimits().MemoryMB,
 		exited: make(chan struct{}),
 		lock:   make(chan struct{}, 1),
 	}
