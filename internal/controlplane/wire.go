@@ -77,7 +77,7 @@ func updatesFromPB(u *briskv1.Updates) reconciler.Updates {
 
 func loadFromPB(r *briskv1.MetricsReport) reconciler.LoadReport {
 	out := reconciler.LoadReport{DataPlane: r.GetDataPlaneId(), Interval: time.Duration(r.GetIntervalMs()) * time.Millisecond,
-		Urgent: r.GetUrgent(), Functions: make([]reconciler.FunctionLoad, len(r.GetFunctions()))}
+		Urgent: r.GetUrgent(), Functions: make([]reconciler.FunctionLoad, len(r.GetFunctions())), Draining: r.GetDraining()}
 	for i, m := range r.GetFunctions() {
 		out.Functions[i] = reconciler.FunctionLoad{Function: m.GetFunction(), AvgConcurrency: m.GetAvgConcurrency(),
 			Requests: m.GetRequests(), Queued: int(m.GetQueued()), NoCapacity: m.GetNoCapacity(), InFlight: int(m.GetInFlight())}

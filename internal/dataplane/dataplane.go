@@ -88,6 +88,12 @@ type DataPlane struct {
 
 	unreach unreachable // endpoints calls could not connect to (deadends.go)
 
+	// draining: endpoints withdrawn with calls still in them, which every
+	// report lists until the calls end, so that the control plane kills
+	// the sandbox only then (drainingIDs).
+	drainMu  sync.Mutex
+	draining []*endpoint
+
 	started atomic.Bool
 	id      atomic.Pointer[string]
 	addr    atomic.Pointer[string]
@@ -327,6 +333,14 @@ func (d *DataPlane) noteActive(fn *function) {
 	d.activeMu.Unlock()
 }
 
+// ringUrgent rings the urgent report's doorbell.
+func (d *DataPlane) ringUrgent() {
+	select {
+	case d.urgentBell <- struct{}{}:
+	default:
+	}
+}
+
 // markUrgent queues fn for an immediate no-capacity report and rings the
 // doorbell. Many triggers before the reporter wakes make one report.
 func (d *DataPlane) markUrgent(fn *function) {
@@ -335,8 +349,5 @@ func (d *DataPlane) markUrgent(fn *function) {
 		d.urgentFns = append(d.urgentFns, fn)
 		d.urgentMu.Unlock()
 	}
-	select {
-	case d.urgentBell <- struct{}{}:
-	default:
-	}
+	d.ringUrgent()
 }

@@ -403,20 +403,37 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 }
 
+// TestEndpointRemovalMidFlight: a call in a sandbox withdrawn meanwhile
+// completes, and until it has, every report lists the sandbox as draining
+// (the control plane kills it only then), the first at once.
 func TestEndpointRemovalMidFlight(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	g := newGate(t)
-	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("hello")}, Added: []*briskv1.Endpoint{ep("hello", "sb-1", g.addr)}})
+	idle := newSandbox(t, echo)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("hello")},
+		Added: []*briskv1.Endpoint{ep("hello", "sb-1", g.addr)}})
 	res := getWithID(t, srv.URL+"/function/hello", "inflight")
 	recv(t, g.arrived, "arrival")
-	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1"}})
+	d.Apply(&briskv1.EndpointBatch{Added: []*briskv1.Endpoint{ep("hello", "sb-idle", idle)}})
+	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1", "sb-idle"}})
 	if n := len(d.lookup("hello").set.Load().Endpoints); n != 0 {
 		t.Fatalf("%d endpoints after removal", n)
+	}
+	if len(d.urgentBell) != 1 {
+		t.Fatal("withdrawing a sandbox with a call in it rang no report")
+	}
+	for _, rep := range []*briskv1.MetricsReport{d.collectUrgent(time.Now()), d.collect(time.Now(), time.Second)} {
+		if got := rep.GetDraining(); len(got) != 1 || got[0] != "sb-1" {
+			t.Fatalf("report lists %v as draining, want [sb-1] (the idle one goes at once)", got)
+		}
 	}
 	g.release <- struct{}{}
 	if r := recv(t, res, "response"); r.code != 200 || r.body != "done inflight" {
 		t.Fatalf("in-flight request on a removed endpoint: %d %q", r.code, r.body)
 	}
+	waitFor(t, "the call's slot released", func() bool {
+		return len(d.collect(time.Now(), time.Second).GetDraining()) == 0
+	})
 }
 
 func TestSnapshotReplacesState(t *testing.T) {

@@ -114,7 +114,7 @@ func (l *link) reportPeriodic(ctx context.Context) {
 		case now := <-t.C:
 			rep := l.d.collect(now, now.Sub(last))
 			last = now
-			if len(rep.Functions) > 0 {
+			if len(rep.Functions) > 0 || len(rep.Draining) > 0 {
 				l.send(ctx, rep)
 			}
 		}
@@ -130,7 +130,7 @@ func (l *link) reportUrgent(ctx context.Context) {
 			return
 		case <-l.d.urgentBell:
 		}
-		if rep := l.d.collectUrgent(time.Now()); len(rep.Functions) > 0 {
+		if rep := l.d.collectUrgent(time.Now()); len(rep.Functions) > 0 || len(rep.Draining) > 0 {
 			l.send(ctx, rep)
 		}
 	}
@@ -154,6 +154,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		DataPlaneId: d.ID(),
 		UnixMs:      now.UnixMilli(),
 		IntervalMs:  interval.Milliseconds(),
+		Draining:    d.drainingIDs(),
 	}
 	t := d.nanotime()
 	d.activeMu.Lock()
@@ -211,7 +212,7 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	fns := d.urgentFns
 	d.urgentFns = nil
 	d.urgentMu.Unlock()
-	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true}
+	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true, Draining: d.drainingIDs()}
 	// A function with calls in flight or queued is not quiet: it is on
 	// the active list, and its sent counts are guarded by activeMu.
 	d.activeMu.Lock()

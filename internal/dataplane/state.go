@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"iter"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -394,6 +395,7 @@ func (d *DataPlane) refPools(prev, cur []*endpoint) {
 		switch {
 		case c < 0: // left: released once the whole batch is published
 			d.leftPools = append(d.leftPools, prev[i].conns)
+			d.drainLeft(prev[i])
 			i++
 		case c > 0:
 			cur[j].conns.refs++
@@ -407,6 +409,41 @@ func (d *DataPlane) refPools(prev, cur []*endpoint) {
 			j++
 		}
 	}
+}
+
+// drainLeft notes a withdrawn endpoint: reports list it while calls run
+// in it, for the control plane kills the sandbox once no data plane lists
+// it. One with calls now is reported at once. One without is kept until
+// the next report too: a call that picked it from the set just replaced
+// may reserve its slot only now.
+func (d *DataPlane) drainLeft(ep *endpoint) {
+	d.drainMu.Lock()
+	d.draining = append(d.draining, ep)
+	d.drainMu.Unlock()
+	if ep.tracker.InFlight() > 0 {
+		d.ringUrgent()
+	}
+}
+
+// drainingIDs lists the withdrawn endpoints that still run calls, and
+// forgets the others.
+func (d *DataPlane) drainingIDs() []string {
+	d.drainMu.Lock()
+	defer d.drainMu.Unlock()
+	if len(d.draining) == 0 {
+		return nil
+	}
+	var ids []string
+	kept := d.draining[:0]
+	for _, ep := range d.draining {
+		if ep.tracker.InFlight() > 0 && !slices.Contains(ids, ep.id) {
+			ids = append(ids, ep.id)
+			kept = append(kept, ep)
+		}
+	}
+	clear(d.draining[len(kept):])
+	d.draining = kept
+	return ids
 }
 
 // releaseLeftPools drops the references of the endpoints that left in this

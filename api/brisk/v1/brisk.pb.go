@@ -3467,12 +3467,16 @@ func (x *FunctionMetric) GetInFlight() int32 {
 }
 
 type MetricsReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DataPlaneId   string                 `protobuf:"bytes,1,opt,name=data_plane_id,json=dataPlaneId,proto3" json:"data_plane_id,omitempty"`
-	UnixMs        int64                  `protobuf:"varint,2,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
-	IntervalMs    int64                  `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
-	Functions     []*FunctionMetric      `protobuf:"bytes,4,rep,name=functions,proto3" json:"functions,omitempty"`
-	Urgent        bool                   `protobuf:"varint,5,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DataPlaneId string                 `protobuf:"bytes,1,opt,name=data_plane_id,json=dataPlaneId,proto3" json:"data_plane_id,omitempty"`
+	UnixMs      int64                  `protobuf:"varint,2,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	IntervalMs  int64                  `protobuf:"varint,3,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	Functions   []*FunctionMetric      `protobuf:"bytes,4,rep,name=functions,proto3" json:"functions,omitempty"`
+	Urgent      bool                   `protobuf:"varint,5,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	// Sandboxes withdrawn from this data plane (RemoveEndpoint) that still
+	// run calls it sent them; every report repeats the whole list. The
+	// control plane kills a withdrawn sandbox once no data plane lists it.
+	Draining      []string `protobuf:"bytes,6,rep,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3540,6 +3544,13 @@ func (x *MetricsReport) GetUrgent() bool {
 		return x.Urgent
 	}
 	return false
+}
+
+func (x *MetricsReport) GetDraining() []string {
+	if x != nil {
+		return x.Draining
+	}
+	return nil
 }
 
 type MetricsAck struct {
@@ -4005,14 +4016,15 @@ const file_api_brisk_v1_brisk_proto_rawDesc = "" +
 	"\vno_capacity\x18\x05 \x01(\bR\n" +
 	"noCapacity\x12'\n" +
 	"\x0flatency_buckets\x18\x06 \x03(\x04R\x0elatencyBuckets\x12\x1b\n" +
-	"\tin_flight\x18\a \x01(\x05R\binFlight\"\xbd\x01\n" +
+	"\tin_flight\x18\a \x01(\x05R\binFlight\"\xd9\x01\n" +
 	"\rMetricsReport\x12\"\n" +
 	"\rdata_plane_id\x18\x01 \x01(\tR\vdataPlaneId\x12\x17\n" +
 	"\aunix_ms\x18\x02 \x01(\x03R\x06unixMs\x12\x1f\n" +
 	"\vinterval_ms\x18\x03 \x01(\x03R\n" +
 	"intervalMs\x126\n" +
 	"\tfunctions\x18\x04 \x03(\v2\x18.brisk.v1.FunctionMetricR\tfunctions\x12\x16\n" +
-	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\f\n" +
+	"\x06urgent\x18\x05 \x01(\bR\x06urgent\x12\x1a\n" +
+	"\bdraining\x18\x06 \x03(\tR\bdraining\"\f\n" +
 	"\n" +
 	"MetricsAck\"\x80\x01\n" +
 	"\x13UnreachableEndpoint\x12\x1d\n" +

@@ -278,6 +278,9 @@ const loadStaleAfter = 2500 * time.Millisecond
 
 func (c *Reconciler) recordMetrics(now time.Time, r *LoadReport) {
 	dp := r.DataPlane
+	if len(c.draining) > 0 {
+		c.recordDraining(now, dp, r.Draining)
+	}
 	if r.Urgent {
 		c.recordInFlight(now, dp, r.Functions)
 	}
@@ -597,7 +600,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 			}
 		}
 		for _, r := range c.victims(fs, n) {
-			c.tombstone(r)
+			c.tombstone(now, r)
 		}
 		fs.surplusSince = time.Time{} // the next surplus gets its own keep-alive
 	default:
@@ -619,7 +622,7 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 		}
 		slices.SortFunc(old, func(a, b *sandboxRec) int { return strings.Compare(a.id, b.id) })
 		for _, r := range old {
-			c.tombstone(r)
+			c.tombstone(now, r)
 		}
 	}
 }
@@ -756,16 +759,76 @@ func imageKey(f *spec.Function) string {
 // tombstone withdraws a sandbox from data planes now and tells its worker
 // to terminate it after the drain delay, so requests already routed to it
 // can finish.
-func (c *Reconciler) tombstone(r *sandboxRec) {
+func (c *Reconciler) tombstone(now time.Time, r *sandboxRec) {
 	if r.state == sbTombstoned {
 		return
 	}
-	if r.state == sbReady && !r.withdrawn {
-		c.emit(RemoveEndpoint{r.id})
-	}
+	routable := r.state == sbReady && !r.withdrawn
 	r.state = sbTombstoned
+	if routable && c.cfg.DrainDelay > 0 {
+		// Data planes may have calls in it: it is killed once they have
+		// all withdrawn it and finished them (drainDue).
+		c.emit(RemoveEndpoint{r.id})
+		r.drainFrom = now
+		c.draining = append(c.draining, r)
+		return
+	}
+	if routable {
+		c.emit(RemoveEndpoint{r.id}) // no drain delay: killed at once
+	}
 	if r.node.up {
 		c.emit(Tombstone{Node: r.node.id, ID: r.id, After: c.cfg.DrainDelay})
+	}
+}
+
+// drainDue sends the Tombstones of withdrawn sandboxes whose calls have
+// ended: DrainDelay after the withdrawal (the data planes stop routing to
+// them by then) and once no data plane reports calls still running in
+// them. A data plane's word holds for loadStaleAfter (it repeats it in
+// every report while the calls run); the function's timeout bounds the
+// wait, for no call runs longer. Killing at the delay alone cut calls
+// longer than it: a sandbox evicted as idle on a report a moment old had
+// just taken a call.
+func (c *Reconciler) drainDue(now time.Time) {
+	kept := c.draining[:0]
+	for _, r := range c.draining {
+		if r.drainFrom.IsZero() || r.node.sandboxes[r.id] != r {
+			continue // gone, or its node's handshake sent the Tombstone
+		}
+		since := now.Sub(r.drainFrom)
+		held := false
+		for dp, at := range r.drainHeld {
+			if now.Sub(at) > loadStaleAfter {
+				delete(r.drainHeld, dp)
+			} else {
+				held = true
+			}
+		}
+		if since < c.cfg.DrainDelay || held && since < c.cfg.DrainDelay+time.Duration(r.fn.spec.Timeout) {
+			kept = append(kept, r)
+			continue
+		}
+		r.drainFrom, r.drainHeld = time.Time{}, nil
+		if r.node.up {
+			c.emit(Tombstone{Node: r.node.id, ID: r.id})
+		}
+	}
+	clear(c.draining[len(kept):])
+	c.draining = kept
+}
+
+// recordDraining notes which withdrawn sandboxes dp still has calls in:
+// those it lists, and no longer those it leaves out.
+func (c *Reconciler) recordDraining(now time.Time, dp string, ids []string) {
+	for _, r := range c.draining {
+		if slices.Contains(ids, r.id) {
+			if r.drainHeld == nil {
+				r.drainHeld = map[string]time.Time{}
+			}
+			r.drainHeld[dp] = now
+		} else {
+			delete(r.drainHeld, dp)
+		}
 	}
 }
 

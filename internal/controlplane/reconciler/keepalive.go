@@ -322,7 +322,7 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 	var yielded []*fnState
 	for _, r := range out {
 		c.log.Debug("evict idle sandbox", "function", r.fn.spec.Name, "sandbox", r.id, "node", n.id, "for", fs.spec.Name)
-		c.tombstone(r)
+		c.tombstone(now, r)
 		c.stats.Evictions++
 		if r.fn != fs && r.rev == r.fn.spec.Revision && !slices.Contains(yielded, r.fn) {
 			yielded = append(yielded, r.fn)

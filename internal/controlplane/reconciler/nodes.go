@@ -46,6 +46,11 @@ type sandboxRec struct {
 	verifyAsked time.Time
 	// What it requests, as placed: a later spec may ask for other amounts.
 	milliCPU, memoryMB int64
+	// drainFrom: when it was withdrawn to be killed (zero: not waiting);
+	// drainHeld: the data planes that last said calls still run in it,
+	// and when (drainDue).
+	drainFrom time.Time
+	drainHeld map[string]time.Time
 }
 
 type nodeState struct {
@@ -230,6 +235,7 @@ func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
 	}
 	for _, r := range sortedRecs(n.sandboxes) {
 		if r.state == sbTombstoned {
+			r.drainFrom = time.Time{} // sent now: drainDue drops it
 			c.emit(Tombstone{Node: n.id, ID: r.id})
 		}
 	}

@@ -87,6 +87,10 @@ type Reconciler struct {
 	emergencyKey string
 	stats        Stats
 
+	// draining: sandboxes withdrawn to be killed, waiting for their calls
+	// to end (drainDue).
+	draining []*sandboxRec
+
 	out []Command
 }
 
@@ -210,6 +214,9 @@ func (c *Reconciler) Step(now time.Time, ev Event) []Command {
 		c.fenceSilent(now)
 	default:
 		panic(fmt.Sprintf("reconciler: unknown event %T", ev))
+	}
+	if len(c.draining) > 0 {
+		c.drainDue(now)
 	}
 	return c.out
 }

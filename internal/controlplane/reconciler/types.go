@@ -98,6 +98,9 @@ type LoadReport struct {
 	// data plane last reported them (the others stand as last reported).
 	Urgent    bool
 	Functions []FunctionLoad
+	// Draining lists the sandboxes withdrawn from the data plane that
+	// still run calls it sent (every report repeats the whole list).
+	Draining []string
 }
 
 // FunctionLoad is one function's part of a LoadReport.
