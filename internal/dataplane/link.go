@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,12 @@ const (
 type link struct {
 	d      *DataPlane
 	client briskv1.ControlPlaneClient
+	// sendMu makes the periodic and urgent reports reach the control
+	// plane in the order they were collected (it steps on each before it
+	// answers): a periodic report collected before a withdrawal and
+	// arriving after the urgent one that lists the sandbox as draining
+	// would clear its hold.
+	sendMu sync.Mutex
 }
 
 func newLink(d *DataPlane, conn grpc.ClientConnInterface) *link {
@@ -112,11 +119,13 @@ func (l *link) reportPeriodic(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			l.sendMu.Lock()
 			rep := l.d.collect(now, now.Sub(last))
 			last = now
 			if len(rep.Functions) > 0 || len(rep.Draining) > 0 {
 				l.send(ctx, rep)
 			}
+			l.sendMu.Unlock()
 		}
 	}
 }
@@ -130,9 +139,11 @@ func (l *link) reportUrgent(ctx context.Context) {
 			return
 		case <-l.d.urgentBell:
 		}
+		l.sendMu.Lock()
 		if rep := l.d.collectUrgent(time.Now()); len(rep.Functions) > 0 || len(rep.Draining) > 0 {
 			l.send(ctx, rep)
 		}
+		l.sendMu.Unlock()
 	}
 }
 

@@ -436,9 +436,13 @@ func (d *DataPlane) drainingIDs() []string {
 	var ids []string
 	kept := d.draining[:0]
 	for _, ep := range d.draining {
-		if ep.tracker.InFlight() > 0 && !slices.Contains(ids, ep.id) {
-			ids = append(ids, ep.id)
+		if ep.tracker.InFlight() > 0 {
+			// Every busy one is kept: a sandbox withdrawn, restored and
+			// withdrawn again has two endpoints with calls.
 			kept = append(kept, ep)
+			if !slices.Contains(ids, ep.id) {
+				ids = append(ids, ep.id)
+			}
 		}
 	}
 	clear(d.draining[len(kept):])

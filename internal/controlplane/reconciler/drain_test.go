@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -95,5 +96,74 @@ func TestDrainWithoutWordEndsAtTheDelay(t *testing.T) {
 	}
 	if held != 1 {
 		t.Fatalf("%d Tombstones while a data plane claimed calls past the 10 s timeout; want 1", held)
+	}
+}
+
+// TestDrainDelayEndsWithAWakeUp: the reconciler asks for a step when a
+// drain delay ends (one for sandboxes withdrawn together), so that the
+// Tombstone goes then in a cluster where nothing else happens, and a
+// worker's handshake meanwhile does not kill a sandbox still draining.
+func TestDrainDelayEndsWithAWakeUp(t *testing.T) {
+	w, id := drainWorld(t)
+	var wakes []RetryAt
+	for _, c := range w.step(RemoveFunction{Name: "f"}) {
+		if x, ok := c.(RetryAt); ok && x.Function == "" {
+			wakes = append(wakes, x)
+		}
+	}
+	if len(wakes) != 1 || !wakes[0].At.Equal(w.now.Add(500*time.Millisecond)) {
+		t.Fatalf("wake-ups %v; want one at the end of the drain delay", wakes)
+	}
+	w.now = w.now.Add(100 * time.Millisecond)
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp1", Interval: time.Second, Draining: []string{id}}})
+	w.step(SessionDown{Node: "n0"})
+	w.step(SessionUp{Node: "n0", Versions: []Version{{ID: id, Version: w.version}}}) // it still runs, as known
+	if _, ok := w.running["n0"][id]; !ok {
+		t.Fatal("a worker's handshake killed a sandbox a data plane still runs calls in")
+	}
+	w.now = w.now.Add(3 * time.Second) // dp1's word is stale: the next step sends it
+	if n := count[Tombstone](w.step(Retry{})); n != 1 {
+		t.Fatalf("%d Tombstones at a wake-up after the drain; want 1", n)
+	}
+}
+
+// TestHeldDrainIsNoRoomOnItsWay: an evicted sandbox a data plane still
+// runs calls in frees its room only when they end, so a function that
+// needs room does not wait for it: it evicts another idle sandbox.
+func TestHeldDrainIsNoRoomOnItsWay(t *testing.T) {
+	w := fullWorld(t)
+	w.r.cfg.DrainDelay = 500 * time.Millisecond
+	for i := range 6 {
+		w.deployCPU(fmt.Sprintf("f%d", i), spec.KeepAliveGD, 0)
+	}
+	for i := range 4 {
+		w.call(fmt.Sprintf("f%d", i))
+		w.now = w.now.Add(time.Second)
+	}
+	w.idle(5 * time.Second)
+	var victim string
+	for _, c := range w.call("f4") {
+		if x, ok := c.(RemoveEndpoint); ok {
+			victim = x.ID
+		}
+	}
+	if victim == "" {
+		t.Fatal("f4's call evicted nothing")
+	}
+	// The victim had just taken a call: its data plane says so.
+	w.now = w.now.Add(100 * time.Millisecond)
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second, Draining: []string{victim}}})
+	evicted := 0
+	// f5's call: the same data plane's urgent report, which lists the
+	// victim again (every report repeats the whole list).
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true, Draining: []string{victim},
+		Functions: []FunctionLoad{{Function: "f5", Queued: 1, NoCapacity: true}}}})
+	for _, c := range cmds {
+		if x, ok := c.(RemoveEndpoint); ok && x.ID != victim {
+			evicted++
+		}
+	}
+	if evicted == 0 {
+		t.Fatal("f5 waits for the room of a sandbox still running calls instead of evicting an idle one")
 	}
 }

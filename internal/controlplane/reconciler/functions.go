@@ -771,6 +771,7 @@ func (c *Reconciler) tombstone(now time.Time, r *sandboxRec) {
 		c.emit(RemoveEndpoint{r.id})
 		r.drainFrom = now
 		c.draining = append(c.draining, r)
+		c.wakeForDrain(now, now.Add(c.cfg.DrainDelay))
 		return
 	}
 	if routable {
@@ -815,6 +816,25 @@ func (c *Reconciler) drainDue(now time.Time) {
 	}
 	clear(c.draining[len(kept):])
 	c.draining = kept
+	for _, r := range kept { // the earliest drain delay still to end (the list is in withdrawal order)
+		if due := r.drainFrom.Add(c.cfg.DrainDelay); due.After(now) {
+			c.wakeForDrain(now, due)
+			break
+		}
+	}
+}
+
+// wakeForDrain asks for a step at at, when a drain delay ends, unless one
+// is asked for by then already: the data planes' reports step the
+// reconciler while they hold a sandbox, but nothing else need come at the
+// delay's end (a quiet cluster; the simulator). The wake-up is a Retry of
+// no function.
+func (c *Reconciler) wakeForDrain(now, at time.Time) {
+	if c.drainWake.After(now) && !c.drainWake.After(at) {
+		return
+	}
+	c.drainWake = at
+	c.emit(RetryAt{At: at})
 }
 
 // recordDraining notes which withdrawn sandboxes dp still has calls in:

@@ -342,11 +342,13 @@ func (c *Reconciler) evictOn(now time.Time, fs *fnState, n *nodeState, cands []*
 }
 
 // leaving counts n's sandboxes on their way out (tombstoned, not yet gone),
-// calling visit with each when it is not nil.
+// calling visit with each when it is not nil. One a data plane holds with
+// calls still in it is not counted: its room comes when they end, which
+// may be the function's whole timeout away (drainDue).
 func leaving(n *nodeState, visit func(*sandboxRec)) int {
 	k := 0
 	for _, r := range n.sandboxes {
-		if r.state == sbTombstoned {
+		if r.state == sbTombstoned && len(r.drainHeld) == 0 {
 			k++
 			if visit != nil {
 				visit(r)

@@ -234,8 +234,7 @@ func (c *Reconciler) sessionUp(now time.Time, e SessionUp) {
 		}
 	}
 	for _, r := range sortedRecs(n.sandboxes) {
-		if r.state == sbTombstoned {
-			r.drainFrom = time.Time{} // sent now: drainDue drops it
+		if r.state == sbTombstoned && r.drainFrom.IsZero() { // the draining ones go when drainDue says
 			c.emit(Tombstone{Node: n.id, ID: r.id})
 		}
 	}

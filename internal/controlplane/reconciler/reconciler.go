@@ -88,8 +88,10 @@ type Reconciler struct {
 	stats        Stats
 
 	// draining: sandboxes withdrawn to be killed, waiting for their calls
-	// to end (drainDue).
-	draining []*sandboxRec
+	// to end (drainDue), in withdrawal order; drainWake: the wake-up asked
+	// for the next drain delay's end.
+	draining  []*sandboxRec
+	drainWake time.Time
 
 	out []Command
 }
@@ -286,7 +288,8 @@ type Unreachable struct{ Report UnreachableReport }
 // SetQuotas replaces the namespaces' quotas.
 type SetQuotas struct{ Quotas map[string]spec.Quota }
 
-// Retry is the wake-up a RetryAt command asked for.
+// Retry is the wake-up a RetryAt command asked for (no function: the end
+// of a drain delay).
 type Retry struct{ Function string }
 
 // ScaleTo sets a function's desired scale now (within its bounds); the
@@ -367,7 +370,8 @@ type SetCondition struct{ Condition Condition }
 // SetEmergencyWorkers sends data planes the workers taking emergency calls.
 type SetEmergencyWorkers struct{ Workers []EmergencyWorker }
 
-// RetryAt asks for a Retry event for Function at At.
+// RetryAt asks for a Retry event for Function at At (Function empty: a
+// wake-up at the end of a drain delay, answered by a Retry of no function).
 type RetryAt struct {
 	Function string
 	At       time.Time
