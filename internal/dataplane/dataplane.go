@@ -92,7 +92,7 @@ type DataPlane struct {
 	// report lists until the calls end, so that the control plane kills
 	// the sandbox only then (drainingIDs).
 	drainMu  sync.Mutex
-	draining []*endpoint
+	draining []drainingEndpoint
 
 	started atomic.Bool
 	id      atomic.Pointer[string]

@@ -434,6 +434,14 @@ func TestEndpointRemovalMidFlight(t *testing.T) {
 	waitFor(t, "the call's slot released", func() bool {
 		return len(d.collect(time.Now(), time.Second).GetDraining()) == 0
 	})
+	// Idle, both are forgotten at the next periodic report after that.
+	d.collect(time.Now(), time.Second)
+	d.drainMu.Lock()
+	left := len(d.draining)
+	d.drainMu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d withdrawn endpoints still watched after two idle reports", left)
+	}
 }
 
 func TestSnapshotReplacesState(t *testing.T) {

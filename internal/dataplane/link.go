@@ -165,7 +165,7 @@ func (d *DataPlane) collect(now time.Time, interval time.Duration) *briskv1.Metr
 		DataPlaneId: d.ID(),
 		UnixMs:      now.UnixMilli(),
 		IntervalMs:  interval.Milliseconds(),
-		Draining:    d.drainingIDs(),
+		Draining:    d.drainingIDs(true),
 	}
 	t := d.nanotime()
 	d.activeMu.Lock()
@@ -223,7 +223,7 @@ func (d *DataPlane) collectUrgent(now time.Time) *briskv1.MetricsReport {
 	fns := d.urgentFns
 	d.urgentFns = nil
 	d.urgentMu.Unlock()
-	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true, Draining: d.drainingIDs()}
+	rep := &briskv1.MetricsReport{DataPlaneId: d.ID(), UnixMs: now.UnixMilli(), Urgent: true, Draining: d.drainingIDs(false)}
 	// A function with calls in flight or queued is not quiet: it is on
 	// the active list, and its sent counts are guarded by activeMu.
 	d.activeMu.Lock()

@@ -413,21 +413,27 @@ func (d *DataPlane) refPools(prev, cur []*endpoint) {
 
 // drainLeft notes a withdrawn endpoint: reports list it while calls run
 // in it, for the control plane kills the sandbox once no data plane lists
-// it. One with calls now is reported at once. One without is kept until
-// the next report too: a call that picked it from the set just replaced
-// may reserve its slot only now.
+// it. One with calls now is reported at once.
 func (d *DataPlane) drainLeft(ep *endpoint) {
 	d.drainMu.Lock()
-	d.draining = append(d.draining, ep)
+	d.draining = append(d.draining, drainingEndpoint{ep: ep})
 	d.drainMu.Unlock()
 	if ep.tracker.InFlight() > 0 {
 		d.ringUrgent()
 	}
 }
 
-// drainingIDs lists the withdrawn endpoints that still run calls, and
-// forgets the others.
-func (d *DataPlane) drainingIDs() []string {
+// drainingEndpoint is a withdrawn endpoint the reports watch. An idle one
+// is kept through one periodic report (aged: it was idle at one): a call
+// that picked it from the set just replaced may reserve its slot only now.
+type drainingEndpoint struct {
+	ep   *endpoint
+	aged bool
+}
+
+// drainingIDs lists the withdrawn endpoints that still run calls; the
+// periodic report (periodic) also forgets those idle at two in a row.
+func (d *DataPlane) drainingIDs(periodic bool) []string {
 	d.drainMu.Lock()
 	defer d.drainMu.Unlock()
 	if len(d.draining) == 0 {
@@ -435,14 +441,21 @@ func (d *DataPlane) drainingIDs() []string {
 	}
 	var ids []string
 	kept := d.draining[:0]
-	for _, ep := range d.draining {
-		if ep.tracker.InFlight() > 0 {
-			// Every busy one is kept: a sandbox withdrawn, restored and
-			// withdrawn again has two endpoints with calls.
-			kept = append(kept, ep)
-			if !slices.Contains(ids, ep.id) {
-				ids = append(ids, ep.id)
+	for _, de := range d.draining {
+		if de.ep.tracker.InFlight() == 0 {
+			if periodic && de.aged {
+				continue
 			}
+			de.aged = de.aged || periodic
+			kept = append(kept, de)
+			continue
+		}
+		// Every busy one is kept: a sandbox withdrawn, restored and
+		// withdrawn again has two endpoints with calls.
+		de.aged = false
+		kept = append(kept, de)
+		if !slices.Contains(ids, de.ep.id) {
+			ids = append(ids, de.ep.id)
 		}
 	}
 	clear(d.draining[len(kept):])
