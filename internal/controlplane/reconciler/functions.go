@@ -704,7 +704,7 @@ func (c *Reconciler) place1(now time.Time, fs *fnState) error {
 	if !n.up {
 		return errors.New("placement chose a node without a session") // invariant: unschedulable
 	}
-	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: now,
+	r := &sandboxRec{id: c.newID(), fn: fs, rev: fs.spec.Revision, node: n, state: sbAssumed, created: now, timeout: time.Duration(fs.spec.Timeout),
 		milliCPU: res.MilliCPU, memoryMB: res.MemoryMB}
 	c.addRecord(r)
 	n.seen[imageKey(fs.spec)] = struct{}{}
@@ -805,7 +805,10 @@ func (c *Reconciler) drainDue(now time.Time) {
 				held = true
 			}
 		}
-		if since < c.cfg.DrainDelay || held && since < c.cfg.DrainDelay+time.Duration(r.fn.spec.Timeout) {
+		// The longest a call may run: its revision's timeout, or the
+		// current one's if longer.
+		limit := max(r.timeout, time.Duration(r.fn.spec.Timeout))
+		if since < c.cfg.DrainDelay || held && since < c.cfg.DrainDelay+limit {
 			kept = append(kept, r)
 			continue
 		}

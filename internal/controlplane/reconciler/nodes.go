@@ -51,6 +51,7 @@ type sandboxRec struct {
 	// and when (drainDue).
 	drainFrom time.Time
 	drainHeld map[string]time.Time
+	timeout   time.Duration // its calls' timeout, from the spec it was placed with
 }
 
 type nodeState struct {
@@ -491,7 +492,7 @@ func (c *Reconciler) adopt(now time.Time, n *nodeState, u *Record) {
 		}
 		return
 	}
-	r := &sandboxRec{id: u.ID, fn: fs, rev: u.Revision, node: n, version: u.Version, addr: u.Address, created: now,
+	r := &sandboxRec{id: u.ID, fn: fs, rev: u.Revision, node: n, version: u.Version, addr: u.Address, created: now, timeout: time.Duration(fs.spec.Timeout),
 		milliCPU: fs.spec.Resources.MilliCPU, memoryMB: fs.spec.Resources.MemoryMB}
 	c.addRecord(r)
 	n.seen[imageKey(fs.spec)] = struct{}{}
