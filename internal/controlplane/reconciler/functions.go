@@ -757,8 +757,8 @@ func imageKey(f *spec.Function) string {
 }
 
 // tombstone withdraws a sandbox from data planes now and tells its worker
-// to terminate it after the drain delay, so requests already routed to it
-// can finish.
+// to terminate it once the calls already routed to it have finished
+// (drainDue); one that was never routable goes after the drain delay.
 func (c *Reconciler) tombstone(now time.Time, r *sandboxRec) {
 	if r.state == sbTombstoned {
 		return
