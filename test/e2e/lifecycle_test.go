@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -147,4 +148,50 @@ func alive(pid int) bool {
 	// A zombie is dead for our purposes.
 	f := strings.Fields(string(data))
 	return len(f) > 2 && f[2] != "Z"
+}
+
+// TestCallOutlivesItsFunctionsDeletion: a call running when its function
+// is deleted finishes. The sandbox is withdrawn at once and killed only
+// once the data plane no longer reports the call (docs/policies.md,
+// "Draining"); before, it was killed at the drain delay and the call got
+// 502 sandbox-failed after about a second.
+func TestCallOutlivesItsFunctionsDeletion(t *testing.T) {
+	c := newCluster(t)
+	c.up(t)
+	c.mustBrisk(t, "fn", "deploy", "long", "--builtin", "trace")
+	if w := c.invoke(t, "long", `{"ms": 1}`); w.status != 200 {
+		t.Fatalf("first call: %d %s", w.status, w.body)
+	}
+	type result struct {
+		status int
+		execUs int64
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := c.hc.Post(c.scheme+"://"+c.invokeAddr+"/function/long", "application/json", strings.NewReader(`{"ms": 2500}`))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var reply struct {
+			ExecUs int64 `json:"exec_us"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&reply)
+		done <- result{status: resp.StatusCode, execUs: reply.ExecUs}
+	}()
+	inv := c.scheme + "://" + c.invokeAddr
+	eventually(t, 10*time.Second, "the long call in flight", func() bool {
+		return metricValue(t, inv+"/metrics", `brisk_dataplane_inflight{function="long"}`) == 1
+	})
+	c.mustBrisk(t, "fn", "delete", "long")
+	select {
+	case r := <-done:
+		if r.err != nil || r.status != 200 || r.execUs < 2_500_000 {
+			t.Fatalf("the call running at the deletion: status %d, ran %d µs, err %v; want 200 after 2.5 s", r.status, r.execUs, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call running at the deletion never answered")
+	}
 }
