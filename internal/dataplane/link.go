@@ -119,13 +119,8 @@ func (l *link) reportPeriodic(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			l.sendMu.Lock()
-			rep := l.d.collect(now, now.Sub(last))
+			l.report(ctx, func() *briskv1.MetricsReport { return l.d.collect(now, now.Sub(last)) })
 			last = now
-			if len(rep.Functions) > 0 || len(rep.Draining) > 0 {
-				l.send(ctx, rep)
-			}
-			l.sendMu.Unlock()
 		}
 	}
 }
@@ -139,11 +134,17 @@ func (l *link) reportUrgent(ctx context.Context) {
 			return
 		case <-l.d.urgentBell:
 		}
-		l.sendMu.Lock()
-		if rep := l.d.collectUrgent(time.Now()); len(rep.Functions) > 0 || len(rep.Draining) > 0 {
-			l.send(ctx, rep)
-		}
-		l.sendMu.Unlock()
+		l.report(ctx, func() *briskv1.MetricsReport { return l.d.collectUrgent(time.Now()) })
+	}
+}
+
+// report collects a report and sends it unless it says nothing, under
+// sendMu: reports reach the control plane in the order collected.
+func (l *link) report(ctx context.Context, collect func() *briskv1.MetricsReport) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	if rep := collect(); len(rep.Functions) > 0 || len(rep.Draining) > 0 {
+		l.send(ctx, rep)
 	}
 }
 

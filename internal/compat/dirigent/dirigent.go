@@ -50,8 +50,8 @@ const (
 // memoryLimit is the limit of a function registered with requestMB,
 // within the operator's cap (capMB, 0: none) and never below the request.
 func memoryLimit(requestMB, capMB int64) int64 {
-	limit := min(requestMB, tracefn.MaxMiB)*loaderOvercommit + runtimeRoomMB
-	limit = min(limit, tracefn.MaxMiB+runtimeRoomMB)
+	// The request is bounded first, so that the product cannot overflow.
+	limit := min(min(requestMB, tracefn.MaxMiB)*loaderOvercommit, tracefn.MaxMiB) + runtimeRoomMB
 	if capMB > 0 {
 		limit = min(limit, capMB)
 	}

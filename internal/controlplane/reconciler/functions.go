@@ -765,17 +765,16 @@ func (c *Reconciler) tombstone(now time.Time, r *sandboxRec) {
 	}
 	routable := r.state == sbReady && !r.withdrawn
 	r.state = sbTombstoned
+	if routable {
+		c.emit(RemoveEndpoint{r.id})
+	}
 	if routable && c.cfg.DrainDelay > 0 {
 		// Data planes may have calls in it: it is killed once they have
 		// all withdrawn it and finished them (drainDue).
-		c.emit(RemoveEndpoint{r.id})
 		r.drainFrom = now
 		c.draining = append(c.draining, r)
 		c.wakeForDrain(now, now.Add(c.cfg.DrainDelay))
 		return
-	}
-	if routable {
-		c.emit(RemoveEndpoint{r.id}) // no drain delay: killed at once
 	}
 	if r.node.up {
 		c.emit(Tombstone{Node: r.node.id, ID: r.id, After: c.cfg.DrainDelay})

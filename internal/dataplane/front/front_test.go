@@ -23,15 +23,21 @@ func newServer() *Server {
 		Now: monotonic, NewSession: func(*Conn) Session { return idleSession{} }}, &http.Server{})
 }
 
+// newServerWithConn is newServer with one idle connection it watches.
+func newServerWithConn(t *testing.T) (*Server, *Conn) {
+	a, b := net.Pipe()
+	t.Cleanup(func() { b.Close() })
+	f := newServer()
+	c := f.newConn(a)
+	f.conns[c] = struct{}{}
+	return f, c
+}
+
 // The reaper judges a state by its own clock only: a connection that
 // moves between states whose clocks would condemn each other is never
 // closed.
 func TestReaperSeesConsistentStates(t *testing.T) {
-	a, b := net.Pipe()
-	defer b.Close()
-	f := newServer()
-	c := f.newConn(a)
-	f.conns[c] = struct{}{}
+	f, c := newServerWithConn(t)
 	const long = time.Hour
 	stop := make(chan struct{})
 	moved := make(chan struct{})
@@ -71,11 +77,7 @@ func TestReaperSeesConsistentStates(t *testing.T) {
 // A connection past its state's limit is closed by the next sweep, and
 // Count sees the states.
 func TestSweepClosesAConnectionPastItsLimit(t *testing.T) {
-	a, b := net.Pipe()
-	defer b.Close()
-	f := newServer()
-	c := f.newConn(a)
-	f.conns[c] = struct{}{}
+	f, c := newServerWithConn(t)
 	if n := f.Count(StIdle); n != 1 {
 		t.Fatalf("%d idle connections, want 1", n)
 	}
