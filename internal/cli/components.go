@@ -61,7 +61,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.StringVar(&f.loadBalancing, "load-balancing", "least-loaded", "default data-plane policy (a call's choice of sandbox) of functions whose spec names none: "+strings.Join(spec.LoadBalancers, ", "))
 	fl.StringVar(&f.scalingMode, "scaling-mode", spec.ModeAsync, "default scaling mode of functions whose spec names none: async (calls wait for regular sandboxes, Knative), sync (Lambda-like: a sandbox per waiting call at once, the peak kept for the keep-alive) or dual (a call finding no free sandbox is served at once by a one-shot emergency sandbox, PulseNet)")
 	fl.DurationVar(&f.tick, "autoscale-interval", 2*time.Second, "autoscaler decision period")
-	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it")
+	fl.DurationVar(&f.drainDelay, "drain-delay", 500*time.Millisecond, "time between withdrawing a sandbox from data planes and terminating it; longer while a data plane reports calls still running in it (up to the function's timeout)")
 	fl.DurationVar(&f.nodeGrace, "node-grace", 10*time.Second, "how long an unreachable worker keeps its sandboxes before they are replaced")
 	fl.DurationVar(&f.startupGrace, "startup-grace", 5*time.Second, "after a restart, how long to wait for known workers before placing sandboxes")
 	fl.BoolVar(&f.noAuth, "insecure-no-auth", false, "serve the admin API without tokens (only behind a proxy that authenticates; default: every route but /healthz and the dashboard page /ui/ needs a token, and the first start writes an admin token to <data-dir>/admin.token)")
