@@ -59,10 +59,11 @@ func TestFullNodeYieldsIdleSandboxes(t *testing.T) {
 	}
 }
 
-// When a call truly finds no room (every sandbox busy or held by its
-// function's min), it gets 503 no-capacity at once, naming the node and the
-// resource, and fn list and status show the condition; CPU requests are
-// overcommitted 4 times by default.
+// When a call truly finds no room (the node's room held by another
+// function's min sandboxes: none can come by itself), it gets 503
+// no-capacity at once, naming the node and the resource, and fn list and
+// status show the condition; CPU requests are overcommitted 4 times by
+// default.
 func TestNoRoomAnswersAtOnce(t *testing.T) {
 	c := newCluster(t)
 	c.up(t, "--cpu", "1")

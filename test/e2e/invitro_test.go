@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/pkg/api"
+	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
 // The InVitro loader's Dirigent contract (registration form, Host-routed
@@ -64,7 +65,7 @@ func TestDirigentLoaderProtocol(t *testing.T) {
 	}
 	v := c.fn(t, name)
 	if v.Builtin != "trace" || v.Scaling.Max != 200 || v.Resources.MilliCPU != 100 || v.Resources.MemoryMB != 64 || v.Limits.MemoryMB != 64*10+64 || v.Auth != "public" ||
-		time.Duration(v.Scaling.StableWindow) != 5*time.Second {
+		time.Duration(v.Scaling.StableWindow) != 5*time.Second || time.Duration(v.Queue.Timeout) != spec.DefaultCaps().MaxQueueTimeout {
 		t.Fatalf("registered spec %+v", v.Function)
 	}
 	form.Set("scaling_upper_bound", "50") // registering again updates

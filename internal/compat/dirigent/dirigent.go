@@ -80,7 +80,11 @@ type Config struct {
 	// MaxMemoryMB is the operator's cap on a sandbox's memory
 	// (spec.Caps); a registration's memory limit stays within it.
 	MaxMemoryMB int64
-	Log         *slog.Logger
+	// MaxQueueTimeout is the operator's cap on a spec's queue timeout
+	// (spec.Caps): how long a registered function's calls wait for a
+	// sandbox (0: brisk's default).
+	MaxQueueTimeout time.Duration
+	Log             *slog.Logger
 }
 
 // Handler serves the contract. The caller authenticates requests before
@@ -140,6 +144,14 @@ func (h *handler) spec(form url.Values) (*spec.Function, error) {
 		f.Scaling.StableWindow = spec.Duration(max(ka, time.Second))
 		f.Scaling.ScaleToZeroGrace = spec.Duration(time.Millisecond)
 		f.Scaling.KeepAlivePolicy = spec.KeepAliveTTL
+	}
+	if qt := h.cfg.MaxQueueTimeout; qt > 0 {
+		// Dirigent's data plane holds a call waiting for a cold start until
+		// its client gives up (the loader waits up to 900 s); brisk holds
+		// it as long as the operator lets any function wait, so that a
+		// burst of first calls on a full node is served late, not failed
+		// at brisk's 30 s default.
+		f.Queue.Timeout = spec.Duration(qt)
 	}
 	img := form.Get("image")
 	switch {

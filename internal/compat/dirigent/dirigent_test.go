@@ -99,6 +99,26 @@ func TestRegistration(t *testing.T) {
 	}
 }
 
+// TestRegisteredCallsWaitAsDirigents: Dirigent's data plane holds a call
+// waiting for a cold start until its client gives up, so a registered
+// function's calls wait as long as the operator lets any call wait; with
+// no cap given, brisk's default applies.
+func TestRegisteredCallsWaitAsDirigents(t *testing.T) {
+	a := &admin{addrs: []string{"127.0.0.1:8080"}}
+	if rec := post(Handler(a, Config{MaxQueueTimeout: 15 * time.Minute}), url.Values{"name": {"f"}}); rec.Code != http.StatusOK {
+		t.Fatalf("register: %d %s", rec.Code, rec.Body)
+	}
+	if got := time.Duration(a.created[0].Queue.Timeout); got != 15*time.Minute {
+		t.Fatalf("queue timeout %v, want the cap 15m", got)
+	}
+	if rec := post(Handler(a, Config{}), url.Values{"name": {"g"}}); rec.Code != http.StatusOK {
+		t.Fatalf("register: %d %s", rec.Code, rec.Body)
+	}
+	if got := a.created[1].Queue.Timeout; got != 0 {
+		t.Fatalf("queue timeout %v without a cap, want 0 (the default)", got)
+	}
+}
+
 // TestRegisteredMemoryIsARequest: the loader registers a tenth of a
 // function's peak memory and its calls ask for up to the peak, so the
 // registered figure places the sandbox and the limit leaves room for the

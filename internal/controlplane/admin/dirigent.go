@@ -12,7 +12,8 @@ import (
 // (internal/compat/dirigent) behind the admin API's authentication.
 func (srv *API) DirigentHandler() http.Handler {
 	h := srv.authenticate(dirigent.Handler(dirigentAdmin{srv}, dirigent.Config{Images: srv.cfg.DirigentImages,
-		KeepAlive: srv.cfg.DirigentKeepAlive, MaxMemoryMB: srv.cfg.Caps.MaxMemoryMB, Log: srv.log}))
+		KeepAlive: srv.cfg.DirigentKeepAlive, MaxMemoryMB: srv.cfg.Caps.MaxMemoryMB,
+		MaxQueueTimeout: srv.cfg.Caps.MaxQueueTimeout, Log: srv.log}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") == "" && !srv.cfg.AuthDisabled && r.URL.Path != "/healthz" {
 			// Tools written for Dirigent send no token; say how to give one.

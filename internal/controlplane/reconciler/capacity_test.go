@@ -134,9 +134,10 @@ func TestIdleSandboxesYieldToAWaitingCall(t *testing.T) {
 }
 
 // Busy sandboxes and a function's min are not taken: with nothing idle the
-// waiting call's function gets the no-capacity condition, fail-fast because
-// it has no sandbox, naming the node and the resource it lacks.
-func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
+// waiting call's function gets the no-capacity condition, naming the node
+// and the resource it lacks, and its calls wait (not fail-fast): the busy
+// sandboxes' room comes back when their calls end, and it is taken then.
+func TestBusyRoomIsWaitedFor(t *testing.T) {
 	w := fullWorld(t)
 	w.deployCPU("pinned", spec.KeepAliveGD, 2)
 	for _, name := range []string{"busy1", "busy2", "late"} {
@@ -154,8 +155,8 @@ func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
 		t.Fatalf("%d evictions of busy or min sandboxes, want 0", ev)
 	}
 	c := conditionOf(cmds, "late")
-	if c == nil || c.Reason != CondNoCapacity || !c.FailFast {
-		t.Fatalf("condition %v, want no-capacity, fail-fast", c)
+	if c == nil || c.Reason != CondNoCapacity || c.FailFast {
+		t.Fatalf("condition %v, want no-capacity, not fail-fast", c)
 	}
 	for _, want := range []string{"node n0", "CPU 1000m of 1000m requested", "250m CPU"} {
 		if !strings.Contains(c.Message, want) {
@@ -179,6 +180,29 @@ func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
 	}
 	if r, _, _ := w.status("pinned"); r != 2 {
 		t.Fatalf("pinned: %d ready, want its min of 2 kept", r)
+	}
+}
+
+// A node whose room is all other functions' min sandboxes has none that
+// can come: the waiting call's function fails fast, naming the node and
+// the resource it lacks; so does a function asking more than any node has.
+func TestNoRoomFailsFastNamingNodeAndResource(t *testing.T) {
+	w := fullWorld(t)
+	w.deployCPU("pinned", spec.KeepAliveGD, 4)
+	w.deployCPU("late", spec.KeepAliveTTL, 0)
+	c := conditionOf(w.call("late"), "late")
+	if c == nil || c.Reason != CondNoCapacity || !c.FailFast {
+		t.Fatalf("condition %v, want no-capacity, fail-fast", c)
+	}
+	for _, want := range []string{"node n0", "CPU 1000m of 1000m requested", "250m CPU"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+	w.step(UpsertFunction{Spec: &spec.Function{Name: "huge", Builtin: "echo", Concurrency: 1, Revision: 1,
+		Resources: spec.Resources{MilliCPU: 2000, MemoryMB: 128}}})
+	if c := conditionOf(w.call("huge"), "huge"); c == nil || c.Reason != CondNoCapacity || !c.FailFast {
+		t.Fatalf("huge: condition %v, want no-capacity, fail-fast", c)
 	}
 }
 

@@ -52,9 +52,10 @@ type fnState struct {
 	yieldedAt    time.Time // when it last gave idle sandboxes up (evictOn)
 
 	placeErr string // why the last placement found no node ("": it did not fail)
-	// full: the last placement failed for room on connected nodes (not for
-	// want of a connected node, which a worker restart or a cluster's
-	// start also brings, and which calls wait out).
+	// full: the last placement failed for room on connected nodes, and no
+	// room can come by itself (roomMayCome); not for want of a connected
+	// node, which a worker restart or a cluster's start also brings, nor
+	// for room held by calls, which end: calls wait those out.
 	full     bool
 	quotaErr string // why its namespace's quota has no room for the next sandbox
 	// cond is the condition last published to data planes.
@@ -77,9 +78,12 @@ const FailFastAfter = 3
 
 // failFast says whether data planes answer a call that finds no sandbox at
 // once: the function's starts keep failing, or no node has room for its
-// first sandbox and no idle sandbox anywhere could make some (a call would
-// wait out its queue timeout for nothing; the control plane goes on
-// retrying, and room that appears clears the condition).
+// first sandbox and none can come by itself: the room is held by other
+// functions' min sandboxes, or the function asks more than a node has (a
+// call would wait out its queue timeout for nothing; the control plane
+// goes on retrying, and room that appears clears the condition). Room held
+// by other functions' calls, or by sandboxes still starting, comes back
+// when they end or go idle: calls wait for it.
 func (c fnCondition) failFast() bool {
 	switch c.reason {
 	case CondFunctionFailing:
@@ -581,7 +585,8 @@ func (c *Reconciler) reconcile(now time.Time, fs *fnState) {
 				}
 				c.stats.PlacementFailures++
 				c.log.Debug("placement failed", "function", fs.spec.Name, "err", err)
-				fs.placeErr, fs.full = c.noRoomMessage(fs, err), errors.Is(err, placement.ErrNoCapacity) && c.connectedNodes() > 0
+				fs.placeErr = c.noRoomMessage(fs, err)
+				fs.full = errors.Is(err, placement.ErrNoCapacity) && c.connectedNodes() > 0 && !c.roomMayCome(fs)
 				c.armRetry(fs, now.Add(500*time.Millisecond))
 				break
 			}

@@ -191,6 +191,54 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool
 	return progress
 }
 
+// roomMayCome says whether room for a sandbox of fs can appear on some
+// usable node by itself: other functions' sandboxes beyond their min
+// (busy, starting or idle), any sandbox of an older revision and those
+// leaving or draining end or become idle and evictable. When none can (the
+// room is held by min sandboxes, or fs asks more than a node has), a call
+// waiting for room would wait its queue timeout for nothing, and data
+// planes refuse it at once.
+func (c *Reconciler) roomMayCome(fs *fnState) bool {
+	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
+	type room struct{ cpu, mem, slots int64 }
+	rooms := make([]room, len(c.nodeList))
+	for i := range c.nodeList {
+		p := &c.place[i]
+		rooms[i] = room{cpu: p.Allocatable.MilliCPU - p.Requested.MilliCPU, mem: p.Allocatable.MemoryMB - p.Requested.MemoryMB,
+			slots: math.MaxInt32}
+		if p.MaxSandboxes > 0 {
+			rooms[i].slots = int64(p.MaxSandboxes - p.Sandboxes)
+		}
+	}
+	free := func(r *sandboxRec) {
+		rm := &rooms[r.node.idx]
+		rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
+	}
+	for _, g := range c.order {
+		active := 0
+		for _, r := range g.sandboxes {
+			switch {
+			case r.state == sbTombstoned || r.rev != g.spec.Revision:
+				free(r)
+			default:
+				active++
+			}
+		}
+		if g != fs && !g.deleted && active > g.spec.Scaling.Min {
+			for _, r := range c.victims(g, active-g.spec.Scaling.Min) {
+				free(r)
+			}
+		}
+	}
+	for i, n := range c.nodeList {
+		rm := rooms[i]
+		if n.up && !n.rec.Drain && rm.cpu >= need.MilliCPU && rm.mem >= need.MemoryMB && rm.slots >= 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // idleByNode lists, per node, the idle sandboxes that may make room for
 // fs: ready and reachable ones beyond what their function needs now (its
 // calls in flight by the data planes' reports, and at least its min). Of
