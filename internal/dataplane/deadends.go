@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/proxy"
 )
 
 // maxUnreachable bounds the reports kept for a control plane that does not
@@ -72,8 +73,10 @@ const (
 
 // reroute moves a call that could not connect to its sandbox (nothing of
 // the call was sent) to another of its function's sandboxes, so that the
-// dead or unreachable one costs the call a connect, not a failure: a
-// refused connect (a sandbox that died before the control plane withdrew
+// dead, withdrawn or unreachable one costs the call a connect, not a
+// failure: a sandbox withdrawn after the call took its slot (evicted as
+// idle: the InVitro loader met it at a burst on a full node), a refused
+// connect (a sandbox that died before the control plane withdrew
 // it, or after a partition healed: the partition lab's finding 1,
 // docs/reliability.md) or a connect that timed out (a worker cut off from
 // this data plane: finding 4). With no free slot elsewhere the call waits
@@ -108,9 +111,11 @@ func (d *DataPlane) reroute(ctx context.Context, st *reqState, err error, done *
 }
 
 // nothingSent reports whether err is a connect that failed: refused, or
-// timed out.
+// timed out; or a call's sandbox withdrawn between the call taking a slot
+// on it and connecting (its pool closed: the control plane evicted it as
+// idle on a report that predates the call).
 func nothingSent(err error) bool {
-	if errors.Is(err, syscall.ECONNREFUSED) {
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, proxy.ErrPoolClosed) {
 		return true
 	}
 	var op *net.OpError
