@@ -444,6 +444,39 @@ func TestEndpointRemovalMidFlight(t *testing.T) {
 	}
 }
 
+// A call in flight when its function's concurrency changes runs on the
+// endpoint's old tracker; the sandbox withdrawn after that is still listed
+// as draining until the call ends, so the control plane does not kill it
+// under the call.
+func TestDrainSeesCallsAcrossAConcurrencyChange(t *testing.T) {
+	d, srv := newTestDP(t, nil)
+	g := newGate(t)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("hello")},
+		Added: []*briskv1.Endpoint{ep("hello", "sb-1", g.addr)}})
+	res := getWithID(t, srv.URL+"/function/hello", "inflight")
+	recv(t, g.arrived, "arrival")
+	d.Apply(&briskv1.EndpointBatch{Functions: []*briskv1.FunctionSpec{fnSpec("hello", func(s *briskv1.FunctionSpec) {
+		s.Revision, s.Concurrency = 2, 4
+	})}})
+	if c := d.lookup("hello").set.Load().Endpoints[0].tracker.Capacity(); c != 4 {
+		t.Fatalf("endpoint on a tracker of %d after the change, want 4", c)
+	}
+	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-1"}})
+	if len(d.urgentBell) != 1 {
+		t.Fatal("withdrawing a sandbox with a call in it rang no report")
+	}
+	if got := d.collect(time.Now(), time.Second).GetDraining(); len(got) != 1 || got[0] != "sb-1" {
+		t.Fatalf("report lists %v as draining, want [sb-1]", got)
+	}
+	g.release <- struct{}{}
+	if r := recv(t, res, "response"); r.code != 200 {
+		t.Fatalf("the call in flight: %d %q", r.code, r.body)
+	}
+	waitFor(t, "the call's slot released", func() bool {
+		return len(d.collect(time.Now(), time.Second).GetDraining()) == 0
+	})
+}
+
 func TestSnapshotReplacesState(t *testing.T) {
 	d, srv := newTestDP(t, nil)
 	g := newGate(t)

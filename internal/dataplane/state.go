@@ -23,8 +23,12 @@ type endpoint struct {
 	addr    string
 	seq     uint64 // data-plane-wide add order: later than a request's arrival means cold
 	tracker *loadbalance.Tracker
-	idHdr   []string  // []string{id}, shared as a header value (cap 1: an Add copies)
-	conns   *connPool // idle upstream connections to addr, shared by the endpoints at addr
+	// older are the trackers e had before concurrency changes, kept while
+	// calls they took may still run: those calls release them, not
+	// tracker, and a withdrawal must wait for them too (inFlight).
+	older []*loadbalance.Tracker
+	idHdr []string  // []string{id}, shared as a header value (cap 1: an Add copies)
+	conns *connPool // idle upstream connections to addr, shared by the endpoints at addr
 	// How the sandbox started, for the cold-start spans (tracing.go):
 	// when it reached this data plane (nanotime) and the control plane's
 	// and worker's timings from the endpoint stream.
@@ -78,11 +82,30 @@ func (e *endpoint) Address() string                   { return e.addr }
 func (e *endpoint) LoadTracker() *loadbalance.Tracker { return e.tracker }
 
 // WithTracker is e on a new tracker, for a concurrency change; the copy
-// keeps e's pool, which its hold is counted by (refPools).
+// keeps e's pool, which its hold is counted by (refPools), and e's
+// trackers, whose calls may still run (a call that picked e from the set
+// just replaced may reserve its slot only now: the one before is kept
+// even idle).
 func (e *endpoint) WithTracker(tr *loadbalance.Tracker) *endpoint {
 	c := *e
 	c.tracker = tr
+	c.older = []*loadbalance.Tracker{e.tracker}
+	for _, o := range e.older {
+		if o.InFlight() > 0 {
+			c.older = append(c.older, o)
+		}
+	}
 	return &c
+}
+
+// inFlight counts the calls running in e's sandbox through this data
+// plane, on its tracker and on those before a concurrency change.
+func (e *endpoint) inFlight() int {
+	n := e.tracker.InFlight()
+	for _, o := range e.older {
+		n += o.InFlight()
+	}
+	return n
 }
 
 func (c *fnConf) Revision() uint64 { return c.revision }
@@ -418,7 +441,7 @@ func (d *DataPlane) drainLeft(ep *endpoint) {
 	d.drainMu.Lock()
 	d.draining = append(d.draining, drainingEndpoint{ep: ep})
 	d.drainMu.Unlock()
-	if ep.tracker.InFlight() > 0 {
+	if ep.inFlight() > 0 {
 		d.ringUrgent()
 	}
 }
@@ -442,7 +465,7 @@ func (d *DataPlane) drainingIDs(periodic bool) []string {
 	var ids []string
 	kept := d.draining[:0]
 	for _, de := range d.draining {
-		if de.ep.tracker.InFlight() == 0 {
+		if de.ep.inFlight() == 0 {
 			if periodic && de.aged {
 				continue
 			}
