@@ -211,21 +211,32 @@ func (c *Reconciler) roomMayCome(fs *fnState) bool {
 		}
 	}
 	free := func(r *sandboxRec) {
+		if r.node == nil || r.node.idx >= len(rooms) || c.nodeList[r.node.idx] != r.node {
+			return // on no node of the list (cannot happen: removed nodes take their sandboxes)
+		}
 		rm := &rooms[r.node.idx]
 		rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
 	}
 	for _, g := range c.order {
-		active := 0
+		active, keep := 0, g.spec.Scaling.Min // the sandboxes that stay
+		switch {
+		case g.deleted:
+			keep = 0
+		case g == fs:
+			keep = math.MaxInt
+		}
 		for _, r := range g.sandboxes {
 			switch {
 			case r.state == sbTombstoned || r.rev != g.spec.Revision:
 				free(r)
+			case keep == 0:
+				free(r) // no min: every one can go (the common case, no sort)
 			default:
 				active++
 			}
 		}
-		if g != fs && !g.deleted && active > g.spec.Scaling.Min {
-			for _, r := range c.victims(g, active-g.spec.Scaling.Min) {
+		if keep > 0 && keep < math.MaxInt && active > keep {
+			for _, r := range c.victims(g, active-keep) {
 				free(r)
 			}
 		}
