@@ -92,6 +92,9 @@ type Reconciler struct {
 	// for the next drain delay's end.
 	draining  []*sandboxRec
 	drainWake time.Time
+	// loaded: the functions with data planes' reports, which sampleLoad
+	// visits (fnState.loaded marks them).
+	loaded []*fnState
 
 	out []Command
 }
