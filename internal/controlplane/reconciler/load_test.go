@@ -73,3 +73,22 @@ func TestSampleLoadVisitsReportedFunctions(t *testing.T) {
 		t.Fatalf("loaded %v once a's reports are stale, want none", got)
 	}
 }
+
+// FunctionNames stays each function's name in the reconciler's order
+// through removals, which move the last function into the gap.
+func TestFunctionNamesFollowRemovals(t *testing.T) {
+	w := newWorld(t, 1)
+	for _, name := range []string{"a", "b", "c", "d"} {
+		w.step(UpsertFunction{Spec: &spec.Function{Name: name, Builtin: "echo", Concurrency: 1, Revision: 1}})
+	}
+	w.step(RemoveFunction{Name: "b"})
+	w.step(RemoveFunction{Name: "d"})
+	w.step(UpsertFunction{Spec: &spec.Function{Name: "e", Builtin: "echo", Concurrency: 1, Revision: 1}})
+	var want []string
+	for _, fs := range w.r.order {
+		want = append(want, fs.spec.Name)
+	}
+	if got := w.r.FunctionNames(); !slices.Equal(got, want) || !slices.Equal(want, []string{"a", "c", "e"}) {
+		t.Fatalf("names %v, order %v, want [a c e]", got, want)
+	}
+}

@@ -95,6 +95,8 @@ type Reconciler struct {
 	// loaded: the functions with data planes' reports, which sampleLoad
 	// visits (fnState.loaded marks them).
 	loaded []*fnState
+	// names holds each function's name at its position in order.
+	names []string
 
 	out []Command
 }
