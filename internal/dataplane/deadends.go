@@ -86,7 +86,9 @@ const (
 // st has a new endpoint; for a refused connect connectFailed has taken the
 // old one out, a timed-out one stays in rotation (it proves nothing).
 // While it waits the call keeps its slot on the old endpoint, which is
-// released once it has a new one (finish releases it otherwise).
+// released once it has a new one (finish releases it otherwise), except on
+// a withdrawn one, released at once: a call that then finds no sandbox is
+// answered as one that waited in the queue (st.waitErr).
 func (d *DataPlane) reroute(ctx context.Context, st *reqState, err error, done *int) bool {
 	limit := maxReroutes
 	if errors.Is(err, syscall.ECONNREFUSED) {
@@ -99,12 +101,26 @@ func (d *DataPlane) reroute(ctx context.Context, st *reqState, err error, done *
 	if set == nil {
 		return false
 	}
+	withdrawn := errors.Is(err, proxy.ErrPoolClosed)
+	if withdrawn {
+		// The sandbox has left the set: its slot serves the call no more,
+		// and held while the call waits it would keep the sandbox draining
+		// (its kill waits for the call) and its room from the function it
+		// was evicted for, perhaps the call's own.
+		st.fn.release(st.ep)
+		st.slotGone = true
+	}
 	ep, _, aerr := st.fn.acquire(ctx, set, d.markUrgent, st.low)
 	if aerr != nil {
+		if withdrawn {
+			st.waitErr = aerr
+		}
 		return false
 	}
-	st.fn.release(st.ep)
-	st.ep = ep
+	if !withdrawn {
+		st.fn.release(st.ep)
+	}
+	st.ep, st.slotGone = ep, false
 	*done++
 	d.prom.reroutes.Inc()
 	return true

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/proxy"
 	"github.com/brisk-faas/brisk/internal/rpc"
 )
 
@@ -306,5 +307,43 @@ func TestWithdrawnBeforeConnectRerouted(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(d.prom.reroutes); n != 1 {
 		t.Fatalf("%v reroutes counted, want 1", n)
+	}
+}
+
+// A call whose only sandbox is withdrawn before it connects gives the
+// sandbox's slot back at once while it waits for another (held, it would
+// keep the sandbox draining, and its room from whatever it was evicted
+// for), and with none coming is answered as a call that waited in the
+// queue: 504 queue-timeout, not 502 sandbox-failed. Its slot is given back
+// once only.
+func TestWithdrawnSoleSandboxGivesItsSlotBack(t *testing.T) {
+	d, _ := newTestDP(t, nil)
+	d.Apply(&briskv1.EndpointBatch{Snapshot: true, Functions: []*briskv1.FunctionSpec{fnSpec("f", shortQueue)},
+		Added: []*briskv1.Endpoint{ep("f", "sb-a", newSandbox(t, echo))}})
+	fn := d.lookup("f")
+	set := fn.set.Load()
+	taken, _, err := fn.acquire(t.Context(), set, d.markUrgent, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Apply(&briskv1.EndpointBatch{Removed: []string{"sb-a"}})
+	st := &reqState{Context: t.Context(), fn: fn, ep: taken, conf: set.Conf}
+	fn.m.inflight.Add(1) // as admit counts it
+	sc := &sandboxCall{d: d, st: st, deadline: time.Now().Add(5 * time.Second)}
+	if _, _, err := sc.Take(t.Context(), 0, false); err == nil {
+		t.Fatal("a connection with no sandbox left")
+	}
+	if n := taken.inFlight(); n != 0 || !st.slotGone {
+		t.Fatalf("withdrawn sandbox has %d calls (slot given back: %v), want 0", n, st.slotGone)
+	}
+	if got := d.collect(time.Now(), time.Second).GetDraining(); len(got) != 0 {
+		t.Fatalf("report lists %v as draining, want none", got)
+	}
+	if f := d.upstreamError(st, proxy.ErrPoolClosed); f.code != http.StatusGatewayTimeout || f.why != reasonQueueTimeout {
+		t.Fatalf("answer %d %v %q, want 504 queue-timeout", f.code, f.why, f.msg)
+	}
+	d.finish(st, nil)
+	if n := taken.inFlight(); n != 0 {
+		t.Fatalf("withdrawn sandbox's tracker at %d after finish, want 0 (its slot given back once)", n)
 	}
 }

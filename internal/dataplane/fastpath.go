@@ -337,6 +337,10 @@ func (c *frontConn) failCall(st *reqState, err error, callID []byte) bool {
 	f := c.d.upstreamError(st, err)
 	st.code = f.code
 	c.d.finish(st, nil)
+	if f.code == statusClientGone { // it left while its call waited for another sandbox
+		c.LeaveCall()
+		return false
+	}
 	return c.answerError(f, callID)
 }
 

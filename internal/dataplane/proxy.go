@@ -249,6 +249,11 @@ type reqState struct {
 	code       int
 	keepAuth   bool // the Authorization header goes on to the function
 	low        bool // an asynchronous call (async.go): it queues behind synchronous ones
+	// slotGone: a reroute gave ep's slot back before waiting for another
+	// sandbox and found none (finish must not give it back again);
+	// waitErr is why it found none, the call's answer.
+	slotGone bool
+	waitErr  error
 }
 
 type stateKey struct{}
@@ -429,7 +434,9 @@ func (d *DataPlane) finish(st *reqState, cancel context.CancelFunc) {
 		cancel()
 	}
 	st.fn.m.inflight.Add(-1)
-	st.fn.release(st.ep)
+	if !st.slotGone {
+		st.fn.release(st.ep)
+	}
 	end := d.nanotime()
 	st.fn.stats.depart(end)
 	code := st.code

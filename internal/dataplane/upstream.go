@@ -193,6 +193,9 @@ func (d *DataPlane) failUpstream(w http.ResponseWriter, st *reqState, err error)
 // upstreamError maps a failed sandbox exchange to its answer: 504 when the
 // function ran out of time, 502 otherwise.
 func (d *DataPlane) upstreamError(st *reqState, err error) failure {
+	if st.waitErr != nil { // its sandbox withdrawn, it waited for another in vain
+		return d.acquireError(st.waitErr, st.fn, st.conf)
+	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() && !proxy.IsDialError(err) {
 		return d.timeoutFailure(st)

@@ -401,3 +401,30 @@ func TestLocalityPrefersTemplateNodes(t *testing.T) {
 		t.Fatalf("an empty list left %d templates", n)
 	}
 }
+
+// Sandboxes of a removed function still draining their calls hold the
+// node's room, but it comes back when the calls end: a call of another
+// function waits for it (not fail-fast), though the removed function is
+// gone from the reconciler's functions.
+func TestRemovedFunctionsDrainingRoomIsWaitedFor(t *testing.T) {
+	w := fullWorld(t)
+	w.r.cfg.DrainDelay = 500 * time.Millisecond
+	w.deployCPU("pinned", spec.KeepAliveGD, 4)
+	var held []string
+	for _, c := range w.step(RemoveFunction{Name: "pinned"}) {
+		if x, ok := c.(RemoveEndpoint); ok {
+			held = append(held, x.ID)
+		}
+	}
+	if len(held) != 4 {
+		t.Fatalf("removal withdrew %v, want its 4 sandboxes", held)
+	}
+	w.now = w.now.Add(100 * time.Millisecond)
+	w.step(Metrics{Report: LoadReport{DataPlane: "dp", Interval: time.Second, Draining: held}})
+	w.deployCPU("late", spec.KeepAliveTTL, 0)
+	cmds := w.step(Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true, Draining: held,
+		Functions: []FunctionLoad{{Function: "late", Queued: 1, NoCapacity: true}}}})
+	if c := conditionOf(cmds, "late"); c == nil || c.Reason != CondNoCapacity || c.FailFast {
+		t.Fatalf("condition %v, want no-capacity, not fail-fast: the draining room comes back", c)
+	}
+}

@@ -217,20 +217,26 @@ func (c *Reconciler) roomMayCome(fs *fnState) bool {
 		rm := &rooms[r.node.idx]
 		rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
 	}
+	// Leaving or draining: of every function, removed ones' too (they are
+	// out of c.order by now).
+	for _, n := range c.nodeList {
+		for _, r := range n.sandboxes {
+			if r.state == sbTombstoned {
+				free(r)
+			}
+		}
+	}
 	for _, g := range c.order {
-		active, keep := 0, g.spec.Scaling.Min // the sandboxes that stay
-		switch {
-		case g.deleted:
-			keep = 0
-		case g == fs:
+		keep := g.spec.Scaling.Min // the sandboxes that stay
+		if g == fs {
 			keep = math.MaxInt
 		}
+		active := 0
 		for _, r := range g.sandboxes {
 			switch {
-			case r.state == sbTombstoned || r.rev != g.spec.Revision:
-				free(r)
-			case keep == 0:
-				free(r) // no min: every one can go (the common case, no sort)
+			case r.state == sbTombstoned: // counted above
+			case r.rev != g.spec.Revision || keep == 0:
+				free(r) // an older revision's, or no min: every one can go (no sort)
 			default:
 				active++
 			}
