@@ -636,16 +636,24 @@ func (w *workload) check(t *testing.T) string {
 			live = append(live, tok)
 		}
 	}
+	var lastMiss string // what the last check of a data plane met, said if it times out
+	defer func() {
+		if t.Failed() && lastMiss != "" {
+			t.Logf("the last tokens check: %s", lastMiss)
+		}
+	}()
 	for _, dp := range c.dps {
 		url := "http://" + dp.Host.Addr(labInvoke) + "/function/warm"
 		eventually(t, 30*time.Second, "tokens as acknowledged at "+dp.Host.Name, func() bool {
-			for _, tok := range live {
+			for i, tok := range live {
 				if code := callWithToken(url, tok.secret); code != http.StatusOK {
+					lastMiss = fmt.Sprintf("%s: live token %d of %d: a call answered %d (0: no answer in 5 s)", dp.Host.Name, i+1, len(live), code)
 					return false
 				}
 			}
-			for _, tok := range revoked {
+			for i, tok := range revoked {
 				if code := callWithToken(url, tok.secret); code != http.StatusUnauthorized {
+					lastMiss = fmt.Sprintf("%s: revoked token %d of %d: a call answered %d", dp.Host.Name, i+1, len(revoked), code)
 					return false
 				}
 			}
