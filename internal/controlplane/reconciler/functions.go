@@ -476,8 +476,8 @@ func (c *Reconciler) recordInFlight(now time.Time, dp string, ms []FunctionLoad)
 func (c *Reconciler) sampleLoad(now time.Time) {
 	kept := c.loaded[:0]
 	for _, fs := range c.loaded {
-		if c.fns[fs.spec.Name] != fs {
-			fs.loaded = false // removed
+		if fs.deleted {
+			fs.loaded = false
 			continue
 		}
 		if sum, ok := fs.sumLoad(now); ok {

@@ -123,30 +123,23 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool
 	}
 	idle := c.idleByNode(now, fs, forMin)
 	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
-	// room is each usable node's free capacity plus what is leaving it,
-	// less what this call has claimed; slots likewise for MaxSandboxes.
-	type room struct {
-		cpu, mem, slots int64
-		ok              bool
+	// rooms are each usable node's free room plus what is leaving it,
+	// less what this call has claimed.
+	type usable struct {
+		room
+		ok bool
 	}
-	rooms := make([]room, len(c.nodeList))
+	rooms := make([]usable, len(c.nodeList))
 	for i, n := range c.nodeList {
 		if !n.up || n.rec.Drain {
 			continue
 		}
-		p := &c.place[i]
-		rm := room{cpu: p.Allocatable.MilliCPU - p.Requested.MilliCPU, mem: p.Allocatable.MemoryMB - p.Requested.MemoryMB,
-			slots: math.MaxInt32, ok: true}
-		going := leaving(n, func(r *sandboxRec) { rm.cpu += r.milliCPU; rm.mem += r.memoryMB })
-		if p.MaxSandboxes > 0 {
-			rm.slots = int64(p.MaxSandboxes - p.Sandboxes + going)
-		}
+		rm := usable{room: freeRoom(&c.place[i]), ok: true}
+		leaving(n, rm.add)
 		rooms[i] = rm
 	}
-	fits := func(rm room) bool {
-		return rm.ok && rm.cpu >= need.MilliCPU && rm.mem >= need.MemoryMB && rm.slots >= 1
-	}
-	claim := func(rm *room) { rm.cpu, rm.mem, rm.slots = rm.cpu-need.MilliCPU, rm.mem-need.MemoryMB, rm.slots-1 }
+	fits := func(rm usable) bool { return rm.ok && rm.fits(need) }
+	claim := func(rm *usable) { rm.cpu, rm.mem, rm.slots = rm.cpu-need.MilliCPU, rm.mem-need.MemoryMB, rm.slots-1 }
 	progress := false
 	for range count {
 		if k := slices.IndexFunc(rooms, fits); k >= 0 {
@@ -163,7 +156,7 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool
 				continue
 			}
 			for _, r := range idle[n] {
-				rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
+				rm.add(r)
 			}
 			if !fits(rm) {
 				continue
@@ -177,9 +170,7 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool
 		}
 		n := c.nodeList[best]
 		for _, r := range c.evictOn(now, fs, n, idle[n], rooms[best].cpu, bestShort, rooms[best].slots) {
-			rooms[best].cpu += r.milliCPU
-			rooms[best].mem += r.memoryMB
-			rooms[best].slots++
+			rooms[best].add(r)
 			idle[n] = slices.DeleteFunc(idle[n], func(x *sandboxRec) bool { return x == r })
 		}
 		if !fits(rooms[best]) {
@@ -200,22 +191,15 @@ func (c *Reconciler) evictFor(now time.Time, fs *fnState, count int, forMin bool
 // planes refuse it at once.
 func (c *Reconciler) roomMayCome(fs *fnState) bool {
 	need := placement.Resources{MilliCPU: fs.spec.Resources.MilliCPU, MemoryMB: fs.spec.Resources.MemoryMB}
-	type room struct{ cpu, mem, slots int64 }
 	rooms := make([]room, len(c.nodeList))
 	for i := range c.nodeList {
-		p := &c.place[i]
-		rooms[i] = room{cpu: p.Allocatable.MilliCPU - p.Requested.MilliCPU, mem: p.Allocatable.MemoryMB - p.Requested.MemoryMB,
-			slots: math.MaxInt32}
-		if p.MaxSandboxes > 0 {
-			rooms[i].slots = int64(p.MaxSandboxes - p.Sandboxes)
-		}
+		rooms[i] = freeRoom(&c.place[i])
 	}
 	free := func(r *sandboxRec) {
 		if r.node == nil || r.node.idx >= len(rooms) || c.nodeList[r.node.idx] != r.node {
 			return // on no node of the list (cannot happen: removed nodes take their sandboxes)
 		}
-		rm := &rooms[r.node.idx]
-		rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
+		rooms[r.node.idx].add(r)
 	}
 	// Leaving or draining: of every function, removed ones' too (they are
 	// out of c.order by now).
@@ -248,12 +232,35 @@ func (c *Reconciler) roomMayCome(fs *fnState) bool {
 		}
 	}
 	for i, n := range c.nodeList {
-		rm := rooms[i]
-		if n.up && !n.rec.Drain && rm.cpu >= need.MilliCPU && rm.mem >= need.MemoryMB && rm.slots >= 1 {
+		if n.up && !n.rec.Drain && rooms[i].fits(need) {
 			return true
 		}
 	}
 	return false
+}
+
+// room is a node's room for sandboxes: CPU and memory not requested, and
+// sandboxes below its MaxSandboxes (evictFor, roomMayCome).
+type room struct{ cpu, mem, slots int64 }
+
+// freeRoom is p's room now: allocatable less requested, and slots under
+// MaxSandboxes (as good as unbounded without one).
+func freeRoom(p *placement.Node) room {
+	rm := room{cpu: p.Allocatable.MilliCPU - p.Requested.MilliCPU, mem: p.Allocatable.MemoryMB - p.Requested.MemoryMB, slots: math.MaxInt32}
+	if p.MaxSandboxes > 0 {
+		rm.slots = int64(p.MaxSandboxes - p.Sandboxes)
+	}
+	return rm
+}
+
+// add gives r's room back to rm: r leaves, or may.
+func (rm *room) add(r *sandboxRec) {
+	rm.cpu, rm.mem, rm.slots = rm.cpu+r.milliCPU, rm.mem+r.memoryMB, rm.slots+1
+}
+
+// fits says whether a sandbox asking need fits in rm.
+func (rm room) fits(need placement.Resources) bool {
+	return rm.cpu >= need.MilliCPU && rm.mem >= need.MemoryMB && rm.slots >= 1
 }
 
 // idleByNode lists, per node, the idle sandboxes that may make room for
