@@ -76,7 +76,7 @@ func (f *cpFlags) register(c *cobra.Command) {
 	fl.Int64Var(&f.caps.MaxMilliCPU, "max-cpu", d.MaxMilliCPU, "the most CPU (millicores) one sandbox may request or be limited to")
 	fl.Int64Var(&f.caps.MaxMemoryMB, "max-memory", d.MaxMemoryMB, "the most memory (MiB) one sandbox may request or be limited to")
 	fl.IntVar(&f.caps.MaxQueueDepth, "max-queue-depth", d.MaxQueueDepth, "the deepest per-function queue a spec may ask for")
-	fl.DurationVar(&f.caps.MaxQueueTimeout, "max-queue-timeout", d.MaxQueueTimeout, "the longest queue timeout a spec may ask for")
+	fl.DurationVar(&f.caps.MaxQueueTimeout, "max-queue-timeout", d.MaxQueueTimeout, "the longest queue timeout a spec may ask for; functions registered through --dirigent-registration get it (Dirigent holds a call until its client gives up)")
 	fl.DurationVar(&f.caps.MaxTimeout, "max-timeout", d.MaxTimeout, "the longest function timeout a spec may ask for")
 }
 
