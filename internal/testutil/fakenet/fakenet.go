@@ -55,9 +55,12 @@ func Start(t testing.TB, n int) *Net {
 	_ = exec.Command("ip", "netns", "del", f.Name).Run()
 	_ = exec.Command("ip", "link", "del", hostIf).Run()
 	t.Cleanup(func() {
+		// The namespace's deletion takes the veth pair with it, in the
+		// background: the host's end may be gone before its own deletion
+		// ("Cannot find"), or while it runs ("No such device").
 		for _, args := range [][]string{{"netns", "del", f.Name}, {"link", "del", hostIf}} {
 			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find") &&
-				!strings.Contains(string(out), "No such file") {
+				!strings.Contains(string(out), "No such file") && !strings.Contains(string(out), "No such device") {
 				t.Errorf("fakenet: ip %s: %v: %s", strings.Join(args, " "), err, out)
 			}
 		}
