@@ -104,7 +104,7 @@ func (l *link) session(ctx context.Context) (synced bool, err error) {
 			// knows nothing of this data plane's calls: the next urgent
 			// report lists every busy function again.
 			l.d.forgetSent()
-			l.d.log.Info("endpoints synchronised", "functions", len(b.GetFunctions()), "endpoints", len(b.GetAdded()))
+			l.d.log.Info("endpoints synchronised", "functions", len(b.GetFunctions()), "endpoints", len(b.GetAdded()), "tokens", len(b.GetAuth().GetTokens()))
 		}
 	}
 }

@@ -292,7 +292,8 @@ type workload struct {
 
 type labToken struct {
 	id, secret string
-	revoked    bool // its revocation was acknowledged
+	revoked    bool   // its revocation was acknowledged
+	revokeErr  string // its revocation failed: it may or may not have taken effect
 }
 
 // start runs the workload until stopped: 4 register clients (two on one
@@ -527,7 +528,11 @@ func (w *workload) tokenChurn(ctx context.Context) {
 		}
 		tok := labToken{id: tv.ID, secret: tv.Token}
 		if n%2 == 1 {
-			tok.revoked = cl.RevokeToken(context.Background(), tv.ID) == nil
+			if err := cl.RevokeToken(context.Background(), tv.ID); err != nil {
+				tok.revokeErr = err.Error()
+			} else {
+				tok.revoked = true
+			}
 		}
 		w.mu.Lock()
 		w.tokens[tv.ID] = tok
@@ -627,15 +632,38 @@ func (w *workload) check(t *testing.T) string {
 	})
 
 	// Tokens: made ones work and revoked ones do not, at every data plane
-	// (each learns the table from its control-plane session).
+	// (each learns the table from its control-plane session). A token
+	// whose revocation failed may or may not be revoked (a write cut by a
+	// leadership change can still commit): the registry decides, and every
+	// data plane must agree with it.
+	listed := map[string]bool{}
+	views, err := c.failoverClient(0, 5*time.Second).Tokens(context.Background())
+	if err != nil {
+		t.Fatalf("the registry's tokens: %v", err)
+	}
+	for _, v := range views {
+		listed[v.ID] = true
+	}
 	var live, revoked []labToken
+	unsure := 0
 	for _, tok := range tokens {
-		if tok.revoked {
+		if tok.revokeErr != "" {
+			unsure++
+		}
+		switch {
+		case tok.revoked || tok.revokeErr != "" && !listed[tok.id]:
 			revoked = append(revoked, tok)
-		} else {
+		default:
 			live = append(live, tok)
 		}
+		if !tok.revoked && tok.revokeErr == "" && !listed[tok.id] {
+			t.Errorf("token %s: made and never revoked, but the registry does not list it", tok.id)
+		}
+		if tok.revoked && listed[tok.id] {
+			t.Errorf("token %s: its revocation was acknowledged, but the registry lists it", tok.id)
+		}
 	}
+	t.Logf("tokens: %d live, %d revoked; %d failed revocations, decided by the registry", len(live), len(revoked), unsure)
 	var lastMiss string // what the last check of a data plane met, said if it times out
 	defer func() {
 		if t.Failed() && lastMiss != "" {
@@ -647,13 +675,13 @@ func (w *workload) check(t *testing.T) string {
 		eventually(t, 30*time.Second, "tokens as acknowledged at "+dp.Host.Name, func() bool {
 			for i, tok := range live {
 				if code := callWithToken(url, tok.secret); code != http.StatusOK {
-					lastMiss = fmt.Sprintf("%s: live token %d of %d: a call answered %d (0: no answer in 5 s)", dp.Host.Name, i+1, len(live), code)
+					lastMiss = fmt.Sprintf("%s: live token %d of %d (%s; revocation error %q): a call answered %d (0: no answer in 5 s)", dp.Host.Name, i+1, len(live), tok.id, tok.revokeErr, code)
 					return false
 				}
 			}
 			for i, tok := range revoked {
 				if code := callWithToken(url, tok.secret); code != http.StatusUnauthorized {
-					lastMiss = fmt.Sprintf("%s: revoked token %d of %d: a call answered %d", dp.Host.Name, i+1, len(revoked), code)
+					lastMiss = fmt.Sprintf("%s: revoked token %d of %d (%s; revocation error %q): a call answered %d", dp.Host.Name, i+1, len(revoked), tok.id, tok.revokeErr, code)
 					return false
 				}
 			}

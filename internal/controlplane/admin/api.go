@@ -101,6 +101,10 @@ type API struct {
 	// tokens are the registry's tokens: the admin API's and the join
 	// tokens workers and data planes present (the link checks those).
 	tokens *auth.Checker
+	// tokensMu orders token table loads: without it, two writes' loads
+	// could publish their reads of the registry in the wrong order and
+	// leave the older table in force.
+	tokensMu sync.Mutex
 	// authThrottle slows token guessing on the admin API: 20 failures at
 	// once per client address, then one a second.
 	authThrottle *auth.Throttle

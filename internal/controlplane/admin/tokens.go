@@ -149,6 +149,8 @@ func (srv *API) authorize(w http.ResponseWriter, r *http.Request, scope, ns, fn 
 
 // LoadTokens gives the checker the registry's tokens.
 func (srv *API) LoadTokens() error {
+	srv.tokensMu.Lock()
+	defer srv.tokensMu.Unlock()
 	toks, err := srv.store.Tokens()
 	if err != nil {
 		return err
