@@ -133,11 +133,20 @@ func BenchmarkCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	c.Replace([]Grant{g})
-	bt := []byte(tok)
-	b.ReportAllocs()
-	for b.Loop() {
-		_ = Check(c, bt, ScopeInvoke, "ns", "f")
-	}
+	// A data plane checks the header's bytes; the admin API a string.
+	b.Run("bytes", func(b *testing.B) {
+		bt := []byte(tok)
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Check(c, bt, ScopeInvoke, "ns", "f")
+		}
+	})
+	b.Run("string", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Check(c, tok, ScopeInvoke, "ns", "f")
+		}
+	})
 }
 
 func TestNamespacedTokens(t *testing.T) {
@@ -197,5 +206,23 @@ func TestGrantOf(t *testing.T) {
 	}
 	if _, err := GrantOf(tok, nil); err == nil {
 		t.Error("GrantOf without scopes accepted")
+	}
+}
+
+// Check does not allocate, for a header's bytes or a string: the data
+// plane checks every call, the admin API every request.
+func TestCheckDoesNotAllocate(t *testing.T) {
+	c := NewChecker()
+	tok, g, err := New([]string{ScopeInvoke}, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Replace([]Grant{g})
+	bt := []byte(tok)
+	if n := testing.AllocsPerRun(100, func() { _ = Check(c, bt, ScopeInvoke, "ns", "f") }); n != 0 {
+		t.Errorf("Check of bytes: %v allocations", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = Check(c, tok, ScopeInvoke, "ns", "f") }); n != 0 {
+		t.Errorf("Check of a string: %v allocations", n)
 	}
 }

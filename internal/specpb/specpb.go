@@ -23,7 +23,7 @@ func ToProto(f *spec.Function) *briskv1.FunctionSpec {
 		Port:           int32(f.Port),
 		Env:            f.Env,
 		Resources:      &briskv1.Resources{MilliCpu: f.Resources.MilliCPU, MemoryMb: f.Resources.MemoryMB},
-		Limits:         &briskv1.Resources{MilliCpu: f.Limits.MilliCPU, MemoryMb: f.Limits.MemoryMB},
+		Limits:         limitsToProto(f.Limits),
 		Concurrency:    int32(f.Concurrency),
 		QueueDepth:     int32(f.Queue.Depth),
 		QueueTimeoutMs: time.Duration(f.Queue.Timeout).Milliseconds(),
@@ -34,7 +34,7 @@ func ToProto(f *spec.Function) *briskv1.FunctionSpec {
 		Auth:           f.Auth,
 		Namespace:      f.Namespace,
 		ScalingMode:    f.Scaling.Mode,
-		Async:          asyncToProto(f.Async.WithDefaults()),
+		Async:          asyncToProto(f.Async),
 		Secrets:        f.Secrets,
 		SecretData:     f.SecretData,
 		Traffic:        trafficToProto(f),
@@ -50,7 +50,24 @@ func codeToProto(c *spec.Code) *briskv1.FunctionCode {
 	return &briskv1.FunctionCode{Language: c.Language, Handler: c.Handler, Contract: c.Contract, Digest: c.Digest}
 }
 
+// limitsToProto leaves zero limits out: every receiver reads them through
+// nil-safe getters, and a registration burst then makes and decodes one
+// message less per function at each end.
+func limitsToProto(l spec.Resources) *briskv1.Resources {
+	if l == (spec.Resources{}) {
+		return nil
+	}
+	return &briskv1.Resources{MilliCpu: l.MilliCPU, MemoryMb: l.MemoryMB}
+}
+
+// asyncToProto sends the policy with its defaults applied; a function
+// that sets none gets none on the wire (AsyncFromProto applies the same
+// defaults), as limitsToProto.
 func asyncToProto(a spec.Async) *briskv1.AsyncPolicy {
+	if a == (spec.Async{}) {
+		return nil
+	}
+	a = a.WithDefaults()
 	return &briskv1.AsyncPolicy{
 		MaxAttempts:         int32(a.MaxAttempts),
 		MaxAgeMs:            time.Duration(a.MaxAge).Milliseconds(),

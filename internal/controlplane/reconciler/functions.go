@@ -219,7 +219,7 @@ func (c *Reconciler) Publish(f *spec.Function) Published {
 func (c *Reconciler) upsertFunction(now time.Time, f *spec.Function) {
 	fs := c.fns[f.Name]
 	if fs == nil {
-		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.KPAConfig(f), now), sandboxes: make(map[string]*sandboxRec)}
+		fs = &fnState{spec: f, kpa: autoscale.NewKPA(c.KPAConfig(f), now)} // sandboxes: made by addRecord
 		c.fns[f.Name] = fs
 		fs.pos = len(c.order)
 		c.order = append(c.order, fs)

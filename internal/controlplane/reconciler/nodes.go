@@ -111,6 +111,9 @@ func (c *Reconciler) setAllocatable(n *nodeState) {
 
 // addRecord enters r in the table and charges its resources.
 func (c *Reconciler) addRecord(r *sandboxRec) {
+	if r.fn.sandboxes == nil { // most of a large deployment's functions have none
+		r.fn.sandboxes = make(map[string]*sandboxRec)
+	}
 	r.fn.sandboxes[r.id] = r
 	r.node.sandboxes[r.id] = r
 	c.charge(r, 1)

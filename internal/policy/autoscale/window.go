@@ -6,13 +6,17 @@ import (
 )
 
 // avgWindow is Knative's TimedFloat64Buckets with the plain WindowAverage, fixed to
-// 1-second buckets and keyed by Unix second. The ring is allocated once per window
-// size, so record and average never allocate.
+// 1-second buckets and keyed by Unix second. The ring is allocated on the first
+// non-zero write (most functions of a large deployment are idle, and the reconciler
+// records a zero for each every second: 528 bytes a function at the default 60 s
+// window), then record and average never allocate.
 //
 // Invariant: for every second s in (last-n, last] the bucket at slot(s) holds the sum
 // recorded for s; buckets of seconds not written since the ring last advanced are zero.
+// A nil ring holds only zeros.
 type avgWindow struct {
-	buckets []float64
+	buckets []float64 // nil until a non-zero write
+	n       int64     // the ring's size in seconds
 	// first is the oldest second of the current run of data: set on the first write
 	// and reset after a whole window without writes, so a fresh burst is averaged over
 	// a partial window (fast reaction after a cold start).
@@ -23,7 +27,7 @@ type avgWindow struct {
 }
 
 func newAvgWindow(d time.Duration) avgWindow {
-	return avgWindow{buckets: make([]float64, bucketsFor(d))}
+	return avgWindow{n: int64(bucketsFor(d))}
 }
 
 // bucketsFor is the number of 1-second buckets covering d, at least one.
@@ -31,7 +35,7 @@ func bucketsFor(d time.Duration) int {
 	return max(1, int((d+BucketSize-1)/BucketSize))
 }
 
-func (w *avgWindow) size() int64 { return int64(len(w.buckets)) }
+func (w *avgWindow) size() int64 { return w.n }
 
 // slot maps a Unix second onto the ring; it stays non-negative for times before 1970.
 func (w *avgWindow) slot(sec int64) int {
@@ -52,14 +56,22 @@ func (w *avgWindow) record(sec int64, v float64) {
 		clear(w.buckets)
 		w.first, w.last, w.written = sec, sec, true
 	case sec > w.last:
-		for s := w.last + 1; s <= sec; s++ {
-			w.buckets[w.slot(s)] = 0
+		if w.buckets != nil {
+			for s := w.last + 1; s <= sec; s++ {
+				w.buckets[w.slot(s)] = 0
+			}
 		}
 		w.last = sec
 	case sec <= w.last-n:
 		return // older than the window: its bucket has been reused
 	case sec < w.first:
 		w.first = sec
+	}
+	if v == 0 {
+		return
+	}
+	if w.buckets == nil {
+		w.buckets = make([]float64, n)
 	}
 	w.buckets[w.slot(sec)] += v
 }
@@ -80,7 +92,7 @@ func (w *avgWindow) empty(sec int64) bool {
 // capped at the window. Buckets between the newest write and now count as elapsed
 // time that has pushed old buckets out, and a write more than a window ago yields 0.
 func (w *avgWindow) average(sec int64) float64 {
-	if !w.written {
+	if !w.written || w.buckets == nil {
 		return 0
 	}
 	n := w.size()
@@ -111,20 +123,24 @@ func (w *avgWindow) sum(from int64, count int) float64 {
 // ResizeWindow). Unlike Knative it keeps a partial-window first write rather than
 // pretending the whole old window held data.
 func (w *avgWindow) resize(d time.Duration) {
-	n := bucketsFor(d)
-	if n == len(w.buckets) {
+	n := int64(bucketsFor(d))
+	if n == w.n {
 		return
 	}
 	old := *w
-	w.buckets = make([]float64, n)
+	w.n, w.buckets = n, nil
 	if !old.written {
 		return
 	}
-	kept := int64(min(n, len(old.buckets)))
+	w.first = max(old.first, old.last-old.size()+1)
+	if old.buckets == nil {
+		return // only zeros to keep
+	}
+	w.buckets = make([]float64, n)
+	kept := min(n, old.n)
 	for s := old.last - kept + 1; s <= old.last; s++ {
 		w.buckets[w.slot(s)] = old.buckets[old.slot(s)]
 	}
-	w.first = max(old.first, old.last-old.size()+1)
 }
 
 // round6 rounds like Knative's WindowAverage (6 digits), which keeps float noise such as

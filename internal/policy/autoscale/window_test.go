@@ -127,6 +127,9 @@ func TestAvgWindowMatchesReference(t *testing.T) {
 				continue
 			}
 			v := float64(op.Value) / 7
+			if op.Value%4 == 0 {
+				v = 0 // the reconciler's idle seconds: the ring is made on a non-zero write
+			}
 			w.record(sec, v)
 			ref.record(sec, v)
 		}
@@ -135,6 +138,28 @@ func TestAvgWindowMatchesReference(t *testing.T) {
 	cfg := &quick.Config{MaxCount: 2000, Rand: newQuickRand()}
 	if err := quick.Check(prop, cfg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An idle function's windows hold no ring: zeros mark its seconds observed
+// (a later burst is averaged over them) without allocating.
+func TestAvgWindowIdleHoldsNoRing(t *testing.T) {
+	w := newAvgWindow(60 * time.Second)
+	sec := int64(1000)
+	if n := testing.AllocsPerRun(100, func() { sec++; w.record(sec, 0) }); n != 0 {
+		t.Errorf("recording zeros: %v allocations", n)
+	}
+	if w.buckets != nil || w.average(sec) != 0 || w.empty(sec) {
+		t.Fatalf("after zeros: ring %v, average %v, empty %v; want no ring, 0, not empty", w.buckets != nil, w.average(sec), w.empty(sec))
+	}
+	w.resize(30 * time.Second)
+	if w.buckets != nil {
+		t.Fatal("a resize made a ring of zeros")
+	}
+	sec++ // the resized window still counts its last 30 idle seconds as observed
+	w.record(sec, 62)
+	if got, want := w.average(sec), 62.0/30; got != want {
+		t.Errorf("a burst after 30+ idle seconds in a 30 s window: average %v, want %v", got, want)
 	}
 }
 
