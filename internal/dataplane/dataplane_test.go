@@ -12,6 +12,7 @@ import (
 	"time"
 
 	briskv1 "github.com/brisk-faas/brisk/api/brisk/v1"
+	"github.com/brisk-faas/brisk/internal/policy/loadbalance"
 )
 
 func getWithID(t testing.TB, url, callID string) <-chan result {
@@ -475,6 +476,26 @@ func TestDrainSeesCallsAcrossAConcurrencyChange(t *testing.T) {
 	waitFor(t, "the call's slot released", func() bool {
 		return len(d.collect(time.Now(), time.Second).GetDraining()) == 0
 	})
+}
+
+// A call that picked a sandbox before two concurrency changes in a row
+// may take its slot on the first tracker after both: a drain still counts
+// it, whether or not that tracker was busy at the second change.
+func TestDrainSeesCallsAcrossTwoQuickConcurrencyChanges(t *testing.T) {
+	t0 := loadbalance.NewTracker(1)
+	e0 := &endpoint{id: "sb-1", tracker: t0}
+	e2 := e0.WithTracker(loadbalance.NewTracker(2)).WithTracker(loadbalance.NewTracker(4))
+	if !t0.TryReserve() { // the late call, on the set before both changes
+		t.Fatal("reserving on the first tracker")
+	}
+	if n := e2.inFlight(); n != 1 {
+		t.Fatalf("in flight after two changes: %d, want the late call's 1", n)
+	}
+	t0.Release()
+	e5 := e2.WithTracker(loadbalance.NewTracker(5)).WithTracker(loadbalance.NewTracker(6)).WithTracker(loadbalance.NewTracker(7))
+	if len(e5.older) != keptIdle {
+		t.Errorf("after five changes an idle endpoint keeps %d earlier trackers, want %d", len(e5.older), keptIdle)
+	}
 }
 
 func TestSnapshotReplacesState(t *testing.T) {

@@ -81,17 +81,22 @@ func (e *endpoint) SandboxID() string                 { return e.id }
 func (e *endpoint) Address() string                   { return e.addr }
 func (e *endpoint) LoadTracker() *loadbalance.Tracker { return e.tracker }
 
+// keptIdle is how many of an endpoint's latest earlier trackers are kept
+// even idle: a call that picked the endpoint from a set since replaced may
+// reserve its slot only now, on a tracker one or two changes old when two
+// concurrency changes came within moments.
+const keptIdle = 3
+
 // WithTracker is e on a new tracker, for a concurrency change; the copy
 // keeps e's pool, which its hold is counted by (refPools), and e's
-// trackers, whose calls may still run (a call that picked e from the set
-// just replaced may reserve its slot only now: the one before is kept
-// even idle).
+// trackers, whose calls may still run: the latest keptIdle always, older
+// ones while busy.
 func (e *endpoint) WithTracker(tr *loadbalance.Tracker) *endpoint {
 	c := *e
 	c.tracker = tr
 	c.older = []*loadbalance.Tracker{e.tracker}
 	for _, o := range e.older {
-		if o.InFlight() > 0 {
+		if len(c.older) < keptIdle || o.InFlight() > 0 {
 			c.older = append(c.older, o)
 		}
 	}
