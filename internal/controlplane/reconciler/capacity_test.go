@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brisk-faas/brisk/internal/controlplane/nodes"
+	"github.com/brisk-faas/brisk/internal/policy/autoscale"
 	"github.com/brisk-faas/brisk/pkg/spec"
 )
 
@@ -426,5 +427,33 @@ func TestRemovedFunctionsDrainingRoomIsWaitedFor(t *testing.T) {
 		Functions: []FunctionLoad{{Function: "late", Queued: 1, NoCapacity: true}}}})
 	if c := conditionOf(cmds, "late"); c == nil || c.Reason != CondNoCapacity || c.FailFast {
 		t.Fatalf("condition %v, want no-capacity, not fail-fast: the draining room comes back", c)
+	}
+}
+
+// BenchmarkRoomMayCome is a capacity failure's check at 40,000 functions,
+// a few of them with sandboxes on the one node: a waiting call asks it
+// every 500 ms, so it walks the nodes' sandboxes, not the functions.
+func BenchmarkRoomMayCome(b *testing.B) {
+	r, err := New(Config{Autoscale: autoscale.DefaultConfig(), NodeGrace: 10 * time.Second, FailureBackoff: 200 * time.Millisecond,
+		MaxFailureBackoff: 30 * time.Second, Seed: 1, IDPrefix: "t"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Unix(1_000_000, 0)
+	r.Step(now, RegisterNode{Worker: &nodes.Worker{ID: "n0", Address: "127.0.0.1:1", Capacity: spec.Resources{MilliCPU: 1000, MemoryMB: 8192}}})
+	r.Step(now, SessionUp{Node: "n0"})
+	for i := range 40_000 {
+		r.Step(now, UpsertFunction{Spec: &spec.Function{Name: fmt.Sprintf("f%d", i), Builtin: "echo", Concurrency: 1, Revision: uint64(i + 1),
+			Resources: spec.Resources{MilliCPU: 250, MemoryMB: 128}}})
+	}
+	for i := range 4 { // the node's room, taken
+		r.Step(now, Metrics{Report: LoadReport{DataPlane: "dp", Urgent: true, Functions: []FunctionLoad{{Function: fmt.Sprintf("f%d", i), Queued: 1, NoCapacity: true}}}})
+	}
+	fs := r.fns["f39999"]
+	if r.roomMayCome(fs) != true {
+		b.Fatal("room held by functions without a min counts as coming")
+	}
+	for b.Loop() {
+		r.roomMayCome(fs)
 	}
 }

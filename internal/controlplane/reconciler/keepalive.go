@@ -201,31 +201,31 @@ func (c *Reconciler) roomMayCome(fs *fnState) bool {
 		}
 		rooms[r.node.idx].add(r)
 	}
-	// Leaving or draining: of every function, removed ones' too (they are
-	// out of c.order by now).
+	// One walk over the nodes' sandboxes, not over the functions (most of a
+	// large deployment's have none, and a waiting call asks again every
+	// 500 ms): leaving or draining ones of every function, removed ones'
+	// too; older revisions'; and of the functions with a min, the current
+	// ones beyond it. fs's current sandboxes stay.
+	var withMin map[*fnState]int // their current sandboxes
 	for _, n := range c.nodeList {
 		for _, r := range n.sandboxes {
-			if r.state == sbTombstoned {
+			g := r.fn
+			switch {
+			case r.state == sbTombstoned:
 				free(r)
+			case g.deleted, g == fs && r.rev == g.spec.Revision:
+			case r.rev != g.spec.Revision || g.spec.Scaling.Min == 0:
+				free(r) // an older revision's, or no min: every one can go (no sort)
+			default:
+				if withMin == nil {
+					withMin = map[*fnState]int{}
+				}
+				withMin[g]++
 			}
 		}
 	}
-	for _, g := range c.order {
-		keep := g.spec.Scaling.Min // the sandboxes that stay
-		if g == fs {
-			keep = math.MaxInt
-		}
-		active := 0
-		for _, r := range g.sandboxes {
-			switch {
-			case r.state == sbTombstoned: // counted above
-			case r.rev != g.spec.Revision || keep == 0:
-				free(r) // an older revision's, or no min: every one can go (no sort)
-			default:
-				active++
-			}
-		}
-		if keep > 0 && keep < math.MaxInt && active > keep {
+	for g, active := range withMin { // in any order: the rooms only add up
+		if keep := g.spec.Scaling.Min; active > keep {
 			for _, r := range c.victims(g, active-keep) {
 				free(r)
 			}
