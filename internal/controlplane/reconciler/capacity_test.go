@@ -430,9 +430,9 @@ func TestRemovedFunctionsDrainingRoomIsWaitedFor(t *testing.T) {
 	}
 }
 
-// BenchmarkRoomMayCome is a capacity failure's check at 40,000 functions,
-// a few of them with sandboxes on the one node: a waiting call asks it
-// every 500 ms, so it walks the nodes' sandboxes, not the functions.
+// BenchmarkRoomMayCome is a capacity failure's checks at 40,000 functions,
+// a few of them with sandboxes on the one node: a waiting call asks them
+// every 500 ms, so they walk the nodes' sandboxes, not the functions.
 func BenchmarkRoomMayCome(b *testing.B) {
 	r, err := New(Config{Autoscale: autoscale.DefaultConfig(), NodeGrace: 10 * time.Second, FailureBackoff: 200 * time.Millisecond,
 		MaxFailureBackoff: 30 * time.Second, Seed: 1, IDPrefix: "t"})
@@ -453,7 +453,15 @@ func BenchmarkRoomMayCome(b *testing.B) {
 	if r.roomMayCome(fs) != true {
 		b.Fatal("room held by functions without a min counts as coming")
 	}
-	for b.Loop() {
-		r.roomMayCome(fs)
-	}
+	b.Run("roomMayCome", func(b *testing.B) {
+		for b.Loop() {
+			r.roomMayCome(fs)
+		}
+	})
+	// evictFor's search for idle sandboxes, which runs first.
+	b.Run("idleByNode", func(b *testing.B) {
+		for b.Loop() {
+			r.idleByNode(now, fs, false)
+		}
+	})
 }

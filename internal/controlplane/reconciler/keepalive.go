@@ -277,10 +277,7 @@ func (rm room) fits(need placement.Resources) bool {
 // its min is listed, busy or not (evictFor's forMin).
 func (c *Reconciler) idleByNode(now time.Time, fs *fnState, beyondMin bool) map[*nodeState][]*sandboxRec {
 	idle := map[*nodeState][]*sandboxRec{}
-	for _, g := range c.order {
-		if g.deleted {
-			continue
-		}
+	for _, g := range c.withSandboxes() {
 		busy := g.busy(now)
 		active, reachable := 0, 0
 		var old []*sandboxRec
@@ -331,6 +328,27 @@ func (c *Reconciler) idleByNode(now time.Time, fs *fnState, beyondMin bool) map[
 		}
 	}
 	return idle
+}
+
+// withSandboxes lists the functions that have sandboxes, in c.order's
+// order (evictions stay deterministic), found from the nodes' sandboxes:
+// most of a large deployment's functions have none, and walking them all
+// took ~0.6 ms at 40,000 on every capacity failure. Removed functions are
+// left out.
+func (c *Reconciler) withSandboxes() []*fnState {
+	seen := map[*fnState]struct{}{}
+	var fns []*fnState
+	for _, n := range c.nodeList {
+		for _, r := range n.sandboxes {
+			if _, ok := seen[r.fn]; ok || r.fn.deleted {
+				continue
+			}
+			seen[r.fn] = struct{}{}
+			fns = append(fns, r.fn)
+		}
+	}
+	slices.SortFunc(fns, func(a, b *fnState) int { return a.pos - b.pos })
+	return fns
 }
 
 // busy is how many sandboxes fs's calls occupy now: its calls in flight
