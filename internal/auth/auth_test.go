@@ -126,13 +126,20 @@ func TestFromHeader(t *testing.T) {
 	}
 }
 
-func BenchmarkCheck(b *testing.B) {
-	c := NewChecker()
+// invokeChecker is a checker that knows one invoke token, tok.
+func invokeChecker(tb testing.TB) (c *Checker, tok string) {
+	tb.Helper()
+	c = NewChecker()
 	tok, g, err := New([]string{ScopeInvoke}, nil, "")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	c.Replace([]Grant{g})
+	return c, tok
+}
+
+func BenchmarkCheck(b *testing.B) {
+	c, tok := invokeChecker(b)
 	// A data plane checks the header's bytes; the admin API a string.
 	b.Run("bytes", func(b *testing.B) {
 		bt := []byte(tok)
@@ -212,12 +219,7 @@ func TestGrantOf(t *testing.T) {
 // Check does not allocate, for a header's bytes or a string: the data
 // plane checks every call, the admin API every request.
 func TestCheckDoesNotAllocate(t *testing.T) {
-	c := NewChecker()
-	tok, g, err := New([]string{ScopeInvoke}, nil, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Replace([]Grant{g})
+	c, tok := invokeChecker(t)
 	bt := []byte(tok)
 	if n := testing.AllocsPerRun(100, func() { _ = Check(c, bt, ScopeInvoke, "ns", "f") }); n != 0 {
 		t.Errorf("Check of bytes: %v allocations", n)
