@@ -201,31 +201,30 @@ func (c *Reconciler) roomMayCome(fs *fnState) bool {
 		}
 		rooms[r.node.idx].add(r)
 	}
-	// One walk over the nodes' sandboxes, not over the functions (most of a
-	// large deployment's have none, and a waiting call asks again every
-	// 500 ms): leaving or draining ones of every function, removed ones'
-	// too; older revisions'; and of the functions with a min, the current
-	// ones beyond it. fs's current sandboxes stay.
-	var withMin map[*fnState]int // their current sandboxes
+	// Leaving or draining: of every function, removed ones' too.
 	for _, n := range c.nodeList {
 		for _, r := range n.sandboxes {
-			g := r.fn
-			switch {
-			case r.state == sbTombstoned:
+			if r.state == sbTombstoned {
 				free(r)
-			case g.deleted, g == fs && r.rev == g.spec.Revision:
-			case r.rev != g.spec.Revision || g.spec.Scaling.Min == 0:
-				free(r) // an older revision's, or no min: every one can go (no sort)
-			default:
-				if withMin == nil {
-					withMin = map[*fnState]int{}
-				}
-				withMin[g]++
 			}
 		}
 	}
-	for g, active := range withMin { // in any order: the rooms only add up
-		if keep := g.spec.Scaling.Min; active > keep {
+	for _, g := range c.withSandboxes() {
+		keep := g.spec.Scaling.Min // the sandboxes that stay
+		if g == fs {
+			keep = math.MaxInt
+		}
+		active := 0
+		for _, r := range g.sandboxes {
+			switch {
+			case r.state == sbTombstoned: // counted above
+			case r.rev != g.spec.Revision || keep == 0:
+				free(r) // an older revision's, or no min: every one can go (no sort)
+			default:
+				active++
+			}
+		}
+		if keep > 0 && keep < math.MaxInt && active > keep {
 			for _, r := range c.victims(g, active-keep) {
 				free(r)
 			}
@@ -333,8 +332,9 @@ func (c *Reconciler) idleByNode(now time.Time, fs *fnState, beyondMin bool) map[
 // withSandboxes lists the functions that have sandboxes, in c.order's
 // order (evictions stay deterministic), found from the nodes' sandboxes:
 // most of a large deployment's functions have none, and walking them all
-// took ~0.6 ms at 40,000 on every capacity failure. Removed functions are
-// left out.
+// took ~0.6 ms at 40,000 on every capacity failure (evictFor's search and
+// roomMayCome, which a waiting call asks every 500 ms). Removed functions
+// are left out.
 func (c *Reconciler) withSandboxes() []*fnState {
 	seen := map[*fnState]struct{}{}
 	var fns []*fnState
